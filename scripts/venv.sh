@@ -1,0 +1,17 @@
+# Sourced by run.sh and test.sh: make .venv (once) and install meshwise into it.
+# torch is pinned through constraints.txt so pip takes the local CPU wheel, never a CUDA build.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${MESHWISE_VENV:-$root/.venv}"
+stamp="$venv/.meshwise-installed"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+# Reinstall when the project's requirements change (pyproject or constraints newer than the stamp).
+if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" torch==2.13.0
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test]"
+  touch "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -1,0 +1,210 @@
+"""Layout: the one contract between the planner and the runtime (design.md).
+
+Text form: comma-separated ``key=value`` with keys dp, zero, shard, tp, sp, pp, vpp, schedule, mbs, ac.
+Also owns the pipeline stage split, which the cost model and the runtime both read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from meshwise.errors import MeshwiseError
+from meshwise.spec import ModelSpec
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+AC_MODES = ("none", "selective", "full")
+KEYS = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A fully resolved layout. World size = dp * tp * pp; the sharding group has ``shard`` ranks."""
+
+    dp: int = 1
+    zero: int = 0
+    shard: int = 1
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    mbs: int = 1
+    ac: str = "none"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def replicate(self) -> int:
+        """Size of the dp_replicate mesh dimension: dp / shard (1 unless HSDP)."""
+        return self.dp // self.shard
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, tp."""
+        return {"pp": self.pp, "dp_replicate": self.replicate, "dp_shard": self.shard, "tp": self.tp}
+
+    @property
+    def stages(self) -> int:
+        """Pipeline chunks in all: pp * vpp."""
+        return self.pp * self.vpp
+
+    def accum(self, global_batch: int) -> int:
+        """Micro-batches per replica per step: global_batch / (mbs * dp)."""
+        return global_batch // (self.mbs * self.dp)
+
+    def format(self) -> str:
+        """Canonical text, every key present; ``parse(format())`` gives the same layout."""
+        return ",".join(f"{k}={_fmt(getattr(self, k))}" for k in KEYS)
+
+    def short(self) -> str:
+        """Only what differs from a plain DDP layout: ``dp=8,zero=3,tp=2``."""
+        parts = [f"dp={self.dp}"]
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+            if self.shard != self.dp:
+                parts.append(f"shard={self.shard}")
+        if self.tp > 1:
+            parts.append(f"tp={self.tp}" + ("" if self.sp else ",sp=off"))
+        if self.pp > 1:
+            parts.append(f"pp={self.pp}")
+            if self.vpp > 1:
+                parts.append(f"vpp={self.vpp}")
+            parts.append(f"schedule={self.schedule}")
+        parts.append(f"mbs={self.mbs}")
+        if self.ac != "none":
+            parts.append(f"ac={self.ac}")
+        return ",".join(parts)
+
+    def to_json(self, global_batch: int) -> dict:
+        d = asdict(self)
+        d["sp"] = "on" if self.sp else "off"
+        d["accum"] = self.accum(global_batch)
+        return {k: d[k] for k in (*KEYS[:-1], "accum", "ac")}
+
+    def __str__(self) -> str:
+        return self.short()
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise MeshwiseError(f"layout: {key}={text!r} is not a whole number") from None
+    if value < (0 if key == "zero" else 1):
+        raise MeshwiseError(f"layout: {key}={value} must be at least {0 if key == 'zero' else 1}")
+    return value
+
+
+def parse(text: str, world_size: int | None = None) -> Layout:
+    """Parse ``key=value,...``; dp defaults to world_size / (tp * pp), shard to dp, sp to (tp > 1)."""
+    given: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise MeshwiseError(f"layout: {item!r} is not key=value (keys: {', '.join(KEYS)})")
+        if key not in KEYS:
+            raise MeshwiseError(f"layout: unknown key {key!r}; valid keys: {', '.join(KEYS)}")
+        if key in given:
+            raise MeshwiseError(f"layout: {key} given twice")
+        given[key] = value
+    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "tp", "pp", "vpp", "mbs")}
+    tp, pp = ints.get("tp", 1), ints.get("pp", 1)
+    if "dp" in ints:
+        dp = ints["dp"]
+    elif world_size is not None:
+        if world_size % (tp * pp):
+            raise MeshwiseError(f"layout: tp*pp = {tp * pp} does not divide the world size {world_size}")
+        dp = world_size // (tp * pp)
+    else:
+        dp = 1
+    zero = ints.get("zero", 0)
+    if zero > 3:
+        raise MeshwiseError(f"layout: zero={zero} must be 0, 1, 2 or 3")
+    shard = ints.get("shard", dp)
+    if "shard" in given and zero == 0 and shard != dp:
+        raise MeshwiseError("layout: shard is the ZeRO sharding group; it needs zero=1, 2 or 3")
+    sp_text = given.get("sp", "on" if tp > 1 else "off")
+    if sp_text not in ("on", "off"):
+        raise MeshwiseError(f"layout: sp={sp_text!r} must be on or off")
+    vpp = ints.get("vpp", 1)
+    schedule = given.get("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
+    if schedule not in SCHEDULES:
+        raise MeshwiseError(f"layout: schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")
+    ac = given.get("ac", "none")
+    if ac not in AC_MODES:
+        raise MeshwiseError(f"layout: ac={ac!r} must be one of {', '.join(AC_MODES)}")
+    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
+                    schedule=schedule, mbs=ints.get("mbs", 1), ac=ac)
+    check_shape(layout)
+    return layout
+
+
+def check_shape(layout: Layout) -> None:
+    """What the layout alone can get wrong (no model, world size or batch needed)."""
+    if layout.dp % layout.shard:
+        raise MeshwiseError(f"layout: shard={layout.shard} must divide dp={layout.dp}")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise MeshwiseError(f"layout: vpp={layout.vpp} needs pp > 1")
+    if layout.vpp > 1 and layout.schedule in ("gpipe", "1f1b"):
+        raise MeshwiseError(f"layout: vpp={layout.vpp} needs schedule=interleaved-1f1b or zero-bubble, not {layout.schedule}")
+    if layout.schedule == "interleaved-1f1b" and layout.pp > 1 and layout.vpp < 2:
+        raise MeshwiseError("layout: schedule=interleaved-1f1b needs vpp >= 2")
+
+
+def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: int) -> None:
+    """Refuse a layout that cannot run, in one line naming the field and what would be valid."""
+    check_shape(layout)
+    if layout.world_size != world_size:
+        raise MeshwiseError(f"layout: dp*tp*pp = {layout.dp}*{layout.tp}*{layout.pp} = {layout.world_size}, "
+                            f"but the world size is {world_size}")
+    if not model.states_only:
+        for name, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                           ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)):
+            if size % layout.tp:
+                valid = [t for t in range(1, size + 1) if size % t == 0 and world_size % t == 0]
+                raise MeshwiseError(f"layout: tp={layout.tp} does not divide the model's {name} ({size}); "
+                                    f"valid tp: {', '.join(map(str, valid[:8]))}")
+        if layout.stages > model.layers:
+            raise MeshwiseError(f"layout: pp*vpp = {layout.stages} is more than the model's {model.layers} layers")
+    if global_batch % (layout.mbs * layout.dp):
+        raise MeshwiseError(f"layout: global batch {global_batch} is not divisible by mbs*dp = "
+                            f"{layout.mbs}*{layout.dp}; pick a batch that is a multiple of {layout.mbs * layout.dp}")
+
+
+# ------------------------------------------------------------------------------- stage split
+def stage_layers(layers: int, chunks: int) -> list[int]:
+    """Transformer blocks per pipeline chunk, as even as possible.
+
+    The first chunk also holds the embedding and the last the final norm, head and loss, so the
+    ``layers % chunks`` extra blocks go to the chunks in between first (then to the last, then the first).
+    """
+    base, extra = divmod(layers, chunks)
+    counts = [base] * chunks
+    order = list(range(1, chunks - 1)) + ([chunks - 1, 0] if chunks > 1 else [0])
+    for c in order[:extra]:
+        counts[c] += 1
+    return counts
+
+
+def chunk_rank(chunk: int, pp: int, vpp: int, schedule: str) -> int:
+    """The pipeline rank that runs ``chunk``: round robin (loop), or a V for zero-bubble with vpp=2."""
+    if schedule == "zero-bubble" and vpp == 2:
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def rank_chunks(pp_rank: int, pp: int, vpp: int, schedule: str) -> list[int]:
+    """Chunks held by one pipeline rank, in execution order."""
+    return [c for c in range(pp * vpp) if chunk_rank(c, pp, vpp, schedule) == pp_rank]

@@ -1,0 +1,359 @@
+"""What is trained, on what, and how: ModelSpec, ClusterSpec, TrainSpec and their loaders.
+
+Pure Python (no torch). Units are in the names: ``_bytes``, ``_flops_per_s``, ``_bytes_per_s``, ``_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+
+MLP_KINDS = ("gelu", "swiglu")
+PRECISIONS = ("bf16", "bf16-mixed", "fp32")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+# --------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    ``param_count`` is set only for a bare parameter count (``--params 70e9``): then the shape is
+    unknown and only model states can be estimated (``states_only``).
+    """
+
+    name: str
+    layers: int = 0
+    hidden: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    ffn_hidden: int = 0
+    mlp: str = "swiglu"
+    vocab: int = 0
+    tied_embeddings: bool = False
+    max_seq: int = 0
+    source: str = ""
+    param_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.param_count is not None:
+            if self.param_count <= 0:
+                raise MeshwiseError(f"--params: {self.param_count} must be a positive parameter count")
+            return
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise MeshwiseError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+        if self.mlp not in MLP_KINDS:
+            raise MeshwiseError(f"model {self.name!r}: mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+        if self.hidden % self.heads:
+            raise MeshwiseError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise MeshwiseError(f"model {self.name!r}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+
+    @property
+    def states_only(self) -> bool:
+        return self.param_count is not None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): kv_heads * head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attention_params(self) -> int:
+        """Q and output projections (h*h each) plus K and V (h*kv_dim each); no biases."""
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
+
+    @property
+    def mlp_params(self) -> int:
+        """GeLU: two h*f matrices; SwiGLU: three (gate, up, down)."""
+        matrices = 3 if self.mlp == "swiglu" else 2
+        return matrices * self.hidden * self.ffn_hidden
+
+    @property
+    def layer_params(self) -> int:
+        """One transformer block: attention + MLP + two norm weights of size h."""
+        return self.attention_params + self.mlp_params + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """The LM head's own weights (0 when tied to the embedding)."""
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Total parameters: blocks + embedding + final norm + untied head."""
+        if self.param_count is not None:
+            return self.param_count
+        return self.layers * self.layer_params + self.embedding_params + self.hidden + self.head_params
+
+    @classmethod
+    def from_param_count(cls, count: float) -> "ModelSpec":
+        n = int(count)
+        return cls(name=f"{_human_count(n)} parameters", param_count=n, source="bare parameter count")
+
+    def describe(self) -> str:
+        if self.states_only:
+            return f"{self.name} (shape unknown: model states only)"
+        return (f"{self.name}: {_human_count(self.params)} parameters, {self.layers} layers, hidden {self.hidden}, "
+                f"{self.heads} heads ({self.kv_heads} KV), {self.mlp} MLP {self.ffn_hidden}, vocab {self.vocab}")
+
+
+def _human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(int(n))
+
+
+def _catalog(name: str) -> dict[str, dict[str, Any]]:
+    text = resources.files("meshwise.catalog").joinpath(name).read_text()
+    return tomllib.loads(text)
+
+
+def model_names() -> list[str]:
+    return list(_catalog("models.toml"))
+
+
+def accelerator_names() -> list[str]:
+    return list(_catalog("accelerators.toml"))
+
+
+_MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
+
+
+def _model_from_table(name: str, table: dict[str, Any], where: str) -> ModelSpec:
+    unknown = sorted(set(table) - _MODEL_KEYS)
+    if unknown:
+        raise MeshwiseError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(_MODEL_KEYS))}")
+    table = {"name": name, **table}
+    missing = [k for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden") if k not in table]
+    if missing:
+        raise MeshwiseError(f"{where}: missing key {missing[0]!r}")
+    table.setdefault("kv_heads", table["heads"])
+    table.setdefault("max_seq", 2048)
+    return ModelSpec(**table)
+
+
+def _model_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Llama, Mistral and Qwen2 keys (``num_hidden_layers`` ...) or GPT-2 keys (``n_layer`` ...)."""
+    if "n_layer" in cfg:  # GPT-2
+        hidden = cfg["n_embd"]
+        return ModelSpec(
+            name=name, layers=cfg["n_layer"], hidden=hidden, heads=cfg["n_head"], kv_heads=cfg["n_head"],
+            ffn_hidden=cfg.get("n_inner") or 4 * hidden, mlp="gelu", vocab=cfg["vocab_size"],
+            tied_embeddings=True, max_seq=cfg.get("n_positions", 1024), source="Hugging Face config.json (GPT-2 keys)")
+    try:
+        heads = cfg["num_attention_heads"]
+        act = cfg.get("hidden_act", "silu")
+        return ModelSpec(
+            name=name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=cfg["intermediate_size"],
+            mlp="swiglu" if act in ("silu", "swiglu") else "gelu", vocab=cfg["vocab_size"],
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_seq=cfg.get("max_position_embeddings", 2048), source="Hugging Face config.json")
+    except KeyError as missing:
+        raise MeshwiseError(f"{name}: config.json lacks {missing.args[0]!r} (Llama, Mistral, Qwen2 or GPT-2 keys expected)") from None
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a HF config.json."""
+    catalog = _catalog("models.toml")
+    if ref in catalog:
+        return _model_from_table(ref, catalog[ref], f"catalog model {ref!r}")
+    path = Path(ref)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.suffix in (".toml", ".json") or path.is_file():
+        if not path.is_file():
+            raise MeshwiseError(f"--model: file {ref} does not exist")
+        if path.suffix == ".json":
+            try:
+                cfg = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise MeshwiseError(f"--model: {ref} is not valid JSON ({e.msg}, line {e.lineno})") from None
+            return _model_from_hf_config(cfg, path.parent.name or path.stem)
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise MeshwiseError(f"--model: {ref} is not valid TOML ({e})") from None
+        table = table.get("model", table)
+        return _model_from_table(table.pop("name", path.stem), dict(table), f"--model {ref}")
+    raise MeshwiseError(f"--model: unknown model {ref!r}; choose one of {', '.join(catalog)}, or give a .toml or config.json file")
+
+
+# ------------------------------------------------------------------------------------- cluster
+@dataclass(frozen=True)
+class LinkSpec:
+    """One link tier: per-GPU bandwidth (one direction) and per-message latency."""
+
+    bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """A device: capacity, peak FLOP/s, HBM bandwidth and the achieved-efficiency curve.
+
+    Achieved fraction of peak for a GEMM of width x: efficiency_max * x / (x + efficiency_half_width).
+    """
+
+    name: str
+    memory_bytes: int
+    peak_bf16_flops_per_s: float
+    peak_fp32_flops_per_s: float
+    hbm_bytes_per_s: float
+    efficiency_max: float = 0.0
+    efficiency_half_width: float = 0.0
+    source: str = ""
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
+
+    def efficiency(self, gemm_width: float) -> float:
+        return self.efficiency_max * gemm_width / (gemm_width + self.efficiency_half_width)
+
+
+# Fitted on Narayanan et al. 2021 Table 1 (benchmarks/calibrate_table1.py): the default for every GPU.
+DEFAULT_EFFICIENCY_MAX = 0.55
+DEFAULT_EFFICIENCY_HALF_WIDTH = 150.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``nodes`` nodes of ``gpus_per_node`` accelerators; ``intra`` links a node, ``inter`` links nodes."""
+
+    accelerator: AcceleratorSpec
+    gpus_per_node: int
+    nodes: int
+    intra: LinkSpec
+    inter: LinkSpec
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def link_for(self, group_size: int, stride: int) -> LinkSpec:
+        """The slowest tier a group crosses: ``group_size`` ranks ``stride`` apart in rank order."""
+        crosses_nodes = group_size > 1 and group_size * stride > self.gpus_per_node
+        return self.inter if crosses_nodes else self.intra
+
+
+_ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
+               "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
+               "efficiency_half_width", "source", "name"}
+
+
+def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
+    catalog = _catalog("accelerators.toml")
+    if ref in catalog:
+        return ref, catalog[ref]
+    path = Path(ref)
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise MeshwiseError(f"--gpu: profile {ref} does not exist")
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise MeshwiseError(f"--gpu: {ref} is not valid TOML ({e})") from None
+        table = table.get("accelerator", table)
+        return str(table.get("name", path.stem)), table
+    raise MeshwiseError(f"--gpu: unknown accelerator {ref!r}; choose one of {', '.join(catalog)}, or give a profile .toml")
+
+
+def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
+    """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
+    name, table = _accelerator_table(gpu)
+    unknown = sorted(set(table) - _ACCEL_KEYS)
+    if unknown:
+        raise MeshwiseError(f"--gpu {gpu}: unknown key {unknown[0]!r}")
+    try:
+        accel = AcceleratorSpec(
+            name=name, memory_bytes=int(table["memory_bytes"]),
+            peak_bf16_flops_per_s=float(table["peak_bf16_flops_per_s"]),
+            peak_fp32_flops_per_s=float(table.get("peak_fp32_flops_per_s", table["peak_bf16_flops_per_s"])),
+            hbm_bytes_per_s=float(table["hbm_bytes_per_s"]),
+            efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
+            efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
+            source=str(table.get("source", "")))
+        intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
+        inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
+    except KeyError as missing:
+        raise MeshwiseError(f"--gpu {gpu}: profile lacks {missing.args[0]!r}") from None
+    if gpus < 1:
+        raise MeshwiseError(f"--gpus: {gpus} must be at least 1")
+    per_node = gpus_per_node if gpus_per_node is not None else int(table.get("gpus_per_node", 8))
+    if per_node < 1:
+        raise MeshwiseError(f"--gpus-per-node: {per_node} must be at least 1")
+    per_node = min(per_node, gpus)
+    if gpus % per_node:
+        raise MeshwiseError(f"--gpus: {gpus} is not a whole number of nodes of {per_node} (--gpus-per-node)")
+    return ClusterSpec(accelerator=accel, gpus_per_node=per_node, nodes=gpus // per_node, intra=intra, inter=inter)
+
+
+# --------------------------------------------------------------------------------------- train
+@dataclass(frozen=True)
+class TrainSpec:
+    """One optimizer step: ``global_batch`` sequences of ``seq_len`` tokens."""
+
+    global_batch: int
+    seq_len: int
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise MeshwiseError(f"--global-batch: {self.global_batch} must be at least 1")
+        if self.seq_len < 1:
+            raise MeshwiseError(f"--seq-len: {self.seq_len} must be at least 1")
+        if self.precision not in PRECISIONS:
+            raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per parameter of the weights the forward uses: 4 for fp32, 2 otherwise."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer bytes per parameter (design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
+        moments = 8 if self.optimizer == "adamw" else 4
+        master = 4 if self.precision == "bf16-mixed" else 0
+        return moments + master
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """12 for bf16, 16 for bf16-mixed and fp32 (with AdamW)."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 2 in bf16, 4 in fp32."""
+        return 4 if self.precision == "fp32" else 2
+
+
