@@ -1,0 +1,83 @@
+"""Data parallelism by ZeRO level, all on FSDP2's machinery (one wrapping unit per block, plus the root).
+
+- ``zero=0`` (replication): ``replicate`` (FSDP2-based, see ``_torch_private``) over the whole DP
+  group; gradients are all-reduced (averaged) once per step, on the last micro-batch.
+- ``zero=1`` (optimizer states sharded): ``fully_shard`` with ``reshard_after_forward=False``, and
+  gradient reduction plus resharding deferred to the last micro-batch. Within a step the parameters
+  stay unsharded (one all-gather per step, at the first forward) and gradients accumulate
+  unsharded (full size, as in ZeRO-1); at the last backward they are reduce-scattered, each rank
+  updates its shard of the parameters and optimizer states, and the next step all-gathers them.
+  This is exact ZeRO-1 arithmetic with ZeRO-1's communication volume (reduce-scatter + all-gather
+  instead of all-reduce), and it composes with TP and PP where ``ZeroRedundancyOptimizer`` (plain
+  tensors only) does not.
+- ``zero=2``: ``fully_shard(reshard_after_forward=False)``, gradients reduce-scattered every
+  micro-batch and accumulated sharded.
+- ``zero=3``: ``fully_shard(reshard_after_forward=True)``: parameters re-gathered in backward.
+- HSDP (``shard < dp``): the same ``fully_shard`` on the 2-D mesh (dp_replicate, dp_shard):
+  shard within dp_shard, all-reduce the reduced shards across dp_replicate.
+
+Gradients are averaged over the DP group, so each replica's loss must be its own token mean.
+Under pipeline parallelism, ``torch.distributed.pipelining`` itself defers every FSDP2 module's
+reduction to the end of the step (``PipelineStage.backward_maybe_with_nosync``), whatever the level.
+On GPU the policy is bf16 parameters with fp32 gradient reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from meshwise.layout import Layout
+from meshwise.runtime import _torch_private
+from meshwise.runtime.model import Transformer
+
+
+def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 reductions on GPU; plain fp32 on CPU."""
+    if device_type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def replicate_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
+    """A 1-D mesh over the whole DP group (dp_replicate x dp_shard)."""
+    if layout.shard == 1:
+        return mesh["dp_replicate"]
+    if layout.replicate == 1:
+        return mesh["dp_shard"]
+    return _torch_private.flatten_mesh(mesh, ("dp_replicate", "dp_shard"), "dp")
+
+
+def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
+    """1-D dp_shard mesh (FSDP), or 2-D (dp_replicate, dp_shard) for HSDP."""
+    if layout.replicate == 1:
+        return mesh["dp_shard"]
+    return mesh["dp_replicate", "dp_shard"]
+
+
+def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout) -> None:
+    """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``."""
+    if layout.dp == 1:
+        return
+    mp = mixed_precision(mesh.device_type)
+    units = list(model.layers.values())
+    if layout.zero == 0:
+        dp_mesh = replicate_mesh(mesh, layout)
+        for unit in units:
+            _torch_private.replicate(unit, dp_mesh, mp_policy=mp)
+        _torch_private.replicate(model, dp_mesh, mp_policy=mp)
+        return
+    dp_mesh = shard_mesh(mesh, layout)
+    reshard = layout.zero == 3
+    for unit in units:
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
+def before_microbatch(model: torch.nn.Module, layout: Layout, last: bool) -> None:
+    """Gradient accumulation without PP: zero 0 and 1 reduce only on the last micro-batch."""
+    if isinstance(model, FSDPModule) and layout.zero in (0, 1):
+        model.set_requires_gradient_sync(last)
+        if layout.zero == 1:
+            model.set_reshard_after_backward(last)

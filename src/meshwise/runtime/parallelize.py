@@ -1,0 +1,164 @@
+"""Compose one layout on PyTorch: per pipeline chunk TP/SP -> activation checkpointing -> DP/ZeRO,
+then materialise, initialise from the seed, build the pipeline schedule and the optimizer.
+
+One optimizer step is the same computation under every layout:
+- the global batch is mbs * accum * dp sequences; replica r (its dp coordinate) takes rows
+  [r * mbs * accum, (r+1) * mbs * accum) and runs them as ``accum`` micro-batches;
+- each micro-batch's loss is its summed token cross-entropy divided by the replica's tokens per
+  step, so the accumulated gradient is the replica's token mean, and the DP average (FSDP2 /
+  replicate divide by dp) makes it the global token mean (every replica has as many tokens);
+- gradients are clipped by the global norm (:mod:`meshwise.runtime.optim`), then AdamW steps;
+- the returned loss is the global token mean: the last pipeline stage's replica losses, summed
+  over the world in one all-reduce and divided by dp * tp (every TP rank holds the same value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout, validate
+from meshwise.runtime.checkpointing import apply_activation_checkpointing
+from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch
+from meshwise.runtime.mesh import dp_rank, mesh_device
+from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum
+from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
+from meshwise.runtime.pipeline import build_schedule, build_stages, chunk_bounds, my_chunks
+from meshwise.runtime.tensor_parallel import apply_tensor_parallel
+from meshwise.spec import ModelSpec
+
+
+@dataclass
+class ParallelModel:
+    """What ``parallelize`` returns: this rank's chunk modules, the schedule (None without PP),
+    the optimizer, and :meth:`step`."""
+
+    spec: ModelSpec
+    layout: Layout
+    mesh: DeviceMesh
+    global_batch: int
+    seq_len: int
+    chunk_ids: list[int]
+    modules: list[nn.Module]
+    schedule: object | None
+    optimizer: torch.optim.Optimizer
+    optim_config: OptimConfig
+    stages: list = field(default_factory=list)
+    last_grad_norm: float = 0.0
+
+    @property
+    def accum(self) -> int:
+        return self.layout.accum(self.global_batch)
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.chunk_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.layout.stages - 1 in self.chunk_ids
+
+    @property
+    def replica_rows(self) -> int:
+        """Sequences per replica per step: mbs * accum."""
+        return self.layout.mbs * self.accum
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.modules for p in m.parameters()]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters under their plain-model names."""
+        return [(canonical_name(n), p) for m in self.modules for n, p in m.named_parameters()]
+
+    def local_batch(self, global_tensor: torch.Tensor) -> torch.Tensor:
+        """This replica's rows of a (global_batch, ...) tensor."""
+        start = dp_rank(self.mesh) * self.replica_rows
+        return global_tensor[start:start + self.replica_rows]
+
+    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+        """One optimizer step on this replica's (mbs*accum, seq) token ids and targets.
+
+        ``inputs`` are needed where the first chunk lives, ``targets`` where the last one does.
+        Returns the global token-mean loss (the same on every rank).
+        """
+        device = mesh_device(self.mesh)
+        tokens = self.replica_rows * self.seq_len
+        self.optimizer.zero_grad(set_to_none=True)
+        local = torch.zeros((), dtype=torch.float64, device=device)
+        if self.schedule is None:
+            model = self.modules[0]
+            mbs = self.layout.mbs
+            for i in range(self.accum):
+                before_microbatch(model, self.layout, last=i == self.accum - 1)
+                x = inputs[i * mbs:(i + 1) * mbs].to(device)
+                y = targets[i * mbs:(i + 1) * mbs].to(device)
+                loss = loss_sum(model(x), y) / tokens
+                loss.backward()
+                local += loss.detach().double()
+        else:
+            losses: list[torch.Tensor] = []
+            args = (inputs.to(device),) if self.has_first else ()
+            kwargs = {"target": targets.to(device), "losses": losses} if self.has_last else {}
+            self.schedule.step(*args, **kwargs)
+            for loss in losses:
+                local += loss.detach().double()
+        reduce_partial_grads(self.parameters())
+        self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.max_grad_norm,
+                                             self.layout.dp * self.layout.tp)
+        self.optimizer.step()
+        dist.all_reduce(local)
+        return local.item() / (self.layout.dp * self.layout.tp)
+
+
+def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
+                 device: torch.device) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(spec)
+    if layout.stages > 1:
+        first, count = chunk_bounds(spec, layout, chunk)
+        model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
+    if layout.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"], layout.sp)
+    apply_activation_checkpointing(model, layout.ac)
+    apply_data_parallel(model, mesh, layout)
+    model.to_empty(device=device)
+    init_weights(model, spec, seed)
+    return model
+
+
+def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
+                seq_len: int | None = None, seed: int = 0,
+                optim: OptimConfig = OptimConfig()) -> ParallelModel:
+    """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``)."""
+    validate(layout, model_spec, mesh.size(), global_batch)
+    seq_len = seq_len or model_spec.max_seq
+    if seq_len > model_spec.max_seq:
+        raise MeshwiseError(f"seq_len: {seq_len} is longer than the model's max_seq {model_spec.max_seq}")
+    if layout.sp and seq_len % layout.tp:
+        raise MeshwiseError(f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}")
+    if model_spec.tied_embeddings and layout.pp > 1:
+        raise MeshwiseError("layout: pp > 1 with tied embeddings is not supported by the runtime; "
+                            "untie them or use pp=1")
+    device = mesh_device(mesh)
+    chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device) for c in chunk_ids]
+    params = [p for m in modules for p in m.parameters()]
+    optimizer = build_optimizer(params, optim)
+    schedule, stages = None, []
+    if layout.pp > 1:
+        act_dtype = torch.bfloat16 if mesh.device_type == "cuda" else torch.float32
+        stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len, act_dtype)
+        tokens = layout.mbs * layout.accum(global_batch) * seq_len
+
+        def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return loss_sum(logits, targets) / tokens
+
+        schedule = build_schedule(stages, layout, layout.accum(global_batch), loss_fn)
+    return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
+                         chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
+                         optim_config=optim, stages=stages)

@@ -1,0 +1,64 @@
+"""Tensor (and sequence) parallelism with DTensor's ``parallelize_module`` (Megatron-style split).
+
+Per block: Q, K, V and the MLP gate/up projections column-wise (heads / ffn split over tp), the
+attention output and MLP down projections row-wise. The embedding is split row-wise (vocab
+shards), the LM head column-wise (vocab shards) with its logits gathered (``output_layouts=
+Replicate()``), so the loss runs on full logits, identically on every TP rank.
+
+``sp=off``: activations between the parallel regions are replicated; each row-wise layer ends in
+an all-reduce (forward), each column-wise region starts with one in backward.
+``sp=on``: the residual stream and the norms are sharded on the sequence dimension
+(``SequenceParallel``); an all-gather enters each column-wise region and a reduce-scatter leaves
+each row-wise one (forward), and the reverse in backward.
+The residual stream between modules is a plain local tensor: (b, s, h), or (b, s/tp, h) with SP.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from meshwise.runtime.model import Transformer
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Shard ``model`` (a whole model or a pipeline chunk) over ``tp_mesh`` in place."""
+    stream = Shard(1) if sp else Replicate()  # layout of the residual stream between modules
+    plan: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+    if model.norm is not None and sp:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate(), use_local_output=True)
+    if plan:
+        parallelize_module(model, tp_mesh, plan)
+    for block in model.layers.values():
+        block_plan: dict[str, object] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=stream),
+            "mlp.w1": ColwiseParallel(),
+            "mlp.w2": RowwiseParallel(output_layouts=stream),
+        }
+        if block.mlp.w3 is not None:
+            block_plan["mlp.w3"] = ColwiseParallel()
+        if sp:
+            block_plan["attention_norm"] = SequenceParallel()
+            block_plan["mlp_norm"] = SequenceParallel()
+            block_plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                         desired_input_layouts=(Replicate(), None, None))
+            block_plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        parallelize_module(block, tp_mesh, block_plan)
+    if model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
+        # Both are Shard(0) on the vocab dimension: re-tie the two DTensor parameters.
+        model.output.weight = model.tok_embeddings.weight
+

@@ -1,0 +1,235 @@
+"""Helpers of the parity suite: the single-process reference, and worker groups that run many
+layouts of one world size in one set of processes (torch start-up is the main cost on CPU).
+
+Every layout builds its own DeviceMesh (new process groups) inside the same workers. A failure in
+any rank is sent back with its traceback and the whole group is killed; a group that runs past
+its deadline is killed too, so a test fails with a message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.multiprocessing as mp
+
+from meshwise.spec import ModelSpec, load_model
+
+SEED = 0
+DATA_SEED = 1234
+STEPS = 10
+GLOBAL_BATCH = 8
+MODEL = "tiny"
+MAX_GRAD_NORM = 0.5  # below the tiny model's gradient norms (~0.6-0.8), so clipping really acts
+
+
+def optim_config():
+    from meshwise.runtime import OptimConfig
+
+    return OptimConfig(max_grad_norm=MAX_GRAD_NORM)
+
+
+def spec() -> ModelSpec:
+    return load_model(MODEL)
+
+
+def batches(model: ModelSpec, steps: int = STEPS) -> torch.Tensor:
+    """(steps, global_batch, seq+1) token ids from a fixed generator: inputs [:-1], targets [1:]."""
+    gen = torch.Generator().manual_seed(DATA_SEED)
+    return torch.randint(0, model.vocab, (steps, GLOBAL_BATCH, model.max_seq + 1), generator=gen)
+
+
+@dataclass
+class Run:
+    losses: list[float]
+    weights: dict[str, torch.Tensor]
+    grad_norms: list[float] = field(default_factory=list)
+
+
+def reference(seed: int = SEED) -> Run:
+    """Plain single-process training: whole global batch at once, torch's own clipping and AdamW."""
+    from meshwise.runtime import build_model, loss_sum
+
+    model_spec = spec()
+    cfg = optim_config()
+    model = build_model(model_spec, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                            weight_decay=cfg.weight_decay)
+    data = batches(model_spec)
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = data[step, :, :-1], data[step, :, 1:]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_sum(model(x), y) / y.numel()
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
+        opt.step()
+        losses.append(loss.item())
+    return Run(losses, {n: p.detach().clone() for n, p in model.named_parameters()}, norms)
+
+
+# ----------------------------------------------------------------------------------- workers
+@dataclass(frozen=True)
+class Case:
+    """One layout to run; ``corrupt`` deliberately breaks the run (the suite must notice)."""
+
+    layout: str
+    corrupt: str = ""  # "" | "same-data" (every replica gets replica 0's rows) | "seed" (other init)
+
+    @property
+    def name(self) -> str:
+        return self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
+
+
+def run_case(case: Case, world: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Inside a worker: train STEPS steps under ``case``; return losses and the full weights this
+    rank reports (only ranks at dp=0, tp=0 of their stage report, after gathering the shards)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from meshwise.layout import parse
+    from meshwise.runtime import build_mesh, parallelize
+
+    model_spec = spec()
+    layout = parse(case.layout, world)
+    mesh = build_mesh(layout, model_spec, GLOBAL_BATCH)
+    pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
+                     optim=optim_config())
+    data = batches(model_spec)
+    losses = []
+    for step in range(STEPS):
+        x, y = data[step, :, :-1], data[step, :, 1:]
+        if case.corrupt == "same-data":
+            xs, ys = x[:pm.replica_rows], y[:pm.replica_rows]
+        else:
+            xs, ys = pm.local_batch(x), pm.local_batch(y)
+        losses.append(pm.step(xs, ys))
+    reporter = all(mesh.get_local_rank(d) == 0 for d in ("dp_replicate", "dp_shard", "tp"))
+    weights = {}
+    for name, p in pm.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        if reporter:
+            weights[name] = full.detach().cpu().clone()
+    dist.barrier()
+    return losses, weights
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=90))
+    except Exception:
+        out.put((rank, "<init>", "error", traceback.format_exc()))
+        return
+    for case in cases:
+        try:
+            start = time.perf_counter()
+            losses, weights = run_case(case, world)
+            buf = io.BytesIO()
+            torch.save(weights, buf)
+            out.put((rank, case.name, "ok", (losses, buf.getvalue(), time.perf_counter() - start)))
+        except Exception:
+            out.put((rank, case.name, "error", traceback.format_exc()))
+            return
+    dist.destroy_process_group()
+    out.put((rank, "<end>", "done", None))
+
+
+@dataclass
+class GroupResult:
+    runs: dict[str, Run]
+    seconds: dict[str, float]
+    error: str = ""  # the first failure (case name, rank, traceback), or a timeout
+
+
+def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
+    """Run ``cases`` in one group of ``world`` spawned workers; never waits past ``timeout_s``."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, out), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    partial: dict[str, dict[int, tuple]] = {}
+    runs: dict[str, Run] = {}
+    seconds: dict[str, float] = {}
+    done, error = 0, ""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while done < world and not error:
+            try:
+                rank, name, status, payload = out.get(timeout=1.0)
+            except queue_mod.Empty:
+                if time.monotonic() > deadline:
+                    error = f"world {world}: timed out after {timeout_s:.0f}s; finished: {sorted(runs)}"
+                elif any(p.exitcode not in (None, 0) for p in procs):
+                    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    error = f"world {world}: worker(s) died without a report (rank, exit code): {dead}"
+                continue
+            if status == "error":
+                error = f"world {world}, case {name}, rank {rank} failed:\n{payload}"
+            elif status == "done":
+                done += 1
+            else:
+                partial.setdefault(name, {})[rank] = payload
+                if len(partial[name]) == world:
+                    ranks = partial.pop(name)
+                    weights: dict[str, torch.Tensor] = {}
+                    for _, blob, _ in ranks.values():
+                        weights.update(torch.load(io.BytesIO(blob)))
+                    runs[name] = Run(ranks[0][0], weights)
+                    seconds[name] = max(s for _, _, s in ranks.values())
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate() if not error else p.kill()
+        for p in procs:
+            p.join(timeout=10)
+    return GroupResult(runs, seconds, error)
+
+
+# -------------------------------------------------------------------------------- comparison
+LOSS_RTOL = 1e-4
+FIRST_LOSS_RTOL = 1e-6
+WEIGHT_TOL = 1e-4
+
+
+def mismatch(run: Run, ref: Run) -> str:
+    """Empty when ``run`` matches ``ref`` (losses and final weights); otherwise what differs."""
+    problems = []
+    if len(run.losses) != len(ref.losses):
+        return f"{len(run.losses)} losses, reference has {len(ref.losses)}"
+    for i, (got, want) in enumerate(zip(run.losses, ref.losses)):
+        tol = FIRST_LOSS_RTOL if i == 0 else LOSS_RTOL
+        if abs(got - want) > tol * abs(want):
+            problems.append(f"step {i}: loss {got:.9g} vs reference {want:.9g} (rel {abs(got - want) / abs(want):.2e})")
+    missing = sorted(set(ref.weights) - set(run.weights))
+    extra = sorted(set(run.weights) - set(ref.weights))
+    if missing or extra:
+        problems.append(f"weights missing {missing[:4]} extra {extra[:4]}")
+    for name in sorted(set(ref.weights) & set(run.weights)):
+        got, want = run.weights[name], ref.weights[name]
+        if got.shape != want.shape:
+            problems.append(f"{name}: shape {tuple(got.shape)} vs {tuple(want.shape)}")
+            continue
+        err = (got - want).abs().max().item()
+        if err > WEIGHT_TOL * (1 + want.abs().max().item()):
+            problems.append(f"{name}: max abs difference {err:.3e}")
+    return "\n".join(problems)
