@@ -210,7 +210,7 @@ class LinkSpec:
 class AcceleratorSpec:
     """A device: capacity, peak FLOP/s, HBM bandwidth and the achieved-efficiency curve.
 
-    Achieved fraction of peak for a GEMM of width x: efficiency_max * x / (x + efficiency_half_width).
+    Achieved fraction of peak for a model of hidden size h: efficiency_max * h / (h + efficiency_half_width).
     """
 
     name: str
@@ -225,13 +225,13 @@ class AcceleratorSpec:
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
 
-    def efficiency(self, gemm_width: float) -> float:
-        return self.efficiency_max * gemm_width / (gemm_width + self.efficiency_half_width)
+    def efficiency(self, hidden: float) -> float:
+        return self.efficiency_max * hidden / (hidden + self.efficiency_half_width)
 
 
 # Fitted on Narayanan et al. 2021 Table 1 (benchmarks/calibrate_table1.py): the default for every GPU.
-DEFAULT_EFFICIENCY_MAX = 0.55
-DEFAULT_EFFICIENCY_HALF_WIDTH = 150.0
+DEFAULT_EFFICIENCY_MAX = 0.62
+DEFAULT_EFFICIENCY_HALF_WIDTH = 800.0
 
 
 @dataclass(frozen=True)
@@ -249,9 +249,16 @@ class ClusterSpec:
         return self.gpus_per_node * self.nodes
 
     def link_for(self, group_size: int, stride: int) -> LinkSpec:
-        """The slowest tier a group crosses: ``group_size`` ranks ``stride`` apart in rank order."""
-        crosses_nodes = group_size > 1 and group_size * stride > self.gpus_per_node
-        return self.inter if crosses_nodes else self.intra
+        """The link a group of ``group_size`` ranks, ``stride`` apart in rank order, communicates over.
+
+        Inside a node: the intra-node link. Across nodes: every rank has its own NIC and a collective
+        splits its data over channels, one per rank of the group in a node (NCCL's rings), so the
+        group's bandwidth is the per-GPU scale-out bandwidth times its ranks per node.
+        """
+        if group_size == 1 or group_size * stride <= self.gpus_per_node:
+            return self.intra
+        per_node = max(1, min(group_size, self.gpus_per_node // stride))
+        return LinkSpec(self.inter.bytes_per_s * per_node, self.inter.latency_s)
 
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
@@ -315,6 +322,7 @@ class TrainSpec:
     seq_len: int
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
+    overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:

@@ -1,0 +1,103 @@
+"""The ``meshwise`` command: parses arguments and calls the modules below it; no logic of its own.
+
+Bad input prints one line ``meshwise: error: ...`` and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from meshwise.errors import MeshwiseError
+
+DEFAULT_MODEL = "llama3-70b"
+DEFAULT_GPU = "h100"
+DEFAULT_GPUS = 64
+DEFAULT_SEQ_CAP = 4096
+DEFAULT_GLOBAL_BATCH = 512
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"meshwise: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshwise", description="Plan, run and measure the parallel layout of transformer training.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
+                       description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
+                                   "schedules, activation checkpointing) and rank those that fit.")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
+    which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"number of devices (default: {DEFAULT_GPUS})")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}; 2048 with --params)")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); default bf16-mixed")
+    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
+    p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
+    p.add_argument("--top", type=int, default=5, help="how many layouts to show (default: 5)")
+    p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    return parser
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from meshwise import layout as layout_mod
+    from meshwise import planner, spec
+    from meshwise.cost.estimate import DEFAULT_HEADROOM
+
+    if args.params is not None:
+        model = spec.ModelSpec.from_param_count(args.params)
+    else:
+        model = spec.load_model(args.model or DEFAULT_MODEL)
+    cluster = spec.load_cluster(args.gpu, args.gpus, args.gpus_per_node)
+    seq = args.seq_len if args.seq_len is not None else (2048 if model.states_only else min(model.max_seq, DEFAULT_SEQ_CAP))
+    train = spec.TrainSpec(global_batch=args.global_batch, seq_len=seq, precision=args.precision, optimizer=args.optimizer)
+    if args.top < 1:
+        raise MeshwiseError(f"--top: {args.top} must be at least 1")
+    headroom = DEFAULT_HEADROOM if args.headroom is None else args.headroom
+    if not 0 <= headroom < 1:
+        raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
+    chosen = layout_mod.parse(args.layout, cluster.world_size) if args.layout else None
+    result = planner.plan(model, cluster, train, top=args.top, headroom=headroom, layout=chosen)
+    if args.json:
+        print(json.dumps(result.as_json()))
+    else:
+        from meshwise.show import print_plan
+        print_plan(model, cluster, train, result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return {"plan": _plan}[args.command](args)
+    except MeshwiseError as e:
+        print(f"meshwise: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Activation memory of one transformer block, counted tensor by tensor.
+
+The inventory follows Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4): every tensor the
+backward needs, with its size in elements and whether tensor parallelism shards it. The same
+inventory reproduces the paper's Table 2 when configured with the paper's conventions
+(``MEGATRON``: GeLU MLP of 4h, dropout, attention scores materialised, sequence parallel storing
+the sharded norm outputs) and describes meshwise's runtime with ``TORCH`` (see docs/cost-model.md):
+
+- no dropout: the paper's three dropout masks (1 byte each) and the dropout output are gone;
+- fused attention (``scaled_dot_product_attention``): no ``a*s^2*b`` term; SDPA keeps its output and
+  a float32 log-sum-exp of ``a*s*b`` elements instead;
+- GQA: K and V are ``kv_heads * head_dim`` wide, not ``h``;
+- SwiGLU: the MLP keeps four ``f``-wide tensors (gate output, SiLU output, up output, their
+  product) instead of GeLU's two;
+- the output projection's input is a contiguous copy of the attention output, kept separately;
+- sequence parallelism through DTensor keeps the all-gathered (full) input of each column-parallel
+  matmul, where Megatron keeps the shard and gathers again in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshwise.spec import ModelSpec
+
+MASK_BYTES = 1
+LSE_BYTES = 4  # SDPA's log-sum-exp is float32
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """How an implementation stores a block's activations."""
+
+    dropout: bool
+    fused_attention: bool
+    sp_keeps_gathered_input: bool
+    out_proj_input_is_copy: bool
+
+
+MEGATRON = Conventions(dropout=True, fused_attention=False, sp_keeps_gathered_input=False, out_proj_input_is_copy=False)
+TORCH = Conventions(dropout=False, fused_attention=True, sp_keeps_gathered_input=True, out_proj_input_is_copy=True)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Block widths in elements: hidden h, query width q (= h), K/V width kv, MLP width f, heads a."""
+
+    h: int
+    q: int
+    kv: int
+    f: int
+    a: int
+    swiglu: bool
+
+    @classmethod
+    @lru_cache(maxsize=64)
+    def of(cls, model: ModelSpec) -> "Shapes":
+        return cls(h=model.hidden, q=model.heads * model.head_dim, kv=model.kv_dim, f=model.ffn_hidden,
+                   a=model.heads, swiglu=model.mlp == "swiglu")
+
+
+@lru_cache(maxsize=4096)
+def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool, ac: str,
+                conv: Conventions = TORCH) -> float:
+    """Bytes one block keeps for backward, per micro-batch, on one rank.
+
+    ``ac`` = ``none`` (everything below), ``selective`` (meshwise's recipe in meshwise.recompute, or
+    the paper's attention-core recompute under MEGATRON), ``full`` (only the block input).
+    """
+    t = tp
+    sb = seq * mbs
+    e = elem_bytes
+    rep = 1 / t if sp else 1.0                      # replicated over TP unless sequence parallel
+    gathered = 1.0 if (not sp or conv.sp_keeps_gathered_input) else 1 / t
+    shard = 1 / t                                   # split by TP (heads or MLP columns)
+    h, q, kv, f, a = shapes.h, shapes.q, shapes.kv, shapes.f, shapes.a
+
+    if ac == "full":
+        return sb * h * e * rep
+    if ac == "selective" and conv is TORCH:
+        # Saved by the op-level policy: the block input, every matmul output, SDPA's output and LSE.
+        # Row-parallel matmul outputs are partial sums of full size before their reduction.
+        matmul_outputs = (q + 2 * kv) * shard + h + (2 * f * shard if shapes.swiglu else f * shard) + h
+        return sb * e * (h * rep + matmul_outputs + q * shard) + sb * a * shard * LSE_BYTES
+
+    total = 0.0
+    # attention sub-block
+    total += sb * h * e * rep                       # norm 1 input
+    total += sb * h * e * gathered                  # QKV matmul input (norm 1 output)
+    total += sb * (q + kv) * e * shard              # Q and K (after rotary)
+    total += sb * kv * e * shard                    # V
+    scores = a * seq * seq * mbs                    # a*s^2*b attention-score elements
+    if conv.fused_attention:
+        total += sb * q * e * shard                 # SDPA output
+        total += sb * a * LSE_BYTES * shard         # SDPA log-sum-exp
+    elif ac != "selective":                         # the paper's selective recompute drops these
+        total += scores * e * shard                 # softmax output
+        if conv.dropout:
+            total += scores * MASK_BYTES * shard    # attention dropout mask
+            total += scores * e * shard             # dropout output (input of scores @ V)
+    if conv.out_proj_input_is_copy or not conv.fused_attention:
+        total += sb * q * e * shard                 # output projection input
+    if conv.dropout:
+        total += sb * h * MASK_BYTES * rep          # dropout mask after attention
+    # MLP sub-block
+    total += sb * h * e * rep                       # norm 2 input
+    total += sb * h * e * gathered                  # first MLP matmul input (norm 2 output)
+    total += sb * f * e * shard * (4 if shapes.swiglu else 2)   # SwiGLU: gate, SiLU, up, product; GeLU: in, out
+    if conv.dropout:
+        total += sb * h * MASK_BYTES * rep          # dropout mask after the MLP
+    return total
+
+
+def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, setting: str) -> float:
+    """Korthikanti et al. 2022 Table 2, bytes per layer, as printed (16-bit, dropout, 4h GeLU MLP)."""
+    return {
+        "none": s * b * h * (34 + 5 * a * s / h),
+        "tp": s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
+        "tp+selective": s * b * h * (10 + 24 / t),
+        "tp+sp+selective": s * b * h * (34 / t),
+        "full": s * b * h * 2,
+    }[setting]
+
+
+def head_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool) -> float:
+    """Final norm, LM head and loss for one micro-batch on the last stage.
+
+    Final-norm input and head input (``s*b*h`` each, the second gathered under SP), logits
+    (``s*b*V/t`` in the activation dtype, vocabulary-parallel), and the loss in float32: the
+    upcast logits (bf16 only), the saved log-softmax and its gradient (4 + 4 bytes per logit).
+    """
+    sb = seq * mbs
+    e = elem_bytes
+    rep = 1 / tp if sp else 1.0
+    logit_elems = sb * model.vocab / tp
+    per_logit = e + 8 + (4 if e != 4 else 0)
+    return sb * model.hidden * e * (rep + 1.0) + logit_elems * per_logit

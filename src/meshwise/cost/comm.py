@@ -1,0 +1,61 @@
+"""Collectives a layout implies, and what they cost.
+
+Each collective costs ``alpha + bytes / beta`` per step of its algorithm on the slowest link tier
+its group crosses (ClusterSpec.link_for): a TP group inside a node rides NVLink, a DP group that
+spans nodes rides the scale-out link. For ``n`` ranks and a payload of ``B`` bytes:
+
+- ring all-reduce ``2(n-1)*alpha + 2(n-1)/n * B/beta``; tree all-reduce ``2*ceil(log2 n)*alpha + 2*B/beta``;
+  the cheaper one is taken (NCCL chooses per size);
+- ring all-gather and reduce-scatter ``(n-1)*alpha + (n-1)/n * B/beta``;
+- broadcast ``ceil(log2 n)*alpha + B/beta``; send/recv ``alpha + B/beta``.
+
+``bytes_per_step`` is the payload summed over calls: the full tensor for all-reduce and broadcast,
+the full (gathered) tensor for all-gather and reduce-scatter, the message for send and recv. Payload
+sizes per layout are listed in docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshwise.spec import LinkSpec
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective on one mesh dimension, summed over a step, for the busiest rank."""
+
+    kind: str
+    dim: str
+    bytes_per_step: float
+    count_per_step: int
+    seconds_per_step: float
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "dim": self.dim, "bytes_per_step": int(round(self.bytes_per_step)),
+                "count_per_step": self.count_per_step}
+
+
+def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) -> float:
+    """Time of one call moving ``payload_bytes`` among ``n`` ranks over ``link``."""
+    a, beta = link.latency_s, link.bytes_per_s
+    if kind in ("send", "recv"):
+        return a + payload_bytes / beta
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        ring = 2 * (n - 1) * a + 2 * (n - 1) / n * payload_bytes / beta
+        tree = 2 * math.ceil(math.log2(n)) * a + 2 * payload_bytes / beta
+        return min(ring, tree)
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) * a + (n - 1) / n * payload_bytes / beta
+    if kind == "broadcast":
+        return math.ceil(math.log2(n)) * a + payload_bytes / beta
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def collective(kind: str, dim: str, n: int, payload_bytes: float, calls: int, link: LinkSpec) -> Collective:
+    """``calls`` calls of ``payload_bytes`` each."""
+    return Collective(kind, dim, payload_bytes * calls, calls,
+                      calls * collective_seconds(kind, n, payload_bytes, link))

@@ -1,0 +1,51 @@
+"""FLOPs of a training step.
+
+Per token and block, the forward costs ``2 * (matmul parameters)`` plus ``4 * s * h`` for the
+attention scores and their product with V (the full square, as Narayanan et al. 2021 Eq. 3 and
+Korthikanti et al. 2022 Eq. 7 count it, even though causal attention needs half). The LM head adds
+``2 * h * V``. Backward costs twice the forward.
+
+- model FLOPs = 3 x forward (Korthikanti Eq. 7 for GPT shapes: 72*B*L*s*h^2*(1 + s/(6h) + V/(12hL)));
+- hardware FLOPs add recomputation: ``full`` re-runs every block's forward (Narayanan Eq. 3, the
+  96 factor); meshwise's ``selective`` recomputes only elementwise ops (no matmul FLOPs), so its
+  hardware FLOPs equal the model FLOPs. The paper's own selective (recompute the attention core)
+  is Eq. 8.
+"""
+
+from __future__ import annotations
+
+from meshwise.spec import ModelSpec
+
+
+def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
+    matmul_params = model.attention_params + model.mlp_params
+    return 2.0 * matmul_params + 4.0 * seq * model.hidden
+
+
+def head_forward_flops_per_token(model: ModelSpec) -> float:
+    return 2.0 * model.hidden * model.vocab
+
+
+def recompute_factor(ac: str) -> float:
+    """Forward passes of a block in one step: 3 (fwd + 2x bwd), 4 with full recompute."""
+    return 4.0 if ac == "full" else 3.0
+
+
+def model_flops(model: ModelSpec, seq: int, tokens: float) -> float:
+    """Model FLOPs for ``tokens`` tokens (6*N*tokens plus attention, for a model with a known shape)."""
+    if model.states_only:
+        return 6.0 * model.params * tokens
+    return 3.0 * tokens * (model.layers * block_forward_flops_per_token(model, seq) + head_forward_flops_per_token(model))
+
+
+def hardware_flops(model: ModelSpec, seq: int, tokens: float, ac: str) -> float:
+    """Model FLOPs plus the recomputed forward of every block under ``full``."""
+    extra = 0.0
+    if ac == "full" and not model.states_only:
+        extra = tokens * model.layers * block_forward_flops_per_token(model, seq)
+    return model_flops(model, seq, tokens) + extra
+
+
+def narayanan_eq3(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021 Eq. 3: FLOPs per iteration with full recompute."""
+    return 96.0 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))

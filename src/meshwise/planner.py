@@ -1,0 +1,328 @@
+"""Enumerate every valid layout, estimate each, drop what does not fit, rank, explain, warn.
+
+Pure Python: never imports torch. The search covers every factorisation world = dp * tp * pp with
+tp dividing the heads, KV heads, MLP width and vocabulary; ZeRO stages 0-3 with every sharding
+group size that divides dp (HSDP when smaller); sp on/off; the four schedules with vpp from 2 to
+``MAX_VPP`` for the interleaved ones; micro-batch sizes that are powers of two up to ``MAX_MBS``
+and divide the per-replica batch; and the three activation-checkpointing modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
+from meshwise.errors import MeshwiseError
+from meshwise.layout import AC_MODES, Layout, validate
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+MAX_VPP = 8
+MAX_MBS = 32
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_degrees(model: ModelSpec, world: int) -> list[int]:
+    if model.states_only:
+        return [1]
+    return [t for t in _divisors(world)
+            if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0]
+
+
+def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs for ``pp`` ranks of a model with ``layers`` blocks."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    options = [("gpipe", 1), ("1f1b", 1), ("zero-bubble", 1)]
+    if 2 * pp <= layers:
+        options.append(("zero-bubble", 2))
+    options += [("interleaved-1f1b", v) for v in range(2, MAX_VPP + 1) if pp * v <= layers]
+    return options
+
+
+def _structures(model: ModelSpec, world: int, global_batch: int) -> Iterator[tuple[Layout, list[int]]]:
+    """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
+    layers = model.layers if not model.states_only else 1
+    for tp in tp_degrees(model, world):
+        for pp in _divisors(world // tp):
+            if pp > layers:
+                continue
+            dp = world // (tp * pp)
+            if global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
+            zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
+            for zero, shard in zero_shards:
+                for sp in ((False,) if tp == 1 else (True, False)):
+                    for schedule, vpp in pipeline_options(pp, layers):
+                        yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
+                                     schedule=schedule), mbs_options
+
+
+def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
+    return ("none",) if model.states_only else AC_MODES
+
+
+def enumerate_layouts(model: ModelSpec, world: int, global_batch: int) -> Iterator[Layout]:
+    """Every valid layout of ``world`` ranks for this model and batch."""
+    for base, mbs_options in _structures(model, world, global_batch):
+        for ac in _ac_modes(model):
+            for mbs in mbs_options:
+                yield replace(base, mbs=mbs, ac=ac)
+
+
+def _simplicity(layout: Layout) -> tuple:
+    """Tie-break between equally fast layouts: fewer parallel dimensions and less machinery first."""
+    return (layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1, layout.ac != "none",
+            layout.vpp, -layout.mbs, not layout.sp)
+
+
+def _rank_key(e: Estimate) -> tuple:
+    """Fastest first; among equally fast layouts, the one with less memory, then the simpler one."""
+    return (round(-e.tokens_per_s, 3), round(e.memory.total), _simplicity(e.layout))
+
+
+@dataclass
+class SearchResult:
+    """The best ``top`` fitting layouts, and how many were enumerated and fitted."""
+
+    best: list[Estimate] = field(default_factory=list)
+    enumerated: int = 0
+    fitting: int = 0
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
+           headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
+    """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
+    timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
+    estimated further. ``where`` restricts the search (it sees each layout with mbs=1).
+    """
+    from meshwise.cost.estimate import lower_bound_step_s, rank_memories
+
+    keep = max(top, 2)
+    result = SearchResult()
+    usable = cluster.accelerator.memory_bytes * (1 - headroom)
+    bounds: dict[tuple, float] = {}
+    for base, mbs_options in _structures(model, cluster.world_size, train.global_batch):
+        acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
+        if not acs:
+            continue
+        result.enumerated += len(acs) * len(mbs_options)
+        if max(mm.states for mm in rank_memories(model, cluster, train, base)) > usable:
+            continue
+        for ac in acs:
+            for mbs in mbs_options:  # activations grow with mbs: the first that overflows ends the loop
+                layout = replace(base, mbs=mbs, ac=ac)
+                mems = rank_memories(model, cluster, train, layout)
+                if max(mm.total for mm in mems) > usable:
+                    break
+                result.fitting += 1
+                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac)
+                bound = bounds.get(key)
+                if bound is None:
+                    bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
+                if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+                    continue
+                e = estimate(model, cluster, train, layout, headroom, mems)
+                result.best.append(e)
+                result.best.sort(key=_rank_key)
+                del result.best[keep:]
+    del result.best[top:]
+    return result
+
+
+# ------------------------------------------------------------------------------- explanation
+GB = 1e9
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.1f} GB"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``meshwise plan`` prints: candidates best first, the explanation, the warnings."""
+
+    candidates: tuple[Estimate, ...]
+    explanation: tuple[str, ...]
+    warnings: tuple[str, ...]
+    enumerated: int
+    fitting: int
+
+    def as_json(self) -> dict:
+        return {"candidates": [e.as_json() for e in self.candidates], "explanation": list(self.explanation),
+                "warnings": list(self.warnings), "enumerated": self.enumerated, "fitting": self.fitting}
+
+
+def _one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, ac: str):
+    from meshwise.cost.estimate import rank_memories
+    layout = Layout(ac=ac)
+    return max(rank_memories(model, cluster, replace(train, global_batch=1), layout), key=lambda m: m.total)
+
+
+def _precision_note(train: TrainSpec) -> str:
+    return (f"{train.state_bytes_per_param} B/param ({train.precision}: {train.weight_bytes} weights + "
+            f"{train.grad_bytes} grads + {train.optimizer_bytes} {train.optimizer} states)")
+
+
+def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
+            headroom: float = DEFAULT_HEADROOM) -> list[str]:
+    """Walk the decision order of design.md with the numbers, then compare the winner to the runner-up."""
+    accel = cluster.accelerator
+    usable = accel.memory_bytes * (1 - headroom)
+    n = cluster.world_size
+    lines: list[str] = []
+    one = _one_device(model, cluster, train, "none")
+    states = model.params * train.state_bytes_per_param
+    cap = f"one {accel.name} holds {_gb(accel.memory_bytes)} ({_gb(usable)} usable with {headroom:.0%} headroom)"
+    act = "" if model.states_only else f" + activations at micro-batch 1 {_gb(one.activations + one.other)}"
+    fits_one = one.total <= usable
+    lines.append(f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
+                 f"{_gb(states)}{act}; {cap} -> " +
+                 ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
+                  if fits_one else "does not fit: plain DDP cannot run this model."))
+    if not fits_one:
+        sharded = states / n
+        verdict = "fits" if sharded <= usable else "does not fit"
+        lines.append(f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
+                     f"{_gb(sharded)} of states per device -> {verdict}" +
+                     (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
+        if model.states_only:
+            lines.append("3. One layer too large? Unknown for a bare parameter count: give --model for the "
+                         "shape-aware answer (TP, PP and activations).")
+        else:
+            layer_states = model.layer_params * train.state_bytes_per_param
+            layer_act = one.activations / max(model.layers, 1)
+            large = layer_states + layer_act > usable
+            lines.append(f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params "
+                         f"({_gb(layer_states)} of states) and {_gb(layer_act)} of activations at micro-batch 1 -> " +
+                         ("too large for one device: tensor parallelism must split its matrices inside a node."
+                          if large else "a layer fits; TP is needed only if sharded states plus activations still overflow."))
+    if best:
+        win = best[0].layout
+        if win.pp > 1:
+            m = win.accum(train.global_batch)
+            lines.append(f"4. Depth: {model.layers} layers in {win.pp} stages x {win.vpp} chunk(s), {m} micro-batches "
+                         f"per step -> bubble {best[0].time.bubble_s / best[0].time.step_s:.1%} of the step ({win.schedule}).")
+        elif not model.states_only:
+            lines.append(f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
+        if cluster.nodes > 1:
+            tp_span = "inside a node (NVLink)" if win.tp <= cluster.gpus_per_node else "ACROSS nodes"
+            lines.append(f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
+                         f"DP={win.dp} outermost over the scale-out link.")
+        lines.append(_why_winner(best))
+    return lines
+
+
+def _why_winner(best: list[Estimate]) -> str:
+    w = best[0]
+    head = (f"Chosen: {w.layout.short()} - {w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {w.mfu:.1%}, {_gb(w.memory.total)} on the largest rank.")
+    if len(best) < 2:
+        return head + " It is the only layout that fits."
+    r = best[1]
+    parts = {"compute": r.time.compute_s - w.time.compute_s, "exposed communication": r.time.comm_exposed_s - w.time.comm_exposed_s,
+             "pipeline bubble": r.time.bubble_s - w.time.bubble_s, "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
+    reason, delta = max(parts.items(), key=lambda kv: kv[1])
+    slower = r.time.step_s / w.time.step_s - 1
+    if slower <= 1e-6:
+        return head + f" Runner-up {r.layout.short()} is as fast; the chosen one is simpler."
+    return head + (f" Runner-up {r.layout.short()} is {slower:.1%} slower: its {reason} costs "
+                   f"{delta:.3g} s more per step (the binding constraint).")
+
+
+def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None) -> list[str]:
+    """The anti-patterns of design.md, for the chosen (or evaluated) layout."""
+    out: list[str] = []
+    tokens = train.tokens_per_step
+    if tokens > 16 * 2**20:
+        out.append(f"Global batch of {tokens / 2**20:,.1f}M tokens per step is past what optimisation usually "
+                   "tolerates (Llama 3 405B ramped to 16M); a larger batch buys throughput, not convergence.")
+    if e is None:
+        return out
+    lay = e.layout
+    if lay.tp > cluster.gpus_per_node:
+        out.append(f"TP={lay.tp} spans nodes of {cluster.gpus_per_node}: every block's collectives cross the "
+                   "scale-out link; keep TP inside a node.")
+    if e.time.comm_exposed_s > 0.3 * e.time.step_s:
+        out.append(f"Exposed communication is {e.time.comm_exposed_s / e.time.step_s:.0%} of the step: adding devices "
+                   "will not scale linearly.")
+    if lay.pp > 1:
+        m = lay.accum(train.global_batch)
+        if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
+            out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
+                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}.")
+    if cluster.nodes > 1:
+        out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
+                   "failure costs minutes, not the run.")
+    return out
+
+
+def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[str]:
+    """When nothing fits: fewer bytes per parameter, more devices, a shorter sequence."""
+    from meshwise.spec import ClusterSpec as _C
+    out: list[str] = []
+    if train.state_bytes_per_param > 12 and train.precision != "bf16":
+        lighter = replace(train, precision="bf16")
+        r = search(model, cluster, lighter, 1, headroom)
+        out.append(f"Fewer bytes per parameter: with --precision bf16 (12 B/param) " +
+                   (f"{r.best[0].layout.short()} fits." if r.best else "it still does not fit."))
+    else:
+        weights = model.params * train.weight_bytes / cluster.world_size
+        out.append(f"Fewer bytes per parameter: {train.state_bytes_per_param} B/param is already the leanest "
+                   f"convention; the weights alone take {_gb(weights)} per device"
+                   + (" - more than fits, so only more devices help." if weights > cluster.accelerator.memory_bytes * (1 - headroom) else "."))
+    node = max(cluster.gpus_per_node, 8)
+    for k in range(1, 15):
+        more = cluster.world_size * 2**k
+        per_node = min(node, more)
+        bigger = _C(cluster.accelerator, per_node, more // per_node, cluster.intra, cluster.inter)
+        gb = max(train.global_batch, more) if train.global_batch < more else train.global_batch
+        r = search(model, bigger, replace(train, global_batch=gb), 1, headroom)
+        if r.best:
+            batch = f", global batch {gb}" if gb != train.global_batch else ""
+            out.append(f"More devices: {more} x {cluster.accelerator.name} fit with {r.best[0].layout.short()}"
+                       f" ({_gb(r.best[0].memory.total)} on the largest rank{batch}).")
+            break
+    else:
+        out.append("More devices: not even 2^14 times as many would fit it.")
+    if not model.states_only:
+        seq = train.seq_len // 2
+        while seq >= 128:
+            r = search(model, cluster, replace(train, seq_len=seq), 1, headroom)
+            if r.best:
+                out.append(f"A shorter sequence: --seq-len {seq} fits with {r.best[0].layout.short()}.")
+                break
+            seq //= 2
+    return out
+
+
+def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
+         headroom: float = DEFAULT_HEADROOM, layout: Layout | None = None) -> Plan:
+    """Search (or evaluate ``layout`` alone), explain and warn."""
+    if layout is not None:
+        validate(layout, model, cluster.world_size, train.global_batch)
+        e = estimate(model, cluster, train, layout, headroom)
+        result = search(model, cluster, train, 2, headroom)
+        lines = explain(model, cluster, train, result.best, headroom)
+        verdict = "fits" if e.fits else "does NOT fit"
+        lines.append(f"Evaluated: {layout.short()} {verdict} ({_gb(e.memory.total)} on the largest rank), "
+                     f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}" +
+                     (f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
+                      if result.best and e.fits and result.best[0].layout != layout else "."))
+        return Plan((e,), tuple(lines), tuple(warnings_for(model, cluster, train, e)), result.enumerated, result.fitting)
+    result = search(model, cluster, train, top, headroom)
+    lines = explain(model, cluster, train, result.best, headroom)
+    if not result.best:
+        if result.enumerated == 0:
+            raise MeshwiseError(f"--global-batch: {train.global_batch} leaves no valid layout on {cluster.world_size} "
+                                f"devices; use a multiple of the data-parallel degree (e.g. {cluster.world_size})")
+        lines.append(f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.")
+        lines += ["What would: " + s for s in what_would_fit(model, cluster, train, headroom)]
+    best = result.best[0] if result.best else None
+    return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best)),
+                result.enumerated, result.fitting)

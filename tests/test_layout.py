@@ -1,0 +1,56 @@
+"""Layout text form and validation (design.md)."""
+
+import pytest
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout, chunk_rank, parse, stage_layers, validate
+from meshwise.spec import load_model
+
+
+def test_defaults_and_round_trip():
+    lay = parse("tp=2,pp=2", world_size=16)
+    assert (lay.dp, lay.zero, lay.shard, lay.sp, lay.vpp, lay.schedule, lay.mbs, lay.ac) == (4, 0, 4, True, 1, "1f1b", 1, "none")
+    assert parse(lay.format()) == lay
+    assert parse("pp=2,vpp=2", world_size=4).schedule == "interleaved-1f1b"
+    hsdp = parse("dp=4,zero=3,shard=2")
+    assert hsdp.replicate == 2 and hsdp.mesh_shape == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    assert parse(hsdp.short()) == hsdp
+
+
+@pytest.mark.parametrize("text, match", [
+    ("tp=two", "tp"), ("foo=1", "unknown key 'foo'"), ("zero=4", "zero=4"), ("dp=4,shard=3,zero=1", "shard=3"),
+    ("schedule=zigzag", "schedule"), ("ac=some", "ac"), ("pp=2,vpp=2,schedule=1f1b", "vpp"), ("dp", "key=value"),
+    ("pp=2,schedule=interleaved-1f1b", "vpp >= 2"), ("dp=4,shard=2", "zero"),
+])
+def test_parse_errors_name_the_field(text, match):
+    with pytest.raises(MeshwiseError, match=match):
+        parse(text)
+
+
+def test_validate():
+    tiny = load_model("tiny")  # 4 layers, 4 heads, 2 KV heads
+    validate(parse("dp=2,tp=2"), tiny, 4, 8)
+    with pytest.raises(MeshwiseError, match="world size is 8"):
+        validate(parse("dp=2,tp=2"), tiny, 8, 8)
+    with pytest.raises(MeshwiseError, match="kv_heads"):
+        validate(parse("tp=4"), tiny, 4, 8)
+    with pytest.raises(MeshwiseError, match="heads"):
+        validate(parse("tp=3"), load_model("llama3-8b"), 3, 8)
+    with pytest.raises(MeshwiseError, match="not divisible by mbs\\*dp"):
+        validate(parse("dp=4,mbs=4"), tiny, 4, 8)
+    with pytest.raises(MeshwiseError, match="more than the model's 4 layers"):
+        validate(parse("pp=4,vpp=2"), tiny, 4, 8)
+
+
+def test_stage_split_balances_and_keeps_ends_light():
+    assert stage_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert stage_layers(4, 2) == [2, 2]
+    assert sum(stage_layers(105, 35 * 3)) == 105
+    counts = stage_layers(10, 4)
+    assert counts == [2, 3, 3, 2] and max(counts) - min(counts) <= 1
+
+
+def test_chunk_placement():
+    assert [chunk_rank(c, 2, 2, "interleaved-1f1b") for c in range(4)] == [0, 1, 0, 1]
+    assert [chunk_rank(c, 2, 2, "zero-bubble") for c in range(4)] == [0, 1, 1, 0]
+    assert Layout().world_size == 1
