@@ -88,7 +88,7 @@ class Case:
         return self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
 
 
-def run_case(case: Case, world: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
     """Inside a worker: train STEPS steps under ``case``; return losses and the full weights this
     rank reports (only ranks at dp=0, tp=0 of their stage report, after gathering the shards)."""
     import torch.distributed as dist
@@ -103,7 +103,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], dict[str, torch.Tenso
     pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
                      optim=optim_config())
     data = batches(model_spec)
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         x, y = data[step, :, :-1], data[step, :, 1:]
         if case.corrupt == "same-data":
@@ -111,6 +111,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], dict[str, torch.Tenso
         else:
             xs, ys = pm.local_batch(x), pm.local_batch(y)
         losses.append(pm.step(xs, ys))
+        norms.append(pm.last_grad_norm)
     reporter = all(mesh.get_local_rank(d) == 0 for d in ("dp_replicate", "dp_shard", "tp"))
     weights = {}
     for name, p in pm.named_parameters():
@@ -118,7 +119,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], dict[str, torch.Tenso
         if reporter:
             weights[name] = full.detach().cpu().clone()
     dist.barrier()
-    return losses, weights
+    return losses, norms, weights
 
 
 def _free_port() -> int:
@@ -141,10 +142,10 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue"
     for case in cases:
         try:
             start = time.perf_counter()
-            losses, weights = run_case(case, world)
+            losses, norms, weights = run_case(case, world)
             buf = io.BytesIO()
             torch.save(weights, buf)
-            out.put((rank, case.name, "ok", (losses, buf.getvalue(), time.perf_counter() - start)))
+            out.put((rank, case.name, "ok", (losses, norms, buf.getvalue(), time.perf_counter() - start)))
         except Exception:
             out.put((rank, case.name, "error", traceback.format_exc()))
             return
@@ -192,10 +193,10 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
                 if len(partial[name]) == world:
                     ranks = partial.pop(name)
                     weights: dict[str, torch.Tensor] = {}
-                    for _, blob, _ in ranks.values():
+                    for _, _, blob, _ in ranks.values():
                         weights.update(torch.load(io.BytesIO(blob)))
-                    runs[name] = Run(ranks[0][0], weights)
-                    seconds[name] = max(s for _, _, s in ranks.values())
+                    runs[name] = Run(ranks[0][0], weights, ranks[0][1])
+                    seconds[name] = max(r[3] for r in ranks.values())
     finally:
         for p in procs:
             if p.is_alive():
@@ -220,6 +221,9 @@ def mismatch(run: Run, ref: Run) -> str:
         tol = FIRST_LOSS_RTOL if i == 0 else LOSS_RTOL
         if abs(got - want) > tol * abs(want):
             problems.append(f"step {i}: loss {got:.9g} vs reference {want:.9g} (rel {abs(got - want) / abs(want):.2e})")
+    for i, (got, want) in enumerate(zip(run.grad_norms, ref.grad_norms)):
+        if abs(got - want) > LOSS_RTOL * abs(want):
+            problems.append(f"step {i}: gradient norm {got:.9g} vs reference {want:.9g}")
     missing = sorted(set(ref.weights) - set(run.weights))
     extra = sorted(set(run.weights) - set(ref.weights))
     if missing or extra:

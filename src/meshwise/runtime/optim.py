@@ -50,7 +50,7 @@ def replication(p: torch.Tensor, dp_tp: int) -> int:
     for dim, placement in enumerate(p.placements):
         if placement.is_partial():
             raise RuntimeError("a gradient is still Partial at clipping time; it should have been reduced")
-        if placement.is_shard():
+        if not placement.is_replicate():  # Shard, or _StridedShard (FSDP2 over TP), whose is_shard() is False
             sharded *= p.device_mesh.size(dim)
     return dp_tp // sharded
 
