@@ -181,6 +181,22 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
     if global_batch % (layout.mbs * layout.dp):
         raise MeshwiseError(f"layout: global batch {global_batch} is not divisible by mbs*dp = "
                             f"{layout.mbs}*{layout.dp}; pick a batch that is a multiple of {layout.mbs * layout.dp}")
+    check_microbatches(layout, layout.accum(global_batch))
+
+
+def check_microbatches(layout: Layout, m: int) -> None:
+    """What torch.distributed.pipelining's schedules require of the ``m`` micro-batches per step:
+    1F1B at least one per stage; the interleaved and zero-bubble schedules a whole number of rounds
+    of ``max(1, m // pp)``."""
+    if layout.pp == 1:
+        return
+    if layout.schedule == "1f1b" and m < layout.pp:
+        raise MeshwiseError(f"layout: schedule=1f1b needs at least pp={layout.pp} micro-batches per step, got "
+                            f"{m} (global batch / (mbs*dp)); use a larger batch, a smaller mbs, or gpipe")
+    rounds = max(1, m // layout.pp)
+    if layout.schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
+        raise MeshwiseError(f"layout: schedule={layout.schedule} needs the {m} micro-batches per step to be a "
+                            f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}")
 
 
 # ------------------------------------------------------------------------------- stage split

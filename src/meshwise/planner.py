@@ -14,11 +14,12 @@ from typing import Callable, Iterator
 
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
 from meshwise.errors import MeshwiseError
-from meshwise.layout import AC_MODES, Layout, validate
+from meshwise.layout import AC_MODES, Layout, check_microbatches, validate
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
 MAX_MBS = 32
+RUNNER_UP_POOL = 30  # layouts kept to find the best one of a different kind than the winner
 
 
 def _divisors(n: int) -> list[int]:
@@ -67,12 +68,21 @@ def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
     return ("none",) if model.states_only else AC_MODES
 
 
+def _schedule_ok(layout: Layout, m: int) -> bool:
+    try:
+        check_microbatches(layout, m)
+    except MeshwiseError:
+        return False
+    return True
+
+
 def enumerate_layouts(model: ModelSpec, world: int, global_batch: int) -> Iterator[Layout]:
     """Every valid layout of ``world`` ranks for this model and batch."""
     for base, mbs_options in _structures(model, world, global_batch):
         for ac in _ac_modes(model):
             for mbs in mbs_options:
-                yield replace(base, mbs=mbs, ac=ac)
+                if _schedule_ok(base, global_batch // (base.dp * mbs)):
+                    yield replace(base, mbs=mbs, ac=ac)
 
 
 def _simplicity(layout: Layout) -> tuple:
@@ -91,6 +101,7 @@ class SearchResult:
     """The best ``top`` fitting layouts, and how many were enumerated and fitted."""
 
     best: list[Estimate] = field(default_factory=list)
+    pool: list[Estimate] = field(default_factory=list)  # the best RUNNER_UP_POOL, for the explanation
     enumerated: int = 0
     fitting: int = 0
 
@@ -101,24 +112,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
     estimated further. ``where`` restricts the search (it sees each layout with mbs=1).
     """
-    from meshwise.cost.estimate import lower_bound_step_s, rank_memories
+    from meshwise.cost import memory
+    from meshwise.cost.estimate import lower_bound_step_s
 
-    keep = max(top, 2)
+    keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
-    for base, mbs_options in _structures(model, cluster.world_size, train.global_batch):
+    for base, all_mbs in _structures(model, cluster.world_size, train.global_batch):
+        mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
         acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
         if not acs:
             continue
         result.enumerated += len(acs) * len(mbs_options)
-        if max(mm.states for mm in rank_memories(model, cluster, train, base)) > usable:
+        shapes = memory.rank_shapes(model, base)
+        fixed = [sum(memory.states(sh.params, train, base)) + memory.fixed_other_bytes(train, base, sh) for sh in shapes]
+        if max(fixed) > usable:
             continue
         for ac in acs:
             for mbs in mbs_options:  # activations grow with mbs: the first that overflows ends the loop
                 layout = replace(base, mbs=mbs, ac=ac)
-                mems = rank_memories(model, cluster, train, layout)
-                if max(mm.total for mm in mems) > usable:
+                m = train.global_batch // (layout.dp * mbs)
+                total = max(f + memory.activation_bytes(model, train, layout, sh, m)
+                            + memory.micro_batch_other_bytes(model, train, layout, sh) for f, sh in zip(fixed, shapes))
+                if total > usable:
                     break
                 result.fitting += 1
                 key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac)
@@ -127,10 +144,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
                 if len(result.best) >= keep and bound > result.best[-1].time.step_s:
                     continue
-                e = estimate(model, cluster, train, layout, headroom, mems)
+                e = estimate(model, cluster, train, layout, headroom)
                 result.best.append(e)
                 result.best.sort(key=_rank_key)
                 del result.best[keep:]
+    result.pool = result.best[:]
     del result.best[top:]
     return result
 
@@ -188,9 +206,14 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     if not fits_one:
         sharded = states / n
         verdict = "fits" if sharded <= usable else "does not fit"
-        lines.append(f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
-                     f"{_gb(sharded)} of states per device -> {verdict}" +
-                     (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
+        line = (f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
+                f"{_gb(sharded)} of states per device -> {verdict}" +
+                (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
+        if sharded <= usable and not model.states_only and sharded + one.activations + one.other > usable:
+            full = _one_device(model, cluster, train, "full")
+            line += (f" But the activations ({_gb(one.activations + one.other)} at micro-batch 1) do not fit beside "
+                     f"them: checkpointing (full: {_gb(full.activations + full.other)}) or TP+SP, which splits them, is needed too.")
+        lines.append(line)
         if model.states_only:
             lines.append("3. One layer too large? Unknown for a bare parameter count: give --model for the "
                          "shape-aware answer (TP, PP and activations).")
@@ -218,20 +241,28 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     return lines
 
 
+def _kind(layout: Layout) -> tuple:
+    """What makes two layouts different in kind, not just in shard size or micro-batch size."""
+    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule)
+
+
 def _why_winner(best: list[Estimate]) -> str:
     w = best[0]
     head = (f"Chosen: {w.layout.short()} - {w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, "
             f"MFU {w.mfu:.1%}, {_gb(w.memory.total)} on the largest rank.")
     if len(best) < 2:
         return head + " It is the only layout that fits."
-    r = best[1]
-    parts = {"compute": r.time.compute_s - w.time.compute_s, "exposed communication": r.time.comm_exposed_s - w.time.comm_exposed_s,
-             "pipeline bubble": r.time.bubble_s - w.time.bubble_s, "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
+    r = next((e for e in best[1:] if _kind(e.layout) != _kind(w.layout)), best[1])
+    parts = {"compute": r.time.compute_s - w.time.compute_s,
+             "exposed communication": r.time.comm_exposed_s - w.time.comm_exposed_s,
+             "pipeline bubble": r.time.bubble_s - w.time.bubble_s,
+             "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
     slower = r.time.step_s / w.time.step_s - 1
-    if slower <= 1e-6:
-        return head + f" Runner-up {r.layout.short()} is as fast; the chosen one is simpler."
-    return head + (f" Runner-up {r.layout.short()} is {slower:.1%} slower: its {reason} costs "
+    if slower < 0.005:
+        return head + (f" Runner-up {r.layout.short()} is within 0.5% ({slower:.2%}): a tie within the model's "
+                       "accuracy; the chosen one needs less memory or less machinery.")
+    return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "
                    f"{delta:.3g} s more per step (the binding constraint).")
 
 
@@ -308,7 +339,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
         validate(layout, model, cluster.world_size, train.global_batch)
         e = estimate(model, cluster, train, layout, headroom)
         result = search(model, cluster, train, 2, headroom)
-        lines = explain(model, cluster, train, result.best, headroom)
+        lines = explain(model, cluster, train, result.pool, headroom)
         verdict = "fits" if e.fits else "does NOT fit"
         lines.append(f"Evaluated: {layout.short()} {verdict} ({_gb(e.memory.total)} on the largest rank), "
                      f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}" +
@@ -316,7 +347,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                       if result.best and e.fits and result.best[0].layout != layout else "."))
         return Plan((e,), tuple(lines), tuple(warnings_for(model, cluster, train, e)), result.enumerated, result.fitting)
     result = search(model, cluster, train, top, headroom)
-    lines = explain(model, cluster, train, result.best, headroom)
+    lines = explain(model, cluster, train, result.pool, headroom)
     if not result.best:
         if result.enumerated == 0:
             raise MeshwiseError(f"--global-batch: {train.global_batch} leaves no valid layout on {cluster.world_size} "

@@ -132,15 +132,28 @@ def activation_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
 
 
 def other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    return fixed_other_bytes(train, layout, shape) + micro_batch_other_bytes(model, train, layout, shape)
+
+
+def fixed_other_bytes(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """Buffers that do not depend on the micro-batch: DDP buckets, FSDP gather/scatter buffers."""
     total = 0.0
-    if shape.has_head and not model.states_only:
-        total += act.head_bytes(model, train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp)
     if layout.dp > 1 and layout.zero == 0:
         total += min(DDP_BUCKET_BYTES, shape.params * train.grad_bytes)
     if layout.zero >= 2 and layout.shard > 1:
         prefetch_units = 2 if layout.zero == 3 else 0
         total += shape.largest_unit * (prefetch_units * train.weight_bytes + reduce_bytes(train))
-    if layout.pp > 1 and not model.states_only:
+    return total
+
+
+def micro_batch_other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """Buffers that scale with the micro-batch: logits and loss, pipeline send/receive buffers."""
+    if model.states_only:
+        return 0.0
+    total = 0.0
+    if shape.has_head:
+        total += act.head_bytes(model, train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp)
+    if layout.pp > 1:
         message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
         total += 2 * message * len(shape.chunk_blocks)
     return total

@@ -35,11 +35,15 @@ def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> int:
 
 
 def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
-    """Idle time over ideal compute time for one step."""
+    """Idle time over ideal compute time for one step.
+
+    With fewer micro-batches than stages (m < p) a micro-batch still crosses all p*v chunks in
+    turn: the step lasts p*v + m - 1 chunk-steps for m*v of work, a bubble of
+    (p - m)/m + (m - 1)/(m*v), which is (p - 1)/m without interleaving."""
     if p == 1:
         return 0.0
-    if schedule in ("gpipe", "1f1b"):
-        return (p - 1) / m
+    if m < p or schedule in ("gpipe", "1f1b"):
+        return (max(p - m, 0) + (min(m, p) - 1) / v) / m
     if schedule == "interleaved-1f1b":
         return (p - 1) / (v * m)
     return (p - 1) / (3 * v * m)

@@ -1,0 +1,89 @@
+"""The `meshwise plan` command as a user runs it: output, JSON schema, bad input, no torch import."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from meshwise.cli import main
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_memory_wall_acceptance():
+    r = run("plan", "--params", "70e9", "--precision", "bf16", "--gpu", "a100-80gb", "--gpus", "1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "840.0 GB" in out and "does not fit" in out and "Nothing fits" in out
+    assert "What would: More devices" in out
+
+
+def test_json_schema(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "16", "--seq-len", "4096",
+                 "--global-batch", "64", "--top", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {"candidates", "explanation", "warnings"}
+    assert 1 <= len(data["candidates"]) <= 3
+    c = data["candidates"][0]
+    assert set(c["layout"]) == {"dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "mbs", "accum", "ac"}
+    assert c["layout"]["sp"] in ("on", "off") and c["layout"]["ac"] in ("none", "selective", "full")
+    assert c["fits"] is True
+    mem = c["memory"]
+    assert set(mem) == {"params", "grads", "optimizer", "activations", "other", "total", "capacity"}
+    assert all(isinstance(v, int) for v in mem.values())
+    assert mem["total"] == pytest.approx(sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "other")), abs=5)
+    assert set(c["time"]) >= {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
+    for op in c["comm"]:
+        assert set(op) == {"kind", "dim", "bytes_per_step", "count_per_step"}
+    for key in ("tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"):
+        assert c[key] > 0
+    lay = c["layout"]
+    assert lay["dp"] * lay["tp"] * lay["pp"] == 16 and lay["mbs"] * lay["accum"] * lay["dp"] == 64
+    speeds = [x["tokens_per_s"] for x in data["candidates"]]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+def test_layout_flag_evaluates_one_layout(capsys):
+    assert main(["plan", "--model", "llama3-70b", "--gpus", "8", "--layout", "dp=8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["candidates"]) == 1 and data["candidates"][0]["fits"] is False
+
+
+def test_human_output_has_the_table(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "MFU" in out and "Chosen:" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "gpt-9000"], "unknown model"),
+    (["--gpu", "tpu9"], "unknown accelerator"),
+    (["--gpus", "8", "--layout", "dp=2,tp=2"], "world size is 8"),
+    (["--model", "llama3-8b", "--gpus", "3", "--layout", "tp=3"], "tp=3 does not divide"),
+    (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--layout", "tp=4"], "kv_heads"),
+    (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--global-batch", "6", "--layout", "dp=4"], "global batch 6"),
+    (["--params", "1e9", "--gpus", "8", "--global-batch", "7"], "--global-batch"),
+    (["--gpus", "zero"], "--gpus"),
+    (["--precision", "fp8"], "--precision"),
+    (["--model", "x.json"], "does not exist"),
+    (["--bogus"], "unrecognized"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run("plan", *args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("meshwise: error:")
+    assert "Traceback" not in r.stderr
+
+
+def test_plan_never_imports_torch():
+    code = ("import sys, io, contextlib; from meshwise.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--model', 'tiny', '--gpu', 'cpu', '--gpus', '4'])\n"
+            "import meshwise, meshwise.planner, meshwise.cost.estimate, meshwise.show\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,77 @@
+"""Communication model: ZeRO volumes, TP per-layer collectives, link tiers, pipeline messages."""
+
+import pytest
+
+from meshwise.cost.comm import collective_seconds
+from meshwise.cost.estimate import estimate
+from meshwise.layout import parse
+from meshwise.spec import LinkSpec, ModelSpec, TrainSpec, load_cluster, load_model
+
+
+def _wire_elements(e, psi, elem_bytes):
+    """Elements each rank moves: all-reduce counts twice its payload (reduce-scatter + all-gather)."""
+    total = 0.0
+    for c in e.comm:
+        total += c.bytes_per_step * (2 if c.kind == "all_reduce" else 1)
+    return total / elem_bytes / psi
+
+
+@pytest.mark.parametrize("zero, volume", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_zero_communication_volume(zero, volume):
+    # ZeRO Sec. 7: DP and ZeRO-1/2 move 2 Psi per rank per step, ZeRO-3 3 Psi (one micro-batch per step).
+    psi = 7.5e9
+    e = estimate(ModelSpec.from_param_count(psi), load_cluster("a100-80gb", 64), TrainSpec(64, 2048, "bf16"),
+                 parse(f"dp=64,zero={zero}"))
+    assert _wire_elements(e, psi, 2) == pytest.approx(volume)
+
+
+def test_tp_collectives_per_layer():
+    model = load_model("llama3-8b")
+    cluster, train = load_cluster("h100", 8), TrainSpec(1, 4096, "bf16")
+    payload = 4096 * model.hidden * 2
+    off = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,sp=off", 8)).comm}
+    # 2 all-reduces forward and 2 backward per block, +1 embedding, +1 head input gradient, +3 small loss reductions
+    assert off[("all_reduce", "tp")].count_per_step == 4 * model.layers + 2 + 3
+    assert off[("all_reduce", "tp")].bytes_per_step == pytest.approx((4 * model.layers + 2) * payload + 3 * 4096 * 4)
+    on = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,sp=on", 8)).comm}
+    assert on[("all_gather", "tp")].count_per_step == 4 * model.layers + 2
+    assert on[("reduce_scatter", "tp")].count_per_step == 4 * model.layers + 2
+    full = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,ac=full", 8)).comm}
+    assert full[("all_gather", "tp")].count_per_step == 6 * model.layers + 2  # recompute repeats the forward's
+
+
+def test_link_tiers():
+    c = load_cluster("h100", 64, 8)
+    assert c.link_for(8, 1) == c.intra            # TP of 8 inside a node: NVLink
+    assert c.link_for(8, 8).bytes_per_s == c.inter.bytes_per_s  # DP across nodes, one rank per node: one NIC
+    assert c.link_for(16, 4).bytes_per_s == 2 * c.inter.bytes_per_s  # two ranks of the group per node: two NICs
+    assert c.link_for(16, 1).bytes_per_s == 8 * c.inter.bytes_per_s
+
+
+def test_collective_costs():
+    link = LinkSpec(bytes_per_s=100e9, latency_s=1e-5)
+    big = 1e9
+    assert collective_seconds("all_reduce", 8, big, link) == pytest.approx(14 * 1e-5 + 2 * 7 / 8 * big / 100e9)
+    assert collective_seconds("all_gather", 8, big, link) == pytest.approx(7 * 1e-5 + 7 / 8 * big / 100e9)
+    # small messages: the tree's log-depth latency wins
+    assert collective_seconds("all_reduce", 1024, 8, link) == pytest.approx(2 * 10 * 1e-5 + 16 / 100e9)
+    assert collective_seconds("send", 2, big, link) == pytest.approx(1e-5 + big / 100e9)
+
+
+def test_tp_across_nodes_is_slower_than_inside():
+    model = load_model("llama3-70b")
+    train = TrainSpec(64, 4096, "bf16-mixed")
+    inside = estimate(model, load_cluster("h100", 16, 8), train, parse("tp=8,zero=3", 16))
+    across = estimate(model, load_cluster("h100", 16, 4), train, parse("tp=8,zero=3", 16))
+    # 4 NICs of 50 GB/s (200 GB/s for the group) instead of NVLink's 450 GB/s
+    assert across.time.comm_exposed_s > 2 * inside.time.comm_exposed_s
+
+
+def test_pipeline_messages():
+    model = load_model("llama3-8b")
+    train = TrainSpec(16, 4096, "bf16")
+    e = estimate(model, load_cluster("h100", 8), train, parse("pp=4,tp=2,sp=on", 8))
+    sends = {(c.kind, c.dim): c for c in e.comm}[("send", "pp")]
+    m = 16
+    assert sends.count_per_step in (m, 2 * m)  # end ranks send one way, middle ranks both
+    assert sends.bytes_per_step / sends.count_per_step == pytest.approx(4096 * model.hidden * 2 / 2)

@@ -1,0 +1,71 @@
+"""Planner: exhaustive, pruned search agrees with brute force; explanation and warnings."""
+
+import pytest
+
+from meshwise.cost.estimate import estimate
+from meshwise.errors import MeshwiseError
+from meshwise.layout import parse, validate
+from meshwise.planner import enumerate_layouts, plan, search
+from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
+
+
+@pytest.mark.parametrize("name, gpus, batch", [("llama3-8b", 16, 64), ("tiny", 8, 16), ("llama2-13b", 8, 32)])
+def test_pruned_search_equals_brute_force(name, gpus, batch):
+    model, cluster = load_model(name), load_cluster("h100" if name != "tiny" else "cpu", gpus)
+    train = TrainSpec(batch, min(model.max_seq, 4096), "bf16-mixed")
+    layouts = list(enumerate_layouts(model, gpus, batch))
+    for lay in layouts[::97]:
+        validate(lay, model, gpus, batch)  # everything enumerated is valid
+    every = [estimate(model, cluster, train, lay) for lay in layouts]
+    fitting = [e for e in every if e.fits]
+    result = search(model, cluster, train, top=3)
+    assert result.enumerated == len(layouts) and result.fitting == len(fitting)
+    best_brute = max(e.tokens_per_s for e in fitting)
+    assert result.best[0].tokens_per_s == pytest.approx(best_brute)
+    assert all(e.fits for e in result.best)
+    assert [e.tokens_per_s for e in result.best] == sorted((e.tokens_per_s for e in result.best), reverse=True)
+
+
+def test_small_model_gets_ddp():
+    model = load_model("llama3-8b")
+    p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))
+    assert p.candidates[0].fits
+    assert "fits: data parallelism (DDP)" in p.explanation[0]
+
+
+def test_memory_wall_explanation_walks_to_what_would_fit():
+    p = plan(ModelSpec.from_param_count(70e9), load_cluster("a100-80gb", 1), TrainSpec(512, 2048, "bf16"))
+    text = "\n".join(p.explanation)
+    assert not p.candidates
+    assert "840.0 GB" in text and "does not fit" in text
+    assert text.index("1. One device?") < text.index("2. Replicated states?") < text.index("Nothing fits")
+    assert "More devices: 16 x a100-80gb" in text  # 840 GB / 16 = 52.5 GB <= 72 GB usable; 8 would need 105 GB
+
+
+def test_explanation_names_the_runner_up_and_the_binding_constraint():
+    p = plan(load_model("llama3-70b"), load_cluster("h100", 64), TrainSpec(512, 4096, "bf16-mixed"), top=3)
+    text = "\n".join(p.explanation)
+    assert "Chosen:" in text and "Runner-up" in text
+    assert "5. 8 nodes x 8" in text
+
+
+def test_evaluated_layout_may_not_fit():
+    p = plan(load_model("llama3-70b"), load_cluster("h100", 8), TrainSpec(8, 4096, "bf16-mixed"), layout=parse("dp=8"))
+    assert len(p.candidates) == 1 and not p.candidates[0].fits
+    assert "does NOT fit" in p.explanation[-1]
+
+
+def test_anti_pattern_warnings():
+    model, train = load_model("llama3-70b"), TrainSpec(64, 4096, "bf16-mixed")
+    across = plan(model, load_cluster("h100", 16, 4), train, layout=parse("tp=8,zero=3", 16))
+    assert any("spans nodes" in w for w in across.warnings)
+    few = plan(model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), layout=parse("tp=8,pp=2,zero=1", 16))
+    assert any("micro-batches" in w for w in few.warnings)
+    assert any("checkpoint interval" in w for w in few.warnings)
+    huge = plan(model, load_cluster("h100", 64), TrainSpec(8192, 4096, "bf16-mixed"), top=1)
+    assert any("past what optimisation" in w for w in huge.warnings)
+
+
+def test_batch_that_leaves_no_layout_is_an_error():
+    with pytest.raises(MeshwiseError, match="--global-batch"):
+        plan(ModelSpec.from_param_count(1e9), load_cluster("cpu", 8), TrainSpec(7, 64))
