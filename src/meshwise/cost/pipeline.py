@@ -20,6 +20,8 @@ ZB-V's V placement halves it again. Real ZB-V is closer to zero; this stays cons
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> int:
     """Chunk-micro-batches of activations pipeline rank ``rank`` holds at its peak."""
@@ -47,3 +49,184 @@ def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     if schedule == "interleaved-1f1b":
         return (p - 1) / (v * m)
     return (p - 1) / (3 * v * m)
+
+
+# ------------------------------------------------------------------------ timeline simulation
+@dataclass(frozen=True)
+class Op:
+    """One pass of one micro-batch through one chunk: ``F`` forward, ``B`` backward (input gradient
+    only under zero-bubble), ``W`` weight gradient (zero-bubble)."""
+
+    rank: int
+    chunk: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+
+
+def _chunk_rank(chunk: int, p: int, v: int, schedule: str) -> int:
+    if schedule == "zero-bubble" and v == 2:
+        return chunk if chunk < p else 2 * p - 1 - chunk
+    return chunk % p
+
+
+def _rank_order(schedule: str, p: int, v: int, m: int, r: int) -> list[tuple[str, int, int]]:
+    """The (kind, chunk, micro-batch) order rank ``r`` follows. Interleaved: rounds of ``g`` micro-
+    batches (``g = p`` when p divides m; torch's ``m // max(1, m // p)`` otherwise); the k-th forward
+    goes to chunk ``(k // g) % v`` and micro-batch ``(k // (g v)) g + k % g`` (Megatron's mapping),
+    backward in reverse chunk order; warm-up ``(v - 1) g + 2 (p - 1 - r)`` forwards, then 1F1B."""
+    chunks = [c for c in range(p * v) if _chunk_rank(c, p, v, schedule) == r]
+    if schedule == "gpipe":
+        return [("F", chunks[0], i) for i in range(m)] + [("B", chunks[0], i) for i in range(m)]
+    if v == 1:
+        c = chunks[0]
+        warm = min(p - r - 1, m)
+        order = [("F", c, i) for i in range(warm)]
+        for i in range(m - warm):
+            order += [("F", c, warm + i), ("B", c, i)]
+        return order + [("B", c, i) for i in range(m - warm, m)]
+    if schedule == "zero-bubble":
+        raise ValueError("ZB-V has no fixed order: see _simulate_greedy")
+    g = m // max(1, m // p)  # micro-batches per round (torch's flexible interleaving)
+
+    def fwd_at(k: int) -> tuple[str, int, int]:
+        group, within = divmod(k, g * v)
+        local = within // g
+        return ("F", chunks[local], group * g + within % g)
+
+    def bwd_at(k: int) -> tuple[str, int, int]:
+        _, c, i = fwd_at(k)
+        return ("B", chunks[v - 1 - chunks.index(c)], i)
+
+    fwd = [fwd_at(k) for k in range(m * v)]
+    bwd = [bwd_at(k) for k in range(m * v)]
+    warm = min(m * v, (v - 1) * g + 2 * (p - 1 - r))
+    order = fwd[:warm]
+    for k in range(len(fwd) - warm):
+        order += [fwd[warm + k], bwd[k]]
+    return order + bwd[len(fwd) - warm:]
+
+
+def simulate(schedule: str, p: int, v: int, m: int, forward_s: float = 1.0, backward_s: float = 2.0) -> list[Op]:
+    """Run the schedule on ``p`` ranks with ``m`` micro-batches of ``forward_s`` / ``backward_s`` per
+    chunk (communication free): each rank follows its order, an op starts when its rank is free and
+    its input is ready. Under zero-bubble the backward splits into B and W of half the time each,
+    and a rank runs a pending W whenever its next op must wait (what removes the bubble)."""
+    if schedule == "zero-bubble" and v == 2:
+        return _simulate_greedy(p, m, forward_s, backward_s)
+    split = schedule == "zero-bubble"
+    last = p * v - 1
+    orders = [_rank_order(schedule, p, v, m, r) for r in range(p)]
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    pos = [0] * p
+    pending_w: list[list[tuple[int, int, float]]] = [[] for _ in range(p)]
+    ops: list[Op] = []
+    remaining = sum(len(o) for o in orders)
+    b_time = backward_s / 2 if split else backward_s
+
+    def ready_at(kind: str, c: int, i: int) -> float | None:
+        if kind == "F":
+            return 0.0 if c == 0 else done.get(("F", c - 1, i))
+        return done.get(("F", c, i)) if c == last else done.get(("B", c + 1, i))
+
+    while remaining:
+        # advance the rank that can start its next op earliest
+        best = None
+        for r in range(p):
+            if pos[r] < len(orders[r]):
+                kind, c, i = orders[r][pos[r]]
+                t = ready_at(kind, c, i)
+                if t is not None:
+                    start = max(free[r], t)
+                    if best is None or start < best[0]:
+                        best = (start, r)
+        if best is None:
+            raise RuntimeError(f"schedule {schedule} deadlocks with p={p}, v={v}, m={m}")
+        start, r = best
+        if split and pending_w[r] and start > free[r]:
+            c, i, _ = pending_w[r].pop(0)
+            ops.append(Op(r, c, i, "W", free[r], free[r] + b_time))
+            free[r] += b_time
+            continue
+        kind, c, i = orders[r][pos[r]]
+        dur = forward_s if kind == "F" else b_time
+        ops.append(Op(r, c, i, kind, start, start + dur))
+        done[(kind, c, i)] = start + dur
+        free[r] = start + dur
+        pos[r] += 1
+        remaining -= 1
+        if split and kind == "B":
+            pending_w[r].append((c, i, start + dur))
+    for r in range(p):
+        for c, i, _ in pending_w[r]:
+            ops.append(Op(r, c, i, "W", free[r], free[r] + b_time))
+            free[r] += b_time
+    return ops
+
+
+def _simulate_greedy(p: int, m: int, forward_s: float, backward_s: float) -> list[Op]:
+    """ZB-V (Qi et al. 2023, Sec. 4): chunks placed in a V (rank r holds r and 2p-1-r); each rank,
+    when free, runs its ready input-gradient pass first, else a forward while it holds fewer than
+    ``2p`` chunk-micro-batches (1F1B's peak), else a pending weight-gradient pass."""
+    last = 2 * p - 1
+    half = backward_s / 2
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    held = [0] * p
+    next_f = [[0, 0] for _ in range(p)]       # next micro-batch per (down, up) chunk
+    next_b = [[0, 0] for _ in range(p)]
+    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    ops: list[Op] = []
+    chunks = [(r, last - r) for r in range(p)]
+
+    def ready(kind: str, c: int, i: int) -> float | None:
+        if kind == "F":
+            return 0.0 if c == 0 else done.get(("F", c - 1, i))
+        return done.get(("F", c, i)) if c == last else done.get(("B", c + 1, i))
+
+    total = 2 * m * p * 3
+    while len(ops) < total:
+        best = None
+        for r in range(p):
+            cands = []
+            for j, c in enumerate(chunks[r]):
+                i = next_b[r][j]
+                if i < m and (t := ready("B", c, i)) is not None:
+                    cands.append((max(free[r], t), 0, "B", c, i, j))
+                i = next_f[r][j]
+                if i < m and held[r] < 2 * p and (t := ready("F", c, i)) is not None:
+                    cands.append((max(free[r], t), 1 + (1 - j), "F", c, i, j))
+            if pending_w[r]:
+                cands.append((free[r], 3, "W", *pending_w[r][0], -1))
+            if cands:
+                cand = min(cands)
+                if best is None or (cand[0], cand[1]) < (best[1][0], best[1][1]):
+                    best = (r, cand)
+        if best is None:
+            raise RuntimeError(f"ZB-V deadlocks with p={p}, m={m}")
+        r, (start, _, kind, c, i, j) = best
+        dur = forward_s if kind == "F" else half
+        ops.append(Op(r, c, i, kind, start, start + dur))
+        free[r] = start + dur
+        if kind == "F":
+            done[("F", c, i)] = start + dur
+            next_f[r][j] += 1
+            held[r] += 1
+        elif kind == "B":
+            done[("B", c, i)] = start + dur
+            next_b[r][j] += 1
+            pending_w[r].append((c, i))
+        else:
+            pending_w[r].pop(0)
+            held[r] -= 1
+    return ops
+
+
+def simulated_bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
+    """Idle over busy time of the slowest rank in the simulation (forward 1, backward 2 per chunk)."""
+    ops = simulate(schedule, p, v, m, 1.0 / v, 2.0 / v)
+    makespan = max(op.end for op in ops)
+    busy = m * 3.0
+    return makespan / busy - 1
