@@ -10,7 +10,7 @@ fi
 # Reinstall when the project's requirements change (pyproject or constraints newer than the stamp).
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" torch==2.13.0
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test]"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,report]"
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

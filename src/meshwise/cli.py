@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="how many layouts to show (default: 5)")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     return parser
 
 
@@ -76,6 +77,9 @@ def _plan(args: argparse.Namespace) -> int:
     headroom = DEFAULT_HEADROOM if args.headroom is None else args.headroom
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
+    if args.report:
+        from meshwise.report import require_matplotlib
+        require_matplotlib()
     chosen = layout_mod.parse(args.layout, cluster.world_size) if args.layout else None
     result = planner.plan(model, cluster, train, top=args.top, headroom=headroom, layout=chosen)
     if args.json:
@@ -83,6 +87,11 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         from meshwise.show import print_plan
         print_plan(model, cluster, train, result)
+    if args.report:
+        from meshwise.report.plan_report import write_plan_report
+        write_plan_report(args.report, model, cluster, train, result, headroom)
+        if not args.json:
+            print(f"report: {args.report}")
     return 0
 
 

@@ -1,0 +1,78 @@
+"""``meshwise plan --report plan.html``: memory bars of the top layouts, the chosen layout's pipeline
+timeline (cost.pipeline.simulate, the schedule model whose closed forms the search uses), the
+predicted scaling from 8 GPUs to the requested count, the explanation and the warnings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshwise.cost.estimate import Estimate
+from meshwise.cost.pipeline import simulate
+from meshwise.planner import Plan, search
+from meshwise.report import figures
+from meshwise.report.html import image, page, paragraphs, table, write_atomically
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+
+def timeline_png(e: Estimate, train: TrainSpec) -> bytes:
+    """The estimate's schedule with its own per-chunk forward/backward seconds (backward = 2x forward,
+    3x under full recompute). Without PP, one rank runs its micro-batches back to back."""
+    lay = e.layout
+    m = lay.accum(train.global_batch)
+    per_chunk = e.time.compute_s / (m * lay.vpp)
+    back = 3.0 if lay.ac == "full" else 2.0
+    forward_s = per_chunk / (1 + back)
+    ops = simulate(lay.schedule if lay.pp > 1 else "1f1b", lay.pp, lay.vpp, m, forward_s, back * forward_s)
+    return figures.pipeline_timeline(ops, lay.pp, f"{lay.short()}: {m} micro-batches")
+
+
+def scaling_points(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[tuple[int, Estimate]]:
+    """The best layout at 8, 16, 32, ... GPUs up to the cluster's count (same node size and batch)."""
+    counts = []
+    n = min(8, cluster.world_size)
+    while n < cluster.world_size:
+        counts.append(n)
+        n *= 2
+    counts.append(cluster.world_size)
+    points = []
+    for gpus in counts:
+        per_node = min(cluster.gpus_per_node, gpus)
+        sized = replace(cluster, gpus_per_node=per_node, nodes=gpus // per_node)
+        result = search(model, sized, train, 1, headroom)
+        if result.best:
+            points.append((gpus, result.best[0]))
+    return points
+
+
+def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan,
+                      headroom: float) -> None:
+    accel = cluster.accelerator
+    sections: list[tuple[str, str]] = []
+    summary = (f"{model.describe()}<br>{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
+               f"{cluster.gpus_per_node}); global batch {train.global_batch} x {train.seq_len} tokens; "
+               f"{train.precision}, {train.optimizer}; {plan.enumerated:,} layouts searched, {plan.fitting:,} fit.")
+    sections.append(("Setting", f"<p>{summary}</p>"))
+    if plan.candidates:
+        rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", f"{e.time.step_s:.3g}",
+                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no"]
+                for i, e in enumerate(plan.candidates, 1)]
+        mem = figures.memory_bars([e.layout.short() for e in plan.candidates],
+                                  [e.memory.as_json() for e in plan.candidates], accel.memory_bytes,
+                                  accel.memory_bytes * (1 - headroom))
+        sections.append(("Top layouts", table(["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits"], rows)
+                         + image(mem, "memory per rank of the top layouts against the device capacity")))
+        sections.append(("Pipeline schedule of the chosen layout",
+                         image(timeline_png(plan.candidates[0], train),
+                               "stages x time: forward, backward and idle per micro-batch (the bubble is the white space)")))
+    points = scaling_points(model, cluster, train, headroom)
+    if points:
+        png = figures.scaling_curve([g for g, _ in points], [e.tokens_per_s for _, e in points],
+                                    [e.mfu for _, e in points],
+                                    f"predicted throughput as the GPU count grows (global batch {train.global_batch})")
+        rows = [[str(g), e.layout.short(), f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}"] for g, e in points]
+        sections.append(("Scaling", image(png, "tokens/s and MFU with the best layout at each GPU count")
+                         + table(["GPUs", "chosen layout", "tokens/s", "MFU"], rows)))
+    sections.append(("Explanation", paragraphs(plan.explanation)))
+    if plan.warnings:
+        sections.append(("Warnings", paragraphs(plan.warnings, "warn")))
+    write_atomically(path, page(f"meshwise plan: {model.name} on {cluster.world_size} x {accel.name}", sections))
