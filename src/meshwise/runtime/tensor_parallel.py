@@ -54,9 +54,11 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
         if sp:
             block_plan["attention_norm"] = SequenceParallel()
             block_plan["mlp_norm"] = SequenceParallel()
-            block_plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                         desired_input_layouts=(Replicate(), None, None))
-            block_plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        # One DTensor input per parallel region: Q/K/V (and gate/up) share it, so backward reduces
+        # the input gradient once per region (all-reduce, or reduce-scatter under SP), not per matmul.
+        block_plan["attention"] = PrepareModuleInput(input_layouts=(stream, None, None),
+                                                     desired_input_layouts=(Replicate(), None, None))
+        block_plan["mlp"] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, block_plan)
     if model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
         # Both are Shard(0) on the vocab dimension: re-tie the two DTensor parameters.
