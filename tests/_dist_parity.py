@@ -64,6 +64,8 @@ def reference(seed: int = SEED) -> Run:
                             weight_decay=cfg.weight_decay)
     data = batches(model_spec)
     losses, norms = [], []
+    if case.corrupt == "raise" and dist.get_rank() == world - 1:
+        raise RuntimeError("deliberate failure")
     for step in range(STEPS):
         x, y = data[step, :, :-1], data[step, :, 1:]
         opt.zero_grad(set_to_none=True)
@@ -81,7 +83,9 @@ class Case:
     """One layout to run; ``corrupt`` deliberately breaks the run (the suite must notice)."""
 
     layout: str
-    corrupt: str = ""  # "" | "same-data" (every replica gets replica 0's rows) | "seed" (other init)
+    # "" | "same-data" (every replica gets replica 0's rows) | "seed" (other init)
+    # | "raise" (the last rank fails mid-run while the others wait in a collective)
+    corrupt: str = ""
 
     @property
     def name(self) -> str:
@@ -104,6 +108,8 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
                      optim=optim_config())
     data = batches(model_spec)
     losses, norms = [], []
+    if case.corrupt == "raise" and dist.get_rank() == world - 1:
+        raise RuntimeError("deliberate failure")
     for step in range(STEPS):
         x, y = data[step, :, :-1], data[step, :, 1:]
         if case.corrupt == "same-data":

@@ -28,8 +28,9 @@ CASES: dict[int, list[Case]] = {
         Case("dp=2,tp=2"), Case("dp=2,zero=3,tp=2"), Case("pp=2,tp=2"),
         Case("pp=2,dp=2,zero=1"), Case("pp=2,dp=2,zero=3"), Case("dp=4,zero=3,shard=2"),
         Case("dp=2,zero=3,tp=2,ac=full"), Case("pp=2,dp=2,zero=1,ac=selective"),
+        Case("dp=2,zero=1,tp=2,sp=off"),
     ],
-    8: [Case("dp=2,tp=2,pp=2")],
+    8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }
 GROUP_TIMEOUT_S = {2: 240, 4: 240, 8: 180}
 
@@ -75,3 +76,14 @@ def test_layout_matches_reference(world: int, case: Case, reference: dp.Run) -> 
 def test_wrong_run_is_caught(world: int, case: Case, reference: dp.Run) -> None:
     """Same data on every replica, or another init seed, must not pass as parity."""
     assert dp.mismatch(result(world, case), reference)
+
+
+def test_a_failing_worker_fails_fast_with_its_traceback() -> None:
+    """One rank raises while its peer blocks in a collective: the group is killed, not awaited."""
+    import time
+
+    start = time.monotonic()
+    g = dp.run_group(2, [Case("dp=2", corrupt="raise")], timeout_s=60)
+    assert "rank 1 failed" in g.error and "deliberate failure" in g.error
+    assert not g.runs
+    assert time.monotonic() - start < 45
