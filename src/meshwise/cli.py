@@ -57,7 +57,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
+    _add_train_commands(sub)
     return parser
+
+
+def _add_train_commands(sub: argparse._SubParsersAction) -> None:
+    """train / export / generate; their work (and torch) is imported only when they run."""
+    # No option prefix: every argument after "train" goes, untouched, to meshwise.train.command.
+    t = sub.add_parser("train", add_help=False, prefix_chars="\x01", help="train a model under a layout (auto: the planner's)",
+                       description="meshwise train --help lists every option")
+    t.add_argument("train_args", nargs=argparse.REMAINDER)
+    e = sub.add_parser("export", help="write a checkpoint as one safetensors file (Hugging Face Llama names)")
+    e.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N)")
+    e.add_argument("--out", default="model.safetensors", help="output file (default: model.safetensors)")
+    g = sub.add_parser("generate", help="sample text from a checkpoint")
+    g.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N)")
+    g.add_argument("--prompt", default="", help="text to continue")
+    g.add_argument("--tokens", type=int, default=200, help="bytes to generate (default: 200)")
+    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
+    g.add_argument("--top-k", type=int, default=20, help="sample among the k most likely (default: 20; 0 = all)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from meshwise.train.command import train_main
+
+    return train_main(args.train_args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from meshwise.train.command import export_main
+
+    return export_main(args.checkpoint, args.out)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from meshwise.train.command import generate_main
+
+    return generate_main(args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -102,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"plan": _plan}[args.command](args)
+        return {"plan": _plan, "train": _train, "export": _export, "generate": _generate}[args.command](args)
     except MeshwiseError as e:
         print(f"meshwise: error: {e}", file=sys.stderr)
         return 2

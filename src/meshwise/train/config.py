@@ -1,0 +1,241 @@
+"""The training configuration: a TOML file, then command-line overrides, resolved into frozen dataclasses.
+
+Sections (each a frozen dataclass below): ``model``, ``data``, ``layout``, ``optimizer``,
+``schedule``, ``checkpoint``, ``metrics``, ``generate``. Every field ``F`` of section ``S`` is set in
+the file as ``[S] F = value`` and on the command line as ``--S.F value`` (a few common ones also
+have a short alias, :data:`ALIASES`). Unknown sections or keys and values of the wrong type are
+refused in one line (:class:`~meshwise.errors.MeshwiseError`, exit status 2).
+
+Pure Python: no torch import, so ``meshwise train --print-config`` is instant.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "small"  # catalog name, model TOML, or Hugging Face config.json
+    seed: int = 0  # weight initialisation seed (every layout starts from the same weights)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = ""  # "" = the embedded corpus; else a text file, a folder of them, or a .bin token array
+    bin_dtype: str = "uint16"  # element type of .bin token arrays: uint16 or uint32
+    seq_len: int = 128  # tokens per training sequence
+    seed: int = 1234  # sample-order seed: sample g of the run depends only on (seed, g)
+    eval_fraction: float = 0.05  # share of the sequences held out for the eval loss
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 3e-3  # peak learning rate (after warm-up)
+    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # decoupled (AdamW)
+    grad_clip: float = 1.0  # max global gradient norm
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    steps: int = 100  # optimizer steps in the run
+    global_batch: int = 8  # sequences per optimizer step (= mbs * accum * dp)
+    warmup_steps: int = 10  # linear warm-up from 0 to lr
+    eval_every: int = 25  # steps between eval losses (0: only at the end)
+    eval_batches: int = 2  # global batches of held-out sequences per eval
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = "checkpoints"  # "" = no checkpoints
+    every: int = 50  # steps between checkpoints (0: only at the end)
+    keep: int = 3  # complete checkpoints kept (oldest removed first)
+    resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    file: str = ""  # JSONL metrics, one line per step (rank 0)
+    log_every: int = 10  # steps between plain-text log lines (when not on a terminal)
+    tensorboard: str = ""  # TensorBoard log folder (needs the 'tensorboard' extra)
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    prompt: str = "12 + 7 ="  # printed sample at the end of the run ("" = none)
+    tokens: int = 120  # bytes to generate
+    temperature: float = 0.8
+    top_k: int = 20
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConfig)}  # type: ignore[misc]
+
+# Short command-line spellings of the most used fields.
+ALIASES: dict[str, str] = {
+    "--model": "model.name",
+    "--data": "data.path",
+    "--seq-len": "data.seq_len",
+    "--layout": "layout.spec",
+    "--lr": "optimizer.lr",
+    "--steps": "schedule.steps",
+    "--global-batch": "schedule.global_batch",
+    "--eval-every": "schedule.eval_every",
+    "--checkpoint-dir": "checkpoint.dir",
+    "--checkpoint-every": "checkpoint.every",
+    "--keep": "checkpoint.keep",
+    "--resume": "checkpoint.resume",
+    "--metrics": "metrics.file",
+    "--prompt": "generate.prompt",
+}
+
+
+def field_type(section: str, name: str) -> type:
+    """The Python type of ``section.name`` (the annotations are strings under postponed evaluation)."""
+    for f in fields(SECTIONS[section]):
+        if f.name == name:
+            return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+    raise KeyError(name)
+
+
+def _check_value(where: str, value: Any, kind: type) -> Any:
+    """TOML values must have the field's type; an integer is accepted where a float is expected."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
+        raise MeshwiseError(f"{where}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _parse_text(where: str, text: str, kind: type) -> Any:
+    """A command-line string converted to the field's type."""
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError
+            return text.lower() in ("true", "1", "on")
+        return kind(text)
+    except ValueError:
+        raise MeshwiseError(f"{where}: {text!r} is not a valid {kind.__name__}") from None
+
+
+def _valid_keys(section: str) -> str:
+    return ", ".join(f.name for f in fields(SECTIONS[section]))
+
+
+def from_table(table: dict[str, Any], where: str = "config") -> TrainConfig:
+    """A config from a parsed TOML table; every key must be known and every value of its type."""
+    sections: dict[str, Any] = {}
+    for name, body in table.items():
+        if name not in SECTIONS:
+            raise MeshwiseError(f"{where}: unknown section [{name}]; valid sections: {', '.join(SECTIONS)}")
+        if not isinstance(body, dict):
+            raise MeshwiseError(f"{where}: {name} must be a [{name}] table, got {type(body).__name__}")
+        values = {}
+        for key, value in body.items():
+            try:
+                kind = field_type(name, key)
+            except KeyError:
+                raise MeshwiseError(f"{where}: unknown key {name}.{key}; valid keys of [{name}]: "
+                                    f"{_valid_keys(name)}") from None
+            values[key] = _check_value(f"{where}: {name}.{key}", value, kind)
+        sections[name] = SECTIONS[name](**values)
+    return TrainConfig(**sections)
+
+
+def load(path: str | None) -> TrainConfig:
+    """The defaults, or the defaults updated by a TOML file."""
+    if not path:
+        return TrainConfig()
+    p = Path(path)
+    if not p.is_file():
+        raise MeshwiseError(f"--config: file {path} does not exist")
+    try:
+        table = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise MeshwiseError(f"--config: {path} is not valid TOML ({e})") from None
+    return from_table(table, f"config {path}")
+
+
+def override(config: TrainConfig, dotted: str, text: str) -> TrainConfig:
+    """``config`` with ``section.field`` set from command-line text."""
+    section, _, name = dotted.partition(".")
+    if section not in SECTIONS:
+        raise MeshwiseError(f"--{dotted}: unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
+    try:
+        kind = field_type(section, name)
+    except KeyError:
+        raise MeshwiseError(f"--{dotted}: unknown key; valid keys of {section}: {_valid_keys(section)}") from None
+    value = _parse_text(f"--{dotted}", text, kind)
+    return replace(config, **{section: replace(getattr(config, section), **{name: value})})
+
+
+def check(config: TrainConfig) -> None:
+    """Ranges that no type check catches."""
+    s, o, d, c, m, g = (config.schedule, config.optimizer, config.data, config.checkpoint, config.metrics,
+                        config.generate)
+    positive = {"schedule.steps": s.steps, "schedule.global_batch": s.global_batch, "data.seq_len": d.seq_len,
+                "schedule.eval_batches": s.eval_batches, "checkpoint.keep": c.keep, "metrics.log_every": m.log_every}
+    for name, value in positive.items():
+        if value < 1:
+            raise MeshwiseError(f"--{name}: {value} must be at least 1")
+    for name, value in {"schedule.warmup_steps": s.warmup_steps, "schedule.eval_every": s.eval_every,
+                        "checkpoint.every": c.every, "generate.tokens": g.tokens, "generate.top_k": g.top_k}.items():
+        if value < 0:
+            raise MeshwiseError(f"--{name}: {value} must not be negative")
+    if not 0 < d.eval_fraction < 1:
+        raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
+    if d.bin_dtype not in ("uint16", "uint32"):
+        raise MeshwiseError(f"--data.bin_dtype: {d.bin_dtype!r} must be uint16 or uint32")
+    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
+        raise MeshwiseError(f"--optimizer.lr/min_lr: need 0 <= min_lr <= lr and lr > 0, got lr={o.lr}, min_lr={o.min_lr}")
+    if o.grad_clip <= 0:
+        raise MeshwiseError(f"--optimizer.grad_clip: {o.grad_clip} must be positive")
+    if g.temperature < 0:
+        raise MeshwiseError(f"--generate.temperature: {g.temperature} must not be negative")
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The resolved config as TOML (what ``--print-config`` shows; loading it gives the same config)."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        body = getattr(config, section)
+        for f in fields(body):
+            lines.append(f"{f.name} = {_toml_value(getattr(body, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return repr(value)

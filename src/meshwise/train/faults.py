@@ -1,0 +1,47 @@
+"""Deliberate faults, for the fault-tolerance tests (hidden from the help; never set in real runs).
+
+``MESHWISE_FAULTS`` is a comma-separated list, one item per torchrun attempt
+(``TORCHELASTIC_RESTART_COUNT`` picks the item; ``-`` means no fault in that attempt):
+
+- ``kill@N``: the last rank SIGKILLs itself just before step N;
+- ``save@N``: rank 0 SIGKILLs itself during the save of step N, after DCP wrote the shards and
+  before the commit.
+
+``--inject-nan-at-step N`` (or ``MESHWISE_INJECT_NAN_AT_STEP``) fills every weight with NaN before
+step N, so the loss really becomes non-finite.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def _my_fault() -> tuple[str, int] | None:
+    items = [s.strip() for s in os.environ.get("MESHWISE_FAULTS", "").split(",") if s.strip()]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt >= len(items) or items[attempt] == "-":
+        return None
+    kind, _, step = items[attempt].partition("@")
+    return kind, int(step)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def before_step(step: int, rank: int, world: int) -> None:
+    if _my_fault() == ("kill", step) and rank == world - 1:
+        _die()
+
+
+def before_commit(step: int, rank: int) -> None:
+    if _my_fault() == ("save", step) and rank == 0:
+        _die()
+
+
+def nan_step(flag: int | None) -> int | None:
+    if flag is not None:
+        return flag
+    env = os.environ.get("MESHWISE_INJECT_NAN_AT_STEP")
+    return int(env) if env else None

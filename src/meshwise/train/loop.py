@@ -1,0 +1,285 @@
+"""One worker's training run: preflight, layout, model, resume, steps, evals, checkpoints, sample.
+
+Step numbers count optimizer steps from 1; checkpoint ``step-N`` holds the state after step N.
+Learning rate at step k (warm-up W, total T, peak lr, floor min_lr), the usual linear warm-up and
+half-cosine decay (Loshchilov & Hutter 2017, without restarts):
+
+    lr(k) = lr * k / W                                               for k <= W
+    lr(k) = min_lr + (lr - min_lr) * (1 + cos(pi * (k - W) / (T - W))) / 2   otherwise
+
+A non-finite loss or gradient norm (both global, so every rank sees the same value) stops the run
+before anything of that state is written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout
+from meshwise.spec import ModelSpec, load_model
+from meshwise.train import checkpoint, faults, layout_choice
+from meshwise.train.config import OptimizerConfig, ScheduleConfig, TrainConfig, check
+from meshwise.train.data import Corpus, build_corpus, describe_source
+from meshwise.train.metrics import MetricsLog, Throughput
+
+
+@dataclass(frozen=True)
+class Debug:
+    """Hidden test hooks (see :mod:`meshwise.train.faults`)."""
+
+    inject_nan_at_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every process (launcher and workers) checks before any process group exists."""
+
+    model: ModelSpec
+    corpus: Corpus
+    resume: Path | None
+
+
+def lr_at(step: int, schedule: ScheduleConfig, optimizer: OptimizerConfig) -> float:
+    warm = schedule.warmup_steps
+    if warm and step <= warm:
+        return optimizer.lr * step / warm
+    span = max(1, schedule.steps - warm)
+    progress = min(1.0, (step - warm) / span)
+    return optimizer.min_lr + (optimizer.lr - optimizer.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def preflight(cfg: TrainConfig) -> Prepared:
+    """Every check that needs no process group: config ranges, model, data, resume point, extras."""
+    check(cfg)
+    model = load_model(cfg.model.name)
+    if model.states_only:
+        raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
+    if cfg.data.seq_len > model.max_seq:
+        raise MeshwiseError(f"--data.seq_len: {cfg.data.seq_len} is longer than the model's max_seq {model.max_seq}")
+    corpus = build_corpus(cfg.data, model.vocab)
+    c = cfg.checkpoint
+    if c.resume and c.resume != "auto" and not Path(c.resume).is_dir():
+        raise MeshwiseError(f"--checkpoint.resume: {c.resume} does not exist")
+    if c.resume == "auto" and not c.dir:
+        raise MeshwiseError("--checkpoint.resume auto needs --checkpoint.dir")
+    resume = checkpoint.resolve_resume(c.resume, c.dir)
+    if resume is not None:
+        checkpoint.check_shape(checkpoint.read_meta(resume), model, resume)
+    if cfg.metrics.tensorboard:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise MeshwiseError("--metrics.tensorboard: the tensorboard package is not installed "
+                                "(pip install 'meshwise[tensorboard]')")
+    return Prepared(model, corpus, resume)
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world size, ranks per node) from torchrun's environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def state_bytes(pm: Any) -> int:
+    """Bytes of this rank's parameter, gradient and optimizer-state tensors (local shards)."""
+    total = 0
+    for p in pm.parameters():
+        total += _local(p).numel() * p.element_size()
+        if p.grad is not None:
+            total += _local(p.grad).numel() * p.grad.element_size()
+    for st in pm.optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                total += _local(v).numel() * v.element_size()
+    return total
+
+
+def peak_memory_bytes(pm: Any, device_type: str) -> int:
+    """The largest rank's peak (CUDA allocator, or model-state bytes on CPU); collective (MAX)."""
+    local = torch.cuda.max_memory_allocated() if device_type == "cuda" else state_bytes(pm)
+    t = torch.tensor([local], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _reshard(pm: Any) -> None:
+    """Free parameters an FSDP2 forward left unsharded (an eval forward has no backward to do it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in pm.modules:
+        for sub in m.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+
+
+@torch.no_grad()
+def evaluate(pm: Any, corpus: Corpus, global_batch: int, batches: int, rows: range) -> float:
+    """Token-mean cross-entropy over ``batches`` held-out global batches (the same for every layout)."""
+    from meshwise.runtime.mesh import mesh_device
+    from meshwise.runtime.model import loss_sum
+
+    device = mesh_device(pm.mesh)
+    tokens = pm.replica_rows * pm.seq_len
+    local = torch.zeros((), dtype=torch.float64, device=device)
+    for b in range(batches):
+        x, y = corpus.eval_rows(b, global_batch, rows)
+        if pm.schedule is None:
+            mbs = pm.layout.mbs
+            for i in range(pm.accum):
+                logits = pm.modules[0](x[i * mbs:(i + 1) * mbs].to(device))
+                local += (loss_sum(logits, y[i * mbs:(i + 1) * mbs].to(device)) / tokens).double()
+        else:
+            losses: list[torch.Tensor] = []
+            args = (x.to(device),) if pm.has_first else ()
+            kwargs = {"target": y.to(device), "losses": losses} if pm.has_last else {}
+            pm.schedule.eval(*args, **kwargs)
+            for loss in losses:
+                local += loss.detach().double()
+    dist.all_reduce(local)
+    _reshard(pm)
+    return local.item() / (pm.layout.dp * pm.layout.tp) / batches
+
+
+@torch.no_grad()
+def _poison(pm: Any) -> None:
+    """Every weight of this rank becomes NaN (the --inject-nan-at-step test hook)."""
+    for p in pm.parameters():
+        _local(p).fill_(float("nan"))
+
+
+def _placement_line(layout: Layout, world: int) -> str:
+    """Which node each rank runs on (torchrun's GROUP_RANK), and whether every TP group stays in one."""
+    nodes: list[Any] = [None] * world
+    dist.all_gather_object(nodes, int(os.environ.get("GROUP_RANK", "0")))
+    groups = [nodes[i:i + layout.tp] for i in range(0, world, layout.tp)]
+    inside = all(len(set(g)) == 1 for g in groups)
+    tp = f"TP groups inside one node: {'yes' if inside else 'NO'}" if layout.tp > 1 else "TP groups: none (tp=1)"
+    return f"Placement: node of each rank {nodes}; {tp}"
+
+
+# --------------------------------------------------------------------------------------- run
+def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
+    """The worker's whole run (collective: every rank of the job calls it)."""
+    from meshwise.runtime import build_mesh
+
+    prep = preflight(cfg)
+    rank, world, local_world = env_world()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    B, seq = cfg.schedule.global_batch, cfg.data.seq_len
+    layout, lines = layout_choice.choose(cfg.layout.spec, prep.model, world, local_world, B, seq, device_type)
+    torch.manual_seed(cfg.model.seed)
+    mesh = build_mesh(layout, prep.model, B)
+    try:
+        return _train(cfg, debug, prep, layout, lines, mesh, rank, world, local_world, device_type)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
+           rank: int, world: int, local_world: int, device_type: str) -> int:
+    from meshwise.runtime import OptimConfig, parallelize
+    from meshwise.runtime.mesh import dp_rank
+
+    model, corpus = prep.model, prep.corpus
+    B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
+    o, c = cfg.optimizer, cfg.checkpoint
+    optim = OptimConfig(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                        max_grad_norm=o.grad_clip)
+    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=optim)
+    placement = _placement_line(layout, world)
+    peak = layout_choice.peak_flops_per_s(world, local_world, device_type)
+    log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, 0, enabled=rank == 0)
+    log.print(f"Model: {model.describe()}")
+    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
+              f"and {corpus.n_eval:,} held-out sequences of {seq}")
+    for line in lines:
+        log.print(line)
+    log.print(placement)
+
+    run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
+    if prep.resume is not None:
+        run_state = checkpoint.load(pm.modules, pm.optimizer, prep.resume, run_state)
+        torch.set_rng_state(run_state["rng"])
+        log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
+                  f"now under {layout.short()} on {world} rank(s)")
+    elif c.dir and rank == 0:
+        old = [p for p in Path(c.dir).glob("step-*")] if Path(c.dir).is_dir() else []
+        if old:
+            log.print(f"Fresh run: removing {len(old)} old checkpoint folder(s) in {c.dir} "
+                      "(--checkpoint.resume auto continues them instead)")
+            for p in old:
+                shutil.rmtree(p, ignore_errors=True)
+    start = int(run_state["step"])
+    first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
+    rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
+    eval_rows = rows
+    meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
+            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
+    nan_step = faults.nan_step(debug.inject_nan_at_step)
+    if log._progress is not None:
+        log._progress.update(log._task, completed=start)
+
+    if start == 0 and cfg.schedule.eval_every:
+        log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, eval_rows):.4f}")
+    last_saved = start
+    for step in range(start + 1, steps + 1):
+        faults.before_step(step, rank, world)
+        if nan_step == step:
+            _poison(pm)
+        lr = lr_at(step, cfg.schedule, o)
+        for group in pm.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        x, y = corpus.train_rows(first_sample + (step - 1) * B, rows)
+        loss = pm.step(x, y)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - t0
+        grad_norm = pm.last_grad_norm
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            where = f"the last checkpoint is step-{last_saved}" if c.dir and last_saved else "no checkpoint was written"
+            raise MeshwiseError(f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without "
+                                f"saving this state; {where}")
+        eval_loss = None
+        if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
+            eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, eval_rows)
+        log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss)
+        if c.dir and (c.every and step % c.every == 0 or step == steps):
+            state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
+            checkpoint.save(pm.modules, pm.optimizer, c.dir, step, state, meta, c.keep,
+                            before_commit=lambda s: faults.before_commit(s, rank))
+            last_saved = step
+            log.print(f"checkpoint: {checkpoint.step_dir(c.dir, step)}")
+    log.close()
+    dist.barrier()
+    if rank == 0 and cfg.generate.prompt and c.dir:
+        final = checkpoint.latest(c.dir)
+        if final is not None:
+            print(f"Sample from {final}:\n{sample_from_checkpoint(final, cfg)}", flush=True)
+    return 0
+
+
+def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:
+    """Build the plain model from a checkpoint's own shape and sample ``cfg.generate``."""
+    from meshwise.train.export import load_plain_model
+    from meshwise.train.generate import sample
+
+    model, spec = load_plain_model(path)
+    g = cfg.generate
+    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq)
