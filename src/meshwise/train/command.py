@@ -84,8 +84,12 @@ def train_main(argv: list[str]) -> int:
 
 def _worker(cfg: config_mod.TrainConfig, debug) -> int:
     """A worker: bad input is one line on rank 0 (or handed to the launching process), exit status 2."""
+    import faulthandler
+    import signal
+
     from meshwise.train import loop
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
     try:
         return loop.run(cfg, debug)
     except MeshwiseError as e:

@@ -61,7 +61,7 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    dir: str = "checkpoints"  # "" = no checkpoints
+    dir: str = "runs/checkpoints"  # "" = no checkpoints
     every: int = 50  # steps between checkpoints (0: only at the end)
     keep: int = 3  # complete checkpoints kept (oldest removed first)
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder

@@ -84,3 +84,24 @@ def launch_local(argv: list[str], nproc: int, max_restarts: int) -> int:
         finally:
             os.environ.pop(ERROR_DIR_ENV, None)
     return 0
+
+
+def init_process_group(backend: str, timeout_s: float = 600.0) -> None:
+    """The default process group, on torchrun's store, under a key prefix per restart attempt.
+
+    torchrun's c10d rendezvous keeps one TCPStore for the whole job (shared with the agent) and
+    restarted workers reuse it: without a per-attempt prefix, a restarted gloo group reads the
+    previous attempt's peer addresses and fails to connect. ``TORCHELASTIC_RESTART_COUNT`` gives
+    each attempt its own key space.
+    """
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"meshwise/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)

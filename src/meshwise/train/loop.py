@@ -184,6 +184,9 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     B, seq = cfg.schedule.global_batch, cfg.data.seq_len
     layout, lines = layout_choice.choose(cfg.layout.spec, prep.model, world, local_world, B, seq, device_type)
     torch.manual_seed(cfg.model.seed)
+    from meshwise.train.launch import init_process_group
+
+    init_process_group("nccl" if device_type == "cuda" else "gloo")
     mesh = build_mesh(layout, prep.model, B)
     try:
         return _train(cfg, debug, prep, layout, lines, mesh, rank, world, local_world, device_type)
