@@ -1,0 +1,332 @@
+"""``meshwise calibrate``: microbenchmark the machine it runs on into an accelerator profile.
+
+One torchrun launch of ``N`` local processes (gloo, one thread each, as ``meshwise measure`` and
+``meshwise train`` run on CPU); every rank measures at once, so shared cores and memory bandwidth
+are measured as the training run will see them, and the slowest rank's figure is kept:
+
+- **matmul rate** ``peak_*_flops_per_s``: the GEMMs of one block (Q, K, V, output projection,
+  gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
+  ``sum(2 T k n) / time``;
+- **achieved efficiency** ``efficiency_max``: one single-process forward + backward of the whole
+  model on ``T`` tokens, ``cost.compute.model_flops(T) / (time * matmul rate)``;
+  ``efficiency_half_width = 0`` so the cost model reads ``efficiency(h) = efficiency_max`` for
+  every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
+- **memory bandwidth** ``hbm_bytes_per_s``: a large tensor copy, ``2 * bytes / time`` (read +
+  write, as the cost model's optimizer term counts its bytes);
+- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce and all-gather at a
+  few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring all-reduce
+  ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather ``(n-1) alpha + (n-1)/n B / beta``, by least
+  squares on relative error. One machine is one node: ``inter`` = ``intra``.
+
+``memory_bytes`` is a per-rank share of physical memory: ``0.8 * RAM / N``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+from meshwise.spec import ModelSpec, load_model
+
+DEFAULT_OUT = "meshwise-profile.toml"
+MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
+COLLECTIVE_SIZES_BYTES = (4 << 10, 256 << 10, 4 << 20)
+COPY_BYTES = 128 << 20
+PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
+                "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
+                "efficiency_max", "efficiency_half_width", "source")
+
+
+# ----------------------------------------------------------------------------- pure arithmetic
+def collective_coefficients(kind: str, n: int, payload_bytes: float) -> tuple[float, float]:
+    """(latency steps, bytes over the link) of one call, so that ``t = steps * alpha + bytes / beta``
+    (cost/comm.py's ring formulas; ``payload_bytes`` is the full tensor, gathered for all-gather)."""
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n * payload_bytes
+    if kind == "all_gather":
+        return float(n - 1), (n - 1) / n * payload_bytes
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float, float]:
+    """(latency_s, bytes_per_s) fitted to ``(kind, n, payload_bytes, seconds)`` samples.
+
+    Minimises ``sum(((steps * alpha + bytes * g) - t) / t)^2`` over ``alpha >= 0`` and
+    ``g = 1 / beta > 0``: relative error, so the small messages fix the latency and the large ones
+    the bandwidth. A 2 x 2 normal-equation solve; a negative alpha is refitted as 0.
+    """
+    rows = []
+    for kind, n, payload, seconds in samples:
+        if seconds <= 0:
+            raise ValueError(f"non-positive time {seconds} for {kind} of {payload} bytes")
+        steps, moved = collective_coefficients(kind, n, payload)
+        rows.append((steps / seconds, moved / seconds))
+    if not rows:
+        raise ValueError("no collective samples to fit")
+    saa = sum(a * a for a, _ in rows)
+    sab = sum(a * b for a, b in rows)
+    sbb = sum(b * b for _, b in rows)
+    sa = sum(a for a, _ in rows)
+    sb = sum(b for _, b in rows)
+    det = saa * sbb - sab * sab
+    alpha = (sa * sbb - sb * sab) / det if det > 0 else -1.0
+    g = (saa * sb - sab * sa) / det if det > 0 else -1.0
+    if alpha < 0 or g <= 0:
+        alpha, g = 0.0, sb / sbb  # bandwidth only
+    return alpha, 1.0 / g
+
+
+def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated") -> dict[str, Any]:
+    """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
+    ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
+    (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
+    peak = float(result["matmul_flops_per_s"])
+    efficiency = min(1.0, float(result["model_flops"]) / (float(result["fwd_bwd_s"]) * peak))
+    if nproc > 1:
+        latency_s, link_bytes_per_s = fit_alpha_beta([tuple(s) for s in result["collectives"]])
+        link_note = "collectives fitted on all-reduce and all-gather over gloo"
+    else:  # one process: nothing to measure; a copy through shared memory stands in
+        latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
+        link_note = "one process: links not measured (copy bandwidth, 1 us)"
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {
+        "name": name,
+        "memory_bytes": int(MEMORY_SHARE * ram_bytes / nproc),
+        "peak_bf16_flops_per_s": peak,
+        "peak_fp32_flops_per_s": peak,
+        "hbm_bytes_per_s": float(result["copy_bytes_per_s"]),
+        "gpus_per_node": nproc,
+        "intra_bytes_per_s": link_bytes_per_s,
+        "intra_latency_s": latency_s,
+        "inter_bytes_per_s": link_bytes_per_s,
+        "inter_latency_s": latency_s,
+        "efficiency_max": efficiency,
+        "efficiency_half_width": 0.0,
+        "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
+                  f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}",
+    }
+
+
+def format_toml(table: dict[str, Any]) -> str:
+    """The profile as TOML, keys in catalog order (strings JSON-escaped: valid TOML basic strings)."""
+    lines = ["# An accelerator profile measured by `meshwise calibrate`; use it as `meshwise plan --gpu FILE`."]
+    for key in PROFILE_KEYS:
+        value = table[key]
+        if isinstance(value, str):
+            lines.append(f"{key} = {json.dumps(value)}")
+        elif isinstance(value, int):
+            lines.append(f"{key} = {value}")
+        else:
+            lines.append(f"{key} = {value:.6g}" if value != 0 else f"{key} = 0.0")
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(path: str | Path, table: dict[str, Any]) -> None:
+    """Write atomically: a temporary file beside ``path``, then a rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(format_toml(table))
+    tmp.replace(path)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# ------------------------------------------------------------------------------ orchestration
+def check_args(nproc: int, out: str, seq_len: int | None, model: ModelSpec) -> int:
+    """Refuse bad input in one line before anything starts; returns the sequence length."""
+    if nproc < 1:
+        raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    if not out.endswith(".toml"):
+        raise MeshwiseError(f"--out: {out!r} must end in .toml (plan --gpu reads a profile by that suffix)")
+    parent = Path(out).parent
+    if not parent.is_dir():
+        raise MeshwiseError(f"--out: folder {str(parent)!r} does not exist")
+    seq = seq_len if seq_len is not None else model.max_seq
+    if not 1 <= seq <= model.max_seq:
+        raise MeshwiseError(f"--seq-len: {seq} must be in [1, {model.max_seq}] (the model's max_seq)")
+    return seq
+
+
+def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, seq_len: int | None = None,
+              quick: bool = False, timeout_s: float = 600) -> dict[str, Any]:
+    """Measure with ``nproc`` local gloo processes, write the profile to ``out``; returns its table.
+    ``quick``: fewer repetitions and smaller tensors (tests)."""
+    model = load_model(model_ref)
+    if model.states_only:
+        raise MeshwiseError("--model: calibration needs a model shape, not a bare parameter count")
+    seq = check_args(nproc, out, seq_len, model)
+    with tempfile.TemporaryDirectory(prefix="meshwise-calibrate-") as tmp:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "meshwise.measure.calibrate", "--model", model_ref, "--seq-len", str(seq), "--out", tmp]
+        if quick:
+            cmd.append("--quick")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        result_file = Path(tmp) / "result.json"
+        if proc.returncode != 0 or not result_file.is_file():
+            tail = "\n".join(proc.stderr.splitlines()[-20:])
+            raise RuntimeError(f"calibration workers failed (exit {proc.returncode}):\n{tail}")
+        result = json.loads(result_file.read_text())
+    table = profile_table(result, nproc, physical_memory_bytes())
+    write_profile(out, table)
+    return table
+
+
+# ------------------------------------------------------------------------- worker (torch side)
+def _best_time(fn, repeats: int, min_s: float = 0.0) -> float:
+    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``)."""
+    best = math.inf
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / calls)
+    return best
+
+
+def block_gemm_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of each matmul of one block: Q, K, V, output projection, then the MLP's."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    mlp = [(h, f), (h, f), (f, h)] if model.mlp == "swiglu" else [(h, f), (f, h)]
+    return [(h, h), (h, kv), (h, kv), (h, h)] + mlp
+
+
+def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
+    """FLOP/s of one block's GEMMs at ``tokens`` tokens, fp32."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen))
+             for k, n in block_gemm_shapes(model)]
+    flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
+
+    def run() -> None:
+        for x, w in pairs:
+            torch.nn.functional.linear(x, w)
+
+    run()
+    return flops / _best_time(run, repeats, min_s=0.05)
+
+
+def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
+    """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens."""
+    import torch
+
+    from meshwise.runtime.model import build_model, loss_sum
+
+    net = build_model(model, seed=0)
+    tokens = torch.randint(0, model.vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def run() -> None:
+        net.zero_grad(set_to_none=True)
+        loss_sum(net(x), y).backward()
+
+    run()
+    return _best_time(run, repeats)
+
+
+def bench_copy(nbytes: int, repeats: int) -> float:
+    """Bytes per second read + written by a tensor copy of ``nbytes``."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), repeats)
+
+
+def bench_collectives(sizes: tuple[int, ...], calls: int, repeats: int) -> list[list[float]]:
+    """``[kind, n, payload_bytes, seconds]`` per kind and size; seconds = shortest of ``repeats``
+    mean times of ``calls`` back-to-back calls, after a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    out: list[list[float]] = []
+    for nbytes in sizes:
+        numel = max(n, nbytes // 4 // n * n)
+        full = torch.ones(numel)
+        shard = torch.ones(numel // n)
+        ops = {"all_reduce": lambda: dist.all_reduce(full),
+               "all_gather": lambda: dist.all_gather_into_tensor(full, shard)}
+        for kind, op in ops.items():
+            op()
+            best = math.inf
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                best = min(best, (time.perf_counter() - start) / calls)
+            out.append([kind, n, float(numel * 4), best])
+    return out
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
+    slowest rank's figures (lowest rates, longest times)."""
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+
+    from meshwise.cost.compute import model_flops
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_model(args.model)
+    repeats = 2 if args.quick else 3
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}
+    dist.barrier()
+    mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
+    dist.barrier()
+    mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
+    sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
+    collectives = bench_collectives(sizes, calls=3 if args.quick else 5, repeats=repeats) if n > 1 else []
+    everyone: list[dict] = [{} for _ in range(n)]
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        result = {
+            "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
+            "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
+            "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
+            "model_flops": model_flops(model, args.seq_len, args.seq_len),
+            "collectives": collectives,
+            "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
+                     f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {args.seq_len} tokens"),
+        }
+        tmp = Path(args.out) / "result.json.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.replace(Path(args.out) / "result.json")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

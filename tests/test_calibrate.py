@@ -1,0 +1,101 @@
+"""meshwise calibrate: the fit, the profile it writes (readable by plan --gpu), refusals, one tiny run."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from meshwise.cli import main
+from meshwise.cost import comm
+from meshwise.errors import MeshwiseError
+from meshwise.measure import calibrate as cal
+from meshwise.spec import _ACCEL_KEYS, LinkSpec, load_cluster
+
+RESULT = {"matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
+          "collectives": [], "what": "synthetic"}
+
+
+def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
+    link = LinkSpec(beta, alpha)
+    out = []
+    for size in (4e3, 256e3, 4e6, 32e6):
+        out.append(("all_gather", n, size, comm.collective_seconds("all_gather", n, size, link)))
+        ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta
+        out.append(("all_reduce", n, size, ring))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fit_recovers_alpha_and_beta_of_the_cost_model(n):
+    alpha, beta = cal.fit_alpha_beta(_samples(80e-6, 1.5e9, n))
+    assert alpha == pytest.approx(80e-6, rel=1e-6)
+    assert beta == pytest.approx(1.5e9, rel=1e-6)
+
+
+def test_fit_never_returns_a_negative_latency():
+    samples = [("all_reduce", 2, s, s / 1e9) for s in (1e3, 1e6)]  # pure bandwidth, noise-free
+    samples[0] = ("all_reduce", 2, 1e3, 0.5e3 / 1e9)  # faster than bandwidth allows: alpha would be < 0
+    alpha, beta = cal.fit_alpha_beta(samples)
+    assert alpha == 0.0 and beta > 0
+
+
+def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    catalog_keys = set(_ACCEL_KEYS)
+    assert set(table) == catalog_keys
+    assert table["efficiency_max"] == pytest.approx(9e9 / (0.5 * 30e9))
+    assert table["efficiency_half_width"] == 0.0
+    assert table["memory_bytes"] == int(0.8 * (16 << 30) / 2)
+    path = tmp_path / "cpu.toml"
+    cal.write_profile(path, table)
+    assert not (tmp_path / "cpu.toml.tmp").exists()
+    assert set(tomllib.loads(path.read_text())) == catalog_keys
+    cluster = load_cluster(str(path), 2)
+    assert cluster.gpus_per_node == 2 and cluster.nodes == 1
+    assert cluster.intra.latency_s == pytest.approx(50e-6, rel=1e-3)
+    assert cluster.accelerator.efficiency(192) == pytest.approx(0.6, rel=1e-3)
+
+
+def test_one_process_profile_has_no_measured_links():
+    table = cal.profile_table(RESULT, nproc=1, ram_bytes=8 << 30)
+    assert table["intra_bytes_per_s"] == RESULT["copy_bytes_per_s"]
+    assert "not measured" in table["source"]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--nproc-per-node", "0"], "--nproc-per-node"),
+    (["--out", "profile.txt"], "--out"),
+    (["--out", "/no/such/folder/p.toml"], "--out"),
+    (["--model", "no-such-model"], "--model"),
+    (["--model", "tiny", "--seq-len", "100000"], "--seq-len"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, field, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"meshwise: error: {field}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_block_gemms_are_the_models_matmul_parameters():
+    from meshwise.spec import load_model
+
+    model = load_model("small")
+    assert sum(k * n for k, n in cal.block_gemm_shapes(model)) == model.attention_params + model.mlp_params
+
+
+def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
+    out = tmp_path / "p.toml"
+    table = cal.calibrate(2, "tiny", str(out), seq_len=32, quick=True)
+    assert out.is_file()
+    for key in ("peak_fp32_flops_per_s", "hbm_bytes_per_s", "intra_bytes_per_s"):
+        assert table[key] > 0
+    assert 0 < table["efficiency_max"] <= 1
+    assert main(["plan", "--gpu", str(out), "--gpus", "2", "--model", "tiny", "--global-batch", "8",
+                 "--precision", "fp32", "--json"]) == 0
+
+
+def test_refused_before_any_process_starts(tmp_path):
+    with pytest.raises(MeshwiseError, match="--out"):
+        cal.calibrate(2, "tiny", str(tmp_path / "p.json"))
