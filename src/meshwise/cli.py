@@ -58,7 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     _add_train_commands(sub)
+    _add_calibrate_command(sub)
     return parser
+
+
+def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("calibrate", help="microbenchmark this machine into an accelerator profile (.toml)",
+                       description="Measure matmul FLOP/s at the model's shapes, achieved efficiency, memory bandwidth "
+                                   "and gloo collective bandwidth/latency on N local processes; write a profile that "
+                                   "'plan --gpu FILE' reads.")
+    c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
+    c.add_argument("--model", default="small", help="model whose block shapes are timed (default: small)")
+    c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
+    c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from meshwise.measure.calibrate import calibrate
+
+    table = calibrate(args.nproc_per_node, args.model, args.out, args.seq_len)
+    print(f"{args.out}: matmul {table['peak_fp32_flops_per_s'] / 1e9:.1f} GFLOP/s, efficiency "
+          f"{table['efficiency_max']:.2f}, memory {table['hbm_bytes_per_s'] / 1e9:.1f} GB/s, link "
+          f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "
+          f"{table['memory_bytes'] / 1e9:.1f} GB per rank")
+    return 0
 
 
 def _add_train_commands(sub: argparse._SubParsersAction) -> None:
@@ -139,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"plan": _plan, "train": _train, "export": _export, "generate": _generate}[args.command](args)
+        return {"plan": _plan, "train": _train, "export": _export, "generate": _generate,
+                "calibrate": _calibrate}[args.command](args)
     except MeshwiseError as e:
         print(f"meshwise: error: {e}", file=sys.stderr)
         return 2
