@@ -37,6 +37,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class LayoutConfig:
     spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
+    profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,12 @@ class LiveCluster:
     note: str = ""
 
 
-def live_cluster(world: int, local_world: int, device_type: str) -> LiveCluster:
+def live_cluster(world: int, local_world: int, device_type: str, profile: str = "") -> LiveCluster:
+    """``profile``: an accelerator profile .toml (``meshwise calibrate``) used instead of the catalog's."""
     if world % local_world:
         raise MeshwiseError(f"launch: world size {world} is not a whole number of nodes of {local_world} ranks")
+    if profile:
+        return LiveCluster(profile_cluster(profile, world, local_world), "fp32" if device_type != "cuda" else "bf16-mixed")
     if device_type != "cuda":
         return LiveCluster(load_cluster("cpu", world, local_world), "fp32")
     import torch
@@ -48,6 +51,16 @@ def live_cluster(world: int, local_world: int, device_type: str) -> LiveCluster:
     cluster = load_cluster(profile, world, local_world)
     cluster = replace(cluster, accelerator=replace(cluster.accelerator, memory_bytes=int(memory)))
     return LiveCluster(cluster, "bf16-mixed", note)
+
+
+def profile_cluster(profile: str, world: int, local_world: int) -> ClusterSpec:
+    """The cluster of ``world`` ranks, ``local_world`` per node, of a profile file; refused by name."""
+    if not profile.endswith(".toml"):
+        raise MeshwiseError(f"--layout.profile: {profile!r} is not a profile .toml (write one with meshwise calibrate)")
+    try:
+        return load_cluster(profile, world, local_world)
+    except MeshwiseError as e:
+        raise MeshwiseError(f"--layout.profile: {str(e).removeprefix('--gpu ').removeprefix('--gpu: ')}") from None
 
 
 def runnable(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
@@ -74,7 +87,7 @@ def check_runnable(layout: Layout, model: ModelSpec, world: int, global_batch: i
 
 
 def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
-           device_type: str) -> tuple[Layout, list[str]]:
+           device_type: str, profile: str = "") -> tuple[Layout, list[str]]:
     """(layout, explanation lines). ``spec`` is ``auto`` or a layout text."""
     if seq_len > model.max_seq:
         raise MeshwiseError(f"--data.seq_len: {seq_len} is longer than the model's max_seq {model.max_seq}")
@@ -82,7 +95,7 @@ def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_bat
         layout = parse(spec, world)
         check_runnable(layout, model, world, global_batch, seq_len)
         return layout, [f"Layout (given): {layout.short()}"]
-    live = live_cluster(world, local_world, device_type)
+    live = live_cluster(world, local_world, device_type, profile)
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
     result = planner.search(model, live.cluster, train, top=5, where=runnable(model, seq_len))
     if not result.best:
@@ -96,7 +109,7 @@ def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_bat
     return result.best[0].layout, lines
 
 
-def peak_flops_per_s(world: int, local_world: int, device_type: str) -> float:
+def peak_flops_per_s(world: int, local_world: int, device_type: str, profile: str = "") -> float:
     """The accelerator profile's peak per device, for the precision the runtime computes in."""
-    live = live_cluster(world, local_world, device_type)
+    live = live_cluster(world, local_world, device_type, profile)
     return live.cluster.accelerator.peak_flops_per_s(live.precision)

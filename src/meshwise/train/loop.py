@@ -73,6 +73,8 @@ def preflight(cfg: TrainConfig) -> Prepared:
         raise MeshwiseError(f"--checkpoint.resume: {c.resume} does not exist")
     if c.resume == "auto" and not c.dir:
         raise MeshwiseError("--checkpoint.resume auto needs --checkpoint.dir")
+    if cfg.layout.profile:
+        layout_choice.profile_cluster(cfg.layout.profile, 1, 1)
     resume = checkpoint.resolve_resume(c.resume, c.dir)
     if resume is not None:
         checkpoint.check_shape(checkpoint.read_meta(resume), model, resume)
@@ -182,7 +184,8 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     B, seq = cfg.schedule.global_batch, cfg.data.seq_len
-    layout, lines = layout_choice.choose(cfg.layout.spec, prep.model, world, local_world, B, seq, device_type)
+    layout, lines = layout_choice.choose(cfg.layout.spec, prep.model, world, local_world, B, seq, device_type,
+                                         cfg.layout.profile)
     torch.manual_seed(cfg.model.seed)
     from meshwise.train.launch import init_process_group
 
@@ -206,7 +209,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
                         max_grad_norm=o.grad_clip)
     pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=optim)
     placement = _placement_line(layout, world)
-    peak = layout_choice.peak_flops_per_s(world, local_world, device_type)
+    peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, 0, enabled=rank == 0)
     log.print(f"Model: {model.describe()}")
     log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
