@@ -211,6 +211,8 @@ class AcceleratorSpec:
     """A device: capacity, peak FLOP/s, HBM bandwidth and the achieved-efficiency curve.
 
     Achieved fraction of peak for a model of hidden size h: efficiency_max * h / (h + efficiency_half_width).
+    ``comm_overlap``: communication can run beside compute (GPUs: copy engines and NCCL's own SMs);
+    false for CPU ranks, whose cores gloo's transfers share, so nothing hides behind compute.
     """
 
     name: str
@@ -220,6 +222,7 @@ class AcceleratorSpec:
     hbm_bytes_per_s: float
     efficiency_max: float = 0.0
     efficiency_half_width: float = 0.0
+    comm_overlap: bool = True
     source: str = ""
 
     def peak_flops_per_s(self, precision: str) -> float:
@@ -263,7 +266,7 @@ class ClusterSpec:
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "source", "name"}
+               "efficiency_half_width", "comm_overlap", "source", "name"}
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -283,6 +286,12 @@ def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
     raise MeshwiseError(f"--gpu: unknown accelerator {ref!r}; choose one of {', '.join(catalog)}, or give a profile .toml")
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise MeshwiseError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
@@ -297,6 +306,7 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             hbm_bytes_per_s=float(table["hbm_bytes_per_s"]),
             efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
             efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
+            comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
             source=str(table.get("source", "")))
         intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
         inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))

@@ -230,7 +230,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, units, cluster)
         tp_s = sum(op.seconds_per_step for op in tp_ops)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send")
-        window_s = mb_compute_s if train.overlap_dp_comm else 0.0
+        window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
             grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]

@@ -77,8 +77,8 @@ def train_main(argv: list[str]) -> int:
         layout_choice.choose(cfg.layout.spec, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
                              "cpu")
     if nproc == 1:
-        launch.single_process_env()
-        return _worker(cfg, debug)
+        with launch.single_process_env():
+            return _worker(cfg, debug)
     return launch.launch_local(argv, nproc, opts.get("max_restarts", 0))
 
 

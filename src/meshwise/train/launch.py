@@ -17,7 +17,9 @@ import socket
 import sys
 import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from meshwise.errors import MeshwiseError
 
@@ -41,12 +43,21 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 4
 
 
-def single_process_env() -> None:
-    """The environment torchrun would give a one-rank job."""
-    port = str(free_port())
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("GROUP_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)):
-        os.environ[key] = value
+@contextmanager
+def single_process_env() -> Iterator[None]:
+    """The environment torchrun would give a one-rank job, for the duration of the run."""
+    values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def report_error(message: str) -> bool:

@@ -4,7 +4,9 @@ The live cluster is what torchrun says (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``: wo
 node = nodes) on the local device: CUDA -> the catalog profile of the GPU's name, with the memory
 the device reports; CPU -> the ``cpu`` profile. The search is restricted (``planner.search``'s
 ``where=``) to layouts this runtime runs for the given model and sequence: the runtime refuses
-pp > 1 with tied embeddings, and sequence parallelism needs the sequence divisible by tp.
+pp > 1 with tied embeddings, sequence parallelism needs the sequence divisible by tp, and
+selective activation checkpointing fails under the zero-bubble schedules (their split backward
+runs each checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def runnable(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
             return False
         if layout.sp and seq_len % layout.tp:
             return False
+        if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
+            return False
         return True
     return ok
 
@@ -83,6 +87,10 @@ def check_runnable(layout: Layout, model: ModelSpec, world: int, global_batch: i
         if model.tied_embeddings and layout.pp > 1:
             raise MeshwiseError(f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported "
                                 "by the runtime; use pp=1")
+        if layout.ac == "selective" and layout.schedule == "zero-bubble":
+            raise MeshwiseError("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the "
+                                "split backward runs a selectively checkpointed region twice); use ac=full or another "
+                                "schedule")
         raise MeshwiseError(f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}")
 
 

@@ -1,0 +1,219 @@
+"""meshwise train, single process: config, data order, checkpoint folders, bad input, export/generate.
+
+Bad input is refused in one line with exit status 2 and nothing written. The multi-process
+scenarios (kill and restart, reshaping, two nodes) are in test_train_dist.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from meshwise.cli import main
+from meshwise.errors import MeshwiseError
+from meshwise.train import checkpoint, config, embedded_corpus
+from meshwise.train.data import build_corpus
+from meshwise.train.loop import lr_at
+
+MODEL_TOML = """[model]
+layers = 2
+hidden = 32
+heads = 2
+kv_heads = 2
+ffn_hidden = 64
+vocab = 256
+max_seq = 32
+"""
+
+
+def micro_model(folder: Path) -> str:
+    """A 37K-parameter model: two blocks, so pp=2 is possible; tp=2 divides every width."""
+    path = folder / "micro.toml"
+    path.write_text(MODEL_TOML)
+    return str(path)
+
+
+def meshwise(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=full_env, timeout=timeout)
+
+
+# -------------------------------------------------------------------------------------- config
+def test_config_file_overrides_and_print_config(tmp_path, capsys) -> None:
+    cfg_file = tmp_path / "run.toml"
+    cfg_file.write_text('[optimizer]\nlr = 1\n[schedule]\nsteps = 7\n[data]\nseq_len = 16\n')
+    assert main(["train", "--config", str(cfg_file), "--steps", "9", "--optimizer.beta2", "0.99",
+                 "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "printed.toml").write_text(printed)
+    cfg = config.load(str(tmp_path / "printed.toml"))
+    assert (cfg.optimizer.lr, cfg.schedule.steps, cfg.optimizer.beta2, cfg.data.seq_len) == (1.0, 9, 0.99, 16)
+    assert cfg.model == config.ModelConfig()  # untouched sections keep their defaults
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[optimizer]\nlearning_rate = 0.1\n", "unknown key optimizer.learning_rate"),
+    ("[optimiser]\nlr = 0.1\n", "unknown section [optimiser]"),
+    ('[schedule]\nsteps = "ten"\n', "schedule.steps: expected int, got str"),
+    ("[checkpoint]\nkeep = true\n", "checkpoint.keep: expected int, got bool"),
+])
+def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, text, message) -> None:
+    cfg_file = tmp_path / "bad.toml"
+    cfg_file.write_text(text)
+    assert main(["train", "--config", str(cfg_file), "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.startswith("meshwise: error:") and "\n" not in err
+    assert not (tmp_path / "ck").exists()
+
+
+def test_bad_command_line_values(capsys) -> None:
+    assert main(["train", "--steps", "many"]) == 2
+    assert "--schedule.steps: 'many' is not a valid int" in capsys.readouterr().err
+    assert main(["train", "--optimizer.learning_rate", "1"]) == 2
+    assert "unrecognized arguments: --optimizer.learning_rate" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- data
+def test_embedded_corpus_is_the_generators_output() -> None:
+    shipped = embedded_corpus.read()
+    assert shipped == embedded_corpus.generate().encode()
+    assert 200_000 < len(shipped) < 400_000 and max(shipped) < 128
+
+
+def test_sample_order_is_a_function_of_seed_and_index(tmp_path) -> None:
+    data = config.DataConfig(seq_len=16)
+    a, b = build_corpus(data, 256), build_corpus(data, 256)
+    # Rows 3..5 of step 7 are the same whoever asks, whatever else was asked before.
+    b.train_rows(0, range(100))
+    x1, y1 = a.train_rows(7 * 8, range(3, 6))
+    x2, y2 = b.train_rows(7 * 8, range(3, 6))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the inputs shifted by one
+    # Two replicas of one step, and the steps of one epoch, never share a sequence.
+    first = [a.train_window(g) for g in range(a.n_train)]
+    assert sorted(first) == list(range(a.n_train))
+    assert all(w < a.n_train for w in first)  # held-out windows never appear in training
+    other_seed = build_corpus(config.DataConfig(seq_len=16, seed=9), 256)
+    assert [other_seed.train_window(g) for g in range(8)] != first[:8]
+
+
+def test_text_folder_and_bin_inputs(tmp_path) -> None:
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "a.txt").write_text("hello world " * 40)
+    (tmp_path / "txt" / "b.txt").write_text("second file " * 40)
+    corpus = build_corpus(config.DataConfig(path=str(tmp_path / "txt"), seq_len=16), 256)
+    assert corpus.tokens.numel() == 480 + 2 + 480
+    ids = torch.arange(1000, dtype=torch.int32) % 300
+    (tmp_path / "ids.bin").write_bytes(bytes(ids.to(torch.int16).view(torch.uint8).tolist()))  # uint16, little-endian
+    corpus = build_corpus(config.DataConfig(path=str(tmp_path / "ids.bin"), seq_len=16), 512)
+    assert corpus.tokens.numel() == 1000 and int(corpus.window(2)[0]) == 32
+    with pytest.raises(MeshwiseError, match="token id 299, outside the model's vocabulary of 256"):
+        build_corpus(config.DataConfig(path=str(tmp_path / "ids.bin"), seq_len=16), 256)
+
+
+# ---------------------------------------------------------------------------- schedule, folders
+def test_warmup_then_cosine() -> None:
+    s, o = config.ScheduleConfig(steps=110, warmup_steps=10), config.OptimizerConfig(lr=1.0, min_lr=0.1)
+    assert lr_at(5, s, o) == pytest.approx(0.5) and lr_at(10, s, o) == pytest.approx(1.0)
+    assert lr_at(60, s, o) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert lr_at(110, s, o) == pytest.approx(0.1)
+
+
+def test_only_committed_checkpoints_count(tmp_path) -> None:
+    for name, commit in (("step-5", True), ("step-10", True), ("step-15.tmp", True), ("step-20", False)):
+        (tmp_path / name).mkdir()
+        if commit:
+            (tmp_path / name / checkpoint.COMMIT_FILE).write_text("{}")
+    assert [s for s, _ in checkpoint.complete_checkpoints(tmp_path)] == [5, 10]
+    assert checkpoint.resolve_resume("auto", str(tmp_path)) == tmp_path / "step-10"
+    assert checkpoint.resolve_resume("auto", str(tmp_path / "none")) is None
+    with pytest.raises(MeshwiseError, match="not a complete meshwise checkpoint"):
+        checkpoint.resolve_resume(str(tmp_path / "step-20"), str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("case", ["missing data", "empty file", "empty folder", "layout vs world",
+                                  "seq longer than model", "resume missing"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case) -> None:
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "empty_dir").mkdir()
+    extra = {"missing data": ["--data", str(tmp_path / "nope.txt")],
+             "empty file": ["--data", str(tmp_path / "empty.txt")],
+             "empty folder": ["--data", str(tmp_path / "empty_dir")],
+             "layout vs world": ["--layout", "dp=2,tp=2", "--nproc-per-node", "2"],
+             "seq longer than model": ["--seq-len", "64"],
+             "resume missing": ["--resume", str(tmp_path / "ck" / "step-3")]}[case]
+    expected = {"missing data": "nope.txt does not exist", "empty file": "is empty",
+                "empty folder": "holds no files", "layout vs world": "but the world size is 2",
+                "seq longer than model": "longer than the model's max_seq 32",
+                "resume missing": "does not exist"}[case]
+    args = ["train", "--model", micro_model(tmp_path), "--seq-len", "16", "--nproc-per-node", "1",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl"), *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("meshwise: error:") and expected in err and "\n" not in err, err
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "m.jsonl").exists()
+
+
+def test_non_finite_loss_stops_before_saving_that_state(tmp_path) -> None:
+    """A real NaN (every weight poisoned before step 2): exit 2, one line naming the step, and
+    step 1's checkpoint is the last one; the metrics file holds step 1 only."""
+    r = meshwise("train", "--model", micro_model(tmp_path), "--seq-len", "16", "--steps", "4", "--nproc-per-node",
+                 "1", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--metrics", "m.jsonl", "--prompt=",
+                 "--inject-nan-at-step", "2", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip()
+    assert "\n" not in err and "step 2: non-finite loss nan" in err and "last checkpoint is step-1" in err, err
+    assert [s for s, _ in checkpoint.complete_checkpoints(tmp_path / "ck")] == [1]
+    assert not list((tmp_path / "ck").glob("step-2*"))
+    assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [1]
+
+
+# ------------------------------------------------------------------------- export and generate
+def test_export_and_generate(tmp_path) -> None:
+    from meshwise.train.export import hf_name, read_safetensors
+
+    r = meshwise("train", "--model", micro_model(tmp_path), "--seq-len", "16", "--steps", "3", "--nproc-per-node",
+                 "1", "--checkpoint-dir", "ck", "--metrics", "m.jsonl", "--prompt", "1 + 1 =", "--eval-every", "0",
+                 cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Sample from ck/step-3:\n1 + 1 =" in r.stdout
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in records] == [1, 2, 3] and "eval_loss" in records[-1]
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "step_s", "peak_mem_bytes"):
+        assert all(isinstance(rec[key], (int, float)) and rec[key] > 0 for rec in records), key
+
+    r = meshwise("export", "--checkpoint", "ck/step-3", "--out", "hf/model.safetensors", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    tensors, meta = read_safetensors(tmp_path / "hf" / "model.safetensors")
+    assert meta["step"] == "3"
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf_config["num_hidden_layers"] == 2 and hf_config["tie_word_embeddings"] is False
+
+    from meshwise.train.export import load_plain_model
+
+    model, _ = load_plain_model(tmp_path / "ck" / "step-3")
+    params = dict(model.named_parameters())
+    assert set(tensors) == {hf_name(n) for n in params}
+    assert "model.layers.1.self_attn.k_proj.weight" in tensors and "lm_head.weight" in tensors
+    for name, p in params.items():
+        assert torch.equal(tensors[hf_name(name)], p.detach()), name
+
+    r = meshwise("generate", "--checkpoint", "ck/step-3", "--prompt", "7 + 1", "--tokens", "10",
+                 "--temperature", "0", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("7 + 1") and len(r.stdout.rstrip("\n")) >= 6, r.stderr
+
+
+def test_plan_does_not_import_torch_with_train_commands_registered() -> None:
+    code = ("import sys\nfrom meshwise.cli import build_parser\nbuild_parser()\n"
+            "import meshwise.train, meshwise.train.config, meshwise.train.command\n"
+            "assert 'torch' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
