@@ -13,10 +13,16 @@ are measured as the training run will see them, and the slowest rank's figure is
   every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
 - **memory bandwidth** ``hbm_bytes_per_s``: a large tensor copy, ``2 * bytes / time`` (read +
   write, as the cost model's optimizer term counts its bytes);
-- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce and all-gather at a
-  few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring all-reduce
-  ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather ``(n-1) alpha + (n-1)/n B / beta``, by least
-  squares on relative error. One machine is one node: ``inter`` = ``intra``.
+- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce, all-gather and
+  reduce-scatter at a few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring
+  all-reduce ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather and reduce-scatter
+  ``(n-1) alpha + (n-1)/n B / beta``, by least squares on relative error. Each call is timed as
+  training issues it, between two slices of compute: ``(time of compute + call) - (time of the
+  compute alone)``. Back-to-back calls in a tight loop read several times faster on CPU, because
+  there gloo's threads and the peer process are already awake; in training they are not (and the
+  ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
+- **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
+  need those cores, so the cost model exposes data-parallel communication instead of hiding it.
 
 ``memory_bytes`` is a per-rank share of physical memory: ``0.8 * RAM / N``.
 """
@@ -44,7 +50,7 @@ COLLECTIVE_SIZES_BYTES = (4 << 10, 256 << 10, 4 << 20)
 COPY_BYTES = 128 << 20
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
-                "efficiency_max", "efficiency_half_width", "source")
+                "efficiency_max", "efficiency_half_width", "comm_overlap", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -53,7 +59,7 @@ def collective_coefficients(kind: str, n: int, payload_bytes: float) -> tuple[fl
     (cost/comm.py's ring formulas; ``payload_bytes`` is the full tensor, gathered for all-gather)."""
     if kind == "all_reduce":
         return 2.0 * (n - 1), 2.0 * (n - 1) / n * payload_bytes
-    if kind == "all_gather":
+    if kind in ("all_gather", "reduce_scatter"):
         return float(n - 1), (n - 1) / n * payload_bytes
     raise ValueError(f"unknown collective kind {kind!r}")
 
@@ -112,6 +118,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "inter_latency_s": latency_s,
         "efficiency_max": efficiency,
         "efficiency_half_width": 0.0,
+        "comm_overlap": False,
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}",
     }
@@ -122,7 +129,9 @@ def format_toml(table: dict[str, Any]) -> str:
     lines = ["# An accelerator profile measured by `meshwise calibrate`; use it as `meshwise plan --gpu FILE`."]
     for key in PROFILE_KEYS:
         value = table[key]
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
+        elif isinstance(value, str):
             lines.append(f"{key} = {json.dumps(value)}")
         elif isinstance(value, int):
             lines.append(f"{key} = {value}")
@@ -252,30 +261,48 @@ def bench_copy(nbytes: int, repeats: int) -> float:
     return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), repeats)
 
 
-def bench_collectives(sizes: tuple[int, ...], calls: int, repeats: int) -> list[list[float]]:
-    """``[kind, n, payload_bytes, seconds]`` per kind and size; seconds = shortest of ``repeats``
-    mean times of ``calls`` back-to-back calls, after a barrier."""
+def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
+                      repeats: int) -> list[list[float]]:
+    """``[kind, n, payload_bytes, seconds]`` per kind and size. Each call follows a slice of compute
+    (one block's GEMMs at ``tokens`` tokens), as in training; seconds per call =
+    ``(min time of calls x (compute + call) - min time of calls x compute) / calls``, at least the
+    tight-loop time of the call alone."""
     import torch
     import torch.distributed as dist
 
     n = dist.get_world_size()
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(m, k, generator=gen))
+             for k, m in block_gemm_shapes(model)]
+
+    def compute() -> None:
+        for x, w in pairs:
+            torch.nn.functional.linear(x, w)
+
+    def loop(op) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                op()
+            best = min(best, time.perf_counter() - start)
+        return best / calls
+
+    compute_s = loop(compute)
     out: list[list[float]] = []
     for nbytes in sizes:
         numel = max(n, nbytes // 4 // n * n)
         full = torch.ones(numel)
         shard = torch.ones(numel // n)
         ops = {"all_reduce": lambda: dist.all_reduce(full),
-               "all_gather": lambda: dist.all_gather_into_tensor(full, shard)}
+               "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}
         for kind, op in ops.items():
             op()
-            best = math.inf
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    op()
-                best = min(best, (time.perf_counter() - start) / calls)
-            out.append([kind, n, float(numel * 4), best])
+            alone_s = loop(op)
+            between_s = loop(lambda: (compute(), op())) - compute_s
+            out.append([kind, n, float(numel * 4), max(alone_s, between_s)])
     return out
 
 
@@ -307,7 +334,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.barrier()
     mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
     sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
-    collectives = bench_collectives(sizes, calls=3 if args.quick else 5, repeats=repeats) if n > 1 else []
+    collectives = (bench_collectives(model, args.seq_len, sizes, calls=3 if args.quick else 8, repeats=repeats)
+                   if n > 1 else [])
     everyone: list[dict] = [{} for _ in range(n)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
