@@ -39,7 +39,7 @@ def test_hsdp_shards_over_the_shard_group_only():
 def test_tp_shards_matrices_and_replicates_norms():
     model = load_model("llama3-8b")
     cluster, train = load_cluster("h100", 8), TrainSpec(8, 1024, "bf16")
-    one = estimate(model, cluster, train, parse("dp=8"))
+    one = estimate(model, load_cluster("h100", 1), train, parse("dp=1"))
     tp8 = estimate(model, cluster, train, parse("tp=8", 8))
     norms = (2 * model.layers + 1) * model.hidden
     assert tp8.memory.params / 2 == pytest.approx((model.params - norms) / 8 + norms)
@@ -79,7 +79,7 @@ def test_torch_deviations_are_what_the_docstring_says():
     # Per s*b*h, in bytes: norm-1 input 2, QKV input 2, Q K V 6, SDPA output 2, out-proj input copy 2,
     # norm-2 input 2, MLP input 2, GeLU input and output 8 + 8 = 34, like the paper's 34 but without its three
     # dropout masks (3) and with the copy instead; plus SDPA's float32 log-sum-exp (4*a*s*b), no 5*a*s/h term.
-    expected = s * b * h * (2 + 2 + 2 * 3 + 2 + 2 + 2 + 2 + 8 + 8) + s * b * a * 4
+    expected = s * b * h * (2 + 2 + 2 * 3 + 2 + 2 + 2 + 2 + 8 + 8) + s * b * a * 4 + 2 * s * b * 4  # + inverse RMS
     assert torch_bytes == pytest.approx(expected)
     # Linear in s: no s^2 term.
     assert act.block_bytes(gelu_mha, 2 * s, b, 2, 1, False, "none", act.TORCH) == pytest.approx(2 * torch_bytes)
@@ -90,6 +90,17 @@ def test_torch_deviations_are_what_the_docstring_says():
     assert act.block_bytes(swiglu, s, b, 2, 1, False, "none", act.TORCH) - torch_bytes == pytest.approx(s * b * 2 * 2 * 4 * h)
     # Full recompute keeps the block input only.
     assert act.block_bytes(swiglu, s, b, 2, 1, False, "full", act.TORCH) == s * b * h * 2
+
+
+def test_fsdp2_keeps_a_shard_beside_the_unsharded_weights():
+    # Measured on the runtime (fp32): zero 1/2 hold P unsharded + P/N shards; replicate two full copies;
+    # under bf16-mixed the shard is the fp32 master, counted as optimizer state by the convention.
+    model, cluster = load_model("llama3-8b"), load_cluster("h100", 8)
+    fp32, mixed = TrainSpec(8, 1024, "fp32"), TrainSpec(8, 1024, "bf16-mixed")
+    p = model.params * 4
+    assert estimate(model, cluster, fp32, parse("dp=8,zero=2")).memory.params == pytest.approx(p + p / 8)
+    assert estimate(model, cluster, fp32, parse("dp=8")).memory.params == pytest.approx(2 * p)
+    assert estimate(model, cluster, mixed, parse("dp=8,zero=2")).memory.params == pytest.approx(model.params * 2)
 
 
 def test_in_flight_micro_batches():

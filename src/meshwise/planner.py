@@ -9,6 +9,7 @@ and divide the per-replica batch; and the three activation-checkpointing modes.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -119,6 +120,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     result = SearchResult()
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
+    keys: list[tuple] = []  # _rank_key of result.best, in order
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
         acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
@@ -126,17 +128,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
             continue
         result.enumerated += len(acs) * len(mbs_options)
         shapes = memory.rank_shapes(model, base)
-        fixed = [sum(memory.states(sh.params, train, base)) + memory.fixed_other_bytes(train, base, sh) for sh in shapes]
-        if max(fixed) > usable:
+        # weights + optimizer states never shrink below the convention's: a lower bound for the structure
+        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base)) for sh in shapes]
+        if max(floor) > usable:
             continue
         for ac in acs:
-            for mbs in mbs_options:  # activations grow with mbs: the first that overflows ends the loop
-                layout = replace(base, mbs=mbs, ac=ac)
-                m = train.global_batch // (layout.dp * mbs)
-                total = max(f + memory.activation_bytes(model, train, layout, sh, m)
-                            + memory.micro_batch_other_bytes(model, train, layout, sh) for f, sh in zip(fixed, shapes))
+            overflowed = False
+            for mbs in mbs_options:
+                m = train.global_batch // (base.dp * mbs)
+                # Memory grows with mbs while earlier micro-batches leave gradients (m > 1); with a
+                # single micro-batch there are none at the forward's end, so that one is tried anyway.
+                if overflowed and m > 1:
+                    continue
+                layout = Layout(base.dp, base.zero, base.shard, base.tp, base.sp, base.pp, base.vpp, base.schedule,
+                                mbs, ac)
+                total = max(memory.rank_total(model, train, layout, sh, m) for sh in shapes)
                 if total > usable:
-                    break
+                    overflowed = True
+                    continue
                 result.fitting += 1
                 key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac)
                 bound = bounds.get(key)
@@ -145,9 +154,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 if len(result.best) >= keep and bound > result.best[-1].time.step_s:
                     continue
                 e = estimate(model, cluster, train, layout, headroom)
-                result.best.append(e)
-                result.best.sort(key=_rank_key)
-                del result.best[keep:]
+                key_e = _rank_key(e)
+                at = bisect.bisect_right(keys, key_e)
+                if at < keep:
+                    keys.insert(at, key_e)
+                    result.best.insert(at, e)
+                    del keys[keep:], result.best[keep:]
     result.pool = result.best[:]
     del result.best[top:]
     return result

@@ -19,6 +19,17 @@ PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
 
 
+def cached_hash(self) -> int:
+    """``__hash__`` for frozen dataclasses used as cache keys in the planner's hot loop: the fields'
+    hash is computed once, not on every lookup. Assign it in the class body (``__hash__ =
+    cached_hash``): dataclass keeps an explicitly defined ``__hash__``."""
+    cached = self.__dict__.get("_cached_hash")
+    if cached is None:
+        cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        object.__setattr__(self, "_cached_hash", cached)
+    return cached
+
+
 # --------------------------------------------------------------------------------------- model
 @dataclass(frozen=True)
 class ModelSpec:
@@ -40,6 +51,8 @@ class ModelSpec:
     max_seq: int = 0
     source: str = ""
     param_count: int | None = None
+
+    __hash__ = cached_hash
 
     def __post_init__(self) -> None:
         if self.param_count is not None:
@@ -333,6 +346,8 @@ class TrainSpec:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
+
+    __hash__ = cached_hash
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:

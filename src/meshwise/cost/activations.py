@@ -14,7 +14,8 @@ the sharded norm outputs) and describes meshwise's runtime with ``TORCH`` (see d
   product) instead of GeLU's two;
 - the output projection's input is a contiguous copy of the attention output, kept separately;
 - sequence parallelism through DTensor keeps the all-gathered (full) input of each column-parallel
-  matmul, where Megatron keeps the shard and gathers again in backward.
+  matmul, where Megatron keeps the shard and gathers again in backward;
+- each RMSNorm keeps its float32 inverse RMS per token (the paper counts no norm statistics).
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ class Conventions:
     fused_attention: bool
     sp_keeps_gathered_input: bool
     out_proj_input_is_copy: bool
+    norm_stats: bool  # the norms' per-token statistics (the paper leaves them out)
 
 
-MEGATRON = Conventions(dropout=True, fused_attention=False, sp_keeps_gathered_input=False, out_proj_input_is_copy=False)
-TORCH = Conventions(dropout=False, fused_attention=True, sp_keeps_gathered_input=True, out_proj_input_is_copy=True)
+MEGATRON = Conventions(dropout=True, fused_attention=False, sp_keeps_gathered_input=False, out_proj_input_is_copy=False,
+                       norm_stats=False)
+TORCH = Conventions(dropout=False, fused_attention=True, sp_keeps_gathered_input=True, out_proj_input_is_copy=True,
+                    norm_stats=True)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
     total = 0.0
     # attention sub-block
     total += sb * h * e * rep                       # norm 1 input
+    if conv.norm_stats:
+        total += 2 * sb * 4 * rep                   # both norms' float32 inverse RMS
     total += sb * h * e * gathered                  # QKV matmul input (norm 1 output)
     total += sb * (q + kv) * e * shard              # Q and K (after rotary)
     total += sb * kv * e * shard                    # V
@@ -124,16 +130,29 @@ def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, setting: str) -> 
     }[setting]
 
 
+@lru_cache(maxsize=4096)
 def head_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool) -> float:
-    """Final norm, LM head and loss for one micro-batch on the last stage.
-
-    Final-norm input and head input (``s*b*h`` each, the second gathered under SP), logits
-    (``s*b*V/t`` in the activation dtype, vocabulary-parallel), and the loss in float32: the
-    upcast logits (bf16 only), the saved log-softmax and its gradient (4 + 4 bytes per logit).
-    """
+    """What the last chunk keeps for backward, per micro-batch: the final norm's input (``s*b*h``,
+    ``/t`` under SP) and inverse RMS, the head's input (``s*b*h``, gathered under SP), the gathered
+    logits (``s*b*V``: the runtime gathers the head's vocabulary shards and every TP rank computes the
+    full loss) and the loss's float32 log-softmax (``4*s*b*V``, plus the float32 upcast under bf16)."""
     sb = seq * mbs
     e = elem_bytes
     rep = 1 / tp if sp else 1.0
-    logit_elems = sb * model.vocab / tp
-    per_logit = e + 8 + (4 if e != 4 else 0)
-    return sb * model.hidden * e * (rep + 1.0) + logit_elems * per_logit
+    logits = sb * model.vocab
+    return sb * model.hidden * e * (rep + 1.0) + sb * 4 * rep + logits * (e + 4 + (4 if e != 4 else 0))
+
+
+def logits_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int) -> float:
+    """The gathered logits of one micro-batch."""
+    return seq * mbs * model.vocab * elem_bytes
+
+
+def loss_grad_bytes(model: ModelSpec, seq: int, mbs: int) -> float:
+    """The gradient of the float32 log-softmax over the logits, alive at the start of backward."""
+    return seq * mbs * model.vocab * 4
+
+
+def ids_bytes(seq: int, mbs: int) -> float:
+    """The token ids (int64) the embedding's backward keeps."""
+    return seq * mbs * 8

@@ -70,81 +70,131 @@ class Estimate:
 
 def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                     cluster: ClusterSpec) -> list[Collective]:
-    """Per micro-batch and block: sp off, 2 all-reduces forward and 2 backward; sp on, 2 all-gathers
-    and 2 reduce-scatters each way (Korthikanti et al. 2022, Sec. 4.2.2). Full recompute repeats the
-    forward's. The vocabulary-parallel embedding reduces its output; the head gathers its input
-    (sp on) or reduces its input gradient (sp off); the parallel loss all-reduces 3 float32 values
-    per token (max, sum of exponentials, target logit)."""
+    """Per micro-batch, as the runtime issues them (docs/runtime.md; Korthikanti et al. 2022 Sec. 4.2):
+
+    sp off: an all-reduce of ``T h e`` after the embedding, 2 per block forward and 2 backward, 1 for
+    the head's input gradient. sp on: the same points as reduce-scatters (forward out of a row-wise
+    region) and all-gathers (into a column-wise region), mirrored in backward; the head's input is
+    gathered, the embedding's output gradient too. Activation checkpointing re-runs the forward's
+    collectives except the last reduction (1 all-reduce, or 2 all-gathers + 1 reduce-scatter, per
+    block). The last chunk gathers the logits (``T V e``). Under SP the norm weights' gradients are
+    partial sums: one all-reduce of ``h e`` each, per micro-batch under ZeRO-2/3, else per step."""
     t = layout.tp
     if t == 1 or model.states_only:
         return []
     link = cluster.link_for(t, 1)
     tokens = train.seq_len * layout.mbs
     payload = tokens * model.hidden * train.activation_bytes
-    passes = 3 if layout.ac == "full" else 2
-    blocks = shape.blocks
+    blocks, first, last = shape.blocks, int(shape.has_embedding), int(shape.has_head)
+    recompute = layout.ac != "none"
     out: list[Collective] = []
     if layout.sp:
-        gathers = 2 * blocks * passes + (2 if shape.has_head else 0)
-        scatters = 2 * blocks * passes + (1 if shape.has_embedding else 0) + (1 if shape.has_head else 0)
+        gathers = 4 * blocks + last + first + (2 * blocks if recompute else 0)
+        scatters = 4 * blocks + first + last + (blocks if recompute else 0)
         out.append(comm.collective("all_gather", "tp", t, payload, gathers * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
-        reduces = 0
+        norms = 2 * blocks + last
+        per_step = m if (layout.dp > 1 and layout.zero >= 2 and layout.pp == 1) else 1
+        out.append(comm.collective("all_reduce", "tp", t, model.hidden * train.grad_bytes, norms * per_step, link))
     else:
-        reduces = 2 * blocks * passes + (1 if shape.has_embedding else 0) + (1 if shape.has_head else 0)
-    if reduces:
+        reduces = first + 4 * blocks + last + (blocks if recompute else 0)
         out.append(comm.collective("all_reduce", "tp", t, payload, reduces * m, link))
-    if shape.has_head:
-        out.append(comm.collective("all_reduce", "tp", t, tokens * 4, 3 * m, link))
-    return _merge(out)
+    if last:
+        out.append(comm.collective("all_gather", "tp", t, tokens * model.vocab * train.activation_bytes, m, link))
+    return out
 
 
-def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, units: int,
-                    cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
-    """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank.
+def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+                    ) -> tuple[list[Collective], list[Collective]]:
+    """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
+    per FSDP2 unit (docs/runtime.md):
 
     zero 0: all-reduce of the gradients once per step (accumulation skips the sync).
-    zero 1: reduce-scatter of the gradients once per step, all-gather of the updated weights.
-    zero 2: per micro-batch an all-gather of the weights (kept to backward) and a reduce-scatter.
+    zero 1: all-gather of the weights at the first forward, reduce-scatter at the last backward.
+    zero 2: per micro-batch an all-gather (kept to backward) and a reduce-scatter.
     zero 3: per micro-batch two all-gathers (forward, backward) and a reduce-scatter (ZeRO Sec. 7: 3 Psi).
-    HSDP adds an all-reduce of the reduced shard across ``dp_replicate``. Calls: one per FSDP unit."""
+    Under PP the schedule defers every reduction and re-shard to the end of the step: one
+    reduce-scatter (all-reduce for zero 0) per unit per step; all-gathers once per step, except
+    ZeRO-3's forward ones (every micro-batch) and its first backward.
+    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``."""
     if layout.dp == 1:
         return [], []
-    grad = shape.params * memory.reduce_bytes(train)
-    weight = shape.params * train.weight_bytes
+    units = shape.units
+    grad = shape.params * memory.reduce_bytes(train) / units
+    weight = shape.params * train.weight_bytes / units
     stride = layout.tp
     if layout.zero == 0:
         link = cluster.link_for(layout.dp, stride)
-        return [], [comm.collective("all_reduce", "dp", layout.dp, grad / units, units, link)]
+        return [], [comm.collective("all_reduce", "dp", layout.dp, grad, units, link)]
     n = layout.shard
     dim = "dp" if layout.replicate == 1 else "dp_shard"
     link = cluster.link_for(n, stride)
-    shard_ops: list[Collective] = []
-    rep_ops: list[Collective] = []
-    if n > 1:
-        gathers = {1: 1, 2: 1, 3: 2}[layout.zero]
-        shard_ops = [comm.collective("all_gather", dim, n, weight / units, gathers * units, link),
-                     comm.collective("reduce_scatter", dim, n, grad / units, units, link)]
+    if layout.pp > 1:
+        gathers_step = units * (m + 1) if layout.zero == 3 else units
+        per_mb: list[Collective] = []
+        per_step = [comm.collective("all_gather", dim, n, weight, gathers_step, link),
+                    comm.collective("reduce_scatter", dim, n, grad, units, link)]
+        reductions, target = 1, per_step
+    elif layout.zero == 1:
+        per_mb = []
+        per_step = [comm.collective("all_gather", dim, n, weight, units, link),
+                    comm.collective("reduce_scatter", dim, n, grad, units, link)]
+        reductions, target = 1, per_step
+    else:
+        gathers = 2 if layout.zero == 3 else 1
+        per_mb = [comm.collective("all_gather", dim, n, weight, gathers * units * m, link),
+                  comm.collective("reduce_scatter", dim, n, grad, units * m, link)]
+        per_step, reductions, target = [], m, per_mb
+    if n == 1:
+        target.clear()
     if layout.replicate > 1:
         rep_link = cluster.link_for(layout.replicate, stride * n)
-        rep_ops = [comm.collective("all_reduce", "dp_replicate", layout.replicate, grad / n / units, units, rep_link)]
-    if layout.zero == 1:
-        return [], shard_ops + rep_ops
-    return shard_ops + rep_ops, []
+        target.append(comm.collective("all_reduce", "dp_replicate", layout.replicate, grad / n,
+                                      units * reductions, rep_link))
+    return per_mb, per_step
 
 
 def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                     cluster: ClusterSpec) -> list[Collective]:
-    """Each chunk sends its output forward and its input gradient back, per micro-batch; under SP
-    the message is the local sequence shard."""
+    """Per micro-batch, every chunk boundary that crosses ranks carries the activations forward and
+    their gradient back (``T h e``, the local sequence shard under SP): this rank sends
+    ``shape.sends_per_mb`` messages and receives as many."""
     if layout.pp == 1 or model.states_only:
         return []
     link = cluster.link_for(2, layout.tp * layout.dp)
     message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
-    chunks = len(shape.chunk_blocks)
-    sends = m * (2 * chunks - (1 if shape.has_head else 0) - (1 if shape.has_embedding else 0))
+    sends = m * shape.sends_per_mb
     return [comm.collective("send", "pp", 2, message, sends, link),
             comm.collective("recv", "pp", 2, message, sends, link)]
+
+
+def world_dim(layout: Layout) -> str:
+    """The name a collective over every rank goes by: the one mesh dimension larger than 1, if
+    only one is, else ``world``."""
+    sizes = {"pp": layout.pp, "tp": layout.tp}
+    if layout.replicate > 1 and layout.shard > 1:
+        sizes.update(dp_replicate=layout.replicate, dp_shard=layout.shard)
+    else:
+        sizes["dp"] = layout.dp
+    big = [d for d, n in sizes.items() if n > 1]
+    return big[0] if len(big) == 1 else "world"
+
+
+def _world_collectives(layout: Layout, cluster: ClusterSpec) -> list[Collective]:
+    """Once per step on every rank: the squared gradient norm and the reported loss (float64 each)."""
+    n = layout.world_size
+    if n == 1:
+        return []
+    return [comm.collective("all_reduce", world_dim(layout), n, 8, 2, cluster.link_for(n, 1))]
+
+
+def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                     shape: RankShape) -> list[Collective]:
+    """Every collective one rank of ``shape`` issues in a step, summed per kind and mesh dimension."""
+    m = layout.accum(train.global_batch)
+    per_mb, per_step = _dp_collectives(train, layout, shape, m, cluster)
+    return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
+                  + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
 
 
 def _merge(ops: list[Collective]) -> list[Collective]:
@@ -224,10 +274,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     for shape in shapes:
         compute_s = compute_seconds(model, cluster, train, layout, shape)
         mb_compute_s = compute_s / m
-        units = shape.blocks + int(shape.has_embedding) + int(shape.has_head) if not model.states_only else 1
-        tp_ops = _tp_collectives(model, train, layout, shape, m, cluster)
+        units = max(shape.units, 1)
+        tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
-        dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, units, cluster)
+        dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
         tp_s = sum(op.seconds_per_step for op in tp_ops)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send")
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0

@@ -1,18 +1,28 @@
-"""Per-rank memory, by category: params, grads, optimizer, activations, other.
+"""Per-rank memory at the step's peak, by category: params, grads, optimizer, activations, other.
 
 Model states (Rajbhandari et al. 2020, arXiv 1910.02054): with ``w``, ``g``, ``o`` bytes per
 parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P`` parameters keeps
 ``w*P + g*P + o*P`` under DDP; ZeRO-1 divides the optimizer term by the sharding group ``shard``,
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
-``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
-``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first
-chunk; the final norm and the LM head on the last (a tied head needs its own copy there when the
-embedding lives on another rank).
+What the runtime (FSDP2, ``replicate``) adds at the peak, measured with ``meshwise measure``:
 
-``other``: the last stage's logits and loss buffers for one micro-batch (activations.head_bytes),
-DDP's gradient buckets, FSDP's all-gather and reduce-scatter buffers (two blocks of unsharded
-weights for prefetch, one block of unreduced gradients), and the pipeline's send/receive buffers.
+- ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` holds a 1-way "shard", a
+  full copy) beside the unsharded copy it computes with. Under bf16-mixed that shard is the fp32
+  master, which the convention counts as optimizer state; otherwise it is a second weight copy.
+  ZeRO-0/1/2 keep every unit unsharded from the first forward to its backward; ZeRO-3 keeps the
+  chunk roots (embedding, final norm, head) and one block unsharded at the peak.
+- ``grads``: ZeRO-3's peak falls in the backward with the roots' unsharded gradients alive.
+- ``activations``: what the forward keeps for backward (activations.block_bytes per block and
+  micro-batch, times the schedule's micro-batches in flight), the recomputed block during a
+  checkpointed backward, and on the last chunk the head's saved tensors (activations.head_bytes).
+- ``other``: the loss gradient on the last chunk, DDP-style gradient buckets, and the pipeline's
+  send/receive buffers.
+
+``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
+``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first chunk;
+the final norm and the LM head on the last (a tied head needs its own copy there when the
+embedding lives on another rank).
 """
 
 from __future__ import annotations
@@ -23,25 +33,34 @@ from functools import lru_cache
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
 from meshwise.layout import Layout, chunk_rank, stage_layers
-from meshwise.spec import ModelSpec, TrainSpec
-
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
+from meshwise.spec import ModelSpec, TrainSpec, cached_hash
 
 
 @dataclass(frozen=True)
 class RankShape:
-    """What one pipeline rank holds: its chunks' block counts and the ends of the model it owns."""
+    """What one pipeline rank holds: its chunks (ids and block counts), the ends of the model it owns,
+    its parameters after TP, and how many chunk boundaries it sends across per micro-batch."""
 
     pp_rank: int
     chunk_blocks: tuple[int, ...]
     has_embedding: bool
     has_head: bool
     params: float            # after TP
-    largest_unit: float      # parameters of its largest FSDP unit (one block, or the embedding/head), after TP
+    block_params: float      # one block, after TP
+    root_params: float       # embedding, final norm and head held by this rank, after TP
+    root_units: int          # chunks of this rank that hold any of those (one FSDP unit each)
+    sends_per_mb: int        # activations and gradients this rank sends to another rank, per micro-batch
+
+    __hash__ = cached_hash
 
     @property
     def blocks(self) -> int:
         return sum(self.chunk_blocks)
+
+    @property
+    def units(self) -> int:
+        """FSDP2 / replicate units: one per block, one per chunk root that holds parameters."""
+        return self.blocks + self.root_units
 
 
 @dataclass(frozen=True)
@@ -67,19 +86,32 @@ class Memory:
 
 
 def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
-    """The distinct pipeline ranks: ranks holding the same blocks and model ends cost the same, and
-    of those the lowest rank keeps the most micro-batches in flight (pipeline.in_flight), so it
+    """The distinct pipeline ranks: ranks that hold the same blocks and model ends cost the same,
+    and of those the lowest rank keeps the most micro-batches in flight (pipeline.in_flight), so it
     stands for them all."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _distinct_rank_shapes(model, layout.tp, layout.pp, layout.vpp, v_shape)
+
+
+@lru_cache(maxsize=4096)
+def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    shapes: dict[tuple, RankShape] = {}
+    for s in _rank_shapes(model, t, pp, vpp, v_shape):
+        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb), s)
+    return tuple(shapes.values())
+
+
+def all_rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
+    """One RankShape per pipeline rank, in rank order."""
     v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
     return _rank_shapes(model, layout.tp, layout.pp, layout.vpp, v_shape)
 
 
 @lru_cache(maxsize=4096)
 def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
-    if model.states_only:
-        per_rank = model.params / (t * pp)  # the shape is unknown: no FSDP unit to size buffers by
-        return (RankShape(0, (0,), True, pp == 1, per_rank, 0.0),) + (
-            (RankShape(pp - 1, (0,), False, True, per_rank, 0.0),) if pp > 1 else ())
+    if model.states_only:  # the shape is unknown: no FSDP unit to size buffers by
+        per_rank = model.params / (t * pp)
+        return tuple(RankShape(r, (0,), r == 0, r == pp - 1, per_rank, 0.0, 0.0, 1, 0) for r in range(pp))
     block = (model.attention_params + model.mlp_params) / t + 2 * model.hidden
     embed = model.embedding_params / t
     head = model.vocab * model.hidden / t
@@ -88,22 +120,20 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     last = stages - 1
     schedule = "zero-bubble" if v_shape else "interleaved-1f1b"
     owner = [chunk_rank(c, pp, vpp, schedule) for c in range(stages)]
-    shapes: dict[tuple, RankShape] = {}
+    shapes = []
     for r in range(pp):
         chunks = [c for c in range(stages) if owner[c] == r]
-        first_here = 0 in chunks
-        last_here = last in chunks
-        params = sum(counts[c] for c in chunks) * block
-        if first_here:
-            params += embed
+        first_here, last_here = 0 in chunks, last in chunks
+        root = (embed if first_here else 0.0)
         if last_here:
-            params += model.hidden  # final norm
-            if not model.tied_embeddings or not first_here:
-                params += head
-        unit = max(block, embed if first_here else 0.0, head if last_here else 0.0)
+            root += model.hidden + (head if not model.tied_embeddings or not first_here else 0.0)
+        root_units = int(first_here) + int(last_here) - int(first_here and last_here and len(chunks) == 1)
+        sends = sum(1 for c in chunks if c < last and owner[c + 1] != r)        # activations forward
+        sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward
         blocks = tuple(counts[c] for c in chunks)
-        shapes.setdefault((blocks, first_here, last_here), RankShape(r, blocks, first_here, last_here, params, unit))
-    return tuple(shapes.values())
+        shapes.append(RankShape(r, blocks, first_here, last_here, sum(blocks) * block + root, block, root,
+                                root_units, sends))
+    return tuple(shapes)
 
 
 def states(params: float, train: TrainSpec, layout: Layout) -> tuple[float, float, float]:
@@ -115,58 +145,167 @@ def states(params: float, train: TrainSpec, layout: Layout) -> tuple[float, floa
     return w, g, o
 
 
-def activation_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
-    """Activations at the rank's peak: the schedule's chunk-micro-batches in flight, each of the rank's
-    average chunk, plus one block's full activations while a checkpointed block is recomputed."""
-    if model.states_only:
-        return 0.0
-    shapes = act.Shapes.of(model)
-    per_block = act.block_bytes(shapes, train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp, layout.ac)
-    chunks = len(shape.chunk_blocks)
-    blocks_per_chunk = shape.blocks / chunks
-    held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
-    total = held * blocks_per_chunk * per_block
-    if layout.ac != "none" and shape.blocks:
-        total += act.block_bytes(shapes, train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp, "none")
-    return total
-
-
-def other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    return fixed_other_bytes(train, layout, shape) + micro_batch_other_bytes(model, train, layout, shape)
-
-
-def fixed_other_bytes(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """Buffers that do not depend on the micro-batch: DDP buckets, FSDP gather/scatter buffers."""
-    total = 0.0
-    if layout.dp > 1 and layout.zero == 0:
-        total += min(DDP_BUCKET_BYTES, shape.params * train.grad_bytes)
-    if layout.zero >= 2 and layout.shard > 1:
-        prefetch_units = 2 if layout.zero == 3 else 0
-        total += shape.largest_unit * (prefetch_units * train.weight_bytes + reduce_bytes(train))
-    return total
-
-
-def micro_batch_other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """Buffers that scale with the micro-batch: logits and loss, pipeline send/receive buffers."""
-    if model.states_only:
-        return 0.0
-    total = 0.0
-    if shape.has_head:
-        total += act.head_bytes(model, train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp)
-    if layout.pp > 1:
-        message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
-        total += 2 * message * len(shape.chunk_blocks)
-    return total
-
-
 def reduce_bytes(train: TrainSpec) -> int:
     """Bytes per gradient element in data-parallel reductions: float32 except under pure bf16."""
     return 2 if train.precision == "bf16" else 4
 
 
+# ------------------------------------------------------------------------------ the step's peak
+# The runtime's memory peaks at one of two moments of the rank's busiest micro-batch:
+#   "forward": its forward has just ended: every micro-batch in flight holds its activations, the
+#              head's included; gradients are those accumulated by earlier backwards;
+#   "backward": its backward has just begun: the head's (last chunk) or the last block's down
+#              projection's (other chunks) first weight gradient exists, ZeRO-3 has gathered the
+#              block being differentiated, the head's saved tensors are gone, and a checkpointed
+#              block is being recomputed.
+# The peak is the larger total; ``Memory`` reports its categories.
+
+
+def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The rank's gradients once a backward has run: unsharded (DDP, ZeRO-1, no DP, or any ZeRO
+    under PP, which defers the reduce-scatter), else the shard; under TP the vocabulary-parallel
+    embedding's gradient accumulates out of place, a second copy of it."""
+    unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
+    grads = shape.params * train.grad_bytes / (1 if unsharded else layout.shard)
+    if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
+        grads += model.embedding_params / layout.tp * train.grad_bytes
+    return grads
+
+
+def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str) -> float:
+    """Weight copies: the convention's, plus FSDP2's shard beside the unsharded weights (which is
+    the fp32 master under bf16-mixed, counted as optimizer state), or under ZeRO-3 the gathered
+    roots (which stay gathered through the step) and, in backward, one gathered block per chunk."""
+    w = states(shape.params, train, layout)[0]
+    if layout.dp == 1:
+        return w
+    if layout.zero == 3:
+        w += shape.root_params * train.weight_bytes
+        if moment == "backward":
+            w += len(shape.chunk_blocks) * shape.block_params * train.weight_bytes
+        return w
+    if train.precision != "bf16-mixed":
+        w += shape.params * train.weight_bytes / (layout.shard if layout.zero else 1)
+    return w
+
+
+def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The first weight gradient a backward computes: the head's (and final norm's) on the last
+    chunk, else the last block's down projection."""
+    if model.states_only:
+        return 0.0
+    if shape.has_head:
+        return (model.vocab * model.hidden / layout.tp + model.hidden) * train.grad_bytes
+    return model.hidden * model.ffn_hidden / layout.tp * train.grad_bytes
+
+
+@lru_cache(maxsize=65536)
+def _activations_of(model: ModelSpec, train: TrainSpec, pipe: tuple, shape: RankShape, m: int
+                    ) -> tuple[float, float, float]:
+    """(_activations..., pipeline buffers) for ``pipe`` = (tp, sp, pp, vpp, schedule, mbs, ac): they
+    do not depend on the data-parallel degree or the ZeRO stage, so the search shares them."""
+    tp, sp, pp, vpp, schedule, mbs, ac = pipe
+    layout = Layout(tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule, mbs=mbs, ac=ac)
+    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
+
+
+def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
+    """Activations (at the end of a forward, at the start of a backward): the schedule's
+    chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
+    ids; at the end of a forward, on the last chunk, the head's saved tensors (``m`` micro-batches
+    of them under GPipe, else one). At the start of a backward the head's are gone except the logits
+    a pipeline stage caches as its output, and a checkpointed block is recomputed: what it did not
+    keep (none - kept) is alive again."""
+    shapes = act.Shapes.of(model)
+    seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
+    kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
+    held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
+    base = held * shape.blocks / len(shape.chunk_blocks) * kept
+    if shape.has_embedding:
+        base += held * seq * mbs * 8  # act.ids_bytes
+    forward = backward = base
+    if shape.has_head:
+        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+        forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
+        if layout.pp > 1:
+            # the stage caches its output (the logits) until the micro-batch's backward ends, and
+            # with checkpointing the loss gradient over them is still alive while blocks recompute
+            backward += act.logits_bytes(model, seq, mbs, e)
+            if layout.ac != "none":
+                backward += act.loss_grad_bytes(model, seq, mbs)
+    if layout.ac != "none" and shape.blocks:
+        backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
+    return forward, backward
+
+
+def activation_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
+    """The activations of the peak moment."""
+    return _moments(model, train, layout, shape, m)[3]
+
+
+def other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """Buffers beside the tensors above: ZeRO-2/3's reduce-scatter input (one block's gradients),
+    and the pipeline's send/receive buffers."""
+    return _fixed_other(train, layout, shape) + _pipeline_buffers(model, train, layout, shape)
+
+
+def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    if layout.zero >= 2 and layout.shard > 1 and layout.dp > 1:
+        return shape.block_params * reduce_bytes(train)
+    return 0.0
+
+
+def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    if layout.pp == 1 or model.states_only:
+        return 0.0
+    message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
+    return 2 * message * len(shape.chunk_blocks)
+
+
+@lru_cache(maxsize=65536)
+def _static_parts(model: ModelSpec, train: TrainSpec, structure: tuple, shape: RankShape
+                  ) -> tuple[float, float, float, float, float, float]:
+    """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
+    gradients after a backward, the first gradient of a backward, fixed buffers). ``structure`` is
+    the layout's (dp, zero, shard, tp, pp, vpp, schedule)."""
+    dp, zero, shard, tp, pp, vpp, schedule = structure
+    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=tp > 1, pp=pp, vpp=vpp, schedule=schedule)
+    return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
+            states(shape.params, train, layout)[2], _all_grads(model, train, layout, shape),
+            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape))
+
+
+def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+             ) -> tuple[float, float, float, float, float]:
+    """(params, grads, optimizer, activations, other) of the largest of three moments: the end of
+    the busiest forward, the start of its backward, and the end of the step's last backward
+    (every gradient, no activations)."""
+    if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
+        w, g, o = states(shape.params, train, layout)
+        return (_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0)
+    structure = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule)
+    w_fwd, w_bwd, o, all_grads, first, fixed_other = _static_parts(model, train, structure, shape)
+    gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+    grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
+    fresh_unsharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+    ids = act.ids_bytes(train.seq_len, layout.mbs) if shape.has_embedding else 0.0
+    pipe = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac)
+    act_fwd, act_bwd, buffers = _activations_of(model, train, pipe, shape, m)
+    other = fixed_other + buffers
+    candidates = (
+        (w_fwd, grads, o, act_fwd, other),
+        (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
+        (w_fwd, all_grads, o, ids, other),
+    )
+    return max(candidates, key=sum)
+
+
+def rank_total(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
+    """Memory.total of rank_memory, without building the Memory (the search's hot path)."""
+    return sum(_moments(model, train, layout, shape, m))
+
+
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                 capacity: float) -> Memory:
-    w, g, o = states(shape.params, train, layout)
-    return Memory(params=w, grads=g, optimizer=o,
-                  activations=activation_bytes(model, train, layout, shape, m),
-                  other=other_bytes(model, train, layout, shape), capacity=capacity)
+    w, g, o, a, x = _moments(model, train, layout, shape, m)
+    return Memory(params=w, grads=g, optimizer=o, activations=a, other=x, capacity=capacity)

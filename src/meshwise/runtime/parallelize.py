@@ -104,7 +104,7 @@ class ParallelModel:
             losses: list[torch.Tensor] = []
             args = (inputs.to(device),) if self.has_first else ()
             kwargs = {"target": targets.to(device), "losses": losses} if self.has_last else {}
-            self.schedule.step(*args, **kwargs)
+            self.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
             for loss in losses:
                 local += loss.detach().double()
         reduce_partial_grads(self.parameters())

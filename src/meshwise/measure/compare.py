@@ -1,0 +1,75 @@
+"""Predicted beside measured, figure by figure (pure Python: reads the workers' JSON records).
+
+Figures: ``memory.<category>`` (params, grads, optimizer, activations, other), 
+``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s`` (step, compute,
+comm, idle). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
+Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
+other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshwise.cost.estimate import estimate, rank_collectives
+from meshwise.cost.memory import all_rank_shapes, rank_memory
+from meshwise.layout import Layout, parse
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
+                     "Temp": "other", "Buffer": "other", "Other": "other"}
+MEMORY = ("params", "grads", "optimizer", "activations", "other")
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    rank: int
+    predicted: float
+    measured: float
+
+    @property
+    def rel_error(self) -> float:
+        """(measured - predicted) / measured; 0 when both are 0, +-inf when only the prediction is 0."""
+        if self.measured == 0:
+            return 0.0 if self.predicted == 0 else float("inf")
+        return (self.predicted - self.measured) / self.measured
+
+    def as_json(self) -> dict:
+        err = self.rel_error
+        return {"figure": self.figure, "rank": self.rank, "predicted": self.predicted, "measured": self.measured,
+                "rel_error": err if err != float("inf") else None}
+
+
+def measured_memory(record: dict) -> dict[str, float]:
+    out = dict.fromkeys(MEMORY, 0.0)
+    for name, value in record["memory"].items():
+        out[MEASURED_CATEGORY.get(name, "other")] += value
+    return out
+
+
+def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> list[Row]:
+    """Every figure of one rank's record, predicted beside measured."""
+    layout: Layout = parse(record["layout"])
+    rank = record["rank"]
+    shape = all_rank_shapes(model, layout)[record["pp_rank"]]
+    m = layout.accum(train.global_batch)
+    pred_mem = rank_memory(model, train, layout, shape, m, cluster.accelerator.memory_bytes)
+    meas_mem = measured_memory(record)
+    rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
+
+    predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}
+    measured = {(c["kind"], c["dim"]): c for c in record["comm"]}
+    for key in sorted(set(predicted) | set(measured)):
+        p, q = predicted.get(key), measured.get(key)
+        for field in ("bytes_per_step", "count_per_step"):
+            rows.append(Row(f"comm.{key[0]}.{key[1]}.{field}", rank, float(getattr(p, field) if p else 0),
+                            float(q[field] if q else 0)))
+
+    e = estimate(model, cluster, train, layout)
+    t = record["time"]
+    rows += [Row("time.step_s", rank, e.time.step_s, t["step_s"]),
+             Row("time.compute_s", rank, e.time.compute_s, t["compute_s"]),
+             Row("time.comm_s", rank, e.time.comm_exposed_s, t["comm_s"]),
+             Row("time.idle_s", rank, e.time.bubble_s, t["idle_s"])]
+    return rows
