@@ -210,7 +210,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=optim)
     placement = _placement_line(layout, world)
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
-    log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, 0, enabled=rank == 0)
+    log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
     log.print(f"Model: {model.describe()}")
     log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
               f"and {corpus.n_eval:,} held-out sequences of {seq}")
@@ -234,15 +234,13 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
-    eval_rows = rows
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
             "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
     nan_step = faults.nan_step(debug.inject_nan_at_step)
-    if log._progress is not None:
-        log._progress.update(log._task, completed=start)
+    log.begin(start)
 
     if start == 0 and cfg.schedule.eval_every:
-        log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, eval_rows):.4f}")
+        log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
     last_saved = start
     for step in range(start + 1, steps + 1):
         faults.before_step(step, rank, world)
@@ -264,7 +262,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
                                 f"saving this state; {where}")
         eval_loss = None
         if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
-            eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, eval_rows)
+            eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
         log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss)
         if c.dir and (c.every and step % c.every == 0 or step == steps):
             state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -58,8 +57,8 @@ class Throughput:
 class MetricsLog:
     """Rank 0's sink: JSONL (appending, so a restarted run continues the file), console, TensorBoard."""
 
-    def __init__(self, config: MetricsConfig, throughput: Throughput, total_steps: int, start_step: int,
-                 enabled: bool, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, config: MetricsConfig, throughput: Throughput, total_steps: int, enabled: bool,
+                 stream: TextIO = sys.stdout) -> None:
         self.config = config
         self.throughput = throughput
         self.total_steps = total_steps
@@ -69,23 +68,26 @@ class MetricsLog:
         self._tb = None
         self._progress = None
         self._task = None
-        self._start = time.perf_counter()
-        if not enabled:
+
+    def begin(self, start_step: int) -> None:
+        """Open the sinks once the starting step is known: a run from step 0 starts the JSONL file
+        afresh, a resumed one appends to it (so a step logged before a crash appears again)."""
+        if not self.enabled:
             return
-        if config.file:
-            Path(config.file).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(config.file, "a")
-        if config.tensorboard:
+        if self.config.file:
+            Path(self.config.file).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.config.file, "a" if start_step else "w")
+        if self.config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the 'tensorboard' extra
 
-            self._tb = SummaryWriter(config.tensorboard)
-        if stream.isatty():
+            self._tb = SummaryWriter(self.config.tensorboard)
+        if self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                                       TextColumn("{task.fields[info]}"), transient=False)
             self._progress.start()
-            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+            self._task = self._progress.add_task("train", total=self.total_steps, completed=start_step, info="")
 
     def print(self, text: str) -> None:
         """A plain line for the console (above the progress bar on a terminal)."""
