@@ -22,6 +22,7 @@ import torch.distributed as dist
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import profile_step
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.runtime.comm_trace import CollectiveTrace
@@ -54,11 +55,12 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
     memory = peak_by_category(tracker)
 
     times = []
-    for _ in range(steps):
+    for i in range(steps):
         dist.barrier()
-        start = time.perf_counter()
-        model.step(x, y)
-        times.append(time.perf_counter() - start)
+        with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
+            start = time.perf_counter()
+            model.step(x, y)
+            times.append(time.perf_counter() - start)
     dist.barrier()
     timing = profile_step(lambda: model.step(x, y))
 
@@ -73,6 +75,7 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                  for (k, d), (c, b) in sorted(comm.items())],
         "time": {"step_s": min(times), **timing},
+        "timeline": timeline.events,
     }
 
 
