@@ -182,9 +182,10 @@ def test_export_and_generate(tmp_path) -> None:
     from meshwise.train.export import hf_name, read_safetensors
 
     r = meshwise("train", "--model", micro_model(tmp_path), "--seq-len", "16", "--steps", "3", "--nproc-per-node",
-                 "1", "--checkpoint-dir", "ck", "--metrics", "m.jsonl", "--prompt", "1 + 1 =", "--eval-every", "0",
-                 cwd=tmp_path)
+                 "1", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep", "2", "--metrics", "m.jsonl",
+                 "--prompt", "1 + 1 =", "--eval-every", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-2", "step-3"]  # the last --keep 2
     assert "Sample from ck/step-3:\n1 + 1 =" in r.stdout
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [rec["step"] for rec in records] == [1, 2, 3] and "eval_loss" in records[-1]
