@@ -100,7 +100,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     efficiency = min(1.0, float(result["model_flops"]) / (float(result["fwd_bwd_s"]) * peak))
     if nproc > 1:
         latency_s, link_bytes_per_s = fit_alpha_beta([tuple(s) for s in result["collectives"]])
-        link_note = "collectives fitted on all-reduce and all-gather over gloo"
+        link_note = "collectives (all-reduce, all-gather, reduce-scatter between compute slices) fitted over gloo"
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
