@@ -208,9 +208,11 @@ def test_export_and_generate(tmp_path) -> None:
     for name, p in params.items():
         assert torch.equal(tensors[hf_name(name)], p.detach()), name
 
-    r = meshwise("generate", "--checkpoint", "ck/step-3", "--prompt", "7 + 1", "--tokens", "10",
+    r = meshwise("generate", "--checkpoint", "ck", "--prompt", "7 + 1", "--tokens", "10",  # ck: its latest
                  "--temperature", "0", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("7 + 1") and len(r.stdout.rstrip("\n")) >= 6, r.stderr
+    r = meshwise("export", "--checkpoint", "nowhere", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a complete meshwise checkpoint" in r.stderr
 
 
 def test_plan_does_not_import_torch_with_train_commands_registered() -> None:

@@ -92,10 +92,22 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return out, meta
 
 
+def resolve(path: str | Path) -> Path:
+    """A checkpoint folder, or a checkpoint directory (then its latest complete checkpoint)."""
+    p = Path(path)
+    if not (p / checkpoint.COMMIT_FILE).is_file():
+        latest = checkpoint.latest(p)
+        if latest is not None:
+            return latest
+    checkpoint.read_meta(p)  # refuses, in one line, what is not a complete checkpoint
+    return p
+
+
 def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     """The single-process model of a checkpoint, with its shape from the checkpoint's own metadata."""
     from meshwise.runtime.model import build_model
 
+    path = resolve(path)
     spec = ModelSpec(**checkpoint.read_meta(path)["model"])
     model = build_model(spec, seed=0)
     checkpoint.load_full_model(path, model)
@@ -104,6 +116,7 @@ def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
 
 def export(path: str | Path, out: str | Path) -> list[str]:
     """Write ``out`` (and config.json beside it for Llama-shaped models); returns lines to print."""
+    path = resolve(path)
     model, spec = load_plain_model(path)
     llama = spec.mlp == "swiglu"
     tensors = {}
