@@ -59,7 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     _add_train_commands(sub)
     _add_calibrate_command(sub)
+    _add_measure_command(sub)
     return parser
+
+
+def _add_measure_command(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("measure", help="run a layout for a few steps: predicted beside measured",
+                       description="Run the layout through the real runtime on local processes (gloo on CPU) and "
+                                   "print, per rank and figure, what 'plan' predicts, what was measured and the "
+                                   "relative error: memory by category, collectives per kind and mesh dimension, "
+                                   "step time.")
+    m.add_argument("--layout", default="", help="the layout (e.g. dp=2,zero=3); dp defaults to the process count")
+    m.add_argument("--nproc-per-node", type=int, default=2, help="local processes (default: 2)")
+    m.add_argument("--model", default="tiny", help="catalog name or model file (default: tiny)")
+    m.add_argument("--steps", type=int, default=3, help="timed steps after the measured one; 0 = memory and collectives only (default: 3)")
+    m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
+    m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
+    m.add_argument("--gpu", default="cpu", help="profile the prediction uses: catalog name or calibrated .toml (default: cpu)")
+    m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
+    m.add_argument("--report", metavar="HTML", help="also write an HTML report with pictures (needs meshwise[report])")
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from meshwise.measure.command import measure_main
+
+    return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
+                        args.gpu, args.json, args.report)
 
 
 def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
@@ -163,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return {"plan": _plan, "train": _train, "export": _export, "generate": _generate,
-                "calibrate": _calibrate}[args.command](args)
+                "calibrate": _calibrate, "measure": _measure}[args.command](args)
     except MeshwiseError as e:
         print(f"meshwise: error: {e}", file=sys.stderr)
         return 2

@@ -118,6 +118,24 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
     return total
 
 
+@lru_cache(maxsize=4096)
+def weight_grad_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool) -> float:
+    """What a block keeps for its weight gradients alone (TORCH conventions, no checkpointing): the
+    inputs of its matmuls (the normed inputs, gathered under SP, the attention output, the down
+    projection's input), the gating multiply's operands (SwiGLU) and one inverse RMS.
+
+    torch 2.13's zero-bubble schedules keep exactly these (measured: 184,576 bytes per block and
+    micro-batch for ``tiny``) after each input-gradient pass, until the step ends."""
+    sb = seq * mbs
+    e = elem_bytes
+    gathered = 1.0
+    shard = 1 / tp
+    kept = sb * e * (2 * shapes.h * gathered + shapes.q * shard + shapes.f * shard)
+    if shapes.swiglu:
+        kept += 2 * sb * shapes.f * e * shard
+    return kept + sb * 4 * (1 / tp if sp else 1.0)
+
+
 def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, setting: str) -> float:
     """Korthikanti et al. 2022 Table 2, bytes per layer, as printed (16-bit, dropout, 4h GeLU MLP)."""
     return {

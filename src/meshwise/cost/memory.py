@@ -220,9 +220,20 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
-    base = held * shape.blocks / len(shape.chunk_blocks) * kept
+    per_chunk = shape.blocks / len(shape.chunk_blocks)
+    base = held * per_chunk * kept
+    if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "none":
+        # torch 2.13 keeps every chunk-micro-batch's weight-gradient tensors until the step ends;
+        # one micro-batch per chunk is whole (act.weight_grad_bytes)
+        kept_w = act.weight_grad_bytes(shapes, seq, mbs, e, t, sp)
+        base = shape.blocks * (m * kept_w + (kept - kept_w))
     if shape.has_embedding:
         base += held * seq * mbs * 8  # act.ids_bytes
+    if layout.pp > 1:
+        # a pipeline stage caches each micro-batch's output until its backward: the hidden states
+        # it sent on (the last chunk's output, the logits, is counted with the head)
+        sending = (len(shape.chunk_blocks) - int(shape.has_head)) / len(shape.chunk_blocks)
+        base += held * sending * seq * mbs * model.hidden * e / (t if sp else 1)
     forward = backward = base
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"

@@ -66,8 +66,10 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
             rows.append(Row(f"comm.{key[0]}.{key[1]}.{field}", rank, float(getattr(p, field) if p else 0),
                             float(q[field] if q else 0)))
 
+    t = record.get("time")
+    if not t:  # measured without timing (steps = 0)
+        return rows
     e = estimate(model, cluster, train, layout)
-    t = record["time"]
     rows += [Row("time.step_s", rank, e.time.step_s, t["step_s"]),
              Row("time.compute_s", rank, e.time.compute_s, t["compute_s"]),
              Row("time.comm_s", rank, e.time.comm_exposed_s, t["comm_s"]),

@@ -54,15 +54,18 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         model.step(x, y)
     memory = peak_by_category(tracker)
 
-    times = []
+    times: list[float] = []
+    timeline = StageTimeline(model.stages, enabled=False)
     for i in range(steps):
         dist.barrier()
         with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
             start = time.perf_counter()
             model.step(x, y)
             times.append(time.perf_counter() - start)
-    dist.barrier()
-    timing = profile_step(lambda: model.step(x, y))
+    timing: dict[str, float] = {}
+    if steps:  # steps = 0: memory and collectives only
+        dist.barrier()
+        timing = profile_step(lambda: model.step(x, y))
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
@@ -74,7 +77,7 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(), "memory": memory,
         "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                  for (k, d), (c, b) in sorted(comm.items())],
-        "time": {"step_s": min(times), **timing},
+        "time": {"step_s": min(times), **timing} if times else None,
         "timeline": timeline.events,
     }
 

@@ -1,0 +1,63 @@
+"""``meshwise measure``: run a layout on local processes, print predicted beside measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import parse, validate
+from meshwise.measure.compare import Row, rows_for
+from meshwise.measure.run import run_workers
+from meshwise.spec import load_cluster, load_model, TrainSpec
+
+
+def _fmt(figure: str, value: float) -> str:
+    if figure.startswith("time."):
+        return f"{value:.4f}"
+    return f"{value:,.0f}"
+
+
+def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
+                 seq_len: int | None, gpu: str, as_json: bool, report: str | None) -> int:
+    if nproc < 1:
+        raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    if steps < 0:
+        raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
+    model = load_model(model_name)
+    layout = parse(layout_text, nproc)
+    validate(layout, model, nproc, global_batch)
+    seq = seq_len or model.max_seq
+    if seq > model.max_seq:
+        raise MeshwiseError(f"--seq-len: {seq} is longer than the model's max_seq {model.max_seq}")
+    cluster = load_cluster(gpu, nproc, nproc)
+    if report:
+        from meshwise.report import require_matplotlib
+        require_matplotlib()
+    # the CPU runtime trains in fp32 (docs/runtime.md)
+    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")
+    records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps)[0]
+    rows: list[Row] = [row for record in records for row in rows_for(record, model, cluster, train)]
+    if as_json:
+        print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows]}))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
+        console.print(f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
+                      f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}")
+        table = Table()
+        for col in ("rank", "figure", "predicted", "measured", "error"):
+            table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
+        for r in rows:
+            err = r.rel_error
+            shown = "-" if err == float("inf") else f"{err:+.1%}"
+            table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
+        console.print(table)
+    if report:
+        from meshwise.report.measure_report import write_measure_report
+        write_measure_report(report, rows, records, model, layout, cluster, train)
+        if not as_json:
+            print(f"report: {report}")
+    return 0
