@@ -153,12 +153,14 @@ def head_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int, tp: int, s
     """What the last chunk keeps for backward, per micro-batch: the final norm's input (``s*b*h``,
     ``/t`` under SP) and inverse RMS, the head's input (``s*b*h``, gathered under SP), the gathered
     logits (``s*b*V``: the runtime gathers the head's vocabulary shards and every TP rank computes the
-    full loss) and the loss's float32 log-softmax (``4*s*b*V``, plus the float32 upcast under bf16)."""
+    full loss) and, under TP, the local shard they were gathered from (``s*b*V/t``), and the loss's
+    float32 log-softmax (``4*s*b*V``, plus the float32 upcast under bf16)."""
     sb = seq * mbs
     e = elem_bytes
     rep = 1 / tp if sp else 1.0
     logits = sb * model.vocab
-    return sb * model.hidden * e * (rep + 1.0) + sb * 4 * rep + logits * (e + 4 + (4 if e != 4 else 0))
+    local_shard = logits * e / tp if tp > 1 else 0.0
+    return sb * model.hidden * e * (rep + 1.0) + sb * 4 * rep + logits * (e + 4 + (4 if e != 4 else 0)) + local_shard
 
 
 def logits_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int) -> float:

@@ -5,19 +5,24 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ``w*P + g*P + o*P`` under DDP; ZeRO-1 divides the optimizer term by the sharding group ``shard``,
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
-What the runtime (FSDP2, ``replicate``) adds at the peak, measured with ``meshwise measure``:
+The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
+three moments of the busiest micro-batch: the end of its forward, the start of its backward, the
+end of the step's last backward. Per category:
 
-- ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` holds a 1-way "shard", a
-  full copy) beside the unsharded copy it computes with. Under bf16-mixed that shard is the fp32
-  master, which the convention counts as optimizer state; otherwise it is a second weight copy.
-  ZeRO-0/1/2 keep every unit unsharded from the first forward to its backward; ZeRO-3 keeps the
-  chunk roots (embedding, final norm, head) and one block unsharded at the peak.
-- ``grads``: ZeRO-3's peak falls in the backward with the roots' unsharded gradients alive.
-- ``activations``: what the forward keeps for backward (activations.block_bytes per block and
-  micro-batch, times the schedule's micro-batches in flight), the recomputed block during a
-  checkpointed backward, and on the last chunk the head's saved tensors (activations.head_bytes).
-- ``other``: the loss gradient on the last chunk, DDP-style gradient buckets, and the pipeline's
-  send/receive buffers.
+- ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
+  copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
+  counted as optimizer state by the convention. ZeRO-0/1/2 keep every unit unsharded through the
+  step; ZeRO-3 keeps the chunk roots (embedding, final norm, head) gathered, and one block per
+  chunk while it is differentiated.
+- ``grads``: those earlier backwards left (none with one micro-batch or under GPipe): unsharded
+  under DDP, ZeRO-1, no DP, and any ZeRO under PP (the schedule defers the reduce-scatter); the
+  first weight gradient of a backward; under TP a second copy of the vocabulary-parallel
+  embedding's gradient (it accumulates out of place).
+- ``activations``: activations.block_bytes per block and micro-batch times the schedule's
+  micro-batches in flight, the pipeline stages' cached outputs, the head's saved tensors and the
+  gathered logits, a checkpointed block being recomputed; torch 2.13's zero-bubble schedules keep
+  every micro-batch's weight-gradient tensors until the step ends.
+- ``other``: ZeRO-2/3's reduce-scatter input, the pipeline's send/receive buffers.
 
 ``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
 ``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first chunk;
@@ -199,16 +204,6 @@ def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
     return model.hidden * model.ffn_hidden / layout.tp * train.grad_bytes
 
 
-@lru_cache(maxsize=65536)
-def _activations_of(model: ModelSpec, train: TrainSpec, pipe: tuple, shape: RankShape, m: int
-                    ) -> tuple[float, float, float]:
-    """(_activations..., pipeline buffers) for ``pipe`` = (tp, sp, pp, vpp, schedule, mbs, ac): they
-    do not depend on the data-parallel degree or the ZeRO stage, so the search shares them."""
-    tp, sp, pp, vpp, schedule, mbs, ac = pipe
-    layout = Layout(tp=tp, sp=sp, pp=pp, vpp=vpp, schedule=schedule, mbs=mbs, ac=ac)
-    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
-
-
 def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
     """Activations (at the end of a forward, at the start of a backward): the schedule's
     chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
@@ -249,59 +244,65 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     return forward, backward
 
 
-def activation_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
-    """The activations of the peak moment."""
-    return _moments(model, train, layout, shape, m)[3]
 
 
-def other_bytes(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """Buffers beside the tensors above: ZeRO-2/3's reduce-scatter input (one block's gradients),
-    and the pipeline's send/receive buffers."""
-    return _fixed_other(train, layout, shape) + _pipeline_buffers(model, train, layout, shape)
 
 
 def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """ZeRO-2/3's reduce-scatter input: one block's gradients, unsharded."""
     if layout.zero >= 2 and layout.shard > 1 and layout.dp > 1:
         return shape.block_params * reduce_bytes(train)
     return 0.0
 
 
 def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The pipeline's send and receive buffers, one pair per chunk."""
     if layout.pp == 1 or model.states_only:
         return 0.0
     message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
     return 2 * message * len(shape.chunk_blocks)
 
 
-@lru_cache(maxsize=65536)
-def _static_parts(model: ModelSpec, train: TrainSpec, structure: tuple, shape: RankShape
-                  ) -> tuple[float, float, float, float, float, float]:
+def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
+                  ) -> tuple[float, float, float, float, float, float, float]:
     """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
-    gradients after a backward, the first gradient of a backward, fixed buffers). ``structure`` is
-    the layout's (dp, zero, shard, tp, pp, vpp, schedule)."""
-    dp, zero, shard, tp, pp, vpp, schedule = structure
-    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=tp > 1, pp=pp, vpp=vpp, schedule=schedule)
+    gradients after a backward, the first gradient of a backward, fixed buffers, strided copies)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout)[2], _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape))
+            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
+            _strided_copies(train, layout, shape))
 
 
-def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-             ) -> tuple[float, float, float, float, float]:
+def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
+    """FSDP2 over TP-sharded parameters (ZeRO-3) gathers into a buffer and copies out of it into the
+    strided TP layout; measured, a second copy of the gathered root and, without checkpointing, of
+    one block is alive at the end of the forward (filed by MemTracker as activations):
+    (root copy, block copy) in bytes."""
+    if layout.zero == 3 and layout.tp > 1 and layout.dp > 1:
+        return shape.root_params * train.weight_bytes, shape.block_params * train.weight_bytes
+    return 0.0, 0.0
+
+
+def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+                     ) -> tuple[float, float, float]:
+    """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
+    of a forward, at the start of a backward, pipeline buffers)."""
+    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
+
+
+def _peak(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
+          ) -> tuple[float, float, float, float, float]:
     """(params, grads, optimizer, activations, other) of the largest of three moments: the end of
     the busiest forward, the start of its backward, and the end of the step's last backward
     (every gradient, no activations)."""
-    if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
-        w, g, o = states(shape.params, train, layout)
-        return (_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0)
-    structure = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    w_fwd, w_bwd, o, all_grads, first, fixed_other = _static_parts(model, train, structure, shape)
+    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
+    act_fwd, act_bwd, buffers = per_mb
+    root_copy, block_copy = copies
+    act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
     fresh_unsharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
-    ids = act.ids_bytes(train.seq_len, layout.mbs) if shape.has_embedding else 0.0
-    pipe = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac)
-    act_fwd, act_bwd, buffers = _activations_of(model, train, pipe, shape, m)
+    ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     candidates = (
         (w_fwd, grads, o, act_fwd, other),
@@ -311,9 +312,40 @@ def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShap
     return max(candidates, key=sum)
 
 
-def rank_total(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
-    """Memory.total of rank_memory, without building the Memory (the search's hot path)."""
-    return sum(_moments(model, train, layout, shape, m))
+def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+             ) -> tuple[float, float, float, float, float]:
+    if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
+        w, g, o = states(shape.params, train, layout)
+        return (_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0)
+    return _peak(train, layout, shape, m, _static_parts(model, train, layout, shape),
+                 _per_micro_batch(model, train, layout, shape, m))
+
+
+class PeakCache:
+    """Peak totals for one (model, train) search: the DP/ZeRO parts are shared across micro-batch
+    sizes and checkpointing modes, the per-micro-batch parts across DP degrees and ZeRO stages.
+    Keys are plain tuples (a layout's fields and the pipeline rank), so lookups cost no spec hashing."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec) -> None:
+        self.model, self.train = model, train
+        self._static: dict[tuple, tuple] = {}
+        self._per_mb: dict[tuple, tuple] = {}
+
+    def total(self, layout: Layout, shape: RankShape, m: int) -> float:
+        if self.model.states_only:
+            return sum(_moments(self.model, self.train, layout, shape, m))
+        rank = shape.pp_rank
+        skey = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule, rank)
+        static = self._static.get(skey)
+        if static is None:
+            static = self._static[skey] = _static_parts(self.model, self.train, layout, shape)
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m)
+        per_mb = self._per_mb.get(akey)
+        if per_mb is None:
+            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, self.train, layout, shape, m)
+        return sum(_peak(self.train, layout, shape, m, static, per_mb))
+
+
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
