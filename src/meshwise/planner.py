@@ -121,6 +121,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
     keys: list[tuple] = []  # _rank_key of result.best, in order
+    peaks = memory.PeakCache(model, train)
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
         acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
@@ -142,7 +143,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     continue
                 layout = Layout(base.dp, base.zero, base.shard, base.tp, base.sp, base.pp, base.vpp, base.schedule,
                                 mbs, ac)
-                total = max(memory.rank_total(model, train, layout, sh, m) for sh in shapes)
+                total = max(peaks.total(layout, sh, m) for sh in shapes)
                 if total > usable:
                     overflowed = True
                     continue
