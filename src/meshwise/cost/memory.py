@@ -290,11 +290,14 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
     return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
 
 
-def _peak(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
-          ) -> tuple[float, float, float, float, float]:
-    """(params, grads, optimizer, activations, other) of the largest of three moments: the end of
-    the busiest forward, the start of its backward, and the end of the step's last backward
-    (every gradient, no activations)."""
+MOMENTS = ("forward", "backward", "end")
+
+
+def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
+                ) -> tuple[tuple[float, float, float, float, float], ...]:
+    """(params, grads, optimizer, activations, other) at each of the three MOMENTS: the end of the
+    busiest forward, the start of its backward, and the end of the step's last backward (every
+    gradient, no activations)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
     act_fwd, act_bwd, buffers = per_mb
     root_copy, block_copy = copies
@@ -304,21 +307,26 @@ def _peak(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tu
     fresh_unsharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
-    candidates = (
+    return (
         (w_fwd, grads, o, act_fwd, other),
         (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
         (w_fwd, all_grads, o, ids, other),
     )
-    return max(candidates, key=sum)
+
+
+def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+                 ) -> tuple[tuple[float, float, float, float, float], ...]:
+    if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
+        w, g, o = states(shape.params, train, layout)
+        return ((_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0),)
+    return _candidates(train, layout, shape, m, _static_parts(model, train, layout, shape),
+                       _per_micro_batch(model, train, layout, shape, m))
 
 
 def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
              ) -> tuple[float, float, float, float, float]:
-    if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
-        w, g, o = states(shape.params, train, layout)
-        return (_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0)
-    return _peak(train, layout, shape, m, _static_parts(model, train, layout, shape),
-                 _per_micro_batch(model, train, layout, shape, m))
+    """The peak: the largest of the moments."""
+    return max(_all_moments(model, train, layout, shape, m), key=sum)
 
 
 class PeakCache:
@@ -343,12 +351,18 @@ class PeakCache:
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, self.train, layout, shape, m)
-        return sum(_peak(self.train, layout, shape, m, static, per_mb))
-
-
+        return max(sum(c) for c in _candidates(self.train, layout, shape, m, static, per_mb))
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                 capacity: float) -> Memory:
     w, g, o, a, x = _moments(model, train, layout, shape, m)
     return Memory(params=w, grads=g, optimizer=o, activations=a, other=x, capacity=capacity)
+
+
+def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+                    capacity: float) -> dict[str, Memory]:
+    """Memory at each of the MOMENTS (rank_memory is the largest). Which one a real run peaks at
+    can depend on thread timing when two are close; measure compares against the nearest."""
+    return {name: Memory(*c, capacity=capacity)
+            for name, c in zip(MOMENTS, _all_moments(model, train, layout, shape, m))}

