@@ -139,6 +139,16 @@ def _catalog(name: str) -> dict[str, dict[str, Any]]:
     return tomllib.loads(text)
 
 
+def read_toml(path: Path, option: str) -> dict[str, Any]:
+    """A TOML file's table, or one line naming the option: missing file, invalid TOML."""
+    if not path.is_file():
+        raise MeshwiseError(f"{option}: file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise MeshwiseError(f"{option}: {path} is not valid TOML ({e})") from None
+
+
 def model_names() -> list[str]:
     return list(_catalog("models.toml"))
 
@@ -201,10 +211,7 @@ def load_model(ref: str) -> ModelSpec:
             except json.JSONDecodeError as e:
                 raise MeshwiseError(f"--model: {ref} is not valid JSON ({e.msg}, line {e.lineno})") from None
             return _model_from_hf_config(cfg, path.parent.name or path.stem)
-        try:
-            table = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise MeshwiseError(f"--model: {ref} is not valid TOML ({e})") from None
+        table = read_toml(path, "--model")
         table = table.get("model", table)
         return _model_from_table(table.pop("name", path.stem), dict(table), f"--model {ref}")
     raise MeshwiseError(f"--model: unknown model {ref!r}; choose one of {', '.join(catalog)}, or give a .toml or config.json file")
@@ -288,12 +295,7 @@ def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
         return ref, catalog[ref]
     path = Path(ref)
     if path.suffix == ".toml":
-        if not path.is_file():
-            raise MeshwiseError(f"--gpu: profile {ref} does not exist")
-        try:
-            table = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise MeshwiseError(f"--gpu: {ref} is not valid TOML ({e})") from None
+        table = read_toml(path, "--gpu")
         table = table.get("accelerator", table)
         return str(table.get("name", path.stem)), table
     raise MeshwiseError(f"--gpu: unknown accelerator {ref!r}; choose one of {', '.join(catalog)}, or give a profile .toml")

@@ -11,12 +11,12 @@ Pure Python: no torch import, so ``meshwise train --print-config`` is instant.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.spec import read_toml
 
 
 @dataclass(frozen=True)
@@ -174,14 +174,7 @@ def load(path: str | None) -> TrainConfig:
     """The defaults, or the defaults updated by a TOML file."""
     if not path:
         return TrainConfig()
-    p = Path(path)
-    if not p.is_file():
-        raise MeshwiseError(f"--config: file {path} does not exist")
-    try:
-        table = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise MeshwiseError(f"--config: {path} is not valid TOML ({e})") from None
-    return from_table(table, f"config {path}")
+    return from_table(read_toml(Path(path), "--config"), f"config {path}")
 
 
 def override(config: TrainConfig, dotted: str, text: str) -> TrainConfig:
