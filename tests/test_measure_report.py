@@ -62,8 +62,10 @@ def test_predicted_timeline_spans_the_estimated_compute():
     assert max(busy) == pytest.approx(estimate(model, cluster, train, layout).time.compute_s, rel=1e-9)
 
 
-def test_pp_report_is_self_contained_with_bars_and_both_timelines(tmp_path):
-    model, cluster, train, layout, rows, records = _setup()
+@pytest.mark.parametrize("text", ["pp=2,schedule=1f1b", "pp=2,schedule=gpipe", "pp=2,vpp=2,schedule=interleaved-1f1b",
+                                  "pp=2,vpp=2,schedule=zero-bubble"])
+def test_pp_report_is_self_contained_with_bars_and_both_timelines(tmp_path, text):
+    model, cluster, train, layout, rows, records = _setup(text)
     out = tmp_path / "run.html"
     write_measure_report(out, rows, records, model, layout, cluster, train)
     text = out.read_text()
@@ -77,8 +79,9 @@ def test_pp_report_is_self_contained_with_bars_and_both_timelines(tmp_path):
     assert "memory.params" in text and "time.step_s" in text
 
 
-def test_report_without_pipeline_has_no_timeline(tmp_path):
-    model, cluster, train, layout, rows, records = _setup("dp=2,zero=2")
+@pytest.mark.parametrize("text", ["dp=2", "dp=2,zero=2", "dp=2,zero=3", "tp=2,sp=on"])
+def test_report_without_pipeline_has_no_timeline(tmp_path, text):
+    model, cluster, train, layout, rows, records = _setup(text)
     out = tmp_path / "dp.html"
     write_measure_report(out, rows, records, model, layout, cluster, train)
     text = out.read_text()
