@@ -76,8 +76,16 @@ def test_sigkill_and_crash_during_save_resume_bit_for_bit(reference, tmp_path) -
     resumed = re.findall(r"Resumed from (\S+) \(step (\d+)", out)
     assert [(Path(p).name, s) for p, s in resumed] == [("step-10", "10"), ("step-10", "10")], resumed
     logged = _losses(tmp_path / "m.jsonl")
-    # attempt 0: 1..11, attempt 1: 11..15 (then the crash in save 15), attempt 2: 11..20
-    assert [s for s, _ in logged] == [*range(1, 12), *range(11, 16), *range(11, STEPS + 1)]
+    # attempt 0: 1..~11 (how far rank 0 logs before the peers notice the killed worker depends on
+    # timing), attempt 1: 11..15 or so (then the crash in save 15), attempt 2: 11..20
+    runs: list[list[int]] = []
+    for step, _ in logged:
+        if not runs or step <= runs[-1][-1]:
+            runs.append([])
+        runs[-1].append(step)
+    assert [r[0] for r in runs] == [1, 11, 11], runs
+    assert all(r == list(range(r[0], r[-1] + 1)) for r in runs), runs
+    assert 11 <= runs[0][-1] <= 14 and 11 <= runs[1][-1] <= 15 and runs[2][-1] == STEPS, runs
     mismatched = [(s, loss, ref[s]) for s, loss in logged if loss != ref[s]]
     assert not mismatched, mismatched
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [f"step-{s}" for s in (10, 15, 20, 5)]
