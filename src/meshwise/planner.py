@@ -13,7 +13,8 @@ import bisect
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
+from meshwise.cost import memory
+from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, validate
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
@@ -113,8 +114,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
     estimated further. ``where`` restricts the search (it sees each layout with mbs=1).
     """
-    from meshwise.cost import memory
-    from meshwise.cost.estimate import lower_bound_step_s
 
     keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
@@ -190,7 +189,6 @@ class Plan:
 
 
 def _one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, ac: str):
-    from meshwise.cost.estimate import rank_memories
     layout = Layout(ac=ac)
     return max(rank_memories(model, cluster, replace(train, global_batch=1), layout), key=lambda m: m.total)
 
@@ -308,7 +306,6 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
 
 def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[str]:
     """When nothing fits: fewer bytes per parameter, more devices, a shorter sequence."""
-    from meshwise.spec import ClusterSpec as _C
     out: list[str] = []
     if train.state_bytes_per_param > 12 and train.precision != "bf16":
         lighter = replace(train, precision="bf16")
@@ -324,8 +321,8 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
     for k in range(1, 15):
         more = cluster.world_size * 2**k
         per_node = min(node, more)
-        bigger = _C(cluster.accelerator, per_node, more // per_node, cluster.intra, cluster.inter)
-        gb = max(train.global_batch, more) if train.global_batch < more else train.global_batch
+        bigger = ClusterSpec(cluster.accelerator, per_node, more // per_node, cluster.intra, cluster.inter)
+        gb = max(train.global_batch, more)
         r = search(model, bigger, replace(train, global_batch=gb), 1, headroom)
         if r.best:
             batch = f", global batch {gb}" if gb != train.global_batch else ""

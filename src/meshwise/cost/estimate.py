@@ -260,15 +260,14 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-             headroom: float = DEFAULT_HEADROOM, mems: tuple[Memory, ...] | None = None) -> Estimate:
-    """Estimate one (already validated) layout; ``mems`` reuses rank_memories() when known."""
+             headroom: float = DEFAULT_HEADROOM) -> Estimate:
+    """Estimate one (already validated) layout."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
     rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
-    if mems is None:
-        mems = rank_memories(model, cluster, train, layout)
+    mems = rank_memories(model, cluster, train, layout)
 
     worst = None
     for shape in shapes:
