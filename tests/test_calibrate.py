@@ -6,6 +6,8 @@ import tomllib
 
 import pytest
 
+from _transport import once_more_on_transport_error
+
 from meshwise.cli import main
 from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
@@ -87,7 +89,7 @@ def test_block_gemms_are_the_models_matmul_parameters():
 
 def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
     out = tmp_path / "p.toml"
-    table = cal.calibrate(2, "tiny", str(out), seq_len=32, quick=True)
+    table = once_more_on_transport_error(lambda: cal.calibrate(2, "tiny", str(out), seq_len=32, quick=True))
     assert out.is_file()
     for key in ("peak_fp32_flops_per_s", "hbm_bytes_per_s", "intra_bytes_per_s"):
         assert table[key] > 0

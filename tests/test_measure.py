@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from test_parity import CASES, TRANSPORT_ERRORS
+from _transport import once_more_on_transport_error
+from test_parity import CASES
 
 from meshwise.measure.compare import rows_for
 from meshwise.measure.run import run_workers
@@ -30,14 +31,9 @@ _records: dict[int, list[list[dict]]] = {}
 
 def records(world: int) -> list[list[dict]]:
     if world not in _records:
-        for attempt in (1, 2):  # a dropped gloo connection (test_parity.TRANSPORT_ERRORS) runs once more
-            try:
-                _records[world] = run_workers(world, LAYOUTS[world], "tiny", TRAIN.global_batch, TRAIN.seq_len,
-                                              steps=0, timeout_s=600)
-                break
-            except RuntimeError as e:
-                if attempt == 2 or not any(marker in str(e) for marker in TRANSPORT_ERRORS):
-                    raise
+        _records[world] = once_more_on_transport_error(
+            lambda: run_workers(world, LAYOUTS[world], "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=0,
+                                timeout_s=600))
     return _records[world]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 import _dist_parity as dp
+from _transport import is_transport_error
 from _dist_parity import Case
 
 CASES: dict[int, list[Case]] = {
@@ -42,17 +43,10 @@ def reference() -> dp.Run:
     return dp.reference()
 
 
-# gloo's TCP transport between spawned workers occasionally drops a connection (seen once in a
-# clean CI run: "Connection reset by peer" inside a collective). That says nothing about the
-# layout's numbers, so the cases without a result run once more in a fresh group; a wrong result
-# or any other error is never retried.
-TRANSPORT_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-
-
 def group(world: int) -> dp.GroupResult:
     if world not in _groups:
         g = dp.run_group(world, CASES[world], GROUP_TIMEOUT_S[world])
-        if g.error and any(marker in g.error for marker in TRANSPORT_ERRORS):
+        if g.error and is_transport_error(g.error):  # cases without a result run once more
             missing = [c for c in CASES[world] if c.name not in g.runs]
             again = dp.run_group(world, missing, GROUP_TIMEOUT_S[world])
             g = dp.GroupResult({**g.runs, **again.runs}, {**g.seconds, **again.seconds}, again.error)
