@@ -50,7 +50,7 @@ def main() -> int:
         loss = model.step(model.local_batch(inputs), model.local_batch(targets))
         if dist.get_rank() == 0:
             print(f"step {step}: loss {loss:.6f}  grad norm {model.last_grad_norm:.4f}")
-    dist.destroy_process_group()
+    meshwise.end_process_group()
     return 0
 
 

@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.multiprocessing as mp
 
+from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import ModelSpec, load_model
 
 SEED = 0
@@ -153,8 +154,11 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue"
         except Exception:
             out.put((rank, case.name, "error", traceback.format_exc()))
             return
-    dist.destroy_process_group()
+    end_process_group()
     out.put((rank, "<end>", "done", None))
+    out.close()
+    out.join_thread()  # the queue's feeder thread has written everything
+    exit_worker(0)
 
 
 @dataclass

@@ -1,7 +1,10 @@
-"""gloo's TCP transport between local workers occasionally drops a connection ("Connection reset
-by peer" inside a collective; the worker whose gloo thread notices aborts with SIGABRT). That says
-nothing about what a test checks, so multi-process tests run such a launch once more; a wrong
-result or any other error is never retried."""
+"""A multi-process launch that fails with a transport error ("Connection reset by peer", or a
+worker's SIGABRT) runs once more; a wrong result or any other error is never retried.
+
+The one cause found is torch 2.13's gloo teardown (a worker aborting during interpreter shutdown,
+its peers then seeing their connection reset), which ``meshwise.runtime.mesh.end_process_group``
+and ``exit_worker`` now avoid (docs/runtime.md); the retry stays for what a shared 2-core machine
+can still do to local TCP, which says nothing about what a test checks."""
 
 from __future__ import annotations
 

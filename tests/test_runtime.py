@@ -130,3 +130,21 @@ def test_parallelize_refuses_tied_embeddings_under_pp() -> None:
 
     with pytest.raises(MeshwiseError, match="tied embeddings"):
         parallelize(tied, Layout(pp=2), FakeMesh(), global_batch=2)  # type: ignore[arg-type]
+
+
+def test_a_worker_ends_with_its_code_and_its_output_flushed() -> None:
+    """exit_worker skips the interpreter's shutdown (where gloo's threads can abort a process) but
+    must keep what the worker printed and the status it returns; end_process_group leaves no group."""
+    code = ("import sys\n"
+            "import torch.distributed as dist\n"
+            "from meshwise.runtime.mesh import end_process_group, exit_worker\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+            "dist.barrier()\n"
+            "end_process_group()\n"
+            "sys.stdout.write('ended' if not dist.is_initialized() else 'still initialised')\n"
+            "sys.stderr.write('unterminated line')\n"
+            "exit_worker(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "ended"
+    assert proc.stderr.endswith("unterminated line")

@@ -315,6 +315,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from meshwise.cost.compute import model_flops
+    from meshwise.runtime.mesh import end_process_group
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -352,9 +353,11 @@ def worker_main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result))
         tmp.replace(Path(args.out) / "result.json")
     dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    from meshwise.runtime.mesh import exit_worker
+
+    exit_worker(worker_main())

@@ -26,6 +26,7 @@ from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import profile_step
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.runtime.comm_trace import CollectiveTrace
+from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import load_model
 
 
@@ -125,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(record))
         tmp.replace(folder / f"rank{record['rank']}.json")
         gc.collect()
-    dist.destroy_process_group()
+    end_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

@@ -1,13 +1,14 @@
 """The runtime half of meshwise: run a Layout on PyTorch's distributed stack (imports torch).
 
 ``build_mesh`` validates the layout and builds the 4-D DeviceMesh; ``parallelize`` returns this
-rank's stage modules, pipeline schedule and optimizer with a ``step(inputs, targets)`` helper.
+rank's stage modules, pipeline schedule and optimizer with a ``step(inputs, targets)`` helper;
+``end_process_group`` ends the run (gloo's threads included).
 """
 
-from meshwise.runtime.mesh import build_mesh
+from meshwise.runtime.mesh import build_mesh, end_process_group
 from meshwise.runtime.model import Transformer, build_model, init_weights, loss_sum
 from meshwise.runtime.optim import OptimConfig
 from meshwise.runtime.parallelize import ParallelModel, parallelize
 
-__all__ = ["build_mesh", "parallelize", "ParallelModel", "OptimConfig", "Transformer", "build_model",
+__all__ = ["build_mesh", "end_process_group", "parallelize", "ParallelModel", "OptimConfig", "Transformer", "build_model",
            "init_weights", "loss_sum"]

@@ -8,6 +8,8 @@ The layout is validated before any process group exists.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -50,6 +52,40 @@ def build_mesh(layout: Layout, model: ModelSpec, global_batch: int, *, backend: 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     shape = layout.mesh_shape
     return init_device_mesh(kind, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+
+
+# How long the main thread sleeps after destroying the group, so gloo's threads can take the GIL.
+GLOO_RELEASE_S = 0.2
+
+
+def end_process_group() -> None:
+    """Destroy the default process group at the end of a run, safely for the interpreter's exit.
+
+    torch 2.13's gloo backend keeps its worker threads after ``destroy_process_group``, and a worker
+    thread may still hold the last collectives (a barrier keeps the collectives before it), tensors
+    included. When the thread drops such a tensor it must take the GIL; if the interpreter is shutting
+    down by then, the thread exits inside a C++ destructor and the process aborts ("terminate called
+    without an active exception", SIGABRT), after the run's work is done. The sleep releases the GIL
+    while the interpreter is alive so the threads finish; ``exit_worker`` removes the race entirely.
+    """
+    if not dist.is_initialized():
+        return
+    gloo = "gloo" in str(dist.get_backend())
+    dist.destroy_process_group()
+    if gloo:
+        time.sleep(GLOO_RELEASE_S)
+
+
+def exit_worker(code: int) -> None:
+    """End a worker process now with ``code``: flush stdout and stderr, then ``os._exit`` without the
+    interpreter's shutdown, which is where gloo's threads can abort it (see ``end_process_group``).
+    For the processes torchrun or a test starts, after their results are written and closed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def mesh_device(mesh: DeviceMesh) -> torch.device:

@@ -64,8 +64,10 @@ def train_main(argv: list[str]) -> int:
     from meshwise.train import loop
 
     debug = loop.Debug(inject_nan_at_step=opts.get("inject_nan_at_step"))
-    if launch.in_torchrun():
-        return _worker(cfg, debug)
+    if launch.in_torchrun():  # a worker process of torchrun's: it ends here
+        from meshwise.runtime.mesh import exit_worker
+
+        exit_worker(_worker(cfg, debug))
     nproc = opts.get("nproc_per_node") or launch.default_nproc()
     if nproc < 1:
         raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")

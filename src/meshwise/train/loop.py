@@ -179,6 +179,7 @@ def _placement_line(layout: Layout, world: int) -> str:
 def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     """The worker's whole run (collective: every rank of the job calls it)."""
     from meshwise.runtime import build_mesh
+    from meshwise.runtime.mesh import end_process_group
 
     prep = preflight(cfg)
     rank, world, local_world = env_world()
@@ -194,7 +195,7 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     try:
         return _train(cfg, debug, prep, layout, lines, mesh, rank, world, local_world, device_type)
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
