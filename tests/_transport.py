@@ -8,6 +8,7 @@ can still do to local TCP, which says nothing about what a test checks."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, TypeVar
 
 TRANSPORT_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Signal 6 (SIGABRT)")
@@ -20,10 +21,13 @@ def is_transport_error(text: str) -> bool:
 
 
 def once_more_on_transport_error(launch: Callable[[], T]) -> T:
-    """``launch()``, run a second time if the first raised with a transport error in its message."""
+    """``launch()``, run a second time if the first raised with a transport error in its message
+    (a warning in pytest's summary says so)."""
     try:
         return launch()
     except RuntimeError as e:
         if not is_transport_error(str(e)):
             raise
+        marker = next(m for m in TRANSPORT_ERRORS if m in str(e))
+        warnings.warn(f"transport error ({marker}): running the launch once more", stacklevel=2)
     return launch()

@@ -8,6 +8,8 @@ that size; the reference is computed once, in this process.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import _dist_parity as dp
@@ -48,6 +50,7 @@ def group(world: int) -> dp.GroupResult:
         g = dp.run_group(world, CASES[world], GROUP_TIMEOUT_S[world])
         if g.error and is_transport_error(g.error):  # cases without a result run once more
             missing = [c for c in CASES[world] if c.name not in g.runs]
+            warnings.warn(f"transport error in the {world}-rank group: running {len(missing)} case(s) once more")
             again = dp.run_group(world, missing, GROUP_TIMEOUT_S[world])
             g = dp.GroupResult({**g.runs, **again.runs}, {**g.seconds, **again.seconds}, again.error)
         _groups[world] = g
