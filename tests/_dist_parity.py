@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 
 from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import ModelSpec, load_model
+from meshwise.train.launch import free_port
 
 SEED = 0
 DATA_SEED = 1234
@@ -127,12 +127,6 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     return losses, norms, weights
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
@@ -172,7 +166,7 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
     """Run ``cases`` in one group of ``world`` spawned workers; never waits past ``timeout_s``."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, cases, out), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

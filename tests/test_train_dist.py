@@ -17,13 +17,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from meshwise.train.launch import free_port
 from test_train import micro_model
 
 STEPS = 20
@@ -38,12 +38,6 @@ def _env(extra: dict | None = None) -> dict:
 def _losses(path: Path) -> list[tuple[int, float]]:
     """(step, loss) of every line, duplicates included (a restarted run appends to the file)."""
     return [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _torchrun(*args: str) -> list[str]:
@@ -67,7 +61,7 @@ def test_sigkill_and_crash_during_save_resume_bit_for_bit(reference, tmp_path) -
     ref_folder, ref = reference
     model = micro_model(tmp_path)
     cmd = _torchrun("--nproc-per-node", "4", "--max-restarts", "2", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "meshwise.train", "--model", model, *COMMON,
+                    "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "meshwise.train", "--model", model, *COMMON,
                     "--layout", "dp=2,tp=2", "--checkpoint-dir", "ck", "--resume", "auto", "--metrics", "m.jsonl")
     r = subprocess.run(cmd, cwd=tmp_path, env=_env({"MESHWISE_FAULTS": "kill@12,save@15"}), capture_output=True,
                        text=True, timeout=400)
@@ -112,7 +106,7 @@ def test_resume_under_another_layout_and_world_size(reference, tmp_path, layout,
 def test_two_nodes_on_one_machine_layout_auto(tmp_path) -> None:
     """Two torchrun agents (--nnodes 2, 2 processes each, c10d rendezvous on 127.0.0.1)."""
     model = micro_model(tmp_path)
-    port = _free_port()
+    port = free_port()
     cmd = _torchrun("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m", "meshwise.train", "--model", model,
                     "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--schedule.eval_batches", "1",
