@@ -75,6 +75,15 @@ def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout) ->
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
+def reshard_after_forward_only(modules: list[torch.nn.Module]) -> None:
+    """Free the parameters a forward without backward left unsharded (zero 1 and 2 keep them for
+    the backward that an evaluation never runs)."""
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+
+
 def before_microbatch(model: torch.nn.Module, layout: Layout, last: bool) -> None:
     """Gradient accumulation without PP: zero 0 and 1 reduce only on the last micro-batch."""
     if isinstance(model, FSDPModule) and layout.zero in (0, 1):

@@ -14,6 +14,7 @@ One optimizer step is the same computation under every layout:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, validate
 from meshwise.runtime.checkpointing import apply_activation_checkpointing
-from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch
+from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
@@ -36,7 +37,7 @@ from meshwise.spec import ModelSpec
 @dataclass
 class ParallelModel:
     """What ``parallelize`` returns: this rank's chunk modules, the schedule (None without PP),
-    the optimizer, and :meth:`step`."""
+    the optimizer, :meth:`step` and :meth:`eval_loss`."""
 
     spec: ModelSpec
     layout: Layout
@@ -86,31 +87,63 @@ class ParallelModel:
         ``inputs`` are needed where the first chunk lives, ``targets`` where the last one does.
         Returns the global token-mean loss (the same on every rank).
         """
-        device = mesh_device(self.mesh)
-        tokens = self.replica_rows * self.seq_len
         self.optimizer.zero_grad(set_to_none=True)
-        local = torch.zeros((), dtype=torch.float64, device=device)
-        if self.schedule is None:
-            model = self.modules[0]
-            mbs = self.layout.mbs
-            for i in range(self.accum):
-                before_microbatch(model, self.layout, last=i == self.accum - 1)
-                x = inputs[i * mbs:(i + 1) * mbs].to(device)
-                y = targets[i * mbs:(i + 1) * mbs].to(device)
-                loss = loss_sum(model(x), y) / tokens
-                loss.backward()
-                local += loss.detach().double()
-        else:
-            losses: list[torch.Tensor] = []
-            args = (inputs.to(device),) if self.has_first else ()
-            kwargs = {"target": targets.to(device), "losses": losses} if self.has_last else {}
-            self.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
-            for loss in losses:
-                local += loss.detach().double()
+        local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
+        self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
         self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.max_grad_norm,
                                              self.layout.dp * self.layout.tp)
         self.optimizer.step()
+        return self._global_mean(local)
+
+    @torch.no_grad()
+    def eval_loss(self, batches: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> float:
+        """Global token-mean loss over held-out ``batches`` (each as :meth:`step` takes it), forward
+        only, one all-reduce for all of them; FSDP2 parameters are resharded afterwards."""
+        local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
+        count = 0
+        for inputs, targets in batches:
+            self._add_micro_batch_losses(local, inputs, targets, backward=False)
+            count += 1
+        if count == 0:
+            raise ValueError("eval_loss needs at least one batch")
+        mean = self._global_mean(local)
+        reshard_after_forward_only(self.modules)
+        return mean / count
+
+    def _add_micro_batch_losses(self, local: torch.Tensor, inputs: torch.Tensor | None,
+                                targets: torch.Tensor | None, backward: bool) -> None:
+        """Add to ``local`` (float64) each of this rank's micro-batch losses, ``loss_sum / replica
+        tokens``; with ``backward`` every micro-batch's backward runs too (the pipeline schedule's
+        ``step``), without it forwards only (``eval``)."""
+        device = local.device
+        tokens = self.replica_rows * self.seq_len
+        if self.schedule is None:
+            model = self.modules[0]
+            mbs = self.layout.mbs
+            for i in range(self.accum):
+                if backward:
+                    before_microbatch(model, self.layout, last=i == self.accum - 1)
+                x = inputs[i * mbs:(i + 1) * mbs].to(device)
+                y = targets[i * mbs:(i + 1) * mbs].to(device)
+                loss = loss_sum(model(x), y) / tokens
+                if backward:
+                    loss.backward()
+                local += loss.detach().double()
+            return
+        losses: list[torch.Tensor] = []
+        args = (inputs.to(device),) if self.has_first else ()
+        kwargs = {"target": targets.to(device), "losses": losses} if self.has_last else {}
+        if backward:
+            self.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
+        else:
+            self.schedule.eval(*args, **kwargs)
+        for loss in losses:
+            local += loss.detach().double()
+
+    def _global_mean(self, local: torch.Tensor) -> float:
+        """The world sum of ``local`` over dp * tp: last-stage ranks hold their replica's losses, once
+        per TP rank; the other stages hold zero."""
         dist.all_reduce(local)
         return local.item() / (self.layout.dp * self.layout.tp)
 

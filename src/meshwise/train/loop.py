@@ -120,42 +120,9 @@ def peak_memory_bytes(pm: Any, device_type: str) -> int:
     return int(t.item())
 
 
-def _reshard(pm: Any) -> None:
-    """Free parameters an FSDP2 forward left unsharded (an eval forward has no backward to do it)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for m in pm.modules:
-        for sub in m.modules():
-            if isinstance(sub, FSDPModule):
-                sub.reshard()
-
-
-@torch.no_grad()
 def evaluate(pm: Any, corpus: Corpus, global_batch: int, batches: int, rows: range) -> float:
     """Token-mean cross-entropy over ``batches`` held-out global batches (the same for every layout)."""
-    from meshwise.runtime.mesh import mesh_device
-    from meshwise.runtime.model import loss_sum
-
-    device = mesh_device(pm.mesh)
-    tokens = pm.replica_rows * pm.seq_len
-    local = torch.zeros((), dtype=torch.float64, device=device)
-    for b in range(batches):
-        x, y = corpus.eval_rows(b, global_batch, rows)
-        if pm.schedule is None:
-            mbs = pm.layout.mbs
-            for i in range(pm.accum):
-                logits = pm.modules[0](x[i * mbs:(i + 1) * mbs].to(device))
-                local += (loss_sum(logits, y[i * mbs:(i + 1) * mbs].to(device)) / tokens).double()
-        else:
-            losses: list[torch.Tensor] = []
-            args = (x.to(device),) if pm.has_first else ()
-            kwargs = {"target": y.to(device), "losses": losses} if pm.has_last else {}
-            pm.schedule.eval(*args, **kwargs)
-            for loss in losses:
-                local += loss.detach().double()
-    dist.all_reduce(local)
-    _reshard(pm)
-    return local.item() / (pm.layout.dp * pm.layout.tp) / batches
+    return pm.eval_loss(corpus.eval_rows(b, global_batch, rows) for b in range(batches))
 
 
 @torch.no_grad()
