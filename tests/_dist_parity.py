@@ -47,11 +47,18 @@ def batches(model: ModelSpec, steps: int = STEPS) -> torch.Tensor:
     return torch.randint(0, model.vocab, (steps, GLOBAL_BATCH, model.max_seq + 1), generator=gen)
 
 
+def held_out(model: ModelSpec) -> torch.Tensor:
+    """One (global_batch, seq+1) batch no step trains on: the eval loss after the last step."""
+    gen = torch.Generator().manual_seed(DATA_SEED + 1)
+    return torch.randint(0, model.vocab, (GLOBAL_BATCH, model.max_seq + 1), generator=gen)
+
+
 @dataclass
 class Run:
     losses: list[float]
     weights: dict[str, torch.Tensor]
     grad_norms: list[float] = field(default_factory=list)
+    eval_loss: float | None = None  # on ``held_out`` after the last step
 
 
 def reference(seed: int = SEED) -> Run:
@@ -73,7 +80,10 @@ def reference(seed: int = SEED) -> Run:
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
         opt.step()
         losses.append(loss.item())
-    return Run(losses, {n: p.detach().clone() for n, p in model.named_parameters()}, norms)
+    ev = held_out(model_spec)
+    with torch.no_grad():
+        eval_loss = (loss_sum(model(ev[:, :-1]), ev[:, 1:]) / ev[:, 1:].numel()).item()
+    return Run(losses, {n: p.detach().clone() for n, p in model.named_parameters()}, norms, eval_loss)
 
 
 # ----------------------------------------------------------------------------------- workers
@@ -91,9 +101,10 @@ class Case:
         return self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
 
 
-def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
-    """Inside a worker: train STEPS steps under ``case``; return losses and the full weights this
-    rank reports (only ranks at dp=0, tp=0 of their stage report, after gathering the shards)."""
+def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
+    """Inside a worker: train STEPS steps under ``case``; return losses, gradient norms, the full
+    weights this rank reports (only ranks at dp=0, tp=0 of their stage report, after gathering the
+    shards) and the eval loss on ``held_out``."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -109,14 +120,17 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     losses, norms = [], []
     if case.corrupt == "raise" and dist.get_rank() == world - 1:
         raise RuntimeError("deliberate failure")
-    for step in range(STEPS):
-        x, y = data[step, :, :-1], data[step, :, 1:]
+
+    def rows(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if case.corrupt == "same-data":
-            xs, ys = x[:pm.replica_rows], y[:pm.replica_rows]
-        else:
-            xs, ys = pm.local_batch(x), pm.local_batch(y)
-        losses.append(pm.step(xs, ys))
+            return x[:pm.replica_rows], y[:pm.replica_rows]
+        return pm.local_batch(x), pm.local_batch(y)
+
+    for step in range(STEPS):
+        losses.append(pm.step(*rows(data[step, :, :-1], data[step, :, 1:])))
         norms.append(pm.last_grad_norm)
+    ev = held_out(model_spec)
+    eval_loss = pm.eval_loss([rows(ev[:, :-1], ev[:, 1:])])
     reporter = all(mesh.get_local_rank(d) == 0 for d in ("dp_replicate", "dp_shard", "tp"))
     weights = {}
     for name, p in pm.named_parameters():
@@ -124,7 +138,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
         if reporter:
             weights[name] = full.detach().cpu().clone()
     dist.barrier()
-    return losses, norms, weights
+    return losses, norms, weights, eval_loss
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
@@ -141,10 +155,10 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue"
     for case in cases:
         try:
             start = time.perf_counter()
-            losses, norms, weights = run_case(case, world)
+            losses, norms, weights, eval_loss = run_case(case, world)
             buf = io.BytesIO()
             torch.save(weights, buf)
-            out.put((rank, case.name, "ok", (losses, norms, buf.getvalue(), time.perf_counter() - start)))
+            out.put((rank, case.name, "ok", (losses, norms, buf.getvalue(), time.perf_counter() - start, eval_loss)))
         except Exception:
             out.put((rank, case.name, "error", traceback.format_exc()))
             return
@@ -195,9 +209,9 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
                 if len(partial[name]) == world:
                     ranks = partial.pop(name)
                     weights: dict[str, torch.Tensor] = {}
-                    for _, _, blob, _ in ranks.values():
+                    for _, _, blob, _, _ in ranks.values():
                         weights.update(torch.load(io.BytesIO(blob)))
-                    runs[name] = Run(ranks[0][0], weights, ranks[0][1])
+                    runs[name] = Run(ranks[0][0], weights, ranks[0][1], ranks[0][4])
                     seconds[name] = max(r[3] for r in ranks.values())
     finally:
         for p in procs:
@@ -215,7 +229,8 @@ WEIGHT_TOL = 1e-4
 
 
 def mismatch(run: Run, ref: Run) -> str:
-    """Empty when ``run`` matches ``ref`` (losses and final weights); otherwise what differs."""
+    """Empty when ``run`` matches ``ref`` (losses, gradient norms, final weights and the eval loss
+    after them); otherwise what differs."""
     problems = []
     if len(run.losses) != len(ref.losses):
         return f"{len(run.losses)} losses, reference has {len(ref.losses)}"
@@ -226,6 +241,9 @@ def mismatch(run: Run, ref: Run) -> str:
     for i, (got, want) in enumerate(zip(run.grad_norms, ref.grad_norms)):
         if abs(got - want) > LOSS_RTOL * abs(want):
             problems.append(f"step {i}: gradient norm {got:.9g} vs reference {want:.9g}")
+    if ref.eval_loss is not None and (run.eval_loss is None
+                                      or abs(run.eval_loss - ref.eval_loss) > LOSS_RTOL * abs(ref.eval_loss)):
+        problems.append(f"eval loss {run.eval_loss} vs reference {ref.eval_loss:.9g}")
     missing = sorted(set(ref.weights) - set(run.weights))
     extra = sorted(set(run.weights) - set(ref.weights))
     if missing or extra:

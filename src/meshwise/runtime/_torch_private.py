@@ -5,6 +5,9 @@
   and ``torch.distributed.pipelining`` stages already treat it as an ``FSDPModule``.
 - ``flatten_mesh``: ``DeviceMesh._flatten`` joins several mesh dims into one (the whole DP group
   of an HSDP mesh, for replication).
+- ``forward_only_schedule``: a schedule's lowered ``pipeline_order_with_comms`` and
+  ``_ComputationType`` (``torch.distributed.pipelining.schedules``), to evaluate under
+  ``ScheduleZBVZeroBubble``, whose own ``eval`` fails in torch 2.13.
 """
 
 from __future__ import annotations
@@ -22,3 +25,24 @@ def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
 def flatten_mesh(mesh: DeviceMesh, dims: tuple[str, ...], name: str) -> DeviceMesh:
     """One 1-D mesh over the ranks of ``dims`` (row-major), named ``name``."""
     return mesh[dims]._flatten(name)
+
+
+def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_fn):
+    """A ``schedule_cls`` over ``stages`` whose lowered action order keeps its forwards and their
+    sends, receives, unshards and reshards, and drops every backward-side action.
+
+    torch 2.13's ``ScheduleZBVZeroBubble.eval`` still walks the backward actions, and where the V
+    puts two adjacent stages on one rank it asserts ("can't steal_bwd_input if this stage doesn't
+    have backward"). Each rank keeps its forward-side actions in their order, and forwards depend
+    only on forwards, so the order stays runnable. A new instance, so no per-step state is shared
+    with the training schedule; ``pipeline_order_with_comms`` is ``_PipelineScheduleRuntime``'s.
+    """
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    keep = {T.FORWARD, T.SEND_F, T.RECV_F, T.UNSHARD, T.RESHARD}
+    runtime = schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    order = runtime.pipeline_order_with_comms
+    for rank, actions in order.items():
+        flat = [sub for a in actions for sub in (a.sub_actions or (a,))]
+        order[rank] = [a for a in flat if a.computation_type in keep]
+    return runtime

@@ -29,7 +29,7 @@ from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatc
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
-from meshwise.runtime.pipeline import build_schedule, build_stages, chunk_bounds, my_chunks
+from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 from meshwise.spec import ModelSpec
 
@@ -50,6 +50,7 @@ class ParallelModel:
     optimizer: torch.optim.Optimizer
     optim_config: OptimConfig
     stages: list = field(default_factory=list)
+    eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
     last_grad_norm: float = 0.0
 
     @property
@@ -137,7 +138,7 @@ class ParallelModel:
         if backward:
             self.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
         else:
-            self.schedule.eval(*args, **kwargs)
+            self.eval_schedule.eval(*args, **kwargs)
         for loss in losses:
             local += loss.detach().double()
 
@@ -182,7 +183,7 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     modules = [_build_chunk(model_spec, layout, mesh, c, seed, device) for c in chunk_ids]
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
-    schedule, stages = None, []
+    schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
         # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
         act_dtype = torch.bfloat16 if mesh.device_type == "cuda" and layout.dp > 1 else torch.float32
@@ -193,6 +194,7 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
             return loss_sum(logits, targets) / tokens
 
         schedule = build_schedule(stages, layout, layout.accum(global_batch), loss_fn)
+        eval_schedule = build_eval_schedule(schedule, stages, layout.accum(global_batch), loss_fn)
     return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
                          chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
-                         optim_config=optim, stages=stages)
+                         optim_config=optim, stages=stages, eval_schedule=eval_schedule)

@@ -6,6 +6,8 @@ first chunk, final norm + head + loss on the last); chunk c runs on pipeline ran
 Schedules: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved-1f1b ->
 ScheduleInterleaved1F1B, zero-bubble -> ScheduleZBVZeroBubble (vpp=2, V placement) or
 ScheduleInterleavedZeroBubble (otherwise). Micro-batches per step = the layout's accum.
+Evaluation runs the schedule's ``eval``, except under ScheduleZBVZeroBubble (see
+:func:`build_eval_schedule`).
 
 Stage shapes are given statically (so torch runs no metadata-inference pass): token ids
 (mbs, seq) into the first chunk, hidden states (mbs, seq/tp if SP else seq, hidden) between
@@ -31,6 +33,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from meshwise.layout import Layout, rank_chunks, stage_layers
+from meshwise.runtime._torch_private import forward_only_schedule
 from meshwise.spec import ModelSpec
 
 
@@ -81,3 +84,12 @@ def build_schedule(stages: list[PipelineStage], layout: Layout, n_microbatches: 
             return ScheduleZBVZeroBubble(stages, **kwargs)
         return ScheduleInterleavedZeroBubble(stages, **kwargs)
     raise ValueError(f"unknown schedule {layout.schedule!r}")
+
+
+def build_eval_schedule(schedule: _PipelineSchedule, stages: list[PipelineStage], n_microbatches: int,
+                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> _PipelineSchedule:
+    """The schedule whose ``eval`` computes held-out losses: ``schedule`` itself, or for
+    ScheduleZBVZeroBubble (whose ``eval`` fails in torch 2.13) its forwards alone, in its order."""
+    if isinstance(schedule, ScheduleZBVZeroBubble):
+        return forward_only_schedule(ScheduleZBVZeroBubble, stages, n_microbatches, loss_fn)
+    return schedule
