@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.files import write_atomically
 from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
@@ -142,10 +143,7 @@ def format_toml(table: dict[str, Any]) -> str:
 
 def write_profile(path: str | Path, table: dict[str, Any]) -> None:
     """Write atomically: a temporary file beside ``path``, then a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_toml(table))
-    tmp.replace(path)
+    write_atomically(path, format_toml(table))
 
 
 def physical_memory_bytes() -> int:
@@ -349,9 +347,7 @@ def worker_main(argv: list[str] | None = None) -> int:
             "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                      f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {args.seq_len} tokens"),
         }
-        tmp = Path(args.out) / "result.json.tmp"
-        tmp.write_text(json.dumps(result))
-        tmp.replace(Path(args.out) / "result.json")
+        write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()
     end_process_group()
     return 0

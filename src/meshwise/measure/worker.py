@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError
+from meshwise.files import write_atomically
 from meshwise.layout import Layout, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
@@ -122,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         record["model"] = args.model
         folder = Path(args.out) / str(i)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"rank{record['rank']}.json.tmp"
-        tmp.write_text(json.dumps(record))
-        tmp.replace(folder / f"rank{record['rank']}.json")
+        write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
         gc.collect()
     end_process_group()
     return 0

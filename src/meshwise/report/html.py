@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Sequence
-from pathlib import Path
 
 
 def image(png: bytes, alt: str) -> str:
@@ -39,11 +38,3 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def write_atomically(path: str | Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename it: a reader never sees half a report."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -17,9 +17,10 @@ from typing import Any
 
 from meshwise.cost.estimate import estimate
 from meshwise.cost.pipeline import Op, simulate
+from meshwise.files import write_atomically
 from meshwise.layout import Layout
 from meshwise.report import figures
-from meshwise.report.html import image, page, paragraphs, table, write_atomically
+from meshwise.report.html import image, page, paragraphs, table
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 GROUPS = (("memory", "memory per category (bytes)"), ("comm", "collectives per step (bytes, calls)"),

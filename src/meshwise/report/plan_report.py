@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.cost.pipeline import simulate
+from meshwise.files import write_atomically
 from meshwise.planner import Plan, search
 from meshwise.report import figures
-from meshwise.report.html import image, page, paragraphs, table, write_atomically
+from meshwise.report.html import image, page, paragraphs, table
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
