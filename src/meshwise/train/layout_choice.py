@@ -3,20 +3,16 @@
 The live cluster is what torchrun says (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``: world / ranks per
 node = nodes) on the local device: CUDA -> the catalog profile of the GPU's name, with the memory
 the device reports; CPU -> the ``cpu`` profile. The search is restricted (``planner.search``'s
-``where=``) to layouts this runtime runs for the given model and sequence: the runtime refuses
-pp > 1 with tied embeddings, sequence parallelism needs the sequence divisible by tp, and
-selective activation checkpointing fails under the zero-bubble schedules (their split backward
-runs each checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids).
+``where=``) to layouts this runtime runs for the given model and sequence
+(:func:`meshwise.layout.runtime_refusal` says which, and why).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
-
 from meshwise import planner
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout, parse, validate
+from meshwise.layout import Layout, check_runnable, check_seq_len, parse, runs_here
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
 
 # Substrings of torch.cuda.get_device_name() -> catalog accelerator (checked in order).
@@ -65,47 +61,17 @@ def profile_cluster(profile: str, world: int, local_world: int) -> ClusterSpec:
         raise MeshwiseError(f"--layout.profile: {str(e).removeprefix('--gpu ').removeprefix('--gpu: ')}") from None
 
 
-def runnable(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
-    """What the runtime can run beyond :func:`meshwise.layout.validate` (see ``runtime.parallelize``)."""
-    def ok(layout: Layout) -> bool:
-        if model.tied_embeddings and layout.pp > 1:
-            return False
-        if layout.sp and seq_len % layout.tp:
-            return False
-        if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
-            return False
-        return True
-    return ok
-
-
-def check_runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> None:
-    """Refuse, in one line, a given layout that cannot run here."""
-    validate(layout, model, world, global_batch)
-    if seq_len > model.max_seq:
-        raise MeshwiseError(f"--data.seq_len: {seq_len} is longer than the model's max_seq {model.max_seq}")
-    if not runnable(model, seq_len)(layout):
-        if model.tied_embeddings and layout.pp > 1:
-            raise MeshwiseError(f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported "
-                                "by the runtime; use pp=1")
-        if layout.ac == "selective" and layout.schedule == "zero-bubble":
-            raise MeshwiseError("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the "
-                                "split backward runs a selectively checkpointed region twice); use ac=full or another "
-                                "schedule")
-        raise MeshwiseError(f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}")
-
-
-def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
+def choose(layout_text: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
            device_type: str, profile: str = "") -> tuple[Layout, list[str]]:
-    """(layout, explanation lines). ``spec`` is ``auto`` or a layout text."""
-    if seq_len > model.max_seq:
-        raise MeshwiseError(f"--data.seq_len: {seq_len} is longer than the model's max_seq {model.max_seq}")
-    if spec != "auto":
-        layout = parse(spec, world)
-        check_runnable(layout, model, world, global_batch, seq_len)
+    """(layout, explanation lines). ``layout_text`` is ``auto`` or a layout text."""
+    check_seq_len(model, seq_len, "--data.seq_len")
+    if layout_text != "auto":
+        layout = parse(layout_text, world)
+        check_runnable(layout, model, world, global_batch, seq_len, seq_field="--data.seq_len")
         return layout, [f"Layout (given): {layout.short()}"]
     live = live_cluster(world, local_world, device_type, profile)
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
-    result = planner.search(model, live.cluster, train, top=5, where=runnable(model, seq_len))
+    result = planner.search(model, live.cluster, train, top=5, where=runs_here(model, seq_len))
     if not result.best:
         raise MeshwiseError(f"layout auto: no layout of {world} rank(s) fits {model.name} with global batch "
                             f"{global_batch} x {seq_len} tokens; give --layout, a smaller model or more devices")
