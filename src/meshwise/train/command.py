@@ -75,8 +75,8 @@ def train_main(argv: list[str]) -> int:
     prep = loop.preflight(cfg)
     from meshwise.train import layout_choice
 
-    if cfg.layout.spec != "auto":
-        layout_choice.choose(cfg.layout.spec, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
+    if cfg.layout.choice != "auto":
+        layout_choice.choose(cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
                              "cpu")
     if nproc == 1:
         with launch.single_process_env():

@@ -36,7 +36,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LayoutConfig:
-    spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
+    choice: str = "auto"  # "auto" (the planner decides for the live cluster) or a layout text, e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
 
 
@@ -103,7 +103,7 @@ ALIASES: dict[str, str] = {
     "--model": "model.name",
     "--data": "data.path",
     "--seq-len": "data.seq_len",
-    "--layout": "layout.spec",
+    "--layout": "layout.choice",
     "--lr": "optimizer.lr",
     "--steps": "schedule.steps",
     "--global-batch": "schedule.global_batch",
