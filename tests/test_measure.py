@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from _transport import once_more_on_transport_error
-from test_parity import CASES
+from _parity_cases import CASES
 
 from meshwise.measure.compare import rows_for
 from meshwise.measure.run import run_workers
