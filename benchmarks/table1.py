@@ -1,4 +1,4 @@
-"""Narayanan et al. 2021 Table 1 (shared/reference/published.md): the calibration rows.
+"""Narayanan et al. 2021 Table 1 (docs/sources.md): the calibration rows.
 
 Each row fixes the model, GPUs, TP, PP and batch; the paper used the interleaved schedule, full
 recompute and tuned micro-batch size and chunks, so meshwise's prediction for a row is the best
