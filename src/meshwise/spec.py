@@ -17,6 +17,7 @@ from meshwise.errors import MeshwiseError
 MLP_KINDS = ("gelu", "swiglu")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
+RUNTIMES = ("meshwise", "megatron")
 
 
 def cached_hash(self) -> int:
@@ -244,6 +245,21 @@ class AcceleratorSpec:
     efficiency_half_width: float = 0.0
     comm_overlap: bool = True
     source: str = ""
+    # The GPU op model (cost/kernels.py); a profile without sm_count keeps the flat curve above.
+    sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
+    gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
+    gemm_tile_n: int = 256
+    gemm_efficiency: float = 0.0       # fraction of peak a GEMM's busy tiles reach (fitted: benchmarks/fidelity.py)
+    attention_efficiency: float = 0.0  # fraction of peak of the fused (flash) attention kernel, forward + backward
+    hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
+    runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
+
+    __hash__ = cached_hash
+
+    @property
+    def has_op_model(self) -> bool:
+        """True when the profile declares the GPU fields: compute is costed per operation."""
+        return self.sm_count > 0 and self.gemm_efficiency > 0
 
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
@@ -286,7 +302,8 @@ class ClusterSpec:
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name"}
+               "efficiency_half_width", "comm_overlap", "source", "name", "sm_count", "gemm_tile_m", "gemm_tile_n",
+               "gemm_efficiency", "attention_efficiency", "hbm_efficiency", "runtime"}
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -307,6 +324,31 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
+def _gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
+    """The op model's keys of a profile, checked: positive counts, fractions in (0, 1], a known runtime."""
+    out: dict[str, Any] = {}
+    for key in ("sm_count", "gemm_tile_m", "gemm_tile_n"):
+        if key in table:
+            value = table[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be a positive integer, got {value!r}")
+            out[key] = value
+    for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency"):
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be a fraction in (0, 1], got {value!r}")
+            out[key] = float(value)
+    if "runtime" in table:
+        if table["runtime"] not in RUNTIMES:
+            raise MeshwiseError(f"--gpu {gpu}: runtime must be one of {', '.join(RUNTIMES)}, got {table['runtime']!r}")
+        out["runtime"] = table["runtime"]
+    if out.get("sm_count") and out.get("gemm_efficiency"):
+        out.setdefault("attention_efficiency", out["gemm_efficiency"] / 2)
+        out.setdefault("hbm_efficiency", 0.8)
+    return out
+
+
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
@@ -322,7 +364,7 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
             efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")))
+            source=str(table.get("source", "")), **_gpu_fields(table, gpu))
         intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
         inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
     except KeyError as missing:
@@ -348,6 +390,9 @@ class TrainSpec:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
+    runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
+    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
+    fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
 
     __hash__ = cached_hash
 
@@ -360,6 +405,13 @@ class TrainSpec:
             raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.runtime not in RUNTIMES:
+            raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+    @property
+    def tp_overlap(self) -> bool:
+        """Whether TP collectives overlap GEMMs: the explicit setting, else the runtime's default."""
+        return self.runtime == "megatron" if self.overlap_tp_comm is None else self.overlap_tp_comm
 
     @property
     def tokens_per_step(self) -> int:
