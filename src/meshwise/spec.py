@@ -18,6 +18,7 @@ MLP_KINDS = ("gelu", "swiglu")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
 RUNTIMES = ("meshwise", "megatron")
+SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
 
 
 def cached_hash(self) -> int:
@@ -393,6 +394,8 @@ class TrainSpec:
     runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
     overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
+    selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
+                                        # "every-other-matmul" (its op SAC also recomputes every second mm)
 
     __hash__ = cached_hash
 
@@ -407,6 +410,8 @@ class TrainSpec:
             raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.runtime not in RUNTIMES:
             raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
 
     @property
     def tp_overlap(self) -> bool:

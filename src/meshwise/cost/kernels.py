@@ -19,6 +19,8 @@ One micro-batch of ``T = mbs * s`` tokens on one TP rank:
   the forward's bytes.
 - **Recompute** as what is recomputed: ``full`` re-runs the block's forward; meshwise's ``selective``
   re-runs its memory-bound ops (src/meshwise/recompute.py keeps matmul and attention outputs);
+  torchtitan's op-level selective (``selective_policy = "every-other-matmul"``) also re-runs every
+  second matmul in forward order (the K projection, the output projection and the up projection);
   Megatron's ``selective`` re-runs the attention core (free under flash attention, which recomputes
   inside its own backward).
 
@@ -112,8 +114,14 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     bwd += attn_b + 2 * mem_f
     if ac == "full":
         recompute = fwd
+    elif ac == "selective" and train.runtime == "megatron":
+        recompute = 0.0 if train.fused_attention else attn_f
     elif ac == "selective":
-        recompute = mem_f if train.runtime == "meshwise" else (0.0 if train.fused_attention else attn_f)
+        recompute = mem_f
+        if train.selective_policy == "every-other-matmul":
+            up = model.ffn_hidden / tp
+            recompute += sum(gemm_seconds(tokens, n, k, accel, peak, e)
+                             for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
     else:
         recompute = 0.0
     return fwd, bwd, recompute
