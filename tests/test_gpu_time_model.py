@@ -133,3 +133,10 @@ def test_fit_moves_the_prediction():
     r = next(r for r in runs if r.gpu == "h100")
     assert predict(r, 0.5) > predict(r, 0.8)
     assert replace(r.cluster.accelerator, gemm_efficiency=0.5).has_op_model
+
+
+def test_plan_json_names_the_runtime_predicted(capsys):
+    assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json"]) == 0
+    assert '"runtime": "meshwise"' in capsys.readouterr().out
+    assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json", "--runtime", "megatron"]) == 0
+    assert '"runtime": "megatron"' in capsys.readouterr().out
