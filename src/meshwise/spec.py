@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.spec_gpu import GPU_KEYS, RUNTIMES, SELECTIVE_POLICIES, gpu_fields
 
 MLP_KINDS = ("gelu", "swiglu")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
-RUNTIMES = ("meshwise", "megatron")
-SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
 
 
 def cached_hash(self) -> int:
@@ -303,8 +302,7 @@ class ClusterSpec:
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name", "sm_count", "gemm_tile_m", "gemm_tile_n",
-               "gemm_efficiency", "attention_efficiency", "hbm_efficiency", "runtime"}
+               "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -325,31 +323,6 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
-def _gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
-    """The op model's keys of a profile, checked: positive counts, fractions in (0, 1], a known runtime."""
-    out: dict[str, Any] = {}
-    for key in ("sm_count", "gemm_tile_m", "gemm_tile_n"):
-        if key in table:
-            value = table[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MeshwiseError(f"--gpu {gpu}: {key} must be a positive integer, got {value!r}")
-            out[key] = value
-    for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency"):
-        if key in table:
-            value = table[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise MeshwiseError(f"--gpu {gpu}: {key} must be a fraction in (0, 1], got {value!r}")
-            out[key] = float(value)
-    if "runtime" in table:
-        if table["runtime"] not in RUNTIMES:
-            raise MeshwiseError(f"--gpu {gpu}: runtime must be one of {', '.join(RUNTIMES)}, got {table['runtime']!r}")
-        out["runtime"] = table["runtime"]
-    if out.get("sm_count") and out.get("gemm_efficiency"):
-        out.setdefault("attention_efficiency", out["gemm_efficiency"] / 2)
-        out.setdefault("hbm_efficiency", 0.8)
-    return out
-
-
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
@@ -365,7 +338,7 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
             efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")), **_gpu_fields(table, gpu))
+            source=str(table.get("source", "")), **gpu_fields(table, gpu))
         intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
         inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
     except KeyError as missing:
