@@ -32,7 +32,9 @@ def predict(row: tuple, cluster: ClusterSpec | None = None) -> float:
     model = load_model(name)
     cluster = cluster or load_cluster("a100-80gb", gpus, 8)
     # Megatron-LM (2021) reduced data-parallel gradients after the backward, without overlap.
-    train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed", overlap_dp_comm=False)
+    # Megatron-LM 2021: no TP overlap and an unfused softmax attention (flash attention came in 2022).
+    train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed", overlap_dp_comm=False,
+                      runtime="megatron", overlap_tp_comm=False, fused_attention=False)
     result = search(model, cluster, train, top=1,
                     where=lambda l: l.tp == tp and l.pp == pp and l.zero == 0 and l.ac == "full"
                     and l.schedule in ("1f1b", "interleaved-1f1b"))

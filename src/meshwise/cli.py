@@ -9,10 +9,11 @@ import argparse
 import json
 import sys
 
-from meshwise.errors import run_command
+from meshwise.errors import MeshwiseError, run_command
 from meshwise.plan_command import (DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_SEQ_CAP,
                                    DEFAULT_SEQ_STATES_ONLY, DEFAULT_TOP)
 
+RUNTIME_CHOICES = ("meshwise", "megatron")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); default bf16-mixed")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
+    p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
+                   help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
+                        "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
+                        "runtime key, else meshwise")
     p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
@@ -76,11 +81,21 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
     m.add_argument("--gpu", default="cpu", help="profile the prediction uses: catalog name or calibrated .toml (default: cpu)")
+    m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
+                   help="the runtime measured; only meshwise (this project's own) can run here")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
     m.add_argument("--report", metavar="HTML", help="also write an HTML report with pictures (needs meshwise[report])")
 
 
+def _only_meshwise(runtime: str, command: str) -> None:
+    """measure and calibrate run this project's runtime; Megatron-LM is not installed to be timed."""
+    if runtime != "meshwise":
+        raise MeshwiseError(f"--runtime: {command} can only run meshwise's own runtime here, not {runtime!r}; "
+                            f"use 'meshwise plan --runtime {runtime}' for its prediction")
+
+
 def _measure(args: argparse.Namespace) -> int:
+    _only_meshwise(args.runtime, "measure")
     from meshwise.measure.command import measure_main
 
     return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
@@ -95,10 +110,13 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
     c.add_argument("--model", default="small", help="model whose block shapes are timed (default: small)")
     c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
+    c.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
+                   help="the runtime calibrated; only meshwise (this project's own) can run here")
     c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    _only_meshwise(args.runtime, "calibrate")
     from meshwise.measure.calibrate import calibrate
 
     table = calibrate(args.nproc_per_node, args.model, args.out, args.seq_len)
@@ -149,7 +167,8 @@ def _plan(args: argparse.Namespace) -> int:
     from meshwise.plan_command import plan_main
 
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
-                     args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report)
+                     args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
+                     args.runtime)
 
 
 def main(argv: list[str] | None = None) -> int:

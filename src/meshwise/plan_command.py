@@ -18,8 +18,10 @@ DEFAULT_TOP = 5
 
 def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int, gpus_per_node: int | None,
               seq_len: int | None, global_batch: int, precision: str, optimizer: str, layout_text: str | None,
-              top: int, headroom: float | None, as_json: bool, report: str | None) -> int:
-    """Check every input, then plan and print; ``layout_text`` evaluates that one layout."""
+              top: int, headroom: float | None, as_json: bool, report: str | None,
+              runtime: str | None = None) -> int:
+    """Check every input, then plan and print; ``layout_text`` evaluates that one layout; ``runtime``
+    (meshwise or megatron) defaults to the profile's ``runtime`` key, else meshwise."""
     from meshwise import planner, spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
     from meshwise.layout import check_runnable, parse
@@ -28,7 +30,9 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     cluster = spec.load_cluster(gpu, gpus, gpus_per_node)
     if seq_len is None:
         seq_len = DEFAULT_SEQ_STATES_ONLY if model.states_only else min(model.max_seq, DEFAULT_SEQ_CAP)
-    train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer)
+    runtime = runtime or cluster.accelerator.runtime or "meshwise"
+    train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                           runtime=runtime)
     if top < 1:
         raise MeshwiseError(f"--top: {top} must be at least 1")
     headroom = DEFAULT_HEADROOM if headroom is None else headroom
@@ -43,7 +47,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         check_runnable(chosen, model, cluster.world_size, global_batch, seq_len, seq_field="--seq-len")
     result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen)
     if as_json:
-        print(json.dumps(result.as_json()))
+        print(json.dumps({**result.as_json(), "runtime": runtime}))
     else:
         from meshwise.show import print_plan
         print_plan(model, cluster, train, result)

@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from meshwise.cost import memory
+from meshwise.cost import memory, pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, validate
@@ -297,7 +297,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
         m = lay.accum(train.global_batch)
         if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
             out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
-                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}.")
+                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}. "
+                       f"What would remove it: {pipeline.bubble_remedy(lay.schedule, lay.pp, lay.vpp, m, model.layers)}.")
     if cluster.nodes > 1:
         out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
                    "failure costs minutes, not the run.")
