@@ -87,15 +87,37 @@ def enumerate_layouts(model: ModelSpec, world: int, global_batch: int) -> Iterat
                     yield replace(base, mbs=mbs, ac=ac)
 
 
+TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
+
+
 def _simplicity(layout: Layout) -> tuple:
-    """Tie-break between equally fast layouts: fewer parallel dimensions and less machinery first."""
-    return (layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1, layout.ac != "none",
-            layout.vpp, -layout.mbs, not layout.sp)
+    """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
+    memory, which a fitting layout does not need), then fewer parallel dimensions and less machinery."""
+    return (layout.ac != "none", -layout.mbs, layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1,
+            layout.vpp, not layout.sp)
 
 
 def _rank_key(e: Estimate) -> tuple:
-    """Fastest first; among equally fast layouts, the one with less memory, then the simpler one."""
-    return (round(-e.tokens_per_s, 3), round(e.memory.total), _simplicity(e.layout))
+    """Fastest first; among equally fast layouts the simpler one, then the one with less memory."""
+    return (round(-e.tokens_per_s, 3), _simplicity(e.layout), round(e.memory.total))
+
+
+def break_ties(ranked: list[Estimate], usable_bytes: float) -> list[Estimate]:
+    """Reorder the layouts whose predicted step is within ``TIE`` of the fastest one.
+
+    While the fastest leaves at least half the usable memory free, memory is not short: the tie
+    goes to less machinery (:func:`_simplicity`). Otherwise the tie goes to the least memory.
+    """
+    if not ranked:
+        return ranked
+    fastest = ranked[0].time.step_s
+    band = [e for e in ranked if e.time.step_s <= fastest * (1 + TIE)]
+    rest = ranked[len(band):]
+    if ranked[0].memory.total <= 0.5 * usable_bytes:
+        band.sort(key=lambda e: (_simplicity(e.layout), e.time.step_s))
+    else:
+        band.sort(key=lambda e: (round(e.memory.total), e.time.step_s))
+    return band + rest
 
 
 @dataclass
@@ -160,6 +182,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     keys.insert(at, key_e)
                     result.best.insert(at, e)
                     del keys[keep:], result.best[keep:]
+    result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]
     return result
@@ -270,9 +293,11 @@ def _why_winner(best: list[Estimate]) -> str:
              "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
     slower = r.time.step_s / w.time.step_s - 1
-    if slower < 0.005:
-        return head + (f" Runner-up {r.layout.short()} is within 0.5% ({slower:.2%}): a tie within the model's "
-                       "accuracy; the chosen one needs less memory or less machinery.")
+    if slower < TIE:
+        why = ("less machinery (no recompute, no accumulation first): memory is not short"
+               if _simplicity(w.layout) < _simplicity(r.layout) else "less memory")
+        return head + (f" Runner-up {r.layout.short()} is within {TIE:.0%} ({slower:+.1%}): a tie within the time "
+                       f"model's accuracy; the chosen one needs {why}.")
     return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "
                    f"{delta:.3g} s more per step (the binding constraint).")
 

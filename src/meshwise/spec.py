@@ -14,6 +14,7 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 from meshwise.spec_gpu import GPU_KEYS, RUNTIMES, SELECTIVE_POLICIES, gpu_fields
+from meshwise.spec_host import HOST_KEYS, host_fields
 
 MLP_KINDS = ("gelu", "swiglu")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
@@ -253,6 +254,11 @@ class AcceleratorSpec:
     attention_efficiency: float = 0.0  # fraction of peak of the fused (flash) attention kernel, forward + backward
     hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
     runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
+    # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.
+    op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
+    checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
+    selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
+    thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
 
     __hash__ = cached_hash
 
@@ -302,7 +308,7 @@ class ClusterSpec:
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS
+               "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS | HOST_KEYS
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -338,7 +344,7 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
             efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")), **gpu_fields(table, gpu))
+            source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu))
         intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
         inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
     except KeyError as missing:

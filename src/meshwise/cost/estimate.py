@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, kernels, memory
+from meshwise.cost import comm, compute, host, kernels, memory
 from meshwise.cost import pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -256,7 +256,8 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
 
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                     shape: RankShape) -> float:
-    """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency."""
+    """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
+    host time of launching its operators (cost/host.py; 0 on GPU profiles)."""
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
@@ -270,7 +271,9 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd) / layout.tp
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    return flops / (peak * _efficiency(model, cluster, layout))
+    launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
+                                                                shape.has_head, layout.ac, m)
+    return flops / (peak * _efficiency(model, cluster, layout)) + launch_s
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
