@@ -150,6 +150,8 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     prep = preflight(cfg)
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cpu":
+        torch.set_num_threads(layout_choice.threads_per_rank(local_world))
     B, seq = cfg.schedule.global_batch, cfg.data.seq_len
     layout, lines = layout_choice.choose(cfg.layout.choice, prep.model, world, local_world, B, seq, device_type,
                                          cfg.layout.profile)
