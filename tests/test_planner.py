@@ -4,7 +4,7 @@ import pytest
 
 from meshwise.cost.estimate import estimate
 from meshwise.errors import MeshwiseError
-from meshwise.layout import parse, validate
+from meshwise.layout import parse, runs_here, validate
 from meshwise.planner import RUNNER_UP_POOL, TIE, _rank_key, break_ties, enumerate_layouts, plan, search
 from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
@@ -13,7 +13,7 @@ from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 def test_pruned_search_equals_brute_force(name, gpus, batch):
     model, cluster = load_model(name), load_cluster("h100" if name != "tiny" else "cpu", gpus)
     train = TrainSpec(batch, min(model.max_seq, 4096), "bf16-mixed")
-    layouts = list(enumerate_layouts(model, gpus, batch))
+    layouts = list(enumerate_layouts(model, gpus, batch, runs_here(model, train.seq_len)))
     for lay in layouts:
         validate(lay, model, gpus, batch)  # everything enumerated is valid
     every = [estimate(model, cluster, train, lay) for lay in layouts]

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from meshwise.cost import memory, pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
-from meshwise.layout import AC_MODES, Layout, check_microbatches, validate
+from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here, validate
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
@@ -78,10 +78,13 @@ def _schedule_ok(layout: Layout, m: int) -> bool:
     return True
 
 
-def enumerate_layouts(model: ModelSpec, world: int, global_batch: int) -> Iterator[Layout]:
-    """Every valid layout of ``world`` ranks for this model and batch."""
+def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
+                      where: Callable[[Layout], bool] | None = None) -> Iterator[Layout]:
+    """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
     for base, mbs_options in _structures(model, world, global_batch):
         for ac in _ac_modes(model):
+            if where is not None and not where(replace(base, ac=ac)):
+                continue
             for mbs in mbs_options:
                 if _schedule_ok(base, global_batch // (base.dp * mbs)):
                     yield replace(base, mbs=mbs, ac=ac)
@@ -134,8 +137,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
     timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
-    estimated further. ``where`` restricts the search (it sees each layout with mbs=1).
+    estimated further. ``where`` restricts the search (it sees each layout with mbs=1); by default,
+    for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
     """
+    if where is None and train.runtime == "meshwise" and not model.states_only:
+        where = runs_here(model, train.seq_len)
 
     keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
@@ -223,7 +229,7 @@ def _precision_note(train: TrainSpec) -> str:
 
 def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
             headroom: float = DEFAULT_HEADROOM) -> list[str]:
-    """Walk the decision order of design.md with the numbers, then compare the winner to the runner-up."""
+    """Walk the decision order of docs/design.md with the numbers, then compare the winner to the runner-up."""
     accel = cluster.accelerator
     usable = accel.memory_bytes * (1 - headroom)
     n = cluster.world_size
@@ -303,7 +309,7 @@ def _why_winner(best: list[Estimate]) -> str:
 
 
 def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None) -> list[str]:
-    """The anti-patterns of design.md, for the chosen (or evaluated) layout."""
+    """The anti-patterns of docs/design.md, for the chosen (or evaluated) layout."""
     out: list[str] = []
     tokens = train.tokens_per_step
     if tokens > 16 * 2**20:

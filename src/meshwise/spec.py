@@ -412,7 +412,7 @@ class TrainSpec:
 
     @property
     def optimizer_bytes(self) -> int:
-        """Optimizer bytes per parameter (design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
+        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
         moments = 8 if self.optimizer == "adamw" else 4
         master = 4 if self.precision == "bf16-mixed" else 0
         return moments + master
