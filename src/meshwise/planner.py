@@ -95,9 +95,10 @@ TIE = 0.03  # predicted steps this close to the fastest are a tie within the tim
 
 def _simplicity(layout: Layout) -> tuple:
     """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
-    memory, which a fitting layout does not need), then fewer parallel dimensions and less machinery."""
-    return (layout.ac != "none", -layout.mbs, layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1,
-            layout.vpp, not layout.sp)
+    memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
+    then fewer parallel dimensions and less machinery."""
+    return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.tp > 1, layout.zero,
+            layout.replicate > 1, layout.vpp, not layout.sp)
 
 
 def _rank_key(e: Estimate) -> tuple:

@@ -258,6 +258,7 @@ class AcceleratorSpec:
     op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
     checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
     selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
+    tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
 
     __hash__ = cached_hash

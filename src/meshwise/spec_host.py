@@ -12,7 +12,7 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s")
+HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
 HOST_KEYS = set(HOST_SECONDS_KEYS) | {"thread_efficiency"}
 
 

@@ -233,6 +233,15 @@ def _p2p_latency_s(model: ModelSpec, train: TrainSpec, layout: Layout, cluster: 
     return comm.collective_seconds("send", 2, message, link)
 
 
+def _fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> float:
+    """FSDP2's copy-in and copy-out around each of its all-gathers and reduce-scatters: the
+    parameters (gradients) are copied into the flat communication buffer and back out, about twice
+    the gathered bytes through memory. Charged where nothing overlaps (``comm_overlap = false``,
+    CPU ranks), where they run on the same cores as everything else."""
+    moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
+    return 2.0 * moved / memory_bytes_per_s
+
+
 def rank_memories(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> tuple[Memory, ...]:
     """Memory of each distinct pipeline rank (memory.rank_shapes order)."""
     m = layout.accum(train.global_batch)
@@ -272,7 +281,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd) / layout.tp
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
-                                                                shape.has_head, layout.ac, m)
+                                                                shape.has_head, layout.ac, m, layout.tp)
     return flops / (peak * _efficiency(model, cluster, layout)) + launch_s
 
 
@@ -340,6 +349,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                 dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
+        if not accel.comm_overlap:
+            dp_s += _fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
         busy = compute_s + tp_s + pp_s + dp_s
         stages.append(compute_s + tp_s)
         if worst is None or busy > worst[0]:

@@ -16,7 +16,11 @@ checkpointing adds, per checkpointed block call:
   but every op still passes through the policy) and, on every op of the forward and the recompute,
   the policy's Python dispatch mode, ``selective_op_s`` each, plus ``checkpoint_call_s``.
 
-``host_seconds = m * (ops * op_overhead_s + recompute extras)``; the three constants are measured
+Under tensor parallelism every block operator is a DTensor operator: its sharding propagation and
+redistribution run in Python, ``tp_op_s`` more per operator (the embedding and head too, which are
+sharded as well).
+
+``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``; the constants are measured
 per machine by ``meshwise calibrate`` (0 in GPU profiles: there the launch queue runs ahead of the
 kernels, which the op model in cost/kernels.py costs instead).
 """
@@ -50,10 +54,12 @@ def recompute_seconds_per_block(accel: AcceleratorSpec, ac: str) -> float:
 
 
 def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_head: bool, ac: str,
-                 microbatches: int) -> float:
-    """Host seconds of one step on one rank: ``m * (ops * op_overhead_s + blocks * recompute extra)``."""
-    if accel.op_overhead_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
+                 microbatches: int, tp: int = 1) -> float:
+    """Host seconds of one step on one rank:
+    ``m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + blocks * recompute extra)``."""
+    per_op_s = accel.op_overhead_s + (accel.tp_op_s if tp > 1 else 0.0)
+    if per_op_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
         return 0.0
-    per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * accel.op_overhead_s
+    per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
               + blocks * recompute_seconds_per_block(accel, ac))
     return microbatches * per_mb

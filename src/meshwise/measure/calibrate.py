@@ -17,6 +17,9 @@ are measured as the training run will see them, and the slowest rank's figure is
   and ``((t_sel - t_none) / blocks - F * op - call) / (2 F)``, never below 0;
 - **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
   op_overhead_s) * matmul rate)``;
+- **DTensor** ``tp_op_s`` (two processes): the same forward + backward with the model under tp=2
+  (the runtime's own TP/SP plan), less the plain one and the TP collectives' latency
+  (``collectives * alpha``, the fitted latency), per operator; 0 when not measured;
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
   wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
   with all cores against one process per core;
@@ -62,7 +65,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "thread_efficiency", "source")
+                "selective_op_s", "tp_op_s", "thread_efficiency", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -108,20 +111,24 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
-    peak = float(result["matmul_flops_per_s"])
-    model_ops = int(result["model_ops"])
-    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
-    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s, 0.5 * float(result["fwd_bwd_s"]))
-    efficiency = min(1.0, float(result["model_flops"]) / (arithmetic_s * peak))
-    cores = int(result.get("cores", 1))
-    rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
-    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
     if nproc > 1:
         latency_s, link_bytes_per_s = fit_alpha_beta([tuple(s) for s in result["collectives"]])
         link_note = "collectives (all-reduce, all-gather, reduce-scatter between compute slices) fitted over gloo"
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
+    peak = float(result["matmul_flops_per_s"])
+    model_ops = int(result["model_ops"])
+    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
+    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s, 0.5 * float(result["fwd_bwd_s"]))
+    efficiency = min(1.0, float(result["model_flops"]) / (arithmetic_s * peak))
+    tp_s = 0.0
+    if result.get("tp_host_s") and nproc > 1:
+        tp_calls = int(result["tp_collectives"])
+        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * latency_s) / model_ops)
+    cores = int(result.get("cores", 1))
+    rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
+    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "name": name,
@@ -140,6 +147,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "op_overhead_s": op_s,
         "checkpoint_call_s": call_s,
         "selective_op_s": sel_s,
+        "tp_op_s": tp_s,
         "thread_efficiency": thread_eff,
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}",
@@ -307,6 +315,45 @@ def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
     return out
 
 
+def runs_tp2(model: ModelSpec) -> bool:
+    """Whether ``model`` splits over tp=2 (heads, KV heads, MLP width and vocabulary even)."""
+    return all(x % 2 == 0 for x in (model.heads, model.kv_heads, model.ffn_hidden, model.vocab))
+
+
+def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float, int]:
+    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 on
+    two ranks, the TP collectives one such micro-batch issues). A fixed number of calls between
+    barriers: both ranks must issue the same collectives."""
+    import torch
+    import torch.distributed as dist
+
+    from meshwise.layout import parse
+    from meshwise.measure.comm_trace import CollectiveTrace
+    from meshwise.runtime import build_mesh, parallelize
+    from meshwise.runtime.model import loss_sum
+
+    layout = parse("tp=2", 2)
+    mesh = build_mesh(layout, model, 1)
+    net = parallelize(model, layout, mesh, 1, seq_len=HOST_TOKENS, seed=0).modules[0]
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def run() -> None:
+        net.zero_grad(set_to_none=True)
+        loss_sum(net(x), y).backward()
+
+    with CollectiveTrace(mesh) as trace:
+        run()
+    best = math.inf
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best, sum(trace.calls.values())
+
+
 def bench_copy(nbytes: int, repeats: int) -> float:
     """Bytes per second read + written by a tensor copy of ``nbytes``."""
     import torch
@@ -394,6 +441,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.barrier()
     mine["host_s"] = bench_host(model, repeats)
     dist.barrier()
+    tp = bench_tp_host(model, repeats) if n == 2 and runs_tp2(model) else (0.0, 0)
+    dist.barrier()
     cores = os.cpu_count() or 1
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         torch.set_num_threads(cores)
@@ -415,6 +464,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             "blocks": model.layers,
             "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
             "cores": cores,
+            "tp_host_s": tp[0],
+            "tp_collectives": tp[1],
             "matmul_all_threads_flops_per_s": everyone[0].get("matmul_all_threads_flops_per_s",
                                                              everyone[0]["matmul_flops_per_s"]),
             "collectives": collectives,
