@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import MeshwiseError, RunStopped
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -27,10 +28,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive_float(text: str) -> float:
+    """A finite number above zero (nan, inf, 0 and negatives are refused)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
     return value
 
 
@@ -163,7 +167,9 @@ def _plan(args: argparse.Namespace) -> int:
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
     if args.report:
+        from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
+        check_output_file("--report", args.report, parent_must_exist=True)
         require_matplotlib()
     chosen = layout_mod.parse(args.layout, cluster.world_size) if args.layout else None
     result = planner.plan(model, cluster, train, top=args.top, headroom=headroom, layout=chosen)
@@ -192,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except MeshwiseError as e:
         print(f"meshwise: error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        print(f"meshwise: error: {e}", file=sys.stderr)
+        return e.status
 
 
 if __name__ == "__main__":
