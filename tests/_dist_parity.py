@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import ModelSpec, load_model
-from meshwise.train.launch import free_port
+from meshwise.launch import free_port
 
 SEED = 0
 DATA_SEED = 1234

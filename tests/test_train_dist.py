@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from meshwise.train.launch import free_port
+from meshwise.launch import free_port
 from test_train import micro_model
 
 STEPS = 20
