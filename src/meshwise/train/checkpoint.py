@@ -67,7 +67,7 @@ def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None
     saved = meta.get("model", {})
     for name in SHAPE_FIELDS:
         if saved.get(name) != getattr(spec, name):
-            raise MeshwiseError(f"checkpoint {path}: a model with {name}={saved.get(name)!r}, but this run's "
+            raise MeshwiseError(f"checkpoint {path}: its {COMMIT_FILE} has {name}={saved.get(name)!r}, but this run's "
                                 f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
 
 
@@ -154,6 +154,15 @@ def _local_bytes(state: dict[str, Any]) -> int:
     return total
 
 
+def _cause(e: BaseException) -> str:
+    """The first rank's underlying exception type (DCP wraps every rank's failure)."""
+    if isinstance(e, dcp.CheckpointException) and e.failures:
+        inner = next(iter(e.failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        return type(inner).__name__
+    return type(e).__name__
+
+
 def _is_disk_full(e: BaseException) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
@@ -184,9 +193,8 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool = False) -> None:
             dcp.load(state, storage_reader=_Reader(str(path)), no_dist=no_dist)
     except MeshwiseError:
         raise
-    except Exception as e:  # garbage inside a shard that verify() could not see
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise MeshwiseError(f"checkpoint {path}: a shard (*.distcp) is damaged ({first})") from None
+    except (Exception, dcp.CheckpointException) as e:  # garbage inside a shard that verify() could not see
+        raise MeshwiseError(f"checkpoint {path}: a shard (*.distcp) is damaged ({_cause(e)})") from None
 
 
 def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str | Path,
@@ -260,7 +268,7 @@ class Checkpointer:
                 self.before_commit(step)
             if rank == 0:
                 self._commit(tmp, final, step)
-        except Exception as e:
+        except (Exception, dcp.CheckpointException) as e:
             if not _is_disk_full(e):
                 raise
             if rank == 0 and tmp.exists():

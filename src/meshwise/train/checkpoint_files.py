@@ -81,6 +81,10 @@ def remove_own(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- reading
+class _Refused(pickle.UnpicklingError):
+    """A global the metadata has no business naming."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Admits DCP's metadata classes, torch dtypes, layouts and sizes, paths and plain containers."""
 
@@ -93,7 +97,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             value = getattr(torch, name, None)
             if isinstance(value, torch.dtype):
                 return value
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        raise _Refused(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
 def read_dcp_metadata(folder: str | Path) -> Any:
@@ -106,7 +110,7 @@ def read_dcp_metadata(folder: str | Path) -> Any:
         raise MeshwiseError(f"checkpoint {path}: missing (DCP's index of the shards)") from None
     except OSError as e:
         raise MeshwiseError(f"checkpoint {path}: cannot be read ({e.strerror})") from None
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise MeshwiseError(f"checkpoint {path}: refused, not DCP metadata ({e})") from None
     except Exception as e:  # truncated or garbage bytes: EOFError, ValueError, KeyError, ...
         raise MeshwiseError(f"checkpoint {path}: damaged ({type(e).__name__})") from None

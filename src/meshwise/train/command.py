@@ -115,7 +115,10 @@ def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout
     from meshwise.guard import Guard, stalled_ranks
 
     guard = Guard(watch_parent).start()  # before torch starts threads: they inherit the signal mask
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
+    except (OSError, ValueError):  # stderr without a file descriptor (captured, in-process)
+        pass
     from meshwise.train import loop
 
     try:
