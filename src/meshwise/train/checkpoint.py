@@ -219,6 +219,10 @@ def load_full_model(path: str | Path, model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------- checkpointer
+def _folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -269,15 +273,21 @@ class Checkpointer:
             if rank == 0:
                 self._commit(tmp, final, step)
         except (Exception, dcp.CheckpointException) as e:
-            if not _is_disk_full(e):
+            previous = latest(root)
+            need_bytes = _folder_bytes(previous) if previous else int(needed.item())
+            # torch's writer can fail on a short write without ENOSPC ("unexpected pos"): a disk
+            # left with less than one checkpoint's room is the cause then
+            if not (_is_disk_full(e) or root.exists() and shutil.disk_usage(root).free < need_bytes):
                 raise
             if rank == 0 and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
             free = shutil.disk_usage(root).free if root.exists() else 0
-            where = f"the last complete one is {latest(root).name}" if latest(root) else "no checkpoint is complete"
-            raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs about "
-                             f"{int(needed.item()) / 1e6:,.1f} MB, {free / 1e6:,.1f} MB are free; the partial "
-                             f"{tmp.name} was removed and {where}", 1) from None
+            need = (f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})" if previous
+                    else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)")
+            where = f"the last complete one is {previous.name}" if previous else "no checkpoint is complete"
+            raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
+                             f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
+                             1) from None
         dist.barrier()
         self.last_saved = step
         return final
