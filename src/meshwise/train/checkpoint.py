@@ -71,23 +71,30 @@ def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None
                                 f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
 
 
-def resolve_resume(resume: str, root: str, spec: ModelSpec | None = None) -> tuple[Path | None, list[str]]:
+def verify_sound(path: Path) -> None:
+    """A checkpoint that is sound by itself: files present and whole, and its weights shaped as
+    its own meshwise.json says (checked on the meta device, before any memory is spent)."""
+    from meshwise.train.checkpoint_files import model_spec
+
+    verify(path, expected_shapes(model_spec(path, read_meta(path))))
+
+
+def resolve_resume(resume: str, root: str) -> tuple[Path | None, list[str]]:
     """(checkpoint to resume from, notes to print).
 
-    ``""`` -> None (fresh run); ``"auto"`` -> the newest complete checkpoint in ``root`` that
-    verifies (a damaged newer one is passed over, with a note saying so; None if there is none);
+    ``""`` -> None (fresh run); ``"auto"`` -> the newest complete checkpoint in ``root`` that is
+    sound (a damaged newer one is passed over, with a note saying so; None if there is none);
     otherwise the named checkpoint folder, which must be complete and sound."""
-    shapes = expected_shapes(spec) if spec is not None else None
     if not resume:
         return None, []
     if resume != "auto":
         path = Path(resume)
-        verify(path, shapes)
+        verify_sound(path)
         return path, []
     notes: list[str] = []
     for _, path in reversed(complete_checkpoints(root) if root else []):
         try:
-            verify(path, shapes)
+            verify_sound(path)
         except MeshwiseError as e:
             notes.append(f"--resume auto: passing over {path.name}: {e}")
             continue

@@ -109,8 +109,8 @@ def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     from meshwise.runtime.model import build_model
 
     path = resolve(path)
+    checkpoint.verify_sound(path)  # before any memory is spent on the model
     spec = model_spec(path, checkpoint.read_meta(path))
-    checkpoint.verify(path, checkpoint.expected_shapes(spec))  # before any memory is spent on the model
     model = build_model(spec, seed=0)
     checkpoint.load_full_model(path, model)
     return model, spec

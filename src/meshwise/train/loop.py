@@ -92,7 +92,7 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     corpus = build_corpus(cfg.data, model.vocab)
     if cfg.layout.profile:
         layout_choice.profile_cluster(cfg.layout.profile, 1, 1)
-    resume, notes = checkpoint.resolve_resume(resume_arg, c.dir, model)
+    resume, notes = checkpoint.resolve_resume(resume_arg, c.dir)
     if resume is not None:
         checkpoint.check_shape(checkpoint.read_meta(resume), model, resume)
     if cfg.metrics.tensorboard:
