@@ -133,3 +133,8 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(trained, tmp_pa
     assert f"--resume auto: falling back to {tmp_path / 'ck' / 'step-2'}" in out
     assert f"Resumed from {tmp_path / 'ck' / 'step-2'} (step 2," in out
     assert (tmp_path / "ck" / "step-4" / "meshwise.json").is_file()
+
+
+def test_readme_counts_these_cases() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f"{len(DAMAGE) * len(COMMANDS)} cases (`tests/test_checkpoint_damage.py`" in readme
