@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.optimizer_config import OptimizerConfig
 from meshwise.spec import read_toml
 
 
@@ -39,17 +40,6 @@ class DataConfig:
 class LayoutConfig:
     spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    lr: float = 3e-3  # peak learning rate (after warm-up)
-    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1  # decoupled (AdamW)
-    grad_clip: float = 1.0  # max global gradient norm
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,7 @@ def _stop_requested(guard: Any, device_type: str) -> int:
 
 def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
            guard: Any) -> int:
-    from meshwise.runtime import OptimConfig, parallelize
+    from meshwise.runtime import parallelize
     from meshwise.runtime.mesh import dp_rank
 
     rank, world, local_world = env_world()
@@ -225,9 +225,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     model, corpus = prep.model, prep.corpus
     B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
     o, c = cfg.optimizer, cfg.checkpoint
-    optim = OptimConfig(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                        max_grad_norm=o.grad_clip)
-    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=optim)
+    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o)
     placement = _placement_line(layout, world)
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
