@@ -213,3 +213,16 @@ def test_a_fresh_run_refuses_checkpoints_and_overwrite_removes_only_meshwises_ow
                                                      "step-notes"]
     assert all((ck / n / "mine.txt").read_text() == "keep me"
                for n in ("step-notes", "step-by-step-notes", "step-7", "step-8.tmp"))
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_second_sigterm_stops_at_once_without_saving(tmp_path, nproc) -> None:
+    """``term2@3``: SIGTERM, then another 1.5 s later, to the launcher (2 workers) or to the one
+    process (1): the run ends at once with one line; no checkpoint of the interrupted step."""
+    (tmp_path / "micro.toml").write_text(MICRO)
+    args = ["--steps", str(STEPS), "--checkpoint-every", "100", "--nproc-per-node", str(nproc)]
+    r = _run(tmp_path, *args, *(["--layout", "dp=1"] if nproc == 1 else []), env={"MESHWISE_FAULTS": "term2@3"})
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    err = r.stderr.strip()
+    assert err == "meshwise: error: second SIGTERM: stopped at once, without saving", err
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from meshwise.launch import RUN_DIR_ENV
+from meshwise.launch import RUN_DIR_ENV, report
 
 BEAT_S = 1.0
 REPEAT_S = 1.0
@@ -66,9 +66,13 @@ class Guard:
         if not self.signal:
             self.signal, self._first_at = signum, now
         elif now - self._first_at >= REPEAT_S:  # the second request: stop at once
-            name = signal.Signals(signum).name
-            if int(os.environ.get("RANK", "0")) == 0:
-                os.write(2, f"meshwise: error: second {name}: stopped at once, without saving\n".encode())
+            message = f"second {signal.Signals(signum).name}: stopped at once, without saving"
+            try:
+                told = report(128 + signum, message)
+            except OSError:
+                told = False
+            if not told and int(os.environ.get("RANK", "0")) == 0:
+                os.write(2, f"meshwise: error: {message}\n".encode())
             os._exit(128 + signum)
 
     def _watch(self) -> None:

@@ -114,6 +114,20 @@ def _first_report(run_dir: str) -> dict | None:
     return min(found, key=lambda f: f[0])[1] if found else None
 
 
+def _end_workers(run_dir: str) -> bool:
+    """SIGKILL the workers of this run still alive (their pids are in their heartbeat files, see
+    :mod:`meshwise.guard`); True when there was one."""
+    ended = False
+    for p in Path(run_dir).glob("alive-*"):
+        try:
+            pid = int(p.read_text())
+            os.kill(pid, signal.SIGKILL)
+            ended = True
+        except (OSError, ValueError):
+            continue
+    return ended
+
+
 def _raise_report(found: dict) -> None:
     if found["status"] == 2:
         raise MeshwiseError(found["message"])
@@ -146,10 +160,12 @@ def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0
         try:
             elastic_launch(config, sys.executable)("-m", module, *argv)
         except SignalException as e:
+            sig = signal.Signals(e.sigval)
+            if _end_workers(run_dir):  # a second signal cut the agent's graceful shutdown short
+                raise RunStopped(f"second {sig.name}: stopped at once, without saving", 128 + sig.value) from None
             found = _first_report(run_dir)
             if found:
                 _raise_report(found)
-            sig = signal.Signals(e.sigval)
             raise RunStopped(f"stopped by {sig.name}; the workers were stopped", 128 + sig.value) from None
         except ChildFailedError as e:
             found = _first_report(run_dir)
