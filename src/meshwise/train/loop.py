@@ -215,6 +215,16 @@ def _stop_requested(guard: Any, device_type: str) -> int:
     return int(t.item())
 
 
+def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list[str]) -> None:
+    """Model, data, the layout's explanation, placement, and what --resume auto passed over."""
+    corpus = prep.corpus
+    log.print(f"Model: {prep.model.describe()}")
+    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
+              f"and {corpus.n_eval:,} held-out sequences of {cfg.data.seq_len}")
+    for line in lines:
+        log.print(line)
+
+
 def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
            guard: Any) -> int:
     from meshwise.runtime import parallelize
@@ -226,17 +236,10 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
     o, c = cfg.optimizer, cfg.checkpoint
     pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o)
-    placement = _placement_line(layout, world)
+    lines = [*lines, _placement_line(layout, world), *prep.notes]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
-    log.print(f"Model: {model.describe()}")
-    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
-              f"and {corpus.n_eval:,} held-out sequences of {seq}")
-    for line in lines:
-        log.print(line)
-    log.print(placement)
-    for note in prep.notes:
-        log.print(note)
+    _print_header(log, cfg, prep, lines)
 
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
             "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
