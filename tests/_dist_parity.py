@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import ModelSpec, load_model
-from meshwise.train.launch import free_port
+from meshwise.launch import free_port
 
 SEED = 0
 DATA_SEED = 1234
@@ -34,7 +34,7 @@ MAX_GRAD_NORM = 0.5  # below the tiny model's gradient norms (~0.6-0.8), so clip
 def optim_config():
     from meshwise.runtime import OptimConfig
 
-    return OptimConfig(max_grad_norm=MAX_GRAD_NORM)
+    return OptimConfig(grad_clip=MAX_GRAD_NORM)
 
 
 def spec() -> ModelSpec:
@@ -68,7 +68,7 @@ def reference(seed: int = SEED) -> Run:
     model_spec = spec()
     cfg = optim_config()
     model = build_model(model_spec, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             weight_decay=cfg.weight_decay)
     data = batches(model_spec)
     losses, norms = [], []
@@ -77,7 +77,7 @@ def reference(seed: int = SEED) -> Run:
         opt.zero_grad(set_to_none=True)
         loss = loss_sum(model(x), y) / y.numel()
         loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         opt.step()
         losses.append(loss.item())
     ev = held_out(model_spec)

@@ -48,6 +48,7 @@ def test_profiles_without_gpu_fields_keep_the_flat_curve():
     flops = 64 * layout.mbs * m * 3 * (shape.blocks * est.compute.block_forward_flops_per_token(model, 64)
                                        + est.compute.head_forward_flops_per_token(model))
     expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
+    expected += est.host.host_seconds(cpu.accelerator, shape.blocks, True, True, "none", m)  # launch time (CPU)
     assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
 
 

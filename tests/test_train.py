@@ -117,8 +117,8 @@ def test_only_committed_checkpoints_count(tmp_path) -> None:
         if commit:
             (tmp_path / name / checkpoint.COMMIT_FILE).write_text("{}")
     assert [s for s, _ in checkpoint.complete_checkpoints(tmp_path)] == [5, 10]
-    assert checkpoint.resolve_resume("auto", str(tmp_path)) == tmp_path / "step-10"
-    assert checkpoint.resolve_resume("auto", str(tmp_path / "none")) is None
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-10"
+    assert checkpoint.resolve_resume("auto", str(tmp_path / "none")) == (None, [])
     with pytest.raises(MeshwiseError, match="not a complete meshwise checkpoint"):
         checkpoint.resolve_resume(str(tmp_path / "step-20"), str(tmp_path))
 

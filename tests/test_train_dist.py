@@ -25,7 +25,7 @@ import pytest
 
 from _models import micro_model
 
-from meshwise.train.launch import free_port
+from meshwise.launch import free_port
 
 STEPS = 20
 COMMON = ["--seq-len", "16", "--steps", str(STEPS), "--checkpoint-every", "5", "--keep", "10", "--eval-every", "10",

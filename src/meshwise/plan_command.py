@@ -39,7 +39,9 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
     if report:
+        from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
+        check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
     chosen = None
     if layout_text:

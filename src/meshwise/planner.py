@@ -10,6 +10,7 @@ and divide the per-replica batch; and the three activation-checkpointing modes.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -25,7 +26,9 @@ RUNNER_UP_POOL = 30  # layouts kept to find the best one of a different kind tha
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every divisor of ``n``, ascending: each pair (d, n // d) with d <= sqrt(n), O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def tp_degrees(model: ModelSpec, world: int) -> list[int]:

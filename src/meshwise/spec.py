@@ -6,6 +6,7 @@ Pure Python (no torch). Units are in the names: ``_bytes``, ``_flops_per_s``, ``
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -146,9 +147,13 @@ def read_toml(path: Path, option: str) -> dict[str, Any]:
     if not path.is_file():
         raise MeshwiseError(f"{option}: file {path} does not exist")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise MeshwiseError(f"{option}: {path} is not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise MeshwiseError(f"{option}: {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise MeshwiseError(f"{option}: {path} cannot be read ({e.strerror})") from None
 
 
 def model_names() -> list[str]:
@@ -330,6 +335,17 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
+def _profile_number(gpu: str, table: dict[str, Any], key: str, default: Any, zero_ok: bool) -> float:
+    """A profile figure: a finite number above zero (or zero where ``zero_ok``); KeyError if absent."""
+    value = table[key] if default is None else table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0 or value == 0 and not zero_ok:
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be a finite number above 0{' (or 0)' if zero_ok else ''}, "
+                            f"got {value!r}")
+    return float(value)
+
+
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
@@ -337,17 +353,20 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
     if unknown:
         raise MeshwiseError(f"--gpu {gpu}: unknown key {unknown[0]!r}")
     try:
+        num = lambda key, default=None, zero_ok=False: _profile_number(gpu, table, key, default, zero_ok)  # noqa: E731
         accel = AcceleratorSpec(
-            name=name, memory_bytes=int(table["memory_bytes"]),
-            peak_bf16_flops_per_s=float(table["peak_bf16_flops_per_s"]),
-            peak_fp32_flops_per_s=float(table.get("peak_fp32_flops_per_s", table["peak_bf16_flops_per_s"])),
-            hbm_bytes_per_s=float(table["hbm_bytes_per_s"]),
-            efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
-            efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
+            name=name, memory_bytes=int(num("memory_bytes")),
+            peak_bf16_flops_per_s=num("peak_bf16_flops_per_s"),
+            peak_fp32_flops_per_s=num("peak_fp32_flops_per_s", table.get("peak_bf16_flops_per_s")),
+            hbm_bytes_per_s=num("hbm_bytes_per_s"),
+            efficiency_max=num("efficiency_max", DEFAULT_EFFICIENCY_MAX),
+            efficiency_half_width=num("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH, zero_ok=True),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
             source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu))
-        intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
-        inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
+        intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True))
+        inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True))
+        if accel.efficiency_max > 1:
+            raise MeshwiseError(f"--gpu {gpu}: efficiency_max {accel.efficiency_max} must be in (0, 1]")
     except KeyError as missing:
         raise MeshwiseError(f"--gpu {gpu}: profile lacks {missing.args[0]!r}") from None
     if gpus < 1:

@@ -1,6 +1,6 @@
 """``meshwise calibrate``: microbenchmark the machine it runs on into an accelerator profile.
 
-One torchrun launch of ``N`` local processes (gloo, one thread each, as ``meshwise measure`` and
+One launch (``meshwise.launch``: torch's elastic launcher) of ``N`` local processes (gloo, one thread each, as ``meshwise measure`` and
 ``meshwise train`` run on CPU); every rank measures at once, so shared cores and memory bandwidth
 are measured as the training run will see them, and the slowest rank's figure is kept:
 
@@ -45,16 +45,15 @@ import json
 import math
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from meshwise.errors import MeshwiseError
-from meshwise.files import write_atomically
+from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.files import check_output_file, write_atomically
+from meshwise.launch import launch_local
 from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
@@ -199,9 +198,7 @@ def check_args(nproc: int, out: str, seq_len: int | None, model: ModelSpec) -> i
         raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
     if not out.endswith(".toml"):
         raise MeshwiseError(f"--out: {out!r} must end in .toml (plan --gpu reads a profile by that suffix)")
-    parent = Path(out).parent
-    if not parent.is_dir():
-        raise MeshwiseError(f"--out: folder {str(parent)!r} does not exist")
+    check_output_file("--out", out, parent_must_exist=True)
     seq = seq_len if seq_len is not None else model.max_seq
     if not 1 <= seq <= model.max_seq:
         raise MeshwiseError(f"--seq-len: {seq} must be in [1, {model.max_seq}] (the model's max_seq)")
@@ -209,7 +206,7 @@ def check_args(nproc: int, out: str, seq_len: int | None, model: ModelSpec) -> i
 
 
 def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, seq_len: int | None = None,
-              quick: bool = False, timeout_s: float = 600) -> dict[str, Any]:
+              quick: bool = False) -> dict[str, Any]:
     """Measure with ``nproc`` local gloo processes, write the profile to ``out``; returns its table.
     ``quick``: fewer repetitions and smaller tensors (tests)."""
     model = load_model(model_ref)
@@ -217,16 +214,16 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
         raise MeshwiseError("--model: calibration needs a model shape, not a bare parameter count")
     seq = check_args(nproc, out, seq_len, model)
     with tempfile.TemporaryDirectory(prefix="meshwise-calibrate-") as tmp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "meshwise.measure.calibrate", "--model", model_ref, "--seq-len", str(seq), "--out", tmp]
-        if quick:
-            cmd.append("--quick")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        argv = ["--model", model_ref, "--seq-len", str(seq), "--out", tmp] + (["--quick"] if quick else [])
+        logs = Path(tmp) / "logs"
+        try:
+            launch_local("meshwise.measure.calibrate", argv, nproc, env={"OMP_NUM_THREADS": "1"}, log_dir=str(logs))
+        except RunStopped as e:
+            tail = "\n".join(line for f in sorted(logs.rglob("stderr.log")) for line in f.read_text().splitlines()[-10:])
+            raise RuntimeError(f"calibration workers failed: {e}\n{tail}") from None
         result_file = Path(tmp) / "result.json"
-        if proc.returncode != 0 or not result_file.is_file():
-            tail = "\n".join(proc.stderr.splitlines()[-20:])
-            raise RuntimeError(f"calibration workers failed (exit {proc.returncode}):\n{tail}")
+        if not result_file.is_file():
+            raise RuntimeError("calibration workers wrote no result")
         result = json.loads(result_file.read_text())
     table = profile_table(result, nproc, physical_memory_bytes())
     write_profile(out, table)
@@ -419,6 +416,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     from meshwise.cost.compute import model_flops
     from meshwise.cost.host import ops_per_microbatch
+    from meshwise.launch import init_process_group
     from meshwise.runtime.mesh import end_process_group
 
     ap = argparse.ArgumentParser()
@@ -430,7 +428,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     model = load_model(args.model)
     repeats = 2 if args.quick else 3
-    dist.init_process_group("gloo")
+    init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     dist.barrier()
     mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}

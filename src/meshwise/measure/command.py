@@ -6,6 +6,7 @@ import json
 import sys
 
 from meshwise.errors import MeshwiseError
+from meshwise.launch import check_nproc
 from meshwise.layout import check_runnable, parse
 from meshwise.measure.compare import Row, rows_for
 from meshwise.measure.run import run_workers
@@ -20,8 +21,7 @@ def _fmt(figure: str, value: float) -> str:
 
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
                  seq_len: int | None, gpu: str, as_json: bool, report: str | None) -> int:
-    if nproc < 1:
-        raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    check_nproc(nproc)
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
@@ -30,7 +30,9 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     cluster = load_cluster(gpu, nproc, nproc)
     if report:
+        from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
+        check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
     # the CPU runtime trains in fp32 (docs/runtime.md)
     train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")

@@ -26,8 +26,9 @@ from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import profile_step
 from meshwise.runtime import build_mesh, parallelize
+from meshwise.launch import init_process_group, report
 from meshwise.measure.comm_trace import CollectiveTrace
-from meshwise.runtime.mesh import end_process_group, exit_worker
+from meshwise.runtime.mesh import default_backend, end_process_group, exit_worker
 from meshwise.spec import load_model
 
 
@@ -96,6 +97,13 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
     }
 
 
+def _refuse(e: MeshwiseError) -> int:
+    """Bad input: handed to the launcher (one line, exit status 2), or printed under a plain torchrun."""
+    if not report(2, str(e)):
+        print(f"meshwise: error: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -104,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", required=True, help="folder; layout i writes <out>/<i>/rank<r>.json")
+    ap.add_argument("--timeout", type=float, default=900.0, help="collective timeout, seconds")
     args = ap.parse_args(argv)
 
     spec = load_model(args.model)
@@ -112,14 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         layouts = [parse(text, world) for text in (args.layout or [""])]
     except MeshwiseError as e:
-        print(f"meshwise: error: {e}", file=sys.stderr)
-        return 2
+        return _refuse(e)
+    init_process_group(default_backend(), args.timeout)
     for i, layout in enumerate(layouts):
         try:
             record = measure_layout(spec, layout, args.global_batch, seq, args.steps)
         except MeshwiseError as e:
-            print(f"meshwise: error: {e}", file=sys.stderr)
-            return 2
+            return _refuse(e)
         record["model"] = args.model
         folder = Path(args.out) / str(i)
         folder.mkdir(parents=True, exist_ok=True)

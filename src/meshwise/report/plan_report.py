@@ -4,6 +4,7 @@ predicted scaling from 8 GPUs to the requested count, the explanation and the wa
 
 from __future__ import annotations
 
+import html
 from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
@@ -44,10 +45,11 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
                       headroom: float) -> None:
     accel = cluster.accelerator
     sections: list[tuple[str, str]] = []
-    summary = (f"{model.describe()}<br>{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
+    setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
                f"{cluster.gpus_per_node}); global batch {train.global_batch} x {train.seq_len} tokens; "
                f"{train.precision}, {train.optimizer}; {plan.enumerated:,} layouts searched, {plan.fitting:,} fit.")
-    sections.append(("Setting", f"<p>{summary}</p>"))
+    # model and accelerator names come from user files: escaped like every other string of the page
+    sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:
         rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", f"{e.time.step_s:.3g}",
                  f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no"]

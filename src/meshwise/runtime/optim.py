@@ -10,21 +10,14 @@ shards and replicas. Plain tensors are replicated over all dp*tp ranks of their 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from meshwise.optimizer_config import OptimizerConfig
 
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 3e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    max_grad_norm: float = 1.0
+OptimConfig = OptimizerConfig  # the runtime's name for the one optimizer config
 
 
 def _spec_key(p: torch.Tensor) -> tuple:
@@ -38,7 +31,7 @@ def build_optimizer(params: list[nn.Parameter], config: OptimConfig) -> torch.op
     groups: dict[tuple, list[nn.Parameter]] = {}
     for p in params:
         groups.setdefault(_spec_key(p), []).append(p)
-    return torch.optim.AdamW([{"params": ps} for ps in groups.values()], lr=config.lr, betas=config.betas,
+    return torch.optim.AdamW([{"params": ps} for ps in groups.values()], lr=config.lr, betas=(config.beta1, config.beta2),
                              eps=config.eps, weight_decay=config.weight_decay)
 
 

@@ -91,7 +91,7 @@ class ParallelModel:
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
-        self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.max_grad_norm,
+        self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
                                              self.layout.dp * self.layout.tp)
         self.optimizer.step()
         return self._global_mean(local)

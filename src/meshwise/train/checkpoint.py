@@ -1,15 +1,17 @@
-"""Checkpoints with ``torch.distributed.checkpoint`` (DCP): sharded save, resharding load, atomic commit.
+"""Checkpoints with ``torch.distributed.checkpoint`` (DCP): sharded save, resharding load, atomic
+commit, and the :class:`Checkpointer` that owns the policy (cadence, commit, keep-last, resume).
 
-Layout of a checkpoint folder ``DIR/step-N``: DCP's files (``.metadata`` and one ``__R_0.distcp``
-per writing rank) and ``meshwise.json`` (step, model shape, layout, world size). Commit protocol:
+Commit protocol (folders and trust: :mod:`meshwise.train.checkpoint_files`):
 
-1. every rank writes into ``DIR/step-N.tmp`` (DCP ``save``; its coordinator writes ``.metadata``);
+1. rank 0 makes ``DIR/step-N.tmp`` with meshwise's partial marker; every rank writes its shards
+   into it (DCP ``save``; its coordinator writes ``.metadata``);
 2. a barrier; rank 0 writes ``meshwise.json`` into the temporary folder and fsyncs it;
 3. rank 0 renames ``step-N.tmp`` to ``step-N`` (atomic on one file system) and fsyncs ``DIR``.
 
 Only folders named ``step-N`` that hold ``meshwise.json`` count as complete, so a crash at any
 point before step 3 leaves the previous checkpoint as the latest one. The last ``keep`` complete
-checkpoints are kept.
+checkpoints are kept. A save that runs out of space removes its partial folder and stops the run
+in one line naming the folder and the space it needed.
 
 What is saved: the model and optimizer state from ``get_state_dict`` with
 ``flatten_optimizer_state_dict=True`` (one key per parameter FQN and state: ``state.<fqn>.exp_avg``,
@@ -21,13 +23,14 @@ reshards on load, so a run resumes under any layout or world size.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import re
 import shutil
-from dataclasses import asdict
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -35,55 +38,28 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.runtime.model import canonical_name
 from meshwise.spec import ModelSpec
+from meshwise.train.checkpoint_files import (COMMIT_FILE, PARTIAL_FILE, complete_checkpoints, latest,  # noqa: F401
+                                             own_folders, read_meta, remove_own, step_dir, verify)
 
-COMMIT_FILE = "meshwise.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-# ----------------------------------------------------------------------------------- folders
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step}"
+# ----------------------------------------------------------------------------------- policy
+def model_meta(spec: ModelSpec) -> dict[str, Any]:
+    return {k: v for k, v in asdict(spec).items() if k != "param_count"}
 
 
-def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every committed checkpoint under ``root``, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / COMMIT_FILE).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """DCP keys and shapes of the model's weights (built on the meta device: no memory, instant)."""
+    from meshwise.runtime.model import Transformer
 
-
-def latest(root: str | Path) -> Path | None:
-    done = complete_checkpoints(root)
-    return done[-1][1] if done else None
-
-
-def read_meta(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not (p / COMMIT_FILE).is_file():
-        raise MeshwiseError(f"checkpoint: {path} is not a complete meshwise checkpoint (no {COMMIT_FILE})")
-    return json.loads((p / COMMIT_FILE).read_text())
-
-
-def resolve_resume(resume: str, root: str) -> Path | None:
-    """``""`` -> None (fresh run); ``"auto"`` -> the latest complete checkpoint in ``root`` (None if
-    there is none yet); otherwise the named checkpoint folder, which must be complete."""
-    if not resume:
-        return None
-    if resume == "auto":
-        return latest(root) if root else None
-    read_meta(resume)
-    return Path(resume)
+    with torch.device("meta"):
+        model = Transformer(spec)
+    return {f"model.{name}": tuple(p.shape) for name, p in model.named_parameters()}
 
 
 def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None:
@@ -91,12 +67,57 @@ def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None
     saved = meta.get("model", {})
     for name in SHAPE_FIELDS:
         if saved.get(name) != getattr(spec, name):
-            raise MeshwiseError(f"checkpoint {path}: a model with {name}={saved.get(name)!r}, but this run's "
+            raise MeshwiseError(f"checkpoint {path}: its {COMMIT_FILE} has {name}={saved.get(name)!r}, but this run's "
                                 f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
 
 
-def model_meta(spec: ModelSpec) -> dict[str, Any]:
-    return {k: v for k, v in asdict(spec).items() if k != "param_count"}
+def verify_sound(path: Path) -> None:
+    """A checkpoint that is sound by itself: files present and whole, and its weights shaped as
+    its own meshwise.json says (checked on the meta device, before any memory is spent)."""
+    from meshwise.train.checkpoint_files import model_spec
+
+    verify(path, expected_shapes(model_spec(path, read_meta(path))))
+
+
+def resolve_resume(resume: str, root: str) -> tuple[Path | None, list[str]]:
+    """(checkpoint to resume from, notes to print).
+
+    ``""`` -> None (fresh run); ``"auto"`` -> the newest complete checkpoint in ``root`` that is
+    sound (a damaged newer one is passed over, with a note saying so; None if there is none);
+    otherwise the named checkpoint folder, which must be complete and sound."""
+    if not resume:
+        return None, []
+    if resume != "auto":
+        path = Path(resume)
+        verify_sound(path)
+        return path, []
+    notes: list[str] = []
+    for _, path in reversed(complete_checkpoints(root) if root else []):
+        try:
+            verify_sound(path)
+        except MeshwiseError as e:
+            notes.append(f"--resume auto: passing over {path.name}: {e}")
+            continue
+        if notes:
+            notes.append(f"--resume auto: falling back to {path}")
+        return path, notes
+    return None, notes
+
+
+def refuse_or_clear(root: str, overwrite: bool, clear: bool) -> None:
+    """A fresh run into ``root``: refused if it holds meshwise checkpoints, unless ``overwrite``;
+    then (``clear``) meshwise's own folders, and only those, are removed."""
+    own = own_folders(root) if root else []
+    if not own:
+        return
+    if not overwrite:
+        newest = latest(root)
+        held = f"latest {newest.name}" if newest else f"{len(own)} partial"
+        raise MeshwiseError(f"--checkpoint.dir: {root} already holds checkpoints ({held}); continue them with "
+                            "--resume auto, or start over with --checkpoint.overwrite true")
+    if clear:
+        for p in own:
+            remove_own(p)
 
 
 # --------------------------------------------------------------------------------- state dicts
@@ -129,46 +150,58 @@ def _states(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> tuple
     return container, model_sd, optim_sd
 
 
-def save(modules: list[nn.Module], optimizer: torch.optim.Optimizer, root: str | Path, step: int,
-         run_state: dict[str, Any], meta: dict[str, Any], keep: int, before_commit=None) -> Path:
-    """Save, commit (rename) and prune; collective over the default group. Returns the folder."""
-    root = Path(root)
-    tmp = root / f"step-{step}.tmp"
-    final = step_dir(root, step)
-    rank = dist.get_rank()
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # left by an earlier crash
-    dist.barrier()
-    _, model_sd, optim_sd = _states(modules, optimizer)
-    state = {"model": _canonical(model_sd), "optim": _canonical(optim_sd), "run": run_state}
-    dcp.save(state, checkpoint_id=str(tmp))
-    dist.barrier()
-    if before_commit is not None:
-        before_commit(step)
-    if rank == 0:
-        marker = tmp / COMMIT_FILE
-        with open(marker, "w") as f:
-            json.dump({**meta, "step": step}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        for _, old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
-    return final
+def _local_bytes(state: dict[str, Any]) -> int:
+    total = 0
+    for v in state.values():
+        if isinstance(v, dict):
+            total += _local_bytes(v)
+        elif isinstance(v, torch.Tensor):
+            local = v.to_local() if hasattr(v, "to_local") else v
+            total += local.numel() * local.element_size()
+    return total
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _cause(e: BaseException) -> str:
+    """The first rank's underlying exception type (DCP wraps every rank's failure)."""
+    if isinstance(e, dcp.CheckpointException) and e.failures:
+        inner = next(iter(e.failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        return type(inner).__name__
+    return type(e).__name__
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(e) or "Disk quota exceeded" in str(e)
+
+
+class _Reader(dcp.FileSystemReader):
+    """DCP's file reader, with ``.metadata`` read by meshwise's restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        from meshwise.train.checkpoint_files import read_dcp_metadata
+
+        if kwargs.get("rank") is not None:  # per-rank metadata: meshwise never writes it
+            raise MeshwiseError(f"checkpoint {self.path}: per-rank metadata is not meshwise's format")
+        metadata = read_dcp_metadata(self.path)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool = False) -> None:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=_Reader(str(path)), no_dist=no_dist)
+    except MeshwiseError:
+        raise
+    except (Exception, dcp.CheckpointException) as e:  # garbage inside a shard that verify() could not see
+        raise MeshwiseError(f"checkpoint {path}: a shard (*.distcp) is damaged ({_cause(e)})") from None
 
 
 def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str | Path,
@@ -179,7 +212,7 @@ def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str |
     """
     container, model_sd, optim_sd = _states(modules, optimizer)  # initialises the optimizer states
     state = {"model": _canonical(model_sd), "optim": _canonical(optim_sd), "run": dict(run_state)}
-    dcp.load(state, checkpoint_id=str(path))
+    _dcp_load(state, Path(path))
     set_state_dict(container, optimizer, model_state_dict=_restore_names(state["model"], model_sd),
                    optim_state_dict=_restore_names(state["optim"], optim_sd), options=_OPTIONS)
     return state["run"]
@@ -187,10 +220,100 @@ def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str |
 
 def load_full_model(path: str | Path, model: nn.Module) -> None:
     """Fill a plain single-process model from a checkpoint (no process group needed, or used)."""
-    import warnings
-
     state = {"model": model.state_dict()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    _dcp_load(state, Path(path), no_dist=True)
     model.load_state_dict(state["model"])
+
+
+# ------------------------------------------------------------------------------- checkpointer
+def _folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Checkpointer:
+    """When to save (every ``every`` steps and at the last), how to commit, how many to keep.
+    Collective: every rank calls :meth:`save` with the same arguments."""
+
+    root: str  # "" = no checkpoints
+    every: int
+    keep: int
+    modules: list[nn.Module]
+    optimizer: torch.optim.Optimizer
+    meta: dict[str, Any]
+    before_commit: Callable[[int], None] | None = None
+    last_saved: int = 0
+
+    def due(self, step: int, last: bool) -> bool:
+        return bool(self.root) and (last or bool(self.every) and step % self.every == 0)
+
+    def save(self, step: int, last: bool, run_state: dict[str, Any], force: bool = False) -> Path | None:
+        """Save ``step`` if it is due (or ``force``); returns the committed folder or None."""
+        if not (self.due(step, last) or force and self.root):
+            return None
+        root, rank = Path(self.root), dist.get_rank()
+        tmp, final = root / f"step-{step}.tmp", step_dir(root, step)
+        _, model_sd, optim_sd = _states(self.modules, self.optimizer)
+        state = {"model": _canonical(model_sd), "optim": _canonical(optim_sd), "run": run_state}
+        needed = torch.tensor([_local_bytes(state)], dtype=torch.int64)
+        dist.all_reduce(needed)
+        try:
+            if rank == 0:
+                root.mkdir(parents=True, exist_ok=True)
+                if tmp in own_folders(root):
+                    remove_own(tmp)  # left by an earlier crash
+                tmp.mkdir()
+                (tmp / PARTIAL_FILE).write_text("")
+            dist.barrier()
+            dcp.save(state, checkpoint_id=str(tmp))
+            dist.barrier()
+            if self.before_commit is not None:
+                self.before_commit(step)
+            if rank == 0:
+                self._commit(tmp, final, step)
+        except (Exception, dcp.CheckpointException) as e:
+            previous = latest(root)
+            need_bytes = _folder_bytes(previous) if previous else int(needed.item())
+            # torch's writer can fail on a short write without ENOSPC ("unexpected pos"): a disk
+            # left with less than one checkpoint's room is the cause then
+            if not (_is_disk_full(e) or root.exists() and shutil.disk_usage(root).free < need_bytes):
+                raise
+            if rank == 0 and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(root).free if root.exists() else 0
+            need = (f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})" if previous
+                    else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)")
+            where = f"the last complete one is {previous.name}" if previous else "no checkpoint is complete"
+            raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
+                             f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
+                             1) from None
+        dist.barrier()
+        self.last_saved = step
+        return final
+
+    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+        marker = tmp / COMMIT_FILE
+        with open(marker, "w") as f:
+            json.dump({**self.meta, "step": step}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        (tmp / PARTIAL_FILE).unlink()
+        if final in own_folders(final.parent):
+            remove_own(final)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        for _, old in complete_checkpoints(final.parent)[:-self.keep]:
+            remove_own(old)
+
+    def restore(self, path: Path, run_state: dict[str, Any]) -> dict[str, Any]:
+        run_state = load(self.modules, self.optimizer, path, run_state)
+        self.last_saved = int(run_state["step"])
+        return run_state

@@ -1,20 +1,21 @@
 """The ``meshwise train``, ``export`` and ``generate`` commands: arguments in, a run out.
 
 ``meshwise train [--config FILE] [--S.F VALUE ...] [--print-config] [--nproc-per-node N]
-[--max-restarts K]``: every config field ``F`` of section ``S`` is an option ``--S.F`` (plus the
+[--max-restarts K] [--timeout S]``: every config field ``F`` of section ``S`` is an option ``--S.F`` (plus the
 aliases of :data:`meshwise.train.config.ALIASES`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import fields
 
-from meshwise.errors import MeshwiseError
+from meshwise import launch
+from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.train import config as config_mod
-from meshwise.train import launch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +31,10 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--nproc-per-node", type=int, help="outside torchrun: start this many local workers "
                                                       "(default: one per GPU, else 4)")
-    p.add_argument("--max-restarts", type=int, help="outside torchrun: restarts after a worker failure (default 0)")
+    p.add_argument("--max-restarts", type=int, help="outside torchrun: restarts after a worker failure, each "
+                                                   "resuming from the run's latest checkpoint (default 0)")
+    p.add_argument("--timeout", help="seconds a collective waits for a rank that stopped answering "
+                                     "(default: 300 on CPU, 600 on GPU)")
     p.add_argument("--inject-nan-at-step", type=int, help=argparse.SUPPRESS)
     aliases: dict[str, list[str]] = {}
     for alias, dotted in config_mod.ALIASES.items():
@@ -55,33 +59,48 @@ def resolve(argv: list[str]) -> tuple[argparse.Namespace, config_mod.TrainConfig
     return args, cfg
 
 
+def _timeout_s(opts: dict) -> float:
+    text = opts.get("timeout")
+    if text is None:
+        return launch.default_timeout_s()
+    try:
+        value = float(text)
+    except ValueError:
+        raise MeshwiseError(f"--timeout: {text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise MeshwiseError(f"--timeout: {text} must be a positive, finite number of seconds")
+    return value
+
+
 def train_main(argv: list[str]) -> int:
     args, cfg = resolve(argv)
     opts = vars(args)
+    timeout_s = _timeout_s(opts)
     if opts.get("print_config"):
         print(config_mod.to_toml(cfg), end="")
         return 0
-    from meshwise.train import loop
-
-    debug = loop.Debug(inject_nan_at_step=opts.get("inject_nan_at_step"))
-    if launch.in_torchrun():  # a worker process of torchrun's: it ends here
+    if launch.in_torchrun():  # a worker process (of torchrun's or of launch_local's): it ends here
         from meshwise.runtime.mesh import exit_worker
 
-        exit_worker(_worker(cfg, debug))
-    # Refuse bad input here, before any worker starts (the workers repeat these checks).
-    prep = loop.preflight(cfg)
-    from meshwise.train import layout_choice
-
+        exit_worker(_worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=True))
     nproc = opts.get("nproc_per_node")
     if nproc is not None and nproc < 1:
         raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    restarts = opts.get("max_restarts", 0)
+    if restarts < 0:
+        raise MeshwiseError(f"--max-restarts: {restarts} must be 0 or more")
+    from meshwise.train import layout_choice, loop
+
     if launch.has_gpus():
         nproc = nproc or launch.default_nproc()
-    else:
+    # Refuse bad input here, before any worker starts (the workers repeat these checks).
+    prep = loop.preflight(cfg, local_ranks=nproc)
+    if not launch.has_gpus():
         cores = os.cpu_count() or 1
         if nproc is None:
             nproc, threads, line = layout_choice.choose_cpu_processes(
                 cfg.layout.choice, prep.model, cfg.schedule.global_batch, cfg.data.seq_len, cfg.layout.profile, cores)
+            loop.check_fits_in_memory(prep.model, nproc)
             print(line, flush=True)
         else:
             threads = max(1, cores // nproc)
@@ -95,29 +114,54 @@ def train_main(argv: list[str]) -> int:
                              "cpu")
     if nproc == 1:
         with launch.single_process_env():
-            return _worker(cfg, debug)
-    return launch.launch_local(argv, nproc, opts.get("max_restarts", 0))
+            return _worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=False)
+    launch.launch_local("meshwise.train", argv, nproc, restarts)
+    return 0
 
 
-def _worker(cfg: config_mod.TrainConfig, debug) -> int:
-    """A worker: bad input is one line on rank 0 (or handed to the launching process), exit status 2."""
+def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout_s: float, watch_parent: bool) -> int:
+    """A worker: a stop on purpose is one line on rank 0 (or handed to the launching process) and
+    its exit status (2 for bad input); a collective that timed out names the rank that stalled."""
     import faulthandler
     import signal
 
+    from meshwise.guard import Guard, stalled_ranks
+
+    guard = Guard(watch_parent).start()  # before torch starts threads: they inherit the signal mask
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
+    except (OSError, ValueError):  # stderr without a file descriptor (captured, in-process)
+        pass
     from meshwise.train import loop
 
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
     try:
-        return loop.run(cfg, debug)
+        return loop.run(cfg, loop.Debug(inject_nan_at_step=inject_nan_at_step), guard, timeout_s)
     except MeshwiseError as e:
-        if not launch.report_error(str(e)) and int(os.environ.get("RANK", "0")) == 0:
-            print(f"meshwise: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return _stop(2, str(e))
+    except RunStopped as e:
+        return _stop(e.status, str(e))
+    except RuntimeError as e:
+        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            raise
+        stalled = stalled_ranks()
+        who = (f"rank {', '.join(map(str, stalled))} stopped answering" if stalled
+               else "a rank stopped answering")
+        return _stop(1, f"{who}: a collective waited --timeout {timeout_s:g} s; the run was stopped")
+    finally:
+        guard.stop()
+
+
+def _stop(status: int, message: str) -> int:
+    if not launch.report(status, message) and int(os.environ.get("RANK", "0")) == 0:
+        print(f"meshwise: error: {message}", file=sys.stderr, flush=True)
+    return status
 
 
 def export_main(checkpoint: str, out: str) -> int:
+    from meshwise.files import check_output_file
     from meshwise.train.export import export
 
+    check_output_file("--out", out)  # its folder is made if missing
     for line in export(checkpoint, out):
         print(line)
     return 0
@@ -127,8 +171,12 @@ def generate_main(checkpoint: str, prompt: str, tokens: int, temperature: float,
     from meshwise.train.export import load_plain_model
     from meshwise.train.generate import sample
 
-    if tokens < 0 or top_k < 0 or temperature < 0:
-        raise MeshwiseError("generate: --tokens, --top-k and --temperature must not be negative")
+    if tokens < 0 or top_k < 0:
+        raise MeshwiseError("generate: --tokens and --top-k must not be negative")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise MeshwiseError(f"--temperature: {temperature} must be a finite number, 0 or more")
+    config_mod.check_seed("--seed", seed)
+    config_mod.check_text("--prompt", prompt)
     model, spec = load_plain_model(checkpoint)
     print(sample(model, prompt, tokens, temperature, top_k, seed, spec.max_seq))
     return 0

@@ -11,11 +11,13 @@ Pure Python: no torch import, so ``meshwise train --print-config`` is instant.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.optimizer_config import OptimizerConfig
 from meshwise.spec import read_toml
 
 
@@ -41,17 +43,6 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True)
-class OptimizerConfig:
-    lr: float = 3e-3  # peak learning rate (after warm-up)
-    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1  # decoupled (AdamW)
-    grad_clip: float = 1.0  # max global gradient norm
-
-
-@dataclass(frozen=True)
 class ScheduleConfig:
     steps: int = 100  # optimizer steps in the run
     global_batch: int = 8  # sequences per optimizer step (= mbs * accum * dp)
@@ -66,6 +57,7 @@ class CheckpointConfig:
     every: int = 50  # steps between checkpoints (0: only at the end)
     keep: int = 3  # complete checkpoints kept (oldest removed first)
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
+    overwrite: bool = False  # a fresh run into a dir holding checkpoints: remove meshwise's own folders there
 
 
 @dataclass(frozen=True)
@@ -203,16 +195,46 @@ def check(config: TrainConfig) -> None:
                         "checkpoint.every": c.every, "generate.tokens": g.tokens, "generate.top_k": g.top_k}.items():
         if value < 0:
             raise MeshwiseError(f"--{name}: {value} must not be negative")
+    for name, value in {"optimizer.lr": o.lr, "optimizer.min_lr": o.min_lr, "optimizer.beta1": o.beta1,
+                        "optimizer.beta2": o.beta2, "optimizer.eps": o.eps, "optimizer.weight_decay": o.weight_decay,
+                        "optimizer.grad_clip": o.grad_clip, "data.eval_fraction": d.eval_fraction,
+                        "generate.temperature": g.temperature}.items():
+        if not math.isfinite(value):
+            raise MeshwiseError(f"--{name}: {value} must be a finite number")
     if not 0 < d.eval_fraction < 1:
         raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
     if d.bin_dtype not in ("uint16", "uint32"):
         raise MeshwiseError(f"--data.bin_dtype: {d.bin_dtype!r} must be uint16 or uint32")
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
         raise MeshwiseError(f"--optimizer.lr/min_lr: need 0 <= min_lr <= lr and lr > 0, got lr={o.lr}, min_lr={o.min_lr}")
+    for name, beta in (("beta1", o.beta1), ("beta2", o.beta2)):
+        if not 0 <= beta < 1:
+            raise MeshwiseError(f"--optimizer.{name}: {beta} must be in [0, 1)")
+    if o.eps <= 0:
+        raise MeshwiseError(f"--optimizer.eps: {o.eps} must be positive")
+    if o.weight_decay < 0:
+        raise MeshwiseError(f"--optimizer.weight_decay: {o.weight_decay} must not be negative")
     if o.grad_clip <= 0:
         raise MeshwiseError(f"--optimizer.grad_clip: {o.grad_clip} must be positive")
     if g.temperature < 0:
         raise MeshwiseError(f"--generate.temperature: {g.temperature} must not be negative")
+    for name, seed in {"model.seed": config.model.seed, "data.seed": d.seed, "generate.seed": g.seed}.items():
+        check_seed(f"--{name}", seed)
+    check_text("--generate.prompt", g.prompt)
+
+
+def check_seed(field: str, seed: int) -> None:
+    """Seeds are what ``torch.manual_seed`` takes: 0 <= seed < 2**64."""
+    if not 0 <= seed < 2**64:
+        raise MeshwiseError(f"{field}: {seed} must be in [0, 2**64)")
+
+
+def check_text(field: str, text: str) -> None:
+    """Text that will be encoded as UTF-8 (command-line bytes that were not UTF-8 arrive as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MeshwiseError(f"{field}: not valid UTF-8 text") from None
 
 
 def to_toml(config: TrainConfig) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from meshwise.spec import ModelSpec
 from meshwise.train import checkpoint
+from meshwise.train.checkpoint_files import model_spec
 
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
            torch.int32: "I32"}
@@ -108,7 +109,8 @@ def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     from meshwise.runtime.model import build_model
 
     path = resolve(path)
-    spec = ModelSpec(**checkpoint.read_meta(path)["model"])
+    checkpoint.verify_sound(path)  # before any memory is spent on the model
+    spec = model_spec(path, checkpoint.read_meta(path))
     model = build_model(spec, seed=0)
     checkpoint.load_full_model(path, model)
     return model, spec

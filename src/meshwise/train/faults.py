@@ -5,7 +5,10 @@
 
 - ``kill@N``: the last rank SIGKILLs itself just before step N;
 - ``save@N``: rank 0 SIGKILLs itself during the save of step N, after DCP wrote the shards and
-  before the commit.
+  before the commit;
+- ``term@N``: rank 0 sends SIGTERM, just before step N, to meshwise's launcher (its parent) when
+  there is one, else to itself: a preemption at a known point;
+- ``term2@N``: as ``term@N``, then a second SIGTERM to the same process 1.5 s later.
 
 ``--inject-nan-at-step N`` (or ``MESHWISE_INJECT_NAN_AT_STEP``) fills every weight with NaN before
 step N, so the loss really becomes non-finite.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def _my_fault() -> tuple[str, int] | None:
@@ -31,8 +35,16 @@ def _die() -> None:
 
 
 def before_step(step: int, rank: int, world: int) -> None:
-    if _my_fault() == ("kill", step) and rank == world - 1:
+    fault = _my_fault()
+    if fault == ("kill", step) and rank == world - 1:
         _die()
+    if fault in (("term", step), ("term2", step)) and rank == 0:
+        launched = os.environ.get("MESHWISE_LAUNCHER") == "1"
+        target = os.getppid() if launched else os.getpid()
+        os.kill(target, signal.SIGTERM)
+        if fault[0] == "term2":
+            time.sleep(1.5)
+            os.kill(target, signal.SIGTERM)
 
 
 def before_commit(step: int, rank: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.layout import Layout, check_seq_len
 from meshwise.spec import ModelSpec, load_model
+from meshwise import files
 from meshwise.train import checkpoint, faults, layout_choice
 from meshwise.train.config import OptimizerConfig, ScheduleConfig, TrainConfig, check
 from meshwise.train.data import Corpus, build_corpus, describe_source
@@ -48,6 +49,7 @@ class Prepared:
     model: ModelSpec
     corpus: Corpus
     resume: Path | None
+    notes: tuple[str, ...] = ()  # what --resume auto passed over, to print once
 
 
 def lr_at(step: int, schedule: ScheduleConfig, optimizer: OptimizerConfig) -> float:
@@ -59,22 +61,37 @@ def lr_at(step: int, schedule: ScheduleConfig, optimizer: OptimizerConfig) -> fl
     return optimizer.min_lr + (optimizer.lr - optimizer.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def preflight(cfg: TrainConfig) -> Prepared:
-    """Every check that needs no process group: config ranges, model, data, resume point, extras."""
+def restart_attempt() -> int:
+    """Which attempt of the same run this is (torchrun's ``TORCHELASTIC_RESTART_COUNT``; 0 first)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
+    """Every check that needs no process group: config ranges, model, data, resume point, extras.
+
+    A restarted attempt (``--max-restarts``) of a run with checkpoints resumes its own latest one
+    (``--resume auto``), whatever the first attempt was given."""
     check(cfg)
     model = load_model(cfg.model.name)
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     check_seq_len(model, cfg.data.seq_len, "--data.seq_len")
-    corpus = build_corpus(cfg.data, model.vocab)
     c = cfg.checkpoint
+    files.check_output_dir("--checkpoint.dir", c.dir)
+    files.check_output_file("--metrics.file", cfg.metrics.file)
     if c.resume and c.resume != "auto" and not Path(c.resume).is_dir():
         raise MeshwiseError(f"--checkpoint.resume: {c.resume} does not exist")
     if c.resume == "auto" and not c.dir:
         raise MeshwiseError("--checkpoint.resume auto needs --checkpoint.dir")
+    resume_arg = c.resume or ("auto" if c.dir and restart_attempt() > 0 else "")
+    if not resume_arg:
+        checkpoint.refuse_or_clear(c.dir, c.overwrite, clear=False)
+    check_fits_in_memory(model, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    check_data_path(cfg.data.path)
+    corpus = build_corpus(cfg.data, model.vocab)
     if cfg.layout.profile:
         layout_choice.profile_cluster(cfg.layout.profile, 1, 1)
-    resume = checkpoint.resolve_resume(c.resume, c.dir)
+    resume, notes = checkpoint.resolve_resume(resume_arg, c.dir)
     if resume is not None:
         checkpoint.check_shape(checkpoint.read_meta(resume), model, resume)
     if cfg.metrics.tensorboard:
@@ -83,7 +100,32 @@ def preflight(cfg: TrainConfig) -> Prepared:
         if importlib.util.find_spec("tensorboard") is None:
             raise MeshwiseError("--metrics.tensorboard: the tensorboard package is not installed "
                                 "(pip install 'meshwise[tensorboard]')")
-    return Prepared(model, corpus, resume)
+    return Prepared(model, corpus, resume, tuple(notes))
+
+
+def check_data_path(path: str) -> None:
+    """Training data is a regular file or a folder of them: a FIFO would block, /dev/zero never ends."""
+    if not path or not Path(path).exists():
+        return  # "" is the embedded corpus; a missing path is refused by build_corpus
+    p = Path(path)
+    if not (p.is_file() or p.is_dir()):
+        raise MeshwiseError(f"--data.path: {path} is not a regular file or a folder (a pipe or device?)")
+    if not os.access(p, os.R_OK | (os.X_OK if p.is_dir() else 0)):
+        raise MeshwiseError(f"--data.path: {path} is not readable")
+
+
+def check_fits_in_memory(model: ModelSpec, ranks: int) -> None:
+    """Refuse a model whose weights, gradients and AdamW states (16 B/parameter in fp32, before any
+    sharding) cannot be allocated on this machine: ``ranks`` processes each build the full model
+    once before sharding it (meta construction, then materialised per rank)."""
+    if torch.cuda.is_available():
+        return
+    need_bytes = 16 * model.params * max(1, ranks)
+    have_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need_bytes > have_bytes:
+        raise MeshwiseError(f"--model.name: {model.name} needs about {need_bytes / 1e9:,.1f} GB for weights, "
+                            f"gradients and AdamW states on {ranks} rank(s); this machine has "
+                            f"{have_bytes / 1e9:,.1f} GB")
 
 
 def env_world() -> tuple[int, int, int]:
@@ -142,8 +184,10 @@ def _placement_line(layout: Layout, world: int) -> str:
 
 
 # --------------------------------------------------------------------------------------- run
-def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
-    """The worker's whole run (collective: every rank of the job calls it)."""
+def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: float = 300.0) -> int:
+    """The worker's whole run (collective: every rank of the job calls it). ``guard``: the
+    :class:`meshwise.guard.Guard` whose stop requests end the run after a saved step."""
+    from meshwise.launch import init_process_group
     from meshwise.runtime import build_mesh
     from meshwise.runtime.mesh import end_process_group
 
@@ -156,61 +200,71 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     layout, lines = layout_choice.choose(cfg.layout.choice, prep.model, world, local_world, B, seq, device_type,
                                          cfg.layout.profile)
     torch.manual_seed(cfg.model.seed)
-    from meshwise.train.launch import init_process_group
-
-    init_process_group("nccl" if device_type == "cuda" else "gloo")
+    init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     mesh = build_mesh(layout, prep.model, B)
     try:
-        return _train(cfg, debug, prep, layout, lines, mesh, rank, world, local_world, device_type)
+        return _train(cfg, debug, prep, layout, lines, mesh, guard)
     finally:
         end_process_group()
 
 
+def _stop_requested(guard: Any, device_type: str) -> int:
+    """The signal that asked this run to stop, agreed over all ranks (MAX); 0 when none did."""
+    mine = guard.signal if guard is not None else 0
+    t = torch.tensor([mine], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list[str]) -> None:
+    """Model, data, the layout's explanation, placement, and what --resume auto passed over."""
+    corpus = prep.corpus
+    log.print(f"Model: {prep.model.describe()}")
+    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
+              f"and {corpus.n_eval:,} held-out sequences of {cfg.data.seq_len}")
+    for line in lines:
+        log.print(line)
+
+
 def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
-           rank: int, world: int, local_world: int, device_type: str) -> int:
-    from meshwise.runtime import OptimConfig, parallelize
+           guard: Any) -> int:
+    from meshwise.runtime import parallelize
     from meshwise.runtime.mesh import dp_rank
 
+    rank, world, local_world = env_world()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
     model, corpus = prep.model, prep.corpus
     B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
     o, c = cfg.optimizer, cfg.checkpoint
-    optim = OptimConfig(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                        max_grad_norm=o.grad_clip)
-    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=optim)
-    placement = _placement_line(layout, world)
+    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o)
+    lines = [*lines, _placement_line(layout, world), *prep.notes]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
-    log.print(f"Model: {model.describe()}")
-    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
-              f"and {corpus.n_eval:,} held-out sequences of {seq}")
-    for line in lines:
-        log.print(line)
-    log.print(placement)
+    _print_header(log, cfg, prep, lines)
 
+    meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
+            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
+    ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
+                                   before_commit=lambda s: faults.before_commit(s, rank))
     run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
     if prep.resume is not None:
-        run_state = checkpoint.load(pm.modules, pm.optimizer, prep.resume, run_state)
+        run_state = ckpt.restore(prep.resume, run_state)
         torch.set_rng_state(run_state["rng"])
         log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
                   f"now under {layout.short()} on {world} rank(s)")
-    elif c.dir and rank == 0:
-        old = [p for p in Path(c.dir).glob("step-*")] if Path(c.dir).is_dir() else []
-        if old:
-            log.print(f"Fresh run: removing {len(old)} old checkpoint folder(s) in {c.dir} "
-                      "(--checkpoint.resume auto continues them instead)")
-            for p in old:
-                shutil.rmtree(p, ignore_errors=True)
+    elif c.dir and c.overwrite:
+        if rank == 0 and checkpoint.own_folders(c.dir):
+            log.print(f"Fresh run (--checkpoint.overwrite): removing meshwise's checkpoint folders in {c.dir}")
+            checkpoint.refuse_or_clear(c.dir, overwrite=True, clear=True)
+        dist.barrier()
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
-    meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
-            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
     nan_step = faults.nan_step(debug.inject_nan_at_step)
     log.begin(start)
 
     if start == 0 and cfg.schedule.eval_every:
         log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
-    last_saved = start
     for step in range(start + 1, steps + 1):
         faults.before_step(step, rank, world)
         if nan_step == step:
@@ -226,19 +280,25 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         step_s = time.perf_counter() - t0
         grad_norm = pm.last_grad_norm
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            where = f"the last checkpoint is step-{last_saved}" if c.dir and last_saved else "no checkpoint was written"
+            last = ckpt.last_saved
+            where = f"the last checkpoint is step-{last}" if c.dir and last else "no checkpoint was written"
             raise MeshwiseError(f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without "
                                 f"saving this state; {where}")
         eval_loss = None
         if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
         log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss)
-        if c.dir and (c.every and step % c.every == 0 or step == steps):
-            state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
-            checkpoint.save(pm.modules, pm.optimizer, c.dir, step, state, meta, c.keep,
-                            before_commit=lambda s: faults.before_commit(s, rank))
-            last_saved = step
-            log.print(f"checkpoint: {checkpoint.step_dir(c.dir, step)}")
+        stop = _stop_requested(guard, device_type)
+        state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
+        saved = ckpt.save(step, step == steps, state, force=bool(stop))
+        if saved is not None:
+            log.print(f"checkpoint: {saved}")
+        if stop and step < steps:
+            log.close()
+            name = signal.Signals(stop).name
+            kept = f"checkpoint {saved} written; --resume auto continues from it" if saved else \
+                "no checkpoint (--checkpoint.dir is empty)"
+            raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
     log.close()
     dist.barrier()
     if rank == 0 and cfg.generate.prompt and c.dir:

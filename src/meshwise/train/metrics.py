@@ -58,12 +58,12 @@ class MetricsLog:
     """Rank 0's sink: JSONL (appending, so a restarted run continues the file), console, TensorBoard."""
 
     def __init__(self, config: MetricsConfig, throughput: Throughput, total_steps: int, enabled: bool,
-                 stream: TextIO = sys.stdout) -> None:
+                 stream: TextIO | None = None) -> None:
         self.config = config
         self.throughput = throughput
         self.total_steps = total_steps
         self.enabled = enabled
-        self.stream = stream
+        self.stream = stream if stream is not None else sys.stdout  # the current one, not import time's
         self._file: TextIO | None = None
         self._tb = None
         self._progress = None
