@@ -168,7 +168,7 @@ def _plan(args: argparse.Namespace) -> int:
     chosen = layout_mod.parse(args.layout, cluster.world_size) if args.layout else None
     result = planner.plan(model, cluster, train, top=args.top, headroom=headroom, layout=chosen)
     if args.json:
-        print(json.dumps(result.as_json()))
+        print(json.dumps({"model": model.as_json(), **result.as_json()}))
     else:
         from meshwise.show import print_plan
         print_plan(model, cluster, train, result)
