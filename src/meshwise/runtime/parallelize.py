@@ -27,7 +27,7 @@ from meshwise.layout import Layout, validate
 from meshwise.runtime.checkpointing import apply_activation_checkpointing
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
-from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum
+from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
@@ -161,6 +161,7 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
     apply_activation_checkpointing(model, layout.ac)
     apply_data_parallel(model, mesh, layout)
     model.to_empty(device=device)
+    model.tie_weights()
     init_weights(model, spec, seed)
     return model
 
@@ -171,6 +172,11 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``)."""
     validate(layout, model_spec, mesh.size(), global_batch)
     seq_len = seq_len or model_spec.max_seq
+    refusal = runtime_refusal(model_spec, seq_len)
+    if refusal:
+        raise MeshwiseError(refusal)
+    if model_spec.position == "learned" and layout.sp:
+        raise MeshwiseError("layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off")
     if seq_len > model_spec.max_seq:
         raise MeshwiseError(f"seq_len: {seq_len} is longer than the model's max_seq {model_spec.max_seq}")
     if layout.sp and seq_len % layout.tp:

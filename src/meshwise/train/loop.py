@@ -67,6 +67,10 @@ def preflight(cfg: TrainConfig) -> Prepared:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     if cfg.data.seq_len > model.max_seq:
         raise MeshwiseError(f"--data.seq_len: {cfg.data.seq_len} is longer than the model's max_seq {model.max_seq}")
+    from meshwise.runtime.model import runtime_refusal
+
+    if refusal := runtime_refusal(model, cfg.data.seq_len):
+        raise MeshwiseError(f"--model.name: {refusal}")
     corpus = build_corpus(cfg.data, model.vocab)
     c = cfg.checkpoint
     if c.resume and c.resume != "auto" and not Path(c.resume).is_dir():

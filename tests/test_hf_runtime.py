@@ -1,0 +1,86 @@
+"""meshwise's model against transformers' own, family by family: tiny random models made by
+transformers, their weights loaded into meshwise, forward logits equal within 1e-5 (fp32)."""
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from meshwise.model_files import model_from_hf_config  # noqa: E402
+from meshwise.runtime.model import build_model, runtime_refusal  # noqa: E402
+from meshwise.train.hf_weights import from_hf, to_hf  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=97, max_position_embeddings=64)
+FAMILIES = {
+    "llama": ("LlamaConfig", dict(TINY, rms_norm_eps=1e-5)),
+    "llama3.1": ("LlamaConfig", dict(TINY, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
+    "llama3.2-tied": ("LlamaConfig", dict(TINY, tie_word_embeddings=True, head_dim=32)),
+    "llama-bias": ("LlamaConfig", dict(TINY, attention_bias=True, mlp_bias=True)),
+    "mistral": ("MistralConfig", dict(TINY, sliding_window=None, rope_theta=1e6)),
+    "qwen2": ("Qwen2Config", dict(TINY, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(TINY, head_dim=24)),
+    "gemma": ("GemmaConfig", dict(TINY, head_dim=32)),
+    "phi3": ("Phi3Config", dict(TINY, pad_token_id=0)),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=97, n_positions=64)),
+}
+
+
+def tiny_hf(name: str):
+    cls, kw = FAMILIES[name]
+    cfg = getattr(transformers, cls)(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # norms and biases away from their init, so a mix-up shows
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "ln_" in pname or pname.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return cfg, model
+
+
+def meshwise_from(cfg, hf_model):
+    import json
+
+    spec = model_from_hf_config(json.loads(cfg.to_json_string()), "tiny-hf")
+    assert runtime_refusal(spec, 16) is None
+    model = build_model(spec, seed=0)
+    state = from_hf(spec, hf_model.state_dict())
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if spec.tied_embeddings:  # the head is the embedding: one tensor under two names
+        missing = [k for k in missing if k != "output.weight"]
+    assert not unexpected and not missing, (missing, unexpected)
+    return spec, model.eval()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_equal_transformers(name):
+    cfg, hf_model = tiny_hf(name)
+    spec, model = meshwise_from(cfg, hf_model)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf_model(ids).logits
+        got = model(ids)
+    assert sum(p.numel() for p in model.parameters()) == spec.params == hf_model.num_parameters()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_names_round_trip(name):
+    cfg, hf_model = tiny_hf(name)
+    spec, model = meshwise_from(cfg, hf_model)
+    hf_state = {k: v for k, v in hf_model.state_dict().items()}
+    back = to_hf(spec, dict(model.named_parameters()))
+    if spec.tied_embeddings:
+        hf_state.pop("lm_head.weight", None)
+    assert set(back) == set(hf_state)
+    for k in back:
+        assert torch.equal(back[k], hf_state[k]), k
+
+
+def test_tied_model_is_tied_after_build():
+    cfg, hf_model = tiny_hf("llama3.2-tied")
+    _, model = meshwise_from(cfg, hf_model)
+    assert model.output.weight is model.tok_embeddings.weight
