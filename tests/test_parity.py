@@ -25,6 +25,10 @@ CASES: dict[int, list[Case]] = {
         Case("pp=2,vpp=2,schedule=interleaved-1f1b"), Case("pp=2,vpp=2,schedule=zero-bubble"),
         Case("dp=2,zero=3,ac=selective"), Case("tp=2,sp=on,ac=selective"),
         Case("dp=2,zero=0,ac=full"), Case("pp=2,schedule=1f1b,ac=full"),
+        # A tied model (one tensor for embedding and head), and Qwen3's features (q/k/v biases,
+        # q/k norms, head_dim 24 != hidden/heads, rope theta 1e6, eps 1e-6) under each kind of split.
+        Case("dp=2,zero=0", "tiny-tied"), Case("dp=2,zero=3", "tiny-tied"), Case("tp=2,sp=on", "tiny-tied"),
+        Case("tp=2,sp=on", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3"), Case("dp=2,zero=3", "tiny-qwen3"),
         # Deliberately wrong runs: the comparison must catch them.
         Case("dp=2,zero=2", corrupt="same-data"), Case("dp=2,zero=2", corrupt="seed"),
     ],
@@ -32,7 +36,7 @@ CASES: dict[int, list[Case]] = {
         Case("dp=2,tp=2"), Case("dp=2,zero=3,tp=2"), Case("pp=2,tp=2"),
         Case("pp=2,dp=2,zero=1"), Case("pp=2,dp=2,zero=3"), Case("dp=4,zero=3,shard=2"),
         Case("dp=2,zero=3,tp=2,ac=full"), Case("pp=2,dp=2,zero=1,ac=selective"),
-        Case("dp=2,zero=1,tp=2,sp=off"),
+        Case("dp=2,zero=1,tp=2,sp=off"), Case("dp=2,zero=3,tp=2", "tiny-tied"),
     ],
     8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }
@@ -41,9 +45,18 @@ GROUP_TIMEOUT_S = {2: 240, 4: 240, 8: 180}
 _groups: dict[int, dp.GroupResult] = {}
 
 
+_references: dict[str, dp.Run] = {}
+
+
 @pytest.fixture(scope="session")
 def reference() -> dp.Run:
-    return dp.reference()
+    return reference_of(dp.MODEL)
+
+
+def reference_of(model: str) -> dp.Run:
+    if model not in _references:
+        _references[model] = dp.reference(model=model)
+    return _references[model]
 
 
 def group(world: int) -> dp.GroupResult:
@@ -77,8 +90,9 @@ def test_reference_exercises_clipping(reference: dp.Run) -> None:
 
 
 @pytest.mark.parametrize("world,case", GOOD, ids=[f"{w}:{c.name}" for w, c in GOOD])
-def test_layout_matches_reference(world: int, case: Case, reference: dp.Run) -> None:
-    problems = dp.mismatch(result(world, case), reference)
+def test_layout_matches_reference(world: int, case: Case) -> None:
+    problems = dp.mismatch(result(world, case), reference_of(case.model),
+                           dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL))
     assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
 
 
@@ -86,6 +100,19 @@ def test_layout_matches_reference(world: int, case: Case, reference: dp.Run) -> 
 def test_wrong_run_is_caught(world: int, case: Case, reference: dp.Run) -> None:
     """Same data on every replica, or another init seed, must not pass as parity."""
     assert dp.mismatch(result(world, case), reference)
+
+
+def test_tied_model_counts_as_planned() -> None:
+    """The tied reference holds one tensor for embedding and head, and as many parameters as plan counts."""
+    from meshwise.runtime import build_model
+
+    spec = dp.spec("tiny-tied")
+    model = build_model(spec, dp.SEED)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert sum(p.numel() for p in model.parameters()) == spec.params
+    assert spec.params == dp.spec("tiny").params - spec.vocab * spec.hidden
+    ref = reference_of("tiny-tied")
+    assert "output.weight" not in ref.weights and "tok_embeddings.weight" in ref.weights
 
 
 def test_a_failing_worker_fails_fast_with_its_traceback() -> None:

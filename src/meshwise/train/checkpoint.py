@@ -108,7 +108,7 @@ class _Chunks(nn.Module):
         super().__init__()
         self.layers = nn.ModuleDict()
         for chunk in chunks:
-            for name in ("tok_embeddings", "norm", "output"):
+            for name in ("tok_embeddings", "pos_embeddings", "norm", "output"):
                 if getattr(chunk, name, None) is not None:
                     setattr(self, name, getattr(chunk, name))
             for key, block in chunk.layers.items():

@@ -23,6 +23,7 @@ from meshwise.spec import read_toml
 class ModelConfig:
     name: str = "small"  # catalog name, model TOML, or Hugging Face config.json
     seed: int = 0  # weight initialisation seed (every layout starts from the same weights)
+    pretrained: str = ""  # a Hugging Face folder (config.json + safetensors) to fine-tune from (--model.from)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConf
 # Short command-line spellings of the most used fields.
 ALIASES: dict[str, str] = {
     "--model": "model.name",
+    "--model.from": "model.pretrained",
     "--data": "data.path",
     "--seq-len": "data.seq_len",
     "--layout": "layout.spec",
@@ -194,6 +196,9 @@ def check(config: TrainConfig) -> None:
     """Ranges that no type check catches."""
     s, o, d, c, m, g = (config.schedule, config.optimizer, config.data, config.checkpoint, config.metrics,
                         config.generate)
+    # --steps 0 with --model.from converts the pretrained weights into a checkpoint and stops.
+    if s.steps == 0 and config.model.pretrained:
+        s = replace(s, steps=1)
     positive = {"schedule.steps": s.steps, "schedule.global_batch": s.global_batch, "data.seq_len": d.seq_len,
                 "schedule.eval_batches": s.eval_batches, "checkpoint.keep": c.keep, "metrics.log_every": m.log_every}
     for name, value in positive.items():

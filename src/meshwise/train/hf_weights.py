@@ -126,7 +126,7 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A config.json that makes transformers build the model meshwise trained."""
     common: dict[str, Any] = {"architectures": [_ARCH[spec.family]], "model_type": spec.family,
                               "vocab_size": spec.vocab, "tie_word_embeddings": spec.tied_embeddings,
-                              "torch_dtype": "float32"}
+                              "torch_dtype": "float32", "pad_token_id": None}
     if spec.bos_id is not None:
         common["bos_token_id"] = spec.bos_id
     if spec.eos_ids:

@@ -62,7 +62,12 @@ def lr_at(step: int, schedule: ScheduleConfig, optimizer: OptimizerConfig) -> fl
 def preflight(cfg: TrainConfig) -> Prepared:
     """Every check that needs no process group: config ranges, model, data, resume point, extras."""
     check(cfg)
-    model = load_model(cfg.model.name)
+    if cfg.model.pretrained:
+        from meshwise.train import pretrained
+
+        model = pretrained.check_folder(cfg.model.pretrained)
+    else:
+        model = load_model(cfg.model.name)
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     if cfg.data.seq_len > model.max_seq:
@@ -196,6 +201,11 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         torch.set_rng_state(run_state["rng"])
         log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
                   f"now under {layout.short()} on {world} rank(s)")
+    elif cfg.model.pretrained:
+        from meshwise.train import pretrained
+
+        pretrained.load(pm.modules, model, cfg.model.pretrained)
+        log.print(f"Weights: {cfg.model.pretrained} (fine-tuning from step 0 with a fresh optimizer)")
     elif c.dir and rank == 0:
         old = [p for p in Path(c.dir).glob("step-*")] if Path(c.dir).is_dir() else []
         if old:
@@ -242,6 +252,10 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
                             before_commit=lambda s: faults.before_commit(s, rank))
             last_saved = step
             log.print(f"checkpoint: {checkpoint.step_dir(c.dir, step)}")
+    if steps == 0 and c.dir:  # --model.from with --steps 0: the loaded weights as a checkpoint
+        state = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
+        checkpoint.save(pm.modules, pm.optimizer, c.dir, 0, state, meta, c.keep)
+        log.print(f"checkpoint: {checkpoint.step_dir(c.dir, 0)}")
     log.close()
     dist.barrier()
     if rank == 0 and cfg.generate.prompt and c.dir:
