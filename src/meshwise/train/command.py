@@ -114,6 +114,10 @@ def generate_main(checkpoint: str, prompt: str, tokens: int, temperature: float,
 
     if tokens < 0 or top_k < 0 or temperature < 0:
         raise MeshwiseError("generate: --tokens, --top-k and --temperature must not be negative")
+    from meshwise.train import checkpoint as ckpt
+    from meshwise.train.export import resolve
+
     model, spec = load_plain_model(checkpoint)
-    print(sample(model, prompt, tokens, temperature, top_k, seed, spec.max_seq))
+    tokenizer = (ckpt.read_meta(resolve(checkpoint)).get("data") or {}).get("tokenizer", "")
+    print(sample(model, prompt, tokens, temperature, top_k, seed, spec.max_seq, tokenizer, spec.eos_ids))
     return 0

@@ -33,6 +33,8 @@ class DataConfig:
     seq_len: int = 128  # tokens per training sequence
     seed: int = 1234  # sample-order seed: sample g of the run depends only on (seed, g)
     eval_fraction: float = 0.05  # share of the sequences held out for the eval loss
+    tokenizer: str = ""  # "" = bytes; else a Hugging Face tokenizer.json or the folder holding one
+    text_field: str = "text"  # the text column of .jsonl / .parquet data (with a tokenizer)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -159,5 +160,16 @@ def export(path: str | Path, out: str | Path, max_shard_bytes: int = DEFAULT_MAX
     path = resolve(path)
     model, spec = load_plain_model(path)
     meta = checkpoint.read_meta(path)
-    return export_model(model, spec, out, {"format": "pt", "source": str(path), "step": str(meta.get("step"))},
-                        max_shard_bytes)
+    lines = export_model(model, spec, out, {"format": "pt", "source": str(path), "step": str(meta.get("step"))},
+                         max_shard_bytes)
+    tokenizer = (meta.get("data") or {}).get("tokenizer", "")
+    if tokenizer:  # the run's tokenizer files beside the weights, as a Hugging Face folder holds them
+        from meshwise.train.tokenizer import tokenizer_file
+
+        source = tokenizer_file(tokenizer)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            f = source.parent / name if name != "tokenizer.json" else source
+            if f.is_file():
+                shutil.copyfile(f, Path(out).parent / name)
+                lines.append(f"wrote {Path(out).parent / name}")
+    return lines

@@ -217,7 +217,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
-            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
+            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed,
+                                                           "tokenizer": cfg.data.tokenizer}}
     nan_step = faults.nan_step(debug.inject_nan_at_step)
     log.begin(start)
 
@@ -272,4 +273,5 @@ def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:
 
     model, spec = load_plain_model(path)
     g = cfg.generate
-    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq)
+    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq,
+                  tokenizer=cfg.data.tokenizer, eos_ids=spec.eos_ids)
