@@ -75,3 +75,16 @@ def test_train_generate_export_with_a_tokenizer(tmp_path):
     r = run("export", "--checkpoint", "ck", "--out", "out/model.safetensors", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tmp_path / "tokenizer.json").read_bytes()
+
+
+def test_pretokenized_bin_equals_on_the_fly(tmp_path):
+    tok_path = make_tokenizer(tmp_path)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": line + "\n"}) + "\n" for line in LINES))
+    r = run("tokenize", "--data", str(data), "--tokenizer", tok_path, "--out", "d.bin", cwd=tmp_path)
+    assert r.returncode == 0 and "uint16" in r.stdout, r.stderr
+    fly = load_tokens(DataConfig(path=str(data), tokenizer=tok_path))
+    pre = load_tokens(DataConfig(path=str(tmp_path / "d.bin"), bin_dtype="uint16"))
+    assert pre.to(torch.int64).tolist() == fly.tolist()
+    r = run("tokenize", "--data", str(data), "--tokenizer", str(tmp_path / "nope.json"), "--out", "x.bin", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and not (tmp_path / "x.bin").exists(), r.stderr

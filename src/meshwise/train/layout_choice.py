@@ -70,7 +70,7 @@ def runnable(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
     def ok(layout: Layout) -> bool:
         if model.tied_embeddings and layout.pp > 1:
             return False
-        if layout.sp and seq_len % layout.tp:
+        if layout.sp and (seq_len % layout.tp or model.position == "learned"):
             return False
         if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
             return False

@@ -95,3 +95,36 @@ def encode_files(files: list[Path], tok: HFTokenizer, text_field: str, batch: in
     for row in tok.encode_batch(pending):
         ids.extend(row)
     return ids
+
+
+def tokenize_main(data: str, tokenizer: str, out: str, text_field: str = "text") -> int:
+    """``meshwise tokenize``: every document of ``data`` into ``out`` (a .bin array ``--data`` reads),
+    with a progress bar over the files; the array is written beside and renamed when complete."""
+    import array
+    import sys
+
+    from rich.progress import Progress
+
+    src, dest = Path(data), Path(out)
+    if not src.exists():
+        raise MeshwiseError(f"--data: {data} does not exist")
+    if dest.suffix != ".bin" or not dest.parent.is_dir():
+        raise MeshwiseError(f"--out: {out} must be a .bin file in an existing folder")
+    tok = HFTokenizer(tokenizer)
+    files = ([p for p in sorted(src.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+             if src.is_dir() else [src])
+    code, dtype = ("H", "uint16") if tok.vocab <= 2**16 else ("I", "uint32")  # .bin arrays are little-endian
+    if sys.byteorder != "little" or array.array(code).itemsize != (2 if code == "H" else 4):
+        raise MeshwiseError("tokenize: this platform's integer layout is not the .bin format's (little-endian)")
+    tmp = dest.with_name(dest.name + ".tmp")
+    total = 0
+    with open(tmp, "wb") as f, Progress(transient=False) as bar:
+        task = bar.add_task("tokenizing", total=len(files))
+        for path in files:
+            ids = encode_files([path], tok, text_field)
+            f.write(array.array(code, ids).tobytes())
+            total += len(ids)
+            bar.advance(task)
+    tmp.replace(dest)
+    print(f"wrote {dest}: {total:,} tokens as {dtype} (train with --data {dest} --data.bin_dtype {dtype})")
+    return 0
