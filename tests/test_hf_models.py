@@ -196,3 +196,14 @@ def test_unreadable_model_file_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(type(cfg), "read_text", denied)
     with pytest.raises(MeshwiseError, match="cannot read .*Permission denied"):
         load_model(str(cfg))
+
+
+def test_checkpoint_of_another_architecture_is_refused():
+    from meshwise.train import checkpoint
+
+    tiny = load_model("tiny")
+    old = {k: v for k, v in checkpoint.model_meta(tiny).items()
+           if k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")}
+    checkpoint.check_shape({"model": old}, tiny, "ck/step-1")  # saved before the family fields: same model
+    with pytest.raises(MeshwiseError, match="family='llama'.*has family='qwen3'"):
+        checkpoint.check_shape({"model": checkpoint.model_meta(tiny)}, load_model("tiny-qwen3"), "ck/step-1")

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from meshwise.spec import ModelSpec
 
 COMMIT_FILE = "meshwise.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings",
+                "family", "head_dim", "norm", "position", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -89,9 +90,12 @@ def resolve_resume(resume: str, root: str) -> Path | None:
 def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None:
     """Refuse a checkpoint of another model shape, naming the first field that differs."""
     saved = meta.get("model", {})
+    defaults = {f.name: f.default for f in fields(ModelSpec)}
+    defaults["head_dim"] = saved.get("hidden", 0) // max(1, saved.get("heads", 1))  # before head_dim was saved
     for name in SHAPE_FIELDS:
-        if saved.get(name) != getattr(spec, name):
-            raise MeshwiseError(f"checkpoint {path}: a model with {name}={saved.get(name)!r}, but this run's "
+        value = saved.get(name, defaults[name])
+        if value != getattr(spec, name):
+            raise MeshwiseError(f"checkpoint {path}: a model with {name}={value!r}, but this run's "
                                 f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
 
 
