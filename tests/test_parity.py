@@ -27,8 +27,9 @@ CASES: dict[int, list[Case]] = {
         Case("dp=2,zero=0,ac=full"), Case("pp=2,schedule=1f1b,ac=full"),
         # A tied model (one tensor for embedding and head), and Qwen3's features (q/k/v biases,
         # q/k norms, head_dim 24 != hidden/heads, rope theta 1e6, eps 1e-6) under each kind of split.
-        Case("dp=2,zero=0", "tiny-tied"), Case("dp=2,zero=3", "tiny-tied"), Case("tp=2,sp=on", "tiny-tied"),
-        Case("tp=2,sp=on", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3"), Case("dp=2,zero=3", "tiny-qwen3"),
+        # (FSDP2 over both: the 4-rank dp=2,zero=3,tp=2 case.)
+        Case("dp=2,zero=0", "tiny-tied"), Case("tp=2,sp=on", "tiny-tied"),
+        Case("tp=2,sp=on", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3"),
         # Deliberately wrong runs: the comparison must catch them.
         Case("dp=2,zero=2", corrupt="same-data"), Case("dp=2,zero=2", corrupt="seed"),
     ],
@@ -40,7 +41,7 @@ CASES: dict[int, list[Case]] = {
     ],
     8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }
-GROUP_TIMEOUT_S = {2: 240, 4: 240, 8: 180}
+GROUP_TIMEOUT_S = {2: 300, 4: 270, 8: 180}  # hang guards (20, 10 and 2 cases), not timing assertions
 
 _groups: dict[int, dp.GroupResult] = {}
 

@@ -126,7 +126,7 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="sample text from a checkpoint")
     g.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
     g.add_argument("--prompt", default="", help="text to continue")
-    g.add_argument("--tokens", type=int, default=200, help="bytes to generate (default: 200)")
+    g.add_argument("--tokens", type=int, default=200, help="tokens to generate (default: 200; fewer at eos)")
     g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     g.add_argument("--top-k", type=int, default=20, help="sample among the k most likely (default: 20; 0 = all)")
     g.add_argument("--seed", type=int, default=0)

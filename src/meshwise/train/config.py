@@ -81,7 +81,7 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class GenerateConfig:
     prompt: str = "12 + 7 ="  # printed sample at the end of the run ("" = none)
-    tokens: int = 120  # bytes to generate
+    tokens: int = 120  # tokens to generate (bytes with the byte tokenizer; fewer at eos)
     temperature: float = 0.8
     top_k: int = 20
     seed: int = 0
