@@ -52,7 +52,8 @@ COMMON = ("--seq-len", "16", "--global-batch", "4", "--eval-every", "0", "--prom
 
 
 @pytest.mark.parametrize("cls, nproc, layout", [("Qwen3Config", "1", "dp=1"), ("Phi3Config", "1", "dp=1"),
-                                                ("Qwen3Config", "2", "dp=2,zero=3")])
+                                                ("Qwen3Config", "2", "dp=2,zero=3"), ("Qwen3Config", "2", "tp=2,sp=on"),
+                                                ("Phi3Config", "2", "pp=2,schedule=1f1b")])
 def test_steps_0_is_a_bit_exact_conversion(tmp_path, cls, nproc, layout):
     kw = {"pad_token_id": 0} if cls == "Phi3Config" else {"head_dim": 24}
     hf = save_tiny(tmp_path / "hf", cls, **kw)
