@@ -127,3 +127,17 @@ def test_sharded_export_round_trips(tmp_path):
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     for k, v in loaded.state_dict().items():
         torch.testing.assert_close(v, merged[k], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cls, kw, words", [
+    ("Gemma2Config", dict(TINY, head_dim=32), "four norms"),
+    ("MixtralConfig", dict(TINY), "mixture of experts"),
+    ("DeepseekV3Config", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                              v_head_dim=16, first_k_dense_replace=1), "mixture of experts"),
+    ("MistralConfig", dict(TINY, sliding_window=8), "sliding-window"),
+    ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
+])
+def test_what_the_runtime_cannot_build_is_refused(cls, kw, words):
+    spec = model_from_hf_config(json.loads(getattr(transformers, cls)(**kw).to_json_string()), "x")
+    assert words in runtime_refusal(spec, 16)

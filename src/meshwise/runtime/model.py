@@ -232,6 +232,9 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
         return f"model {spec.name!r}: {spec.family} is a mixture of experts, which the runtime does not run yet (plan only)"
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
+    if spec.family == "gemma2" or spec.norms_per_layer != 2:
+        return (f"model {spec.name!r}: {spec.family}'s four norms per block and query scaling are not built by the "
+                f"runtime yet (plan only)")
     if spec.attn_softcap or spec.final_softcap:
         return f"model {spec.name!r}: logit soft-capping ({spec.family}) is not built by the runtime yet (plan only)"
     if spec.rope_scaling not in ("", "llama3"):
