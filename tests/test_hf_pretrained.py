@@ -98,3 +98,29 @@ def test_mismatched_folder_is_refused(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "has shape" in r.stderr, r.stderr
     r = meshwise("train", "--model.from", str(tmp_path), "--steps", "1", *COMMON, cwd=tmp_path)
     assert r.returncode == 2 and "no config.json" in r.stderr, r.stderr
+
+
+def test_step_0_eval_loss_equals_transformers_under_pp(tmp_path):
+    """The forward under a layout is transformers' forward: the held-out loss printed at step 0
+    (4 decimals) equals transformers' loss on the same held-out rows."""
+    import re
+
+    from meshwise.train.config import DataConfig
+    from meshwise.train.data import build_corpus
+
+    hf = save_tiny(tmp_path / "hf", head_dim=24)
+    r = meshwise("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", "2", "--layout",
+                 "pp=2,schedule=1f1b", "--checkpoint-dir", "", "--seq-len", "16", "--global-batch", "4",
+                 "--eval-every", "1", "--schedule.eval_batches", "2", "--prompt", "", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = float(re.search(r"eval loss at step 0: ([0-9.]+)", r.stdout).group(1))
+    corpus = build_corpus(DataConfig(seq_len=16), 256)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for b in range(2):
+            x, y = corpus.eval_rows(b, 4, range(4))
+            logits = model(x).logits
+            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+    assert printed == pytest.approx(total / count, abs=6e-5)
