@@ -84,6 +84,7 @@ def test_fine_tune_equal_under_two_layouts(tmp_path):
                      "--checkpoint-dir", "", "--metrics", str(metrics), *COMMON, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         runs[layout] = losses(metrics)
+    print("fine-tuning losses per layout:", runs)
     a, b = runs.values()
     assert len(a) == 3 and a[0] < 6.0  # ln 256 = 5.5: a pretrained-size loss, not a crash
     assert a == pytest.approx(b, rel=1e-4)
