@@ -3,7 +3,9 @@
 efficiency(h) = efficiency_max * h / (h + efficiency_half_width), h = the model's hidden size. Grid search for
 the pair that minimises the worst relative error of predicted hardware TFLOP/s per GPU over the ten
 rows; prints the fit and the rows. The result is the default in meshwise.spec
-(DEFAULT_EFFICIENCY_MAX, DEFAULT_EFFICIENCY_HALF_WIDTH).
+(DEFAULT_EFFICIENCY_MAX, DEFAULT_EFFICIENCY_HALF_WIDTH) for profiles without the GPU op model's fields
+(b200, mi300x): the fit runs the A100 through that flat path (sm_count cleared). The op model's own
+constant is fitted by benchmarks/fidelity.py.
 
     python benchmarks/calibrate_table1.py
 """
@@ -21,7 +23,8 @@ def rows_error(e_max: float, half: float) -> list[tuple[str, float, float]]:
     out = []
     for row in ROWS:
         base = load_cluster("a100-80gb", row[3], 8)
-        cluster = replace(base, accelerator=replace(base.accelerator, efficiency_max=e_max, efficiency_half_width=half))
+        flat = replace(base.accelerator, efficiency_max=e_max, efficiency_half_width=half, sm_count=0)
+        cluster = replace(base, accelerator=flat)
         pred = predict(row, cluster)
         out.append((row[0], pred, pred / row[5] - 1))
     return out

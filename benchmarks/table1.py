@@ -1,4 +1,4 @@
-"""Narayanan et al. 2021 Table 1 (shared/reference/published.md): the calibration rows.
+"""Narayanan et al. 2021 Table 1 (docs/sources.md): the calibration rows.
 
 Each row fixes the model, GPUs, TP, PP and batch; the paper used the interleaved schedule, full
 recompute and tuned micro-batch size and chunks, so meshwise's prediction for a row is the best
@@ -32,7 +32,9 @@ def predict(row: tuple, cluster: ClusterSpec | None = None) -> float:
     model = load_model(name)
     cluster = cluster or load_cluster("a100-80gb", gpus, 8)
     # Megatron-LM (2021) reduced data-parallel gradients after the backward, without overlap.
-    train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed", overlap_dp_comm=False)
+    # Megatron-LM 2021: no TP overlap and an unfused softmax attention (flash attention came in 2022).
+    train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed", overlap_dp_comm=False,
+                      runtime="megatron", overlap_tp_comm=False, fused_attention=False)
     result = search(model, cluster, train, top=1,
                     where=lambda l: l.tp == tp and l.pp == pp and l.zero == 0 and l.ac == "full"
                     and l.schedule in ("1f1b", "interleaved-1f1b"))

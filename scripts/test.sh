@@ -1,5 +1,25 @@
 #!/usr/bin/env bash
-# The whole test suite. Extra arguments go to pytest.
+# The whole test suite; extra arguments go to pytest. Only the fast unit tests:
+#   bash scripts/test.sh -m "not integration"
+# Installs what the tests need: the Python side through venv.sh, and Debian's chromium (the report
+# test opens plan.html in it) with apt-get when this user is root; otherwise one line says what to run.
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 cd "$root"
+
+# Does this run select the report test? Yes unless the arguments name test files and none is it.
+wants_chromium=1
+for arg in "$@"; do
+  case "$arg" in
+    *test_report.py*) wants_chromium=1; break ;;
+    tests/*|*/tests/*|test_*.py*) wants_chromium=0 ;;
+  esac
+done
+if [ "$wants_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing Debian's chromium for the report test (apt-get)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null
+  else
+    echo "scripts/test.sh: the report test needs Chromium; run: sudo apt-get install chromium" >&2
+  fi
+fi
 exec python -m pytest "$@"

@@ -13,9 +13,12 @@ from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
 from meshwise.measure import calibrate as cal
 from meshwise.spec import _ACCEL_KEYS, LinkSpec, load_cluster
+from meshwise.spec_gpu import GPU_KEYS
 
 RESULT = {"matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
-          "collectives": [], "what": "synthetic"}
+          "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
+          "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
+          "matmul_all_threads_flops_per_s": 48e9}
 
 
 def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
@@ -44,9 +47,11 @@ def test_fit_never_returns_a_negative_latency():
 
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
-    catalog_keys = set(_ACCEL_KEYS)
+    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS  # a CPU profile: the flat path, no GPU op model
     assert set(table) == catalog_keys
-    assert table["efficiency_max"] == pytest.approx(9e9 / (0.5 * 30e9))
+    assert table["efficiency_max"] == pytest.approx(9e9 / ((0.5 - 1000 * 1e-5) * 30e9))  # host time taken out
+    assert table["op_overhead_s"] == pytest.approx(1e-5)
+    assert table["thread_efficiency"] == pytest.approx(0.6)  # 48 / 30 = 1 + (2 - 1) x 0.6
     assert table["efficiency_half_width"] == 0.0
     assert table["memory_bytes"] == int(0.8 * (16 << 30) / 2)
     path = tmp_path / "cpu.toml"
@@ -56,7 +61,7 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     cluster = load_cluster(str(path), 2)
     assert cluster.gpus_per_node == 2 and cluster.nodes == 1
     assert cluster.intra.latency_s == pytest.approx(50e-6, rel=1e-3)
-    assert cluster.accelerator.efficiency(192) == pytest.approx(0.6, rel=1e-3)
+    assert cluster.accelerator.efficiency(192) == pytest.approx(9e9 / (0.49 * 30e9), rel=1e-3)
 
 
 def test_one_process_profile_has_no_measured_links():
@@ -101,3 +106,15 @@ def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
 def test_refused_before_any_process_starts(tmp_path):
     with pytest.raises(MeshwiseError, match="--out"):
         cal.calibrate(2, "tiny", str(tmp_path / "p.json"))
+
+
+def test_host_constants_recover_what_the_cost_model_would_predict():
+    """Times made by cost/host.py's own formulas from known constants come back as those constants."""
+    from meshwise.cost import host
+    from meshwise.spec import AcceleratorSpec
+
+    accel = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=7e-6, checkpoint_call_s=3e-4, selective_op_s=2e-5)
+    blocks = 6
+    times = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
+    op, call, sel = cal.host_constants(times, host.ops_per_microbatch(blocks, True, True), blocks)
+    assert (op, call, sel) == pytest.approx((7e-6, 3e-4, 2e-5))

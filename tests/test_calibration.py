@@ -1,4 +1,4 @@
-"""Table 1 of Narayanan et al. 2021 (shared/reference/published.md): predicted hardware TFLOP/s per GPU
+"""Table 1 of Narayanan et al. 2021 (docs/sources.md): predicted hardware TFLOP/s per GPU
 within 10% of the published figure on every row. Prints predicted beside published (pytest -s)."""
 
 import sys

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from meshwise.cli import main
+from meshwise.planner import TIE
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -43,7 +44,7 @@ def test_json_schema(capsys):
     lay = c["layout"]
     assert lay["dp"] * lay["tp"] * lay["pp"] == 16 and lay["mbs"] * lay["accum"] * lay["dp"] == 64
     speeds = [x["tokens_per_s"] for x in data["candidates"]]
-    assert speeds == sorted(speeds, reverse=True)
+    assert max(speeds) <= speeds[0] * (1 + TIE) + 1e-9  # best first, up to a tie (planner.break_ties)
 
 
 def test_layout_flag_evaluates_one_layout(capsys):
@@ -67,6 +68,7 @@ def test_human_output_has_the_table(capsys):
     (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--global-batch", "6", "--layout", "dp=4"], "global batch 6"),
     (["--params", "1e9", "--gpus", "8", "--global-batch", "7"], "--global-batch"),
     (["--gpus", "zero"], "--gpus"),
+    (["--params", "0"], "--params: '0' must be a positive number"),
     (["--precision", "fp8"], "--precision"),
     (["--model", "x.json"], "does not exist"),
     (["--bogus"], "unrecognized"),

@@ -3,7 +3,8 @@
 import pytest
 
 from meshwise.cost.comm import collective_seconds
-from meshwise.cost.estimate import estimate
+from meshwise.cost.estimate import estimate, rank_collectives
+from meshwise.cost.memory import all_rank_shapes
 from meshwise.layout import parse
 from meshwise.spec import LinkSpec, ModelSpec, TrainSpec, load_cluster, load_model
 
@@ -78,8 +79,15 @@ def test_tp_across_nodes_is_slower_than_inside():
 def test_pipeline_messages():
     model = load_model("llama3-8b")
     train = TrainSpec(16, 4096, "bf16")
-    e = estimate(model, load_cluster("h100", 8), train, parse("pp=4,tp=2,sp=on", 8))
-    sends = {(c.kind, c.dim): c for c in e.comm}[("send", "pp")]
-    m = 16
-    assert sends.count_per_step in (m, 2 * m)  # end ranks send one way, middle ranks both
-    assert sends.bytes_per_step / sends.count_per_step == pytest.approx(4096 * model.hidden * 2 / 2)
+    layout, m = parse("pp=4,tp=2,sp=on", 8), 16
+    message = 4096 * model.hidden * 2 / 2  # bf16 activations of the sequence shard (sp over tp=2)
+    per_rank = []
+    for shape in all_rank_shapes(model, layout):
+        ops = {(c.kind, c.dim): c for c in rank_collectives(model, load_cluster("h100", 8), train, layout, shape)}
+        per_rank.append(ops[("send", "pp")].count_per_step)
+        assert ops[("recv", "pp")].count_per_step == ops[("send", "pp")].count_per_step
+        assert ops[("send", "pp")].bytes_per_step == pytest.approx(per_rank[-1] * message)
+    assert per_rank == [m, 2 * m, 2 * m, m]  # the end ranks send one way, the middle ranks both
+    sends = {(c.kind, c.dim): c for c in estimate(model, load_cluster("h100", 8), train, layout).comm}[("send", "pp")]
+    assert sends.count_per_step in per_rank  # the estimate reports its slowest rank's collectives
+

@@ -1,4 +1,4 @@
-"""Layout text form and validation (design.md)."""
+"""Layout text form and validation (docs/design.md)."""
 
 import pytest
 

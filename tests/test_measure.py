@@ -1,9 +1,9 @@
-"""Prediction beside measurement (issue 5), on the parity suite's layouts (tiny model, CPU, gloo).
+"""Prediction beside measurement (meshwise measure), on the parity suite's layouts (tiny model, CPU, gloo).
 
 For every layout and rank: predicted bytes per step of each collective kind and mesh dimension
 within 1% of the measured (counts too), params, grads and optimizer within 10%, activations within
 20%. Workers are launched once per world size and measure every layout of it in turn; the table is
-printed (pytest -s) and is the README's fidelity table.
+printed (pytest -s) and is the fidelity table of docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from _transport import once_more_on_transport_error
-from test_parity import CASES
+from _parity_cases import CASES
 
 from meshwise.measure.compare import rows_for
 from meshwise.measure.run import run_workers

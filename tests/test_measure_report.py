@@ -87,3 +87,14 @@ def test_report_without_pipeline_has_no_timeline(tmp_path, text):
     text = out.read_text()
     assert len(re.findall(r"data:image/png;base64,", text)) == 3
     assert "Pipeline timeline" not in text
+
+
+@pytest.mark.parametrize("text,backward_over_forward", [("pp=2,schedule=1f1b", 2.0), ("pp=2,schedule=1f1b,ac=full", 3.0)])
+def test_predicted_timeline_splits_by_the_cost_models_recompute_factor(text, backward_over_forward):
+    """Both reports draw the same rule: backward = 2 x forward, 3 x under full recompute."""
+    model, cluster, train, _, _, _ = _setup()
+    layout = parse(text, 2)
+    ops = predicted_ops(model, cluster, train, layout)
+    f = next(o.end - o.start for o in ops if o.kind == "F")
+    b = next(o.end - o.start for o in ops if o.kind == "B")
+    assert b / f == pytest.approx(backward_over_forward)

@@ -35,7 +35,7 @@ def test_bad_layout_is_refused_before_any_process_group(monkeypatch, text, world
 
 
 def test_importing_meshwise_does_not_import_torch() -> None:
-    code = ("import sys, meshwise, meshwise.layout, meshwise.spec, meshwise.recompute\n"
+    code = ("import sys, meshwise, meshwise.layout, meshwise.spec\n"
             "assert 'torch' not in sys.modules, 'torch imported eagerly'\n"
             "assert callable(meshwise.parallelize) and 'torch' in sys.modules\n"
             "try:\n    meshwise.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n")
@@ -66,7 +66,7 @@ def _backward_ops_and_grads(mode: str) -> tuple[Counter, list[torch.Tensor]]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from meshwise.runtime import build_model
-    from meshwise.runtime.checkpointing import apply_activation_checkpointing
+    from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 
     class Count(TorchDispatchMode):
         def __init__(self) -> None:
@@ -111,10 +111,36 @@ def test_activation_checkpointing_recomputes_what_the_recipe_says() -> None:
 
 
 def test_selective_recipe_names_ops_this_torch_has() -> None:
-    from meshwise.recompute import SELECTIVE_SAVE_OPS
+    """Every name of the recipe is an aten op of this torch (a misspelt or renamed one would be
+    silently ignored by the policy), and every matmul and attention kernel the block's forward
+    really dispatches on this machine is one the recipe keeps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    assert hasattr(torch.ops.aten, "mm")
-    assert any(hasattr(torch.ops.aten, name) and "attention" in name for name in SELECTIVE_SAVE_OPS)
+    from meshwise.runtime import build_model
+    from meshwise.runtime.activation_checkpointing import SELECTIVE_SAVE_OPS
+
+    missing = [name for name in SELECTIVE_SAVE_OPS if not hasattr(torch.ops.aten, name)]
+    assert not missing, f"not aten ops in torch {torch.__version__}: {missing}"
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    spec = load_model("tiny")
+    model = build_model(spec, seed=0)
+    x = torch.randint(0, spec.vocab, (2, spec.max_seq), generator=torch.Generator().manual_seed(0))
+    h = model.tok_embeddings(x).detach().requires_grad_()
+    seen = Seen()
+    with seen:
+        model.layers["0"](h, model.rope_cos, model.rope_sin)
+    heavy = {n for n in seen.names if n in ("mm", "addmm", "bmm", "matmul") or "attention" in n}
+    assert any("attention" in n for n in heavy), seen.names
+    assert heavy <= set(SELECTIVE_SAVE_OPS), f"dispatched but recomputed: {heavy - set(SELECTIVE_SAVE_OPS)}"
 
 
 def test_parallelize_refuses_tied_embeddings_under_pp() -> None:

@@ -77,5 +77,5 @@ def test_bad_specs_name_the_field():
 
 
 def test_precision_conventions():
-    # design.md: bf16 = 2+2+8 = 12, bf16-mixed = 2+2+12 = 16, fp32 = 4+4+8 = 16 bytes per parameter.
+    # docs/design.md: bf16 = 2+2+8 = 12, bf16-mixed = 2+2+12 = 16, fp32 = 4+4+8 = 16 bytes per parameter.
     assert [TrainSpec(1, 1, p).state_bytes_per_param for p in ("bf16", "bf16-mixed", "fp32")] == [12, 16, 16]

@@ -16,29 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from _models import micro_model
+
 from meshwise.cli import main
 from meshwise.errors import MeshwiseError
 from meshwise.train import checkpoint, config, embedded_corpus
 from meshwise.train.data import build_corpus
 from meshwise.train.loop import lr_at
-
-MODEL_TOML = """[model]
-layers = 2
-hidden = 32
-heads = 2
-kv_heads = 2
-ffn_hidden = 64
-vocab = 256
-max_seq = 32
-"""
-
-
-def micro_model(folder: Path) -> str:
-    """A 37K-parameter model: two blocks, so pp=2 is possible; tp=2 divides every width."""
-    path = folder / "micro.toml"
-    path.write_text(MODEL_TOML)
-    return str(path)
-
 
 def meshwise(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}

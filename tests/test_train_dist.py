@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from _models import micro_model
+
 from meshwise.train.launch import free_port
-from test_train import micro_model
 
 STEPS = 20
 COMMON = ["--seq-len", "16", "--steps", str(STEPS), "--checkpoint-every", "5", "--keep", "10", "--eval-every", "10",

@@ -9,13 +9,11 @@ import argparse
 import json
 import sys
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import MeshwiseError, run_command
+from meshwise.plan_command import (DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_SEQ_CAP,
+                                   DEFAULT_SEQ_STATES_ONLY, DEFAULT_TOP)
 
-DEFAULT_MODEL = "llama3-70b"
-DEFAULT_GPU = "h100"
-DEFAULT_GPUS = 64
-DEFAULT_SEQ_CAP = 4096
-DEFAULT_GLOBAL_BATCH = 512
+RUNTIME_CHOICES = ("meshwise", "megatron")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,10 +25,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive_float(text: str) -> float:
+    """A number above zero, for ``--params``."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number, e.g. 70e9")
     return value
 
 
@@ -47,13 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"number of devices (default: {DEFAULT_GPUS})")
     p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}; 2048 with --params)")
+                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}; {DEFAULT_SEQ_STATES_ONLY} with --params)")
     p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); default bf16-mixed")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
+    p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
+                   help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
+                        "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
+                        "runtime key, else meshwise")
     p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
-    p.add_argument("--top", type=int, default=5, help="how many layouts to show (default: 5)")
+    p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
@@ -76,11 +81,21 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
     m.add_argument("--gpu", default="cpu", help="profile the prediction uses: catalog name or calibrated .toml (default: cpu)")
+    m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
+                   help="the runtime measured; only meshwise (this project's own) can run here")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
     m.add_argument("--report", metavar="HTML", help="also write an HTML report with pictures (needs meshwise[report])")
 
 
+def _only_meshwise(runtime: str, command: str) -> None:
+    """measure and calibrate run this project's runtime; Megatron-LM is not installed to be timed."""
+    if runtime != "meshwise":
+        raise MeshwiseError(f"--runtime: {command} can only run meshwise's own runtime here, not {runtime!r}; "
+                            f"use 'meshwise plan --runtime {runtime}' for its prediction")
+
+
 def _measure(args: argparse.Namespace) -> int:
+    _only_meshwise(args.runtime, "measure")
     from meshwise.measure.command import measure_main
 
     return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
@@ -95,10 +110,13 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
     c.add_argument("--model", default="small", help="model whose block shapes are timed (default: small)")
     c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
+    c.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
+                   help="the runtime calibrated; only meshwise (this project's own) can run here")
     c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    _only_meshwise(args.runtime, "calibrate")
     from meshwise.measure.calibrate import calibrate
 
     table = calibrate(args.nproc_per_node, args.model, args.out, args.seq_len)
@@ -157,38 +175,11 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meshwise import layout as layout_mod
-    from meshwise import planner, spec
-    from meshwise.cost.estimate import DEFAULT_HEADROOM
+    from meshwise.plan_command import plan_main
 
-    if args.params is not None:
-        model = spec.ModelSpec.from_param_count(args.params)
-    else:
-        model = spec.load_model(args.model or DEFAULT_MODEL)
-    cluster = spec.load_cluster(args.gpu, args.gpus, args.gpus_per_node)
-    seq = args.seq_len if args.seq_len is not None else (2048 if model.states_only else min(model.max_seq, DEFAULT_SEQ_CAP))
-    train = spec.TrainSpec(global_batch=args.global_batch, seq_len=seq, precision=args.precision, optimizer=args.optimizer)
-    if args.top < 1:
-        raise MeshwiseError(f"--top: {args.top} must be at least 1")
-    headroom = DEFAULT_HEADROOM if args.headroom is None else args.headroom
-    if not 0 <= headroom < 1:
-        raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
-    if args.report:
-        from meshwise.report import require_matplotlib
-        require_matplotlib()
-    chosen = layout_mod.parse(args.layout, cluster.world_size) if args.layout else None
-    result = planner.plan(model, cluster, train, top=args.top, headroom=headroom, layout=chosen)
-    if args.json:
-        print(json.dumps({"model": model.as_json(), **result.as_json()}))
-    else:
-        from meshwise.show import print_plan
-        print_plan(model, cluster, train, result)
-    if args.report:
-        from meshwise.report.plan_report import write_plan_report
-        write_plan_report(args.report, model, cluster, train, result, headroom)
-        if not args.json:
-            print(f"report: {args.report}")
-    return 0
+    return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
+                     args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
+                     args.runtime)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,12 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    try:
-        return {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
-                "calibrate": _calibrate, "measure": _measure}[args.command](args)
-    except MeshwiseError as e:
-        print(f"meshwise: error: {e}", file=sys.stderr)
-        return 2
+    command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
+               "calibrate": _calibrate, "measure": _measure}[args.command]
+    return run_command(lambda: command(args))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""Layout: the one contract between the planner and the runtime (design.md).
+"""Layout: the one contract between the planner and the runtime (docs/design.md).
 
 Text form: comma-separated ``key=value`` with keys dp, zero, shard, tp, sp, pp, vpp, schedule, mbs, ac.
-Also owns the pipeline stage split, which the cost model and the runtime both read.
+Owns "can this layout run here?" (:func:`check_runnable`, torch-free; every entry point calls it)
+and the pipeline stage split, which the cost model and the runtime both read.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from meshwise.errors import MeshwiseError
 from meshwise.spec import ModelSpec
@@ -197,6 +199,51 @@ def check_microbatches(layout: Layout, m: int) -> None:
     if layout.schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
         raise MeshwiseError(f"layout: schedule={layout.schedule} needs the {m} micro-batches per step to be a "
                             f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}")
+
+
+def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | None:
+    """Why meshwise's runtime cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
+
+    Beyond :func:`validate`: the runtime keeps one embedding per pipeline chunk, so pp > 1 with tied
+    embeddings is refused; sequence parallelism splits the sequence over tp; and the zero-bubble
+    schedules run a split backward that re-enters each checkpointed region twice, which
+    ``torch.utils.checkpoint``'s selective mode forbids.
+    """
+    if model.tied_embeddings and layout.pp > 1:
+        return (f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
+                "runtime; use pp=1")
+    if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
+        return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
+                "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
+    if layout.sp and seq_len % layout.tp:
+        return f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}"
+    if layout.sp and not model.states_only and model.position == "learned":
+        return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
+    return None
+
+
+def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
+    """The planner's ``where=`` filter: layouts :func:`runtime_refusal` lets through."""
+    return lambda layout: runtime_refusal(layout, model, seq_len) is None
+
+
+def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len") -> None:
+    """The runtime's rotary tables hold ``max_seq`` positions: a longer sequence is refused by ``field``."""
+    if seq_len < 1:
+        raise MeshwiseError(f"{field}: {seq_len} must be at least 1")
+    if not model.states_only and seq_len > model.max_seq:
+        raise MeshwiseError(f"{field}: {seq_len} is longer than the model's max_seq {model.max_seq}")
+
+
+def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_batch: int, seq_len: int,
+                   seq_field: str = "seq_len") -> None:
+    """The one answer to "can this layout run here?": :func:`validate`, the sequence length (named
+    ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal`. No torch needed."""
+    validate(layout, model, world_size, global_batch)
+    check_seq_len(model, seq_len, seq_field)
+    reason = runtime_refusal(layout, model, seq_len)
+    if reason:
+        raise MeshwiseError(reason)
 
 
 # ------------------------------------------------------------------------------- stage split

@@ -13,10 +13,10 @@ import bisect
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from meshwise.cost import memory
+from meshwise.cost import memory, pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
-from meshwise.layout import AC_MODES, Layout, check_microbatches, validate
+from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here, validate
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
@@ -78,24 +78,49 @@ def _schedule_ok(layout: Layout, m: int) -> bool:
     return True
 
 
-def enumerate_layouts(model: ModelSpec, world: int, global_batch: int) -> Iterator[Layout]:
-    """Every valid layout of ``world`` ranks for this model and batch."""
+def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
+                      where: Callable[[Layout], bool] | None = None) -> Iterator[Layout]:
+    """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
     for base, mbs_options in _structures(model, world, global_batch):
         for ac in _ac_modes(model):
+            if where is not None and not where(replace(base, ac=ac)):
+                continue
             for mbs in mbs_options:
                 if _schedule_ok(base, global_batch // (base.dp * mbs)):
                     yield replace(base, mbs=mbs, ac=ac)
 
 
+TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
+
+
 def _simplicity(layout: Layout) -> tuple:
-    """Tie-break between equally fast layouts: fewer parallel dimensions and less machinery first."""
-    return (layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1, layout.ac != "none",
-            layout.vpp, -layout.mbs, not layout.sp)
+    """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
+    memory, which a fitting layout does not need), then fewer parallel dimensions and less machinery."""
+    return (layout.ac != "none", -layout.mbs, layout.pp > 1, layout.tp > 1, layout.zero, layout.replicate > 1,
+            layout.vpp, not layout.sp)
 
 
 def _rank_key(e: Estimate) -> tuple:
-    """Fastest first; among equally fast layouts, the one with less memory, then the simpler one."""
-    return (round(-e.tokens_per_s, 3), round(e.memory.total), _simplicity(e.layout))
+    """Fastest first; among equally fast layouts the simpler one, then the one with less memory."""
+    return (round(-e.tokens_per_s, 3), _simplicity(e.layout), round(e.memory.total))
+
+
+def break_ties(ranked: list[Estimate], usable_bytes: float) -> list[Estimate]:
+    """Reorder the layouts whose predicted step is within ``TIE`` of the fastest one.
+
+    While the fastest leaves at least half the usable memory free, memory is not short: the tie
+    goes to less machinery (:func:`_simplicity`). Otherwise the tie goes to the least memory.
+    """
+    if not ranked:
+        return ranked
+    fastest = ranked[0].time.step_s
+    band = [e for e in ranked if e.time.step_s <= fastest * (1 + TIE)]
+    rest = ranked[len(band):]
+    if ranked[0].memory.total <= 0.5 * usable_bytes:
+        band.sort(key=lambda e: (_simplicity(e.layout), e.time.step_s))
+    else:
+        band.sort(key=lambda e: (round(e.memory.total), e.time.step_s))
+    return band + rest
 
 
 @dataclass
@@ -112,8 +137,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
     timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
-    estimated further. ``where`` restricts the search (it sees each layout with mbs=1).
+    estimated further. ``where`` restricts the search (it sees each layout with mbs=1); by default,
+    for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
     """
+    if where is None and train.runtime == "meshwise" and not model.states_only:
+        where = runs_here(model, train.seq_len)
 
     keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
@@ -160,6 +188,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     keys.insert(at, key_e)
                     result.best.insert(at, e)
                     del keys[keep:], result.best[keep:]
+    result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]
     return result
@@ -200,7 +229,7 @@ def _precision_note(train: TrainSpec) -> str:
 
 def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
             headroom: float = DEFAULT_HEADROOM) -> list[str]:
-    """Walk the decision order of design.md with the numbers, then compare the winner to the runner-up."""
+    """Walk the decision order of docs/design.md with the numbers, then compare the winner to the runner-up."""
     accel = cluster.accelerator
     usable = accel.memory_bytes * (1 - headroom)
     n = cluster.world_size
@@ -270,15 +299,17 @@ def _why_winner(best: list[Estimate]) -> str:
              "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
     slower = r.time.step_s / w.time.step_s - 1
-    if slower < 0.005:
-        return head + (f" Runner-up {r.layout.short()} is within 0.5% ({slower:.2%}): a tie within the model's "
-                       "accuracy; the chosen one needs less memory or less machinery.")
+    if slower < TIE:
+        why = ("less machinery (no recompute, no accumulation first): memory is not short"
+               if _simplicity(w.layout) < _simplicity(r.layout) else "less memory")
+        return head + (f" Runner-up {r.layout.short()} is within {TIE:.0%} ({slower:+.1%}): a tie within the time "
+                       f"model's accuracy; the chosen one needs {why}.")
     return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "
                    f"{delta:.3g} s more per step (the binding constraint).")
 
 
 def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None) -> list[str]:
-    """The anti-patterns of design.md, for the chosen (or evaluated) layout."""
+    """The anti-patterns of docs/design.md, for the chosen (or evaluated) layout."""
     out: list[str] = []
     tokens = train.tokens_per_step
     if tokens > 16 * 2**20:
@@ -297,7 +328,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
         m = lay.accum(train.global_batch)
         if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
             out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
-                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}.")
+                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}. "
+                       f"What would remove it: {pipeline.bubble_remedy(lay.schedule, lay.pp, lay.vpp, m, model.layers)}.")
     if cluster.nodes > 1:
         out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
                    "failure costs minutes, not the run.")

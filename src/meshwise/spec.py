@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.spec_gpu import GPU_KEYS, RUNTIMES, SELECTIVE_POLICIES, gpu_fields
+from meshwise.spec_host import HOST_KEYS, host_fields
 
 from meshwise.model_spec import MLP_KINDS, ModelSpec, _human_count, cached_hash  # noqa: F401  (re-exported)
 
@@ -77,6 +79,26 @@ class AcceleratorSpec:
     efficiency_half_width: float = 0.0
     comm_overlap: bool = True
     source: str = ""
+    # The GPU op model (cost/kernels.py); a profile without sm_count keeps the flat curve above.
+    sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
+    gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
+    gemm_tile_n: int = 256
+    gemm_efficiency: float = 0.0       # fraction of peak a GEMM's busy tiles reach (fitted: benchmarks/fidelity.py)
+    attention_efficiency: float = 0.0  # fraction of peak of the fused (flash) attention kernel, forward + backward
+    hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
+    runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
+    # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.
+    op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
+    checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
+    selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
+    thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
+
+    __hash__ = cached_hash
+
+    @property
+    def has_op_model(self) -> bool:
+        """True when the profile declares the GPU fields: compute is costed per operation."""
+        return self.sm_count > 0 and self.gemm_efficiency > 0
 
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
@@ -119,7 +141,7 @@ class ClusterSpec:
 
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name"}
+               "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS | HOST_KEYS
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -155,7 +177,7 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             efficiency_max=float(table.get("efficiency_max", DEFAULT_EFFICIENCY_MAX)),
             efficiency_half_width=float(table.get("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH)),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")))
+            source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu))
         intra = LinkSpec(float(table["intra_bytes_per_s"]), float(table["intra_latency_s"]))
         inter = LinkSpec(float(table["inter_bytes_per_s"]), float(table["inter_latency_s"]))
     except KeyError as missing:
@@ -181,6 +203,11 @@ class TrainSpec:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
+    runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
+    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
+    fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
+    selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
+                                        # "every-other-matmul" (its op SAC also recomputes every second mm)
 
     __hash__ = cached_hash
 
@@ -193,6 +220,15 @@ class TrainSpec:
             raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.runtime not in RUNTIMES:
+            raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+
+    @property
+    def tp_overlap(self) -> bool:
+        """Whether TP collectives overlap GEMMs: the explicit setting, else the runtime's default."""
+        return self.runtime == "megatron" if self.overlap_tp_comm is None else self.overlap_tp_comm
 
     @property
     def tokens_per_step(self) -> int:
@@ -209,7 +245,7 @@ class TrainSpec:
 
     @property
     def optimizer_bytes(self) -> int:
-        """Optimizer bytes per parameter (design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
+        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
         moments = 8 if self.optimizer == "adamw" else 4
         master = 4 if self.precision == "bf16-mixed" else 0
         return moments + master

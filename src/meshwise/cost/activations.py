@@ -69,7 +69,7 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
                 conv: Conventions = TORCH) -> float:
     """Bytes one block keeps for backward, per micro-batch, on one rank.
 
-    ``ac`` = ``none`` (everything below), ``selective`` (meshwise's recipe in meshwise.recompute, or
+    ``ac`` = ``none`` (everything below), ``selective`` (meshwise's recipe in meshwise.runtime.activation_checkpointing, or
     the paper's attention-core recompute under MEGATRON), ``full`` (only the block input).
     """
     t = tp

@@ -1,16 +1,25 @@
 """One layout's estimate: memory of the largest rank, step time, collectives, throughput.
 
 Step time = compute + exposed communication + pipeline bubble + optimizer step, for the slowest
-pipeline rank (the pipeline runs at the pace of its slowest stage). Overlap assumed per kind:
+pipeline rank (the pipeline runs at the pace of its slowest stage). Compute comes from
+cost/kernels.py (per operation) for accelerators that declare the GPU fields, else from the flat
+efficiency curve. Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
+docs/cost-model.md has the table):
 
-- TP collectives sit on the critical path of every block: fully exposed.
+- TP collectives: exposed under ``meshwise`` (DTensor issues them between the GEMMs that need
+  them); under ``megatron`` (TP communication overlap) hidden behind the block's compute except a
+  ``1 / tp`` share (the first chunk of each ring pipeline), unless ``overlap_tp_comm`` is off.
 - Pipeline sends: exposed (receives wait inside the bubble or behind the matching send).
 - DP gradient reduction (zero 0/1) overlaps with the backward of the last micro-batch (unless
-  ``TrainSpec.overlap_dp_comm`` is off, as in Megatron-LM 2021, the calibration set); ZeRO-2/3
-  all-gathers and reduce-scatters overlap with the compute of their own micro-batch. What exceeds
-  the window is exposed, and never less than one unit's (one block's) share, which has nothing
-  left to hide behind. ZeRO-1's parameter all-gather after the optimizer step is exposed.
-- Bubble = pipeline.bubble_fraction x (compute + TP time) of the slowest rank.
+  ``TrainSpec.overlap_dp_comm`` is off, as in Megatron-LM 2021); ZeRO-2/3 all-gathers and
+  reduce-scatters overlap with the compute of their own micro-batch. What exceeds the window is
+  exposed, and never less than one unit's (one block's) share. ZeRO-1's parameter all-gather after
+  the optimizer step is exposed under ``meshwise``; ``megatron``'s distributed optimizer overlaps it
+  with the first micro-batch's forward.
+- Bubble = pipeline.bubble_fraction x the *mean* stage's (compute + TP time): the slowest stage
+  sets the steady state (its busy time is counted in full), warm-up and cool-down pass through
+  every stage at its own pace (stage imbalance from the embedding and head), plus one P2P
+  latency per stage boundary crossed while filling and draining.
 - Optimizer: AdamW/SGD are memory-bound: reads and writes weights, moments (and master) and reads
   gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``.
 
@@ -22,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, memory
+from meshwise.cost import comm, compute, host, kernels, memory
 from meshwise.cost import pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -216,6 +225,14 @@ def _exposed(ops: list[Collective], window_s: float, units: int, times: int = 1)
     return times * max(per - window_s, per / units) if per else 0.0
 
 
+def _p2p_latency_s(model: ModelSpec, train: TrainSpec, layout: Layout, cluster: ClusterSpec) -> float:
+    """One stage-to-stage send of one micro-batch's activations: what filling (and draining) the
+    pipeline waits for at each boundary."""
+    link = cluster.link_for(2, layout.tp * layout.dp)
+    message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
+    return comm.collective_seconds("send", 2, message, link)
+
+
 def rank_memories(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> tuple[Memory, ...]:
     """Memory of each distinct pipeline rank (memory.rank_shapes order)."""
     m = layout.accum(train.global_batch)
@@ -239,8 +256,13 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
 
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                     shape: RankShape) -> float:
-    """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency."""
+    """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
+    host time of launching its operators (cost/host.py; 0 on GPU profiles)."""
     m = layout.accum(train.global_batch)
+    accel = cluster.accelerator
+    if accel.has_op_model and not model.states_only:
+        return m * kernels.rank_seconds(model, accel, train, layout.mbs, layout.tp, layout.sp, layout.ac,
+                                        shape.blocks, shape.has_embedding, shape.has_head)
     tokens_mb = train.seq_len * layout.mbs
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
@@ -249,14 +271,42 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd) / layout.tp
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    return flops / (peak * _efficiency(model, cluster, layout))
+    launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
+                                                                shape.has_head, layout.ac, m)
+    return flops / (peak * _efficiency(model, cluster, layout)) + launch_s
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
     """Compute plus bubble of the slowest rank: no layout's step is shorter (used to prune the search)."""
     m = layout.accum(train.global_batch)
-    slowest = max(compute_seconds(model, cluster, train, layout, s) for s in memory.rank_shapes(model, layout))
-    return slowest * (1 + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m))
+    times = [compute_seconds(model, cluster, train, layout, s) for s in memory.rank_shapes(model, layout)]
+    counts = _shape_counts(model, layout)
+    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+    return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+
+
+_COUNTS: dict[tuple, tuple[int, ...]] = {}
+
+
+def _shape_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage)."""
+    key = (model, layout.tp, layout.pp, layout.vpp, layout.schedule)
+    if key not in _COUNTS:
+        distinct = memory.rank_shapes(model, layout)
+        ident = [(s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb) for s in distinct]
+        counts = [0] * len(distinct)
+        for s in memory.all_rank_shapes(model, layout):
+            counts[ident.index((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb))] += 1
+        _COUNTS[key] = tuple(counts)
+    return _COUNTS[key]
+
+
+def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout) -> float:
+    """TP seconds on the critical path: all of them, or under TP overlap what the compute cannot hide
+    and never less than the first of ``tp`` ring chunks."""
+    if not train.tp_overlap or layout.tp == 1:
+        return tp_s
+    return max(tp_s - compute_s, tp_s / layout.tp)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
@@ -270,6 +320,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     mems = rank_memories(model, cluster, train, layout)
 
     worst = None
+    stages: list[float] = []
     for shape in shapes:
         compute_s = compute_seconds(model, cluster, train, layout, shape)
         mb_compute_s = compute_s / m
@@ -277,19 +328,28 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
         dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
-        tp_s = sum(op.seconds_per_step for op in tp_ops)
+        tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send")
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
             grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]
             dp_s += _exposed(grad_ops, window_s * (rf - 1) / rf, units)
-            dp_s += sum(op.seconds_per_step for op in dp_step_ops if op.kind == "all_gather")
+            gathers = [op for op in dp_step_ops if op.kind == "all_gather"]
+            if train.runtime == "megatron" and train.overlap_dp_comm and accel.comm_overlap:
+                dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
+            else:
+                dp_s += sum(op.seconds_per_step for op in gathers)
         busy = compute_s + tp_s + pp_s + dp_s
+        stages.append(compute_s + tp_s)
         if worst is None or busy > worst[0]:
             worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
-    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * (compute_s + tp_s)
+    counts = _shape_counts(model, layout)
+    mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
+    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_stage_s
+    if layout.pp > 1 and not model.states_only:
+        bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
 
     local_opt_params = max(s.params for s in shapes) / (layout.shard if layout.zero >= 1 else 1)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)

@@ -8,9 +8,18 @@ are measured as the training run will see them, and the slowest rank's figure is
   gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
   ``sum(2 T k n) / time``;
 - **achieved efficiency** ``efficiency_max``: one single-process forward + backward of the whole
-  model on ``T`` tokens, ``cost.compute.model_flops(T) / (time * matmul rate)``;
+  model on ``T`` tokens, less its host time (below), over ``time * matmul rate``;
   ``efficiency_half_width = 0`` so the cost model reads ``efficiency(h) = efficiency_max`` for
   every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
+- **host time** ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one
+  forward + backward of the model on ``HOST_TOKENS`` tokens, where the arithmetic is negligible, under
+  each activation-checkpointing mode: ``t_none / ops``, then ``(t_full - t_none) / blocks - F * op``
+  and ``((t_sel - t_none) / blocks - F * op - call) / (2 F)``, never below 0;
+- **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
+  op_overhead_s) * matmul rate)``;
+- **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
+  wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
+  with all cores against one process per core;
 - **memory bandwidth** ``hbm_bytes_per_s``: a large tensor copy, ``2 * bytes / time`` (read +
   write, as the cost model's optimizer term counts its bytes);
 - **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce, all-gather and
@@ -49,9 +58,11 @@ DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
 COLLECTIVE_SIZES_BYTES = (4 << 10, 256 << 10, 4 << 20)
 COPY_BYTES = 128 << 20
+HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
-                "efficiency_max", "efficiency_half_width", "comm_overlap", "source")
+                "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
+                "selective_op_s", "thread_efficiency", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -98,7 +109,13 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
     peak = float(result["matmul_flops_per_s"])
-    efficiency = min(1.0, float(result["model_flops"]) / (float(result["fwd_bwd_s"]) * peak))
+    model_ops = int(result["model_ops"])
+    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
+    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s, 0.5 * float(result["fwd_bwd_s"]))
+    efficiency = min(1.0, float(result["model_flops"]) / (arithmetic_s * peak))
+    cores = int(result.get("cores", 1))
+    rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
+    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
     if nproc > 1:
         latency_s, link_bytes_per_s = fit_alpha_beta([tuple(s) for s in result["collectives"]])
         link_note = "collectives (all-reduce, all-gather, reduce-scatter between compute slices) fitted over gloo"
@@ -120,9 +137,26 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "efficiency_max": efficiency,
         "efficiency_half_width": 0.0,
         "comm_overlap": False,
+        "op_overhead_s": op_s,
+        "checkpoint_call_s": call_s,
+        "selective_op_s": sel_s,
+        "thread_efficiency": thread_eff,
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}",
     }
+
+
+def host_constants(host_s: dict[str, float], model_ops: int, blocks: int) -> tuple[float, float, float]:
+    """(op_overhead_s, checkpoint_call_s, selective_op_s) from the forward + backward seconds of the
+    host benchmark under each mode (``{"none": t, "full": t, "selective": t}``), by cost/host.py's
+    model: none = ops * op; full adds blocks * (F * op + call); selective adds
+    blocks * (F * op + call + 2 F * sel). Each is at least 0."""
+    from meshwise.cost.host import BLOCK_FORWARD_OPS as F
+
+    op = host_s["none"] / model_ops
+    call = max(0.0, (host_s["full"] - host_s["none"]) / blocks - F * op)
+    sel = max(0.0, ((host_s["selective"] - host_s["none"]) / blocks - F * op - call) / (2 * F))
+    return op, call, sel
 
 
 def format_toml(table: dict[str, Any]) -> str:
@@ -249,6 +283,30 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
     return _best_time(run, repeats)
 
 
+def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
+    """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
+    (the runtime's own wrappers): host time, the arithmetic being negligible."""
+    import torch
+
+    from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
+    from meshwise.runtime.model import build_model, loss_sum
+
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    out: dict[str, float] = {}
+    for mode in ("none", "full", "selective"):
+        net = build_model(model, seed=0)
+        apply_activation_checkpointing(net, mode)
+
+        def run() -> None:
+            net.zero_grad(set_to_none=True)
+            loss_sum(net(x), y).backward()
+
+        run()
+        out[mode] = _best_time(run, repeats, min_s=0.05)
+    return out
+
+
 def bench_copy(nbytes: int, repeats: int) -> float:
     """Bytes per second read + written by a tensor copy of ``nbytes``."""
     import torch
@@ -313,6 +371,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from meshwise.cost.compute import model_flops
+    from meshwise.cost.host import ops_per_microbatch
     from meshwise.runtime.mesh import end_process_group
 
     ap = argparse.ArgumentParser()
@@ -332,6 +391,15 @@ def worker_main(argv: list[str] | None = None) -> int:
     mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
     dist.barrier()
     mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
+    dist.barrier()
+    mine["host_s"] = bench_host(model, repeats)
+    dist.barrier()
+    cores = os.cpu_count() or 1
+    if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
+        torch.set_num_threads(cores)
+        mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
+        torch.set_num_threads(1)
+    dist.barrier()
     sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
     collectives = (bench_collectives(model, args.seq_len, sizes, calls=3 if args.quick else 8, repeats=repeats)
                    if n > 1 else [])
@@ -343,6 +411,12 @@ def worker_main(argv: list[str] | None = None) -> int:
             "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
             "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
             "model_flops": model_flops(model, args.seq_len, args.seq_len),
+            "model_ops": ops_per_microbatch(model.layers, True, True),
+            "blocks": model.layers,
+            "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
+            "cores": cores,
+            "matmul_all_threads_flops_per_s": everyone[0].get("matmul_all_threads_flops_per_s",
+                                                             everyone[0]["matmul_flops_per_s"]),
             "collectives": collectives,
             "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                      f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {args.seq_len} tokens"),

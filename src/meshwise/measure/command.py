@@ -6,7 +6,7 @@ import json
 import sys
 
 from meshwise.errors import MeshwiseError
-from meshwise.layout import parse, validate
+from meshwise.layout import check_runnable, parse
 from meshwise.measure.compare import Row, rows_for
 from meshwise.measure.run import run_workers
 from meshwise.spec import load_cluster, load_model, TrainSpec
@@ -26,10 +26,8 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
     layout = parse(layout_text, nproc)
-    validate(layout, model, nproc, global_batch)
     seq = seq_len or model.max_seq
-    if seq > model.max_seq:
-        raise MeshwiseError(f"--seq-len: {seq} is longer than the model's max_seq {model.max_seq}")
+    check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     cluster = load_cluster(gpu, nproc, nproc)
     if report:
         from meshwise.report import require_matplotlib

@@ -1,6 +1,6 @@
 """Predicted beside measured, figure by figure (pure Python: reads the workers' JSON records).
 
-Figures: ``memory.<category>`` (params, grads, optimizer, activations, other), 
+Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s`` (step, compute,
 comm, idle). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
 Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
@@ -33,7 +33,8 @@ class Row:
 
     @property
     def rel_error(self) -> float:
-        """(measured - predicted) / measured; 0 when both are 0, +-inf when only the prediction is 0."""
+        """(predicted - measured) / measured: positive when the model over-predicts; 0 when both are 0,
+        +inf when only the measurement is 0."""
         if self.measured == 0:
             return 0.0 if self.predicted == 0 else float("inf")
         return (self.predicted - self.measured) / self.measured

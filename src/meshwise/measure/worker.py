@@ -26,7 +26,7 @@ from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import profile_step
 from meshwise.runtime import build_mesh, parallelize
-from meshwise.runtime.comm_trace import CollectiveTrace
+from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import load_model
 

@@ -4,9 +4,7 @@ Sections: a summary table (every figure of every rank: predicted, measured, rela
 ``(predicted - measured) / measured``), predicted-vs-measured bars per kind of figure (memory,
 communication, time; each bar normalised to the prediction), and, for a pipelined layout, the
 measured pipeline timeline (the F/B/W spans the workers recorded, ``measure.timeline``) above the
-predicted one: ``cost.pipeline.simulate`` with the cost model's per-chunk times, forward a third of
-a chunk-micro-batch's compute and backward two thirds (``compute.recompute_factor``; backward = 2 x
-forward).
+predicted one (:mod:`meshwise.report.schedule`, the same rule as the plan report's).
 """
 
 from __future__ import annotations
@@ -16,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.cost.estimate import estimate
-from meshwise.cost.pipeline import Op, simulate
+from meshwise.cost.pipeline import Op
 from meshwise.files import write_atomically
 from meshwise.layout import Layout
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
+from meshwise.report.schedule import predicted_timeline
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 GROUPS = (("memory", "memory per category (bytes)"), ("comm", "collectives per step (bytes, calls)"),
@@ -39,11 +38,8 @@ def measured_ops(records: Sequence[dict[str, Any]]) -> tuple[list[Op], int]:
 
 
 def predicted_ops(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> list[Op]:
-    """cost.pipeline.simulate at the estimate's compute per chunk-micro-batch (slowest rank)."""
-    m = layout.accum(train.global_batch)
-    e = estimate(model, cluster, train, layout)
-    per_chunk_mb_s = e.time.compute_s / (m * layout.vpp)
-    return simulate(layout.schedule, layout.pp, layout.vpp, m, per_chunk_mb_s / 3, 2 * per_chunk_mb_s / 3)
+    """The estimate's predicted timeline (:func:`meshwise.report.schedule.predicted_timeline`)."""
+    return predicted_timeline(estimate(model, cluster, train, layout), train.global_batch)
 
 
 def _fmt(value: float) -> str:

@@ -7,24 +7,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
-from meshwise.cost.pipeline import simulate
 from meshwise.files import write_atomically
 from meshwise.planner import Plan, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
+from meshwise.report.schedule import predicted_timeline
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
 def timeline_png(e: Estimate, train: TrainSpec) -> bytes:
-    """The estimate's schedule with its own per-chunk forward/backward seconds (backward = 2x forward,
-    3x under full recompute). Without PP, one rank runs its micro-batches back to back."""
+    """The estimate's schedule at the cost model's per-chunk times (:mod:`meshwise.report.schedule`)."""
     lay = e.layout
-    m = lay.accum(train.global_batch)
-    per_chunk = e.time.compute_s / (m * lay.vpp)
-    back = 3.0 if lay.ac == "full" else 2.0
-    forward_s = per_chunk / (1 + back)
-    ops = simulate(lay.schedule if lay.pp > 1 else "1f1b", lay.pp, lay.vpp, m, forward_s, back * forward_s)
-    return figures.pipeline_timeline(ops, lay.pp, f"{lay.short()}: {m} micro-batches")
+    return figures.pipeline_timeline(predicted_timeline(e, train.global_batch), lay.pp,
+                                     f"{lay.short()}: {lay.accum(train.global_batch)} micro-batches")
 
 
 def scaling_points(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[tuple[int, Estimate]]:

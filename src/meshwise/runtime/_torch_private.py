@@ -1,4 +1,6 @@
-"""Every private torch API meshwise touches, in one place (torch 2.13).
+"""Every private torch API meshwise touches, in one place (torch 2.13), except torch's memory
+trackers (``torch.distributed._tools``), which only the measurement uses and which
+``measure/_torch_tools.py`` wraps by subclassing.
 
 - ``replicate``: FSDP2-based replication (``torch.distributed._composable.replicate_with_fsdp``),
   the data-parallel path for ``zero=0``: it accepts DTensor (TP) parameters, which DDP does not,
@@ -8,13 +10,24 @@
 - ``forward_only_schedule``: a schedule's lowered ``pipeline_order_with_comms`` and
   ``_ComputationType`` (``torch.distributed.pipelining.schedules``), to evaluate under
   ``ScheduleZBVZeroBubble``, whose own ``eval`` fails in torch 2.13.
+- ``PipelineSchedule``: the schedules' common base class ``_PipelineSchedule``, for type hints.
+- ``TorchDispatchMode`` (``torch.utils._python_dispatch``), ``unbox_process_group`` and
+  ``resolve_process_group`` (``c10d``'s boxed groups and group names): how ``measure/comm_trace.py``
+  sees every collective and the ranks of its group.
 """
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate as _replicate
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["PipelineSchedule", "TorchDispatchMode", "flatten_mesh", "forward_only_schedule", "replicate",
+           "resolve_process_group", "unbox_process_group"]
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -46,3 +59,13 @@ def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_
         flat = [sub for a in actions for sub in (a.sub_actions or (a,))]
         order[rank] = [a for a in flat if a.computation_type in keep]
     return runtime
+
+
+def unbox_process_group(boxed: object) -> object:
+    """The ``ProcessGroup`` a c10d op carries boxed as a ``torch.ScriptObject``."""
+    return torch._C._distributed_c10d.ProcessGroup.unbox(boxed)
+
+
+def resolve_process_group(name: str) -> object:
+    """The ``ProcessGroup`` registered under ``name`` (what functional collectives carry)."""
+    return dist.distributed_c10d._resolve_process_group(name)

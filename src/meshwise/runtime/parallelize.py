@@ -23,8 +23,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout, validate
-from meshwise.runtime.checkpointing import apply_activation_checkpointing
+from meshwise.layout import Layout, check_runnable
+from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
@@ -170,20 +170,11 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
                 seq_len: int | None = None, seed: int = 0,
                 optim: OptimConfig = OptimConfig()) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``)."""
-    validate(layout, model_spec, mesh.size(), global_batch)
     seq_len = seq_len or model_spec.max_seq
+    check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
     refusal = runtime_refusal(model_spec, seq_len)
     if refusal:
         raise MeshwiseError(refusal)
-    if model_spec.position == "learned" and layout.sp:
-        raise MeshwiseError("layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off")
-    if seq_len > model_spec.max_seq:
-        raise MeshwiseError(f"seq_len: {seq_len} is longer than the model's max_seq {model_spec.max_seq}")
-    if layout.sp and seq_len % layout.tp:
-        raise MeshwiseError(f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}")
-    if model_spec.tied_embeddings and layout.pp > 1:
-        raise MeshwiseError("layout: pp > 1 with tied embeddings is not supported by the runtime; "
-                            "untie them or use pp=1")
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     modules = [_build_chunk(model_spec, layout, mesh, c, seed, device) for c in chunk_ids]

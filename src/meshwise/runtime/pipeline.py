@@ -29,11 +29,10 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
-    _PipelineSchedule,
 )
 
 from meshwise.layout import Layout, rank_chunks, stage_layers
-from meshwise.runtime._torch_private import forward_only_schedule
+from meshwise.runtime._torch_private import PipelineSchedule, forward_only_schedule
 from meshwise.spec import ModelSpec
 
 
@@ -71,7 +70,7 @@ def build_stages(chunks: list[torch.nn.Module], chunk_ids: list[int], spec: Mode
 
 
 def build_schedule(stages: list[PipelineStage], layout: Layout, n_microbatches: int,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> _PipelineSchedule:
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> PipelineSchedule:
     kwargs = {"n_microbatches": n_microbatches, "loss_fn": loss_fn, "scale_grads": False}
     if layout.schedule == "gpipe":
         return ScheduleGPipe(stages[0], **kwargs)
@@ -86,8 +85,8 @@ def build_schedule(stages: list[PipelineStage], layout: Layout, n_microbatches: 
     raise ValueError(f"unknown schedule {layout.schedule!r}")
 
 
-def build_eval_schedule(schedule: _PipelineSchedule, stages: list[PipelineStage], n_microbatches: int,
-                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> _PipelineSchedule:
+def build_eval_schedule(schedule: PipelineSchedule, stages: list[PipelineStage], n_microbatches: int,
+                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> PipelineSchedule:
     """The schedule whose ``eval`` computes held-out losses: ``schedule`` itself, or for
     ScheduleZBVZeroBubble (whose ``eval`` fails in torch 2.13) its forwards alone, in its order."""
     if isinstance(schedule, ScheduleZBVZeroBubble):

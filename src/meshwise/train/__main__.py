@@ -2,6 +2,7 @@
 
 import sys
 
-from meshwise.cli import main
+from meshwise.errors import run_command
+from meshwise.train.command import train_main
 
-sys.exit(main(["train", *sys.argv[1:]]))
+sys.exit(run_command(lambda: train_main(sys.argv[1:])))

@@ -68,15 +68,30 @@ def train_main(argv: list[str]) -> int:
         from meshwise.runtime.mesh import exit_worker
 
         exit_worker(_worker(cfg, debug))
-    nproc = opts.get("nproc_per_node") or launch.default_nproc()
-    if nproc < 1:
-        raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
     # Refuse bad input here, before any worker starts (the workers repeat these checks).
     prep = loop.preflight(cfg)
     from meshwise.train import layout_choice
 
-    if cfg.layout.spec != "auto":
-        layout_choice.choose(cfg.layout.spec, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
+    nproc = opts.get("nproc_per_node")
+    if nproc is not None and nproc < 1:
+        raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    if launch.has_gpus():
+        nproc = nproc or launch.default_nproc()
+    else:
+        cores = os.cpu_count() or 1
+        if nproc is None:
+            nproc, threads, line = layout_choice.choose_cpu_processes(
+                cfg.layout.choice, prep.model, cfg.schedule.global_batch, cfg.data.seq_len, cfg.layout.profile, cores)
+            print(line, flush=True)
+        else:
+            threads = max(1, cores // nproc)
+            if nproc * threads > cores:
+                print(f"meshwise: warning: {nproc} processes on {cores} core(s) are oversubscribed: they take turns "
+                      "on the cores, each step pays for the switching; fewer processes (or none given) run faster",
+                      file=sys.stderr, flush=True)
+        os.environ[layout_choice.THREADS_ENV] = str(threads)
+    if cfg.layout.choice != "auto":
+        layout_choice.choose(cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
                              "cpu")
     if nproc == 1:
         with launch.single_process_env():

@@ -39,7 +39,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LayoutConfig:
-    spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
+    choice: str = "auto"  # "auto" (the planner decides for the live cluster) or a layout text, e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
 
 
@@ -107,7 +107,7 @@ ALIASES: dict[str, str] = {
     "--model.from": "model.pretrained",
     "--data": "data.path",
     "--seq-len": "data.seq_len",
-    "--layout": "layout.spec",
+    "--layout": "layout.choice",
     "--lr": "optimizer.lr",
     "--steps": "schedule.steps",
     "--global-batch": "schedule.global_batch",

@@ -36,11 +36,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def default_nproc() -> int:
-    """One worker per GPU; 4 CPU processes otherwise (the embedded default run)."""
+def has_gpus() -> bool:
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 4
+    return torch.cuda.is_available()
+
+
+def default_nproc() -> int:
+    """One worker per GPU (on CPU, ``layout_choice.choose_cpu_processes`` decides)."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 @contextmanager

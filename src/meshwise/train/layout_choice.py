@@ -3,21 +3,22 @@
 The live cluster is what torchrun says (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``: world / ranks per
 node = nodes) on the local device: CUDA -> the catalog profile of the GPU's name, with the memory
 the device reports; CPU -> the ``cpu`` profile. The search is restricted (``planner.search``'s
-``where=``) to layouts this runtime runs for the given model and sequence: the runtime refuses
-pp > 1 with tied embeddings, sequence parallelism needs the sequence divisible by tp, and
-selective activation checkpointing fails under the zero-bubble schedules (their split backward
-runs each checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids).
+``where=``) to layouts this runtime runs for the given model and sequence
+(:func:`meshwise.layout.runtime_refusal` says which, and why).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from meshwise import planner
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout, parse, validate
+from meshwise.layout import Layout, check_runnable, check_seq_len, parse, runs_here
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
+
+THREADS_ENV = "MESHWISE_THREADS"  # threads per CPU rank, set by the launcher for its workers
 
 # Substrings of torch.cuda.get_device_name() -> catalog accelerator (checked in order).
 _GPU_NAMES = (("H200", "h200"), ("H100", "h100"), ("B200", "b200"), ("MI300X", "mi300x"), ("A100", "a100"))
@@ -37,9 +38,12 @@ def live_cluster(world: int, local_world: int, device_type: str, profile: str = 
     if world % local_world:
         raise MeshwiseError(f"launch: world size {world} is not a whole number of nodes of {local_world} ranks")
     if profile:
-        return LiveCluster(profile_cluster(profile, world, local_world), "fp32" if device_type != "cuda" else "bf16-mixed")
+        cluster = profile_cluster(profile, world, local_world)
+        if device_type != "cuda":
+            return LiveCluster(with_threads(cluster, threads_per_rank(local_world)), "fp32")
+        return LiveCluster(cluster, "bf16-mixed")
     if device_type != "cuda":
-        return LiveCluster(load_cluster("cpu", world, local_world), "fp32")
+        return LiveCluster(with_threads(load_cluster("cpu", world, local_world), threads_per_rank(local_world)), "fp32")
     import torch
 
     name = torch.cuda.get_device_name()
@@ -55,6 +59,48 @@ def live_cluster(world: int, local_world: int, device_type: str, profile: str = 
     return LiveCluster(cluster, "bf16-mixed", note)
 
 
+def threads_per_rank(local_world: int) -> int:
+    """Threads of one CPU rank: the launcher's choice (``MESHWISE_THREADS``), else the cores shared
+    evenly among the node's ranks, at least one."""
+    given = os.environ.get(THREADS_ENV, "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // max(local_world, 1))
+
+
+def with_threads(cluster: ClusterSpec, threads: int) -> ClusterSpec:
+    """The cluster whose ranks each compute with ``threads`` threads: a profile's FLOP/s are one
+    thread's (``meshwise calibrate`` measures one thread per core), and ``t`` threads reach
+    ``1 + (t - 1) * thread_efficiency`` times that. Host time per operator does not scale."""
+    if threads <= 1:
+        return cluster
+    a = cluster.accelerator
+    k = 1 + (threads - 1) * a.thread_efficiency
+    faster = replace(a, peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k, peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k)
+    return replace(cluster, accelerator=faster)
+
+
+def largest_fitting_mbs(layout: Layout, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> Layout:
+    """``layout`` with the largest micro-batch that divides the replica's batch, runs and fits with
+    the planner's headroom (no accumulation when the whole replica batch fits); mbs=1 if none fits."""
+    per_replica = train.global_batch // layout.dp
+    for mbs in sorted((b for b in range(1, per_replica + 1) if per_replica % b == 0), reverse=True):
+        candidate = replace(layout, mbs=mbs)
+        if not runs_here(model, train.seq_len)(candidate):
+            continue
+        try:
+            check_runnable(candidate, model, cluster.world_size, train.global_batch, train.seq_len)
+        except MeshwiseError:
+            continue
+        if estimate(model, cluster, train, candidate, DEFAULT_HEADROOM).fits:
+            return candidate
+    return replace(layout, mbs=1)
+
+
+def _mbs_given(layout_text: str) -> bool:
+    return any(part.strip().startswith("mbs=") for part in layout_text.split(","))
+
+
 def profile_cluster(profile: str, world: int, local_world: int) -> ClusterSpec:
     """The cluster of ``world`` ranks, ``local_world`` per node, of a profile file; refused by name."""
     if not profile.endswith(".toml"):
@@ -65,47 +111,26 @@ def profile_cluster(profile: str, world: int, local_world: int) -> ClusterSpec:
         raise MeshwiseError(f"--layout.profile: {str(e).removeprefix('--gpu ').removeprefix('--gpu: ')}") from None
 
 
-def runnable(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
-    """What the runtime can run beyond :func:`meshwise.layout.validate` (see ``runtime.parallelize``)."""
-    def ok(layout: Layout) -> bool:
-        if model.tied_embeddings and layout.pp > 1:
-            return False
-        if layout.sp and (seq_len % layout.tp or model.position == "learned"):
-            return False
-        if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
-            return False
-        return True
-    return ok
-
-
-def check_runnable(layout: Layout, model: ModelSpec, world: int, global_batch: int, seq_len: int) -> None:
-    """Refuse, in one line, a given layout that cannot run here."""
-    validate(layout, model, world, global_batch)
-    if seq_len > model.max_seq:
-        raise MeshwiseError(f"--data.seq_len: {seq_len} is longer than the model's max_seq {model.max_seq}")
-    if not runnable(model, seq_len)(layout):
-        if model.tied_embeddings and layout.pp > 1:
-            raise MeshwiseError(f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported "
-                                "by the runtime; use pp=1")
-        if layout.ac == "selective" and layout.schedule == "zero-bubble":
-            raise MeshwiseError("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the "
-                                "split backward runs a selectively checkpointed region twice); use ac=full or another "
-                                "schedule")
-        raise MeshwiseError(f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}")
-
-
-def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
+def choose(layout_text: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
            device_type: str, profile: str = "") -> tuple[Layout, list[str]]:
-    """(layout, explanation lines). ``spec`` is ``auto`` or a layout text."""
-    if seq_len > model.max_seq:
-        raise MeshwiseError(f"--data.seq_len: {seq_len} is longer than the model's max_seq {model.max_seq}")
-    if spec != "auto":
-        layout = parse(spec, world)
-        check_runnable(layout, model, world, global_batch, seq_len)
-        return layout, [f"Layout (given): {layout.short()}"]
+    """(layout, explanation lines). ``layout_text`` is ``auto`` or a layout text."""
+    check_seq_len(model, seq_len, "--data.seq_len")
+    if layout_text != "auto":
+        layout = parse(layout_text, world)
+        if _mbs_given(layout_text):
+            check_runnable(layout, model, world, global_batch, seq_len, seq_field="--data.seq_len")
+            return layout, [f"Layout (given): {layout.short()}"]
+        check_runnable(replace(layout, mbs=1), model, world, global_batch, seq_len, seq_field="--data.seq_len")
+        live = live_cluster(world, local_world, device_type, profile)
+        train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
+        layout = largest_fitting_mbs(layout, model, live.cluster, train)
+        m = layout.accum(global_batch)
+        why = ("the whole replica batch fits: no accumulation" if m == 1 else
+               f"the largest micro-batch that fits {live.cluster.accelerator.name}'s memory; {m} accumulated")
+        return layout, [f"Layout (given): {layout.short()} (mbs={layout.mbs} not given: {why})"]
     live = live_cluster(world, local_world, device_type, profile)
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
-    result = planner.search(model, live.cluster, train, top=5, where=runnable(model, seq_len))
+    result = planner.search(model, live.cluster, train, top=5, where=runs_here(model, seq_len))
     if not result.best:
         raise MeshwiseError(f"layout auto: no layout of {world} rank(s) fits {model.name} with global batch "
                             f"{global_batch} x {seq_len} tokens; give --layout, a smaller model or more devices")
@@ -117,7 +142,46 @@ def choose(spec: str, model: ModelSpec, world: int, local_world: int, global_bat
     return result.best[0].layout, lines
 
 
+def predicted_step_s(layout: Layout, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
+                     device_type: str, profile: str = "") -> float:
+    """The cost model's step time for ``layout`` on the live cluster (what ``train`` prints beside the measured)."""
+    live = live_cluster(world, local_world, device_type, profile)
+    train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
+    return estimate(model, live.cluster, train, layout).time.step_s
+
+
+def choose_cpu_processes(layout_text: str, model: ModelSpec, global_batch: int, seq_len: int, profile: str = "",
+                         cores: int | None = None) -> tuple[int, int, str]:
+    """(processes, threads each, a line saying why) for a CPU run on this machine's ``cores``:
+    every split of the cores into ``n`` processes of ``cores / n`` threads is planned (the given
+    layout, or auto) and the fastest predicted one is taken; ties go to fewer processes."""
+    cores = cores or os.cpu_count() or 1
+    best: tuple[float, int] | None = None
+    for n in (d for d in range(1, cores + 1) if cores % d == 0):
+        saved = os.environ.get(THREADS_ENV)
+        os.environ[THREADS_ENV] = str(cores // n)
+        try:
+            layout, _ = choose(layout_text, model, n, n, global_batch, seq_len, "cpu", profile)
+            step_s = predicted_step_s(layout, model, n, n, global_batch, seq_len, "cpu", profile)
+        except MeshwiseError:
+            continue
+        finally:
+            if saved is None:
+                os.environ.pop(THREADS_ENV, None)
+            else:
+                os.environ[THREADS_ENV] = saved
+        if best is None or step_s < best[0] * (1 - planner.TIE):
+            best = (step_s, n)
+    if best is None:
+        raise MeshwiseError(f"--layout: {layout_text!r} runs on no split of this machine's {cores} core(s) into "
+                            "processes; give --nproc-per-node")
+    step_s, n = best
+    return n, cores // n, (f"Processes: {n} x {cores // n} thread(s) on {cores} core(s) (the fastest predicted split, "
+                           f"{step_s:.3g} s/step; --nproc-per-node N to choose)")
+
+
 def peak_flops_per_s(world: int, local_world: int, device_type: str, profile: str = "") -> float:
-    """The accelerator profile's peak per device, for the precision the runtime computes in."""
+    """The accelerator profile's peak per device (a CPU rank: with its threads), for the precision
+    the runtime computes in."""
     live = live_cluster(world, local_world, device_type, profile)
     return live.cluster.accelerator.peak_flops_per_s(live.precision)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout
+from meshwise.layout import Layout, check_seq_len
 from meshwise.spec import ModelSpec, load_model
 from meshwise.train import checkpoint, faults, layout_choice
 from meshwise.train.config import OptimizerConfig, ScheduleConfig, TrainConfig, check
@@ -70,8 +70,7 @@ def preflight(cfg: TrainConfig) -> Prepared:
         model = load_model(cfg.model.name)
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
-    if cfg.data.seq_len > model.max_seq:
-        raise MeshwiseError(f"--data.seq_len: {cfg.data.seq_len} is longer than the model's max_seq {model.max_seq}")
+    check_seq_len(model, cfg.data.seq_len, "--data.seq_len")
     from meshwise.runtime.model import runtime_refusal
 
     if refusal := runtime_refusal(model, cfg.data.seq_len):
@@ -160,8 +159,10 @@ def run(cfg: TrainConfig, debug: Debug = Debug()) -> int:
     prep = preflight(cfg)
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cpu":
+        torch.set_num_threads(layout_choice.threads_per_rank(local_world))
     B, seq = cfg.schedule.global_batch, cfg.data.seq_len
-    layout, lines = layout_choice.choose(cfg.layout.spec, prep.model, world, local_world, B, seq, device_type,
+    layout, lines = layout_choice.choose(cfg.layout.choice, prep.model, world, local_world, B, seq, device_type,
                                          cfg.layout.profile)
     torch.manual_seed(cfg.model.seed)
     from meshwise.train.launch import init_process_group

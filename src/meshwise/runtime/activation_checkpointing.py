@@ -1,9 +1,12 @@
-"""Activation checkpointing, per transformer block, with ``torch.utils.checkpoint`` (non-reentrant).
+"""Activation checkpointing (recomputation in backward), per transformer block, with
+``torch.utils.checkpoint`` (non-reentrant). The recipes, written down once here; the cost model
+(``cost/activations.py``) counts what they keep.
 
 ``full``: the block keeps only its input; backward reruns the whole block.
-``selective``: the op-level recipe of :mod:`meshwise.recompute` through
-``create_selective_checkpoint_contexts``: outputs of ``SELECTIVE_SAVE_OPS`` are kept, every other
-op (norms, rotary, SiLU/GeLU, the gating multiply, and under SP the sequence all-gathers) reruns.
+``selective``: an op-level policy through ``create_selective_checkpoint_contexts``: the outputs of
+the ops in ``SELECTIVE_SAVE_OPS`` (the matrix multiplies and the fused attention) are kept, every
+other op (norms, rotary, SiLU/GeLU, the gating multiply, and under SP the sequence all-gathers)
+reruns: cheap elementwise work is redone, no matmul FLOPs are.
 
 Each block is replaced by a :class:`Recomputed` wrapper whose child is named ``_recomputed``;
 :func:`meshwise.runtime.model.canonical_name` strips that prefix so names stay layout-independent.
@@ -18,8 +21,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from meshwise.recompute import SELECTIVE_SAVE_OPS
 from meshwise.runtime.model import Transformer
+
+# aten op names (without the ``aten.`` prefix and overload) whose outputs ``selective`` keeps; the
+# SDPA kernels are alternatives (one per backend), so a build has some of them, not all.
+SELECTIVE_SAVE_OPS = (
+    "mm",
+    "addmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
 
 
 def _save_ops() -> frozenset:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshwise.layout import MESH_DIMS
+from meshwise.runtime._torch_private import TorchDispatchMode, resolve_process_group, unbox_process_group
 
 # op name (namespace::name without overload) -> collective kind
 KINDS = {
@@ -72,14 +72,14 @@ class CollectiveTrace(TorchDispatchMode):
         """(mesh dim name, group size) of a ProcessGroup or a functional collective's group name."""
         if isinstance(group, torch.ScriptObject):  # c10d ops carry the group boxed
             try:
-                group = torch._C._distributed_c10d.ProcessGroup.unbox(group)
+                group = unbox_process_group(group)
             except Exception:
                 return "other", 1
         name = group if isinstance(group, str) else getattr(group, "group_name", None)
         if name in self._by_name:
             return self._by_name[name]
         try:
-            pg = dist.distributed_c10d._resolve_process_group(name)
+            pg = resolve_process_group(name)
             ranks = tuple(sorted(dist.get_process_group_ranks(pg)))
         except Exception:
             return "other", 1

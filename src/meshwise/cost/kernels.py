@@ -1,0 +1,159 @@
+"""Compute time on a GPU, operation by operation (for accelerators that declare the GPU fields).
+
+One micro-batch of ``T = mbs * s`` tokens on one TP rank:
+
+- **GEMMs by shape.** Each linear ``X (T x K) @ W (K x N)`` after dividing by TP runs forward as
+  ``(M, N, K) = (T, N, K)`` and backward as ``(T, K, N)`` (input gradient) and ``(K, N, T)`` (weight
+  gradient). A GEMM of ``(M, N, K)`` covers ``ceil(M / tm) * ceil(N / tn)`` output tiles, run in
+  ``ceil(tiles / SMs)`` waves; the fraction of the waves' tile slots doing useful work is
+  ``util = M N / (waves * SMs * tm * tn)`` (tile and wave quantization). Time =
+  ``max(2 M N K / (peak * gemm_efficiency * util), bytes moved / (HBM * hbm_efficiency))``.
+- **Attention.** Fused (flash / cuDNN): causal, so half the square: forward ``2 b s^2 h / t`` FLOPs,
+  backward 2.5 times that (five matmuls against two: Dao 2023, FlashAttention-2, Sec. 3), at
+  ``attention_efficiency``. Unfused (Megatron-LM 2021): the full square as batched GEMMs of head
+  width, plus the softmax's (scale, mask, dropout) bytes: 9 per score forward, 8 backward.
+- **Memory-bound operations** by bytes over HBM: norms, residual adds, rotary, the MLP's
+  activation, the embedding and the loss's softmax / cross-entropy. Bytes per element per runtime
+  (``PASSES``): eager torch moves each tensor several times (an RMSNorm upcasts to float32 and
+  runs five kernels); Megatron/NeMo's fused kernels read and write each once. Backward moves twice
+  the forward's bytes.
+- **Recompute** as what is recomputed: ``full`` re-runs the block's forward; meshwise's ``selective``
+  re-runs its memory-bound ops (runtime/activation_checkpointing.py keeps matmul and attention outputs);
+  torchtitan's op-level selective (``selective_policy = "every-other-matmul"``) also re-runs every
+  second matmul in forward order (the K projection, the output projection and the up projection);
+  Megatron's ``selective`` re-runs the attention core (free under flash attention, which recomputes
+  inside its own backward).
+
+Everything is cached per shape, so the planner's search pays each distinct shape once.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
+
+# Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
+PASSES = {
+    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "gelu": 4.0, "loss_bytes": 28.0},
+    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "gelu": 2.0, "loss_bytes": 14.0},
+}
+FLASH_BACKWARD = 2.5  # FlashAttention-2 backward / forward FLOPs
+SOFTMAX_FWD_BYTES = 9.0
+SOFTMAX_BWD_BYTES = 8.0
+
+
+def gemm_seconds(m: float, n: float, k: float, accel: AcceleratorSpec, peak: float, elem_bytes: int,
+                 batch: int = 1) -> float:
+    """``batch`` GEMMs of (M, N, K): tile/wave-quantized compute or bytes over HBM, whichever is longer."""
+    m, n, k = max(1, math.ceil(m)), max(1, math.ceil(n)), max(1, math.ceil(k))
+    tm, tn, sms = accel.gemm_tile_m, accel.gemm_tile_n, accel.sm_count
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    waves = math.ceil(tiles / sms)
+    util = batch * m * n / (waves * sms * tm * tn)
+    compute_s = 2.0 * batch * m * n * k / (peak * accel.gemm_efficiency * util)
+    memory_s = batch * (m * k + k * n + m * n) * elem_bytes / _hbm(accel)
+    return max(compute_s, memory_s)
+
+
+def _hbm(accel: AcceleratorSpec) -> float:
+    return accel.hbm_bytes_per_s * accel.hbm_efficiency
+
+
+def _linear_s(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``X (t x k) @ W (k x n)``."""
+    fwd = gemm_seconds(t, n, k, accel, peak, e)
+    bwd = gemm_seconds(t, k, n, accel, peak, e) + gemm_seconds(k, n, t, accel, peak, e)
+    return fwd, bwd
+
+
+def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, mbs: int, seq: int, tp: int,
+                 fused: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core of one block."""
+    heads = model.heads // tp
+    if fused:
+        fwd_flops = 2.0 * mbs * seq * seq * model.head_dim * heads  # causal: half of 4 b s^2 h / t
+        fwd = fwd_flops / (peak * accel.attention_efficiency)
+        return fwd, FLASH_BACKWARD * fwd
+    d, batch = model.head_dim, mbs * heads
+    scores = gemm_seconds(seq, seq, d, accel, peak, e, batch)   # Q K^T
+    context = gemm_seconds(seq, d, seq, accel, peak, e, batch)  # P V
+    elements = batch * seq * seq
+    fwd = scores + context + elements * SOFTMAX_FWD_BYTES / _hbm(accel)
+    bwd = 2 * (scores + context) + elements * SOFTMAX_BWD_BYTES / _hbm(accel)
+    return fwd, bwd
+
+
+def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
+                          sp: bool) -> float:
+    """Forward seconds of a block's norms, residual adds, rotary and MLP activation."""
+    p = PASSES[runtime]
+    t_norm = tokens / tp if sp else tokens
+    elems = (2 * p["norm"] + 2 * p["residual"]) * t_norm * model.hidden
+    elems += p["rotary"] * tokens * (model.hidden + model.kv_dim) / tp
+    elems += p[model.mlp] * tokens * model.ffn_hidden / tp
+    return elems * e / _hbm(accel)
+
+
+@lru_cache(maxsize=4096)
+def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
+                  ac: str) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank."""
+    peak = accel.peak_flops_per_s(train.precision)
+    e = train.activation_bytes
+    tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
+    mlp_in = (2 if model.mlp == "swiglu" else 1) * model.ffn_hidden / tp
+    fwd = bwd = 0.0
+    for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, model.ffn_hidden / tp)):
+        f, b = _linear_s(tokens, n, k, accel, peak, e)
+        fwd, bwd = fwd + f, bwd + b
+    attn_f, attn_b = _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention)
+    mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
+    fwd += attn_f + mem_f
+    bwd += attn_b + 2 * mem_f
+    if ac == "full":
+        recompute = fwd
+    elif ac == "selective" and train.runtime == "megatron":
+        recompute = 0.0 if train.fused_attention else attn_f
+    elif ac == "selective":
+        recompute = mem_f
+        if train.selective_policy == "every-other-matmul":
+            up = model.ffn_hidden / tp
+            recompute += sum(gemm_seconds(tokens, n, k, accel, peak, e)
+                             for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
+    else:
+        recompute = 0.0
+    return fwd, bwd, recompute
+
+
+@lru_cache(maxsize=1024)
+def head_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:
+    """Forward + backward seconds of the final norm, the LM head and the loss for one micro-batch."""
+    peak = accel.peak_flops_per_s(train.precision)
+    e = train.activation_bytes
+    tokens = mbs * train.seq_len
+    f, b = _linear_s(tokens, model.vocab / tp, model.hidden, accel, peak, e)
+    p = PASSES[train.runtime]
+    t_norm = tokens / tp if sp else tokens
+    loss_bytes = tokens * model.vocab / tp * p["loss_bytes"]
+    norm_bytes = 3 * p["norm"] * t_norm * model.hidden * e
+    return f + b + (loss_bytes + norm_bytes) / _hbm(accel)
+
+
+def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:
+    """Forward (gather) + backward (scatter-add) bytes of the embedding for one micro-batch."""
+    tokens = mbs * train.seq_len / (tp if sp else 1)
+    return 5 * tokens * model.hidden * train.activation_bytes / _hbm(accel)
+
+
+def rank_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str,
+                 blocks: int, has_embedding: bool, has_head: bool) -> float:
+    """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks."""
+    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac)
+    total = blocks * (fwd + bwd + rec)
+    if has_head:
+        total += head_seconds(model, accel, train, mbs, tp, sp)
+    if has_embedding:
+        total += embedding_seconds(model, accel, train, mbs, tp, sp)
+    return total

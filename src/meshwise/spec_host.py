@@ -1,0 +1,40 @@
+"""The host-time keys of an accelerator profile (cost/host.py), checked.
+
+Pure Python (no torch); spec.py reads profiles through ``host_fields``. ``meshwise calibrate``
+measures them on a CPU machine; GPU entries leave them out (0: the kernels, not the launches, set
+the pace there).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+
+HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s")
+HOST_KEYS = set(HOST_SECONDS_KEYS) | {"thread_efficiency"}
+
+
+def _number(table: dict[str, Any], key: str, gpu: str) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
+    """Seconds in [0, 1); thread_efficiency in (0, 1]."""
+    out: dict[str, Any] = {}
+    for key in HOST_SECONDS_KEYS:
+        if key in table:
+            value = _number(table, key, gpu)
+            if not 0 <= value < 1:
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be seconds in [0, 1), got {value!r}")
+            out[key] = value
+    if "thread_efficiency" in table:
+        value = _number(table, "thread_efficiency", gpu)
+        if not 0 < value <= 1:
+            raise MeshwiseError(f"--gpu {gpu}: thread_efficiency must be a fraction in (0, 1], got {value!r}")
+        out["thread_efficiency"] = value
+    return out

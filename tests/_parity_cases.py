@@ -1,0 +1,34 @@
+"""The parity suite's layouts per world size; the measure suite measures the same ones."""
+
+from __future__ import annotations
+
+from _dist_parity import Case
+
+CASES: dict[int, list[Case]] = {
+    2: [
+        Case("dp=2,zero=0"), Case("dp=2,zero=1"), Case("dp=2,zero=2"), Case("dp=2,zero=3"),
+        Case("tp=2,sp=off"), Case("tp=2,sp=on"),
+        Case("pp=2,schedule=gpipe"), Case("pp=2,schedule=1f1b"),
+        Case("pp=2,vpp=2,schedule=interleaved-1f1b"), Case("pp=2,vpp=2,schedule=zero-bubble"),
+        Case("dp=2,zero=3,ac=selective"), Case("tp=2,sp=on,ac=selective"),
+        Case("dp=2,zero=0,ac=full"), Case("pp=2,schedule=1f1b,ac=full"),
+        # Deliberately wrong runs: the comparison must catch them.
+        Case("dp=2,zero=2", corrupt="same-data"), Case("dp=2,zero=2", corrupt="seed"),
+    ],
+    4: [
+        Case("dp=2,tp=2"), Case("dp=2,zero=3,tp=2"), Case("pp=2,tp=2"),
+        Case("pp=2,dp=2,zero=1"), Case("pp=2,dp=2,zero=3"), Case("dp=4,zero=3,shard=2"),
+        Case("dp=2,zero=3,tp=2,ac=full"), Case("pp=2,dp=2,zero=1,ac=selective"),
+        Case("dp=2,zero=1,tp=2,sp=off"),
+    ],
+    8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
+}
+
+# Other models, parity only: a tied model (one tensor for embedding and head), and Qwen3's features
+# (q/k/v biases, q/k norms, head_dim 24 != hidden/heads, rope theta 1e6, eps 1e-6).
+MODEL_CASES: dict[int, list[Case]] = {
+    2: [Case("dp=2,zero=0", "tiny-tied"), Case("tp=2,sp=on", "tiny-tied"),
+        Case("tp=2,sp=on", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3")],
+    4: [Case("dp=2,zero=3,tp=2", "tiny-tied")],
+}
+PARITY_CASES: dict[int, list[Case]] = {w: cases + MODEL_CASES.get(w, []) for w, cases in CASES.items()}

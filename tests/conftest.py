@@ -1,0 +1,30 @@
+"""Test layout: fast unit tests, and ``integration`` tests that start worker processes.
+
+``bash scripts/test.sh`` runs both; ``bash scripts/test.sh -m "not integration"`` only the fast
+ones. A multi-process test is marked here, by module or by name (so that a module need not be
+moved to change kind), or in its own file with ``@pytest.mark.integration``.
+
+Helpers that several test modules share live in ``_models.py``, ``_transport.py`` and
+``_dist_parity.py`` beside this file, never in another ``test_*.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Every test of these modules starts a group of worker processes (torchrun or gloo).
+INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py"}
+# Single tests elsewhere that start workers or a whole training run in a subprocess.
+INTEGRATION_TESTS = {
+    "test_calibrate.py::test_a_tiny_calibration_writes_a_plannable_profile",
+    "test_train.py::test_non_finite_loss_stops_before_saving_that_state",
+    "test_train.py::test_export_and_generate",
+    "test_tokenizer.py::test_train_generate_export_with_a_tokenizer",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if module in INTEGRATION_MODULES or f"{module}::{item.originalname}" in INTEGRATION_TESTS:
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,142 @@
+"""The GPU time model (cost/kernels.py), the runtime key, and the published calibration set
+(src/meshwise/catalog/published_runs.toml, each run's source named in the file)."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from fidelity import load_runs, predict, summary  # noqa: E402
+
+from meshwise import cli  # noqa: E402
+from meshwise.cost import estimate as est  # noqa: E402
+from meshwise.cost import kernels  # noqa: E402
+from meshwise.errors import MeshwiseError  # noqa: E402
+from meshwise.layout import parse  # noqa: E402
+from meshwise.planner import plan  # noqa: E402
+from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
+
+
+def _h100():
+    return load_cluster("h100", 8).accelerator
+
+
+def test_one_tile_more_than_the_sms_costs_a_second_wave():
+    accel = _h100()
+    tm, tn, sms = accel.gemm_tile_m, accel.gemm_tile_n, accel.sm_count
+    one_wave = kernels.gemm_seconds(tm * sms, tn, 8192, accel, accel.peak_bf16_flops_per_s, 2)
+    plus_one = kernels.gemm_seconds(tm * (sms + 1), tn, 8192, accel, accel.peak_bf16_flops_per_s, 2)
+    assert plus_one == pytest.approx(2 * one_wave, rel=1e-9)
+
+
+def test_a_full_wave_reaches_the_fitted_gemm_efficiency():
+    accel = _h100()
+    m, n, k = accel.gemm_tile_m * accel.sm_count, accel.gemm_tile_n, 16384
+    seconds = kernels.gemm_seconds(m, n, k, accel, accel.peak_bf16_flops_per_s, 2)
+    assert 2 * m * n * k / seconds == pytest.approx(accel.peak_bf16_flops_per_s * accel.gemm_efficiency)
+
+
+def test_profiles_without_gpu_fields_keep_the_flat_curve():
+    cpu = load_cluster("cpu", 2)
+    assert not cpu.accelerator.has_op_model
+    model, train = load_model("tiny"), TrainSpec(8, 64, precision="fp32")
+    layout = parse("dp=2", 2)
+    shape = est.memory.rank_shapes(model, layout)[0]
+    m = layout.accum(train.global_batch)
+    flops = 64 * layout.mbs * m * 3 * (shape.blocks * est.compute.block_forward_flops_per_token(model, 64)
+                                       + est.compute.head_forward_flops_per_token(model))
+    expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
+    assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
+
+
+def test_recompute_costs_what_is_recomputed():
+    model, accel = load_model("llama3-8b"), _h100()
+    train = TrainSpec(64, 4096)
+    fwd, bwd, none = kernels.block_seconds(model, accel, train, 1, 1, False, "none")
+    _, _, selective = kernels.block_seconds(model, accel, train, 1, 1, False, "selective")
+    _, _, full = kernels.block_seconds(model, accel, train, 1, 1, False, "full")
+    assert none == 0 and full == pytest.approx(fwd) and 0 < selective < 0.2 * fwd
+    assert 1.8 * fwd < bwd < 2.6 * fwd
+
+
+def test_megatron_hides_tp_collectives_that_meshwise_exposes():
+    model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
+    layout = parse("dp=8,zero=1,tp=8,mbs=1", 64)
+    exposed = {rt: est.estimate(model, cluster, TrainSpec(512, 4096, runtime=rt), layout).time.comm_exposed_s
+               for rt in ("meshwise", "megatron")}
+    assert exposed["megatron"] < 0.5 * exposed["meshwise"]
+
+
+def test_bubble_warning_names_the_schedule_that_removes_it():
+    model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
+    result = plan(model, cluster, TrainSpec(128, 4096), layout=parse("dp=2,tp=8,pp=4,schedule=1f1b,mbs=8", 64))
+    line = next(w for w in result.warnings if w.startswith("PP=4"))
+    assert "schedule=interleaved-1f1b" in line and "schedule=zero-bubble" in line
+
+
+def test_runtime_is_checked():
+    with pytest.raises(MeshwiseError, match="--runtime"):
+        TrainSpec(8, 64, runtime="deepspeed")
+
+
+def test_bad_gpu_field_in_a_profile_is_one_line(tmp_path, capsys):
+    profile = tmp_path / "p.toml"
+    profile.write_text("memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
+                       "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
+                       "inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 1.5\n")
+    assert cli.main(["plan", "--gpu", str(profile), "--gpus", "8", "--model", "llama3-8b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gemm_efficiency" in err[0]
+
+
+def test_profile_runtime_key_is_the_plan_default(tmp_path, capsys):
+    profile = tmp_path / "p.toml"
+    profile.write_text("memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
+                       "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
+                       "inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 0.6\nruntime = \"megatron\"\n")
+    assert cli.main(["plan", "--gpu", str(profile), "--gpus", "8", "--model", "llama3-8b", "--json"]) == 0
+    assert '"runtime": "megatron"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["measure", "calibrate"])
+def test_measure_and_calibrate_refuse_megatron_in_one_line(command, capsys):
+    assert cli.main([command, "--runtime", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--runtime" in err[0]
+
+
+HELD_OUT = ("Korthikanti", "MegaScale", "Megatron-LM README", "2407.21783")
+
+
+def test_held_out_sources_are_not_in_the_calibration_set():
+    text = (Path(__file__).resolve().parents[1] / "src/meshwise/catalog/published_runs.toml").read_text()
+    runs_part = text[text.index("[[run]]"):]
+    assert not any(name in runs_part for name in HELD_OUT)
+
+
+def test_catalog_constants_against_every_published_run():
+    """In-sample, the catalog's fitted constants: mean |error| <= 8%, worst <= 15% over the set
+    (benchmarks/fidelity.py prints the table and the leave-one-out figures)."""
+    runs = load_runs()
+    assert len(runs) >= 25
+    errors = [predict(r) / r.published_step_s - 1 for r in runs]
+    for r, e in zip(runs, errors):
+        print(f"{r.id}: published {r.published_step_s:.3f} s, predicted {predict(r):.3f} s ({e:+.1%})")
+    mean, worst = summary(errors)
+    assert mean <= 0.08 and worst <= 0.15
+
+
+def test_fit_moves_the_prediction():
+    runs = load_runs()
+    r = next(r for r in runs if r.gpu == "h100")
+    assert predict(r, 0.5) > predict(r, 0.8)
+    assert replace(r.cluster.accelerator, gemm_efficiency=0.5).has_op_model
+
+
+def test_plan_json_names_the_runtime_predicted(capsys):
+    assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json"]) == 0
+    assert '"runtime": "meshwise"' in capsys.readouterr().out
+    assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json", "--runtime", "megatron"]) == 0
+    assert '"runtime": "megatron"' in capsys.readouterr().out

@@ -1,0 +1,89 @@
+"""Host time (cost/host.py): the operator counts it uses are the runtime's own, and the CPU
+choices it drives (micro-batch, processes x threads) follow from it."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from meshwise.cost import host
+from meshwise.cost.estimate import estimate
+from meshwise.layout import parse
+from meshwise.spec import AcceleratorSpec, TrainSpec, load_cluster, load_model
+from meshwise.train import layout_choice
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted(name: str) -> tuple[int, int]:
+    from meshwise.runtime.model import build_model, loss_sum
+
+    spec = load_model(name)
+    net = build_model(spec, seed=0)
+    x = torch.randint(0, spec.vocab, (2, 16))
+    with _Count() as fwd:
+        loss = loss_sum(net(x), x)
+    with _Count() as bwd:
+        loss.backward()
+    return fwd.ops, bwd.ops
+
+
+def test_operator_counts_are_the_runtimes():
+    """Two models of different depth give the per-block counts (the difference) and the rest."""
+    (f4, b4), (f6, b6) = _counted("tiny"), _counted("small")  # 4 and 6 layers, same block kind
+    assert (f6 - f4) / 2 == host.BLOCK_FORWARD_OPS
+    assert (b6 - b4) / 2 == host.BLOCK_BACKWARD_OPS
+    assert host.ops_per_microbatch(6, True, True) == f6 + b6
+
+
+def test_more_microbatches_cost_more_host_time_at_equal_flops():
+    model, cluster = load_model("small"), load_cluster("cpu", 1, 1)
+    train = TrainSpec(8, 128, "fp32")
+    one = estimate(model, cluster, train, parse("mbs=8", 1)).time
+    eight = estimate(model, cluster, train, parse("mbs=1", 1)).time
+    a = cluster.accelerator
+    assert eight.compute_s - one.compute_s == pytest.approx(7 * host.ops_per_microbatch(6, True, True) * a.op_overhead_s)
+
+
+def test_recompute_host_time_per_mode():
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, checkpoint_call_s=1e-3, selective_op_s=2e-5)
+    full = host.recompute_seconds_per_block(a, "full")
+    sel = host.recompute_seconds_per_block(a, "selective")
+    assert host.recompute_seconds_per_block(a, "none") == 0
+    assert full == pytest.approx(host.BLOCK_FORWARD_OPS * 1e-5 + 1e-3)
+    assert sel == pytest.approx(full + 2 * host.BLOCK_FORWARD_OPS * 2e-5)
+
+
+def test_gpu_profiles_have_no_host_time():
+    a = load_cluster("h100", 8).accelerator
+    assert host.host_seconds(a, 32, True, True, "full", 8) == 0
+
+
+def test_a_given_layout_without_mbs_takes_the_largest_micro_batch_that_fits(monkeypatch):
+    monkeypatch.setenv(layout_choice.THREADS_ENV, "1")
+    model = load_model("small")
+    layout, lines = layout_choice.choose("dp=1", model, 1, 1, 8, 128, "cpu")
+    assert layout.mbs == 8 and "no accumulation" in lines[0]
+    given, _ = layout_choice.choose("dp=1,mbs=2", model, 1, 1, 8, 128, "cpu")
+    assert given.mbs == 2
+
+
+def test_threads_scale_a_rank_s_flops_by_the_profile_s_efficiency():
+    cluster = load_cluster("cpu", 1, 1)
+    two = layout_choice.with_threads(cluster, 2).accelerator
+    k = 1 + cluster.accelerator.thread_efficiency
+    assert two.peak_fp32_flops_per_s == pytest.approx(cluster.accelerator.peak_fp32_flops_per_s * k)
+    assert two.op_overhead_s == cluster.accelerator.op_overhead_s  # launching does not parallelise
+
+
+def test_processes_are_chosen_among_the_splits_of_the_cores():
+    n, threads, line = layout_choice.choose_cpu_processes("auto", load_model("small"), 8, 128, cores=4)
+    assert n * threads == 4 and n in (1, 2, 4)
+    assert f"{n} x {threads} thread(s) on 4 core(s)" in line
