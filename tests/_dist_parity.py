@@ -37,8 +37,8 @@ def optim_config():
     return OptimConfig(grad_clip=MAX_GRAD_NORM)
 
 
-def spec() -> ModelSpec:
-    return load_model(MODEL)
+def spec(model: str = MODEL) -> ModelSpec:
+    return load_model(model)
 
 
 def batches(model: ModelSpec, steps: int = STEPS) -> torch.Tensor:
@@ -61,11 +61,11 @@ class Run:
     eval_loss: float | None = None  # on ``held_out`` after the last step
 
 
-def reference(seed: int = SEED) -> Run:
+def reference(seed: int = SEED, model: str = MODEL) -> Run:
     """Plain single-process training: whole global batch at once, torch's own clipping and AdamW."""
     from meshwise.runtime import build_model, loss_sum
 
-    model_spec = spec()
+    model_spec = spec(model)
     cfg = optim_config()
     model = build_model(model_spec, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
@@ -92,13 +92,15 @@ class Case:
     """One layout to run; ``corrupt`` deliberately breaks the run (the suite must notice)."""
 
     layout: str
+    model: str = MODEL  # a catalog model
     # "" | "same-data" (every replica gets replica 0's rows) | "seed" (other init)
     # | "raise" (the last rank fails mid-run while the others wait in a collective)
     corrupt: str = ""
 
     @property
     def name(self) -> str:
-        return self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
+        model = "" if self.model == MODEL else f"{self.model}:"
+        return model + self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
 
 
 def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
@@ -111,7 +113,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     from meshwise.layout import parse
     from meshwise.runtime import build_mesh, parallelize
 
-    model_spec = spec()
+    model_spec = spec(case.model)
     layout = parse(case.layout, world)
     mesh = build_mesh(layout, model_spec, GLOBAL_BATCH)
     pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
@@ -226,9 +228,13 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
 LOSS_RTOL = 1e-4
 FIRST_LOSS_RTOL = 1e-6
 WEIGHT_TOL = 1e-4
+# tiny-qwen3's embedding is more sensitive to summation order: one process accumulating the same
+# global batch in 8 micro-batches instead of 1 already moves it by 1.5e-4 (relative to 1 + max|w|)
+# after 10 steps (tiny: 1.5e-5). Its bound is twice that floor; a wrong run is off by 1e-2 or more.
+WEIGHT_TOL_BY_MODEL = {"tiny-qwen3": 3e-4}
 
 
-def mismatch(run: Run, ref: Run) -> str:
+def mismatch(run: Run, ref: Run, weight_tol: float = WEIGHT_TOL) -> str:
     """Empty when ``run`` matches ``ref`` (losses, gradient norms, final weights and the eval loss
     after them); otherwise what differs."""
     problems = []
@@ -254,6 +260,6 @@ def mismatch(run: Run, ref: Run) -> str:
             problems.append(f"{name}: shape {tuple(got.shape)} vs {tuple(want.shape)}")
             continue
         err = (got - want).abs().max().item()
-        if err > WEIGHT_TOL * (1 + want.abs().max().item()):
+        if err > weight_tol * (1 + want.abs().max().item()):
             problems.append(f"{name}: max abs difference {err:.3e}")
     return "\n".join(problems)

@@ -23,3 +23,12 @@ CASES: dict[int, list[Case]] = {
     ],
     8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }
+
+# Other models, parity only: a tied model (one tensor for embedding and head), and Qwen3's features
+# (q/k/v biases, q/k norms, head_dim 24 != hidden/heads, rope theta 1e6, eps 1e-6).
+MODEL_CASES: dict[int, list[Case]] = {
+    2: [Case("dp=2,zero=0", "tiny-tied"), Case("tp=2,sp=on", "tiny-tied"),
+        Case("tp=2,sp=on", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3")],
+    4: [Case("dp=2,zero=3,tp=2", "tiny-tied")],
+}
+PARITY_CASES: dict[int, list[Case]] = {w: cases + MODEL_CASES.get(w, []) for w, cases in CASES.items()}

@@ -13,12 +13,13 @@ from __future__ import annotations
 import pytest
 
 # Every test of these modules starts a group of worker processes (torchrun or gloo).
-INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py"}
+INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py"}
 # Single tests elsewhere that start workers or a whole training run in a subprocess.
 INTEGRATION_TESTS = {
     "test_calibrate.py::test_a_tiny_calibration_writes_a_plannable_profile",
     "test_train.py::test_non_finite_loss_stops_before_saving_that_state",
     "test_train.py::test_export_and_generate",
+    "test_tokenizer.py::test_train_generate_export_with_a_tokenizer",
 }
 
 

@@ -38,18 +38,19 @@ def test_every_accelerator_loads(name):
 
 
 def test_hf_config_llama_and_gpt2(tmp_path):
-    llama = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
-             "hidden_act": "silu", "tie_word_embeddings": False}
+    llama = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+             "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(llama))
     m = load_model(str(tmp_path / "config.json"))
-    assert m.params == load_model("llama3-8b").params and m.mlp == "swiglu"
-    gpt2 = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+    assert m.params == load_model("llama3-8b").params and m.mlp == "swiglu" and m.family == "llama"
+    gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
     (tmp_path / "gpt2.json").write_text(json.dumps(gpt2))
     g = load_model(str(tmp_path / "gpt2.json"))
     assert g.mlp == "gelu" and g.ffn_hidden == 3072 and g.tied_embeddings
-    # GPT-2 small has 124M parameters with 1024 learned positions (0.8M) and biases, which meshwise omits.
-    assert g.params == pytest.approx(124.4e6 - 1024 * 768, rel=0.01)
+    # GPT-2 small: 124,439,808 parameters (transformers' GPT2LMHeadModel.num_parameters(), learned
+    # positions and every bias included, the tied head once).
+    assert g.params == 124_439_808
 
 
 def test_toml_model(tmp_path):

@@ -134,13 +134,18 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", add_help=False, prefix_chars="\x01", help="train a model under a layout (auto: the planner's)",
                        description="meshwise train --help lists every option")
     t.add_argument("train_args", nargs=argparse.REMAINDER)
-    e = sub.add_parser("export", help="write a checkpoint as one safetensors file (Hugging Face Llama names)")
+    e = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (safetensors, config.json)")
     e.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
     e.add_argument("--out", default="model.safetensors", help="output file (default: model.safetensors)")
+    k = sub.add_parser("tokenize", help="pre-tokenize text / JSONL / Parquet into a .bin token array")
+    k.add_argument("--data", required=True, help="a text, .jsonl or .parquet file, or a folder of them")
+    k.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json, or its folder")
+    k.add_argument("--out", required=True, help="the .bin file to write (uint16, or uint32 for vocabularies over 65,536)")
+    k.add_argument("--text-field", default="text", help="the text field of JSONL / Parquet rows (default: text)")
     g = sub.add_parser("generate", help="sample text from a checkpoint")
     g.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
     g.add_argument("--prompt", default="", help="text to continue")
-    g.add_argument("--tokens", type=int, default=200, help="bytes to generate (default: 200)")
+    g.add_argument("--tokens", type=int, default=200, help="tokens to generate (default: 200; fewer at eos)")
     g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     g.add_argument("--top-k", type=int, default=20, help="sample among the k most likely (default: 20; 0 = all)")
     g.add_argument("--seed", type=int, default=0)
@@ -156,6 +161,12 @@ def _export(args: argparse.Namespace) -> int:
     from meshwise.train.command import export_main
 
     return export_main(args.checkpoint, args.out)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from meshwise.train.tokenizer import tokenize_main
+
+    return tokenize_main(args.data, args.tokenizer, args.out, args.text_field)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate,
+    command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
                "calibrate": _calibrate, "measure": _measure}[args.command]
     return run_command(lambda: command(args))
 

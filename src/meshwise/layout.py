@@ -217,6 +217,8 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
     if layout.sp and seq_len % layout.tp:
         return f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}"
+    if layout.sp and not model.states_only and model.position == "learned":
+        return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None
 
 

@@ -49,7 +49,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         check_runnable(chosen, model, cluster.world_size, global_batch, seq_len, seq_field="--seq-len")
     result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen)
     if as_json:
-        print(json.dumps({**result.as_json(), "runtime": runtime}))
+        print(json.dumps({"model": model.as_json(), **result.as_json(), "runtime": runtime}))
     else:
         from meshwise.show import print_plan
         print_plan(model, cluster, train, result)

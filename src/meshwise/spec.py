@@ -1,4 +1,4 @@
-"""What is trained, on what, and how: ModelSpec, ClusterSpec, TrainSpec and their loaders.
+"""What is trained, on what, and how: ClusterSpec, TrainSpec, their loaders, and ModelSpec's (re-exported).
 
 Pure Python (no torch). Units are in the names: ``_bytes``, ``_flops_per_s``, ``_bytes_per_s``, ``_s``.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,124 +17,10 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec_gpu import GPU_KEYS, RUNTIMES, SELECTIVE_POLICIES, gpu_fields
 from meshwise.spec_host import HOST_KEYS, host_fields
 
-MLP_KINDS = ("gelu", "swiglu")
+from meshwise.model_spec import MLP_KINDS, ModelSpec, _human_count, cached_hash  # noqa: F401  (re-exported)
+
 PRECISIONS = ("bf16", "bf16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
-
-
-def cached_hash(self) -> int:
-    """``__hash__`` for frozen dataclasses used as cache keys in the planner's hot loop: the fields'
-    hash is computed once, not on every lookup. Assign it in the class body (``__hash__ =
-    cached_hash``): dataclass keeps an explicitly defined ``__hash__``."""
-    cached = self.__dict__.get("_cached_hash")
-    if cached is None:
-        cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-        object.__setattr__(self, "_cached_hash", cached)
-    return cached
-
-
-# --------------------------------------------------------------------------------------- model
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer.
-
-    ``param_count`` is set only for a bare parameter count (``--params 70e9``): then the shape is
-    unknown and only model states can be estimated (``states_only``).
-    """
-
-    name: str
-    layers: int = 0
-    hidden: int = 0
-    heads: int = 0
-    kv_heads: int = 0
-    ffn_hidden: int = 0
-    mlp: str = "swiglu"
-    vocab: int = 0
-    tied_embeddings: bool = False
-    max_seq: int = 0
-    source: str = ""
-    param_count: int | None = None
-
-    __hash__ = cached_hash
-
-    def __post_init__(self) -> None:
-        if self.param_count is not None:
-            if self.param_count <= 0:
-                raise MeshwiseError(f"--params: {self.param_count} must be a positive parameter count")
-            return
-        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise MeshwiseError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
-        if self.mlp not in MLP_KINDS:
-            raise MeshwiseError(f"model {self.name!r}: mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
-        if self.hidden % self.heads:
-            raise MeshwiseError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
-        if self.heads % self.kv_heads:
-            raise MeshwiseError(f"model {self.name!r}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
-
-    @property
-    def states_only(self) -> bool:
-        return self.param_count is not None
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of K (and of V): kv_heads * head_dim."""
-        return self.kv_heads * self.head_dim
-
-    @property
-    def attention_params(self) -> int:
-        """Q and output projections (h*h each) plus K and V (h*kv_dim each); no biases."""
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
-
-    @property
-    def mlp_params(self) -> int:
-        """GeLU: two h*f matrices; SwiGLU: three (gate, up, down)."""
-        matrices = 3 if self.mlp == "swiglu" else 2
-        return matrices * self.hidden * self.ffn_hidden
-
-    @property
-    def layer_params(self) -> int:
-        """One transformer block: attention + MLP + two norm weights of size h."""
-        return self.attention_params + self.mlp_params + 2 * self.hidden
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def head_params(self) -> int:
-        """The LM head's own weights (0 when tied to the embedding)."""
-        return 0 if self.tied_embeddings else self.vocab * self.hidden
-
-    @property
-    def params(self) -> int:
-        """Total parameters: blocks + embedding + final norm + untied head."""
-        if self.param_count is not None:
-            return self.param_count
-        return self.layers * self.layer_params + self.embedding_params + self.hidden + self.head_params
-
-    @classmethod
-    def from_param_count(cls, count: float) -> "ModelSpec":
-        n = int(count)
-        return cls(name=f"{_human_count(n)} parameters", param_count=n, source="bare parameter count")
-
-    def describe(self) -> str:
-        if self.states_only:
-            return f"{self.name} (shape unknown: model states only)"
-        return (f"{self.name}: {_human_count(self.params)} parameters, {self.layers} layers, hidden {self.hidden}, "
-                f"{self.heads} heads ({self.kv_heads} KV), {self.mlp} MLP {self.ffn_hidden}, vocab {self.vocab}")
-
-
-def _human_count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(int(n))
 
 
 def _catalog(name: str) -> dict[str, dict[str, Any]]:
@@ -164,64 +50,12 @@ def accelerator_names() -> list[str]:
     return list(_catalog("accelerators.toml"))
 
 
-_MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
-
-
-def _model_from_table(name: str, table: dict[str, Any], where: str) -> ModelSpec:
-    unknown = sorted(set(table) - _MODEL_KEYS)
-    if unknown:
-        raise MeshwiseError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(_MODEL_KEYS))}")
-    table = {"name": name, **table}
-    missing = [k for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden") if k not in table]
-    if missing:
-        raise MeshwiseError(f"{where}: missing key {missing[0]!r}")
-    table.setdefault("kv_heads", table["heads"])
-    table.setdefault("max_seq", 2048)
-    return ModelSpec(**table)
-
-
-def _model_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
-    """Llama, Mistral and Qwen2 keys (``num_hidden_layers`` ...) or GPT-2 keys (``n_layer`` ...)."""
-    if "n_layer" in cfg:  # GPT-2
-        hidden = cfg["n_embd"]
-        return ModelSpec(
-            name=name, layers=cfg["n_layer"], hidden=hidden, heads=cfg["n_head"], kv_heads=cfg["n_head"],
-            ffn_hidden=cfg.get("n_inner") or 4 * hidden, mlp="gelu", vocab=cfg["vocab_size"],
-            tied_embeddings=True, max_seq=cfg.get("n_positions", 1024), source="Hugging Face config.json (GPT-2 keys)")
-    try:
-        heads = cfg["num_attention_heads"]
-        act = cfg.get("hidden_act", "silu")
-        return ModelSpec(
-            name=name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=cfg["intermediate_size"],
-            mlp="swiglu" if act in ("silu", "swiglu") else "gelu", vocab=cfg["vocab_size"],
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_seq=cfg.get("max_position_embeddings", 2048), source="Hugging Face config.json")
-    except KeyError as missing:
-        raise MeshwiseError(f"{name}: config.json lacks {missing.args[0]!r} (Llama, Mistral, Qwen2 or GPT-2 keys expected)") from None
-
-
 def load_model(ref: str) -> ModelSpec:
-    """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a HF config.json."""
-    catalog = _catalog("models.toml")
-    if ref in catalog:
-        return _model_from_table(ref, catalog[ref], f"catalog model {ref!r}")
-    path = Path(ref)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.suffix in (".toml", ".json") or path.is_file():
-        if not path.is_file():
-            raise MeshwiseError(f"--model: file {ref} does not exist")
-        if path.suffix == ".json":
-            try:
-                cfg = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise MeshwiseError(f"--model: {ref} is not valid JSON ({e.msg}, line {e.lineno})") from None
-            return _model_from_hf_config(cfg, path.parent.name or path.stem)
-        table = read_toml(path, "--model")
-        table = table.get("model", table)
-        return _model_from_table(table.pop("name", path.stem), dict(table), f"--model {ref}")
-    raise MeshwiseError(f"--model: unknown model {ref!r}; choose one of {', '.join(catalog)}, or give a .toml or config.json file")
+    """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a Hugging Face
+    config.json or model folder: see :mod:`meshwise.model_files`."""
+    from meshwise.model_files import load_model as load
+
+    return load(ref)
 
 
 # ------------------------------------------------------------------------------------- cluster

@@ -117,7 +117,7 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     if model.states_only:  # the shape is unknown: no FSDP unit to size buffers by
         per_rank = model.params / (t * pp)
         return tuple(RankShape(r, (0,), r == 0, r == pp - 1, per_rank, 0.0, 0.0, 1, 0) for r in range(pp))
-    block = (model.attention_params + model.mlp_params) / t + 2 * model.hidden
+    block = (model.attention_params + model.mlp_params) / t + model.layer_norm_params
     embed = model.embedding_params / t
     head = model.vocab * model.hidden / t
     stages = pp * vpp
@@ -131,7 +131,7 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
         first_here, last_here = 0 in chunks, last in chunks
         root = (embed if first_here else 0.0)
         if last_here:
-            root += model.hidden + (head if not model.tied_embeddings or not first_here else 0.0)
+            root += model.final_norm_params + (head if not model.tied_embeddings or not first_here else 0.0)
         root_units = int(first_here) + int(last_here) - int(first_here and last_here and len(chunks) == 1)
         sends = sum(1 for c in chunks if c < last and owner[c + 1] != r)        # activations forward
         sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward

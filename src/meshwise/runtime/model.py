@@ -1,8 +1,11 @@
-"""The reference model: a Llama-style decoder built from a ``ModelSpec``.
+"""The reference model: a decoder built from a ``ModelSpec``, as its Hugging Face family builds it.
 
 Token embedding -> ``layers`` x [RMSNorm -> GQA attention (rotary, causal SDPA) -> residual,
-RMSNorm -> SwiGLU (or GeLU) MLP -> residual] -> RMSNorm -> LM head (tied or untied).
-No biases, no dropout. Built on the meta device; :func:`init_weights` then fills every parameter
+RMSNorm -> SwiGLU (or GeLU) MLP -> residual] -> RMSNorm -> LM head (tied or untied), with the
+family's variations: rope theta and Llama 3.1 scaling, norm eps, explicit head_dim, q/k/v/o and
+MLP biases, q/k RMSNorm (Qwen3), Gemma's (1 + w) norms, sqrt(h) embedding scale and GeGLU, GPT-2's
+LayerNorm and learned positions. No dropout. tests/test_hf_runtime.py checks the logits against
+transformers, family by family. Built on the meta device; :func:`init_weights` then fills every parameter
 from ``(seed, fully-qualified name)`` alone, so every layout starts from bit-identical weights.
 
 Activations the forward keeps for backward, per block, with ``ac=none`` (b = micro-batch sequences,
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +40,8 @@ from torch import nn
 
 from meshwise.spec import ModelSpec
 
-RMS_EPS = 1e-5
-ROPE_THETA = 10000.0
+GEMMA = ("gemma", "gemma2")
+
 INIT_STD = 0.02
 
 
@@ -48,58 +52,80 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+class Norm(nn.Module):
+    """RMSNorm (weight; Gemma: x * (1 + weight), computed in fp32) or LayerNorm (weight and bias)."""
+
+    def __init__(self, width: int, spec: ModelSpec) -> None:
+        super().__init__()
+        self.eps = spec.norm_eps
+        self.layernorm = spec.norm == "layernorm"
+        self.offset = spec.family in GEMMA
+        self.weight = nn.Parameter(torch.empty(width))
+        self.bias = nn.Parameter(torch.empty(width)) if self.layernorm else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layernorm:
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        if self.offset:
+            return (F.rms_norm(x.float(), (x.shape[-1],), None, self.eps) * (1.0 + self.weight.float())).type_as(x)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
 class Attention(nn.Module):
-    """Grouped-query attention; head counts are read from the projection widths (TP-local)."""
+    """Grouped-query attention; head counts are read from the projection widths (TP-local).
+
+    Optional per family: q/k/v (and output) biases, RMSNorm of each query and key head before the
+    rotation (Qwen3), no rotation at all for learned positions (GPT-2).
+    """
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.head_dim = spec.head_dim
-        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=False)
-        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
-        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
-        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=False)
+        q = spec.heads * spec.head_dim
+        self.rotary = spec.position == "rope"
+        self.wq = nn.Linear(spec.hidden, q, bias=spec.qkv_bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
+        self.wo = nn.Linear(q, spec.hidden, bias=spec.o_bias)
+        self.q_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
+        self.k_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
+        if self.rotary:
+            q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); GeLU: w2(gelu(w1 x))."""
+    """SwiGLU: w2(silu(w1 x) * w3 x); GeGLU (Gemma): w2(gelu_tanh(w1 x) * w3 x); GeLU: w2(gelu_tanh(w1 x))."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.swiglu = spec.mlp == "swiglu"
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if self.swiglu else None
+        self.act = F.silu if spec.mlp == "swiglu" else partial(F.gelu, approximate="tanh")
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.mlp_bias)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.mlp_bias)
+        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.mlp_bias) if spec.mlp != "gelu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, RMS_EPS)
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)))
 
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(spec.hidden)
+        self.attention_norm = Norm(spec.hidden, spec)
         self.attention = Attention(spec)
-        self.mlp_norm = RMSNorm(spec.hidden)
+        self.mlp_norm = Norm(spec.hidden, spec)
         self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -114,19 +140,29 @@ class Transformer(nn.Module):
     in every chunk and layout (``layers.3.mlp.w1.weight``).
     Input: token ids (b, s) on the first chunk, hidden states (b, s, h) elsewhere.
     Output: logits (b, s, vocab) on the last chunk, hidden states elsewhere.
+    Gemma scales the embedding by sqrt(h); GPT-2 adds learned positions (``pos_embeddings``).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos_embeddings: nn.Embedding | None = (nn.Embedding(spec.max_seq, spec.hidden)
+                                                    if spec.position == "learned" else None)
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
-        self.norm: RMSNorm | None = RMSNorm(spec.hidden)
+        self.norm: Norm | None = Norm(spec.hidden, spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        if spec.tied_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         self.register_buffer("rope_cos", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
+
+    def tie_weights(self) -> None:
+        """Make the head's weight the embedding's (tied models): on construction, and again after
+        ``to_empty()``, which gives each module its own new plain tensor (DTensors are swapped in
+        place and stay tied)."""
+        if self.spec.tied_embeddings and self.tok_embeddings is not None and self.output is not None:
+            if self.output.weight is not self.tok_embeddings.weight:
+                self.output.weight = self.tok_embeddings.weight
 
     def keep_only(self, first_layer: int, num_layers: int, first: bool, last: bool) -> "Transformer":
         """Drop everything outside one pipeline chunk: blocks [first_layer, first_layer+num_layers)."""
@@ -136,13 +172,20 @@ class Transformer(nn.Module):
                 del self.layers[name]
         if not first:
             self.tok_embeddings = None
+            self.pos_embeddings = None
         if not last:
             self.norm = None
             self.output = None
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        h = x
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(x)
+            if self.spec.family in GEMMA:
+                h = h * torch.tensor(self.spec.hidden ** 0.5, dtype=h.dtype)
+            if self.pos_embeddings is not None:
+                h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         for block in self.layers.values():
             h = block(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
@@ -152,12 +195,55 @@ class Transformer(nn.Module):
         return h
 
 
-def rope_tables(seq: int, head_dim: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (seq, head_dim): angle(p, i) = p * theta^(-2i/d), each half repeated."""
-    inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+def inv_frequencies(spec: ModelSpec) -> torch.Tensor:
+    """theta^(-2i/d) for i < d/2, with Llama 3.1's rescaling when ``rope_scaling == "llama3"``.
+
+    llama3 (Llama Team 2024; transformers' ``_compute_llama3_parameters``): wavelengths longer than
+    L/low_freq_factor are divided by ``factor``, shorter than L/high_freq_factor kept, and those
+    between interpolated with s = (L/wavelength - low) / (high - low), L the original context.
+    """
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if spec.rope_scaling != "llama3":
+        return inv
+    old, low, high, factor = (spec.rope_original_max_seq, spec.rope_low_freq_factor, spec.rope_high_freq_factor,
+                              spec.rope_factor)
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (max_seq, head_dim): angle(p, i) = p * inv_freq_i, each half repeated (fp32,
+    as transformers computes them)."""
+    angles = torch.outer(torch.arange(spec.max_seq, dtype=torch.float32), inv_frequencies(spec))
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
+    """Why the runtime cannot build ``spec`` yet (one line), or None: the plan counts these exactly."""
+    if spec.states_only:
+        return "a bare parameter count has no shape to build"
+    if spec.moe:
+        return f"model {spec.name!r}: {spec.family} is a mixture of experts, which the runtime does not run yet (plan only)"
+    if spec.mla:
+        return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
+    if spec.family == "gemma2" or spec.norms_per_layer != 2:
+        return (f"model {spec.name!r}: {spec.family}'s four norms per block and query scaling are not built by the "
+                f"runtime yet (plan only)")
+    if spec.attn_softcap or spec.final_softcap:
+        return f"model {spec.name!r}: logit soft-capping ({spec.family}) is not built by the runtime yet (plan only)"
+    if spec.rope_scaling not in ("", "llama3"):
+        return f"model {spec.name!r}: rope scaling {spec.rope_scaling!r} is not built by the runtime (default or llama3)"
+    seq = seq_len or spec.max_seq
+    if spec.sliding_window and spec.sliding_window < seq:
+        return (f"model {spec.name!r}: sliding-window attention ({spec.sliding_window} tokens) is not built by the "
+                f"runtime; use --seq-len {spec.sliding_window} or less")
+    return None
 
 
 # ---------------------------------------------------------------------------------------- init
@@ -167,8 +253,8 @@ def canonical_name(name: str) -> str:
 
 
 def init_std(name: str, spec: ModelSpec) -> float | None:
-    """Normal std per parameter (None: ones, for norm weights); residual outputs scaled by 1/sqrt(2L)."""
-    if name.endswith("norm.weight"):
+    """Normal std per parameter (None: a constant, for norms and biases); residual outputs scaled by 1/sqrt(2L)."""
+    if name.endswith(("norm.weight", ".bias")):
         return None
     if name.endswith(("attention.wo.weight", "mlp.w2.weight")):
         return INIT_STD / math.sqrt(2 * spec.layers)
@@ -176,10 +262,12 @@ def init_std(name: str, spec: ModelSpec) -> float | None:
 
 
 def full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch.Tensor:
-    """The full fp32 tensor for ``name``: a CPU generator seeded by crc32("seed:name")."""
+    """The full fp32 tensor for ``name``: a CPU generator seeded by crc32("seed:name"); norm weights
+    1 (Gemma's offset norms 0, the same scale), biases 0."""
     std = init_std(name, spec)
     if std is None:
-        return torch.ones(shape)
+        unit = name.endswith("norm.weight") and spec.family not in GEMMA
+        return torch.ones(shape) if unit else torch.zeros(shape)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
     return torch.empty(shape).normal_(0.0, std, generator=gen)
 
@@ -203,7 +291,7 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
             param.copy_(full)
     for module in model.modules():
         if isinstance(module, Transformer):
-            cos, sin = rope_tables(module.spec.max_seq, module.spec.head_dim, module.rope_cos.device)
+            cos, sin = rope_tables(module.spec, module.rope_cos.device)
             module.rope_cos.copy_(cos)
             module.rope_sin.copy_(sin)
 
@@ -213,6 +301,7 @@ def build_model(spec: ModelSpec, seed: int, device: torch.device | str = "cpu") 
     with torch.device("meta"):
         model = Transformer(spec)
     model.to_empty(device=device)
+    model.tie_weights()
     init_weights(model, spec, seed)
     return model
 

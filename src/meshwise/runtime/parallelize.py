@@ -22,11 +22,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
-from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum
+from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
@@ -160,6 +161,7 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
     apply_activation_checkpointing(model, layout.ac)
     apply_data_parallel(model, mesh, layout)
     model.to_empty(device=device)
+    model.tie_weights()
     init_weights(model, spec, seed)
     return model
 
@@ -170,6 +172,9 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``)."""
     seq_len = seq_len or model_spec.max_seq
     check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
+    refusal = runtime_refusal(model_spec, seq_len)
+    if refusal:
+        raise MeshwiseError(refusal)
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     modules = [_build_chunk(model_spec, layout, mesh, c, seed, device) for c in chunk_ids]

@@ -51,6 +51,11 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
         }
         if block.mlp.w3 is not None:
             block_plan["mlp.w3"] = ColwiseParallel()
+        if block.attention.q_norm is not None:
+            # Qwen3's per-head norms see only this rank's heads: their weights are Replicate DTensors
+            # over the head-sharded input (dim 2), so each weight gradient is summed over all heads.
+            block_plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            block_plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         if sp:
             block_plan["attention_norm"] = SequenceParallel()
             block_plan["mlp_norm"] = SequenceParallel()

@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +44,8 @@ from meshwise.spec import ModelSpec
 from meshwise.train.checkpoint_files import (COMMIT_FILE, PARTIAL_FILE, complete_checkpoints, latest,  # noqa: F401
                                              own_folders, read_meta, remove_own, step_dir, verify)
 
-SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings",
+                "family", "head_dim", "norm", "position", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -65,9 +66,12 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None:
     """Refuse a checkpoint of another model shape, naming the first field that differs."""
     saved = meta.get("model", {})
+    defaults = {f.name: f.default for f in fields(ModelSpec)}
+    defaults["head_dim"] = saved.get("hidden", 0) // max(1, saved.get("heads", 1))  # before head_dim was saved
     for name in SHAPE_FIELDS:
-        if saved.get(name) != getattr(spec, name):
-            raise MeshwiseError(f"checkpoint {path}: its {COMMIT_FILE} has {name}={saved.get(name)!r}, but this run's "
+        value = saved.get(name, defaults[name])
+        if value != getattr(spec, name):
+            raise MeshwiseError(f"checkpoint {path}: its {COMMIT_FILE} has {name}={value!r}, but this run's "
                                 f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
 
 
@@ -129,7 +133,7 @@ class _Chunks(nn.Module):
         super().__init__()
         self.layers = nn.ModuleDict()
         for chunk in chunks:
-            for name in ("tok_embeddings", "norm", "output"):
+            for name in ("tok_embeddings", "pos_embeddings", "norm", "output"):
                 if getattr(chunk, name, None) is not None:
                     setattr(self, name, getattr(chunk, name))
             for key, block in chunk.layers.items():

@@ -177,6 +177,10 @@ def generate_main(checkpoint: str, prompt: str, tokens: int, temperature: float,
         raise MeshwiseError(f"--temperature: {temperature} must be a finite number, 0 or more")
     config_mod.check_seed("--seed", seed)
     config_mod.check_text("--prompt", prompt)
+    from meshwise.train import checkpoint as ckpt
+    from meshwise.train.export import resolve
+
     model, spec = load_plain_model(checkpoint)
-    print(sample(model, prompt, tokens, temperature, top_k, seed, spec.max_seq))
+    tokenizer = (ckpt.read_meta(resolve(checkpoint)).get("data") or {}).get("tokenizer", "")
+    print(sample(model, prompt, tokens, temperature, top_k, seed, spec.max_seq, tokenizer, spec.eos_ids))
     return 0

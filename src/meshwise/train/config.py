@@ -25,6 +25,7 @@ from meshwise.spec import read_toml
 class ModelConfig:
     name: str = "small"  # catalog name, model TOML, or Hugging Face config.json
     seed: int = 0  # weight initialisation seed (every layout starts from the same weights)
+    pretrained: str = ""  # a Hugging Face folder (config.json + safetensors) to fine-tune from (--model.from)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class DataConfig:
     seq_len: int = 128  # tokens per training sequence
     seed: int = 1234  # sample-order seed: sample g of the run depends only on (seed, g)
     eval_fraction: float = 0.05  # share of the sequences held out for the eval loss
+    tokenizer: str = ""  # "" = bytes; else a Hugging Face tokenizer.json or the folder holding one
+    text_field: str = "text"  # the text column of .jsonl / .parquet data (with a tokenizer)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class GenerateConfig:
     prompt: str = "12 + 7 ="  # printed sample at the end of the run ("" = none)
-    tokens: int = 120  # bytes to generate
+    tokens: int = 120  # tokens to generate (bytes with the byte tokenizer; fewer at eos)
     temperature: float = 0.8
     top_k: int = 20
     seed: int = 0
@@ -93,6 +96,7 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConf
 # Short command-line spellings of the most used fields.
 ALIASES: dict[str, str] = {
     "--model": "model.name",
+    "--model.from": "model.pretrained",
     "--data": "data.path",
     "--seq-len": "data.seq_len",
     "--layout": "layout.choice",
@@ -186,6 +190,9 @@ def check(config: TrainConfig) -> None:
     """Ranges that no type check catches."""
     s, o, d, c, m, g = (config.schedule, config.optimizer, config.data, config.checkpoint, config.metrics,
                         config.generate)
+    # --steps 0 with --model.from converts the pretrained weights into a checkpoint and stops.
+    if s.steps == 0 and config.model.pretrained:
+        s = replace(s, steps=1)
     positive = {"schedule.steps": s.steps, "schedule.global_batch": s.global_batch, "data.seq_len": d.seq_len,
                 "schedule.eval_batches": s.eval_batches, "checkpoint.keep": c.keep, "metrics.log_every": m.log_every}
     for name, value in positive.items():

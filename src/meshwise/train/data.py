@@ -1,6 +1,8 @@
 """Tokens, sequences and the sample order.
 
-- Tokenizer: bytes (vocabulary 256, no download): a text is its UTF-8 bytes.
+- Tokenizer: bytes (vocabulary 256, no download): a text is its UTF-8 bytes; or, with
+  ``data.tokenizer``, a Hugging Face ``tokenizer.json`` (train/tokenizer.py), which also reads
+  JSONL and Parquet documents by ``data.text_field``.
 - Inputs: the embedded corpus (``data.path = ""``), a text file, a folder of text files (every
   non-hidden file below it, sorted by relative path, joined by a blank line), or a pre-tokenized
   ``.bin`` array of ``uint16``/``uint32`` ids, memory-mapped (``torch.from_file``).
@@ -55,13 +57,24 @@ def describe_source(path: str) -> str:
 
 
 def load_tokens(config: DataConfig) -> torch.Tensor:
-    """The whole token stream as a 1-D tensor (uint8 for text; the .bin dtype, memory-mapped, for arrays)."""
+    """The whole token stream as a 1-D tensor (uint8 for text; the .bin dtype, memory-mapped, for arrays;
+    int32 for text through a tokenizer)."""
+    if config.tokenizer and not config.path:
+        raise MeshwiseError("--data.tokenizer: needs --data.path (the embedded corpus is for the byte tokenizer)")
     if not config.path:
         raw = embedded_corpus.read()
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     path = Path(config.path)
     if not path.exists():
         raise MeshwiseError(f"--data.path: {config.path} does not exist")
+    if config.tokenizer and path.suffix != ".bin":
+        from meshwise.train.tokenizer import HFTokenizer, encode_files
+
+        ids = encode_files(_text_files(path) if path.is_dir() else [path], HFTokenizer(config.tokenizer),
+                           config.text_field)
+        if not ids:
+            raise MeshwiseError(f"--data.path: {config.path} is empty (no text to train on)")
+        return torch.tensor(ids, dtype=torch.int32)
     if path.is_dir():
         files = _text_files(path)
         if not files:

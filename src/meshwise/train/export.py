@@ -7,16 +7,21 @@ little-endian unsigned header length N, N bytes of JSON header
 then the tensors' raw little-endian bytes, C order, back to back. Written here directly (a few
 lines) rather than adding a dependency.
 
-Names: for SwiGLU models (the Llama architecture) the Hugging Face ``LlamaForCausalLM`` names, and
-a ``config.json`` beside the file; the rotary convention is already the half-split one Hugging
-Face's Llama uses, so no weight permutation is needed. Other models keep meshwise's names.
+Names and config.json (train/hf_weights.py): every Hugging Face family the runtime builds is written
+under that family's own names with a config.json that says what was trained (family, rope theta
+and scaling, eps, head_dim, biases, tie, bos/eos), so transformers loads it with no missing or
+unexpected keys. A tied head is written once, as the embedding. Above ``max_shard_bytes`` the
+tensors go into ``model-0000i-of-0000n.safetensors`` files with a ``model.safetensors.index.json``
+(``{"metadata": {"total_size": bytes}, "weight_map": {name: file}}``), Hugging Face's sharded layout.
+Models with no Hugging Face family (a plain GeLU MLP under the llama family, the Narayanan GPT
+rows) keep meshwise's names and get no config.json.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -25,37 +30,24 @@ import torch
 from meshwise.spec import ModelSpec
 from meshwise.train import checkpoint
 from meshwise.train.checkpoint_files import model_spec
+from meshwise.train.hf_weights import _hf_name, hf_config, to_hf
 
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
            torch.int32: "I32"}
 _FROM_NAME = {v: k for k, v in _DTYPES.items()}
 
-_HF_BLOCK = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj", "attention.wv": "self_attn.v_proj",
-             "attention.wo": "self_attn.o_proj", "mlp.w1": "mlp.gate_proj", "mlp.w3": "mlp.up_proj",
-             "mlp.w2": "mlp.down_proj", "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # transformers 4's save_pretrained default, 5 GB
 
 
-def hf_name(name: str) -> str:
-    """meshwise parameter name -> Hugging Face Llama name."""
-    if name == "tok_embeddings.weight":
-        return "model.embed_tokens.weight"
-    if name == "norm.weight":
-        return "model.norm.weight"
-    if name == "output.weight":
-        return "lm_head.weight"
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.weight", name)
-    if m and m.group(2) in _HF_BLOCK:
-        return f"model.layers.{m.group(1)}.{_HF_BLOCK[m.group(2)]}.weight"
-    raise KeyError(name)
+def hf_name(name: str, spec: ModelSpec | None = None) -> str:
+    """meshwise parameter name -> Hugging Face name (Llama's, unless ``spec`` names another family)."""
+    return _hf_name(spec or ModelSpec(name="llama", layers=1, hidden=1, heads=1, kv_heads=1, ffn_hidden=1, vocab=1,
+                                      max_seq=1), name)
 
 
-def hf_config(spec: ModelSpec) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": spec.hidden,
-            "intermediate_size": spec.ffn_hidden, "num_hidden_layers": spec.layers,
-            "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads, "vocab_size": spec.vocab,
-            "max_position_embeddings": spec.max_seq, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-            "hidden_act": "silu", "tie_word_embeddings": spec.tied_embeddings, "attention_bias": False,
-            "mlp_bias": False, "torch_dtype": "float32"}
+def has_hf_family(spec: ModelSpec) -> bool:
+    """True when transformers builds this model: a gated MLP in the Llama-like families, or GPT-2."""
+    return spec.family == "gpt2" or spec.mlp != "gelu"
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -116,22 +108,70 @@ def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     return model, spec
 
 
-def export(path: str | Path, out: str | Path) -> list[str]:
-    """Write ``out`` (and config.json beside it for Llama-shaped models); returns lines to print."""
-    path = resolve(path)
-    model, spec = load_plain_model(path)
-    llama = spec.mlp == "swiglu"
-    tensors = {}
-    for name, p in model.named_parameters():  # a tied head is the embedding: named once
-        tensors[hf_name(name) if llama else name] = p
+def write_model(out: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
+                max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[Path]:
+    """One safetensors file at ``out``, or shards beside it and an index when the tensors exceed
+    ``max_shard_bytes`` (a tensor larger than that gets a shard of its own). Returns the files written."""
+    out = Path(out)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if total <= max_shard_bytes:
+        write_safetensors(out, tensors, metadata)
+        return [out]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    stem = out.name.removesuffix(".safetensors")
+    files, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        path = out.with_name(f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors")
+        write_safetensors(path, shard, metadata)
+        files.append(path)
+        weight_map.update({name: path.name for name in shard})
+    index = out.with_name(out.name + ".index.json")
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    return files + [index]
+
+
+def export_model(model: torch.nn.Module, spec: ModelSpec, out: str | Path, metadata: dict[str, str],
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write a plain model's weights (and config.json for a Hugging Face family); returns lines to print."""
+    hf = has_hf_family(spec)
+    params = {name: p.detach() for name, p in model.named_parameters()}  # a tied head: named once
+    tensors = to_hf(spec, params) if hf else params
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = checkpoint.read_meta(path)
-    write_safetensors(out, tensors, {"format": "pt", "source": str(path), "step": str(meta.get("step"))})
-    lines = [f"wrote {out}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters "
-             f"({'Hugging Face Llama names' if llama else 'meshwise names'})"]
-    if llama:
+    files = write_model(out, tensors, metadata, max_shard_bytes)
+    where = files[0] if len(files) == 1 else f"{len(files) - 1} shards and {files[-1]}"
+    lines = [f"wrote {where}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters "
+             f"({f'Hugging Face {spec.family} names' if hf else 'meshwise names'})"]
+    if hf:
         cfg_path = out.parent / "config.json"
         cfg_path.write_text(json.dumps(hf_config(spec), indent=1) + "\n")
         lines.append(f"wrote {cfg_path}")
+    return lines
+
+
+def export(path: str | Path, out: str | Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write ``out`` (and config.json beside it for a Hugging Face family); returns lines to print."""
+    path = resolve(path)
+    model, spec = load_plain_model(path)
+    meta = checkpoint.read_meta(path)
+    lines = export_model(model, spec, out, {"format": "pt", "source": str(path), "step": str(meta.get("step"))},
+                         max_shard_bytes)
+    tokenizer = (meta.get("data") or {}).get("tokenizer", "")
+    if tokenizer:  # the run's tokenizer files beside the weights, as a Hugging Face folder holds them
+        from meshwise.train.tokenizer import tokenizer_file
+
+        source = tokenizer_file(tokenizer)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            f = source.parent / name if name != "tokenizer.json" else source
+            if f.is_file():
+                shutil.copyfile(f, Path(out).parent / name)
+                lines.append(f"wrote {Path(out).parent / name}")
     return lines

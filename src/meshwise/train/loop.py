@@ -72,10 +72,19 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     A restarted attempt (``--max-restarts``) of a run with checkpoints resumes its own latest one
     (``--resume auto``), whatever the first attempt was given."""
     check(cfg)
-    model = load_model(cfg.model.name)
+    if cfg.model.pretrained:
+        from meshwise.train import pretrained
+
+        model = pretrained.check_folder(cfg.model.pretrained)
+    else:
+        model = load_model(cfg.model.name)
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     check_seq_len(model, cfg.data.seq_len, "--data.seq_len")
+    from meshwise.runtime.model import runtime_refusal
+
+    if refusal := runtime_refusal(model, cfg.data.seq_len):
+        raise MeshwiseError(f"--model.name: {refusal}")
     c = cfg.checkpoint
     files.check_output_dir("--checkpoint.dir", c.dir)
     files.check_output_file("--metrics.file", cfg.metrics.file)
@@ -243,7 +252,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     _print_header(log, cfg, prep, lines)
 
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
-            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed}}
+            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer}}
     ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
                                    before_commit=lambda s: faults.before_commit(s, rank))
     run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
@@ -252,7 +261,12 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         torch.set_rng_state(run_state["rng"])
         log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
                   f"now under {layout.short()} on {world} rank(s)")
-    elif c.dir and c.overwrite:
+    elif cfg.model.pretrained:
+        from meshwise.train import pretrained
+
+        pretrained.load(pm.modules, model, cfg.model.pretrained)
+        log.print(f"Weights: {cfg.model.pretrained} (fine-tuning from step 0 with a fresh optimizer)")
+    if prep.resume is None and c.dir and c.overwrite:
         if rank == 0 and checkpoint.own_folders(c.dir):
             log.print(f"Fresh run (--checkpoint.overwrite): removing meshwise's checkpoint folders in {c.dir}")
             checkpoint.refuse_or_clear(c.dir, overwrite=True, clear=True)
@@ -299,6 +313,9 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             kept = f"checkpoint {saved} written; --resume auto continues from it" if saved else \
                 "no checkpoint (--checkpoint.dir is empty)"
             raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
+    if steps == 0 and c.dir:  # --model.from with --steps 0: the loaded weights as a checkpoint
+        saved = ckpt.save(0, True, {"step": 0, "samples": 0, "rng": torch.get_rng_state()})
+        log.print(f"checkpoint: {saved}")
     log.close()
     dist.barrier()
     if rank == 0 and cfg.generate.prompt and c.dir:
@@ -315,4 +332,5 @@ def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:
 
     model, spec = load_plain_model(path)
     g = cfg.generate
-    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq)
+    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq,
+                  tokenizer=cfg.data.tokenizer, eos_ids=spec.eos_ids)

@@ -1,0 +1,233 @@
+"""Model files: the catalog, TOML model tables, and Hugging Face ``config.json`` by ``model_type``.
+
+A Hugging Face config is read by its ``model_type`` (or, without one, its ``architectures``), with
+the defaults of that family's ``transformers`` config class for keys it leaves out; a family not
+listed in :data:`HF_FAMILIES` is refused naming its ``model_type``, never counted as a Llama.
+Both rope layouts are read: ``rope_theta`` + ``rope_scaling`` (transformers 4) and
+``rope_parameters`` (transformers 5).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+from meshwise.model_spec import FAMILIES, ModelSpec
+from meshwise.spec import _catalog, read_toml
+
+_MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
+
+# Per family: (rms_norm_eps, rope_theta, max_position_embeddings, tie_word_embeddings) of its
+# transformers config class, used only when config.json omits the key.
+_DEFAULTS = {
+    "llama": (1e-6, 10000.0, 2048, False), "mistral": (1e-6, 10000.0, 32768, False),
+    "qwen2": (1e-6, 10000.0, 32768, False), "qwen3": (1e-6, 10000.0, 32768, False),
+    "gemma": (1e-6, 10000.0, 8192, True), "gemma2": (1e-6, 10000.0, 8192, True),
+    "phi3": (1e-5, 10000.0, 4096, False), "gpt2": (1e-5, 0.0, 1024, True),
+    "mixtral": (1e-5, 1e6, 131072, False), "qwen2_moe": (1e-6, 10000.0, 32768, False),
+    "qwen3_moe": (1e-6, 10000.0, 32768, False), "deepseek_v2": (1e-6, 10000.0, 2048, False),
+    "deepseek_v3": (1e-6, 10000.0, 4096, False),
+}
+HF_FAMILIES = tuple(_DEFAULTS)
+assert set(HF_FAMILIES) == set(FAMILIES)
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen3ForCausalLM": "qwen3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
+                  "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
+                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
+                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+
+
+def _model_from_table(name: str, table: dict[str, Any], where: str) -> ModelSpec:
+    unknown = sorted(set(table) - _MODEL_KEYS)
+    if unknown:
+        raise MeshwiseError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(_MODEL_KEYS))}")
+    table = {"name": name, **table}
+    missing = [k for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden") if k not in table]
+    if missing:
+        raise MeshwiseError(f"{where}: missing key {missing[0]!r}")
+    table.setdefault("kv_heads", table["heads"])
+    table.setdefault("max_seq", 2048)
+    return ModelSpec(**table)
+
+
+def hf_family(cfg: dict[str, Any], where: str) -> str:
+    """The family of a config: its ``model_type``, else its first known ``architectures`` entry."""
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        archs = cfg.get("architectures") or []
+        model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None) if isinstance(archs, list) else None
+        if model_type is None:
+            raise MeshwiseError(f"{where}: no model_type (or known architectures) in it; a Hugging Face config.json "
+                                f"of one of: {', '.join(HF_FAMILIES)} is expected")
+    if model_type not in _DEFAULTS:
+        raise MeshwiseError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(HF_FAMILIES)}")
+    return model_type
+
+
+def _rope(cfg: dict[str, Any], theta_default: float) -> dict[str, Any]:
+    """rope_theta and llama3-style scaling fields, from ``rope_parameters`` or ``rope_theta``/``rope_scaling``."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        raise MeshwiseError("config.json: rope_parameters / rope_scaling must be objects")
+    merged = {**scaling, **params}
+    theta = merged.get("rope_theta", cfg.get("rope_theta", theta_default))
+    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
+    out: dict[str, Any] = {"rope_theta": float(theta), "rope_scaling": "" if kind == "default" else str(kind)}
+    if kind != "default":
+        out.update(rope_factor=float(merged.get("factor", 1.0)),
+                   rope_low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+                   rope_high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+                   rope_original_max_seq=int(merged.get("original_max_position_embeddings") or 0))
+    partial = merged.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial not in (1, 1.0, None):
+        out["rope_scaling"] = out["rope_scaling"] or f"partial_rotary_factor={partial}"
+    return out
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, ...]:
+    """Indices of the blocks with a dense MLP in a MoE family (transformers' own rule per family)."""
+    if family in ("qwen2_moe", "qwen3_moe"):
+        step = cfg.get("decoder_sparse_step", 1) or 1
+        only = set(cfg.get("mlp_only_layers") or [])
+        return tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    if family.startswith("deepseek"):
+        first = cfg.get("first_k_dense_replace", 0) or 0
+        freq = cfg.get("moe_layer_freq", 1) or 1
+        return tuple(i for i in range(layers) if i < first or i % freq)
+    return ()
+
+
+def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:
+    """A ModelSpec with every field the family's transformers model uses to build its weights."""
+    family = hf_family(cfg, where)
+    eps, theta, max_seq, tie = _DEFAULTS[family]
+    try:
+        if family == "gpt2":
+            hidden = cfg["n_embd"]
+            return ModelSpec(
+                name=name, family=family, layers=cfg["n_layer"], hidden=hidden, heads=cfg["n_head"],
+                kv_heads=cfg["n_head"], ffn_hidden=cfg.get("n_inner") or 4 * hidden, mlp="gelu",
+                vocab=cfg.get("vocab_size", 50257), tied_embeddings=cfg.get("tie_word_embeddings", tie),
+                max_seq=cfg.get("n_positions", max_seq), norm="layernorm", norm_eps=cfg.get("layer_norm_epsilon", eps),
+                qkv_bias=True, o_bias=True, mlp_bias=True, position="learned", rope_theta=0.0,
+                bos_id=cfg.get("bos_token_id"), eos_ids=_ids(cfg.get("eos_token_id")), source=where)
+        heads = cfg["num_attention_heads"]
+        layers = cfg["num_hidden_layers"]
+        hidden = cfg["hidden_size"]
+        fields_: dict[str, Any] = dict(
+            name=name, family=family, layers=layers, hidden=hidden, heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"], tied_embeddings=cfg.get("tie_word_embeddings", tie),
+            max_seq=cfg.get("max_position_embeddings", max_seq), norm_eps=cfg.get("rms_norm_eps", eps),
+            head_dim=cfg.get("head_dim") or 0, bos_id=cfg.get("bos_token_id"),
+            eos_ids=_ids(cfg.get("eos_token_id")), source=where, **_rope(cfg, theta))
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        if family.startswith("gemma"):
+            fields_["mlp"] = "geglu"
+        elif act != "silu":
+            raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
+        attn_bias = bool(cfg.get("attention_bias", False))
+        if family in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2"):
+            fields_.update(qkv_bias=attn_bias, o_bias=attn_bias)
+        if family in ("qwen2", "qwen2_moe"):
+            fields_["qkv_bias"] = True
+        if family == "llama":
+            fields_["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+        if family in ("qwen3", "qwen3_moe"):
+            fields_["qk_norm"] = True
+        window = cfg.get("sliding_window") or 0
+        if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+            window = 0
+        fields_["sliding_window"] = window
+        if family == "gemma2":
+            fields_.update(norms_per_layer=4, attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                           final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+        if family == "mixtral":
+            fields_.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
+                           expert_ffn_hidden=cfg["intermediate_size"])
+        if family in ("qwen2_moe", "qwen3_moe"):
+            experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # transformers 4 | 5
+            fields_.update(experts=experts, experts_per_token=cfg["num_experts_per_tok"],
+                           expert_ffn_hidden=cfg["moe_intermediate_size"],
+                           dense_layers=_sparse_layers(cfg, layers, family))
+            if family == "qwen2_moe":
+                fields_.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
+        if family.startswith("deepseek"):
+            if attn_bias:
+                raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
+            rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
+            fields_.update(experts=cfg["n_routed_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                           expert_ffn_hidden=cfg["moe_intermediate_size"],
+                           shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+                           dense_layers=_sparse_layers(cfg, layers, family), head_dim=rope + nope,
+                           q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
+                           qk_rope_head_dim=rope, v_head_dim=cfg["v_head_dim"], kv_heads=heads)
+        return ModelSpec(**fields_)
+    except KeyError as missing:
+        raise MeshwiseError(f"{where}: lacks {missing.args[0]!r}, which a {family} config needs") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, MeshwiseError):
+            raise
+        raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise MeshwiseError(f"--model: {path} is not a UTF-8 text file (a model TOML or config.json is expected)") from None
+    except OSError as e:
+        raise MeshwiseError(f"--model: cannot read {path} ({e.strerror or e})") from None
+
+
+def _hf_config_file(path: Path) -> ModelSpec:
+    try:
+        cfg = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise MeshwiseError(f"--model: {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise MeshwiseError(f"--model: {path} holds a JSON {type(cfg).__name__}, not an object (a config.json is expected)")
+    if "model" in cfg and ("vocab" in cfg.get("model", {}) if isinstance(cfg.get("model"), dict) else False):
+        raise MeshwiseError(f"--model: {path} is a tokenizer, not a model config; give the model's config.json")
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return model_from_hf_config(cfg, name, f"--model {path}")
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a HF config.json
+    (or the folder that holds one)."""
+    catalog = _catalog("models.toml")
+    if ref in catalog:
+        return _model_from_table(ref, catalog[ref], f"catalog model {ref!r}")
+    path = Path(ref)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise MeshwiseError(f"--model: folder {ref} holds no config.json (a Hugging Face model folder is expected)")
+        path = path / "config.json"
+    if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
+        raise MeshwiseError(f"--model: {ref} is a weights file; give the model's config.json or its folder")
+    if path.suffix in (".toml", ".json") or path.exists():
+        if not path.is_file():
+            raise MeshwiseError(f"--model: {ref} is not a regular file" if path.exists()
+                                else f"--model: file {ref} does not exist")
+        if path.suffix != ".toml":
+            return _hf_config_file(path)
+        _read_text(path)  # one line for a non-UTF-8 or unreadable file
+        table = read_toml(path, "--model")
+        table = table.get("model", table) if isinstance(table.get("model", table), dict) else table
+        return _model_from_table(str(table.pop("name", path.stem)), dict(table), f"--model {ref}")
+    hub = "/" in ref and not ref.startswith((".", "/")) and len(ref.split("/")) == 2
+    hint = " (Hugging Face Hub ids are not downloaded: download the folder and give its path)" if hub else ""
+    raise MeshwiseError(f"--model: unknown model {ref!r}{hint}; choose one of {', '.join(catalog)}, "
+                        f"or give a .toml, a config.json or a model folder")
+

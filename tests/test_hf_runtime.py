@@ -1,0 +1,143 @@
+"""meshwise's model against transformers' own, family by family: tiny random models made by
+transformers, their weights loaded into meshwise, forward logits equal within 1e-5 (fp32)."""
+
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from meshwise.model_files import model_from_hf_config  # noqa: E402
+from meshwise.runtime.model import build_model, runtime_refusal  # noqa: E402
+from meshwise.train.hf_weights import from_hf, to_hf  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=97, max_position_embeddings=64)
+FAMILIES = {
+    "llama": ("LlamaConfig", dict(TINY, rms_norm_eps=1e-5)),
+    "llama3.1": ("LlamaConfig", dict(TINY, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
+    "llama3.2-tied": ("LlamaConfig", dict(TINY, tie_word_embeddings=True, head_dim=32)),
+    "llama-bias": ("LlamaConfig", dict(TINY, attention_bias=True, mlp_bias=True)),
+    "mistral": ("MistralConfig", dict(TINY, sliding_window=None, rope_theta=1e6)),
+    "qwen2": ("Qwen2Config", dict(TINY, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(TINY, head_dim=24)),
+    "gemma": ("GemmaConfig", dict(TINY, head_dim=32)),
+    "phi3": ("Phi3Config", dict(TINY, pad_token_id=0)),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=97, n_positions=64)),
+}
+
+
+def tiny_hf(name: str):
+    cls, kw = FAMILIES[name]
+    cfg = getattr(transformers, cls)(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # norms and biases away from their init, so a mix-up shows
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "ln_" in pname or pname.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return cfg, model
+
+
+def meshwise_from(cfg, hf_model):
+    import json
+
+    spec = model_from_hf_config(json.loads(cfg.to_json_string()), "tiny-hf")
+    assert runtime_refusal(spec, 16) is None
+    model = build_model(spec, seed=0)
+    state = from_hf(spec, hf_model.state_dict())
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if spec.tied_embeddings:  # the head is the embedding: one tensor under two names
+        missing = [k for k in missing if k != "output.weight"]
+    assert not unexpected and not missing, (missing, unexpected)
+    return spec, model.eval()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_equal_transformers(name):
+    cfg, hf_model = tiny_hf(name)
+    spec, model = meshwise_from(cfg, hf_model)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf_model(ids).logits
+        got = model(ids)
+    assert sum(p.numel() for p in model.parameters()) == spec.params == hf_model.num_parameters()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_names_round_trip(name):
+    cfg, hf_model = tiny_hf(name)
+    spec, model = meshwise_from(cfg, hf_model)
+    hf_state = {k: v for k, v in hf_model.state_dict().items()}
+    back = to_hf(spec, dict(model.named_parameters()))
+    if spec.tied_embeddings:
+        hf_state.pop("lm_head.weight", None)
+    assert set(back) == set(hf_state)
+    for k in back:
+        assert torch.equal(back[k], hf_state[k]), k
+
+
+def test_tied_model_is_tied_after_build():
+    cfg, hf_model = tiny_hf("llama3.2-tied")
+    _, model = meshwise_from(cfg, hf_model)
+    assert model.output.weight is model.tok_embeddings.weight
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_export_loads_in_transformers(tmp_path, name):
+    """The export is the family's own checkpoint: no missing or unexpected keys, the same logits,
+    the same greedy continuation."""
+    from meshwise.train.export import export_model
+    from meshwise.train.generate import generate_ids
+
+    cfg, hf_model = tiny_hf(name)
+    spec, model = meshwise_from(cfg, hf_model)
+    export_model(model, spec, tmp_path / "model.safetensors", {"format": "pt"})
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, output_loading_info=True, attn_implementation="eager", dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(loaded) is type(hf_model)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(ids).logits, model(ids), atol=1e-5, rtol=0)
+    prompt = [5, 17, 42]
+    want = loaded.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                           eos_token_id=None, pad_token_id=0)[0].tolist()
+    assert generate_ids(model, prompt, 8, 0.0, 0, 0, spec.max_seq) == want
+
+
+def test_sharded_export_round_trips(tmp_path):
+    from meshwise.train.export import export_model, read_safetensors
+
+    cfg, hf_model = tiny_hf("qwen3")
+    spec, model = meshwise_from(cfg, hf_model)
+    lines = export_model(model, spec, tmp_path / "model.safetensors", {"format": "pt"}, max_shard_bytes=40_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and "shards" in lines[0] and not (tmp_path / "model.safetensors").exists()
+    merged = {}
+    for f in files:
+        merged.update(read_safetensors(tmp_path / f)[0])
+    assert set(merged) == set(index["weight_map"])
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    for k, v in loaded.state_dict().items():
+        torch.testing.assert_close(v, merged[k], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cls, kw, words", [
+    ("Gemma2Config", dict(TINY, head_dim=32), "four norms"),
+    ("MixtralConfig", dict(TINY), "mixture of experts"),
+    ("DeepseekV3Config", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                              v_head_dim=16, first_k_dense_replace=1), "mixture of experts"),
+    ("MistralConfig", dict(TINY, sliding_window=8), "sliding-window"),
+    ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
+])
+def test_what_the_runtime_cannot_build_is_refused(cls, kw, words):
+    spec = model_from_hf_config(json.loads(getattr(transformers, cls)(**kw).to_json_string()), "x")
+    assert words in runtime_refusal(spec, 16)
