@@ -38,6 +38,7 @@ class DataConfig:
 class LayoutConfig:
     spec: str = "auto"  # "auto" (the planner decides for the live cluster) or e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
+    compile: bool = False  # torch.compile each block (pp=1, tp=1 layouts); compile time is reported apart
 
 
 @dataclass(frozen=True)
