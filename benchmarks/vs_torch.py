@@ -14,6 +14,7 @@ same for the minima (less sensitive to other work on a shared machine).
 A benchmark that prints, not a test: the figures depend on what else runs on the machine.
 
     .venv/bin/python benchmarks/vs_torch.py [--model small] [--seq 128] [--batch 8] [--rounds 3] [--steps 5]
+                                            [--worlds 1,2] [--threads N]
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def timed(step, x, y, steps: int) -> float:
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    torch.set_num_threads(max(1, CORES // world))
+    torch.set_num_threads(args.threads or max(1, CORES // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     spec = load_model(args.model)
     cfg = OptimConfig()
@@ -125,12 +126,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--worlds", default="1,2")
+    ap.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
     args = ap.parse_args()
     print(f"{args.model}, global batch {args.batch} x {args.seq} tokens, one micro-batch per rank, "
           f"{args.rounds} interleaved rounds of {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     for world in map(int, args.worlds.split(",")):
         times = measure(world, args)
-        print(f"{world} process(es), {max(1, CORES // world)} thread(s) each: ms/step min / median / max")
+        print(f"{world} process(es), {args.threads or max(1, CORES // world)} thread(s) each: "
+              "ms/step min / median / max")
         for name, ts in times.items():
             ms = sorted(t * 1e3 for t in ts)
             print(f"  {name:12s} {ms[0]:8.1f} {statistics.median(ms):8.1f} {ms[-1]:8.1f}")
