@@ -96,11 +96,13 @@ class Case:
     # "" | "same-data" (every replica gets replica 0's rows) | "seed" (other init)
     # | "raise" (the last rank fails mid-run while the others wait in a collective)
     corrupt: str = ""
+    compile: bool = False  # torch.compile per block, and a warm-up forward/backward before step 1
 
     @property
     def name(self) -> str:
         model = "" if self.model == MODEL else f"{self.model}:"
-        return model + self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
+        return (model + self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
+                + ("[compile]" if self.compile else ""))
 
 
 def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
@@ -117,8 +119,12 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     layout = parse(case.layout, world)
     mesh = build_mesh(layout, model_spec, GLOBAL_BATCH)
     pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
-                     optim=optim_config())
+                     optim=optim_config(), compile=case.compile)
     data = batches(model_spec)
+    if case.compile:  # the warm-up the trainer runs must leave training unchanged
+        from meshwise.runtime.compile import warm_up
+
+        warm_up(pm, pm.local_batch(data[0, :, :-1]), pm.local_batch(data[0, :, 1:]))
     losses, norms = [], []
     if case.corrupt == "raise" and dist.get_rank() == world - 1:
         raise RuntimeError("deliberate failure")

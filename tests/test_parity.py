@@ -19,8 +19,13 @@ from _dist_parity import Case
 from _parity_cases import PARITY_CASES as CASES
 
 GROUP_TIMEOUT_S = {2: 300, 4: 270, 8: 180}  # hang guards (20, 10 and 2 cases), not timing assertions
+# torch.compile per block, composed with replicate, FSDP2 and both recompute modes: few cases,
+# since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
+COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
+                 Case("dp=2,zero=1,ac=full", compile=True)]
+COMPILE_TIMEOUT_S = 480
 
-_groups: dict[int, dp.GroupResult] = {}
+_groups: dict[tuple[int, bool], dp.GroupResult] = {}
 
 
 _references: dict[str, dp.Run] = {}
@@ -37,20 +42,22 @@ def reference_of(model: str) -> dp.Run:
     return _references[model]
 
 
-def group(world: int) -> dp.GroupResult:
-    if world not in _groups:
-        g = dp.run_group(world, CASES[world], GROUP_TIMEOUT_S[world])
+def group(world: int, compiled: bool = False) -> dp.GroupResult:
+    key = (world, compiled)
+    if key not in _groups:
+        cases, timeout_s = (COMPILE_CASES, COMPILE_TIMEOUT_S) if compiled else (CASES[world], GROUP_TIMEOUT_S[world])
+        g = dp.run_group(world, cases, timeout_s)
         if g.error and is_transport_error(g.error):  # cases without a result run once more
-            missing = [c for c in CASES[world] if c.name not in g.runs]
+            missing = [c for c in cases if c.name not in g.runs]
             warnings.warn(f"transport error in the {world}-rank group: running {len(missing)} case(s) once more")
-            again = dp.run_group(world, missing, GROUP_TIMEOUT_S[world])
+            again = dp.run_group(world, missing, timeout_s)
             g = dp.GroupResult({**g.runs, **again.runs}, {**g.seconds, **again.seconds}, again.error)
-        _groups[world] = g
-    return _groups[world]
+        _groups[key] = g
+    return _groups[key]
 
 
 def result(world: int, case: Case) -> dp.Run:
-    g = group(world)
+    g = group(world, case.compile)
     if case.name not in g.runs:
         pytest.fail(f"no result for {case.name} (world {world}): {g.error or 'worker group ended early'}")
     return g.runs[case.name]
@@ -72,6 +79,25 @@ def test_layout_matches_reference(world: int, case: Case) -> None:
     problems = dp.mismatch(result(world, case), reference_of(case.model),
                            dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL))
     assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c.name for c in COMPILE_CASES])
+def test_compiled_layout_matches_reference(case: Case, reference: dp.Run) -> None:
+    """torch.compile per block (after a warm-up forward/backward) trains the same model."""
+    problems = dp.mismatch(result(2, case), reference)
+    assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
+
+
+def test_compile_refuses_pipelining_and_tp() -> None:
+    from meshwise.errors import MeshwiseError
+    from meshwise.layout import parse
+    from meshwise.runtime.compile import check
+
+    check(parse("dp=4,zero=3,ac=selective", 4))
+    with pytest.raises(MeshwiseError, match="compile: not supported with pipeline parallelism"):
+        check(parse("pp=2", 2))
+    with pytest.raises(MeshwiseError, match="compile: not supported with tensor parallelism"):
+        check(parse("dp=2,tp=2", 4))
 
 
 @pytest.mark.parametrize("world,case", BAD, ids=[f"{w}:{c.name}" for w, c in BAD])

@@ -125,7 +125,7 @@ def test_only_committed_checkpoints_count(tmp_path) -> None:
 
 # ----------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("case", ["missing data", "empty file", "empty folder", "layout vs world",
-                                  "seq longer than model", "resume missing"])
+                                  "seq longer than model", "resume missing", "compile with pp"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case) -> None:
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "empty_dir").mkdir()
@@ -134,13 +134,15 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case
              "empty folder": ["--data", str(tmp_path / "empty_dir")],
              "layout vs world": ["--layout", "dp=2,tp=2", "--nproc-per-node", "2"],
              "seq longer than model": ["--seq-len", "64"],
-             "resume missing": ["--resume", str(tmp_path / "ck" / "step-3")]}[case]
+             "resume missing": ["--resume", str(tmp_path / "ck" / "step-3")],
+             "compile with pp": ["--compile", "--layout", "pp=2", "--nproc-per-node", "2"]}[case]
     expected = {"missing data": "nope.txt does not exist", "empty file": "is empty",
                 "empty folder": "holds no files", "layout vs world": "but the world size is 2",
                 "seq longer than model": "longer than the model's max_seq 32",
-                "resume missing": "does not exist"}[case]
-    args = ["train", "--model", micro_model(tmp_path), "--seq-len", "16", "--nproc-per-node", "1",
-            "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl"), *extra]
+                "resume missing": "does not exist",
+                "compile with pp": "compile: not supported with pipeline parallelism (pp=2)"}[case]
+    args = ["train", "--model", micro_model(tmp_path), "--seq-len", "16", *(["--nproc-per-node", "1"] * (
+            "--nproc-per-node" not in extra)), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl"), *extra]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("meshwise: error:") and expected in err and "\n" not in err, err

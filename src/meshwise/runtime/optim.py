@@ -68,9 +68,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dp_tp: int,
     grads = [p.grad for p in params if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
     total_sq = torch.zeros((), dtype=torch.float64, device=device)
+    by_replication: dict[int, list[torch.Tensor]] = {}
     for g in grads:
-        local = g.to_local() if isinstance(g, DTensor) else g
-        total_sq += local.double().pow(2).sum() / replication(g, dp_tp)
+        by_replication.setdefault(replication(g, dp_tp), []).append(g.to_local() if isinstance(g, DTensor) else g)
+    for factor, local in by_replication.items():  # one foreach norm per group, as clip_grad_norm_ does
+        total_sq += torch.nn.utils.get_total_norm(local, 2.0, foreach=True).double().pow(2) / factor
     if dist.is_initialized():
         dist.all_reduce(total_sq, group=group)
     norm = math.sqrt(total_sq.item())

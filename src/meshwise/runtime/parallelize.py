@@ -1,4 +1,5 @@
-"""Compose one layout on PyTorch: per pipeline chunk TP/SP -> activation checkpointing -> DP/ZeRO,
+"""Compose one layout on PyTorch: per pipeline chunk TP/SP -> activation checkpointing -> (compile
+per block, optional) -> DP/ZeRO,
 then materialise, initialise from the seed, build the pipeline schedule and the optimizer.
 
 One optimizer step is the same computation under every layout:
@@ -25,6 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
+from meshwise.runtime.compile import check as check_compile
+from meshwise.runtime.compile import compile_blocks
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
@@ -150,7 +153,7 @@ class ParallelModel:
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device) -> Transformer:
+                 device: torch.device, compile: bool = False) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -159,6 +162,8 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sp)
     apply_activation_checkpointing(model, layout.ac)
+    if compile:
+        compile_blocks(model)  # after TP and recompute, before DP (see meshwise.runtime.compile)
     apply_data_parallel(model, mesh, layout)
     model.to_empty(device=device)
     model.tie_weights()
@@ -168,16 +173,19 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
 
 def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
                 seq_len: int | None = None, seed: int = 0,
-                optim: OptimConfig = OptimConfig()) -> ParallelModel:
-    """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``)."""
+                optim: OptimConfig = OptimConfig(), compile: bool = False) -> ParallelModel:
+    """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
+    ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`)."""
     seq_len = seq_len or model_spec.max_seq
     check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
+    if compile:
+        check_compile(layout)
     refusal = runtime_refusal(model_spec, seq_len)
     if refusal:
         raise MeshwiseError(refusal)
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device) for c in chunk_ids]
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile) for c in chunk_ids]
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []

@@ -45,6 +45,8 @@ def build_train_parser() -> argparse.ArgumentParser:
             dotted = f"{section}.{f.name}"
             group.add_argument(f"--{dotted}", *aliases.get(dotted, []), dest=dotted, metavar=str(f.type).upper(),
                                help=f"default: {f.default!r}")
+    p.add_argument("--compile", action="store_const", const="true", dest="layout.compile",
+                   help="same as --layout.compile true: torch.compile each transformer block")
     return p
 
 
@@ -110,8 +112,12 @@ def train_main(argv: list[str]) -> int:
                       file=sys.stderr, flush=True)
         os.environ[layout_choice.THREADS_ENV] = str(threads)
     if cfg.layout.choice != "auto":
-        layout_choice.choose(cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len,
-                             "cpu")
+        layout, _ = layout_choice.choose(cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch,
+                                         cfg.data.seq_len, "cpu")
+        if cfg.layout.compile:
+            from meshwise.runtime.compile import check as check_compile
+
+            check_compile(layout)
     if nproc == 1:
         with launch.single_process_env():
             return _worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=False)

@@ -43,6 +43,7 @@ class DataConfig:
 class LayoutConfig:
     choice: str = "auto"  # "auto" (the planner decides for the live cluster) or a layout text, e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
+    compile: bool = False  # torch.compile each block (pp=1, tp=1 layouts); compile time is reported apart
 
 
 @dataclass(frozen=True)

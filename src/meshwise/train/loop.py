@@ -245,7 +245,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     model, corpus = prep.model, prep.corpus
     B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
     o, c = cfg.optimizer, cfg.checkpoint
-    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o)
+    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o,
+                     compile=cfg.layout.compile)
     lines = [*lines, _placement_line(layout, world), *prep.notes]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
@@ -276,6 +277,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
     nan_step = faults.nan_step(debug.inject_nan_at_step)
     log.begin(start)
+    compile_s = _compile(pm, corpus, first_sample + start * B, rows, log) if cfg.layout.compile else None
 
     if start == 0 and cfg.schedule.eval_every:
         log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
@@ -301,7 +303,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         eval_loss = None
         if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
-        log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss)
+        log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss,
+                 compile_s if step == start + 1 else None)
         stop = _stop_requested(guard, device_type)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
         saved = ckpt.save(step, step == steps, state, force=bool(stop))
@@ -323,6 +326,21 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         if final is not None:
             print(f"Sample from {final}:\n{sample_from_checkpoint(final, cfg)}", flush=True)
     return 0
+
+
+def _compile(pm: Any, corpus: Corpus, first: int, rows: range, log: MetricsLog) -> float:
+    """Compile before the first timed step (:func:`meshwise.runtime.compile.warm_up` on the rows of
+    that step; weights untouched); returns the slowest rank's seconds."""
+    from meshwise.runtime.compile import warm_up
+    from meshwise.runtime.mesh import mesh_device
+
+    x, y = corpus.train_rows(first, rows)
+    t = torch.tensor([warm_up(pm, x, y)], dtype=torch.float64, device=mesh_device(pm.mesh))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    seconds = float(t.item())
+    log.print(f"Compile: torch.compile of each block took {seconds:.1f} s (one forward/backward before the first "
+              "step, its gradients dropped); step times exclude it (metrics: compile_s)")
+    return seconds
 
 
 def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:

@@ -7,6 +7,8 @@ Definitions (one optimizer step of B sequences of s tokens on W devices, taking 
   :func:`meshwise.cost.compute.model_flops` (3 x forward: matmuls + attention + head, no recompute);
 - ``mfu`` = model FLOPs / step_s / (W * peak), peak = the accelerator profile's FLOP/s for the
   precision the runtime uses (fp32 on CPU, bf16 on GPU);
+- ``compile_s`` (first step of a ``--compile`` run only): seconds ``torch.compile`` took, measured
+  on a warm-up forward/backward before that step and not part of its ``step_s``;
 - ``peak_mem_bytes``: the largest rank's peak. On CUDA the caching allocator's
   ``max_memory_allocated``; on CPU the bytes of the live parameter, gradient and optimizer-state
   tensors held by the rank (model states only: activations are not tracked on CPU).
@@ -99,11 +101,13 @@ class MetricsLog:
             print(text, file=self.stream, flush=True)
 
     def step(self, step: int, loss: float, grad_norm: float, lr: float, step_s: float, peak_mem_bytes: int,
-             eval_loss: float | None = None) -> dict[str, Any]:
+             eval_loss: float | None = None, compile_s: float | None = None) -> dict[str, Any]:
         record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
                                   **self.throughput.rates(step_s), "step_s": step_s, "peak_mem_bytes": peak_mem_bytes}
         if eval_loss is not None:
             record["eval_loss"] = eval_loss
+        if compile_s is not None:
+            record["compile_s"] = compile_s
         if not self.enabled:
             return record
         if self._file is not None:
