@@ -140,6 +140,17 @@ def _raise_report(found: dict) -> None:
     raise RunStopped(found["message"], found["status"])
 
 
+def launch_logged(module: str, argv: list[str], nproc: int, log_dir: Path, what: str, tail_lines: int = 10) -> None:
+    """:func:`launch_local` for a measuring command (one thread per worker, output to ``log_dir``):
+    a failed run becomes a RuntimeError naming ``what``, with the tail of each worker's stderr."""
+    try:
+        launch_local(module, argv, nproc, env={"OMP_NUM_THREADS": "1"}, log_dir=str(log_dir))
+    except RunStopped as e:
+        tail = "\n".join(line for f in sorted(log_dir.rglob("stderr.log"))
+                         for line in f.read_text().splitlines()[-tail_lines:])
+        raise RuntimeError(f"{what} failed: {e}\n{tail}") from None
+
+
 def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0,
                  env: dict[str, str] | None = None, log_dir: str | None = None) -> None:
     """Run ``python -m module ARGV`` as ``nproc`` workers on this machine and wait for them.

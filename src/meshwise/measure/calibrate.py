@@ -51,9 +51,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.errors import MeshwiseError
 from meshwise.files import check_output_file, write_atomically
-from meshwise.launch import launch_local
+from meshwise.launch import launch_logged
 from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
@@ -215,12 +215,7 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
     seq = check_args(nproc, out, seq_len, model)
     with tempfile.TemporaryDirectory(prefix="meshwise-calibrate-") as tmp:
         argv = ["--model", model_ref, "--seq-len", str(seq), "--out", tmp] + (["--quick"] if quick else [])
-        logs = Path(tmp) / "logs"
-        try:
-            launch_local("meshwise.measure.calibrate", argv, nproc, env={"OMP_NUM_THREADS": "1"}, log_dir=str(logs))
-        except RunStopped as e:
-            tail = "\n".join(line for f in sorted(logs.rglob("stderr.log")) for line in f.read_text().splitlines()[-10:])
-            raise RuntimeError(f"calibration workers failed: {e}\n{tail}") from None
+        launch_logged("meshwise.measure.calibrate", argv, nproc, Path(tmp) / "logs", "calibration workers")
         result_file = Path(tmp) / "result.json"
         if not result_file.is_file():
             raise RuntimeError("calibration workers wrote no result")
@@ -322,7 +317,6 @@ def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float
     two ranks, the TP collectives one such micro-batch issues). A fixed number of calls between
     barriers: both ranks must issue the same collectives."""
     import torch
-    import torch.distributed as dist
 
     from meshwise.layout import parse
     from meshwise.measure.comm_trace import CollectiveTrace
@@ -341,14 +335,22 @@ def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float
 
     with CollectiveTrace(mesh) as trace:
         run()
+    return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
+
+
+def _lockstep_time(fn, repeats: int, calls: int) -> float:
+    """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank
+    starting each run at a barrier (a fixed count: ranks must issue the same collectives)."""
+    import torch.distributed as dist
+
     best = math.inf
     for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()
         for _ in range(calls):
-            run()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best, sum(trace.calls.values())
+            fn()
+        best = min(best, time.perf_counter() - start)
+    return best / calls
 
 
 def bench_copy(nbytes: int, repeats: int) -> float:
@@ -380,14 +382,7 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
             torch.nn.functional.linear(x, w)
 
     def loop(op) -> float:
-        best = math.inf
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                op()
-            best = min(best, time.perf_counter() - start)
-        return best / calls
+        return _lockstep_time(op, repeats, calls)
 
     compute_s = loop(compute)
     out: list[list[float]] = []

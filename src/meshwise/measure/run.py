@@ -6,8 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from meshwise.errors import RunStopped
-from meshwise.launch import launch_local
+from meshwise.launch import launch_logged
 
 
 def run_workers(nproc: int, layouts: list[str], model: str, global_batch: int, seq_len: int | None, steps: int,
@@ -22,12 +21,7 @@ def run_workers(nproc: int, layouts: list[str], model: str, global_batch: int, s
             argv += ["--layout", text]
         if seq_len:
             argv += ["--seq-len", str(seq_len)]
-        logs = Path(out) / "logs"
-        try:
-            launch_local("meshwise.measure.worker", argv, nproc, env={"OMP_NUM_THREADS": "1"}, log_dir=str(logs))
-        except RunStopped as e:
-            tail = "\n".join(line for f in sorted(logs.rglob("stderr.log")) for line in f.read_text().splitlines()[-15:])
-            raise RuntimeError(f"measurement of {layouts} failed: {e}\n{tail}") from None
+        launch_logged("meshwise.measure.worker", argv, nproc, Path(out) / "logs", f"measurement of {layouts}", 15)
         results = []
         for i in range(len(layouts)):
             files = sorted((Path(out) / str(i)).glob("rank*.json"))
