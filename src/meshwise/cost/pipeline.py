@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshwise.layout import rank_chunks
+
 
 def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> int:
     """Chunk-micro-batches of activations pipeline rank ``rank`` holds at its peak."""
@@ -83,18 +85,12 @@ class Op:
     end: float
 
 
-def _chunk_rank(chunk: int, p: int, v: int, schedule: str) -> int:
-    if schedule == "zero-bubble" and v == 2:
-        return chunk if chunk < p else 2 * p - 1 - chunk
-    return chunk % p
-
-
 def _rank_order(schedule: str, p: int, v: int, m: int, r: int) -> list[tuple[str, int, int]]:
     """The (kind, chunk, micro-batch) order rank ``r`` follows. Interleaved: rounds of ``g`` micro-
     batches (``g = p`` when p divides m; torch's ``m // max(1, m // p)`` otherwise); the k-th forward
     goes to chunk ``(k // g) % v`` and micro-batch ``(k // (g v)) g + k % g`` (Megatron's mapping),
     backward in reverse chunk order; warm-up ``(v - 1) g + 2 (p - 1 - r)`` forwards, then 1F1B."""
-    chunks = [c for c in range(p * v) if _chunk_rank(c, p, v, schedule) == r]
+    chunks = rank_chunks(r, p, v, schedule)
     if schedule == "gpipe":
         return [("F", chunks[0], i) for i in range(m)] + [("B", chunks[0], i) for i in range(m)]
     if v == 1:
