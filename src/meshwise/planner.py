@@ -234,54 +234,67 @@ def _precision_note(train: TrainSpec) -> str:
 def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
             headroom: float = DEFAULT_HEADROOM) -> list[str]:
     """Walk the decision order of docs/design.md with the numbers, then compare the winner to the runner-up."""
-    accel = cluster.accelerator
-    usable = accel.memory_bytes * (1 - headroom)
-    n = cluster.world_size
-    lines: list[str] = []
+    usable = cluster.accelerator.memory_bytes * (1 - headroom)
     one = _one_device(model, cluster, train, "none")
+    lines = [_step_one_device(model, cluster, train, one, usable, headroom)]
+    if one.total > usable:
+        lines += _steps_capacity(model, cluster, train, one, usable)
+    if best:
+        lines += _steps_shape(model, cluster, train, best[0])
+        lines.append(_why_winner(best))
+    return lines
+
+
+def _step_one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one, usable: float,
+                     headroom: float) -> str:
+    """Step 1: do the model states (+ activations at micro-batch 1) fit on one device?"""
+    accel = cluster.accelerator
     states = model.params * train.state_bytes_per_param
     cap = f"one {accel.name} holds {_gb(accel.memory_bytes)} ({_gb(usable)} usable with {headroom:.0%} headroom)"
     act = "" if model.states_only else f" + activations at micro-batch 1 {_gb(one.activations + one.other)}"
-    fits_one = one.total <= usable
-    lines.append(f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
-                 f"{_gb(states)}{act}; {cap} -> " +
-                 ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
-                  if fits_one else "does not fit: plain DDP cannot run this model."))
-    if not fits_one:
-        sharded = states / n
-        verdict = "fits" if sharded <= usable else "does not fit"
-        line = (f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
-                f"{_gb(sharded)} of states per device -> {verdict}" +
-                (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
-        if sharded <= usable and not model.states_only and sharded + one.activations + one.other > usable:
-            full = _one_device(model, cluster, train, "full")
-            line += (f" But the activations ({_gb(one.activations + one.other)} at micro-batch 1) do not fit beside "
-                     f"them: checkpointing (full: {_gb(full.activations + full.other)}) or TP+SP, which splits them, is needed too.")
-        lines.append(line)
-        if model.states_only:
-            lines.append("3. One layer too large? Unknown for a bare parameter count: give --model for the "
-                         "shape-aware answer (TP, PP and activations).")
-        else:
-            layer_states = model.layer_params * train.state_bytes_per_param
-            layer_act = one.activations / max(model.layers, 1)
-            large = layer_states + layer_act > usable
-            lines.append(f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params "
-                         f"({_gb(layer_states)} of states) and {_gb(layer_act)} of activations at micro-batch 1 -> " +
-                         ("too large for one device: tensor parallelism must split its matrices inside a node."
-                          if large else "a layer fits; TP is needed only if sharded states plus activations still overflow."))
-    if best:
-        win = best[0].layout
-        if win.pp > 1:
-            m = win.accum(train.global_batch)
-            lines.append(f"4. Depth: {model.layers} layers in {win.pp} stages x {win.vpp} chunk(s), {m} micro-batches "
-                         f"per step -> bubble {best[0].time.bubble_s / best[0].time.step_s:.1%} of the step ({win.schedule}).")
-        elif not model.states_only:
-            lines.append(f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
-        if cluster.nodes > 1:
-            tp_span = "inside a node (NVLink)" if win.tp <= cluster.gpus_per_node else "ACROSS nodes"
-            lines.append(f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
-                         f"DP={win.dp} outermost over the scale-out link.")
-        lines.append(_why_winner(best))
+    return (f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
+            f"{_gb(states)}{act}; {cap} -> " +
+            ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
+             if one.total <= usable else "does not fit: plain DDP cannot run this model."))
+
+
+def _steps_capacity(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one, usable: float) -> list[str]:
+    """Steps 2 and 3, when one device is not enough: shard the states; is one layer too large?"""
+    n = cluster.world_size
+    sharded = model.params * train.state_bytes_per_param / n
+    verdict = "fits" if sharded <= usable else "does not fit"
+    line = (f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
+            f"{_gb(sharded)} of states per device -> {verdict}" +
+            (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
+    if sharded <= usable and not model.states_only and sharded + one.activations + one.other > usable:
+        full = _one_device(model, cluster, train, "full")
+        line += (f" But the activations ({_gb(one.activations + one.other)} at micro-batch 1) do not fit beside "
+                 f"them: checkpointing (full: {_gb(full.activations + full.other)}) or TP+SP, which splits them, is needed too.")
+    if model.states_only:
+        return [line, "3. One layer too large? Unknown for a bare parameter count: give --model for the "
+                      "shape-aware answer (TP, PP and activations)."]
+    layer_states = model.layer_params * train.state_bytes_per_param
+    layer_act = one.activations / max(model.layers, 1)
+    large = layer_states + layer_act > usable
+    return [line, f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params "
+                  f"({_gb(layer_states)} of states) and {_gb(layer_act)} of activations at micro-batch 1 -> " +
+                  ("too large for one device: tensor parallelism must split its matrices inside a node."
+                   if large else "a layer fits; TP is needed only if sharded states plus activations still overflow.")]
+
+
+def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate) -> list[str]:
+    """Steps 4 and 5 for the chosen layout: the pipeline's depth and bubble; placement across nodes."""
+    win, lines = winner.layout, []
+    if win.pp > 1:
+        m = win.accum(train.global_batch)
+        lines.append(f"4. Depth: {model.layers} layers in {win.pp} stages x {win.vpp} chunk(s), {m} micro-batches "
+                     f"per step -> bubble {winner.time.bubble_s / winner.time.step_s:.1%} of the step ({win.schedule}).")
+    elif not model.states_only:
+        lines.append(f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
+    if cluster.nodes > 1:
+        tp_span = "inside a node (NVLink)" if win.tp <= cluster.gpus_per_node else "ACROSS nodes"
+        lines.append(f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
+                     f"DP={win.dp} outermost over the scale-out link.")
     return lines
 
 
