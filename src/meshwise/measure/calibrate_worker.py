@@ -1,0 +1,277 @@
+"""The torch side of ``meshwise calibrate``: one rank's microbenchmarks (see
+:mod:`meshwise.measure.calibrate` for what each measures and how the profile is derived)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+from meshwise.files import write_atomically
+from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, HOST_TOKENS
+from meshwise.spec import ModelSpec, load_model
+
+
+def _best_time(fn, repeats: int, min_s: float = 0.0) -> float:
+    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``)."""
+    best = math.inf
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / calls)
+    return best
+
+
+def block_gemm_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of each matmul of one block: Q, K, V, output projection, then the MLP's."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    mlp = [(h, f), (h, f), (f, h)] if model.mlp == "swiglu" else [(h, f), (f, h)]
+    return [(h, h), (h, kv), (h, kv), (h, h)] + mlp
+
+
+def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
+    """FLOP/s of one block's GEMMs at ``tokens`` tokens, fp32."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen))
+             for k, n in block_gemm_shapes(model)]
+    flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
+
+    def run() -> None:
+        for x, w in pairs:
+            torch.nn.functional.linear(x, w)
+
+    run()
+    return flops / _best_time(run, repeats, min_s=0.05)
+
+
+def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
+    """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens."""
+    import torch
+
+    from meshwise.runtime.model import build_model, loss_sum
+
+    net = build_model(model, seed=0)
+    tokens = torch.randint(0, model.vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def run() -> None:
+        net.zero_grad(set_to_none=True)
+        loss_sum(net(x), y).backward()
+
+    run()
+    return _best_time(run, repeats)
+
+
+def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
+    """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
+    (the runtime's own wrappers): host time, the arithmetic being negligible."""
+    import torch
+
+    from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
+    from meshwise.runtime.model import build_model, loss_sum
+
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    out: dict[str, float] = {}
+    for mode in ("none", "full", "selective"):
+        net = build_model(model, seed=0)
+        apply_activation_checkpointing(net, mode)
+
+        def run() -> None:
+            net.zero_grad(set_to_none=True)
+            loss_sum(net(x), y).backward()
+
+        run()
+        out[mode] = _best_time(run, repeats, min_s=0.05)
+    return out
+
+
+def runs_tp2(model: ModelSpec) -> bool:
+    """Whether ``model`` splits over tp=2 (heads, KV heads, MLP width and vocabulary even)."""
+    return all(x % 2 == 0 for x in (model.heads, model.kv_heads, model.ffn_hidden, model.vocab))
+
+
+def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float, int]:
+    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 on
+    two ranks, the TP collectives one such micro-batch issues). A fixed number of calls between
+    barriers: both ranks must issue the same collectives."""
+    import torch
+
+    from meshwise.layout import parse
+    from meshwise.measure.comm_trace import CollectiveTrace
+    from meshwise.runtime import build_mesh, parallelize
+    from meshwise.runtime.model import loss_sum
+
+    layout = parse("tp=2", 2)
+    mesh = build_mesh(layout, model, 1)
+    net = parallelize(model, layout, mesh, 1, seq_len=HOST_TOKENS, seed=0).modules[0]
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def run() -> None:
+        net.zero_grad(set_to_none=True)
+        loss_sum(net(x), y).backward()
+
+    with CollectiveTrace(mesh) as trace:
+        run()
+    return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
+
+
+def _lockstep_time(fn, repeats: int, calls: int) -> float:
+    """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank
+    starting each run at a barrier (a fixed count: ranks must issue the same collectives)."""
+    import torch.distributed as dist
+
+    best = math.inf
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - start)
+    return best / calls
+
+
+def bench_copy(nbytes: int, repeats: int) -> float:
+    """Bytes per second read + written by a tensor copy of ``nbytes``."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), repeats)
+
+
+def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
+                      repeats: int) -> list[list[float]]:
+    """``[kind, n, payload_bytes, seconds]`` per kind and size. Each call follows a slice of compute
+    (one block's GEMMs at ``tokens`` tokens), as in training; seconds per call =
+    ``(min time of calls x (compute + call) - min time of calls x compute) / calls``, at least the
+    tight-loop time of the call alone."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(m, k, generator=gen))
+             for k, m in block_gemm_shapes(model)]
+
+    def compute() -> None:
+        for x, w in pairs:
+            torch.nn.functional.linear(x, w)
+
+    def loop(op) -> float:
+        return _lockstep_time(op, repeats, calls)
+
+    compute_s = loop(compute)
+    out: list[list[float]] = []
+    for nbytes in sizes:
+        numel = max(n, nbytes // 4 // n * n)
+        full = torch.ones(numel)
+        shard = torch.ones(numel // n)
+        ops = {"all_reduce": lambda: dist.all_reduce(full),
+               "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}
+        for kind, op in ops.items():
+            op()
+            alone_s = loop(op)
+            between_s = loop(lambda: (compute(), op())) - compute_s
+            out.append([kind, n, float(numel * 4), max(alone_s, between_s)])
+    return out
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
+    slowest rank's figures (lowest rates, longest times)."""
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+
+    from meshwise.launch import init_process_group
+    from meshwise.runtime.mesh import end_process_group
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_model(args.model)
+    repeats = 2 if args.quick else 3
+    init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}
+    dist.barrier()
+    mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
+    dist.barrier()
+    mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
+    dist.barrier()
+    mine["host_s"] = bench_host(model, repeats)
+    dist.barrier()
+    tp = bench_tp_host(model, repeats) if n == 2 and runs_tp2(model) else (0.0, 0)
+    dist.barrier()
+    cores = os.cpu_count() or 1
+    if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
+        torch.set_num_threads(cores)
+        mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
+        torch.set_num_threads(1)
+    dist.barrier()
+    sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
+    collectives = (bench_collectives(model, args.seq_len, sizes, calls=3 if args.quick else 8, repeats=repeats)
+                   if n > 1 else [])
+    everyone: list[dict] = [{} for _ in range(n)]
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
+        write_atomically(Path(args.out) / "result.json", json.dumps(result))
+    dist.barrier()
+    end_process_group()
+    return 0
+
+
+def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: tuple[float, int],
+             collectives: list[list[float]]) -> dict:
+    """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
+    profile_table needs to read them."""
+    import torch
+
+    from meshwise.cost.compute import model_flops
+    from meshwise.cost.host import ops_per_microbatch
+
+    n = len(everyone)
+    return {
+        "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
+        "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
+        "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
+        "model_flops": model_flops(model, seq, seq),
+        "model_ops": ops_per_microbatch(model.layers, True, True),
+        "blocks": model.layers,
+        "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
+        "cores": cores,
+        "tp_host_s": tp[0],
+        "tp_collectives": tp[1],
+        "matmul_all_threads_flops_per_s": everyone[0].get("matmul_all_threads_flops_per_s",
+                                                         everyone[0]["matmul_flops_per_s"]),
+        "collectives": collectives,
+        "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
+                 f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"),
+    }
+
+
+if __name__ == "__main__":
+    from meshwise.runtime.mesh import exit_worker
+
+    exit_worker(worker_main())
