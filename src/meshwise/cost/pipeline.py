@@ -122,6 +122,15 @@ def _rank_order(schedule: str, p: int, v: int, m: int, r: int) -> list[tuple[str
     return order + bwd[len(fwd) - warm:]
 
 
+def _ready(done: dict[tuple[str, int, int], float], last: int, kind: str, c: int, i: int) -> float | None:
+    """When pass ``kind`` of chunk ``c`` on micro-batch ``i`` may start (None: not yet known): a
+    forward after the previous chunk's forward, a backward after the next chunk's backward (the last
+    chunk's after its own forward). The one dependency rule of both simulators."""
+    if kind == "F":
+        return 0.0 if c == 0 else done.get(("F", c - 1, i))
+    return done.get(("F", c, i)) if c == last else done.get(("B", c + 1, i))
+
+
 def simulate(schedule: str, p: int, v: int, m: int, forward_s: float = 1.0, backward_s: float = 2.0) -> list[Op]:
     """Run the schedule on ``p`` ranks with ``m`` micro-batches of ``forward_s`` / ``backward_s`` per
     chunk (communication free): each rank follows its order, an op starts when its rank is free and
@@ -140,18 +149,13 @@ def simulate(schedule: str, p: int, v: int, m: int, forward_s: float = 1.0, back
     remaining = sum(len(o) for o in orders)
     b_time = backward_s / 2 if split else backward_s
 
-    def ready_at(kind: str, c: int, i: int) -> float | None:
-        if kind == "F":
-            return 0.0 if c == 0 else done.get(("F", c - 1, i))
-        return done.get(("F", c, i)) if c == last else done.get(("B", c + 1, i))
-
     while remaining:
         # advance the rank that can start its next op earliest
         best = None
         for r in range(p):
             if pos[r] < len(orders[r]):
                 kind, c, i = orders[r][pos[r]]
-                t = ready_at(kind, c, i)
+                t = _ready(done, last, kind, c, i)
                 if t is not None:
                     start = max(free[r], t)
                     if best is None or start < best[0]:
@@ -195,11 +199,6 @@ def _simulate_greedy(p: int, m: int, forward_s: float, backward_s: float) -> lis
     ops: list[Op] = []
     chunks = [(r, last - r) for r in range(p)]
 
-    def ready(kind: str, c: int, i: int) -> float | None:
-        if kind == "F":
-            return 0.0 if c == 0 else done.get(("F", c - 1, i))
-        return done.get(("F", c, i)) if c == last else done.get(("B", c + 1, i))
-
     total = 2 * m * p * 3
     while len(ops) < total:
         best = None
@@ -207,10 +206,10 @@ def _simulate_greedy(p: int, m: int, forward_s: float, backward_s: float) -> lis
             cands = []
             for j, c in enumerate(chunks[r]):
                 i = next_b[r][j]
-                if i < m and (t := ready("B", c, i)) is not None:
+                if i < m and (t := _ready(done, last, "B", c, i)) is not None:
                     cands.append((max(free[r], t), 0, "B", c, i, j))
                 i = next_f[r][j]
-                if i < m and held[r] < 2 * p and (t := ready("F", c, i)) is not None:
+                if i < m and held[r] < 2 * p and (t := _ready(done, last, "F", c, i)) is not None:
                     cands.append((max(free[r], t), 1 + (1 - j), "F", c, i, j))
             if pending_w[r]:
                 cands.append((free[r], 3, "W", *pending_w[r][0], -1))
