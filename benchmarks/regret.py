@@ -106,7 +106,7 @@ def run_once(s: Scenario, layout_text: str, nproc: int | None, steps: int, profi
     if proc.returncode != 0:
         raise RuntimeError(f"{layout_text}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
     times = [json.loads(line)["step_s"] for line in metrics.read_text().splitlines() if '"step_s"' in line]
-    chosen = re.search(r"Layout \((?:auto|given)[^)]*\)(?: \([^)]*\))?: (\S+)", proc.stdout)
+    chosen = re.search(r"^Layout \((?:auto|given).*?\): (\S+)", proc.stdout, re.M)
     procs = re.search(r"Processes: (\d+ x \d+)", proc.stdout)
     label = (chosen.group(1) if chosen else layout_text) + (f" [{procs.group(1)} threads]" if procs else "")
     return statistics.median(times[WARMUP_STEPS:]), label

@@ -317,10 +317,11 @@ def _why_winner(best: list[Estimate]) -> str:
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
     slower = r.time.step_s / w.time.step_s - 1
     if slower < TIE:
-        why = ("less machinery (no recompute, no accumulation first): memory is not short"
-               if _simplicity(w.layout) < _simplicity(r.layout) else "less memory")
+        needs = [what for what, less in (("less machinery (no recompute, fewer micro-batches first)",
+                                          _simplicity(w.layout) < _simplicity(r.layout)),
+                                         ("less memory", w.memory.total < r.memory.total)) if less]
         return head + (f" Runner-up {r.layout.short()} is within {TIE:.0%} ({slower:+.1%}): a tie within the time "
-                       f"model's accuracy; the chosen one needs {why}.")
+                       f"model's accuracy; the chosen one needs {' and '.join(needs) or 'no more'}.")
     return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "
                    f"{delta:.3g} s more per step (the binding constraint).")
 
