@@ -89,7 +89,9 @@ def test_block_gemms_are_the_models_matmul_parameters():
     from meshwise.spec import load_model
 
     model = load_model("small")
-    assert sum(k * n for k, n in cal.block_gemm_shapes(model)) == model.attention_params + model.mlp_params
+    from meshwise.measure.calibrate_worker import block_gemm_shapes
+
+    assert sum(k * n for k, n in block_gemm_shapes(model)) == model.attention_params + model.mlp_params
 
 
 def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
