@@ -19,10 +19,10 @@ from _dist_parity import Case
 from _parity_cases import PARITY_CASES as CASES
 
 GROUP_TIMEOUT_S = {2: 300, 4: 270, 8: 180}  # hang guards (20, 10 and 2 cases), not timing assertions
-# torch.compile per block, composed with replicate, FSDP2 and both recompute modes: few cases,
-# since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
+# torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
+# cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
 COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
-                 Case("dp=2,zero=1,ac=full", compile=True)]
+                 Case("tp=2,sp=on,ac=full", compile=True)]
 COMPILE_TIMEOUT_S = 480
 
 _groups: dict[tuple[int, bool], dp.GroupResult] = {}
@@ -88,16 +88,15 @@ def test_compiled_layout_matches_reference(case: Case, reference: dp.Run) -> Non
     assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
 
 
-def test_compile_refuses_pipelining_and_tp() -> None:
+def test_compile_refuses_pipelining() -> None:
     from meshwise.errors import MeshwiseError
     from meshwise.layout import parse
     from meshwise.runtime.compile import check
 
     check(parse("dp=4,zero=3,ac=selective", 4))
+    check(parse("dp=2,tp=2", 4))
     with pytest.raises(MeshwiseError, match="compile: not supported with pipeline parallelism"):
         check(parse("pp=2", 2))
-    with pytest.raises(MeshwiseError, match="compile: not supported with tensor parallelism"):
-        check(parse("dp=2,tp=2", 4))
 
 
 @pytest.mark.parametrize("world,case", BAD, ids=[f"{w}:{c.name}" for w, c in BAD])

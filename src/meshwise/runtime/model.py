@@ -98,10 +98,17 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        return self.wo(self.attend(q, k, v, cos, sin))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """Rotation and causal attention on this rank's heads, (b, heads, s, d) -> (b, s, heads*d):
+        local tensors only, the region :mod:`meshwise.runtime.compile` compiles under TP."""
         if self.rotary:
+            s = q.shape[2]
             q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+        return o.transpose(1, 2).flatten(2)
 
 
 class MLP(nn.Module):
@@ -115,9 +122,12 @@ class MLP(nn.Module):
         self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.mlp_bias) if spec.mlp != "gelu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is not None:
-            return self.w2(self.act(self.w1(x)) * self.w3(x))
-        return self.w2(self.act(self.w1(x)))
+        return self.w2(self.activate(self.w1(x), self.w3(x) if self.w3 is not None else None))
+
+    def activate(self, gate: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+        """act(gate) * up, or act(gate) without an up projection: the MLP's local elementwise
+        region, compiled on its own under TP (:mod:`meshwise.runtime.compile`)."""
+        return self.act(gate) * up if up is not None else self.act(gate)
 
 
 class Block(nn.Module):

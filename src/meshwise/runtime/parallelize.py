@@ -163,7 +163,7 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         apply_tensor_parallel(model, mesh["tp"], layout.sp)
     apply_activation_checkpointing(model, layout.ac)
     if compile:
-        compile_blocks(model)  # after TP and recompute, before DP (see meshwise.runtime.compile)
+        compile_blocks(model, tensor_parallel=layout.tp > 1)  # after TP and recompute, before DP (see meshwise.runtime.compile)
     apply_data_parallel(model, mesh, layout)
     model.to_empty(device=device)
     model.tie_weights()
