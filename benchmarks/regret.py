@@ -5,8 +5,8 @@
 For each scenario (model, processes x threads, global batch, sequence, optional profile), on this
 machine: ``meshwise train`` with ``--layout auto`` (as a user runs it; in the default scenario it
 also chooses the processes) and a fixed field of alternatives (pure DP at mbs = B/dp without
-recompute, ZeRO-1 and ZeRO-3, tp=2, pp=2 where it runs, and in the default scenario one process
-with every core). Every layout runs ``--steps`` steps; its figure is the median step time of the
+recompute, ZeRO-1 and ZeRO-3, tp=2, pp=2, and in the default scenario, where meshwise also chooses
+the processes, one process with every core). Every layout runs ``--steps`` steps; its figure is the median step time of the
 steps after the first ``WARMUP_STEPS`` (from ``--metrics.file``). Rounds are interleaved (round 1
 runs every layout of every scenario, then round 2...) so a busy machine shifts them together; the
 median over rounds is reported with min and max.
@@ -56,7 +56,8 @@ class Scenario:
 
 
 def scenarios(cores: int) -> list[Scenario]:
-    two = [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("tp=2,mbs=8", 2)]
+    two = [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("tp=2,mbs=8", 2),
+           ("pp=2,mbs=2", 2)]
     return [
         Scenario("default", "default `meshwise train` (small, B=8, seq 128)", "small", 8, 128, None,
                  [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1)] + two),
@@ -64,7 +65,7 @@ def scenarios(cores: int) -> list[Scenario]:
                  [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1), ("dp=1,mbs=2", 1), ("dp=1,mbs=8,ac=full", 1)]),
         Scenario("two", "two processes (medium, B=8, seq 256)", "medium", 8, 256, 2,
                  [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("dp=2,mbs=2", 2),
-                  ("tp=2,mbs=8", 2)]),
+                  ("tp=2,mbs=8", 2), ("pp=2,mbs=2", 2)]),
         Scenario("tight", "memory-tight (medium, B=8, seq 256, one process, 550 MB profile)", "medium", 8, 256, 1,
                  [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1), ("dp=1,mbs=2", 1), ("dp=1,mbs=1", 1),
                   ("dp=1,mbs=8,ac=full", 1), ("dp=1,mbs=8,ac=selective", 1), ("dp=1,mbs=4,ac=full", 1)],

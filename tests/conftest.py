@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 # Every test of these modules starts a group of worker processes (torchrun or gloo).
-INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py"}
+INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py",
+                       "test_faults.py"}
 # Single tests elsewhere that start workers or a whole training run in a subprocess.
 INTEGRATION_TESTS = {
     "test_calibrate.py::test_a_tiny_calibration_writes_a_plannable_profile",
