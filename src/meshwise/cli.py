@@ -66,7 +66,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_commands(sub)
     _add_calibrate_command(sub)
     _add_measure_command(sub)
+    _add_verify_command(sub)
     return parser
+
+
+def _add_verify_command(sub: argparse._SubParsersAction) -> None:
+    v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
+                       description="Build the chosen ranks of the layout with the real runtime at the real world size "
+                                   "(torch's fake process group, fake tensors, the target device's precision policy), "
+                                   "trace one training step, and print memory by category and every collective beside "
+                                   "what 'plan' predicts, as 'measure' does.")
+    v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
+    v.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    v.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"world size traced (default: {DEFAULT_GPUS})")
+    v.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
+    v.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP})")
+    v.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
+    v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
+    v.add_argument("--depth", default="auto", help="auto (trace 1 and 2 blocks per chunk, scale per block) or full")
+    v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from meshwise.measure.verify import verify_main
+
+    return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
+                       args.layout, args.ranks, args.depth, args.json)
 
 
 def _add_measure_command(sub: argparse._SubParsersAction) -> None:
@@ -190,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
-               "calibrate": _calibrate, "measure": _measure}[args.command]
+               "calibrate": _calibrate, "measure": _measure, "verify": _verify}[args.command]
     return run_command(lambda: command(args))
 
 

@@ -1,0 +1,162 @@
+"""``meshwise verify``: any rank of any layout, at its real world size, traced through one training
+step on fake devices (:mod:`meshwise.measure.trace`) and printed beside the plan's prediction in
+``measure``'s rows.
+
+Depth. A rank's blocks are identical, so every traced figure (memory by category at the peak,
+collective bytes and counts) is an affine function of the blocks it holds, n:
+f(n) = f(n1) + (f(n2) - f(n1)) * (n - n1) / (n2 - n1). ``--depth auto`` traces the model cut to
+one and to two blocks per pipeline chunk (n1 = vpp, n2 = 2 * vpp blocks on every rank) and
+extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/test_verify.py
+checks one against the other on a small model). Only where a rank's chunks differ in size (the
+layers do not split evenly) does the extrapolation of activations assume a mean block per chunk.
+
+Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
+grads, optimizer, activations, other; comm.<kind>.<dim>.bytes_per_step and count_per_step), plus
+``memory.states`` (params + grads + optimizer): under bf16-mixed the plan counts the fp32 master
+shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout, check_runnable, parse, rank_chunks, stage_layers
+from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
+
+DEPTHS = ("auto", "full")
+
+
+def device_type(cluster: ClusterSpec) -> str:
+    """The device the runtime would run on: cuda for GPU profiles, cpu for CPU ones (no overlap)."""
+    return "cuda" if cluster.accelerator.comm_overlap else "cpu"
+
+
+def runtime_precision(kind: str) -> str:
+    """What the runtime trains in on ``kind`` (docs/runtime.md): bf16-mixed on GPU, fp32 on CPU."""
+    return "bf16-mixed" if kind == "cuda" else "fp32"
+
+
+def auto_ranks(layout: Layout) -> list[int]:
+    """One rank per distinct shape: the first, a middle and the last pipeline stage (coordinate 0
+    on every other dimension); one rank without PP."""
+    per_stage = layout.world_size // layout.pp
+    return [s * per_stage for s in sorted({0, layout.pp // 2, layout.pp - 1})]
+
+
+def parse_ranks(text: str, layout: Layout) -> list[int]:
+    if text == "auto":
+        return auto_ranks(layout)
+    try:
+        ranks = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MeshwiseError(f"--ranks: {text!r} must be 'auto' or comma-separated ranks, e.g. 0,63") from None
+    bad = [r for r in ranks if not 0 <= r < layout.world_size]
+    if not ranks or bad:
+        raise MeshwiseError(f"--ranks: {bad[0] if bad else text!r} is not a rank of the world "
+                            f"(0..{layout.world_size - 1})")
+    return ranks
+
+
+def rank_blocks(model: ModelSpec, layout: Layout, pp_rank: int) -> int:
+    counts = stage_layers(model.layers, layout.stages)
+    return sum(counts[c] for c in rank_chunks(pp_rank, layout.pp, layout.vpp, layout.schedule))
+
+
+def _figures(record: dict) -> dict[str, float]:
+    out = {f"memory:{k}": float(v) for k, v in record["memory"].items()}
+    for c in record["comm"]:
+        out[f"comm:{c['kind']}:{c['dim']}:count"] = float(c["count_per_step"])
+        out[f"comm:{c['kind']}:{c['dim']}:bytes"] = float(c["bytes_per_step"])
+    return out
+
+
+def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
+    """The record at ``n`` blocks from records at ``n_a`` and ``n_b`` blocks (affine in blocks)."""
+    fa, fb = _figures(a), _figures(b)
+    f = {k: fa.get(k, 0.0) + (fb.get(k, 0.0) - fa.get(k, 0.0)) * (n - n_a) / (n_b - n_a) for k in set(fa) | set(fb)}
+    out = dict(b)
+    out["memory"] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith("memory:")}
+    comm = {}
+    for k, v in f.items():
+        if k.startswith("comm:"):
+            _, kind, dim, what = k.split(":")
+            comm.setdefault((kind, dim), {"kind": kind, "dim": dim})[
+                "count_per_step" if what == "count" else "bytes_per_step"] = round(v)
+    out["comm"] = [comm[k] for k in sorted(comm)]
+    out["blocks"] = n
+    return out
+
+
+def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
+                 depth: str) -> dict:
+    """One rank's traced record at the model's real depth (traced, or extrapolated; see above)."""
+    from meshwise.measure.trace import trace_rank
+
+    pp_rank = rank // (layout.world_size // layout.pp)
+    n = rank_blocks(model, layout, pp_rank)
+    if depth == "full" or n <= 2 * layout.vpp:
+        record = trace_rank(model, layout, rank, global_batch, seq, kind)
+        record["blocks"] = n
+        return record
+    records = [trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
+               for k in (1, 2)]
+    return extrapolate(records[0], records[1], layout.vpp, 2 * layout.vpp, n)
+
+
+def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
+    rows = rows_for(record, model, cluster, train)
+    pred = {r.figure: r.predicted for r in rows}
+    meas = measured_memory(record)
+    states = ("params", "grads", "optimizer")
+    rows.insert(len(MEMORY), Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states),
+                                 sum(meas[c] for c in states)))
+    return rows
+
+
+def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, ranks: list[int],
+           depth: str = "auto") -> tuple[list[Row], list[dict]]:
+    """Trace ``ranks`` of ``layout``; (rows beside the plan, the traced records with ``trace_s``)."""
+    rows: list[Row] = []
+    records = []
+    for rank in ranks:
+        start = time.perf_counter()
+        record = trace_record(model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth)
+        record["trace_s"] = time.perf_counter() - start
+        records.append(record)
+        rows += verify_rows(model, cluster, train, record)
+    return rows, records
+
+
+def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
+                global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool) -> int:
+    from meshwise.plan_command import DEFAULT_SEQ_CAP
+
+    model = load_model(model_name)
+    cluster = load_cluster(gpu, gpus, gpus_per_node)
+    seq = seq_len or min(model.max_seq, DEFAULT_SEQ_CAP)
+    layout = parse(layout_text, cluster.world_size)
+    check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
+    if depth not in DEPTHS:
+        raise MeshwiseError(f"--depth: {depth!r} must be one of {', '.join(DEPTHS)}")
+    ranks = parse_ranks(ranks_text, layout)
+    kind = device_type(cluster)
+    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision=runtime_precision(kind))
+    rows, records = verify(model, cluster, train, layout, ranks, depth)
+    if as_json:
+        print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
+                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device",
+                                                        "activation_dtypes")} for r in records]}))
+        return 0
+    from meshwise.measure.command import print_rows
+
+    print_rows(rows, f"{model.describe()}\nlayout {layout.short()}, rank(s) {ranks} of {cluster.world_size} traced on "
+                     f"fake {kind} devices ({train.precision}, --depth {depth}), global batch {global_batch} x {seq}, "
+                     f"predicted with --gpu {gpu}")
+    for r in records:
+        print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
+              f"matmuls computed in {', '.join(r['activation_dtypes'])}")
+    return 0
