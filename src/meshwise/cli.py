@@ -86,7 +86,7 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
     v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
-    v.add_argument("--depth", default="auto", help="auto (trace 1 and 2 blocks per chunk, scale per block) or full")
+    v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
 
 

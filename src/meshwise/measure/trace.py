@@ -13,17 +13,24 @@ step of ``meshwise measure`` creates them), so the step is a steady-state one.
 
 Tensors live on the CPU device: torch 2.13's CPU build cannot run autograd on fake ``cuda``
 tensors (the engine asks for a CUDA stream), so the GPU's policy is applied on CPU tensors
-(``parallelize(precision_of="cuda")``). ``MemTracker`` attributes the storages to categories at
+(``parallelize(precision_of="cuda")``). One kernel saves different tensors on the two builds:
+RMSNorm, whose CPU path (a composite) keeps float32 copies of its input for backward while the
+CUDA build's fused kernel (``_fused_rms_norm``) keeps the input as it is and the float32 inverse
+RMS. For a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
+(:class:`_CudaRmsNorm`); attention is the flash kernel's counterpart on both (output and
+log-sum-exp). ``MemTracker`` attributes the storages to categories at
 the step's peak, and :class:`CollectiveTrace` counts every collective, as ``measure`` does.
 """
 
 from __future__ import annotations
 
 import gc
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.overrides import TorchFunctionMode
 
 from meshwise.layout import MESH_DIMS, Layout
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
@@ -60,7 +67,8 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 _warm_optimizer(pm)
                 tracker = tracker_for(pm.modules, pm.optimizer)
                 dtypes = _ActivationDtypes()
-                with CollectiveTrace(mesh) as trace, tracker, dtypes:
+                kernels = _CudaKernels() if precision_of == "cuda" else nullcontext()
+                with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
                     loss, grad_norm = pm.step(x, y)
         comm: dict[tuple[str, str], list[int]] = {}
         for key, calls in trace.calls.items():
@@ -92,3 +100,37 @@ class _ActivationDtypes(_torch_private.TorchDispatchMode):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and isinstance(out, torch.Tensor):
             self.seen.add(str(out.dtype).removeprefix("torch."))
         return out
+
+
+class _CudaRmsNorm(torch.autograd.Function):
+    """RMSNorm keeping for backward what CUDA's fused kernel keeps: the input (its own dtype), the
+    weight and the float32 inverse RMS. y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd * weight.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad.float()
+        grad_w = (g * xhat).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
+        gw = g * weight.float()
+        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None
+
+
+class _CudaKernels(TorchFunctionMode):
+    """``F.rms_norm`` with a weight over the last dimension runs as :class:`_CudaRmsNorm`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.rms_norm:
+            x, shape, weight = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("weight")
+            eps = args[3] if len(args) > 3 else kwargs.get("eps")
+            if weight is not None and len(shape) == 1 and eps is not None:
+                return _CudaRmsNorm.apply(x, weight, eps)
+        return func(*args, **kwargs)

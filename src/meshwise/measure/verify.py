@@ -3,11 +3,14 @@ step on fake devices (:mod:`meshwise.measure.trace`) and printed beside the plan
 ``measure``'s rows.
 
 Depth. A rank's blocks are identical, so every traced figure (memory by category at the peak,
-collective bytes and counts) is an affine function of the blocks it holds, n:
+collective bytes and counts) is an affine function of the blocks it holds, n, once the step's
+peak falls at the same moment whatever the depth:
 f(n) = f(n1) + (f(n2) - f(n1)) * (n - n1) / (n2 - n1). ``--depth auto`` traces the model cut to
-one and to two blocks per pipeline chunk (n1 = vpp, n2 = 2 * vpp blocks on every rank) and
+REDUCED = (3, 4) blocks per pipeline chunk (n1 = 3 * vpp, n2 = 4 * vpp blocks on every rank) and
 extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/test_verify.py
-checks one against the other on a small model). Only where a rank's chunks differ in size (the
+checks one against the other on a small model). With one or two blocks per chunk the peak can
+fall elsewhere (the head's backward outweighs the blocks), so fewer than three are not used.
+A rank with no more than 4 * vpp blocks is traced at its real depth. Only where a rank's chunks differ in size (the
 layers do not split evenly) does the extrapolation of activations assume a mean block per chunk.
 
 Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
@@ -28,6 +31,7 @@ from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
 
 DEPTHS = ("auto", "full")
+REDUCED = (3, 4)  # blocks per chunk of the two reduced-depth traces
 
 
 def device_type(cluster: ClusterSpec) -> str:
@@ -98,13 +102,13 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
 
     pp_rank = rank // (layout.world_size // layout.pp)
     n = rank_blocks(model, layout, pp_rank)
-    if depth == "full" or n <= 2 * layout.vpp:
+    if depth == "full" or n <= REDUCED[1] * layout.vpp:
         record = trace_rank(model, layout, rank, global_batch, seq, kind)
         record["blocks"] = n
         return record
     records = [trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
-               for k in (1, 2)]
-    return extrapolate(records[0], records[1], layout.vpp, 2 * layout.vpp, n)
+               for k in REDUCED]
+    return extrapolate(records[0], records[1], REDUCED[0] * layout.vpp, REDUCED[1] * layout.vpp, n)
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
