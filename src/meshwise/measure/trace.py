@@ -55,7 +55,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
     world = layout.world_size
     _torch_private.fake_process_group(rank, world)
     try:
-        with _torch_private.meshes_outside_fake():
+        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup():
             shape = layout.mesh_shape
             mesh = init_device_mesh("cpu", tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
             fake = _torch_private.fake_tensor_mode()

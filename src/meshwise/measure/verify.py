@@ -10,6 +10,8 @@ REDUCED = (3, 4) blocks per pipeline chunk (n1 = 3 * vpp, n2 = 4 * vpp blocks on
 extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/test_verify.py
 checks one against the other on a small model). With one or two blocks per chunk the peak can
 fall elsewhere (the head's backward outweighs the blocks), so fewer than three are not used.
+Where a category shrinks from the first trace to the second, the peak fell at different moments
+of the step, and the pair moves up one block per chunk until it does not (or reaches the real depth).
 A rank with no more than 4 * vpp blocks is traced at its real depth. Only where a rank's chunks differ in size (the
 layers do not split evenly) does the extrapolation of activations assume a mean block per chunk.
 
@@ -106,9 +108,20 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
         record = trace_rank(model, layout, rank, global_batch, seq, kind)
         record["blocks"] = n
         return record
-    records = [trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
-               for k in REDUCED]
-    return extrapolate(records[0], records[1], REDUCED[0] * layout.vpp, REDUCED[1] * layout.vpp, n)
+    def at(k: int) -> dict:
+        return trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
+
+    k1, k2 = REDUCED
+    a, b = at(k1), at(k2)
+    while _peak_moved(a, b) and (k2 + 1) * layout.vpp < n:
+        k1, k2, a, b = k2, k2 + 1, b, at(k2 + 1)
+    return extrapolate(a, b, k1 * layout.vpp, k2 * layout.vpp, n)
+
+
+def _peak_moved(a: dict, b: dict) -> bool:
+    """Whether a memory category shrank with one more block per chunk: the peak fell at another
+    moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
+    return any(b["memory"].get(k, 0) < v for k, v in a["memory"].items())
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:

@@ -19,7 +19,9 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   (``torch.testing._internal.distributed.fake_pg``), ``FakeTensorMode``
   (``torch._subclasses.fake_tensor``), and DeviceMesh construction taken out of the fake mode
   (``unset_fake_temporarily``): a mesh finds its coordinates with ``nonzero`` on its rank table,
-  which fake tensors cannot answer.
+  which fake tensors cannot answer. ``static_pipeline_warmup``: the schedules' first-step P2P
+  vote (``_PipelineSchedule._warmup_p2p``, whose result is read with ``.item()``) replaced by its
+  outcome for stages built with static shapes (``InferenceMode.STATIC``), as every meshwise stage is.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule as Pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PipelineSchedule", "TorchDispatchMode", "fake_process_group", "fake_tensor_mode", "flatten_mesh",
-           "forward_only_schedule", "meshes_outside_fake", "replicate", "resolve_process_group", "unbox_process_group"]
+           "forward_only_schedule", "meshes_outside_fake", "replicate", "static_pipeline_warmup", "resolve_process_group", "unbox_process_group"]
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -115,3 +117,23 @@ def meshes_outside_fake() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__, DeviceMesh.mesh = init, table
+
+
+@contextmanager
+def static_pipeline_warmup() -> Iterator[None]:
+    """Skip the pipeline schedules' P2P warm-up vote; every stage gets the mode the vote gives for
+    stages with static input and output shapes (the vote needs real data from the neighbours)."""
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    vote = schedules._PipelineSchedule._warmup_p2p
+
+    def static(self, stages, has_backward, p2p_done) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = vote
