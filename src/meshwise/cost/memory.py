@@ -169,11 +169,13 @@ def reduce_bytes(train: TrainSpec) -> int:
 def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
     """The rank's gradients once a backward has run: unsharded (DDP, ZeRO-1, no DP, or any ZeRO
     under PP, which defers the reduce-scatter), else the shard; under TP the vocabulary-parallel
-    embedding's gradient accumulates out of place, a second copy of it."""
+    embedding's gradient accumulates out of place, a second copy of it. FSDP2 (dp > 1) accumulates
+    unsharded gradients in its reduce dtype: float32 under bf16-mixed (found by ``meshwise verify``)."""
     unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
-    grads = shape.params * train.grad_bytes / (1 if unsharded else layout.shard)
+    elem = reduce_bytes(train) if unsharded and layout.dp > 1 else train.grad_bytes
+    grads = shape.params * elem / (1 if unsharded else layout.shard)
     if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
-        grads += model.embedding_params / layout.tp * train.grad_bytes
+        grads += model.embedding_params / layout.tp * elem
     return grads
 
 
