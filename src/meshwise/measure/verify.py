@@ -18,7 +18,10 @@ layers do not split evenly) does the extrapolation of activations assume a mean 
 Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
 grads, optimizer, activations, other; comm.<kind>.<dim>.bytes_per_step and count_per_step), plus
 ``memory.states`` (params + grads + optimizer): under bf16-mixed the plan counts the fp32 master
-shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum.
+shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum; and
+``memory.total``, what decides the fit. MemTracker files what FSDP2 creates inside the step by
+when it is created (gathered weights in forward as activations, float32 gradient accumulators in
+backward as temporaries, counted in ``other``), so categories can differ where totals agree.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record
     states = ("params", "grads", "optimizer")
     rows.insert(len(MEMORY), Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states),
                                  sum(meas[c] for c in states)))
+    rows.insert(len(MEMORY) + 1, Row("memory.total", record["rank"], sum(pred[f"memory.{c}"] for c in MEMORY),
+                                     sum(meas.values())))
     return rows
 
 
