@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     _add_train_commands(sub)
@@ -208,7 +210,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime)
+                     args.runtime, args.verify)
 
 
 def main(argv: list[str] | None = None) -> int:

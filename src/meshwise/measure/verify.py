@@ -182,3 +182,40 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
         print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
               f"matmuls computed in {', '.join(r['activation_dtypes'])}")
     return 0
+
+
+def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, k: int, headroom: float):
+    """``plan --verify K``: trace the top ``k`` candidates (``--ranks auto``, reduced depth) and keep
+    those whose traced peak fits the device less the headroom, in the plan's order; a candidate the
+    model said fits but the trace says does not is dropped with a warning naming the category that
+    outgrew its prediction most. Returns the plan with those candidates, lines and warnings."""
+    kind = device_type(cluster)
+    if train.precision != runtime_precision(kind):
+        raise MeshwiseError(f"--verify: the runtime trains in {runtime_precision(kind)} on {kind}; "
+                            f"use --precision {runtime_precision(kind)}")
+    if train.runtime != "meshwise":
+        raise MeshwiseError("--verify: only meshwise's own runtime can be traced; use --runtime meshwise")
+    limit = cluster.accelerator.memory_bytes * (1 - headroom)
+    kept, lines, warnings = [], [], []
+    for e in plan.candidates[:k]:
+        start = time.perf_counter()
+        rows, _ = verify(model, cluster, train, e.layout, auto_ranks(e.layout))
+        totals = {r.rank: r for r in rows if r.figure == "memory.total"}
+        worst = max(totals.values(), key=lambda r: r.measured)
+        line = (f"Verified {e.layout.short()}: traced peak {worst.measured / 1e9:,.1f} GB on rank {worst.rank} "
+                f"(predicted {worst.predicted / 1e9:,.1f} GB, {worst.rel_error:+.1%}) in "
+                f"{time.perf_counter() - start:.0f} s")
+        if worst.measured <= limit:
+            kept.append(e)
+            lines.append(line + ": fits")
+            continue
+        over = max((r for r in rows if r.rank == worst.rank and r.figure.startswith("memory.")
+                    and r.figure not in ("memory.total", "memory.states")), key=lambda r: r.measured - r.predicted)
+        warnings.append(f"{e.layout.short()} dropped: the plan said it fits, the trace needs "
+                        f"{worst.measured / 1e9:,.1f} GB of {limit / 1e9:,.1f} GB on rank {worst.rank}; "
+                        f"{over.figure.removeprefix('memory.')} overflowed ({over.measured / 1e9:,.1f} GB traced, "
+                        f"{over.predicted / 1e9:,.1f} GB predicted)")
+        lines.append(line + ": does NOT fit")
+    candidates = tuple(kept) + tuple(plan.candidates[k:])
+    return dataclasses.replace(plan, candidates=candidates, explanation=(*plan.explanation, *lines),
+                               warnings=(*plan.warnings, *warnings))
