@@ -84,6 +84,7 @@ def test_reduced_depth_matches_full_depth_on_a_small_model() -> None:
     (["--layout", "pp=2,dp=32", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "63"], "global"),
     (["--layout", "dp=64", "--ranks", "64"], "--ranks"),
     (["--layout", "dp=64", "--depth", "half"], "--depth"),
+    (["--layout", "pp=2,dp=2", "--model", "tiny-tied", "--gpus", "4", "--gpu", "cpu", "--global-batch", "8"], "tied"),
 ])
 def test_verify_refuses_what_the_runtime_refuses(args: list[str], field: str, capsys) -> None:
     from meshwise.cli import main
@@ -91,3 +92,32 @@ def test_verify_refuses_what_the_runtime_refuses(args: list[str], field: str, ca
     assert main(["verify", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("meshwise: error:") and field in err and "Traceback" not in err
+
+
+def test_verify_refuses_a_model_the_runtime_does_not_build() -> None:
+    windowed = dataclasses.replace(load_model("mistral-7b"), sliding_window=4096)
+    with pytest.raises(MeshwiseError, match="sliding-window"):
+        v.check_model_runs(windowed, 8192)
+
+
+def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypatch) -> None:
+    from meshwise import planner
+    from meshwise.measure.compare import Row
+
+    model, cluster = load_model("tiny"), load_cluster("cpu", 4)
+    train = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
+    plan = planner.plan(model, cluster, train, top=3)
+    traced = v.verify_plan(model, cluster, train, plan, 1, 0.1)  # a real trace of the best candidate
+    assert traced.candidates == plan.candidates and "Verified" in traced.explanation[-1]
+    first = plan.candidates[0].layout
+
+    def overflowing(model, cluster, train, layout, ranks, depth="auto"):  # the trace of a layout that does not fit
+        big = cluster.accelerator.memory_bytes
+        return [Row("memory.activations", 0, 1e6, big), Row("memory.params", 0, 1e6, 1e6),
+                Row("memory.total", 0, 2e6, big + 1e6)], []
+
+    monkeypatch.setattr(v, "verify", overflowing)
+    dropped = v.verify_plan(model, cluster, train, plan, 1, 0.1)
+    assert first not in [e.layout for e in dropped.candidates]
+    assert dropped.candidates == plan.candidates[1:]
+    assert "activations overflowed" in dropped.warnings[-1] and first.short() in dropped.warnings[-1]

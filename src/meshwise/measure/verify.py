@@ -39,6 +39,16 @@ DEPTHS = ("auto", "full")
 REDUCED = (3, 4)  # blocks per chunk of the two reduced-depth traces
 
 
+def check_model_runs(model: ModelSpec, seq: int) -> None:
+    """What the runtime refuses to build (mixture of experts, latent attention...), refused here
+    before anything is traced, in the runtime's own words (runtime.model.runtime_refusal)."""
+    from meshwise.runtime.model import runtime_refusal
+
+    refusal = runtime_refusal(model, seq)
+    if refusal:
+        raise MeshwiseError(refusal)
+
+
 def device_type(cluster: ClusterSpec) -> str:
     """The device the runtime would run on: cuda for GPU profiles, cpu for CPU ones (no overlap)."""
     return "cuda" if cluster.accelerator.comm_overlap else "cpu"
@@ -162,6 +172,7 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
     seq = seq_len or min(model.max_seq, DEFAULT_SEQ_CAP)
     layout = parse(layout_text, cluster.world_size)
     check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
+    check_model_runs(model, seq)
     if depth not in DEPTHS:
         raise MeshwiseError(f"--depth: {depth!r} must be one of {', '.join(DEPTHS)}")
     ranks = parse_ranks(ranks_text, layout)
@@ -195,6 +206,7 @@ def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, 
                             f"use --precision {runtime_precision(kind)}")
     if train.runtime != "meshwise":
         raise MeshwiseError("--verify: only meshwise's own runtime can be traced; use --runtime meshwise")
+    check_model_runs(model, train.seq_len)
     limit = cluster.accelerator.memory_bytes * (1 - headroom)
     kept, lines, warnings = [], [], []
     for e in plan.candidates[:k]:
