@@ -113,8 +113,6 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
 def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
                  depth: str) -> dict:
     """One rank's traced record at the model's real depth (traced, or extrapolated; see above)."""
-    from meshwise.measure.trace import trace_rank
-
     pp_rank = rank // (layout.world_size // layout.pp)
     n = rank_blocks(model, layout, pp_rank)
     if depth == "full" or n <= REDUCED[1] * layout.vpp:
@@ -135,6 +133,18 @@ def _peak_moved(a: dict, b: dict) -> bool:
     """Whether a memory category shrank with one more block per chunk: the peak fell at another
     moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
     return any(b["memory"].get(k, 0) < v for k, v in a["memory"].items())
+
+
+def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
+    """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
+    process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
+    trace a mesh of an ended group) reaches the next."""
+    import multiprocessing
+
+    from meshwise.measure import trace
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
