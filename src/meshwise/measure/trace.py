@@ -25,12 +25,13 @@ the step's peak, and :class:`CollectiveTrace` counts every collective, as ``meas
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.overrides import TorchFunctionMode
+import torch.nn.functional as F
 
 from meshwise.layout import MESH_DIMS, Layout
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
@@ -67,7 +68,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 _warm_optimizer(pm)
                 tracker = tracker_for(pm.modules, pm.optimizer)
                 dtypes = _ActivationDtypes()
-                kernels = _CudaKernels() if precision_of == "cuda" else nullcontext()
+                kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
                 with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
                     loss, grad_norm = pm.step(x, y)
         comm: dict[tuple[str, str], list[int]] = {}
@@ -123,14 +124,20 @@ class _CudaRmsNorm(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_w, None
 
 
-class _CudaKernels(TorchFunctionMode):
-    """``F.rms_norm`` with a weight over the last dimension runs as :class:`_CudaRmsNorm`."""
+@contextmanager
+def _cuda_kernels() -> Iterator[None]:
+    """``F.rms_norm`` with a weight over the last dimension runs as :class:`_CudaRmsNorm` (patched on
+    the module, not through a torch-function mode, so checkpointing's recompute in backward, which
+    runs outside such modes, computes the same ops as the forward did). Each trace has its own process."""
+    rms_norm = F.rms_norm
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.rms_norm:
-            x, shape, weight = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("weight")
-            eps = args[3] if len(args) > 3 else kwargs.get("eps")
-            if weight is not None and len(shape) == 1 and eps is not None:
-                return _CudaRmsNorm.apply(x, weight, eps)
-        return func(*args, **kwargs)
+    def cuda_rms_norm(x, shape, weight=None, eps=None):
+        if weight is not None and len(shape) == 1 and eps is not None:
+            return _CudaRmsNorm.apply(x, weight, eps)
+        return rms_norm(x, shape, weight, eps)
+
+    F.rms_norm = cuda_rms_norm
+    try:
+        yield
+    finally:
+        F.rms_norm = rms_norm
