@@ -124,3 +124,11 @@ def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypa
     assert first not in [e.layout for e in dropped.candidates]
     assert dropped.candidates == plan.candidates[1:]
     assert "activations overflowed" in dropped.warnings[-1] and first.short() in dropped.warnings[-1]
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_checkpointed_blocks_trace_under_the_gpu_policy(ac: str) -> None:
+    # recompute in backward must rerun what the forward ran (the RMSNorm stand-in included)
+    layout = parse(f"dp=2,zero=2,tp=2,ac={ac}", 4)
+    record = v.trace_rank(load_model("tiny"), layout, 0, 8, 64, "cuda")
+    assert record["activation_dtypes"] == ["bfloat16"] and record["memory"]["Activation"] > 0
