@@ -52,7 +52,8 @@ def _warm_optimizer(pm) -> None:
 def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
                precision_of: str) -> dict:
     """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
-    plus ``dtypes``: the dtypes of the activations the step kept (at the peak)."""
+    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` (what the step's
+    matrix multiplies computed in) and ``step_returns`` (the types ``step`` returned)."""
     world = layout.world_size
     _torch_private.fake_process_group(rank, world)
     try:
