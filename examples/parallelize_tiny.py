@@ -47,9 +47,9 @@ def main() -> int:
     for step in range(args.steps):
         tokens = torch.randint(0, spec.vocab, (args.global_batch, spec.max_seq + 1), generator=gen)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        loss = model.step(model.local_batch(inputs), model.local_batch(targets))
+        loss, grad_norm = model.step(model.local_batch(inputs), model.local_batch(targets))  # tensors
         if dist.get_rank() == 0:
-            print(f"step {step}: loss {loss:.6f}  grad norm {model.last_grad_norm:.4f}")
+            print(f"step {step}: loss {loss.item():.6f}  grad norm {grad_norm.item():.4f}")
     meshwise.end_process_group()
     return 0
 

@@ -135,8 +135,10 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
         return pm.local_batch(x), pm.local_batch(y)
 
     for step in range(STEPS):
-        losses.append(pm.step(*rows(data[step, :, :-1], data[step, :, 1:])))
-        norms.append(pm.last_grad_norm)
+        loss, norm = pm.step(*rows(data[step, :, :-1], data[step, :, 1:]))
+        assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor)  # step never syncs with the host
+        losses.append(loss.item())
+        norms.append(norm.item())
     ev = held_out(model_spec)
     eval_loss = pm.eval_loss([rows(ev[:, :-1], ev[:, 1:])])
     reporter = all(mesh.get_local_rank(d) == 0 for d in ("dp_replicate", "dp_shard", "tp"))

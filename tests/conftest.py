@@ -21,6 +21,10 @@ INTEGRATION_TESTS = {
     "test_train.py::test_non_finite_loss_stops_before_saving_that_state",
     "test_train.py::test_export_and_generate",
     "test_tokenizer.py::test_train_generate_export_with_a_tokenizer",
+    # one process, but minutes of tracing (meshwise verify at 64 ranks): run with the heavy ones
+    "test_verify.py::test_70b_collectives_are_exact_and_memory_close",
+    "test_verify.py::test_the_gpu_precision_path_ran",
+    "test_verify.py::test_reduced_depth_matches_full_depth_on_a_small_model",
 }
 
 

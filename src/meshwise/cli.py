@@ -61,12 +61,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     _add_train_commands(sub)
     _add_calibrate_command(sub)
     _add_measure_command(sub)
+    _add_verify_command(sub)
     return parser
+
+
+def _add_verify_command(sub: argparse._SubParsersAction) -> None:
+    v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
+                       description="Build the chosen ranks of the layout with the real runtime at the real world size "
+                                   "(torch's fake process group, fake tensors, the target device's precision policy), "
+                                   "trace one training step, and print memory by category and every collective beside "
+                                   "what 'plan' predicts, as 'measure' does.")
+    v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
+    v.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    v.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"world size traced (default: {DEFAULT_GPUS})")
+    v.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
+    v.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP})")
+    v.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
+    v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
+    v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
+    v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from meshwise.measure.verify import verify_main
+
+    return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
+                       args.layout, args.ranks, args.depth, args.json)
 
 
 def _add_measure_command(sub: argparse._SubParsersAction) -> None:
@@ -180,7 +210,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime)
+                     args.runtime, args.verify)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
-               "calibrate": _calibrate, "measure": _measure}[args.command]
+               "calibrate": _calibrate, "measure": _measure, "verify": _verify}[args.command]
     return run_command(lambda: command(args))
 
 

@@ -19,9 +19,10 @@ DEFAULT_TOP = 5
 def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int, gpus_per_node: int | None,
               seq_len: int | None, global_batch: int, precision: str, optimizer: str, layout_text: str | None,
               top: int, headroom: float | None, as_json: bool, report: str | None,
-              runtime: str | None = None) -> int:
+              runtime: str | None = None, verify: int = 0) -> int:
     """Check every input, then plan and print; ``layout_text`` evaluates that one layout; ``runtime``
-    (meshwise or megatron) defaults to the profile's ``runtime`` key, else meshwise."""
+    (meshwise or megatron) defaults to the profile's ``runtime`` key, else meshwise; ``verify`` K > 0
+    traces the top K candidates (meshwise.measure.verify.verify_plan; imports torch)."""
     from meshwise import planner, spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
     from meshwise.layout import check_runnable, parse
@@ -35,6 +36,8 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
                            runtime=runtime)
     if top < 1:
         raise MeshwiseError(f"--top: {top} must be at least 1")
+    if verify < 0:
+        raise MeshwiseError(f"--verify: {verify} must be 0 (no trace) or a number of candidates to trace")
     headroom = DEFAULT_HEADROOM if headroom is None else headroom
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
@@ -48,6 +51,9 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         chosen = parse(layout_text, cluster.world_size)
         check_runnable(chosen, model, cluster.world_size, global_batch, seq_len, seq_field="--seq-len")
     result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen)
+    if verify:
+        from meshwise.measure.verify import verify_plan
+        result = verify_plan(model, cluster, train, result, verify, headroom)
     if as_json:
         print(json.dumps({"model": model.as_json(), **result.as_json(), "runtime": runtime}))
     else:

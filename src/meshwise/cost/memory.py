@@ -169,22 +169,29 @@ def reduce_bytes(train: TrainSpec) -> int:
 def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
     """The rank's gradients once a backward has run: unsharded (DDP, ZeRO-1, no DP, or any ZeRO
     under PP, which defers the reduce-scatter), else the shard; under TP the vocabulary-parallel
-    embedding's gradient accumulates out of place, a second copy of it."""
+    embedding's gradient accumulates out of place, a second copy of it. FSDP2 (dp > 1) accumulates
+    unsharded gradients in its reduce dtype, and a sharded gradient has its float32 shard's dtype:
+    float32 under bf16-mixed either way (found by ``meshwise verify``)."""
     unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
-    grads = shape.params * train.grad_bytes / (1 if unsharded else layout.shard)
+    elem = reduce_bytes(train) if layout.dp > 1 else train.grad_bytes  # FSDP2's shard is float32 too
+    grads = shape.params * elem / (1 if unsharded else layout.shard)
     if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
-        grads += model.embedding_params / layout.tp * train.grad_bytes
+        grads += model.embedding_params / layout.tp * elem
     return grads
 
 
-def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str) -> float:
+def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, runtime: bool = True) -> float:
     """Weight copies: the convention's, plus FSDP2's shard beside the unsharded weights (which is
     the fp32 master under bf16-mixed, counted as optimizer state), or under ZeRO-3 the gathered
-    roots (which stay gathered through the step) and, in backward, one gathered block per chunk."""
+    roots (which stay gathered through the step) and, in backward, one gathered block per chunk;
+    under ZeRO-3 and bf16-mixed FSDP2 keeps no bf16 shard beside the fp32 master (``runtime``;
+    a bare parameter count keeps the ZeRO paper's convention)."""
     w = states(shape.params, train, layout)[0]
     if layout.dp == 1:
         return w
     if layout.zero == 3:
+        if train.precision == "bf16-mixed" and runtime:
+            w = 0.0  # FSDP2 keeps only the fp32 shard (the master, counted as optimizer state)
         w += shape.root_params * train.weight_bytes
         if moment == "backward":
             w += len(shape.chunk_blocks) * shape.block_params * train.weight_bytes
@@ -318,7 +325,7 @@ def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
                  ) -> tuple[tuple[float, float, float, float, float], ...]:
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
         w, g, o = states(shape.params, train, layout)
-        return ((_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0),)
+        return ((_weights(train, layout, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
     return _candidates(train, layout, shape, m, _static_parts(model, train, layout, shape),
                        _per_micro_batch(model, train, layout, shape, m))
 

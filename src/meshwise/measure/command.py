@@ -19,6 +19,23 @@ def _fmt(figure: str, value: float) -> str:
     return f"{value:,.0f}"
 
 
+def print_rows(rows: list[Row], title: str) -> None:
+    """The rows as a table: rank, figure, predicted, measured, relative error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
+    console.print(title)
+    table = Table()
+    for col in ("rank", "figure", "predicted", "measured", "error"):
+        table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
+    for r in rows:
+        err = r.rel_error
+        shown = "-" if err == float("inf") else f"{err:+.1%}"
+        table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
+    console.print(table)
+
+
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
                  seq_len: int | None, gpu: str, as_json: bool, report: str | None) -> int:
     check_nproc(nproc)
@@ -41,20 +58,8 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows]}))
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
-        console.print(f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
-                      f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}")
-        table = Table()
-        for col in ("rank", "figure", "predicted", "measured", "error"):
-            table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
-        for r in rows:
-            err = r.rel_error
-            shown = "-" if err == float("inf") else f"{err:+.1%}"
-            table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
-        console.print(table)
+        print_rows(rows, f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
+                         f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}")
     if report:
         from meshwise.report.measure_report import write_measure_report
         write_measure_report(report, rows, records, model, layout, cluster, train)

@@ -75,12 +75,12 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         dist.barrier()
         with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
             start = time.perf_counter()
-            model.step(x, y)
+            model.step(x, y)[0].item()  # the loss read, as the trainer does: the step's one host sync
             times.append(time.perf_counter() - start)
     timing: dict[str, float] = {}
     if steps:  # steps = 0: memory and collectives only
         dist.barrier()
-        timing = profile_step(lambda: model.step(x, y))
+        timing = profile_step(lambda: model.step(x, y)[0].item())
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():

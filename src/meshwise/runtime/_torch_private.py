@@ -14,9 +14,20 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
 - ``TorchDispatchMode`` (``torch.utils._python_dispatch``), ``unbox_process_group`` and
   ``resolve_process_group`` (``c10d``'s boxed groups and group names): how ``measure/comm_trace.py``
   sees every collective and the ranks of its group.
+- ``fake_process_group``, ``fake_tensor_mode`` and ``meshes_outside_fake``: what ``meshwise
+  verify`` traces a rank of any world size with: the ``fake`` backend with its ``FakeStore``
+  (``torch.testing._internal.distributed.fake_pg``), ``FakeTensorMode``
+  (``torch._subclasses.fake_tensor``), and DeviceMesh construction taken out of the fake mode
+  (``unset_fake_temporarily``): a mesh finds its coordinates with ``nonzero`` on its rank table,
+  which fake tensors cannot answer. ``static_pipeline_warmup``: the schedules' first-step P2P
+  vote (``_PipelineSchedule._warmup_p2p``, whose result is read with ``.item()``) replaced by its
+  outcome for stages built with static shapes (``InferenceMode.STATIC``), as every meshwise stage is.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -26,8 +37,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["PipelineSchedule", "TorchDispatchMode", "flatten_mesh", "forward_only_schedule", "replicate",
-           "resolve_process_group", "unbox_process_group"]
+__all__ = ["PipelineSchedule", "TorchDispatchMode", "fake_process_group", "fake_tensor_mode", "flatten_mesh",
+           "forward_only_schedule", "meshes_outside_fake", "replicate", "static_pipeline_warmup", "resolve_process_group", "unbox_process_group"]
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -69,3 +80,60 @@ def unbox_process_group(boxed: object) -> object:
 def resolve_process_group(name: str) -> object:
     """The ``ProcessGroup`` registered under ``name`` (what functional collectives carry)."""
     return dist.distributed_c10d._resolve_process_group(name)
+
+
+def fake_process_group(rank: int, world_size: int) -> None:
+    """Start the default process group as ``rank`` of ``world_size`` on torch's ``fake`` backend:
+    every collective returns at once and moves nothing, so one process stands for any rank."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def fake_tensor_mode() -> object:
+    """A ``FakeTensorMode``: tensors carry shape, dtype and device, and allocate nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@contextmanager
+def meshes_outside_fake() -> Iterator[None]:
+    """Build every DeviceMesh (and read its rank table) outside any fake mode while inside."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    init, table = DeviceMesh.__init__, DeviceMesh.mesh
+
+    def real_init(self, *args, **kwargs) -> None:
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    def real_table(self) -> torch.Tensor:
+        with unset_fake_temporarily():
+            return table.fget(self)
+
+    DeviceMesh.__init__, DeviceMesh.mesh = real_init, property(real_table)
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__, DeviceMesh.mesh = init, table
+
+
+@contextmanager
+def static_pipeline_warmup() -> Iterator[None]:
+    """Skip the pipeline schedules' P2P warm-up vote; every stage gets the mode the vote gives for
+    stages with static input and output shapes (the vote needs real data from the neighbours)."""
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    vote = schedules._PipelineSchedule._warmup_p2p
+
+    def static(self, stages, has_backward, p2p_done) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = vote

@@ -56,11 +56,12 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"]
 
 
-def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout) -> None:
-    """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``."""
+def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None) -> None:
+    """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``,
+    with the mixed-precision policy of ``precision_of`` (default: the mesh's device type)."""
     if layout.dp == 1:
         return
-    mp = mixed_precision(mesh.device_type)
+    mp = mixed_precision(precision_of or mesh.device_type)
     units = list(model.layers.values())
     if layout.zero == 0:
         dp_mesh = replicate_mesh(mesh, layout)

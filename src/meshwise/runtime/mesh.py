@@ -89,8 +89,8 @@ def exit_worker(code: int) -> None:
 
 
 def mesh_device(mesh: DeviceMesh) -> torch.device:
-    if mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+    if mesh.device_type == "cuda":  # without a device (meshwise verify's fake tensors): cuda:0
+        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     return torch.device(mesh.device_type)
 
 

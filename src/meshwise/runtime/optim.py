@@ -9,7 +9,6 @@ shards and replicas. Plain tensors are replicated over all dp*tp ranks of their 
 
 from __future__ import annotations
 
-import math
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -63,8 +62,11 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
 
 @torch.no_grad()
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dp_tp: int,
-                   group: dist.ProcessGroup | None = None) -> float:
-    """Scale gradients so that the global norm is at most ``max_norm``; returns the norm before clipping."""
+                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Scale gradients so that the global norm is at most ``max_norm``; returns the norm before
+    clipping as a 0-dim float64 tensor. No host sync: every gradient is multiplied by
+    min(1, max_norm / (norm + 1e-6)) on its device, as ``torch.nn.utils.clip_grad_norm_`` does
+    (a factor of exactly 1 leaves finite gradients unchanged)."""
     grads = [p.grad for p in params if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
     total_sq = torch.zeros((), dtype=torch.float64, device=device)
@@ -75,9 +77,9 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dp_tp: int,
         total_sq += torch.nn.utils.get_total_norm(local, 2.0, foreach=True).double().pow(2) / factor
     if dist.is_initialized():
         dist.all_reduce(total_sq, group=group)
-    norm = math.sqrt(total_sq.item())
-    coef = max_norm / (norm + 1e-6)
-    if coef < 1.0:
-        for g in grads:
-            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+    norm = total_sq.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        local = g.to_local() if isinstance(g, DTensor) else g
+        local.mul_(coef.to(local.device))
     return norm

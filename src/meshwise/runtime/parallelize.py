@@ -11,11 +11,14 @@ One optimizer step is the same computation under every layout:
 - gradients are clipped by the global norm (:mod:`meshwise.runtime.optim`), then AdamW steps;
 - the returned loss is the global token mean: the last pipeline stage's replica losses, summed
   over the world in one all-reduce and divided by dp * tp (every TP rank holds the same value).
+  ``step`` returns it and the gradient norm as 0-dim float64 tensors on the mesh's device: the
+  step path never waits for the host (no ``.item()``), so the caller reads both once, when it logs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -54,7 +57,6 @@ class ParallelModel:
     optim_config: OptimConfig
     stages: list = field(default_factory=list)
     eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
-    last_grad_norm: float = 0.0
 
     @property
     def accum(self) -> int:
@@ -85,20 +87,20 @@ class ParallelModel:
         start = dp_rank(self.mesh) * self.replica_rows
         return global_tensor[start:start + self.replica_rows]
 
-    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on this replica's (mbs*accum, seq) token ids and targets.
 
         ``inputs`` are needed where the first chunk lives, ``targets`` where the last one does.
-        Returns the global token-mean loss (the same on every rank).
+        Returns (global token-mean loss, gradient norm before clipping), both the same on every
+        rank, as 0-dim float64 tensors: nothing here synchronises with the host.
         """
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
-        self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
-                                             self.layout.dp * self.layout.tp)
+        grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip, self.layout.dp * self.layout.tp)
         self.optimizer.step()
-        return self._global_mean(local)
+        return self._global_mean(local), grad_norm
 
     @torch.no_grad()
     def eval_loss(self, batches: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> float:
@@ -113,7 +115,7 @@ class ParallelModel:
             raise ValueError("eval_loss needs at least one batch")
         mean = self._global_mean(local)
         reshard_after_forward_only(self.modules)
-        return mean / count
+        return mean.item() / count
 
     def _add_micro_batch_losses(self, local: torch.Tensor, inputs: torch.Tensor | None,
                                 targets: torch.Tensor | None, backward: bool) -> None:
@@ -145,15 +147,16 @@ class ParallelModel:
         for loss in losses:
             local += loss.detach().double()
 
-    def _global_mean(self, local: torch.Tensor) -> float:
-        """The world sum of ``local`` over dp * tp: last-stage ranks hold their replica's losses, once
-        per TP rank; the other stages hold zero."""
+    def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
+        """The world sum of ``local`` over dp * tp (a 0-dim tensor): last-stage ranks hold their
+        replica's losses, once per TP rank; the other stages hold zero."""
         dist.all_reduce(local)
-        return local.item() / (self.layout.dp * self.layout.tp)
+        return local / (self.layout.dp * self.layout.tp)
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, compile: bool = False) -> Transformer:
+                 device: torch.device, compile: bool = False,
+                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -164,18 +167,24 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
     apply_activation_checkpointing(model, layout.ac)
     if compile:
         compile_blocks(model, tensor_parallel=layout.tp > 1)  # after TP and recompute, before DP (see meshwise.runtime.compile)
-    apply_data_parallel(model, mesh, layout)
-    model.to_empty(device=device)
-    model.tie_weights()
-    init_weights(model, spec, seed)
+    with tensor_mode or nullcontext():
+        apply_data_parallel(model, mesh, layout, precision_of)
+        model.to_empty(device=device)
+        model.tie_weights()
+        init_weights(model, spec, seed)
     return model
 
 
 def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
                 seq_len: int | None = None, seed: int = 0,
-                optim: OptimConfig = OptimConfig(), compile: bool = False) -> ParallelModel:
+                optim: OptimConfig = OptimConfig(), compile: bool = False,
+                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
-    ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`)."""
+    ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`).
+    ``tensor_mode`` (``meshwise verify``'s FakeTensorMode) is entered where tensors are created:
+    materialisation, FSDP2's wrapping, initialisation and the pipeline stages (TP and recompute
+    wrap the meta model outside it). ``precision_of`` names the device type whose precision
+    policy applies (default: the mesh's): verify traces a GPU rank's bf16 policy on CPU tensors."""
     seq_len = seq_len or model_spec.max_seq
     check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
     if compile:
@@ -185,21 +194,32 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
         raise MeshwiseError(refusal)
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile) for c in chunk_ids]
+    precision_of = precision_of or mesh.device_type
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile, tensor_mode, precision_of)
+               for c in chunk_ids]
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
-        # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
-        act_dtype = torch.bfloat16 if mesh.device_type == "cuda" and layout.dp > 1 else torch.float32
-        stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len, act_dtype)
-        tokens = layout.mbs * layout.accum(global_batch) * seq_len
-
-        def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return loss_sum(logits, targets) / tokens
-
-        schedule = build_schedule(stages, layout, layout.accum(global_batch), loss_fn)
-        eval_schedule = build_eval_schedule(schedule, stages, layout.accum(global_batch), loss_fn)
+        with tensor_mode or nullcontext():
+            schedule, eval_schedule, stages = _pipeline(modules, chunk_ids, model_spec, layout, mesh, device, seq_len,
+                                                        global_batch, precision_of)
     return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
                          chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
                          optim_config=optim, stages=stages, eval_schedule=eval_schedule)
+
+
+def _pipeline(modules: list[nn.Module], chunk_ids: list[int], model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh,
+              device: torch.device, seq_len: int, global_batch: int, precision_of: str) -> tuple[object, object, list]:
+    """(schedule, eval schedule, stages) of this rank's chunks."""
+    # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
+    act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp > 1 else torch.float32
+    stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len, act_dtype)
+    tokens = layout.mbs * layout.accum(global_batch) * seq_len
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_sum(logits, targets) / tokens
+
+    schedule = build_schedule(stages, layout, layout.accum(global_batch), loss_fn)
+    eval_schedule = build_eval_schedule(schedule, stages, layout.accum(global_batch), loss_fn)
+    return schedule, eval_schedule, stages

@@ -170,6 +170,12 @@ def peak_memory_bytes(pm: Any, device_type: str) -> int:
     return int(t.item())
 
 
+def read_step(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+    """The step's loss and gradient norm as numbers: one copy to the host (it waits for the step)."""
+    loss_f, norm_f = torch.stack((loss, grad_norm)).tolist()
+    return loss_f, norm_f
+
+
 def evaluate(pm: Any, corpus: Corpus, global_batch: int, batches: int, rows: range) -> float:
     """Token-mean cross-entropy over ``batches`` held-out global batches (the same for every layout)."""
     return pm.eval_loss(corpus.eval_rows(b, global_batch, rows) for b in range(batches))
@@ -290,11 +296,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             group["lr"] = lr
         t0 = time.perf_counter()
         x, y = corpus.train_rows(first_sample + (step - 1) * B, rows)
-        loss = pm.step(x, y)
-        if device_type == "cuda":
-            torch.cuda.synchronize()
+        loss, grad_norm = read_step(*pm.step(x, y))  # the step's one host sync, for logging
         step_s = time.perf_counter() - t0
-        grad_norm = pm.last_grad_norm
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             last = ckpt.last_saved
             where = f"the last checkpoint is step-{last}" if c.dir and last else "no checkpoint was written"

@@ -1,0 +1,144 @@
+"""The torch side of ``meshwise verify``: one rank of a layout, built by the real runtime and
+traced through one training step on fake devices (imports torch).
+
+The rank joins a process group of the layout's full world size on torch's ``fake`` backend (every
+collective returns at once) and builds its part with :func:`meshwise.parallelize`: the same mesh,
+tensor/sequence parallelism, activation checkpointing, FSDP2 and pipeline chunks as a real run,
+with the mixed-precision policy of the target device type (bf16 parameters, fp32 reductions on
+GPU), its tensors created under ``FakeTensorMode`` (shapes, dtypes and storage sizes, no memory).
+The step is :meth:`ParallelModel.step` itself (every micro-batch; the pipeline schedule runs
+under the fake group, its receives returning empty buffers of the right shapes), then clipping and
+the optimizer step. The optimizer's states are created before the traced step (as the warm-up
+step of ``meshwise measure`` creates them), so the step is a steady-state one.
+
+Tensors live on the CPU device: torch 2.13's CPU build cannot run autograd on fake ``cuda``
+tensors (the engine asks for a CUDA stream), so the GPU's policy is applied on CPU tensors
+(``parallelize(precision_of="cuda")``). One kernel saves different tensors on the two builds:
+RMSNorm, whose CPU path (a composite) keeps float32 copies of its input for backward while the
+CUDA build's fused kernel (``_fused_rms_norm``) keeps the input as it is and the float32 inverse
+RMS. For a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
+(:class:`_CudaRmsNorm`); attention is the flash kernel's counterpart on both (output and
+log-sum-exp). ``MemTracker`` attributes the storages to categories at
+the step's peak, and :class:`CollectiveTrace` counts every collective, as ``measure`` does.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+import torch.nn.functional as F
+
+from meshwise.layout import MESH_DIMS, Layout
+from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure.comm_trace import CollectiveTrace
+from meshwise.measure.worker import canonical_dim
+from meshwise.runtime import _torch_private, parallelize
+from meshwise.spec import ModelSpec
+
+
+def _warm_optimizer(pm) -> None:
+    """Create the optimizer's states (zero gradients, one step), as a first real step would."""
+    for p in pm.parameters():
+        p.grad = torch.zeros_like(p)
+    pm.optimizer.step()
+    pm.optimizer.zero_grad(set_to_none=True)
+
+
+def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
+               precision_of: str) -> dict:
+    """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
+    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` (what the step's
+    matrix multiplies computed in) and ``step_returns`` (the types ``step`` returned)."""
+    world = layout.world_size
+    _torch_private.fake_process_group(rank, world)
+    try:
+        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup():
+            shape = layout.mesh_shape
+            mesh = init_device_mesh("cpu", tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+            fake = _torch_private.fake_tensor_mode()
+            pm = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0, tensor_mode=fake,
+                             precision_of=precision_of)
+            with fake:
+                x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
+                y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
+                _warm_optimizer(pm)
+                tracker = tracker_for(pm.modules, pm.optimizer)
+                dtypes = _ActivationDtypes()
+                kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
+                with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
+                    loss, grad_norm = pm.step(x, y)
+        comm: dict[tuple[str, str], list[int]] = {}
+        for key, calls in trace.calls.items():
+            entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
+            entry[0] += calls
+            entry[1] += trace.bytes[key]
+        return {
+            "rank": rank, "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
+            "global_batch": global_batch, "seq_len": seq, "world": world, "memory": peak_by_category(tracker),
+            "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
+                     for (k, d), (c, b) in sorted(comm.items())],
+            "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
+            "activation_dtypes": sorted(dtypes.seen), "step_returns": [type(loss).__name__, type(grad_norm).__name__],
+        }
+    finally:
+        dist.destroy_process_group()
+        gc.collect()
+
+
+class _ActivationDtypes(_torch_private.TorchDispatchMode):
+    """The dtypes of the matrix multiplies' outputs in the step: what the precision policy computes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and isinstance(out, torch.Tensor):
+            self.seen.add(str(out.dtype).removeprefix("torch."))
+        return out
+
+
+class _CudaRmsNorm(torch.autograd.Function):
+    """RMSNorm keeping for backward what CUDA's fused kernel keeps: the input (its own dtype), the
+    weight and the float32 inverse RMS. y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd * weight.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad.float()
+        grad_w = (g * xhat).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
+        gw = g * weight.float()
+        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None
+
+
+@contextmanager
+def _cuda_kernels() -> Iterator[None]:
+    """``F.rms_norm`` with a weight over the last dimension runs as :class:`_CudaRmsNorm` (patched on
+    the module, not through a torch-function mode, so checkpointing's recompute in backward, which
+    runs outside such modes, computes the same ops as the forward did). Each trace has its own process."""
+    rms_norm = F.rms_norm
+
+    def cuda_rms_norm(x, shape, weight=None, eps=None):
+        if weight is not None and len(shape) == 1 and eps is not None:
+            return _CudaRmsNorm.apply(x, weight, eps)
+        return rms_norm(x, shape, weight, eps)
+
+    F.rms_norm = cuda_rms_norm
+    try:
+        yield
+    finally:
+        F.rms_norm = rms_norm

@@ -1,0 +1,243 @@
+"""``meshwise verify``: any rank of any layout, at its real world size, traced through one training
+step on fake devices (:mod:`meshwise.measure.trace`) and printed beside the plan's prediction in
+``measure``'s rows.
+
+Depth. A rank's blocks are identical, so every traced figure (memory by category at the peak,
+collective bytes and counts) is an affine function of the blocks it holds, n, once the step's
+peak falls at the same moment whatever the depth:
+f(n) = f(n1) + (f(n2) - f(n1)) * (n - n1) / (n2 - n1). ``--depth auto`` traces the model cut to
+REDUCED = (3, 4) blocks per pipeline chunk (n1 = 3 * vpp, n2 = 4 * vpp blocks on every rank) and
+extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/test_verify.py
+checks one against the other on a small model). With one or two blocks per chunk the peak can
+fall elsewhere (the head's backward outweighs the blocks), so fewer than three are not used.
+Where a category shrinks from the first trace to the second, the peak fell at different moments
+of the step, and the pair moves up one block per chunk until it does not (or reaches the real depth).
+A rank with no more than 4 * vpp blocks is traced at its real depth. Only where a rank's chunks differ in size (the
+layers do not split evenly) does the extrapolation of activations assume a mean block per chunk.
+
+Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
+grads, optimizer, activations, other; comm.<kind>.<dim>.bytes_per_step and count_per_step), plus
+``memory.states`` (params + grads + optimizer): under bf16-mixed the plan counts the fp32 master
+shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum; and
+``memory.total``, what decides the fit. MemTracker files what FSDP2 creates inside the step by
+when it is created (gathered weights in forward as activations, float32 gradient accumulators in
+backward as temporaries, counted in ``other``), so categories can differ where totals agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout, check_runnable, parse, rank_chunks, stage_layers
+from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
+
+DEPTHS = ("auto", "full")
+REDUCED = (3, 4)  # blocks per chunk of the two reduced-depth traces
+
+
+def check_model_runs(model: ModelSpec, seq: int) -> None:
+    """What the runtime refuses to build (mixture of experts, latent attention...), refused here
+    before anything is traced, in the runtime's own words (runtime.model.runtime_refusal)."""
+    from meshwise.runtime.model import runtime_refusal
+
+    refusal = runtime_refusal(model, seq)
+    if refusal:
+        raise MeshwiseError(refusal)
+
+
+def device_type(cluster: ClusterSpec) -> str:
+    """The device the runtime would run on: cuda for GPU profiles, cpu for CPU ones (no overlap)."""
+    return "cuda" if cluster.accelerator.comm_overlap else "cpu"
+
+
+def runtime_precision(kind: str) -> str:
+    """What the runtime trains in on ``kind`` (docs/runtime.md): bf16-mixed on GPU, fp32 on CPU."""
+    return "bf16-mixed" if kind == "cuda" else "fp32"
+
+
+def auto_ranks(layout: Layout) -> list[int]:
+    """One rank per distinct shape: the first, a middle and the last pipeline stage (coordinate 0
+    on every other dimension); one rank without PP."""
+    per_stage = layout.world_size // layout.pp
+    return [s * per_stage for s in sorted({0, layout.pp // 2, layout.pp - 1})]
+
+
+def parse_ranks(text: str, layout: Layout) -> list[int]:
+    if text == "auto":
+        return auto_ranks(layout)
+    try:
+        ranks = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MeshwiseError(f"--ranks: {text!r} must be 'auto' or comma-separated ranks, e.g. 0,63") from None
+    bad = [r for r in ranks if not 0 <= r < layout.world_size]
+    if not ranks or bad:
+        raise MeshwiseError(f"--ranks: {bad[0] if bad else text!r} is not a rank of the world "
+                            f"(0..{layout.world_size - 1})")
+    return ranks
+
+
+def rank_blocks(model: ModelSpec, layout: Layout, pp_rank: int) -> int:
+    counts = stage_layers(model.layers, layout.stages)
+    return sum(counts[c] for c in rank_chunks(pp_rank, layout.pp, layout.vpp, layout.schedule))
+
+
+def _figures(record: dict) -> dict[str, float]:
+    out = {f"memory:{k}": float(v) for k, v in record["memory"].items()}
+    for c in record["comm"]:
+        out[f"comm:{c['kind']}:{c['dim']}:count"] = float(c["count_per_step"])
+        out[f"comm:{c['kind']}:{c['dim']}:bytes"] = float(c["bytes_per_step"])
+    return out
+
+
+def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
+    """The record at ``n`` blocks from records at ``n_a`` and ``n_b`` blocks (affine in blocks)."""
+    fa, fb = _figures(a), _figures(b)
+    f = {k: fa.get(k, 0.0) + (fb.get(k, 0.0) - fa.get(k, 0.0)) * (n - n_a) / (n_b - n_a) for k in set(fa) | set(fb)}
+    out = dict(b)
+    out["memory"] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith("memory:")}
+    comm = {}
+    for k, v in f.items():
+        if k.startswith("comm:"):
+            _, kind, dim, what = k.split(":")
+            comm.setdefault((kind, dim), {"kind": kind, "dim": dim})[
+                "count_per_step" if what == "count" else "bytes_per_step"] = round(v)
+    out["comm"] = [comm[k] for k in sorted(comm)]
+    out["blocks"] = n
+    return out
+
+
+def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
+                 depth: str) -> dict:
+    """One rank's traced record at the model's real depth (traced, or extrapolated; see above)."""
+    pp_rank = rank // (layout.world_size // layout.pp)
+    n = rank_blocks(model, layout, pp_rank)
+    if depth == "full" or n <= REDUCED[1] * layout.vpp:
+        record = trace_rank(model, layout, rank, global_batch, seq, kind)
+        record["blocks"] = n
+        return record
+    def at(k: int) -> dict:
+        return trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
+
+    k1, k2 = REDUCED
+    a, b = at(k1), at(k2)
+    while _peak_moved(a, b) and (k2 + 1) * layout.vpp < n:
+        k1, k2, a, b = k2, k2 + 1, b, at(k2 + 1)
+    return extrapolate(a, b, k1 * layout.vpp, k2 * layout.vpp, n)
+
+
+def _peak_moved(a: dict, b: dict) -> bool:
+    """Whether a memory category shrank with one more block per chunk: the peak fell at another
+    moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
+    return any(b["memory"].get(k, 0) < v for k, v in a["memory"].items())
+
+
+def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
+    """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
+    process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
+    trace a mesh of an ended group) reaches the next."""
+    import multiprocessing
+
+    from meshwise.measure import trace
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
+
+
+def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
+    rows = rows_for(record, model, cluster, train)
+    pred = {r.figure: r.predicted for r in rows}
+    meas = measured_memory(record)
+    states = ("params", "grads", "optimizer")
+    rows.insert(len(MEMORY), Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states),
+                                 sum(meas[c] for c in states)))
+    rows.insert(len(MEMORY) + 1, Row("memory.total", record["rank"], sum(pred[f"memory.{c}"] for c in MEMORY),
+                                     sum(meas.values())))
+    return rows
+
+
+def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, ranks: list[int],
+           depth: str = "auto") -> tuple[list[Row], list[dict]]:
+    """Trace ``ranks`` of ``layout``; (rows beside the plan, the traced records with ``trace_s``)."""
+    rows: list[Row] = []
+    records = []
+    for rank in ranks:
+        start = time.perf_counter()
+        record = trace_record(model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth)
+        record["trace_s"] = time.perf_counter() - start
+        records.append(record)
+        rows += verify_rows(model, cluster, train, record)
+    return rows, records
+
+
+def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
+                global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool) -> int:
+    from meshwise.plan_command import DEFAULT_SEQ_CAP
+
+    model = load_model(model_name)
+    cluster = load_cluster(gpu, gpus, gpus_per_node)
+    seq = seq_len or min(model.max_seq, DEFAULT_SEQ_CAP)
+    layout = parse(layout_text, cluster.world_size)
+    check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
+    check_model_runs(model, seq)
+    if depth not in DEPTHS:
+        raise MeshwiseError(f"--depth: {depth!r} must be one of {', '.join(DEPTHS)}")
+    ranks = parse_ranks(ranks_text, layout)
+    kind = device_type(cluster)
+    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision=runtime_precision(kind))
+    rows, records = verify(model, cluster, train, layout, ranks, depth)
+    if as_json:
+        print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
+                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device",
+                                                        "activation_dtypes")} for r in records]}))
+        return 0
+    from meshwise.measure.command import print_rows
+
+    print_rows(rows, f"{model.describe()}\nlayout {layout.short()}, rank(s) {ranks} of {cluster.world_size} traced on "
+                     f"fake {kind} devices ({train.precision}, --depth {depth}), global batch {global_batch} x {seq}, "
+                     f"predicted with --gpu {gpu}")
+    for r in records:
+        print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
+              f"matmuls computed in {', '.join(r['activation_dtypes'])}")
+    return 0
+
+
+def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, k: int, headroom: float):
+    """``plan --verify K``: trace the top ``k`` candidates (``--ranks auto``, reduced depth) and keep
+    those whose traced peak fits the device less the headroom, in the plan's order; a candidate the
+    model said fits but the trace says does not is dropped with a warning naming the category that
+    outgrew its prediction most. Returns the plan with those candidates, lines and warnings."""
+    kind = device_type(cluster)
+    if train.precision != runtime_precision(kind):
+        raise MeshwiseError(f"--verify: the runtime trains in {runtime_precision(kind)} on {kind}; "
+                            f"use --precision {runtime_precision(kind)}")
+    if train.runtime != "meshwise":
+        raise MeshwiseError("--verify: only meshwise's own runtime can be traced; use --runtime meshwise")
+    check_model_runs(model, train.seq_len)
+    limit = cluster.accelerator.memory_bytes * (1 - headroom)
+    kept, lines, warnings = [], [], []
+    for e in plan.candidates[:k]:
+        start = time.perf_counter()
+        rows, _ = verify(model, cluster, train, e.layout, auto_ranks(e.layout))
+        totals = {r.rank: r for r in rows if r.figure == "memory.total"}
+        worst = max(totals.values(), key=lambda r: r.measured)
+        line = (f"Verified {e.layout.short()}: traced peak {worst.measured / 1e9:,.1f} GB on rank {worst.rank} "
+                f"(predicted {worst.predicted / 1e9:,.1f} GB, {worst.rel_error:+.1%}) in "
+                f"{time.perf_counter() - start:.0f} s")
+        if worst.measured <= limit:
+            kept.append(e)
+            lines.append(line + ": fits")
+            continue
+        over = max((r for r in rows if r.rank == worst.rank and r.figure.startswith("memory.")
+                    and r.figure not in ("memory.total", "memory.states")), key=lambda r: r.measured - r.predicted)
+        warnings.append(f"{e.layout.short()} dropped: the plan said it fits, the trace needs "
+                        f"{worst.measured / 1e9:,.1f} GB of {limit / 1e9:,.1f} GB on rank {worst.rank}; "
+                        f"{over.figure.removeprefix('memory.')} overflowed ({over.measured / 1e9:,.1f} GB traced, "
+                        f"{over.predicted / 1e9:,.1f} GB predicted)")
+        lines.append(line + ": does NOT fit")
+    candidates = tuple(kept) + tuple(plan.candidates[k:])
+    return dataclasses.replace(plan, candidates=candidates, explanation=(*plan.explanation, *lines),
+                               warnings=(*plan.warnings, *warnings))
