@@ -38,6 +38,13 @@ def tp_degrees(model: ModelSpec, world: int) -> list[int]:
             if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0]
 
 
+def expert_degrees(model: ModelSpec, shard: int) -> list[int]:
+    """ep: divisors of the sharding group that divide the experts (1 for a dense model)."""
+    if model.states_only or not model.moe:
+        return [1]
+    return [e for e in _divisors(shard) if model.experts % e == 0]
+
+
 def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs for ``pp`` ranks of a model with ``layers`` blocks."""
     if pp == 1:
@@ -63,10 +70,11 @@ def _structures(model: ModelSpec, world: int, global_batch: int) -> Iterator[tup
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
             zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
             for zero, shard in zero_shards:
-                for sp in ((False,) if tp == 1 else (True, False)):
-                    for schedule, vpp in pipeline_options(pp, layers):
-                        yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
-                                     schedule=schedule), mbs_options
+                for ep in expert_degrees(model, shard):
+                    for sp in ((False,) if tp == 1 else (True, False)):
+                        for schedule, vpp in pipeline_options(pp, layers):
+                            yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
+                                         schedule=schedule, ep=ep), mbs_options
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
@@ -161,7 +169,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
         result.enumerated += len(acs) * len(mbs_options)
         shapes = memory.rank_shapes(model, base)
         # weights + optimizer states never shrink below the convention's: a lower bound for the structure
-        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base)) for sh in shapes]
+        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base, sh.expert_params)) for sh in shapes]
         if max(floor) > usable:
             continue
         for ac in acs:
@@ -173,13 +181,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 if overflowed and m > 1:
                     continue
                 layout = Layout(base.dp, base.zero, base.shard, base.tp, base.sp, base.pp, base.vpp, base.schedule,
-                                mbs, ac)
+                                mbs, ac, base.ep)
                 total = max(peaks.total(layout, sh, m) for sh in shapes)
                 if total > usable:
                     overflowed = True
                     continue
                 result.fitting += 1
-                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac)
+                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
                 bound = bounds.get(key)
                 if bound is None:
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
@@ -241,6 +249,8 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
         lines += _steps_capacity(model, cluster, train, one, usable)
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
+        if model.moe and not model.states_only:
+            lines.append(_step_experts(model, cluster, train, best[0], usable))
         lines.append(_why_winner(best))
     return lines
 
@@ -298,9 +308,33 @@ def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
     return lines
 
 
+def _step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:
+    """Expert parallelism: are the experts too many for one rank's memory, or is moving the tokens to
+    them (all-to-all) cheaper than gathering them (ZeRO) to every rank?"""
+    win = winner.layout
+    experts_gb = model.expert_params * train.state_bytes_per_param
+    a2a = [c for c in winner.comm if c.kind == "all_to_all"]
+    a2a_bytes = sum(c.bytes_per_step for c in a2a)
+    m = win.accum(train.global_batch)
+    gathers = (2 * m if win.zero == 3 else 1)  # ZeRO-3 gathers every micro-batch, forward and backward
+    gather_bytes = model.expert_params / win.pp * train.weight_bytes * gathers
+    head = (f"E. Experts: {model.experts} x {model.moe_layers} blocks hold {model.expert_params / 1e9:,.3g}B of the "
+            f"{model.params / 1e9:,.3g}B params ({_gb(experts_gb)} of states), {model.experts_per_token} active per token "
+            f"({model.active_params / 1e9:,.3g}B active params). ")
+    if win.ep == 1:
+        return head + ("ep=1: the experts fit beside the rest under this layout's sharding, and gathering them "
+                       f"({_gb(gather_bytes)} per rank per step) is no dearer than sending tokens to them.")
+    why = []
+    if experts_gb / win.tp > usable:
+        why.append(f"too many for one rank's memory ({_gb(experts_gb)} > {_gb(usable)})")
+    why.append(f"all-to-all moves {_gb(a2a_bytes)} per rank per step where gathering the experts would move "
+               f"{_gb(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
+    return head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why) + "."
+
+
 def _kind(layout: Layout) -> tuple:
     """What makes two layouts different in kind, not just in shard size or micro-batch size."""
-    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule)
+    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule, layout.ep)
 
 
 def _why_winner(best: list[Estimate]) -> str:

@@ -129,8 +129,11 @@ def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, 
     if layout.dp == 1:
         return [], []
     units = shape.units
-    grad = shape.params * memory.reduce_bytes(train) / units
-    weight = shape.params * train.weight_bytes / units
+    # under EP a rank reduces its ep-th of the experts (over the dp/ep expert data-parallel ranks;
+    # counted here on the DP group with the bytes of that share)
+    held = memory.held(shape.params, shape.expert_params, layout)
+    grad = held * memory.reduce_bytes(train) / units
+    weight = held * train.weight_bytes / units
     stride = layout.tp
     if layout.zero == 0:
         link = cluster.link_for(layout.dp, stride)
@@ -177,6 +180,24 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
             comm.collective("recv", "pp", 2, message, sends, link)]
 
 
+def _ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+                    cluster: ClusterSpec) -> list[Collective]:
+    """Per micro-batch and MoE block, as runtime/moe.py issues them on the EP group (``ep`` ranks,
+    ``tp`` apart: layout.expert_mesh_shape): in forward an all-to-all of the expert counts (E int64)
+    and two of the token copies, dispatch and combine (``T k h e`` each: every copy of the
+    micro-batch's T tokens, the whole sequence under TP), in backward the two in reverse; ``ac=full``
+    runs the forward's three again."""
+    if layout.ep == 1 or model.states_only or not model.moe:
+        return []
+    link = cluster.link_for(layout.ep, layout.tp)
+    moe_blocks = shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden))
+    forwards = 2 if layout.ac == "full" else 1
+    payload = train.seq_len * layout.mbs * model.experts_per_token * model.hidden * train.activation_bytes
+    calls = round(moe_blocks) * m
+    return [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
+            comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
+
+
 def world_dim(layout: Layout) -> str:
     """The name a collective over every rank goes by: the one mesh dimension larger than 1, if
     only one is, else ``world``."""
@@ -203,6 +224,7 @@ def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, l
     m = layout.accum(train.global_batch)
     per_mb, per_step = _dp_collectives(train, layout, shape, m, cluster)
     return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
+                  + _ep_collectives(model, train, layout, shape, m, cluster)
                   + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
 
 
@@ -276,9 +298,11 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        blocks_fwd = shape.blocks * compute.block_forward_flops_per_token(model, train.seq_len)
+        per_block = compute.block_forward_flops_per_token(model, train.seq_len)
+        split = compute.tp_split_flops_per_token(model, train.seq_len)
+        blocks_fwd = shape.blocks * (split / layout.tp + per_block - split)  # MoE MLPs run whole on every TP rank
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
-        flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd) / layout.tp
+        flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
                                                                 shape.has_head, layout.ac, m, layout.tp)
@@ -336,9 +360,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         units = max(shape.units, 1)
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
+        ep_ops = _ep_collectives(model, train, layout, shape, m, cluster)  # on the critical path: exposed
         dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
-        pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send")
+        pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
@@ -354,7 +379,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         busy = compute_s + tp_s + pp_s + dp_s
         stages.append(compute_s + tp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops))
+            worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     counts = _shape_counts(model, layout)
     mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
@@ -362,7 +387,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     if layout.pp > 1 and not model.states_only:
         bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
 
-    local_opt_params = max(s.params for s in shapes) / (layout.shard if layout.zero >= 1 else 1)
+    local_opt_params = max(s.params / layout.shard if layout.zero >= 1 else memory.held(s.params, s.expert_params, layout)
+                           for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
 

@@ -19,7 +19,9 @@
 Gradients are averaged over the DP group, so each replica's loss must be its own token mean.
 Under pipeline parallelism, ``torch.distributed.pipelining`` itself defers every FSDP2 module's
 reduction to the end of the step (``PipelineStage.backward_maybe_with_nosync``), whatever the level.
-On GPU the policy is bf16 parameters with fp32 gradient reduction.
+On GPU the policy is bf16 parameters with fp32 gradient reduction. Under expert parallelism the
+grouped experts are wrapped first, over the expert data-parallel ranks
+(:mod:`meshwise.runtime.expert_parallel`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 from meshwise.layout import Layout
 from meshwise.runtime import _torch_private
@@ -56,11 +59,29 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"]
 
 
-def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout) -> None:
-    """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``."""
+def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy) -> None:
+    """Each grouped-experts module its own unit over the expert data-parallel ranks, its gradients
+    divided by dp (see meshwise.runtime.expert_parallel)."""
+    from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
+
+    for experts in grouped_experts(model):
+        if layout.zero == 0:
+            _torch_private.replicate(experts, expert_dp_mesh(emesh, layout, flat=True), mp_policy=mp)
+        else:
+            fully_shard(experts, mesh=expert_dp_mesh(emesh, layout, flat=False), reshard_after_forward=layout.zero == 3,
+                        mp_policy=mp, shard_placement_fn=lambda p: Shard(1))
+        experts.set_gradient_divide_factor(float(layout.dp))
+        experts.set_force_sum_reduction_for_comms(True)  # a sum, then the division (gloo has no PREMUL_SUM)
+
+
+def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, emesh: DeviceMesh | None = None) -> None:
+    """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``
+    (under expert parallelism, ``emesh`` from expert_parallel.expert_mesh, the experts first)."""
     if layout.dp == 1:
         return
     mp = mixed_precision(mesh.device_type)
+    if layout.ep > 1:
+        _wrap_experts(model, emesh, layout, mp)
     units = list(model.layers.values())
     if layout.zero == 0:
         dp_mesh = replicate_mesh(mesh, layout)

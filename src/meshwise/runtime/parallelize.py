@@ -29,7 +29,9 @@ from meshwise.runtime.activation_checkpointing import apply_activation_checkpoin
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
+from meshwise.runtime.expert_parallel import apply_expert_parallel, expert_mesh
 from meshwise.runtime.mesh import dp_rank, mesh_device
+from meshwise.runtime.moe import set_aux_sequences
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
@@ -153,7 +155,7 @@ class ParallelModel:
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, compile: bool = False) -> Transformer:
+                 device: torch.device, compile: bool = False, emesh: DeviceMesh | None = None) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -161,10 +163,12 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sp)
+    if layout.ep > 1:
+        apply_expert_parallel(model, emesh["ep"])
     apply_activation_checkpointing(model, layout.ac)
     if compile:
         compile_blocks(model)  # after TP and recompute, before DP (see meshwise.runtime.compile)
-    apply_data_parallel(model, mesh, layout)
+    apply_data_parallel(model, mesh, layout, emesh)
     model.to_empty(device=device)
     model.tie_weights()
     init_weights(model, spec, seed)
@@ -185,7 +189,10 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
         raise MeshwiseError(refusal)
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile) for c in chunk_ids]
+    emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile, emesh) for c in chunk_ids]
+    for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
+        set_aux_sequences(m, layout.mbs * layout.accum(global_batch))
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []
