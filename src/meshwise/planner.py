@@ -322,8 +322,8 @@ def _step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winn
             f"{model.params / 1e9:,.3g}B params ({_gb(experts_gb)} of states), {model.experts_per_token} active per token "
             f"({model.active_params / 1e9:,.3g}B active params). ")
     if win.ep == 1:
-        return head + ("ep=1: the experts fit beside the rest under this layout's sharding, and gathering them "
-                       f"({_gb(gather_bytes)} per rank per step) is no dearer than sending tokens to them.")
+        return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({_gb(gather_bytes)} per rank per "
+                       "step) was not slower than any layout with ep > 1 that fits.")
     why = []
     if experts_gb / win.tp > usable:
         why.append(f"too many for one rank's memory ({_gb(experts_gb)} > {_gb(usable)})")
