@@ -109,7 +109,7 @@ def _simplicity(layout: Layout) -> tuple:
     memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
     then fewer parallel dimensions and less machinery."""
     return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.tp > 1, layout.zero,
-            layout.replicate > 1, layout.vpp, not layout.sp)
+            layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
 def _rank_key(e: Estimate) -> tuple:
