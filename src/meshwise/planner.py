@@ -18,6 +18,7 @@ from meshwise.cost import memory, pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here, validate
+from meshwise.planner_experts import expert_degrees, step_experts
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
@@ -36,13 +37,6 @@ def tp_degrees(model: ModelSpec, world: int) -> list[int]:
         return [1]
     return [t for t in _divisors(world)
             if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0]
-
-
-def expert_degrees(model: ModelSpec, shard: int) -> list[int]:
-    """ep: divisors of the sharding group that divide the experts (1 for a dense model)."""
-    if model.states_only or not model.moe:
-        return [1]
-    return [e for e in _divisors(shard) if model.experts % e == 0]
 
 
 def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
@@ -250,7 +244,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
         if model.moe and not model.states_only:
-            lines.append(_step_experts(model, cluster, train, best[0], usable))
+            lines.append(step_experts(model, cluster, train, best[0], usable))
         lines.append(_why_winner(best))
     return lines
 
@@ -306,30 +300,6 @@ def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
         lines.append(f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
                      f"DP={win.dp} outermost over the scale-out link.")
     return lines
-
-
-def _step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:
-    """Expert parallelism: are the experts too many for one rank's memory, or is moving the tokens to
-    them (all-to-all) cheaper than gathering them (ZeRO) to every rank?"""
-    win = winner.layout
-    experts_gb = model.expert_params * train.state_bytes_per_param
-    a2a = [c for c in winner.comm if c.kind == "all_to_all"]
-    a2a_bytes = sum(c.bytes_per_step for c in a2a)
-    m = win.accum(train.global_batch)
-    gathers = (2 * m if win.zero == 3 else 1)  # ZeRO-3 gathers every micro-batch, forward and backward
-    gather_bytes = model.expert_params / win.pp * train.weight_bytes * gathers
-    head = (f"E. Experts: {model.experts} x {model.moe_layers} blocks hold {model.expert_params / 1e9:,.3g}B of the "
-            f"{model.params / 1e9:,.3g}B params ({_gb(experts_gb)} of states), {model.experts_per_token} active per token "
-            f"({model.active_params / 1e9:,.3g}B active params). ")
-    if win.ep == 1:
-        return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({_gb(gather_bytes)} per rank per "
-                       "step) was not slower than any layout with ep > 1 that fits.")
-    why = []
-    if experts_gb / win.tp > usable:
-        why.append(f"too many for one rank's memory ({_gb(experts_gb)} > {_gb(usable)})")
-    why.append(f"all-to-all moves {_gb(a2a_bytes)} per rank per step where gathering the experts would move "
-               f"{_gb(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
-    return head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why) + "."
 
 
 def _kind(layout: Layout) -> tuple:

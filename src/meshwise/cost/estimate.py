@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, host, kernels, memory
+from meshwise.cost import comm, compute, experts, host, kernels, memory
 from meshwise.cost import pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -180,24 +180,6 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
             comm.collective("recv", "pp", 2, message, sends, link)]
 
 
-def _ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    cluster: ClusterSpec) -> list[Collective]:
-    """Per micro-batch and MoE block, as runtime/moe.py issues them on the EP group (``ep`` ranks,
-    ``tp`` apart: layout.expert_mesh_shape): in forward an all-to-all of the expert counts (E int64)
-    and two of the token copies, dispatch and combine (``T k h e`` each: every copy of the
-    micro-batch's T tokens, the whole sequence under TP), in backward the two in reverse; ``ac=full``
-    runs the forward's three again."""
-    if layout.ep == 1 or model.states_only or not model.moe:
-        return []
-    link = cluster.link_for(layout.ep, layout.tp)
-    moe_blocks = shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden))
-    forwards = 2 if layout.ac == "full" else 1
-    payload = train.seq_len * layout.mbs * model.experts_per_token * model.hidden * train.activation_bytes
-    calls = round(moe_blocks) * m
-    return [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
-            comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
-
-
 def world_dim(layout: Layout) -> str:
     """The name a collective over every rank goes by: the one mesh dimension larger than 1, if
     only one is, else ``world``."""
@@ -224,7 +206,7 @@ def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, l
     m = layout.accum(train.global_batch)
     per_mb, per_step = _dp_collectives(train, layout, shape, m, cluster)
     return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
-                  + _ep_collectives(model, train, layout, shape, m, cluster)
+                  + experts.ep_collectives(model, train, layout, shape, m, cluster)
                   + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
 
 
@@ -360,7 +342,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         units = max(shape.units, 1)
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
-        ep_ops = _ep_collectives(model, train, layout, shape, m, cluster)  # on the critical path: exposed
+        ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # on the critical path: exposed
         dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
