@@ -113,8 +113,8 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     return out
 
 
-def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
-                    ) -> tuple[list[Collective], list[Collective]]:
+def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+                    cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
     per FSDP2 unit (docs/runtime.md):
 
@@ -125,21 +125,34 @@ def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, 
     Under PP the schedule defers every reduction and re-shard to the end of the step: one
     reduce-scatter (all-reduce for zero 0) per unit per step; all-gathers once per step, except
     ZeRO-3's forward ones (every micro-batch) and its first backward.
-    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``."""
+    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``.
+    Under EP the routed experts are units of their own (one per MoE block), ep-th of them on this
+    rank, over the ``dp / ep`` expert data-parallel ranks (dim ``edp``; nothing when that is one rank)."""
     if layout.dp == 1:
         return [], []
-    units = shape.units
-    # under EP a rank reduces its ep-th of the experts (over the dp/ep expert data-parallel ranks;
-    # counted here on the DP group with the bytes of that share)
-    held = memory.held(shape.params, shape.expert_params, layout)
-    grad = held * memory.reduce_bytes(train) / units
-    weight = held * train.weight_bytes / units
-    stride = layout.tp
-    if layout.zero == 0:
-        link = cluster.link_for(layout.dp, stride)
-        return [], [comm.collective("all_reduce", "dp", layout.dp, grad, units, link)]
-    n = layout.shard
     dim = "dp" if layout.replicate == 1 else "dp_shard"
+    if layout.ep == 1 or not shape.expert_params:
+        return _dp_ops(train, layout, m, cluster, shape.params, shape.units, layout.shard, dim, layout.tp)
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, shape.params - shape.expert_params, shape.units,
+                               layout.shard, dim, layout.tp)
+    moe_units = round(shape.expert_params / (model.expert_params / model.moe_layers))
+    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
+                           layout.shard // layout.ep, "edp", layout.tp * layout.ep)
+    return per_mb + e_mb, per_step + e_step
+
+
+def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
+            dim: str, stride: int) -> tuple[list[Collective], list[Collective]]:
+    """_dp_collectives for ``params`` in ``units`` units sharded over ``n`` ranks ``stride`` apart
+    (times ``layout.replicate`` replicas)."""
+    replicas = layout.replicate
+    if n * replicas == 1:
+        return [], []
+    grad = params * memory.reduce_bytes(train) / units
+    weight = params * train.weight_bytes / units
+    if layout.zero == 0:
+        link = cluster.link_for(n * replicas, stride)
+        return [], [comm.collective("all_reduce", "dp" if dim != "edp" else dim, n * replicas, grad, units, link)]
     link = cluster.link_for(n, stride)
     if layout.pp > 1:
         gathers_step = units * (m + 1) if layout.zero == 3 else units
@@ -159,10 +172,9 @@ def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, 
         per_step, reductions, target = [], m, per_mb
     if n == 1:
         target.clear()
-    if layout.replicate > 1:
-        rep_link = cluster.link_for(layout.replicate, stride * n)
-        target.append(comm.collective("all_reduce", "dp_replicate", layout.replicate, grad / n,
-                                      units * reductions, rep_link))
+    if replicas > 1:
+        rep_link = cluster.link_for(replicas, stride * n)
+        target.append(comm.collective("all_reduce", "dp_replicate", replicas, grad / n, units * reductions, rep_link))
     return per_mb, per_step
 
 
@@ -204,7 +216,7 @@ def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, l
                      shape: RankShape) -> list[Collective]:
     """Every collective one rank of ``shape`` issues in a step, summed per kind and mesh dimension."""
     m = layout.accum(train.global_batch)
-    per_mb, per_step = _dp_collectives(train, layout, shape, m, cluster)
+    per_mb, per_step = _dp_collectives(model, train, layout, shape, m, cluster)
     return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
                   + experts.ep_collectives(model, train, layout, shape, m, cluster)
                   + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
@@ -343,7 +355,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
         ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # on the critical path: exposed
-        dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
+        dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0

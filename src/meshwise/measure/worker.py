@@ -86,7 +86,9 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
-        entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
+        # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
+        dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+        entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
         entry[0] += calls
         entry[1] += trace.bytes[key]
     if ep_group is not None:

@@ -60,8 +60,9 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
 
 
 def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy) -> None:
-    """Each grouped-experts module its own unit over the expert data-parallel ranks, its gradients
-    divided by dp (see meshwise.runtime.expert_parallel)."""
+    """Each grouped-experts module its own unit over the expert data-parallel ranks (see
+    meshwise.runtime.expert_parallel); its gradients are averaged over those dp/ep ranks, and the
+    experts scale them by 1/ep themselves (runtime/moe.py)."""
     from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
 
     for experts in grouped_experts(model):
@@ -70,8 +71,6 @@ def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: Mix
         else:
             fully_shard(experts, mesh=expert_dp_mesh(emesh, layout, flat=False), reshard_after_forward=layout.zero == 3,
                         mp_policy=mp, shard_placement_fn=lambda p: Shard(1))
-        experts.set_gradient_divide_factor(float(layout.dp))
-        experts.set_force_sum_reduction_for_comms(True)  # a sum, then the division (gloo has no PREMUL_SUM)
 
 
 def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, emesh: DeviceMesh | None = None) -> None:

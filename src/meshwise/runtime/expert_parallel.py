@@ -9,8 +9,10 @@ zero 0, else ``fully_shard`` on their second dimension (so the two shardings nev
 dimension), each grouped-experts module its own unit.
 
 Gradients: the experts of EP rank j receive the token gradients of all ``ep`` replicas of its
-group, so the expert data-parallel reduction divides by ``dp`` (not by its own size, dp / ep),
-which gives the global token mean as for the dense weights.
+group, so they scale them by 1/ep (runtime/moe.py) and the expert data-parallel reduction averages
+over its own dp / ep ranks: the global token mean, as for the dense weights. (FSDP2's
+``set_gradient_divide_factor`` would do it in the reduction; with it the HSDP case
+dp=4,zero=1,shard=2,ep=2 got wrong expert gradients, with a one-rank reduce-scatter group.)
 """
 
 from __future__ import annotations

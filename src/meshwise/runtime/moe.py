@@ -42,6 +42,19 @@ def _local(w: torch.Tensor) -> torch.Tensor:
     return w.to_local() if isinstance(w, DTensor) else w
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity in forward; the gradient times ``scale`` in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
 class GroupedExperts(nn.Module):
     """``experts`` SwiGLU MLPs of width ``width`` (this rank's share of them under EP)."""
 
@@ -53,8 +66,15 @@ class GroupedExperts(nn.Module):
         self.group: dist.ProcessGroup | None = None  # the EP group; None: every expert is here
 
     def compute(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """Rows of ``x`` grouped by local expert, ``counts[e]`` rows for expert e."""
+        """Rows of ``x`` grouped by local expert, ``counts[e]`` rows for expert e.
+
+        Under EP the weights' gradients are scaled by 1/ep: they collect the tokens of all ep
+        replicas of the group, and data parallelism then averages them over the dp/ep ranks left,
+        so the result is the mean over all dp replicas, as for the dense weights."""
         w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
+        if self.group is not None:
+            scale = 1.0 / dist.get_world_size(self.group)
+            w1, w2, w3 = (_ScaleGrad.apply(w, scale) for w in (w1, w2, w3))
         outs = [(F.silu(rows @ w1[e].t()) * (rows @ w3[e].t())) @ w2[e].t()
                 for e, rows in enumerate(torch.split(x, counts))]
         return torch.cat(outs)
