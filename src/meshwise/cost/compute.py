@@ -25,11 +25,11 @@ def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     return 2.0 * matmul_params + 4.0 * seq * model.hidden
 
 
-def tp_split_flops_per_token(model: ModelSpec, seq: int) -> float:
-    """The part of a block's forward FLOPs that TP divides: all of it except a MoE block's MLP, which
-    every TP rank runs whole (runtime/moe.py)."""
-    moe = model.active_mlp_params - model.dense_mlp_params
-    return block_forward_flops_per_token(model, seq) - 2.0 * moe
+def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int) -> float:
+    """A block's forward FLOPs on one TP rank: TP divides all of them except a MoE block's MLP,
+    which every TP rank runs whole (runtime/moe.py)."""
+    moe = 2.0 * (model.active_mlp_params - model.dense_mlp_params)
+    return (block_forward_flops_per_token(model, seq) - moe) / tp + moe
 
 
 def head_forward_flops_per_token(model: ModelSpec) -> float:

@@ -125,17 +125,16 @@ def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     Under PP the schedule defers every reduction and re-shard to the end of the step: one
     reduce-scatter (all-reduce for zero 0) per unit per step; all-gathers once per step, except
     ZeRO-3's forward ones (every micro-batch) and its first backward.
-    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``.
-    Under EP the routed experts are units of their own (one per MoE block), ep-th of them on this
-    rank, over the ``dp / ep`` expert data-parallel ranks (dim ``edp``; nothing when that is one rank)."""
+    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``. Under EP the
+    experts are units of their own (one per MoE block) over the dp / ep ranks left (dim ``edp``)."""
     if layout.dp == 1:
         return [], []
     dim = "dp" if layout.replicate == 1 else "dp_shard"
-    if layout.ep == 1 or not shape.expert_params:
-        return _dp_ops(train, layout, m, cluster, shape.params, shape.units, layout.shard, dim, layout.tp)
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, shape.params - shape.expert_params, shape.units,
-                               layout.shard, dim, layout.tp)
-    moe_units = round(shape.expert_params / (model.expert_params / model.moe_layers))
+    experts = shape.expert_params if layout.ep > 1 else 0.0
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, shape.params - experts, shape.units, layout.shard, dim, layout.tp)
+    if not experts:
+        return per_mb, per_step
+    moe_units = round(experts / (model.expert_params / model.moe_layers))
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
                            layout.shard // layout.ep, "edp", layout.tp * layout.ep)
     return per_mb + e_mb, per_step + e_step
@@ -143,8 +142,7 @@ def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
 
 def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
             dim: str, stride: int) -> tuple[list[Collective], list[Collective]]:
-    """_dp_collectives for ``params`` in ``units`` units sharded over ``n`` ranks ``stride`` apart
-    (times ``layout.replicate`` replicas)."""
+    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas)."""
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
@@ -292,9 +290,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        per_block = compute.block_forward_flops_per_token(model, train.seq_len)
-        split = compute.tp_split_flops_per_token(model, train.seq_len)
-        blocks_fwd = shape.blocks * (split / layout.tp + per_block - split)  # MoE MLPs run whole on every TP rank
+        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
@@ -354,7 +350,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         units = max(shape.units, 1)
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
-        ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # on the critical path: exposed
+        ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # exposed (critical path)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
