@@ -203,7 +203,9 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str) ->
             w += len(shape.chunk_blocks) * shape.block_params * train.weight_bytes
         return w
     if train.precision != "bf16-mixed":
-        w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout)) \
+        # replicate keeps no second copy of experts that no other rank shares (dp = ep; measured)
+        alone = shape.expert_params / layout.ep if layout.dp == layout.ep else 0.0
+        w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
             * train.weight_bytes
     return w
 
