@@ -155,7 +155,7 @@ def states(params: float, train: TrainSpec, layout: Layout, expert_params: float
     experts) under the layout's ZeRO stage. Experts are sharded ``ep`` ways, then by ZeRO over the
     ``shard / ep`` ranks that remain: sharded, an expert costs what a dense parameter does (1/shard)."""
     n = layout.shard if layout.zero else 1
-    local = held(params, expert_params, layout)
+    local = held(params, expert_params, layout) if expert_params else params
     w = params * train.weight_bytes / n if layout.zero >= 3 else local * train.weight_bytes
     g = params * train.grad_bytes / n if layout.zero >= 2 else local * train.grad_bytes
     o = params * train.optimizer_bytes / n if layout.zero >= 1 else local * train.optimizer_bytes
@@ -183,7 +183,7 @@ def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankSh
     under PP, which defers the reduce-scatter), else the shard; under TP the vocabulary-parallel
     embedding's gradient accumulates out of place, a second copy of it."""
     unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
-    local = held(shape.params, shape.expert_params, layout)
+    local = held(shape.params, shape.expert_params, layout) if shape.expert_params else shape.params
     grads = local * train.grad_bytes if unsharded else shape.params * train.grad_bytes / layout.shard
     if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
         grads += model.embedding_params / layout.tp * train.grad_bytes
