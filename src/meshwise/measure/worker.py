@@ -86,6 +86,8 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
+        if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
+            continue
         # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
         dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
         entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
