@@ -57,6 +57,9 @@ CASES = {
     "gpt2": ("GPT2Config", dict()),
     "mixtral-8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                            num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)),
+    "mixtral-8x22b": ("MixtralConfig", dict(hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
+                                            num_attention_heads=48, num_key_value_heads=8, vocab_size=32768,
+                                            max_position_embeddings=65536, rope_theta=1e6)),
     "qwen1.5-moe-a2.7b": ("Qwen2MoeConfig", dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
                                                  shared_expert_intermediate_size=5632, num_experts=60,
                                                  num_experts_per_tok=4, num_hidden_layers=24, num_attention_heads=16,
@@ -75,7 +78,7 @@ CASES = {
 }
 
 # Published totals / active parameters (model cards and papers), to 3 significant figures.
-PUBLISHED = {"mixtral-8x7b": (46.7e9, 12.9e9), "qwen3-30b-a3b": (30.5e9, 3.3e9), "deepseek-v3": (671e9, 37e9),
+PUBLISHED = {"mixtral-8x7b": (46.7e9, 12.9e9), "mixtral-8x22b": (141e9, 39e9), "deepseek-v2-lite": (15.7e9, None), "qwen3-30b-a3b": (30.5e9, 3.3e9), "deepseek-v3": (671e9, 37e9),
              "llama3.1-8b": (8.03e9, None), "gemma-7b": (8.54e9, None), "gpt2": (124e6, None)}
 
 

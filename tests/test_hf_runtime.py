@@ -131,10 +131,9 @@ def test_sharded_export_round_trips(tmp_path):
 
 @pytest.mark.parametrize("cls, kw, words", [
     ("Gemma2Config", dict(TINY, head_dim=32), "four norms"),
-    ("MixtralConfig", dict(TINY), "mixture of experts"),
     ("DeepseekV3Config", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                               kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                              v_head_dim=16, first_k_dense_replace=1), "mixture of experts"),
+                              v_head_dim=16, first_k_dense_replace=1), "multi-head latent attention"),
     ("MistralConfig", dict(TINY, sliding_window=8), "sliding-window"),
     ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
 ])

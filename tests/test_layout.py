@@ -21,6 +21,8 @@ def test_defaults_and_round_trip():
     ("tp=two", "tp"), ("foo=1", "unknown key 'foo'"), ("zero=4", "zero=4"), ("dp=4,shard=3,zero=1", "shard=3"),
     ("schedule=zigzag", "schedule"), ("ac=some", "ac"), ("pp=2,vpp=2,schedule=1f1b", "vpp"), ("dp", "key=value"),
     ("pp=2,schedule=interleaved-1f1b", "vpp >= 2"), ("dp=4,shard=2", "zero"),
+    ("dp=4,ep=3", "ep=3 must divide .*dp_shard = 4.*valid ep: 1, 2, 4"), ("dp=4,zero=1,shard=2,ep=4", "ep=4"),
+    ("ep=0", "ep=0 must be at least 1"),
 ])
 def test_parse_errors_name_the_field(text, match):
     with pytest.raises(MeshwiseError, match=match):
@@ -54,3 +56,18 @@ def test_chunk_placement():
     assert [chunk_rank(c, 2, 2, "interleaved-1f1b") for c in range(4)] == [0, 1, 0, 1]
     assert [chunk_rank(c, 2, 2, "zero-bubble") for c in range(4)] == [0, 1, 1, 0]
     assert Layout().world_size == 1
+
+
+def test_ep_round_trip_and_validation():
+    from meshwise.layout import expert_mesh_shape
+
+    lay = parse("dp=8,zero=3,shard=4,ep=2,tp=2", world_size=16)
+    assert lay.ep == 2 and parse(lay.format()) == lay and parse(lay.short()) == lay and "ep=2" in lay.short()
+    assert parse("tp=2").ep == 1 and "ep" not in parse("tp=2").short()
+    assert expert_mesh_shape(lay) == {"pp": 1, "dp_replicate": 2, "dp_shard_mod_ep": 2, "ep": 2, "tp": 2}
+    moe = load_model("tiny-moe")  # 4 experts
+    validate(parse("dp=4,ep=4"), moe, 4, 8)
+    with pytest.raises(MeshwiseError, match="needs a mixture-of-experts model"):
+        validate(parse("dp=2,ep=2"), load_model("tiny"), 2, 8)
+    with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4"):
+        validate(parse("dp=8,ep=8"), moe, 8, 8)

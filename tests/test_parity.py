@@ -18,7 +18,7 @@ from _transport import is_transport_error
 from _dist_parity import Case
 from _parity_cases import PARITY_CASES as CASES
 
-GROUP_TIMEOUT_S = {2: 300, 4: 270, 8: 180}  # hang guards (20, 10 and 2 cases), not timing assertions
+GROUP_TIMEOUT_S = {2: 360, 4: 330, 8: 180}  # hang guards (24, 13 and 2 cases), not timing assertions
 # torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
 # cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
 COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
@@ -100,9 +100,9 @@ def test_compile_refuses_pipelining() -> None:
 
 
 @pytest.mark.parametrize("world,case", BAD, ids=[f"{w}:{c.name}" for w, c in BAD])
-def test_wrong_run_is_caught(world: int, case: Case, reference: dp.Run) -> None:
+def test_wrong_run_is_caught(world: int, case: Case) -> None:
     """Same data on every replica, or another init seed, must not pass as parity."""
-    assert dp.mismatch(result(world, case), reference)
+    assert dp.mismatch(result(world, case), reference_of(case.model))
 
 
 def test_tied_model_counts_as_planned() -> None:

@@ -1,6 +1,6 @@
 """Layout: the one contract between the planner and the runtime (docs/design.md).
 
-Text form: comma-separated ``key=value`` with keys dp, zero, shard, tp, sp, pp, vpp, schedule, mbs, ac.
+Text form: comma-separated ``key=value`` with keys dp, zero, shard, ep, tp, sp, pp, vpp, schedule, mbs, ac.
 Owns "can this layout run here?" (:func:`check_runnable`, torch-free; every entry point calls it)
 and the pipeline stage split, which the cost model and the runtime both read.
 """
@@ -15,13 +15,15 @@ from meshwise.spec import ModelSpec
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 AC_MODES = ("none", "selective", "full")
-KEYS = ("dp", "zero", "shard", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
+KEYS = ("dp", "zero", "shard", "ep", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first
+EP_FROM = ("dp_shard",)  # the mesh dims expert parallelism is carved from (see expert_mesh_shape)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A fully resolved layout. World size = dp * tp * pp; the sharding group has ``shard`` ranks."""
+    """A fully resolved layout. World size = dp * tp * pp; the sharding group has ``shard`` ranks;
+    ``ep`` of those hold disjoint experts (expert parallelism, :func:`expert_mesh_shape`)."""
 
     dp: int = 1
     zero: int = 0
@@ -33,6 +35,7 @@ class Layout:
     schedule: str = "1f1b"
     mbs: int = 1
     ac: str = "none"
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -68,6 +71,8 @@ class Layout:
             parts.append(f"zero={self.zero}")
             if self.shard != self.dp:
                 parts.append(f"shard={self.shard}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.tp > 1:
             parts.append(f"tp={self.tp}" + ("" if self.sp else ",sp=off"))
         if self.pp > 1:
@@ -121,7 +126,7 @@ def parse(text: str, world_size: int | None = None) -> Layout:
         if key in given:
             raise MeshwiseError(f"layout: {key} given twice")
         given[key] = value
-    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "tp", "pp", "vpp", "mbs")}
+    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "tp", "pp", "vpp", "mbs")}
     tp, pp = ints.get("tp", 1), ints.get("pp", 1)
     if "dp" in ints:
         dp = ints["dp"]
@@ -148,7 +153,7 @@ def parse(text: str, world_size: int | None = None) -> Layout:
     if ac not in AC_MODES:
         raise MeshwiseError(f"layout: ac={ac!r} must be one of {', '.join(AC_MODES)}")
     layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
-                    schedule=schedule, mbs=ints.get("mbs", 1), ac=ac)
+                    schedule=schedule, mbs=ints.get("mbs", 1), ac=ac, ep=ints.get("ep", 1))
     check_shape(layout)
     return layout
 
@@ -157,6 +162,10 @@ def check_shape(layout: Layout) -> None:
     """What the layout alone can get wrong (no model, world size or batch needed)."""
     if layout.dp % layout.shard:
         raise MeshwiseError(f"layout: shard={layout.shard} must divide dp={layout.dp}")
+    if layout.shard % layout.ep:
+        raise MeshwiseError(f"layout: ep={layout.ep} must divide the data-parallel ranks it is carved from "
+                            f"(dp_shard = {layout.shard}); valid ep: "
+                            f"{', '.join(str(e) for e in range(1, layout.shard + 1) if layout.shard % e == 0)}")
     if layout.vpp > 1 and layout.pp == 1:
         raise MeshwiseError(f"layout: vpp={layout.vpp} needs pp > 1")
     if layout.vpp > 1 and layout.schedule in ("gpipe", "1f1b"):
@@ -180,6 +189,13 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
                                     f"valid tp: {', '.join(map(str, valid[:8]))}")
         if layout.stages > model.layers:
             raise MeshwiseError(f"layout: pp*vpp = {layout.stages} is more than the model's {model.layers} layers")
+    if layout.ep > 1 and not model.moe:
+        raise MeshwiseError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, "
+                            "use ep=1")
+    if layout.ep > 1 and model.experts % layout.ep:
+        valid = [e for e in range(1, layout.shard + 1) if model.experts % e == 0 and layout.shard % e == 0]
+        raise MeshwiseError(f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
+                            f"{', '.join(map(str, valid))}")
     if global_batch % (layout.mbs * layout.dp):
         raise MeshwiseError(f"layout: global batch {global_batch} is not divisible by mbs*dp = "
                             f"{layout.mbs}*{layout.dp}; pick a batch that is a multiple of {layout.mbs * layout.dp}")
@@ -220,6 +236,16 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
     if layout.sp and not model.states_only and model.position == "learned":
         return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None
+
+
+def expert_mesh_shape(layout: Layout) -> dict[str, int]:
+    """The mesh as expert parallelism sees it, outermost first: the EP group is carved from the
+    innermost ranks of :data:`EP_FROM` (``dp_shard``), as torchtitan and Megatron-Core carve it
+    from the data-parallel ranks, so its ``ep`` ranks are ``tp`` apart and as close as DP allows.
+    Experts are sharded ``ep`` ways and, like dense weights, by the layout's ZeRO over the expert
+    data-parallel ranks that remain (``dp_replicate`` x ``dp_shard_mod_ep``)."""
+    return {"pp": layout.pp, "dp_replicate": layout.replicate, "dp_shard_mod_ep": layout.shard // layout.ep,
+            "ep": layout.ep, "tp": layout.tp}
 
 
 def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:

@@ -184,6 +184,16 @@ class ModelSpec:
         return dense * self._mlp(self.ffn_hidden) + self.moe_layers * (self._moe_block(self.experts) if self.moe else 0)
 
     @property
+    def expert_params(self) -> int:
+        """The routed experts of every MoE block (what expert parallelism shards)."""
+        return self.moe_layers * self.experts * self._mlp(self.expert_ffn_hidden) if self.moe else 0
+
+    @property
+    def dense_mlp_params(self) -> float:
+        """One block's dense MLP, the mean over the blocks (0 for a MoE block): what TP splits."""
+        return (self.layers - self.moe_layers) * self._mlp(self.ffn_hidden) / self.layers
+
+    @property
     def mlp_params(self) -> float:
         """One block's MLP; for MoE models the mean over the blocks (dense and sparse ones)."""
         return self.total_mlp_params / self.layers if self.moe else self._mlp(self.ffn_hidden)

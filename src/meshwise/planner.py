@@ -18,6 +18,7 @@ from meshwise.cost import memory, pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, rank_memories
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here, validate
+from meshwise.planner_experts import expert_degrees, step_experts
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
@@ -63,10 +64,11 @@ def _structures(model: ModelSpec, world: int, global_batch: int) -> Iterator[tup
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
             zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
             for zero, shard in zero_shards:
-                for sp in ((False,) if tp == 1 else (True, False)):
-                    for schedule, vpp in pipeline_options(pp, layers):
-                        yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
-                                     schedule=schedule), mbs_options
+                for ep in expert_degrees(model, shard):
+                    for sp in ((False,) if tp == 1 else (True, False)):
+                        for schedule, vpp in pipeline_options(pp, layers):
+                            yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
+                                         schedule=schedule, ep=ep), mbs_options
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
@@ -101,7 +103,7 @@ def _simplicity(layout: Layout) -> tuple:
     memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
     then fewer parallel dimensions and less machinery."""
     return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.tp > 1, layout.zero,
-            layout.replicate > 1, layout.vpp, not layout.sp)
+            layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
 def _rank_key(e: Estimate) -> tuple:
@@ -161,7 +163,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
         result.enumerated += len(acs) * len(mbs_options)
         shapes = memory.rank_shapes(model, base)
         # weights + optimizer states never shrink below the convention's: a lower bound for the structure
-        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base)) for sh in shapes]
+        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base, sh.expert_params)) for sh in shapes]
         if max(floor) > usable:
             continue
         for ac in acs:
@@ -173,13 +175,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 if overflowed and m > 1:
                     continue
                 layout = Layout(base.dp, base.zero, base.shard, base.tp, base.sp, base.pp, base.vpp, base.schedule,
-                                mbs, ac)
+                                mbs, ac, base.ep)
                 total = max(peaks.total(layout, sh, m) for sh in shapes)
                 if total > usable:
                     overflowed = True
                     continue
                 result.fitting += 1
-                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac)
+                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
                 bound = bounds.get(key)
                 if bound is None:
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
@@ -241,6 +243,8 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
         lines += _steps_capacity(model, cluster, train, one, usable)
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
+        if model.moe and not model.states_only:
+            lines.append(step_experts(model, cluster, train, best[0], usable))
         lines.append(_why_winner(best))
     return lines
 
@@ -300,7 +304,7 @@ def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
 
 def _kind(layout: Layout) -> tuple:
     """What makes two layouts different in kind, not just in shard size or micro-batch size."""
-    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule)
+    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule, layout.ep)
 
 
 def _why_winner(best: list[Estimate]) -> str:

@@ -176,3 +176,30 @@ def loss_grad_bytes(model: ModelSpec, seq: int, mbs: int) -> float:
 def ids_bytes(seq: int, mbs: int) -> float:
     """The token ids (int64) the embedding's backward keeps."""
     return seq * mbs * 8
+
+
+# Switch Transformer's training capacity factor (Fedus et al. 2021, arXiv 2101.03961, Sec. 2.2):
+# the busiest expert's tokens over the mean. meshwise's runtime is dropless (no token is dropped),
+# so this is the load the busiest EP rank is budgeted for, not a limit.
+CAPACITY_FACTOR = 1.25
+
+
+def moe_mlp_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int, ep: int, ac: str,
+                  capacity: float = CAPACITY_FACTOR) -> float:
+    """What one MoE block's MLP part keeps for backward, per micro-batch, on one rank (the runtime
+    runs it whole on the whole sequence under TP, see runtime/moe.py), in place of a dense MLP's:
+
+    per token: the router's logits (E) and fp32 probabilities (4 E bytes); the token copies each
+    expert multiplies, ``k h``, and the SwiGLU tensors of each copy (gate, SiLU, up, product:
+    ``4 k f_e``), both times the capacity factor when experts are spread over ep > 1 ranks (the
+    busiest rank receives more than the mean); the expert outputs brought back for the weighted
+    sum (``k h``); the shared expert's four SwiGLU tensors (``4 f_s``) and, when gated, its output
+    (``h``). ``ac=full`` keeps none of it (only the block input, counted by :func:`block_bytes`)."""
+    if ac == "full" or not model.moe:
+        return 0.0
+    tokens = seq * mbs
+    e, h, k = elem_bytes, model.hidden, model.experts_per_token
+    cap = capacity if ep > 1 else 1.0
+    routed = cap * k * (h + 4 * model.expert_ffn_hidden) + k * h
+    shared = 4 * model.shared_ffn_hidden + (h if model.shared_expert_gate else 0)
+    return tokens * (e * (routed + shared + model.experts) + 4 * model.experts)

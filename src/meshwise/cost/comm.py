@@ -7,10 +7,13 @@ spans nodes rides the scale-out link. For ``n`` ranks and a payload of ``B`` byt
 - ring all-reduce ``2(n-1)*alpha + 2(n-1)/n * B/beta``; tree all-reduce ``2*ceil(log2 n)*alpha + 2*B/beta``;
   the cheaper one is taken (NCCL chooses per size);
 - ring all-gather and reduce-scatter ``(n-1)*alpha + (n-1)/n * B/beta``;
-- broadcast ``ceil(log2 n)*alpha + B/beta``; send/recv ``alpha + B/beta``.
+- broadcast ``ceil(log2 n)*alpha + B/beta``; send/recv ``alpha + B/beta``;
+- all-to-all (pairwise exchange) ``(n-1)*alpha + (n-1)/n * B/beta``: each rank keeps 1/n of its
+  ``B`` bytes and sends the rest, one message per peer (expert parallelism, uniform routing).
 
 ``bytes_per_step`` is the payload summed over calls: the full tensor for all-reduce and broadcast,
-the full (gathered) tensor for all-gather and reduce-scatter, the message for send and recv. Payload
+the full (gathered) tensor for all-gather and reduce-scatter, the message for send and recv, a
+rank's whole input for all-to-all. Payload
 sizes per layout are listed in docs/cost-model.md.
 """
 
@@ -48,7 +51,7 @@ def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) 
         ring = 2 * (n - 1) * a + 2 * (n - 1) / n * payload_bytes / beta
         tree = 2 * math.ceil(math.log2(n)) * a + 2 * payload_bytes / beta
         return min(ring, tree)
-    if kind in ("all_gather", "reduce_scatter"):
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) * a + (n - 1) / n * payload_bytes / beta
     if kind == "broadcast":
         return math.ceil(math.log2(n)) * a + payload_bytes / beta

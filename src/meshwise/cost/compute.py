@@ -2,7 +2,8 @@
 
 Per token and block, the forward costs ``2 * (matmul parameters)`` plus ``4 * s * h`` for the
 attention scores and their product with V (the full square, as Narayanan et al. 2021 Eq. 3 and
-Korthikanti et al. 2022 Eq. 7 count it, even though causal attention needs half). The LM head adds
+Korthikanti et al. 2022 Eq. 7 count it, even though causal attention needs half); for a mixture of
+experts the matmul parameters are the active ones (k experts per token). The LM head adds
 ``2 * h * V``. Backward costs twice the forward.
 
 - model FLOPs = 3 x forward (Korthikanti Eq. 7 for GPT shapes: 72*B*L*s*h^2*(1 + s/(6h) + V/(12hL)));
@@ -18,8 +19,17 @@ from meshwise.spec import ModelSpec
 
 
 def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
-    matmul_params = model.attention_params + model.mlp_params
+    """Mixture of experts: the parameters a token passes through (its k experts, the shared expert
+    and the router; ``active_mlp_params``), the mean over the blocks."""
+    matmul_params = model.attention_params + model.active_mlp_params
     return 2.0 * matmul_params + 4.0 * seq * model.hidden
+
+
+def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int) -> float:
+    """A block's forward FLOPs on one TP rank: TP divides all of them except a MoE block's MLP,
+    which every TP rank runs whole (runtime/moe.py)."""
+    moe = 2.0 * (model.active_mlp_params - model.dense_mlp_params)
+    return (block_forward_flops_per_token(model, seq) - moe) / tp + moe
 
 
 def head_forward_flops_per_token(model: ModelSpec) -> float:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, host, kernels, memory
+from meshwise.cost import comm, compute, experts, host, kernels, memory
 from meshwise.cost import pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -118,8 +118,8 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     return out
 
 
-def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
-                    ) -> tuple[list[Collective], list[Collective]]:
+def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+                    cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
     per FSDP2 unit (docs/runtime.md):
 
@@ -130,18 +130,32 @@ def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, 
     Under PP the schedule defers every reduction and re-shard to the end of the step: one
     reduce-scatter (all-reduce for zero 0) per unit per step; all-gathers once per step, except
     ZeRO-3's forward ones (every micro-batch) and its first backward.
-    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``."""
+    HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``. Under EP the
+    experts are units of their own (one per MoE block) over the dp / ep ranks left (dim ``edp``)."""
     if layout.dp == 1:
         return [], []
-    units = shape.units
-    grad = shape.params * memory.reduce_bytes(train) / units
-    weight = shape.params * train.weight_bytes / units
-    stride = layout.tp
-    if layout.zero == 0:
-        link = cluster.link_for(layout.dp, stride)
-        return [], [comm.collective("all_reduce", "dp", layout.dp, grad, units, link)]
-    n = layout.shard
     dim = "dp" if layout.replicate == 1 else "dp_shard"
+    experts = shape.expert_params if layout.ep > 1 else 0.0
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, shape.params - experts, shape.units, layout.shard, dim, layout.tp)
+    if not experts:
+        return per_mb, per_step
+    moe_units = round(experts / (model.expert_params / model.moe_layers))
+    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
+                           layout.shard // layout.ep, "edp", layout.tp * layout.ep)
+    return per_mb + e_mb, per_step + e_step
+
+
+def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
+            dim: str, stride: int) -> tuple[list[Collective], list[Collective]]:
+    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas)."""
+    replicas = layout.replicate
+    if n * replicas == 1:
+        return [], []
+    grad = params * memory.reduce_bytes(train) / units
+    weight = params * train.weight_bytes / units
+    if layout.zero == 0:
+        link = cluster.link_for(n * replicas, stride)
+        return [], [comm.collective("all_reduce", "dp" if dim != "edp" else dim, n * replicas, grad, units, link)]
     link = cluster.link_for(n, stride)
     if layout.pp > 1:
         gathers_step = units * (m + 1) if layout.zero == 3 else units
@@ -161,10 +175,9 @@ def _dp_collectives(train: TrainSpec, layout: Layout, shape: RankShape, m: int, 
         per_step, reductions, target = [], m, per_mb
     if n == 1:
         target.clear()
-    if layout.replicate > 1:
-        rep_link = cluster.link_for(layout.replicate, stride * n)
-        target.append(comm.collective("all_reduce", "dp_replicate", layout.replicate, grad / n,
-                                      units * reductions, rep_link))
+    if replicas > 1:
+        rep_link = cluster.link_for(replicas, stride * n)
+        target.append(comm.collective("all_reduce", "dp_replicate", replicas, grad / n, units * reductions, rep_link))
     return per_mb, per_step
 
 
@@ -206,8 +219,9 @@ def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, l
                      shape: RankShape) -> list[Collective]:
     """Every collective one rank of ``shape`` issues in a step, summed per kind and mesh dimension."""
     m = layout.accum(train.global_batch)
-    per_mb, per_step = _dp_collectives(train, layout, shape, m, cluster)
+    per_mb, per_step = _dp_collectives(model, train, layout, shape, m, cluster)
     return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
+                  + experts.ep_collectives(model, train, layout, shape, m, cluster)
                   + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
 
 
@@ -281,9 +295,9 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        blocks_fwd = shape.blocks * compute.block_forward_flops_per_token(model, train.seq_len)
+        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
-        flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd) / layout.tp
+        flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
                                                                 shape.has_head, layout.ac, m, layout.tp)
@@ -341,9 +355,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         units = max(shape.units, 1)
         tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
         pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
-        dp_mb_ops, dp_step_ops = _dp_collectives(train, layout, shape, m, cluster)
+        ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # exposed (critical path)
+        dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
-        pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send")
+        pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
@@ -359,7 +374,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         busy = compute_s + tp_s + pp_s + dp_s
         stages.append(compute_s + tp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops))
+            worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     counts = _shape_counts(model, layout)
     mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
@@ -367,7 +382,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     if layout.pp > 1 and not model.states_only:
         bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
 
-    local_opt_params = max(s.params for s in shapes) / (layout.shard if layout.zero >= 1 else 1)
+    local_opt_params = max(s.params / layout.shard if layout.zero >= 1 else memory.held(s.params, s.expert_params, layout)
+                           for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
 

@@ -85,6 +85,15 @@ def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, 
     return fwd, bwd
 
 
+def _mlp_width(model: ModelSpec) -> float:
+    """The MLP width a token passes through: ``ffn_hidden``, or for a mixture of experts the active
+    MLP (k experts, the shared expert, the router; the mean over the blocks) as one dense MLP of the
+    same parameters (an approximation: the experts' GEMMs are k smaller ones, on fewer rows)."""
+    if not model.moe:
+        return model.ffn_hidden
+    return model.active_mlp_params / ((2 if model.mlp == "gelu" else 3) * model.hidden)
+
+
 def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
                           sp: bool) -> float:
     """Forward seconds of a block's norms, residual adds, rotary and MLP activation."""
@@ -92,7 +101,7 @@ def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str
     t_norm = tokens / tp if sp else tokens
     elems = (2 * p["norm"] + 2 * p["residual"]) * t_norm * model.hidden
     elems += p["rotary"] * tokens * (model.hidden + model.kv_dim) / tp
-    elems += p[model.mlp] * tokens * model.ffn_hidden / tp
+    elems += p[model.mlp] * tokens * _mlp_width(model) / tp
     return elems * e / _hbm(accel)
 
 
@@ -103,9 +112,10 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     peak = accel.peak_flops_per_s(train.precision)
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
-    mlp_in = (2 if model.mlp == "swiglu" else 1) * model.ffn_hidden / tp
+    width = _mlp_width(model)
+    mlp_in = (2 if model.mlp == "swiglu" else 1) * width / tp
     fwd = bwd = 0.0
-    for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, model.ffn_hidden / tp)):
+    for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
         f, b = _linear_s(tokens, n, k, accel, peak, e)
         fwd, bwd = fwd + f, bwd + b
     attn_f, attn_b = _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention)
@@ -119,7 +129,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     elif ac == "selective":
         recompute = mem_f
         if train.selective_policy == "every-other-matmul":
-            up = model.ffn_hidden / tp
+            up = width / tp
             recompute += sum(gemm_seconds(tokens, n, k, accel, peak, e)
                              for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
     else:

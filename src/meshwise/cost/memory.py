@@ -55,6 +55,7 @@ class RankShape:
     root_params: float       # embedding, final norm and head held by this rank, after TP
     root_units: int          # chunks of this rank that hold any of those (one FSDP unit each)
     sends_per_mb: int        # activations and gradients this rank sends to another rank, per micro-batch
+    expert_params: float = 0.0  # routed experts in its blocks, before expert parallelism
 
     __hash__ = cached_hash
 
@@ -117,7 +118,10 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     if model.states_only:  # the shape is unknown: no FSDP unit to size buffers by
         per_rank = model.params / (t * pp)
         return tuple(RankShape(r, (0,), r == 0, r == pp - 1, per_rank, 0.0, 0.0, 1, 0) for r in range(pp))
-    block = (model.attention_params + model.mlp_params) / t + model.layer_norm_params
+    # MoE blocks are not split by TP (the runtime runs them whole on every TP rank)
+    moe_mlp = model.mlp_params - model.dense_mlp_params
+    block = (model.attention_params + model.dense_mlp_params) / t + moe_mlp + model.layer_norm_params
+    expert_block = model.expert_params / model.layers
     embed = model.embedding_params / t
     head = model.vocab * model.hidden / t
     stages = pp * vpp
@@ -137,16 +141,24 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
         sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward
         blocks = tuple(counts[c] for c in chunks)
         shapes.append(RankShape(r, blocks, first_here, last_here, sum(blocks) * block + root, block, root,
-                                root_units, sends))
+                                root_units, sends, sum(blocks) * expert_block))
     return tuple(shapes)
 
 
-def states(params: float, train: TrainSpec, layout: Layout) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes for ``params`` parameters under the layout's ZeRO stage."""
+def held(params: float, expert_params: float, layout: Layout) -> float:
+    """Parameters a rank holds unsharded by ZeRO: every dense one, its EP share of the experts."""
+    return params - expert_params * (1 - 1 / layout.ep)
+
+
+def states(params: float, train: TrainSpec, layout: Layout, expert_params: float = 0.0) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes for ``params`` parameters (``expert_params`` of them routed
+    experts) under the layout's ZeRO stage. Experts are sharded ``ep`` ways, then by ZeRO over the
+    ``shard / ep`` ranks that remain: sharded, an expert costs what a dense parameter does (1/shard)."""
     n = layout.shard if layout.zero else 1
-    w = params * train.weight_bytes / (n if layout.zero >= 3 else 1)
-    g = params * train.grad_bytes / (n if layout.zero >= 2 else 1)
-    o = params * train.optimizer_bytes / (n if layout.zero >= 1 else 1)
+    local = held(params, expert_params, layout) if expert_params else params
+    w = params * train.weight_bytes / n if layout.zero >= 3 else local * train.weight_bytes
+    g = params * train.grad_bytes / n if layout.zero >= 2 else local * train.grad_bytes
+    o = params * train.optimizer_bytes / n if layout.zero >= 1 else local * train.optimizer_bytes
     return w, g, o
 
 
@@ -174,7 +186,8 @@ def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankSh
     float32 under bf16-mixed either way (found by ``meshwise verify``)."""
     unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
     elem = reduce_bytes(train) if layout.dp > 1 else train.grad_bytes  # FSDP2's shard is float32 too
-    grads = shape.params * elem / (1 if unsharded else layout.shard)
+    local = held(shape.params, shape.expert_params, layout) if shape.expert_params else shape.params
+    grads = local * elem if unsharded else shape.params * elem / layout.shard
     if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
         grads += model.embedding_params / layout.tp * elem
     return grads
@@ -186,7 +199,7 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
     roots (which stay gathered through the step) and, in backward, one gathered block per chunk;
     under ZeRO-3 and bf16-mixed FSDP2 keeps no bf16 shard beside the fp32 master (``runtime``;
     a bare parameter count keeps the ZeRO paper's convention)."""
-    w = states(shape.params, train, layout)[0]
+    w = states(shape.params, train, layout, shape.expert_params)[0]
     if layout.dp == 1:
         return w
     if layout.zero == 3:
@@ -197,7 +210,10 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
             w += len(shape.chunk_blocks) * shape.block_params * train.weight_bytes
         return w
     if train.precision != "bf16-mixed":
-        w += shape.params * train.weight_bytes / (layout.shard if layout.zero else 1)
+        # replicate keeps no second copy of experts that no other rank shares (dp = ep; measured)
+        alone = shape.expert_params / layout.ep if layout.dp == layout.ep else 0.0
+        w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
+            * train.weight_bytes
     return w
 
 
@@ -221,6 +237,10 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     shapes = act.Shapes.of(model)
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
+    if model.moe:  # MoE blocks keep their experts' tensors instead of a dense MLP's (the mean over blocks)
+        dense_mlp = 0.0 if layout.ac == "full" else seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
+        moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, layout.ac)
+        kept += model.moe_layers / model.layers * (moe - dense_mlp)
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
     per_chunk = shape.blocks / len(shape.chunk_blocks)
     base = held * per_chunk * kept
@@ -275,7 +295,7 @@ def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ran
     """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
     gradients after a backward, the first gradient of a backward, fixed buffers, strided copies)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
-            states(shape.params, train, layout)[2], _all_grads(model, train, layout, shape),
+            states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
             _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
             _strided_copies(train, layout, shape))
 
@@ -350,11 +370,11 @@ class PeakCache:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
         rank = shape.pp_rank
-        skey = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule, rank)
+        skey = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule, rank, layout.ep)
         static = self._static.get(skey)
         if static is None:
             static = self._static[skey] = _static_parts(self.model, self.train, layout, shape)
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m)
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.ep)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, self.train, layout, shape, m)

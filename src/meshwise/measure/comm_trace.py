@@ -50,12 +50,13 @@ def _tensors(x: object) -> list[torch.Tensor]:
 
 class CollectiveTrace(TorchDispatchMode):
     """``with CollectiveTrace(mesh) as t: step()``; then ``t.calls`` and ``t.bytes`` per CommKey.
+    ``named_groups`` names process groups that are no dimension of ``mesh`` (``{"ep": group}``).
 
     Bytes are the unsharded message size on this rank: the tensor of all-reduce, broadcast, send
     and recv, the gathered output of all-gather, the full input of reduce-scatter.
     """
 
-    def __init__(self, mesh: DeviceMesh) -> None:
+    def __init__(self, mesh: DeviceMesh, named_groups: dict[str, object] | None = None) -> None:
         super().__init__()
         self.calls: Counter = Counter()
         self.bytes: Counter = Counter()
@@ -67,6 +68,8 @@ class CollectiveTrace(TorchDispatchMode):
                 self._dims.setdefault(tuple(sorted(dist.get_process_group_ranks(mesh.get_group(i)))), name)
         self._dims.setdefault(tuple(range(dist.get_world_size())), "world")
         self._by_name: dict[str, tuple[str, int]] = {}
+        for dim, group in (named_groups or {}).items():  # groups outside the mesh, by name (the EP group)
+            self._by_name[group.group_name] = (dim, dist.get_world_size(group))
 
     def _dim(self, group: object) -> tuple[str, int]:
         """(mesh dim name, group size) of a ProcessGroup or a functional collective's group name."""

@@ -56,7 +56,9 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
 
     model.step(x, y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
     tracker = tracker_for(model.modules, model.optimizer)
-    with CollectiveTrace(mesh) as trace, tracker:
+    ep_group = next((m.group for c in model.modules for m in c.modules() if getattr(m, "group", None) is not None
+                     and type(m).__name__.endswith("GroupedExperts")), None)
+    with CollectiveTrace(mesh, {"ep": ep_group} if ep_group is not None else None) as trace, tracker:
         model.step(x, y)
     memory = peak_by_category(tracker)
     # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
@@ -84,9 +86,20 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
-        entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
+        if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
+            continue
+        # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
+        dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+        entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
         entry[0] += calls
         entry[1] += trace.bytes[key]
+    if ep_group is not None:
+        # a rank combines (and its backward dispatches) the token copies routed to its experts, which
+        # vary by rank; their mean over the EP group is every rank's own copies, what plan predicts
+        ep_bytes = torch.tensor([comm.get(("all_to_all", "ep"), [0, 0])[1]], dtype=torch.float64)
+        dist.all_reduce(ep_bytes, group=ep_group)
+        if ("all_to_all", "ep") in comm:
+            comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(ep_group)))
     return {
         "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
         "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(), "memory": memory,

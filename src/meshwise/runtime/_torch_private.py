@@ -7,6 +7,11 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   and ``torch.distributed.pipelining`` stages already treat it as an ``FSDPModule``.
 - ``flatten_mesh``: ``DeviceMesh._flatten`` joins several mesh dims into one (the whole DP group
   of an HSDP mesh, for replication).
+- ``unflatten_mesh``: ``DeviceMesh._unflatten`` splits one mesh dim into several (``dp_shard`` into
+  ``dp_shard_mod_ep`` x ``ep``, for expert parallelism).
+- ``all_to_all_autograd``: ``_functional_collectives.all_to_all_single_autograd``, the
+  differentiable all-to-all of expert parallelism (the public ``torch.distributed.nn.functional``
+  one is deprecated in its favour).
 - ``forward_only_schedule``: a schedule's lowered ``pipeline_order_with_comms`` and
   ``_ComputationType`` (``torch.distributed.pipelining.schedules``), to evaluate under
   ``ScheduleZBVZeroBubble``, whose own ``eval`` fails in torch 2.13.
@@ -37,8 +42,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["PipelineSchedule", "TorchDispatchMode", "fake_process_group", "fake_tensor_mode", "flatten_mesh",
-           "forward_only_schedule", "meshes_outside_fake", "replicate", "static_pipeline_warmup", "resolve_process_group", "unbox_process_group"]
+__all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "fake_process_group", "fake_tensor_mode",
+           "flatten_mesh", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
+           "static_pipeline_warmup", "resolve_process_group", "unbox_process_group"]
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -49,6 +55,20 @@ def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
 def flatten_mesh(mesh: DeviceMesh, dims: tuple[str, ...], name: str) -> DeviceMesh:
     """One 1-D mesh over the ranks of ``dims`` (row-major), named ``name``."""
     return mesh[dims]._flatten(name)
+
+
+def all_to_all_autograd(x: torch.Tensor, output_splits: list[int], input_splits: list[int],
+                        group: dist.ProcessGroup) -> torch.Tensor:
+    """Rows of ``x`` in ``input_splits`` to each rank of ``group``; ``output_splits`` rows from each.
+    Backward sends the gradients back the same way."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    return all_to_all_single_autograd(x, output_splits, input_splits, group)
+
+
+def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    """``mesh`` with dim ``dim`` split row-major into dims ``names`` of ``sizes`` (same ranks)."""
+    return mesh._unflatten(dim, sizes, names)
 
 
 def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_fn):

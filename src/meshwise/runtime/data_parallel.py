@@ -19,7 +19,9 @@
 Gradients are averaged over the DP group, so each replica's loss must be its own token mean.
 Under pipeline parallelism, ``torch.distributed.pipelining`` itself defers every FSDP2 module's
 reduction to the end of the step (``PipelineStage.backward_maybe_with_nosync``), whatever the level.
-On GPU the policy is bf16 parameters with fp32 gradient reduction.
+On GPU the policy is bf16 parameters with fp32 gradient reduction. Under expert parallelism the
+grouped experts are wrapped first, over the expert data-parallel ranks
+(:mod:`meshwise.runtime.expert_parallel`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 from meshwise.layout import Layout
 from meshwise.runtime import _torch_private
@@ -56,12 +59,30 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"]
 
 
-def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None) -> None:
+def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy) -> None:
+    """Each grouped-experts module its own unit over the expert data-parallel ranks (see
+    meshwise.runtime.expert_parallel); its gradients are averaged over those dp/ep ranks, and the
+    experts scale them by 1/ep themselves (runtime/moe.py)."""
+    from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
+
+    for experts in grouped_experts(model):
+        if layout.zero == 0:
+            _torch_private.replicate(experts, expert_dp_mesh(emesh, layout, flat=True), mp_policy=mp)
+        else:
+            fully_shard(experts, mesh=expert_dp_mesh(emesh, layout, flat=False), reshard_after_forward=layout.zero == 3,
+                        mp_policy=mp, shard_placement_fn=lambda p: Shard(1))
+
+
+def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None,
+                        emesh: DeviceMesh | None = None) -> None:
     """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``,
-    with the mixed-precision policy of ``precision_of`` (default: the mesh's device type)."""
+    with the mixed-precision policy of ``precision_of`` (default: the mesh's device type); under
+    expert parallelism (``emesh`` from expert_parallel.expert_mesh) the experts first."""
     if layout.dp == 1:
         return
     mp = mixed_precision(precision_of or mesh.device_type)
+    if layout.ep > 1:
+        _wrap_experts(model, emesh, layout, mp)
     units = list(model.layers.values())
     if layout.zero == 0:
         dp_mesh = replicate_mesh(mesh, layout)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshwise.runtime.moe import MoE
 from meshwise.spec import ModelSpec
 
 GEMMA = ("gemma", "gemma2")
@@ -114,12 +115,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x); GeGLU (Gemma): w2(gelu_tanh(w1 x) * w3 x); GeLU: w2(gelu_tanh(w1 x))."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
         super().__init__()
+        width = width or spec.ffn_hidden
         self.act = F.silu if spec.mlp == "swiglu" else partial(F.gelu, approximate="tanh")
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.mlp_bias)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.mlp_bias)
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.mlp_bias) if spec.mlp != "gelu" else None
+        self.w1 = nn.Linear(spec.hidden, width, bias=spec.mlp_bias)
+        self.w2 = nn.Linear(width, spec.hidden, bias=spec.mlp_bias)
+        self.w3 = nn.Linear(spec.hidden, width, bias=spec.mlp_bias) if spec.mlp != "gelu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.activate(self.w1(x), self.w3(x) if self.w3 is not None else None))
@@ -131,12 +133,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    """Attention and an MLP, or for a MoE model's sparse blocks (not in ``dense_layers``) a
+    mixture of experts (:mod:`meshwise.runtime.moe`)."""
+
+    def __init__(self, spec: ModelSpec, index: int = 0) -> None:
         super().__init__()
         self.attention_norm = Norm(spec.hidden, spec)
         self.attention = Attention(spec)
         self.mlp_norm = Norm(spec.hidden, spec)
-        self.mlp = MLP(spec)
+        if spec.moe and index not in spec.dense_layers:
+            shared = MLP(spec, spec.shared_ffn_hidden) if spec.shared_ffn_hidden else None
+            self.mlp: nn.Module = MoE(spec, shared)
+        else:
+            self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -159,7 +168,7 @@ class Transformer(nn.Module):
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
         self.pos_embeddings: nn.Embedding | None = (nn.Embedding(spec.max_seq, spec.hidden)
                                                     if spec.position == "learned" else None)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm: Norm | None = Norm(spec.hidden, spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self.tie_weights()
@@ -238,10 +247,10 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
     """Why the runtime cannot build ``spec`` yet (one line), or None: the plan counts these exactly."""
     if spec.states_only:
         return "a bare parameter count has no shape to build"
-    if spec.moe:
-        return f"model {spec.name!r}: {spec.family} is a mixture of experts, which the runtime does not run yet (plan only)"
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
+    if spec.moe and spec.mlp != "swiglu":
+        return f"model {spec.name!r}: experts with a {spec.mlp} MLP are not built by the runtime (swiglu)"
     if spec.family == "gemma2" or spec.norms_per_layer != 2:
         return (f"model {spec.name!r}: {spec.family}'s four norms per block and query scaling are not built by the "
                 f"runtime yet (plan only)")
@@ -266,7 +275,7 @@ def init_std(name: str, spec: ModelSpec) -> float | None:
     """Normal std per parameter (None: a constant, for norms and biases); residual outputs scaled by 1/sqrt(2L)."""
     if name.endswith(("norm.weight", ".bias")):
         return None
-    if name.endswith(("attention.wo.weight", "mlp.w2.weight")):
+    if name.endswith(("attention.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
         return INIT_STD / math.sqrt(2 * spec.layers)
     return INIT_STD
 

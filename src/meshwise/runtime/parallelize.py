@@ -32,7 +32,9 @@ from meshwise.runtime.activation_checkpointing import apply_activation_checkpoin
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
+from meshwise.runtime.expert_parallel import apply_expert_parallel, expert_mesh
 from meshwise.runtime.mesh import dp_rank, mesh_device
+from meshwise.runtime.moe import set_aux_sequences
 from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
@@ -155,7 +157,7 @@ class ParallelModel:
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, compile: bool = False,
+                 device: torch.device, compile: bool = False, emesh: DeviceMesh | None = None,
                  tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
@@ -164,11 +166,13 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sp)
+    if layout.ep > 1:
+        apply_expert_parallel(model, emesh["ep"])
     apply_activation_checkpointing(model, layout.ac)
     if compile:
         compile_blocks(model, tensor_parallel=layout.tp > 1)  # after TP and recompute, before DP (see meshwise.runtime.compile)
     with tensor_mode or nullcontext():
-        apply_data_parallel(model, mesh, layout, precision_of)
+        apply_data_parallel(model, mesh, layout, precision_of, emesh)
         model.to_empty(device=device)
         model.tie_weights()
         init_weights(model, spec, seed)
@@ -195,8 +199,11 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     precision_of = precision_of or mesh.device_type
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile, tensor_mode, precision_of)
+    emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile, emesh, tensor_mode, precision_of)
                for c in chunk_ids]
+    for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
+        set_aux_sequences(m, layout.mbs * layout.accum(global_batch))
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []

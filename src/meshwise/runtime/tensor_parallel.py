@@ -11,6 +11,8 @@ an all-reduce (forward), each column-wise region starts with one in backward.
 (``SequenceParallel``); an all-gather enters each column-wise region and a reduce-scatter leaves
 each row-wise one (forward), and the reverse in backward.
 The residual stream between modules is a plain local tensor: (b, s, h), or (b, s/tp, h) with SP.
+A mixture-of-experts block (``runtime/moe.py``) is not split: every TP rank runs it whole on the
+whole (under SP, all-gathered) sequence and keeps its own sequence shard of the output.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from meshwise.runtime.model import Transformer
+from meshwise.runtime.moe import MoE
 
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -49,7 +53,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
             "mlp.w1": ColwiseParallel(),
             "mlp.w2": RowwiseParallel(output_layouts=stream),
         }
-        if block.mlp.w3 is not None:
+        if getattr(block.mlp, "w3", None) is not None:
             block_plan["mlp.w3"] = ColwiseParallel()
         if block.attention.q_norm is not None:
             # Qwen3's per-head norms see only this rank's heads: their weights are Replicate DTensors
@@ -64,6 +68,13 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
         block_plan["attention"] = PrepareModuleInput(input_layouts=(stream, None, None),
                                                      desired_input_layouts=(Replicate(), None, None))
         block_plan["mlp"] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),))
+        if isinstance(block.mlp, MoE):
+            for key in ("mlp.w1", "mlp.w2", "mlp.w3", "mlp"):
+                block_plan.pop(key, None)
+            if sp:
+                block_plan["mlp"] = PrepareModuleInputOutput(
+                    input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
+                    output_layouts=(Replicate(),), desired_output_layouts=(stream,), use_local_output=True)
         parallelize_module(block, tp_mesh, block_plan)
     if model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
         # Both are Shard(0) on the vocab dimension: re-tie the two DTensor parameters.

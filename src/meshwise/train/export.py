@@ -46,8 +46,9 @@ def hf_name(name: str, spec: ModelSpec | None = None) -> str:
 
 
 def has_hf_family(spec: ModelSpec) -> bool:
-    """True when transformers builds this model: a gated MLP in the Llama-like families, or GPT-2."""
-    return spec.family == "gpt2" or spec.mlp != "gelu"
+    """True when meshwise maps this model's weights to transformers' names: a gated MLP in the
+    Llama-like families, or GPT-2 (not yet the mixtures of experts: their experts keep meshwise names)."""
+    return not spec.moe and (spec.family == "gpt2" or spec.mlp != "gelu")
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -1,0 +1,68 @@
+"""The cost model and the planner for mixtures of experts (docs/cost-model.md): expert states split by
+ep then by ZeRO, active FLOPs, all-to-all per MoE block, ep in the search and the explanation."""
+
+import pytest
+
+from meshwise.cost import compute, memory
+from meshwise.cost.estimate import estimate, rank_collectives
+from meshwise.layout import parse
+from meshwise.planner import enumerate_layouts, plan
+from meshwise.spec import TrainSpec, load_cluster, load_model
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return load_model("tiny-moe")
+
+
+def test_expert_states_split_by_ep_then_by_zero(moe):
+    train = TrainSpec(8, 64, "fp32")
+    shape = memory.rank_shapes(moe, parse("dp=4", 4))[0]
+    assert shape.expert_params == moe.expert_params == 3 * 4 * 3 * 64 * 48
+    ddp = memory.states(shape.params, train, parse("dp=4", 4), shape.expert_params)
+    ep = memory.states(shape.params, train, parse("dp=4,ep=4", 4), shape.expert_params)
+    held = moe.params - moe.expert_params * 3 / 4
+    assert ep == (held * 4, held * 4, held * 8) and ddp == (moe.params * 4, moe.params * 4, moe.params * 8)
+    z3 = memory.states(shape.params, train, parse("dp=4,zero=3,ep=2", 4), shape.expert_params)
+    assert z3 == pytest.approx((moe.params, moe.params, moe.params * 2))  # sharded: 1/shard, as dense weights
+
+
+def test_active_flops_and_moe_activations(moe):
+    assert moe.active_params < moe.params
+    assert compute.block_forward_flops_per_token(moe, 64) == 2 * (moe.attention_params + moe.active_mlp_params) + 4 * 64 * 64
+    cluster, train = load_cluster("cpu", 2), TrainSpec(8, 64, "fp32")
+    one = estimate(moe, cluster, train, parse("dp=2", 2))
+    two = estimate(moe, cluster, train, parse("dp=2,ep=2", 2))
+    assert two.memory.params < one.memory.params and two.memory.activations > one.memory.activations  # capacity
+
+
+def test_all_to_all_per_moe_block_and_micro_batch(moe):
+    cluster, train = load_cluster("cpu", 2), TrainSpec(8, 64, "fp32")
+    lay = parse("dp=2,ep=2", 2)  # 4 micro-batches per replica, 3 MoE blocks
+    shape = memory.rank_shapes(moe, lay)[0]
+    ops = {(c.kind, c.dim, c.count_per_step): c.bytes_per_step for c in rank_collectives(moe, cluster, train, lay, shape)
+           if c.kind == "all_to_all"}
+    tokens = 64 * 2 * 64 * 4  # T * k * h * e
+    # 48 of the token copies (dispatch, combine; forward, backward) + 12 of the expert counts (E int64)
+    assert ops == {("all_to_all", "ep", 3 * 4 * 4 + 12): 3 * 4 * 4 * tokens + 12 * 4 * 8}
+    full = parse("dp=2,ep=2,ac=full", 2)
+    counts = [c.count_per_step for c in rank_collectives(moe, cluster, train, full, shape) if c.kind == "all_to_all"]
+    assert counts == [3 * 4 * 6 + 24]
+
+
+def test_search_covers_ep_only_for_moe(moe):
+    assert {lay.ep for lay in enumerate_layouts(moe, 4, 8)} == {1, 2, 4}
+    assert {lay.ep for lay in enumerate_layouts(load_model("tiny"), 4, 8)} == {1}
+
+
+def test_explanation_says_why_ep(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.MixtralConfig(hidden_size=6144, intermediate_size=16384, num_hidden_layers=56, num_attention_heads=48,
+                               num_key_value_heads=8, vocab_size=32768, max_position_embeddings=65536,
+                               rope_theta=1e6).save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096), top=3)
+    best = p.candidates[0]
+    assert best.fits and best.layout.ep > 1
+    line = next(x for x in p.explanation if x.startswith("E. Experts"))
+    assert f"ep={best.layout.ep}" in line and "too many for one rank's memory" in line and "all-to-all moves" in line
