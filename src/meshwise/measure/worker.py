@@ -1,5 +1,6 @@
 """One rank of ``meshwise measure`` (run under torchrun): build the layout with the runtime, run a
-warm-up step, then measure one step's collectives and peak memory and time the next steps.
+warm-up step, then measure one step's collectives and peak memory and time the next steps (their
+median, split into parts that add up to it: measure/timing.py).
 
 Writes ``<out>/rank<r>.json``: memory by MemTracker category, collectives per kind and mesh
 dimension (the planner's names: ``dp`` for the whole data-parallel group, ``dp_shard`` and
@@ -24,7 +25,7 @@ from meshwise.files import write_atomically
 from meshwise.layout import Layout, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
-from meshwise.measure.timing import profile_step
+from meshwise.measure.timing import StepClock, profile_step, split
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.launch import init_process_group, report
 from meshwise.measure.comm_trace import CollectiveTrace
@@ -69,18 +70,24 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         if sum(again.values()) < sum(memory.values()):
             memory = again
 
-    times: list[float] = []
+    times: list[tuple[float, float, float]] = []  # (step, forward/backward, optimizer) seconds
     timeline = StageTimeline(model.stages, enabled=False)
-    for i in range(steps):
-        dist.barrier()
-        with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
-            start = time.perf_counter()
-            model.step(x, y)
-            times.append(time.perf_counter() - start)
-    timing: dict[str, float] = {}
-    if steps:  # steps = 0: memory and collectives only
-        dist.barrier()
-        timing = profile_step(lambda: model.step(x, y))
+    with StepClock(model) as clock:
+        for i in range(steps):
+            dist.barrier()
+            clock.reset()
+            with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
+                start = time.perf_counter()
+                model.step(x, y)
+                times.append((time.perf_counter() - start, clock.fb_s, clock.opt_s))
+        timing: dict[str, float] = {}
+        if steps:  # steps = 0: memory and collectives only
+            dist.barrier()
+            timing = profile_step(lambda: model.step(x, y))
+    if times:  # the median step (the upper one of an even count) and its parts, which add up to it
+        median = sorted(times)[len(times) // 2]
+        timing = {"step_s": median[0], **split(*median, timing), "steps_s": [t[0] for t in times],
+                  "profile": timing}
 
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
@@ -92,7 +99,7 @@ def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int
         "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(), "memory": memory,
         "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                  for (k, d), (c, b) in sorted(comm.items())],
-        "time": {"step_s": min(times), **timing} if times else None,
+        "time": timing or None,
         "timeline": timeline.events,
     }
 
