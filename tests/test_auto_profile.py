@@ -23,7 +23,7 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     monkeypatch.setenv(auto_profile.PROFILE_ENV, "")  # restored after the test (for_workers sets it)
     calls: list[tuple] = []
 
-    def fake(nproc, model, out, seq, quick=False):
+    def fake(nproc, model, out, seq, quick=False, note=""):
         calls.append((nproc, model, seq, quick))
         Path(out).write_text(_catalog_profile(f"measured-{nproc}"))
 
@@ -57,7 +57,7 @@ def test_first_use_calibrates_once_then_reads_the_cache(empty_cache: list[tuple]
     lines: list[str] = []
     path = auto_profile.ensure(2, say=lines.append)
     assert empty_cache == [(2, auto_profile.MODEL, auto_profile.SEQ_LEN, True)]
-    assert path == auto_profile.cache_path(2) and path.is_file() and len(lines) == 2
+    assert path == auto_profile.cache_path(2) and path.is_file() and len(lines) in (2, 3)  # 3: a busy-machine warning
     assert auto_profile.ensure(2, say=lines.append) == path
     assert len(empty_cache) == 1  # cached: not measured again
     auto_profile.ensure(4, say=lines.append)  # another process count is another calibration

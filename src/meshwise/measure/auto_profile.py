@@ -100,9 +100,15 @@ def ensure(nproc: int, say=None) -> Path:
                             "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     say(f"Calibrating this machine for {nproc} process(es) (first use; cached in {path}) ...")
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
     start = time.perf_counter()
-    calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True)
-    say(f"Calibrated in {time.perf_counter() - start:.1f} s.")
+    table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
+                      note=f"auto-calibration (quick), load average {load:.1f} on {cores} cores at the start") or {}
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
+    say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
+    if load > cores:
+        say(f"meshwise: warning: the machine was busy while calibrating (load average {load:.1f} on {cores} "
+            f"cores): its figures are slower than the machine; delete {path} to measure again when it is quiet")
     return path
 
 

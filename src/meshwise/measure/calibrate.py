@@ -103,7 +103,8 @@ def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float,
     return alpha, 1.0 / g
 
 
-def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated") -> dict[str, Any]:
+def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated",
+                  note: str = "") -> dict[str, Any]:
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
@@ -146,7 +147,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "tp_op_s": tp_s,
         "thread_efficiency": thread_eff,
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
-                  f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}",
+                  f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
 
 
@@ -203,9 +204,9 @@ def check_args(nproc: int, out: str, seq_len: int | None, model: ModelSpec) -> i
 
 
 def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, seq_len: int | None = None,
-              quick: bool = False) -> dict[str, Any]:
+              quick: bool = False, note: str = "") -> dict[str, Any]:
     """Measure with ``nproc`` local gloo processes, write the profile to ``out``; returns its table.
-    ``quick``: fewer repetitions and smaller tensors (tests)."""
+    ``quick``: fewer repetitions and smaller tensors; ``note``: appended to the profile's source."""
     model = load_model(model_ref)
     if model.states_only:
         raise MeshwiseError("--model: calibration needs a model shape, not a bare parameter count")
@@ -217,6 +218,6 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
         if not result_file.is_file():
             raise RuntimeError("calibration workers wrote no result")
         result = json.loads(result_file.read_text())
-    table = profile_table(result, nproc, physical_memory_bytes())
+    table = profile_table(result, nproc, physical_memory_bytes(), note=note)
     write_profile(out, table)
-    return table
+    return {**table, "phase_s": result.get("phase_s", {})}  # seconds per benchmark (not written)

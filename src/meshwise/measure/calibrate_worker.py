@@ -212,30 +212,41 @@ def worker_main(argv: list[str] | None = None) -> int:
     repeats = 2 if args.quick else 3
     init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    dist.barrier()
+    phases: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        dist.barrier()
+        now = time.perf_counter()
+        phases[name] = now - clock[0]
+        clock[0] = now
+
+    phase("start")
     mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}
-    dist.barrier()
+    phase("matmul")
     mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
-    dist.barrier()
+    phase("forward_backward")
     mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
-    dist.barrier()
+    phase("copy")
     mine["host_s"] = bench_host(model, repeats)
-    dist.barrier()
+    phase("host")
     tp = bench_tp_host(model, repeats) if n == 2 and runs_tp2(model) else (0.0, 0)
-    dist.barrier()
+    phase("tp_host")
     cores = os.cpu_count() or 1
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         torch.set_num_threads(cores)
         mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
         torch.set_num_threads(1)
-    dist.barrier()
-    sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
-    collectives = (bench_collectives(model, args.seq_len, sizes, calls=3 if args.quick else 8, repeats=repeats)
+    phase("threads")
+    sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
+    collectives = (bench_collectives(model, args.seq_len, sizes, calls=4 if args.quick else 8, repeats=repeats)
                    if n > 1 else [])
+    phase("collectives")
     everyone: list[dict] = [{} for _ in range(n)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
+        result["phase_s"] = phases
         write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()
     end_process_group()
