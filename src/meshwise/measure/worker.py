@@ -1,6 +1,7 @@
 """One rank of ``meshwise measure`` (run under torchrun): build the layout with the runtime, run a
-warm-up step, then measure one step's collectives and peak memory and time the next steps (their
-median, split into parts that add up to it: measure/timing.py).
+warm-up step, then measure one step's collectives and peak memory; then time the next steps, round
+robin over the launch's layouts (each layout's median step, split into parts that add up to it:
+measure/timing.py).
 
 Writes ``<out>/rank<r>.json``: memory by MemTracker category, collectives per kind and mesh
 dimension (the planner's names: ``dp`` for the whole data-parallel group, ``dp_shard`` and
@@ -47,61 +48,73 @@ def canonical_dim(dim: str, layout: Layout) -> str:
     return dim
 
 
-def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int) -> dict:
-    """Measure one layout on the running process group; returns this rank's record."""
-    mesh = build_mesh(layout, spec, global_batch)
-    model = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
-    x, y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
+class LayoutRun:
+    """One layout built on the running process group: warmed up, its collectives and memory
+    measured (:meth:`__init__`), then timed one step at a time (:meth:`timed_step`, called round
+    robin over every layout of the launch so that a machine whose load shifts shifts them all
+    alike), and finally recorded (:meth:`record`)."""
 
-    model.step(x, y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
-    tracker = tracker_for(model.modules, model.optimizer)
-    with CollectiveTrace(mesh) as trace, tracker:
-        model.step(x, y)
-    memory = peak_by_category(tracker)
-    # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
-    # MEMORY_STEPS measured steps, the lowest peak is the step's own
-    for _ in range(MEMORY_STEPS - 1):
+    def __init__(self, spec, layout: Layout, global_batch: int, seq: int) -> None:
+        self.layout, self.global_batch, self.seq = layout, global_batch, seq
+        self.mesh = build_mesh(layout, spec, global_batch)
+        model = self.model = parallelize(spec, layout, self.mesh, global_batch, seq_len=seq, seed=0)
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
+        self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
+
+        model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
         tracker = tracker_for(model.modules, model.optimizer)
-        with tracker:
-            model.step(x, y)
-        again = peak_by_category(tracker)
-        if sum(again.values()) < sum(memory.values()):
-            memory = again
+        with CollectiveTrace(self.mesh) as self.trace, tracker:
+            model.step(self.x, self.y)
+        memory = peak_by_category(tracker)
+        # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
+        # MEMORY_STEPS measured steps, the lowest peak is the step's own
+        for _ in range(MEMORY_STEPS - 1):
+            tracker = tracker_for(model.modules, model.optimizer)
+            with tracker:
+                model.step(self.x, self.y)
+            again = peak_by_category(tracker)
+            if sum(again.values()) < sum(memory.values()):
+                memory = again
+        self.memory = memory
+        self.times: list[tuple[float, float, float]] = []  # (step, forward/backward, optimizer) seconds
+        self.timeline = StageTimeline(model.stages, enabled=False)
 
-    times: list[tuple[float, float, float]] = []  # (step, forward/backward, optimizer) seconds
-    timeline = StageTimeline(model.stages, enabled=False)
-    with StepClock(model) as clock:
-        for i in range(steps):
+    def timed_step(self, last: bool) -> None:
+        """One timed step (every rank starts it at a barrier); ``last``: also record its F/B/W timeline."""
+        with StepClock(self.model) as clock:
             dist.barrier()
-            clock.reset()
-            with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
+            with StageTimeline(self.model.stages, enabled=last) as timeline:
                 start = time.perf_counter()
-                model.step(x, y)
-                times.append((time.perf_counter() - start, clock.fb_s, clock.opt_s))
-        timing: dict[str, float] = {}
-        if steps:  # steps = 0: memory and collectives only
-            dist.barrier()
-            timing = profile_step(lambda: model.step(x, y))
-    if times:  # the median step (the upper one of an even count) and its parts, which add up to it
-        median = sorted(times)[len(times) // 2]
-        timing = {"step_s": median[0], **split(*median, timing), "steps_s": [t[0] for t in times],
-                  "profile": timing}
+                self.model.step(self.x, self.y)
+                self.times.append((time.perf_counter() - start, clock.fb_s, clock.opt_s))
+        if last:
+            self.timeline = timeline
 
-    comm: dict[tuple[str, str], list[int]] = {}
-    for key, calls in trace.calls.items():
-        entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
-        entry[0] += calls
-        entry[1] += trace.bytes[key]
-    return {
-        "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
-        "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(), "memory": memory,
-        "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                 for (k, d), (c, b) in sorted(comm.items())],
-        "time": timing or None,
-        "timeline": timeline.events,
-    }
+    def record(self) -> dict:
+        """This rank's record; with timed steps, one more step under the profiler first."""
+        timing: dict = {}
+        if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
+            with StepClock(self.model):
+                dist.barrier()
+                prof = profile_step(lambda: self.model.step(self.x, self.y))
+            median = sorted(self.times)[len(self.times) // 2]
+            timing = {"step_s": median[0], **split(*median, prof), "steps_s": [t[0] for t in self.times],
+                      "profile": prof}
+        comm: dict[tuple[str, str], list[int]] = {}
+        for key, calls in self.trace.calls.items():
+            entry = comm.setdefault((key.kind, canonical_dim(key.dim, self.layout)), [0, 0])
+            entry[0] += calls
+            entry[1] += self.trace.bytes[key]
+        return {
+            "rank": dist.get_rank(), "pp_rank": self.mesh.get_local_rank("pp"), "layout": self.layout.format(),
+            "global_batch": self.global_batch, "seq_len": self.seq, "world": dist.get_world_size(),
+            "memory": self.memory,
+            "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
+                     for (k, d), (c, b) in sorted(comm.items())],
+            "time": timing or None,
+            "timeline": self.timeline.events,
+        }
 
 
 def _refuse(e: MeshwiseError) -> int:
@@ -130,18 +143,29 @@ def main(argv: list[str] | None = None) -> int:
     except MeshwiseError as e:
         return _refuse(e)
     init_process_group(default_backend(), args.timeout)
+    runs: list[LayoutRun] = []
     for i, layout in enumerate(layouts):
         try:
-            record = measure_layout(spec, layout, args.global_batch, seq, args.steps)
+            runs.append(LayoutRun(spec, layout, args.global_batch, seq))
         except MeshwiseError as e:
             return _refuse(e)
-        record["model"] = args.model
-        folder = Path(args.out) / str(i)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
-        gc.collect()
+        if not args.steps:  # memory and collectives only: write it now, keep nothing
+            _write(args, i, runs.pop().record())
+    for step in range(args.steps):  # round robin: step k of every layout, then step k + 1
+        for run in runs:
+            run.timed_step(last=step == args.steps - 1)
+    for i, run in enumerate(runs):
+        _write(args, i, run.record())
     end_process_group()
     return 0
+
+
+def _write(args: argparse.Namespace, i: int, record: dict) -> None:
+    record["model"] = args.model
+    folder = Path(args.out) / str(i)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
+    gc.collect()
 
 
 if __name__ == "__main__":
