@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import tempfile
@@ -63,10 +64,15 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 2 and 4)")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's cached calibration)")
     ap.add_argument("--calibrate-model", action="store_true", help="calibrate now on the benchmark's model instead")
+    ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
+    ap.add_argument("--replay", help="predict again for the measurements of a --save file (no measuring)")
     args = ap.parse_args()
+    if args.replay:
+        return replay(args.replay)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     counts = args.nproc or [2, 4]
     rows: list[dict] = []
+    saved: dict = {"profiles": {}, "measured": []}
     with tempfile.TemporaryDirectory(prefix="meshwise-cpu-fidelity-") as tmp:
         model_file = Path(tmp) / "bench-cpu.toml"
         model_file.write_text(MODEL_TOML)
@@ -83,6 +89,7 @@ def main() -> int:
                 profile = str(auto_profile.ensure(n))
             cal_s = time.perf_counter() - start
             cluster = load_cluster(profile, n, n)
+            saved["profiles"][str(n)] = Path(profile).read_text()
             a = cluster.accelerator
             print(f"[{n} processes] profile {profile} ({cal_s:.1f} s to calibrate or read): matmul "
                   f"{a.peak_fp32_flops_per_s / 1e9:.1f} GFLOP/s x {a.efficiency_max:.2f}, copy {a.hbm_bytes_per_s / 1e9:.1f}"
@@ -97,6 +104,27 @@ def main() -> int:
                 slowest = max(recs, key=lambda r: r["time"]["step_s"])
                 rows.append({"n": n, "layout": text, "pred": estimate(model, cluster, train, parse(text, n)).time,
                              "meas": slowest["time"]})
+                saved["measured"].append({"n": n, "layout": text, "time": slowest["time"]})
+            if args.save:
+                Path(args.save).write_text(json.dumps(saved))
+    return report(rows)
+
+
+def replay(path: str) -> int:
+    """The report for saved measurements, predicted with the current cost model and the saved profiles."""
+    saved = json.loads(Path(path).read_text())
+    with tempfile.TemporaryDirectory(prefix="meshwise-cpu-fidelity-") as tmp:
+        model_file = Path(tmp) / "bench-cpu.toml"
+        model_file.write_text(MODEL_TOML)
+        model = load_model(str(model_file))
+        train = TrainSpec(GLOBAL_BATCH, SEQ_LEN, precision="fp32")
+        clusters = {}
+        for n, text in saved["profiles"].items():
+            (Path(tmp) / f"{n}.toml").write_text(text)
+            clusters[int(n)] = load_cluster(str(Path(tmp) / f"{n}.toml"), int(n), int(n))
+        rows = [{"n": r["n"], "layout": r["layout"], "meas": r["time"],
+                 "pred": estimate(model, clusters[r["n"]], train, parse(r["layout"], r["n"])).time}
+                for r in saved["measured"]]
     return report(rows)
 
 

@@ -43,6 +43,24 @@ def test_operator_counts_are_the_runtimes():
     assert host.ops_per_microbatch(6, True, True) == f6 + b6
 
 
+def test_optimizer_operators_and_tensors_are_the_runtimes():
+    """AdamW on CPU runs its single-tensor loop: ADAMW_OPS_PER_TENSOR operators per parameter tensor,
+    over as many tensors as the runtime's model has (tied head counted once)."""
+    from meshwise.runtime.model import build_model
+
+    for name in ("tiny", "tiny-tied", "tiny-qwen3"):
+        spec = load_model(name)
+        params = list(build_model(spec, seed=0).parameters())
+        assert host.parameter_tensors(spec, spec.layers, True, True) == len(params), name
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(params)
+    opt.step()
+    with _Count() as count:
+        opt.step()
+    assert count.ops == pytest.approx(host.ADAMW_OPS_PER_TENSOR * len(params), rel=0.05)
+
+
 def test_more_microbatches_cost_more_host_time_at_equal_flops():
     model, cluster = load_model("small"), load_cluster("cpu", 1, 1)
     train = TrainSpec(8, 128, "fp32")

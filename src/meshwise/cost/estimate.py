@@ -21,7 +21,8 @@ docs/cost-model.md has the table):
   every stage at its own pace (stage imbalance from the embedding and head), plus one P2P
   latency per stage boundary crossed while filling and draining.
 - Optimizer: AdamW/SGD are memory-bound: reads and writes weights, moments (and master) and reads
-  gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``.
+  gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``, plus on host-bound ranks (CPU)
+  the launch cost of its per-tensor operators (cost/host.py ``optimizer_host_seconds``).
 
 Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per GPU = model
 (hardware) FLOPs / (world * step_s); MFU and HFU divide those by the device's peak.
@@ -365,6 +366,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     local_opt_params = max(s.params for s in shapes) / (layout.shard if layout.zero >= 1 else 1)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
+    if not model.states_only:
+        tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
+        optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
 
     step_s = busy + bubble_s + optimizer_s
     tokens = train.tokens_per_step
