@@ -26,7 +26,7 @@ from meshwise.files import write_atomically
 from meshwise.layout import Layout, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
-from meshwise.measure.timing import StepClock, profile_step, split
+from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.launch import init_process_group, report
 from meshwise.measure.comm_trace import CollectiveTrace
@@ -77,7 +77,7 @@ class LayoutRun:
             if sum(again.values()) < sum(memory.values()):
                 memory = again
         self.memory = memory
-        self.times: list[tuple[float, float, float]] = []  # (step, forward/backward, optimizer) seconds
+        self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
         self.timeline = StageTimeline(model.stages, enabled=False)
 
     def timed_step(self, last: bool) -> None:
@@ -85,22 +85,20 @@ class LayoutRun:
         with StepClock(self.model) as clock:
             dist.barrier()
             with StageTimeline(self.model.stages, enabled=last) as timeline:
+                clock.reset()
                 start = time.perf_counter()
                 self.model.step(self.x, self.y)
-                self.times.append((time.perf_counter() - start, clock.fb_s, clock.opt_s))
+                step_s = time.perf_counter() - start
+        self.times.append((step_s, clock.parts(step_s)))
         if last:
             self.timeline = timeline
 
     def record(self) -> dict:
-        """This rank's record; with timed steps, one more step under the profiler first."""
+        """This rank's record."""
         timing: dict = {}
         if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
-            with StepClock(self.model):
-                dist.barrier()
-                prof = profile_step(lambda: self.model.step(self.x, self.y))
-            median = sorted(self.times)[len(self.times) // 2]
-            timing = {"step_s": median[0], **split(*median, prof), "steps_s": [t[0] for t in self.times],
-                      "profile": prof}
+            median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
+            timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
         comm: dict[tuple[str, str], list[int]] = {}
         for key, calls in self.trace.calls.items():
             entry = comm.setdefault((key.kind, canonical_dim(key.dim, self.layout)), [0, 0])

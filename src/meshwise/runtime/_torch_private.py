@@ -14,9 +14,16 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
 - ``TorchDispatchMode`` (``torch.utils._python_dispatch``), ``unbox_process_group`` and
   ``resolve_process_group`` (``c10d``'s boxed groups and group names): how ``measure/comm_trace.py``
   sees every collective and the ranks of its group.
+- ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
+  collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
+  ``measure/timing.py`` can time every blocking wait on a collective.
 """
 
 from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -69,3 +76,43 @@ def unbox_process_group(boxed: object) -> object:
 def resolve_process_group(name: str) -> object:
     """The ``ProcessGroup`` registered under ``name`` (what functional collectives carry)."""
     return dist.distributed_c10d._resolve_process_group(name)
+
+
+@contextlib.contextmanager
+def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
+    """While open, every blocking wait of this process on a collective calls ``record(kind,
+    seconds)``: c10d ``Work.wait`` (FSDP2's and plain collectives, pipeline P2P) and the functional
+    collectives' ``wait_tensor`` (DTensor); ``kind`` is ``"idle"`` inside pipelining's
+    ``_wait_batch_p2p`` (a stage waiting on its neighbour), else ``"comm"``. Nested waits count once."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._C._distributed_c10d import Work
+    from torch.distributed.pipelining import schedules
+
+    state = {"pipeline": 0, "depth": 0}
+    originals = (Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p)
+
+    def timed(fn: Callable) -> Callable:
+        def run(*args, **kwargs):
+            if state["depth"]:
+                return fn(*args, **kwargs)
+            state["depth"] += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["depth"] -= 1
+                record("idle" if state["pipeline"] else "comm", time.perf_counter() - start)
+        return run
+
+    def pipeline_wait(*args, **kwargs):
+        state["pipeline"] += 1
+        try:
+            return originals[2](*args, **kwargs)
+        finally:
+            state["pipeline"] -= 1
+
+    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = timed(originals[0]), timed(originals[1]), pipeline_wait
+    try:
+        yield
+    finally:
+        Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = originals
