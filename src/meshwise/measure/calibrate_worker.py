@@ -102,19 +102,25 @@ def runs_tp2(model: ModelSpec) -> bool:
 
 
 def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float, int]:
-    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 on
-    two ranks, the TP collectives one such micro-batch issues). A fixed number of calls between
-    barriers: both ranks must issue the same collectives."""
+    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
+    runtime's TP/SP plan) on every pair of ranks at once, the TP collectives one such micro-batch
+    issues). A fixed number of calls between barriers: the ranks must issue the same collectives."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from meshwise.layout import parse
     from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime import build_mesh, parallelize
-    from meshwise.runtime.model import loss_sum
+    from meshwise.runtime.model import Transformer, init_weights, loss_sum
+    from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 
-    layout = parse("tp=2", 2)
-    mesh = build_mesh(layout, model, 1)
-    net = parallelize(model, layout, mesh, 1, seq_len=HOST_TOKENS, seed=0).modules[0]
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "tp"))
+    with torch.device("meta"):
+        net = Transformer(model)
+    apply_tensor_parallel(net, mesh["tp"], sp=False)
+    net.to_empty(device="cpu")
+    net.tie_weights()
+    init_weights(net, model, 0)
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
 
@@ -230,7 +236,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     phase("copy")
     mine["host_s"] = bench_host(model, repeats)
     phase("host")
-    tp = bench_tp_host(model, repeats) if n == 2 and runs_tp2(model) else (0.0, 0)
+    tp = bench_tp_host(model, repeats) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
     phase("tp_host")
     cores = os.cpu_count() or 1
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
