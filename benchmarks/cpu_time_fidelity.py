@@ -60,7 +60,7 @@ def load() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per layout (median; default 5)")
+    ap.add_argument("--steps", type=int, default=7, help="timed steps per layout (median; default 7)")
     ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 2 and 4)")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's cached calibration)")
     ap.add_argument("--calibrate-model", action="store_true", help="calibrate now on the benchmark's model instead")

@@ -16,7 +16,10 @@ from meshwise.spec import ModelSpec, load_model
 
 
 def _best_time(fn, repeats: int, min_s: float = 0.0) -> float:
-    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``)."""
+    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``).
+    The benchmarks time single calls, many times: the shortest is the call no other process
+    interrupted, so a busy machine changes the figures little (the machine's own speed is what a
+    profile holds)."""
     best = math.inf
     for _ in range(repeats):
         calls, start = 0, time.perf_counter()
@@ -51,7 +54,7 @@ def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
             torch.nn.functional.linear(x, w)
 
     run()
-    return flops / _best_time(run, repeats, min_s=0.05)
+    return flops / _best_time(run, 10 * repeats)
 
 
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
@@ -69,7 +72,7 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
         loss_sum(net(x), y).backward()
 
     run()
-    return _best_time(run, repeats)
+    return _best_time(run, 3 * repeats)
 
 
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
@@ -92,7 +95,7 @@ def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
             loss_sum(net(x), y).backward()
 
         run()
-        out[mode] = _best_time(run, repeats, min_s=0.05)
+        out[mode] = _best_time(run, 5 * repeats)
     return out
 
 
@@ -155,7 +158,7 @@ def bench_copy(nbytes: int, repeats: int) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), repeats)
+    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), 5 * repeats)
 
 
 def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
