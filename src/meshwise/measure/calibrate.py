@@ -34,6 +34,7 @@ are measured as the training run will see them, and the slowest rank's figure is
   compute alone)``. Back-to-back calls in a tight loop read several times faster on CPU, because
   there gloo's threads and the peer process are already awake; in training they are not (and the
   ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
+- **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
 - **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
   need those cores, so the cost model exposes data-parallel communication instead of hiding it.
 
@@ -62,7 +63,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "thread_efficiency", "source")
+                "selective_op_s", "tp_op_s", "thread_efficiency", "cores_per_node", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -150,6 +151,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "selective_op_s": sel_s,
         "tp_op_s": tp_s,
         "thread_efficiency": thread_eff,
+        "cores_per_node": cores,
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
@@ -171,7 +173,7 @@ def host_constants(host_s: dict[str, float], model_ops: int, blocks: int) -> tup
 def format_toml(table: dict[str, Any]) -> str:
     """The profile as TOML, keys in catalog order (strings JSON-escaped: valid TOML basic strings)."""
     lines = ["# An accelerator profile measured by `meshwise calibrate`; use it as `meshwise plan --gpu FILE`."]
-    for key in PROFILE_KEYS:
+    for key in (k for k in PROFILE_KEYS if k in table):  # a key left out keeps its default
         value = table[key]
         if isinstance(value, bool):
             lines.append(f"{key} = {str(value).lower()}")
