@@ -64,17 +64,6 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     assert cluster.accelerator.efficiency(192) == pytest.approx(9e9 / (0.49 * 30e9), rel=1e-3)
 
 
-def test_more_ranks_than_cores_share_them():
-    """Four ranks on two cores: each gets half a core, so half the rate and twice the host time of
-    the two-rank profile (the benchmarks keep a core-to-itself call)."""
-    two = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
-    four = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 4)}, nproc=4, ram_bytes=16 << 30)
-    assert four["cores_per_node"] == two["cores_per_node"] == 2
-    assert four["peak_fp32_flops_per_s"] * four["efficiency_max"] == pytest.approx(
-        0.5 * two["peak_fp32_flops_per_s"] * two["efficiency_max"])
-    assert four["op_overhead_s"] == pytest.approx(2 * two["op_overhead_s"])
-
-
 def test_one_process_profile_has_no_measured_links():
     table = cal.profile_table(RESULT, nproc=1, ram_bytes=8 << 30)
     assert table["intra_bytes_per_s"] == RESULT["copy_bytes_per_s"]

@@ -35,8 +35,6 @@ are measured as the training run will see them, and the slowest rank's figure is
   there gloo's threads and the peer process are already awake; in training they are not (and the
   ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
 - **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
-  with more ranks than cores the matmul rate is multiplied, and the host times divided, by
-  ``cores / N`` (each benchmark keeps its shortest single call, run on a core to itself);
 - **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
   need those cores, so the cost model exposes data-parallel communication instead of hiding it.
 
@@ -133,10 +131,6 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
-    # The benchmarks keep the shortest of single calls: a core to itself. More ranks than cores
-    # share them in training, each at cores / nproc of one: its rate falls and its host costs grow.
-    share = min(1.0, cores / nproc)
-    peak, op_s, call_s, sel_s, tp_s = peak * share, op_s / share, call_s / share, sel_s / share, tp_s / share
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "name": name,
