@@ -2,7 +2,7 @@
 
 Calibrates this machine (``meshwise.measure.calibrate``, or reads ``--profile``), predicts the step
 time of two-rank layouts of a small untied model (DP with ZeRO 0/2/3, TP with SP off/on, PP 1F1B
-and GPipe), measures them in one torchrun launch (``measure.run.run_workers``: the shortest of
+and GPipe), measures them in one torchrun launch (``measure.run.run_workers``: the median of
 ``--steps`` timed steps, slowest rank), and prints both rankings with the Spearman rank correlation
 
     rho = 1 - 6 * sum(d_i^2) / (n (n^2 - 1))   (d_i: rank difference of layout i)

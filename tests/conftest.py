@@ -10,6 +10,10 @@ Helpers that several test modules share live in ``_models.py``, ``_transport.py`
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 # Every test of these modules starts a group of worker processes (torchrun or gloo).
@@ -33,3 +37,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.name
         if module in INTEGRATION_MODULES or f"{module}::{item.originalname}" in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """No test calibrates this machine: the profile cache (measure/auto_profile.py) points at a
+    temporary folder holding the catalog's ``cpu`` values under this machine's keys, so a run
+    without a profile predicts as it did with the catalog (and subprocesses inherit it)."""
+    from meshwise.measure import auto_profile
+    from meshwise.measure.calibrate import format_toml
+    from meshwise.spec import _catalog
+
+    folder = tempfile.mkdtemp(prefix="meshwise-test-cache-")
+    os.environ[auto_profile.CACHE_ENV] = folder
+    os.environ.pop(auto_profile.PROFILE_ENV, None)
+    table = {"name": "cpu", **_catalog("accelerators.toml")["cpu"]}
+    for nproc in range(1, 9):
+        auto_profile.cache_path(nproc).write_text(format_toml(table))
+    config._meshwise_cache = folder  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_meshwise_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -43,6 +43,24 @@ def test_operator_counts_are_the_runtimes():
     assert host.ops_per_microbatch(6, True, True) == f6 + b6
 
 
+def test_optimizer_operators_and_tensors_are_the_runtimes():
+    """AdamW on CPU runs its single-tensor loop: ADAMW_OPS_PER_TENSOR operators per parameter tensor,
+    over as many tensors as the runtime's model has (tied head counted once)."""
+    from meshwise.runtime.model import build_model
+
+    for name in ("tiny", "tiny-tied", "tiny-qwen3"):
+        spec = load_model(name)
+        params = list(build_model(spec, seed=0).parameters())
+        assert host.parameter_tensors(spec, spec.layers, True, True) == len(params), name
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(params)
+    opt.step()
+    with _Count() as count:
+        opt.step()
+    assert count.ops == pytest.approx(host.ADAMW_OPS_PER_TENSOR * len(params), rel=0.05)
+
+
 def test_more_microbatches_cost_more_host_time_at_equal_flops():
     model, cluster = load_model("small"), load_cluster("cpu", 1, 1)
     train = TrainSpec(8, 128, "fp32")
@@ -87,3 +105,36 @@ def test_processes_are_chosen_among_the_splits_of_the_cores():
     n, threads, line = layout_choice.choose_cpu_processes("auto", load_model("small"), 8, 128, cores=4)
     assert n * threads == 4 and n in (1, 2, 4)
     assert f"{n} x {threads} thread(s) on 4 core(s)" in line
+
+
+def test_more_ranks_than_cores_fill_the_bubble_with_other_ranks_work():
+    """cores_per_node: a pipeline stage idle in the bubble gives its core to the other ranks; a layout
+    without a bubble, or ranks no more than cores, are unchanged."""
+    from dataclasses import replace
+
+    model, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
+    plain = load_cluster("cpu", 4, 4)
+    shared = replace(plain, accelerator=replace(plain.accelerator, cores_per_node=2))
+    pp, dp = parse("pp=2,dp=2,mbs=2", 4), parse("dp=4,mbs=2", 4)
+    before, after = estimate(model, plain, train, pp).time, estimate(model, shared, train, pp).time
+    speedup = min(2.0, (before.step_s - before.optimizer_s) / (before.step_s - before.optimizer_s - before.bubble_s))
+    assert after.compute_s == pytest.approx(before.compute_s / speedup)
+    assert after.bubble_s == pytest.approx(before.bubble_s / speedup)
+    assert estimate(model, shared, train, dp).time == estimate(model, plain, train, dp).time
+    two = load_cluster("cpu", 2, 2)
+    two_shared = replace(two, accelerator=replace(two.accelerator, cores_per_node=2))
+    assert estimate(model, two_shared, train, parse("pp=2,mbs=2", 2)).time == \
+        estimate(model, two, train, parse("pp=2,mbs=2", 2)).time
+
+
+def test_cores_per_node_is_checked(tmp_path):
+    from meshwise.errors import MeshwiseError
+    from meshwise.measure.calibrate import format_toml
+    from meshwise.spec import _catalog
+
+    f = tmp_path / "p.toml"
+    f.write_text(format_toml({"name": "x", **_catalog("accelerators.toml")["cpu"], "cores_per_node": 4}))
+    assert load_cluster(str(f), 2).accelerator.cores_per_node == 4
+    f.write_text(format_toml({"name": "x", **_catalog("accelerators.toml")["cpu"]}) + "cores_per_node = 1.5\n")
+    with pytest.raises(MeshwiseError, match="cores_per_node"):
+        load_cluster(str(f), 2)

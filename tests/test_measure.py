@@ -83,6 +83,11 @@ def test_measure_cli_json_and_bad_input() -> None:
             "comm.all_gather.dp.bytes_per_step", "comm.reduce_scatter.dp.count_per_step",
             "time.step_s", "time.compute_s", "time.comm_s", "time.idle_s"} <= figures
     assert {row["rank"] for row in rows} == {0, 1}
+    for rank in (0, 1):  # the step's parts add up to it, measured and predicted
+        time = {row["figure"]: row for row in rows if row["rank"] == rank and row["figure"].startswith("time.")}
+        parts = [time[f"time.{p}"] for p in ("compute_s", "comm_s", "idle_s", "optimizer_s", "other_s")]
+        for side in ("predicted", "measured"):
+            assert abs(sum(p[side] for p in parts) - time["time.step_s"][side]) <= 1e-9 * time["time.step_s"][side]
     assert all(set(row) == {"figure", "rank", "predicted", "measured", "rel_error"} for row in rows)
     bad = subprocess.run([sys.executable, "-m", "meshwise.cli", "measure", "--layout", "tp=3"],
                          capture_output=True, text=True, timeout=60)

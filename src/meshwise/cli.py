@@ -111,7 +111,8 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--steps", type=int, default=3, help="timed steps after the measured one; 0 = memory and collectives only (default: 3)")
     m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
-    m.add_argument("--gpu", default="cpu", help="profile the prediction uses: catalog name or calibrated .toml (default: cpu)")
+    m.add_argument("--gpu", default=None, help="profile the prediction uses: catalog name or calibrated .toml "
+                   "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)")
     m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
                    help="the runtime measured; only meshwise (this project's own) can run here")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')

@@ -99,6 +99,7 @@ class AcceleratorSpec:
     selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
+    cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
 
     __hash__ = cached_hash
 

@@ -13,7 +13,7 @@ from typing import Any
 from meshwise.errors import MeshwiseError
 
 HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
-HOST_KEYS = set(HOST_SECONDS_KEYS) | {"thread_efficiency"}
+HOST_KEYS = set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node"}
 
 
 def _number(table: dict[str, Any], key: str, gpu: str) -> float:
@@ -24,7 +24,7 @@ def _number(table: dict[str, Any], key: str, gpu: str) -> float:
 
 
 def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
-    """Seconds in [0, 1); thread_efficiency in (0, 1]."""
+    """Seconds in [0, 1); thread_efficiency in (0, 1]; cores_per_node a whole number, 0 or more."""
     out: dict[str, Any] = {}
     for key in HOST_SECONDS_KEYS:
         if key in table:
@@ -37,4 +37,9 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
         if not 0 < value <= 1:
             raise MeshwiseError(f"--gpu {gpu}: thread_efficiency must be a fraction in (0, 1], got {value!r}")
         out["thread_efficiency"] = value
+    if "cores_per_node" in table:
+        value = table["cores_per_node"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MeshwiseError(f"--gpu {gpu}: cores_per_node must be a whole number of cores, 0 or more, got {value!r}")
+        out["cores_per_node"] = value
     return out

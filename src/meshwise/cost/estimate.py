@@ -20,8 +20,11 @@ docs/cost-model.md has the table):
   sets the steady state (its busy time is counted in full), warm-up and cool-down pass through
   every stage at its own pace (stage imbalance from the embedding and head), plus one P2P
   latency per stage boundary crossed while filling and draining.
+- More ranks than cores (a CPU profile's ``cores_per_node``): a stage idle in the bubble gives its
+  core to the other ranks, so compute and bubble shrink by ``min(ranks / cores, 1 / busy fraction)``.
 - Optimizer: AdamW/SGD are memory-bound: reads and writes weights, moments (and master) and reads
-  gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``.
+  gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``, plus on host-bound ranks (CPU)
+  the launch cost of its per-tensor operators (cost/host.py ``optimizer_host_seconds``).
 
 Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per GPU = model
 (hardware) FLOPs / (world * step_s); MFU and HFU divide those by the device's peak.
@@ -382,10 +385,22 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     if layout.pp > 1 and not model.states_only:
         bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
 
+    cores, ranks = accel.cores_per_node, cluster.gpus_per_node
+    if cores and ranks > cores and bubble_s > 0:
+        # More ranks than cores: the profile's rate is each rank's share with every rank computing.
+        # A stage waiting in the bubble sleeps and its core goes to the other ranks, which compute
+        # faster by 1 / (the busy fraction), at most ranks / cores (a core each).
+        speedup = min(ranks / cores, (busy + bubble_s) / busy)
+        busy -= compute_s * (1 - 1 / speedup)
+        compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
+
     local_opt_params = max(s.params / layout.shard if layout.zero >= 1 else memory.held(s.params, s.expert_params, layout)
                            for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
+    if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only
+        tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
+        optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
 
     step_s = busy + bubble_s + optimizer_s
     tokens = train.tokens_per_step

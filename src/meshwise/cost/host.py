@@ -20,7 +20,15 @@ Under tensor parallelism every block operator is a DTensor operator: its shardin
 redistribution run in Python, ``tp_op_s`` more per operator (the embedding and head too, which are
 sharded as well).
 
-``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``; the constants are measured
+``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``.
+
+The optimizer step pays the same per-operator cost: off CUDA, torch's AdamW runs its single-tensor
+loop (``foreach`` defaults to on only for CUDA-like devices), ``ADAMW_OPS_PER_TENSOR`` aten
+operators per parameter tensor, each a DTensor operator (``tp_op_s`` more) when the parameters are
+DTensors (FSDP2's ``fully_shard``/``replicate`` under dp > 1, and tp > 1):
+``optimizer_host_seconds = tensors * ADAMW_OPS_PER_TENSOR * (op_overhead_s + [DTensor] tp_op_s)``.
+
+The constants are measured
 per machine by ``meshwise calibrate`` (0 in GPU profiles: there the launch queue runs ahead of the
 kernels, which the op model in cost/kernels.py costs instead).
 """
@@ -35,6 +43,26 @@ BLOCK_BACKWARD_OPS = 135
 # embedding lookup (first stage); final norm, head, cross-entropy (last stage).
 EMBEDDING_OPS = 6
 HEAD_OPS = 45
+
+
+ADAMW_OPS_PER_TENSOR = 10  # lerp_, mul_ x2, addcmul_, add_, div, sqrt, addcdiv_, step add_, a scalar read
+
+
+def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -> int:
+    """Parameter tensors one rank's optimizer steps over: per block the norms, Q/K/V/O (with their
+    biases and q/k norms), the MLP's two or three matrices (biases), the routed experts' when the
+    model has them; the embedding; the final norm and an untied head."""
+    gated = 3 if model.mlp == "swiglu" else 2
+    per_block = (model.norms_per_layer * (2 if model.norm == "layernorm" else 1) + 4 + 3 * model.qkv_bias
+                 + model.o_bias + 2 * model.qk_norm + gated * (1 + model.mlp_bias)
+                 + (gated * getattr(model, "experts", 0) + 1 if getattr(model, "experts", 0) else 0))
+    head = (1 + (not model.tied_embeddings)) if has_head else 0
+    return blocks * per_block + int(has_embedding) + head
+
+
+def optimizer_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) -> float:
+    """Host seconds of one AdamW step over ``tensors`` parameter tensors (module docstring)."""
+    return tensors * ADAMW_OPS_PER_TENSOR * (accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
 
 
 def ops_per_microbatch(blocks: int, has_embedding: bool, has_head: bool) -> int:

@@ -16,7 +16,10 @@ from meshwise.spec import ModelSpec, load_model
 
 
 def _best_time(fn, repeats: int, min_s: float = 0.0) -> float:
-    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``)."""
+    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``).
+    The benchmarks time single calls, many times: the shortest is the call no other process
+    interrupted, so a busy machine changes the figures little (the machine's own speed is what a
+    profile holds)."""
     best = math.inf
     for _ in range(repeats):
         calls, start = 0, time.perf_counter()
@@ -51,7 +54,7 @@ def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
             torch.nn.functional.linear(x, w)
 
     run()
-    return flops / _best_time(run, repeats, min_s=0.05)
+    return flops / _best_time(run, 10 * repeats)
 
 
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
@@ -69,7 +72,7 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
         loss_sum(net(x), y).backward()
 
     run()
-    return _best_time(run, repeats)
+    return _best_time(run, 3 * repeats)
 
 
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
@@ -92,7 +95,7 @@ def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
             loss_sum(net(x), y).backward()
 
         run()
-        out[mode] = _best_time(run, repeats, min_s=0.05)
+        out[mode] = _best_time(run, 5 * repeats)
     return out
 
 
@@ -102,19 +105,25 @@ def runs_tp2(model: ModelSpec) -> bool:
 
 
 def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float, int]:
-    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 on
-    two ranks, the TP collectives one such micro-batch issues). A fixed number of calls between
-    barriers: both ranks must issue the same collectives."""
+    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
+    runtime's TP/SP plan) on every pair of ranks at once, the TP collectives one such micro-batch
+    issues). A fixed number of calls between barriers: the ranks must issue the same collectives."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from meshwise.layout import parse
     from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime import build_mesh, parallelize
-    from meshwise.runtime.model import loss_sum
+    from meshwise.runtime.model import Transformer, init_weights, loss_sum
+    from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 
-    layout = parse("tp=2", 2)
-    mesh = build_mesh(layout, model, 1)
-    net = parallelize(model, layout, mesh, 1, seq_len=HOST_TOKENS, seed=0).modules[0]
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "tp"))
+    with torch.device("meta"):
+        net = Transformer(model)
+    apply_tensor_parallel(net, mesh["tp"], sp=False)
+    net.to_empty(device="cpu")
+    net.tie_weights()
+    init_weights(net, model, 0)
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
 
@@ -149,7 +158,7 @@ def bench_copy(nbytes: int, repeats: int) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), repeats)
+    return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), 5 * repeats)
 
 
 def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
@@ -212,30 +221,41 @@ def worker_main(argv: list[str] | None = None) -> int:
     repeats = 2 if args.quick else 3
     init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    dist.barrier()
+    phases: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        dist.barrier()
+        now = time.perf_counter()
+        phases[name] = now - clock[0]
+        clock[0] = now
+
+    phase("start")
     mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}
-    dist.barrier()
+    phase("matmul")
     mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
-    dist.barrier()
+    phase("forward_backward")
     mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
-    dist.barrier()
+    phase("copy")
     mine["host_s"] = bench_host(model, repeats)
-    dist.barrier()
-    tp = bench_tp_host(model, repeats) if n == 2 and runs_tp2(model) else (0.0, 0)
-    dist.barrier()
+    phase("host")
+    tp = bench_tp_host(model, repeats) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
+    phase("tp_host")
     cores = os.cpu_count() or 1
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         torch.set_num_threads(cores)
         mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
         torch.set_num_threads(1)
-    dist.barrier()
-    sizes = COLLECTIVE_SIZES_BYTES[:2] if args.quick else COLLECTIVE_SIZES_BYTES
-    collectives = (bench_collectives(model, args.seq_len, sizes, calls=3 if args.quick else 8, repeats=repeats)
+    phase("threads")
+    sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
+    collectives = (bench_collectives(model, args.seq_len, sizes, calls=4 if args.quick else 8, repeats=repeats)
                    if n > 1 else [])
+    phase("collectives")
     everyone: list[dict] = [{} for _ in range(n)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
+        result["phase_s"] = phases
         write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()
     end_process_group()

@@ -37,7 +37,7 @@ def print_rows(rows: list[Row], title: str) -> None:
 
 
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
-                 seq_len: int | None, gpu: str, as_json: bool, report: str | None) -> int:
+                 seq_len: int | None, gpu: str | None, as_json: bool, report: str | None) -> int:
     check_nproc(nproc)
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
@@ -45,12 +45,16 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     layout = parse(layout_text, nproc)
     seq = seq_len or model.max_seq
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
-    cluster = load_cluster(gpu, nproc, nproc)
     if report:
         from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
         check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
+    if gpu is None:  # this machine's calibration at this process count (measured at first use, then cached)
+        from meshwise.measure import auto_profile
+
+        gpu = str(auto_profile.ensure(nproc))
+    cluster = load_cluster(gpu, nproc, nproc)
     # the CPU runtime trains in fp32 (docs/runtime.md)
     train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")
     records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps)[0]

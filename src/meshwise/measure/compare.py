@@ -1,8 +1,10 @@
 """Predicted beside measured, figure by figure (pure Python: reads the workers' JSON records).
 
 Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
-``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s`` (step, compute,
-comm, idle). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
+``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s``: the median
+step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
+arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
+other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
 Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
 other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
 at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
@@ -86,8 +88,8 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     if not t:  # measured without timing (steps = 0)
         return rows
     e = estimate(model, cluster, train, layout)
-    rows += [Row("time.step_s", rank, e.time.step_s, t["step_s"]),
-             Row("time.compute_s", rank, e.time.compute_s, t["compute_s"]),
-             Row("time.comm_s", rank, e.time.comm_exposed_s, t["comm_s"]),
-             Row("time.idle_s", rank, e.time.bubble_s, t["idle_s"])]
+    predicted_parts = {"compute_s": e.time.compute_s, "comm_s": e.time.comm_exposed_s, "idle_s": e.time.bubble_s,
+                       "optimizer_s": e.time.optimizer_s, "other_s": 0.0}
+    rows.append(Row("time.step_s", rank, e.time.step_s, t["step_s"]))
+    rows += [Row(f"time.{part}", rank, value, t[part]) for part, value in predicted_parts.items() if part in t]
     return rows

@@ -1,5 +1,7 @@
 """One rank of ``meshwise measure`` (run under torchrun): build the layout with the runtime, run a
-warm-up step, then measure one step's collectives and peak memory and time the next steps.
+warm-up step, then measure one step's collectives and peak memory; then time the next steps, round
+robin over the launch's layouts (each layout's median step, split into parts that add up to it:
+measure/timing.py).
 
 Writes ``<out>/rank<r>.json``: memory by MemTracker category, collectives per kind and mesh
 dimension (the planner's names: ``dp`` for the whole data-parallel group, ``dp_shard`` and
@@ -24,7 +26,7 @@ from meshwise.files import write_atomically
 from meshwise.layout import Layout, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
-from meshwise.measure.timing import profile_step
+from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.launch import init_process_group, report
 from meshwise.measure.comm_trace import CollectiveTrace
@@ -46,68 +48,85 @@ def canonical_dim(dim: str, layout: Layout) -> str:
     return dim
 
 
-def measure_layout(spec, layout: Layout, global_batch: int, seq: int, steps: int) -> dict:
-    """Measure one layout on the running process group; returns this rank's record."""
-    mesh = build_mesh(layout, spec, global_batch)
-    model = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
-    x, y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
+class LayoutRun:
+    """One layout built on the running process group: warmed up, its collectives and memory
+    measured (:meth:`__init__`), then timed one step at a time (:meth:`timed_step`, called round
+    robin over every layout of the launch so that a machine whose load shifts shifts them all
+    alike), and finally recorded (:meth:`record`)."""
 
-    model.step(x, y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
-    tracker = tracker_for(model.modules, model.optimizer)
-    ep_group = next((m.group for c in model.modules for m in c.modules() if getattr(m, "group", None) is not None
-                     and type(m).__name__.endswith("GroupedExperts")), None)
-    with CollectiveTrace(mesh, {"ep": ep_group} if ep_group is not None else None) as trace, tracker:
-        model.step(x, y)
-    memory = peak_by_category(tracker)
-    # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
-    # MEMORY_STEPS measured steps, the lowest peak is the step's own
-    for _ in range(MEMORY_STEPS - 1):
+    def __init__(self, spec, layout: Layout, global_batch: int, seq: int) -> None:
+        self.layout, self.global_batch, self.seq = layout, global_batch, seq
+        self.mesh = build_mesh(layout, spec, global_batch)
+        model = self.model = parallelize(spec, layout, self.mesh, global_batch, seq_len=seq, seed=0)
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
+        self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
+
+        model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
         tracker = tracker_for(model.modules, model.optimizer)
-        with tracker:
-            model.step(x, y)
-        again = peak_by_category(tracker)
-        if sum(again.values()) < sum(memory.values()):
-            memory = again
+        self.ep_group = next((m.group for c in model.modules for m in c.modules() if getattr(m, "group", None)
+                              is not None and type(m).__name__.endswith("GroupedExperts")), None)
+        with CollectiveTrace(self.mesh, {"ep": self.ep_group} if self.ep_group is not None else None) as self.trace, \
+                tracker:
+            model.step(self.x, self.y)
+        memory = peak_by_category(tracker)
+        # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
+        # MEMORY_STEPS measured steps, the lowest peak is the step's own
+        for _ in range(MEMORY_STEPS - 1):
+            tracker = tracker_for(model.modules, model.optimizer)
+            with tracker:
+                model.step(self.x, self.y)
+            again = peak_by_category(tracker)
+            if sum(again.values()) < sum(memory.values()):
+                memory = again
+        self.memory = memory
+        self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
+        self.timeline = StageTimeline(model.stages, enabled=False)
 
-    times: list[float] = []
-    timeline = StageTimeline(model.stages, enabled=False)
-    for i in range(steps):
-        dist.barrier()
-        with StageTimeline(model.stages, enabled=i == steps - 1) as timeline:  # the last timed step's F/B/W
-            start = time.perf_counter()
-            model.step(x, y)[0].item()  # the loss read, as the trainer does: the step's one host sync
-            times.append(time.perf_counter() - start)
-    timing: dict[str, float] = {}
-    if steps:  # steps = 0: memory and collectives only
-        dist.barrier()
-        timing = profile_step(lambda: model.step(x, y)[0].item())
+    def timed_step(self, last: bool) -> None:
+        """One timed step (every rank starts it at a barrier); ``last``: also record its F/B/W timeline."""
+        with StepClock(self.model) as clock:
+            dist.barrier()
+            with StageTimeline(self.model.stages, enabled=last) as timeline:
+                clock.reset()
+                start = time.perf_counter()
+                self.model.step(self.x, self.y)[0].item()  # the loss read, as the trainer does: the step's one host sync
+                step_s = time.perf_counter() - start
+        self.times.append((step_s, clock.parts(step_s)))
+        if last:
+            self.timeline = timeline
 
-    comm: dict[tuple[str, str], list[int]] = {}
-    for key, calls in trace.calls.items():
-        if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
-            continue
-        # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
-        dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
-        entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
-        entry[0] += calls
-        entry[1] += trace.bytes[key]
-    if ep_group is not None:
-        # a rank combines (and its backward dispatches) the token copies routed to its experts, which
-        # vary by rank; their mean over the EP group is every rank's own copies, what plan predicts
-        ep_bytes = torch.tensor([comm.get(("all_to_all", "ep"), [0, 0])[1]], dtype=torch.float64)
-        dist.all_reduce(ep_bytes, group=ep_group)
-        if ("all_to_all", "ep") in comm:
-            comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(ep_group)))
-    return {
-        "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
-        "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(), "memory": memory,
-        "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                 for (k, d), (c, b) in sorted(comm.items())],
-        "time": {"step_s": min(times), **timing} if times else None,
-        "timeline": timeline.events,
-    }
+    def record(self) -> dict:
+        """This rank's record."""
+        timing: dict = {}
+        if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
+            median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
+            timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
+        comm: dict[tuple[str, str], list[int]] = {}
+        for key, calls in self.trace.calls.items():
+            if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
+                continue
+            # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
+            dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+            entry = comm.setdefault((key.kind, canonical_dim(dim, self.layout)), [0, 0])
+            entry[0] += calls
+            entry[1] += self.trace.bytes[key]
+        if self.ep_group is not None:
+            # a rank combines (and its backward dispatches) the token copies routed to its experts, which
+            # vary by rank; their mean over the EP group is every rank's own copies, what plan predicts
+            ep_bytes = torch.tensor([comm.get(("all_to_all", "ep"), [0, 0])[1]], dtype=torch.float64)
+            dist.all_reduce(ep_bytes, group=self.ep_group)
+            if ("all_to_all", "ep") in comm:
+                comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(self.ep_group)))
+        return {
+            "rank": dist.get_rank(), "pp_rank": self.mesh.get_local_rank("pp"), "layout": self.layout.format(),
+            "global_batch": self.global_batch, "seq_len": self.seq, "world": dist.get_world_size(),
+            "memory": self.memory,
+            "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
+                     for (k, d), (c, b) in sorted(comm.items())],
+            "time": timing or None,
+            "timeline": self.timeline.events,
+        }
 
 
 def _refuse(e: MeshwiseError) -> int:
@@ -136,18 +155,29 @@ def main(argv: list[str] | None = None) -> int:
     except MeshwiseError as e:
         return _refuse(e)
     init_process_group(default_backend(), args.timeout)
+    runs: list[LayoutRun] = []
     for i, layout in enumerate(layouts):
         try:
-            record = measure_layout(spec, layout, args.global_batch, seq, args.steps)
+            runs.append(LayoutRun(spec, layout, args.global_batch, seq))
         except MeshwiseError as e:
             return _refuse(e)
-        record["model"] = args.model
-        folder = Path(args.out) / str(i)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
-        gc.collect()
+        if not args.steps:  # memory and collectives only: write it now, keep nothing
+            _write(args, i, runs.pop().record())
+    for step in range(args.steps):  # round robin: step k of every layout, then step k + 1
+        for run in runs:
+            run.timed_step(last=step == args.steps - 1)
+    for i, run in enumerate(runs):
+        _write(args, i, run.record())
     end_process_group()
     return 0
+
+
+def _write(args: argparse.Namespace, i: int, record: dict) -> None:
+    record["model"] = args.model
+    folder = Path(args.out) / str(i)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -27,12 +27,17 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   which fake tensors cannot answer. ``static_pipeline_warmup``: the schedules' first-step P2P
   vote (``_PipelineSchedule._warmup_p2p``, whose result is read with ``.item()``) replaced by its
   outcome for stages built with static shapes (``InferenceMode.STATIC``), as every meshwise stage is.
+- ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
+  collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
+  ``measure/timing.py`` can time every blocking wait on a collective.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -44,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "fake_process_group", "fake_tensor_mode",
            "flatten_mesh", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
-           "static_pipeline_warmup", "resolve_process_group", "unbox_process_group"]
+           "static_pipeline_warmup", "resolve_process_group", "timed_waits", "unbox_process_group"]
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -157,3 +162,41 @@ def static_pipeline_warmup() -> Iterator[None]:
         yield
     finally:
         schedules._PipelineSchedule._warmup_p2p = vote
+@contextmanager
+def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
+    """While open, every blocking wait of this process on a collective calls ``record(kind,
+    seconds)``: c10d ``Work.wait`` (FSDP2's and plain collectives, pipeline P2P) and the functional
+    collectives' ``wait_tensor`` (DTensor); ``kind`` is ``"idle"`` inside pipelining's
+    ``_wait_batch_p2p`` (a stage waiting on its neighbour), else ``"comm"``. Nested waits count once."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._C._distributed_c10d import Work
+    from torch.distributed.pipelining import schedules
+
+    state = {"pipeline": 0, "depth": 0}
+    originals = (Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p)
+
+    def timed(fn: Callable) -> Callable:
+        def run(*args, **kwargs):
+            if state["depth"]:
+                return fn(*args, **kwargs)
+            state["depth"] += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["depth"] -= 1
+                record("idle" if state["pipeline"] else "comm", time.perf_counter() - start)
+        return run
+
+    def pipeline_wait(*args, **kwargs):
+        state["pipeline"] += 1
+        try:
+            return originals[2](*args, **kwargs)
+        finally:
+            state["pipeline"] -= 1
+
+    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = timed(originals[0]), timed(originals[1]), pipeline_wait
+    try:
+        yield
+    finally:
+        Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = originals

@@ -99,6 +99,11 @@ def train_main(argv: list[str]) -> int:
     prep = loop.preflight(cfg, local_ranks=nproc)
     if not launch.has_gpus():
         cores = os.cpu_count() or 1
+        if not cfg.layout.profile:  # this machine's calibration (measured at first use, then cached)
+            from meshwise.measure import auto_profile
+
+            print(f"Profile: {auto_profile.for_workers(nproc or cores)} (this machine's calibration; "
+                  "--layout.profile FILE for another)", flush=True)
         if nproc is None:
             nproc, threads, line = layout_choice.choose_cpu_processes(
                 cfg.layout.choice, prep.model, cfg.schedule.global_batch, cfg.data.seq_len, cfg.layout.profile, cores)

@@ -2,7 +2,8 @@
 
 The live cluster is what torchrun says (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``: world / ranks per
 node = nodes) on the local device: CUDA -> the catalog profile of the GPU's name, with the memory
-the device reports; CPU -> the ``cpu`` profile. The search is restricted (``planner.search``'s
+the device reports; CPU -> this machine's calibrated profile (``measure/auto_profile.py``: measured
+once, cached per host and torch version), or the catalog's ``cpu`` where none is cached. The search is restricted (``planner.search``'s
 ``where=``) to layouts this runtime runs for the given model and sequence
 (:func:`meshwise.layout.runtime_refusal` says which, and why).
 """
@@ -43,7 +44,11 @@ def live_cluster(world: int, local_world: int, device_type: str, profile: str = 
             return LiveCluster(with_threads(cluster, threads_per_rank(local_world)), "fp32")
         return LiveCluster(cluster, "bf16-mixed")
     if device_type != "cuda":
-        return LiveCluster(with_threads(load_cluster("cpu", world, local_world), threads_per_rank(local_world)), "fp32")
+        from meshwise.measure import auto_profile
+
+        found = auto_profile.resolved(local_world)
+        cluster = profile_cluster(found, world, local_world) if found else load_cluster("cpu", world, local_world)
+        return LiveCluster(with_threads(cluster, threads_per_rank(local_world)), "fp32")
     import torch
 
     name = torch.cuda.get_device_name()

@@ -1,0 +1,128 @@
+"""This machine's CPU profile, measured once and cached: what ``train`` and ``measure`` use on CPU
+when no profile is given (``--gpu cpu`` still means the catalog's values).
+
+The first use runs a quick ``meshwise calibrate`` (:func:`meshwise.measure.calibrate.calibrate`
+with ``quick``: the same figures, fewer repetitions, smaller tensors) at the run's process count
+and writes the profile, a plain TOML file, to
+
+    <cache>/cpu-v<CALIBRATION_VERSION>-<host>-<arch>-<cores>c-torch<version>-<n>p.toml
+
+where ``<cache>`` is ``$MESHWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/meshwise``, else
+``~/.cache/meshwise``. The name is the cache key: another host, core count, torch version or
+process count is another file; a file that does not load as a profile is measured again and
+overwritten (meshwise wrote it; nothing in it is executed or unpickled). Bumping
+``CALIBRATION_VERSION`` when the calibration changes makes every older file stale.
+
+Workers started by ``train`` find the file through ``$MESHWISE_AUTO_PROFILE`` (set by the
+launching process); workers under a plain ``torchrun`` read the cache but never calibrate (that
+would start a calibration per rank): without a cached file they use the catalog's ``cpu``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from meshwise.errors import MeshwiseError
+
+CACHE_ENV = "MESHWISE_CACHE_DIR"
+PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
+CALIBRATION_VERSION = 2  # 2: best of single timed calls (1: averaged over 50 ms windows)
+MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`
+SEQ_LEN = 128     # the default `--data.seq_len`
+
+
+def cache_dir() -> Path:
+    """``$MESHWISE_CACHE_DIR``, else ``$XDG_CACHE_HOME/meshwise``, else ``~/.cache/meshwise``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "meshwise"
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def machine_key(nproc: int, host: str | None = None, arch: str | None = None, cores: int | None = None,
+                torch: str | None = None) -> str:
+    """The cache key: calibration version, host, architecture, cores, torch version, process count
+    (characters outside ``[A-Za-z0-9._+-]`` become ``_``)."""
+    parts = (f"cpu-v{CALIBRATION_VERSION}", host if host is not None else socket.gethostname(),
+             arch if arch is not None else platform.machine(), f"{cores if cores is not None else os.cpu_count()}c",
+             f"torch{torch if torch is not None else torch_version()}", f"{nproc}p")
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", "-".join(parts))
+
+
+def cache_path(nproc: int) -> Path:
+    return cache_dir() / f"{machine_key(nproc)}.toml"
+
+
+def is_valid(path: Path) -> bool:
+    """Whether ``path`` loads as a profile (a half-written or foreign file does not)."""
+    from meshwise.spec import load_cluster
+
+    try:
+        load_cluster(str(path), 1, 1)
+    except (MeshwiseError, OSError, ValueError):
+        return False
+    return True
+
+
+def cached(nproc: int) -> Path | None:
+    """The cached profile for ``nproc`` processes on this machine, if there is a valid one."""
+    path = cache_path(nproc)
+    return path if path.is_file() and is_valid(path) else None
+
+
+def ensure(nproc: int, say=None) -> Path:
+    """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing or
+    invalid. ``say``: where the one line about a calibration goes (default: stderr)."""
+    found = cached(nproc)
+    if found:
+        return found
+    from meshwise.measure.calibrate import calibrate
+
+    path = cache_path(nproc)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MeshwiseError(f"{CACHE_ENV}: cannot create the cache folder {path.parent} ({e.strerror}); "
+                            "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"Calibrating this machine for {nproc} process(es) (first use; cached in {path}) ...")
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    start = time.perf_counter()
+    table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
+                      note=f"auto-calibration (quick), load average {load:.1f} on {cores} cores at the start") or {}
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
+    say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
+    if load > cores:
+        say(f"meshwise: warning: the machine was busy while calibrating (load average {load:.1f} on {cores} "
+            f"cores): its figures are slower than the machine; delete {path} to measure again when it is quiet")
+    return path
+
+
+def for_workers(nproc: int) -> str:
+    """Ensure the profile and hand its path to the workers of this launch (``$MESHWISE_AUTO_PROFILE``)."""
+    path = str(ensure(nproc))
+    os.environ[PROFILE_ENV] = path
+    return path
+
+
+def resolved(nproc: int) -> str:
+    """In a worker: the launch's profile, else a cached one, else "" (the catalog's ``cpu``)."""
+    given = os.environ.get(PROFILE_ENV, "")
+    if given and Path(given).is_file():
+        return given
+    found = cached(nproc)
+    return str(found) if found else ""

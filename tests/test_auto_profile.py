@@ -1,0 +1,89 @@
+"""This machine's cached calibration (measure/auto_profile.py): key, location, staleness, use.
+No test here calibrates: ``calibrate`` is replaced by a stub that writes the catalog's values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshwise.measure import auto_profile, calibrate as calibrate_mod
+from meshwise.measure.calibrate import format_toml
+from meshwise.spec import _catalog
+
+
+def _catalog_profile(name: str = "cpu-test") -> str:
+    return format_toml({"name": name, **_catalog("accelerators.toml")["cpu"]})
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """An empty cache folder and a stub calibration that records its calls."""
+    monkeypatch.setenv(auto_profile.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(auto_profile.PROFILE_ENV, "")  # restored after the test (for_workers sets it)
+    calls: list[tuple] = []
+
+    def fake(nproc, model, out, seq, quick=False, note=""):
+        calls.append((nproc, model, seq, quick))
+        Path(out).write_text(_catalog_profile(f"measured-{nproc}"))
+
+    monkeypatch.setattr(calibrate_mod, "calibrate", fake)
+    return calls
+
+
+def test_the_key_names_host_cores_torch_and_process_count() -> None:
+    key = auto_profile.machine_key(2, host="box", arch="x86_64", cores=2, torch="2.13.0")
+    assert key == f"cpu-v{auto_profile.CALIBRATION_VERSION}-box-x86_64-2c-torch2.13.0-2p"
+    others = [auto_profile.machine_key(4, host="box", arch="x86_64", cores=2, torch="2.13.0"),
+              auto_profile.machine_key(2, host="other", arch="x86_64", cores=2, torch="2.13.0"),
+              auto_profile.machine_key(2, host="box", arch="x86_64", cores=8, torch="2.13.0"),
+              auto_profile.machine_key(2, host="box", arch="x86_64", cores=2, torch="2.14.0+cpu")]
+    assert len({key, *others}) == 5
+    assert auto_profile.machine_key(1, host="a/b c", arch="x", cores=1, torch="1") .count("/") == 0
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(auto_profile.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert auto_profile.cache_dir() == tmp_path / "xdg" / "meshwise"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert auto_profile.cache_dir() == tmp_path / "home" / ".cache" / "meshwise"
+    monkeypatch.setenv(auto_profile.CACHE_ENV, str(tmp_path / "mine"))
+    assert auto_profile.cache_dir() == tmp_path / "mine"
+
+
+def test_first_use_calibrates_once_then_reads_the_cache(empty_cache: list[tuple]) -> None:
+    lines: list[str] = []
+    path = auto_profile.ensure(2, say=lines.append)
+    assert empty_cache == [(2, auto_profile.MODEL, auto_profile.SEQ_LEN, True)]
+    assert path == auto_profile.cache_path(2) and path.is_file() and len(lines) in (2, 3)  # 3: a busy-machine warning
+    assert auto_profile.ensure(2, say=lines.append) == path
+    assert len(empty_cache) == 1  # cached: not measured again
+    auto_profile.ensure(4, say=lines.append)  # another process count is another calibration
+    assert [c[0] for c in empty_cache] == [2, 4]
+
+
+def test_a_damaged_or_foreign_file_is_measured_again(empty_cache: list[tuple]) -> None:
+    path = auto_profile.cache_path(2)
+    path.parent.mkdir(parents=True)
+    path.write_text("name = 'half-writ")  # not TOML
+    assert auto_profile.cached(2) is None
+    auto_profile.ensure(2, say=lambda _: None)
+    assert len(empty_cache) == 1 and auto_profile.cached(2) == path
+    # another torch version's file sits beside it under its own key, never read for this one
+    other = path.with_name(path.name.replace(f"torch{auto_profile.torch_version()}", "torch0.0.1"))
+    other.write_text(_catalog_profile("old"))
+    assert auto_profile.cached(2) == path
+
+
+def test_workers_read_the_launch_profile_else_the_cache_else_the_catalog(empty_cache: list[tuple],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshwise.train.layout_choice import live_cluster
+
+    assert auto_profile.resolved(2) == ""
+    assert live_cluster(2, 2, "cpu").cluster.accelerator.name == "cpu"  # nothing cached: the catalog
+    assert empty_cache == []  # a worker never calibrates
+    path = auto_profile.for_workers(2)
+    assert auto_profile.resolved(2) == path
+    assert live_cluster(2, 2, "cpu").cluster.accelerator.name == "measured-2"
