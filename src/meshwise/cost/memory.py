@@ -24,6 +24,12 @@ end of the step's last backward. Per category:
   every micro-batch's weight-gradient tensors until the step ends.
 - ``other``: ZeRO-2/3's reduce-scatter input, the pipeline's send/receive buffers.
 
+Context parallelism (``cp``) splits each sequence over cp ranks that hold the same weights: the
+states are those of a layout with dp·cp replicas and a sharding group of shard·cp
+(``context.weights_layout``; FSDP shards over dp_shard x cp), and the activations those of a sequence
+of s/cp tokens (``context.local_train``), plus the ring's K/V blocks in flight at the start of a
+backward (``context.ring_bytes``).
+
 ``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
 ``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first chunk;
 the final norm and the LM head on the last (a tied head needs its own copy there when the
@@ -37,6 +43,7 @@ from functools import lru_cache
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
+from meshwise.cost.context import local_train, ring_bytes, weights_layout
 from meshwise.layout import Layout, chunk_rank, stage_layers
 from meshwise.spec import ModelSpec, TrainSpec, cached_hash
 
@@ -241,6 +248,8 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
                 backward += act.loss_grad_bytes(model, seq, mbs)
     if layout.ac != "none" and shape.blocks:
         backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
+    if layout.cp > 1 and shape.blocks:
+        backward += ring_bytes(model, train, layout)
     return forward, backward
 
 
@@ -316,11 +325,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
                  ) -> tuple[tuple[float, float, float, float, float], ...]:
+    wl, lt = weights_layout(layout), local_train(train, layout)
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
-        w, g, o = states(shape.params, train, layout)
-        return ((_weights(train, layout, shape, "forward"), g, o, 0.0, 0.0),)
-    return _candidates(train, layout, shape, m, _static_parts(model, train, layout, shape),
-                       _per_micro_batch(model, train, layout, shape, m))
+        w, g, o = states(shape.params, train, wl)
+        return ((_weights(train, wl, shape, "forward"), g, o, 0.0, 0.0),)
+    return _candidates(lt, wl, shape, m, _static_parts(model, train, wl, shape),
+                       _per_micro_batch(model, lt, layout, shape, m))
 
 
 def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
@@ -343,15 +353,16 @@ class PeakCache:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
         rank = shape.pp_rank
-        skey = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule, rank)
+        wl, lt = weights_layout(layout), local_train(self.train, layout)
+        skey = (wl.dp, wl.zero, wl.shard, wl.tp, wl.pp, wl.vpp, wl.schedule, rank)
         static = self._static.get(skey)
         if static is None:
-            static = self._static[skey] = _static_parts(self.model, self.train, layout, shape)
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m)
+            static = self._static[skey] = _static_parts(self.model, self.train, wl, shape)
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
-            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, self.train, layout, shape, m)
-        return max(sum(c) for c in _candidates(self.train, layout, shape, m, static, per_mb))
+            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
+        return max(sum(c) for c in _candidates(lt, wl, shape, m, static, per_mb))
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,

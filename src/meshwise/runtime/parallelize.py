@@ -10,7 +10,12 @@ One optimizer step is the same computation under every layout:
   replicate divide by dp) makes it the global token mean (every replica has as many tokens);
 - gradients are clipped by the global norm (:mod:`meshwise.runtime.optim`), then AdamW steps;
 - the returned loss is the global token mean: the last pipeline stage's replica losses, summed
-  over the world in one all-reduce and divided by dp * tp (every TP rank holds the same value).
+  over the world in one all-reduce and divided by dp * cp * tp (every TP rank holds the same value).
+- context parallelism (cp > 1): ``step`` takes whole sequences and keeps this cp rank's two
+  load-balanced chunks (:func:`meshwise.runtime.context_parallel.shard_sequence`); the rotary
+  positions follow the chunks, attention runs around the cp ring, and each rank's loss is divided
+  by its own tokens (replica tokens / cp), so the average over the dp * cp ranks that share the
+  weights is the global token mean.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from meshwise.layout import Layout, check_runnable
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
+from meshwise.runtime.context_parallel import positions, ring_group, shard_sequence
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.mesh import dp_rank, mesh_device
-from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
+from meshwise.runtime.model import Attention, Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
@@ -96,7 +102,7 @@ class ParallelModel:
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
         self.last_grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
-                                             self.layout.dp * self.layout.tp)
+                                             self.layout.dp * self.layout.cp * self.layout.tp)
         self.optimizer.step()
         return self._global_mean(local)
 
@@ -121,7 +127,11 @@ class ParallelModel:
         tokens``; with ``backward`` every micro-batch's backward runs too (the pipeline schedule's
         ``step``), without it forwards only (``eval``)."""
         device = local.device
-        tokens = self.replica_rows * self.seq_len
+        tokens = self.replica_rows * self.seq_len // self.layout.cp  # this rank's tokens per step
+        if self.layout.cp > 1:
+            cp_rank = self.mesh.get_local_rank("cp")
+            inputs = None if inputs is None else shard_sequence(inputs, self.layout.cp, cp_rank)
+            targets = None if targets is None else shard_sequence(targets, self.layout.cp, cp_rank)
         if self.schedule is None:
             model = self.modules[0]
             mbs = self.layout.mbs
@@ -146,14 +156,14 @@ class ParallelModel:
             local += loss.detach().double()
 
     def _global_mean(self, local: torch.Tensor) -> float:
-        """The world sum of ``local`` over dp * tp: last-stage ranks hold their replica's losses, once
-        per TP rank; the other stages hold zero."""
+        """The world sum of ``local`` over dp * cp * tp: last-stage ranks hold their losses (a cp
+        rank's over its tokens), once per TP rank; the other stages hold zero."""
         dist.all_reduce(local)
-        return local.item() / (self.layout.dp * self.layout.tp)
+        return local.item() / (self.layout.dp * self.layout.cp * self.layout.tp)
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, compile: bool = False) -> Transformer:
+                 device: torch.device, seq_len: int, compile: bool = False) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -168,6 +178,12 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
     model.to_empty(device=device)
     model.tie_weights()
     init_weights(model, spec, seed)
+    if layout.cp > 1:
+        ring = ring_group(mesh["cp"])
+        model.positions = positions(seq_len // layout.cp, layout.cp, ring.rank, device)
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.ring = ring
     return model
 
 
@@ -185,15 +201,16 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
         raise MeshwiseError(refusal)
     device = mesh_device(mesh)
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile) for c in chunk_ids]
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile) for c in chunk_ids]
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
         # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
         act_dtype = torch.bfloat16 if mesh.device_type == "cuda" and layout.dp > 1 else torch.float32
-        stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len, act_dtype)
-        tokens = layout.mbs * layout.accum(global_batch) * seq_len
+        stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len // layout.cp,
+                              act_dtype)
+        tokens = layout.mbs * layout.accum(global_batch) * seq_len // layout.cp  # this rank's, per step
 
         def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_sum(logits, targets) / tokens
