@@ -255,6 +255,8 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     lines = [_step_one_device(model, cluster, train, one, usable, headroom)]
     if one.total > usable:
         lines += _steps_capacity(model, cluster, train, one, usable)
+    if best and (best[0].layout.cp > 1 or one.total > usable):
+        lines += _step_context(model, cluster, train, best[0], usable)
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
         lines.append(_why_winner(best))
@@ -298,6 +300,29 @@ def _steps_capacity(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, on
                    if large else "a layer fits; TP is needed only if sharded states plus activations still overflow.")]
 
 
+def _step_context(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
+                  usable: float) -> list[str]:
+    """Step 3b: is one sequence too long for one rank's activations? The least a rank can keep
+    without context parallelism: full recompute, TP + SP across a node (cost/context.py for cp)."""
+    if model.states_only:
+        return []
+    t = max((d for d in tp_degrees(model, cluster.gpus_per_node)), default=1)
+    least = Layout(tp=t, sp=t > 1, ac="full")
+    mem = max(rank_memories(model, cluster, replace(train, global_batch=1), least), key=lambda m: m.total)
+    acts = mem.activations + mem.other
+    win = winner.layout
+    head = (f"3b. Sequence too long? {train.seq_len:,} tokens keep {_gb(acts)} of activations per rank even with "
+            f"TP={t}{'+SP' if t > 1 else ''} and full recompute")
+    if acts + mem.states / (cluster.world_size // t) > usable:
+        tail = (f" -> too long for one rank's activations: context parallelism cp={win.cp} splits the sequence "
+                f"({train.seq_len // win.cp:,} tokens per rank, {_gb(winner.memory.activations)} of activations)."
+                if win.cp > 1 else " -> too long for one rank's activations, and no cp degree fits it either.")
+    else:
+        tail = (" -> a sequence fits one rank" +
+                (f"; cp={win.cp} is chosen for speed (less recompute or TP), not for memory." if win.cp > 1 else "."))
+    return [head + tail]
+
+
 def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate) -> list[str]:
     """Steps 4 and 5 for the chosen layout: the pipeline's depth and bubble; placement across nodes."""
     win, lines = winner.layout, []
@@ -316,7 +341,7 @@ def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
 
 def _kind(layout: Layout) -> tuple:
     """What makes two layouts different in kind, not just in shard size or micro-batch size."""
-    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule)
+    return (layout.tp, layout.cp, layout.pp, layout.zero, layout.ac, layout.schedule)
 
 
 def _why_winner(best: list[Estimate]) -> str:
