@@ -77,6 +77,14 @@ def cp_named(ops: list[Collective], layout: Layout) -> list[Collective]:
     return [replace(o, dim=cp_dim(o.dim, layout)) for o in ops]
 
 
+def cp_world_dim(layout: Layout) -> str:
+    """``world``, or the flattened dp x cp group's name when that group is every rank (the
+    measurement names the world group after it)."""
+    if layout.cp > 1 and layout.pp == layout.tp == 1 and (layout.zero == 0 or layout.replicate == 1):
+        return cp_dim("dp", layout)
+    return "world"
+
+
 def cp_dim(dim: str, layout: Layout) -> str:
     """The data-parallel group's name under context parallelism, where it spans the cp ranks too:
     cp alone when there is no other replica, else the flattened dims the runtime names."""

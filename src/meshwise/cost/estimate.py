@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, host, kernels, memory
-from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, local_train, weights_layout
-from meshwise.cost import pipeline
+from meshwise.cost import comm, compute, host, kernels, memory, pipeline
+from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
@@ -188,14 +187,14 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
 
 def world_dim(layout: Layout) -> str:
     """The name a collective over every rank goes by: the one mesh dimension larger than 1, if
-    only one is, else ``world``."""
+    only one is, or the weights' dp x cp group if it spans the world (``context``), else ``world``."""
     sizes = {"pp": layout.pp, "tp": layout.tp, "cp": layout.cp}
     if layout.replicate > 1 and layout.shard > 1:
         sizes.update(dp_replicate=layout.replicate, dp_shard=layout.shard)
     else:
         sizes["dp"] = layout.dp
     big = [d for d, n in sizes.items() if n > 1]
-    return big[0] if len(big) == 1 else "world"
+    return big[0] if len(big) == 1 else cp_world_dim(layout)
 
 
 def _world_collectives(layout: Layout, cluster: ClusterSpec) -> list[Collective]:
