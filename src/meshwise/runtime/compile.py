@@ -42,6 +42,9 @@ def check(layout: Layout) -> None:
     if layout.tp > 1:
         raise MeshwiseError(f"compile: not supported with tensor parallelism (tp={layout.tp}) on this torch "
                             "(the backward of a compiled TP block fails); use --compile with tp=1 layouts")
+    if layout.cp > 1:
+        raise MeshwiseError(f"compile: not supported with context parallelism (cp={layout.cp}; its ring "
+                            "attention is not compiled); use --compile with cp=1 layouts")
 
 
 def compile_blocks(model: nn.Module) -> int:
