@@ -206,8 +206,8 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
-        # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
-        act_dtype = torch.bfloat16 if mesh.device_type == "cuda" and layout.dp > 1 else torch.float32
+        # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp * cp > 1.
+        act_dtype = torch.bfloat16 if mesh.device_type == "cuda" and layout.dp * layout.cp > 1 else torch.float32
         stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len // layout.cp,
                               act_dtype)
         tokens = layout.mbs * layout.accum(global_batch) * seq_len // layout.cp  # this rank's, per step
