@@ -19,6 +19,7 @@ sends. For the cost model that means:
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from meshwise.cost import comm, compute
 from meshwise.cost.comm import Collective
@@ -29,16 +30,22 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 def weights_layout(layout: Layout) -> Layout:
     """The layout as the weights see it: cp ranks share the weights, so they count as data-parallel
     ranks (dp·cp replicas, sharding group shard·cp)."""
-    if layout.cp == 1:
-        return layout
+    return layout if layout.cp == 1 else _weights_layout(layout)
+
+
+@lru_cache(maxsize=65536)
+def _weights_layout(layout: Layout) -> Layout:
     return replace(layout, dp=layout.dp * layout.cp, shard=layout.shard * layout.cp, cp=1)
 
 
 def local_train(train: TrainSpec, layout: Layout) -> TrainSpec:
     """The training setting one rank sees: a sequence of seq_len / cp tokens."""
-    if layout.cp == 1:
-        return train
-    return replace(train, seq_len=train.seq_len // layout.cp)
+    return train if layout.cp == 1 else _local_train(train, layout.cp)
+
+
+@lru_cache(maxsize=1024)
+def _local_train(train: TrainSpec, cp: int) -> TrainSpec:
+    return replace(train, seq_len=train.seq_len // cp)
 
 
 def ring_bytes(model: ModelSpec, local: TrainSpec, layout: Layout) -> float:

@@ -313,7 +313,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
-    fresh_unsharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+    fresh_unsharded = layout.dp * layout.cp > 1 and layout.zero >= 2 and layout.pp == 1
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     return (
@@ -329,7 +329,7 @@ def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
         w, g, o = states(shape.params, train, wl)
         return ((_weights(train, wl, shape, "forward"), g, o, 0.0, 0.0),)
-    return _candidates(lt, wl, shape, m, _static_parts(model, train, wl, shape),
+    return _candidates(lt, layout, shape, m, _static_parts(model, train, wl, shape),
                        _per_micro_batch(model, lt, layout, shape, m))
 
 
@@ -352,17 +352,17 @@ class PeakCache:
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
-        rank = shape.pp_rank
-        wl, lt = weights_layout(layout), local_train(self.train, layout)
-        skey = (wl.dp, wl.zero, wl.shard, wl.tp, wl.pp, wl.vpp, wl.schedule, rank)
+        rank, cp = shape.pp_rank, layout.cp
+        lt = local_train(self.train, layout)
+        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.schedule, rank)
         static = self._static.get(skey)
         if static is None:
-            static = self._static[skey] = _static_parts(self.model, self.train, wl, shape)
+            static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
         akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
-        return max(sum(c) for c in _candidates(lt, wl, shape, m, static, per_mb))
+        return max(sum(c) for c in _candidates(lt, layout, shape, m, static, per_mb))
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
