@@ -9,7 +9,8 @@ sends. For the cost model that means:
   of shard·cp (:func:`weights_layout`; torchtitan shards over dp_shard x cp the same way);
 - activations and every per-token cost: a sequence of s/cp tokens (:func:`local_train`), while
   each local query still attends over the whole sequence (compute.py and kernels.py count it);
-- the ring: per block and micro-batch, cp−1 K/V blocks forward (again under full recompute), cp−1
+- the ring: per block and micro-batch, cp−1 K/V blocks forward (again under recompute, full or selective: the
+  selective policy saves no communication), cp−1
   K/V blocks and cp float32 dK/dV accumulators backward (:func:`cp_collectives`), and their
   buffers at the start of a backward (:func:`ring_bytes`);
 - overlap: each K/V send is posted before the attention block it overlaps, so only what exceeds
@@ -62,14 +63,14 @@ def ring_bytes(model: ModelSpec, local: TrainSpec, layout: Layout) -> float:
 def cp_collectives(model: ModelSpec, local: TrainSpec, layout: Layout, shape, m: int,
                     cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """(K/V sends, dK/dV sends) of the cp ring for one rank (a memory.RankShape) and step, per block and micro-batch
-    (meshwise.runtime.context_parallel): forward cp-1 K/V blocks (again under full recompute),
+    (meshwise.runtime.context_parallel): forward cp-1 K/V blocks (again under recompute, full or selective),
     backward cp-1 K/V blocks and cp float32 dK/dV accumulators; each K/V block is ``T * 2kv/t * e``
     bytes for ``T = mbs * s/cp`` local tokens. Every send has its matching receive."""
     if layout.cp == 1 or model.states_only:
         return [], []
     link = cluster.link_for(layout.cp, layout.tp)
     elems = layout.mbs * local.seq_len * 2 * model.kv_dim / layout.tp
-    passes = 3 if layout.ac == "full" else 2
+    passes = 2 if layout.ac == "none" else 3  # recompute (full or selective) re-runs the forward's ring
     kv_calls = shape.blocks * m * passes * (layout.cp - 1)
     grad_calls = shape.blocks * m * layout.cp
     kv = [comm.collective(k, "cp", 2, elems * local.activation_bytes, kv_calls, link) for k in ("send", "recv")]
