@@ -255,7 +255,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     lines = [_step_one_device(model, cluster, train, one, usable, headroom)]
     if one.total > usable:
         lines += _steps_capacity(model, cluster, train, one, usable)
-    if best and (best[0].layout.cp > 1 or one.total > usable):
+    if best and one.total > usable:
         lines += _step_context(model, cluster, train, best[0], usable)
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
@@ -317,9 +317,10 @@ def _step_context(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winn
         tail = (f" -> too long for one rank's activations: context parallelism cp={win.cp} splits the sequence "
                 f"({train.seq_len // win.cp:,} tokens per rank, {_gb(winner.memory.activations)} of activations)."
                 if win.cp > 1 else " -> too long for one rank's activations, and no cp degree fits it either.")
+    elif win.cp > 1:
+        tail = f" -> a sequence fits one rank; cp={win.cp} is chosen for speed (less recompute or TP), not for memory."
     else:
-        tail = (" -> a sequence fits one rank" +
-                (f"; cp={win.cp} is chosen for speed (less recompute or TP), not for memory." if win.cp > 1 else "."))
+        return []  # short enough: nothing to say
     return [head + tail]
 
 
