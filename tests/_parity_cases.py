@@ -20,12 +20,18 @@ CASES: dict[int, list[Case]] = {
         Case("dp=2,zero=0,ac=full"), Case("pp=2,schedule=1f1b,ac=full"),
         # Deliberately wrong runs: the comparison must catch them.
         Case("dp=2,zero=2", corrupt="same-data"), Case("dp=2,zero=2", corrupt="seed"),
+        # Context parallelism; the wrong run attends only to its own tokens (no ring).
+        Case("cp=2"), Case("cp=2", corrupt="cp-local"),
     ],
     4: [
         Case("dp=2,tp=2,mbs=2"), Case("dp=2,zero=3,tp=2,mbs=2"), Case("pp=2,tp=2,mbs=2"),
         Case("pp=2,dp=2,zero=1"), Case("pp=2,dp=2,zero=3"), Case("dp=4,zero=3,shard=2"),
         Case("dp=2,zero=3,tp=2,mbs=2,ac=full"), Case("pp=2,dp=2,zero=1,ac=selective"),
         Case("dp=2,zero=1,tp=2,sp=off,mbs=2"),
+        # cp with ZeRO-3: collectives measured exactly, but the memory categories miss (predicted vs
+        # measured: grads -35%, activations +69%, "other" 185 kB vs 527 kB; plain dp=4,zero=3 misses
+        # the same way: grads -14%, other 185 kB vs 345 kB): parity only for now.
+        Case("cp=2,dp=2,zero=3", measured=False), Case("cp=2,dp=2,zero=1"), Case("cp=2,tp=2,mbs=4"), Case("cp=2,pp=2"),
     ],
     8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }

@@ -29,7 +29,8 @@ def test_json_schema(capsys):
     assert set(data) >= {"candidates", "explanation", "warnings"}
     assert 1 <= len(data["candidates"]) <= 3
     c = data["candidates"][0]
-    assert set(c["layout"]) == {"dp", "zero", "shard", "ep", "tp", "sp", "pp", "vpp", "schedule", "mbs", "accum", "ac"}
+    assert set(c["layout"]) == {"dp", "zero", "shard", "ep", "cp", "tp", "sp", "pp", "vpp", "schedule", "mbs", "accum",
+                                "ac"}
     assert c["layout"]["sp"] in ("on", "off") and c["layout"]["ac"] in ("none", "selective", "full")
     assert c["fits"] is True
     mem = c["memory"]

@@ -13,7 +13,7 @@ def test_defaults_and_round_trip():
     assert parse(lay.format()) == lay
     assert parse("pp=2,vpp=2", world_size=4).schedule == "interleaved-1f1b"
     hsdp = parse("dp=4,zero=3,shard=2")
-    assert hsdp.replicate == 2 and hsdp.mesh_shape == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    assert hsdp.replicate == 2 and hsdp.mesh_shape == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}
     assert parse(hsdp.short()) == hsdp
 
 
@@ -71,3 +71,24 @@ def test_ep_round_trip_and_validation():
         validate(parse("dp=2,ep=2"), load_model("tiny"), 2, 8)
     with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4"):
         validate(parse("dp=8,ep=8"), moe, 8, 8)
+    with pytest.raises(MeshwiseError, match="ep=2 with cp=2 is not supported yet"):
+        validate(parse("dp=2,ep=2,cp=2", 4), moe, 4, 8)
+
+
+def test_cp_key() -> None:
+    """cp: a mesh dim between dp_shard and tp, in the world size, the dp default and the round trip;
+    the sequence must split into 2*cp chunks, and under SP each rank's part over tp."""
+    from meshwise.layout import MESH_DIMS, runtime_refusal
+    from meshwise.spec import load_model
+
+    layout = parse("cp=2,zero=3,tp=2", 8)
+    assert (layout.dp, layout.cp, layout.world_size) == (2, 2, 8)
+    assert MESH_DIMS == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    assert list(layout.mesh_shape.values()) == [1, 1, 2, 2, 2]
+    assert parse(layout.format()) == layout and "cp=2" in layout.short()
+    model = load_model("tiny")
+    assert runtime_refusal(layout, model, 32) is None
+    assert "divisible by 2*cp = 4" in runtime_refusal(layout, model, 30)
+    assert "per cp rank (36 / cp=2) divisible by tp=4" in runtime_refusal(parse("cp=2,tp=4", 8), model, 36)
+    with pytest.raises(MeshwiseError, match="cp=0 must be at least 1"):
+        parse("cp=0")

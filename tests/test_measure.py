@@ -23,7 +23,7 @@ from meshwise.spec import TrainSpec, load_cluster, load_model
 
 MODEL = load_model("tiny")
 TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
-LAYOUTS = {w: [c.name for c in cases if not c.corrupt] for w, cases in CASES.items()}
+LAYOUTS = {w: [c.name for c in cases if not c.corrupt and c.measured] for w, cases in CASES.items()}
 TOLERANCE = {"comm": 0.01, "memory.params": 0.10, "memory.grads": 0.10, "memory.optimizer": 0.10,
              "memory.activations": 0.20}
 _records: dict[int, list[list[dict]]] = {}

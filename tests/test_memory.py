@@ -116,3 +116,32 @@ def test_activation_checkpointing_orders_memory():
     train = TrainSpec(8, 8192, "bf16-mixed")
     acts = [estimate(model, cluster, train, parse(f"dp=8,zero=3,ac={ac}")).memory.activations for ac in ("none", "selective", "full")]
     assert acts[0] > acts[1] > acts[2]
+
+
+def test_context_parallelism_splits_activations_and_shares_weights():
+    """cp: states as a layout with dp*cp replicas sharding over shard*cp; block activations of s/cp
+    tokens (exactly a cp-times shorter sequence's), plus the ring's K/V and dK/dV buffers; the ring's
+    sends per block and micro-batch: cp-1 K/V forward and backward, cp dK/dV."""
+    from meshwise.cost import memory
+    from meshwise.cost.context import ring_bytes
+    from meshwise.cost.estimate import rank_collectives
+    from meshwise.cost.memory import rank_shapes
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100", 8)
+    train, short = TrainSpec(8, 8192, "bf16-mixed"), TrainSpec(8, 2048, "bf16-mixed")
+    layout = parse("cp=4,dp=2,zero=3", 8)
+    cp = estimate(model, cluster, train, layout)
+    wide = estimate(model, cluster, TrainSpec(32, 8192, "bf16-mixed"), parse("dp=8,zero=3", 8))  # same accum
+    assert (cp.memory.params, cp.memory.optimizer) == pytest.approx((wide.memory.params, wide.memory.optimizer))
+    shape = rank_shapes(model, layout)[0]
+    ring = ring_bytes(model, short, layout)
+    assert ring == 2048 * 2 * model.kv_dim * (2 * 2 + 2 * 4)
+    fwd, bwd = memory._activations(model, short, layout, shape, 4)
+    fwd1, bwd1 = memory._activations(model, short, parse("dp=2", 2), shape, 4)
+    assert (fwd, bwd) == pytest.approx((fwd1, bwd1 + ring))
+    ops = {(o.kind, o.dim): o for o in rank_collectives(model, cluster, train, layout, shape)}
+    m = 8 // 2
+    kv_bytes = 2048 * 2 * model.kv_dim * 2
+    assert ops[("send", "cp")].count_per_step == model.layers * m * (2 * 3 + 4)
+    assert ops[("send", "cp")].bytes_per_step == model.layers * m * (2 * 3 * kv_bytes + 4 * kv_bytes * 2)
+    assert ("reduce_scatter", "dp_shard_cp") in ops

@@ -97,6 +97,8 @@ def test_compile_refuses_pipelining() -> None:
     check(parse("dp=2,tp=2", 4))
     with pytest.raises(MeshwiseError, match="compile: not supported with pipeline parallelism"):
         check(parse("pp=2", 2))
+    with pytest.raises(MeshwiseError, match="compile: not supported with context parallelism"):
+        check(parse("cp=2", 2))
 
 
 @pytest.mark.parametrize("world,case", BAD, ids=[f"{w}:{c.name}" for w, c in BAD])

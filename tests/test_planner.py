@@ -70,3 +70,17 @@ def test_anti_pattern_warnings():
 def test_batch_that_leaves_no_layout_is_an_error():
     with pytest.raises(MeshwiseError, match="--global-batch"):
         plan(ModelSpec.from_param_count(1e9), load_cluster("cpu", 8), TrainSpec(7, 64))
+
+
+def test_long_sequence_gets_context_parallelism():
+    """128k tokens of Llama 3 70B on 512 H100: without cp nothing fits (one sequence's activations
+    overflow a rank even under TP=8+SP and full recompute); the plan uses cp and says why."""
+    from meshwise.planner import cp_degrees
+
+    model = load_model("llama3-70b")
+    assert cp_degrees(model, 64, 131072) == [1, 2, 4, 8, 16]  # at least CP_MIN_TOKENS per rank
+    assert cp_degrees(model, 64, 8192) == [1]
+    p = plan(model, load_cluster("h100", 512), TrainSpec(64, 131072, "bf16-mixed"), top=1)
+    assert p.candidates[0].fits and p.candidates[0].layout.cp > 1
+    step = next(line for line in p.explanation if line.startswith("3b."))
+    assert "too long for one rank's activations: context parallelism cp=" in step

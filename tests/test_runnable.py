@@ -20,6 +20,7 @@ REFUSALS = [
     ("tied embeddings with pp", "pp=2", 16, "tied_embeddings = true\n", "tied embeddings"),
     ("zero-bubble with selective AC", "pp=2,vpp=1,schedule=zero-bubble,ac=selective", 16, "",
      "ac=selective with schedule=zero-bubble"),
+    ("cp needs seq divisible by 2*cp", "cp=2", 14, "", "cp=2 needs the sequence (14) divisible by 2"),
     ("world size", "dp=4", 16, "", "but the world size is 2"),
     ("tp does not divide heads", "tp=2,sp=off", 16, "heads = 1\nkv_heads = 1\n", "does not divide the model's heads"),
 ]
@@ -52,7 +53,7 @@ def test_check_runnable_refuses(tmp_path, name, text, seq, extra, needle) -> Non
 
 def test_a_runnable_layout_passes(tmp_path) -> None:
     model = load_model(micro_model(tmp_path))
-    for text in ("dp=2", "tp=2,sp=on", "pp=2", "pp=2,vpp=1,schedule=zero-bubble,ac=full"):
+    for text in ("dp=2", "tp=2,sp=on", "pp=2", "pp=2,vpp=1,schedule=zero-bubble,ac=full", "cp=2"):
         check_runnable(parse(text, 2), model, 2, GLOBAL_BATCH, 16)
         assert runs_here(model, 16)(parse(text, 2))
 

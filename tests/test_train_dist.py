@@ -7,7 +7,7 @@ elastic launcher, checkpoint every 5 steps) is shared by the fault and reshape t
   before step 12, attempt 1 loses rank 0 to SIGKILL in the middle of saving step 15 (after the
   shards, before the commit). Both restarts must resume from step-10 (the crash left step-15
   uncommitted), and every loss the run logged must equal the reference bit for bit.
-- reshape: the reference's step-10 checkpoint resumed under pp=2,dp=2 and under one process;
+- reshape: the reference's step-10 checkpoint resumed under pp=2,cp=2,zero=1 and under one process;
   steps 11-20 must match the reference within 1e-4 (relative).
 """
 
@@ -86,7 +86,7 @@ def test_sigkill_and_crash_during_save_resume_bit_for_bit(reference, tmp_path) -
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [f"step-{s}" for s in (10, 15, 20, 5)]
 
 
-@pytest.mark.parametrize("layout,nproc", [("pp=2,dp=2", "4"), ("dp=1", "1")])
+@pytest.mark.parametrize("layout,nproc", [("pp=2,cp=2,zero=1", "4"), ("dp=1", "1")])
 def test_resume_under_another_layout_and_world_size(reference, tmp_path, layout, nproc) -> None:
     ref_folder, ref = reference
     model = micro_model(tmp_path)

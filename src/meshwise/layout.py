@@ -1,6 +1,6 @@
 """Layout: the one contract between the planner and the runtime (docs/design.md).
 
-Text form: comma-separated ``key=value`` with keys dp, zero, shard, ep, tp, sp, pp, vpp, schedule, mbs, ac.
+Text form: comma-separated ``key=value`` with keys dp, zero, shard, ep, cp, tp, sp, pp, vpp, schedule, mbs, ac.
 Owns "can this layout run here?" (:func:`check_runnable`, torch-free; every entry point calls it)
 and the pipeline stage split, which the cost model and the runtime both read.
 """
@@ -15,19 +15,21 @@ from meshwise.spec import ModelSpec
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 AC_MODES = ("none", "selective", "full")
-KEYS = ("dp", "zero", "shard", "ep", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first
+KEYS = ("dp", "zero", "shard", "ep", "cp", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 EP_FROM = ("dp_shard",)  # the mesh dims expert parallelism is carved from (see expert_mesh_shape)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A fully resolved layout. World size = dp * tp * pp; the sharding group has ``shard`` ranks;
-    ``ep`` of those hold disjoint experts (expert parallelism, :func:`expert_mesh_shape`)."""
+    """A fully resolved layout. World size = dp * cp * tp * pp; the sharding group has ``shard`` ranks
+    (times cp: FSDP shards over dp_shard x cp, see docs/runtime.md); ``ep`` of the ``shard`` ranks
+    hold disjoint experts (expert parallelism, :func:`expert_mesh_shape`)."""
 
     dp: int = 1
     zero: int = 0
     shard: int = 1
+    cp: int = 1  # context-parallel degree: the sequence is split over cp ranks
     tp: int = 1
     sp: bool = False
     pp: int = 1
@@ -39,7 +41,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def replicate(self) -> int:
@@ -48,8 +50,8 @@ class Layout:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        """Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, tp."""
-        return {"pp": self.pp, "dp_replicate": self.replicate, "dp_shard": self.shard, "tp": self.tp}
+        """Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp."""
+        return {"pp": self.pp, "dp_replicate": self.replicate, "dp_shard": self.shard, "cp": self.cp, "tp": self.tp}
 
     @property
     def stages(self) -> int:
@@ -73,6 +75,8 @@ class Layout:
                 parts.append(f"shard={self.shard}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
         if self.tp > 1:
             parts.append(f"tp={self.tp}" + ("" if self.sp else ",sp=off"))
         if self.pp > 1:
@@ -112,7 +116,7 @@ def _int(key: str, text: str) -> int:
 
 
 def parse(text: str, world_size: int | None = None) -> Layout:
-    """Parse ``key=value,...``; dp defaults to world_size / (tp * pp), shard to dp, sp to (tp > 1)."""
+    """Parse ``key=value,...``; dp defaults to world_size / (cp * tp * pp), shard to dp, sp to (tp > 1)."""
     given: dict[str, str] = {}
     for item in (p.strip() for p in text.split(",")):
         if not item:
@@ -126,14 +130,14 @@ def parse(text: str, world_size: int | None = None) -> Layout:
         if key in given:
             raise MeshwiseError(f"layout: {key} given twice")
         given[key] = value
-    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "tp", "pp", "vpp", "mbs")}
-    tp, pp = ints.get("tp", 1), ints.get("pp", 1)
+    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "cp", "tp", "pp", "vpp", "mbs")}
+    tp, pp, cp = ints.get("tp", 1), ints.get("pp", 1), ints.get("cp", 1)
     if "dp" in ints:
         dp = ints["dp"]
     elif world_size is not None:
-        if world_size % (tp * pp):
-            raise MeshwiseError(f"layout: tp*pp = {tp * pp} does not divide the world size {world_size}")
-        dp = world_size // (tp * pp)
+        if world_size % (cp * tp * pp):
+            raise MeshwiseError(f"layout: cp*tp*pp = {cp * tp * pp} does not divide the world size {world_size}")
+        dp = world_size // (cp * tp * pp)
     else:
         dp = 1
     zero = ints.get("zero", 0)
@@ -152,7 +156,7 @@ def parse(text: str, world_size: int | None = None) -> Layout:
     ac = given.get("ac", "none")
     if ac not in AC_MODES:
         raise MeshwiseError(f"layout: ac={ac!r} must be one of {', '.join(AC_MODES)}")
-    layout = Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
+    layout = Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
                     schedule=schedule, mbs=ints.get("mbs", 1), ac=ac, ep=ints.get("ep", 1))
     check_shape(layout)
     return layout
@@ -178,7 +182,7 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
     """Refuse a layout that cannot run, in one line naming the field and what would be valid."""
     check_shape(layout)
     if layout.world_size != world_size:
-        raise MeshwiseError(f"layout: dp*tp*pp = {layout.dp}*{layout.tp}*{layout.pp} = {layout.world_size}, "
+        raise MeshwiseError(f"layout: dp*cp*tp*pp = {layout.dp}*{layout.cp}*{layout.tp}*{layout.pp} = {layout.world_size}, "
                             f"but the world size is {world_size}")
     if not model.states_only:
         for name, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
@@ -192,6 +196,9 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
     if layout.ep > 1 and not model.moe:
         raise MeshwiseError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, "
                             "use ep=1")
+    if layout.ep > 1 and layout.cp > 1:
+        raise MeshwiseError(f"layout: ep={layout.ep} with cp={layout.cp} is not supported yet (experts are carved "
+                            "from dp_shard only); use ep=1 or cp=1")
     if layout.ep > 1 and model.experts % layout.ep:
         valid = [e for e in range(1, layout.shard + 1) if model.experts % e == 0 and layout.shard % e == 0]
         raise MeshwiseError(f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
@@ -221,7 +228,8 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
     """Why meshwise's runtime cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
 
     Beyond :func:`validate`: the runtime keeps one embedding per pipeline chunk, so pp > 1 with tied
-    embeddings is refused; sequence parallelism splits the sequence over tp; and the zero-bubble
+    embeddings is refused; context parallelism splits the sequence into 2*cp chunks (rank i holds
+    chunks i and 2*cp-1-i) and sequence parallelism each rank's part over tp; and the zero-bubble
     schedules run a split backward that re-enters each checkpointed region twice, which
     ``torch.utils.checkpoint``'s selective mode forbids.
     """
@@ -231,8 +239,14 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
-    if layout.sp and seq_len % layout.tp:
-        return f"layout: sp=on needs the sequence ({seq_len}) divisible by tp={layout.tp}"
+    if layout.cp > 1 and seq_len % (2 * layout.cp):
+        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
+                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
+    if layout.cp > 1 and not model.states_only and model.position == "learned":
+        return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
+    if layout.sp and (seq_len // layout.cp) % layout.tp:
+        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
+        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if layout.sp and not model.states_only and model.position == "learned":
         return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None

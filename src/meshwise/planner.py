@@ -1,7 +1,9 @@
 """Enumerate every valid layout, estimate each, drop what does not fit, rank, explain, warn.
 
-Pure Python: never imports torch. The search covers every factorisation world = dp * tp * pp with
-tp dividing the heads, KV heads, MLP width and vocabulary; ZeRO stages 0-3 with every sharding
+Pure Python: never imports torch. The search covers every factorisation world = dp * cp * tp * pp
+with tp dividing the heads, KV heads, MLP width and vocabulary, and cp a power of two that leaves
+each rank at least ``CP_MIN_TOKENS`` of a sequence divisible by 2 * cp (context parallelism is for
+long sequences); ZeRO stages 0-3 with every sharding
 group size that divides dp (HSDP when smaller); sp on/off; the four schedules with vpp from 2 to
 ``MAX_VPP`` for the interleaved ones; micro-batch sizes that are powers of two up to ``MAX_MBS``
 and divide the per-replica batch; and the three activation-checkpointing modes.
@@ -23,6 +25,7 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_VPP = 8
 MAX_MBS = 32
+CP_MIN_TOKENS = 8192  # tokens per rank below which the planner tries no context parallelism
 RUNNER_UP_POOL = 30  # layouts kept to find the best one of a different kind than the winner
 
 
@@ -50,24 +53,37 @@ def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
     return options
 
 
-def _structures(model: ModelSpec, world: int, global_batch: int) -> Iterator[tuple[Layout, list[int]]]:
+def cp_degrees(model: ModelSpec, world: int, seq_len: int) -> list[int]:
+    """1, and the powers of two cp dividing ``world`` with ``seq_len`` divisible by 2 * cp and at
+    least CP_MIN_TOKENS per rank."""
+    if model.states_only or not seq_len:
+        return [1]
+    out, cp = [1], 2
+    while world % cp == 0 and seq_len % (2 * cp) == 0 and seq_len // cp >= CP_MIN_TOKENS:
+        out.append(cp)
+        cp *= 2
+    return out
+
+
+def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0
+                ) -> Iterator[tuple[Layout, list[int]]]:
     """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
     layers = model.layers if not model.states_only else 1
-    for tp in tp_degrees(model, world):
-        for pp in _divisors(world // tp):
+    for tp, cp in ((t, c) for t in tp_degrees(model, world) for c in cp_degrees(model, world // t, seq_len)):
+        for pp in _divisors(world // (tp * cp)):
             if pp > layers:
                 continue
-            dp = world // (tp * pp)
+            dp = world // (tp * cp * pp)
             if global_batch % dp:
                 continue
             per_replica = global_batch // dp
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
             zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
             for zero, shard in zero_shards:
-                for ep in expert_degrees(model, shard):
+                for ep in (expert_degrees(model, shard) if cp == 1 else (1,)):  # ep with cp: not yet (layout)
                     for sp in ((False,) if tp == 1 else (True, False)):
                         for schedule, vpp in pipeline_options(pp, layers):
-                            yield Layout(dp=dp, zero=zero, shard=shard, tp=tp, sp=sp, pp=pp, vpp=vpp,
+                            yield Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp, pp=pp, vpp=vpp,
                                          schedule=schedule, ep=ep), mbs_options
 
 
@@ -84,9 +100,9 @@ def _schedule_ok(layout: Layout, m: int) -> bool:
 
 
 def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
-                      where: Callable[[Layout], bool] | None = None) -> Iterator[Layout]:
+                      where: Callable[[Layout], bool] | None = None, seq_len: int = 0) -> Iterator[Layout]:
     """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
-    for base, mbs_options in _structures(model, world, global_batch):
+    for base, mbs_options in _structures(model, world, global_batch, seq_len):
         for ac in _ac_modes(model):
             if where is not None and not where(replace(base, ac=ac)):
                 continue
@@ -102,7 +118,7 @@ def _simplicity(layout: Layout) -> tuple:
     """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
     memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
     then fewer parallel dimensions and less machinery."""
-    return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.tp > 1, layout.zero,
+    return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.cp > 1, layout.tp > 1, layout.zero,
             layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
@@ -155,7 +171,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     bounds: dict[tuple, float] = {}
     keys: list[tuple] = []  # _rank_key of result.best, in order
     peaks = memory.PeakCache(model, train)
-    for base, all_mbs in _structures(model, cluster.world_size, train.global_batch):
+    for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
         acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
         if not acs:
@@ -174,14 +190,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
                 if overflowed and m > 1:
                     continue
-                layout = Layout(base.dp, base.zero, base.shard, base.tp, base.sp, base.pp, base.vpp, base.schedule,
-                                mbs, ac, base.ep)
+                layout = Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp,
+                                base.schedule, mbs, ac, base.ep)
                 total = max(peaks.total(layout, sh, m) for sh in shapes)
                 if total > usable:
                     overflowed = True
                     continue
                 result.fitting += 1
-                key = (layout.tp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
                 bound = bounds.get(key)
                 if bound is None:
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
@@ -241,6 +257,8 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
     lines = [_step_one_device(model, cluster, train, one, usable, headroom)]
     if one.total > usable:
         lines += _steps_capacity(model, cluster, train, one, usable)
+    if best and one.total > usable:
+        lines += _step_context(model, cluster, train, best[0], usable)
     if best:
         lines += _steps_shape(model, cluster, train, best[0])
         if model.moe and not model.states_only:
@@ -286,6 +304,30 @@ def _steps_capacity(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, on
                    if large else "a layer fits; TP is needed only if sharded states plus activations still overflow.")]
 
 
+def _step_context(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
+                  usable: float) -> list[str]:
+    """Step 3b: is one sequence too long for one rank's activations? The least a rank can keep
+    without context parallelism: full recompute, TP + SP across a node (cost/context.py for cp)."""
+    if model.states_only:
+        return []
+    t = max((d for d in tp_degrees(model, cluster.gpus_per_node)), default=1)
+    least = Layout(tp=t, sp=t > 1, ac="full")
+    mem = max(rank_memories(model, cluster, replace(train, global_batch=1), least), key=lambda m: m.total)
+    acts = mem.activations + mem.other
+    win = winner.layout
+    head = (f"3b. Sequence too long? {train.seq_len:,} tokens keep {_gb(acts)} of activations per rank even with "
+            f"TP={t}{'+SP' if t > 1 else ''} and full recompute")
+    if acts + mem.states / (cluster.world_size // t) > usable:
+        tail = (f" -> too long for one rank's activations: context parallelism cp={win.cp} splits the sequence "
+                f"({train.seq_len // win.cp:,} tokens per rank, {_gb(winner.memory.activations)} of activations)."
+                if win.cp > 1 else " -> too long for one rank's activations, and no cp degree fits it either.")
+    elif win.cp > 1:
+        tail = f" -> a sequence fits one rank; cp={win.cp} is chosen for speed (less recompute or TP), not for memory."
+    else:
+        return []  # short enough: nothing to say
+    return [head + tail]
+
+
 def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate) -> list[str]:
     """Steps 4 and 5 for the chosen layout: the pipeline's depth and bubble; placement across nodes."""
     win, lines = winner.layout, []
@@ -304,7 +346,7 @@ def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
 
 def _kind(layout: Layout) -> tuple:
     """What makes two layouts different in kind, not just in shard size or micro-batch size."""
-    return (layout.tp, layout.pp, layout.zero, layout.ac, layout.schedule, layout.ep)
+    return (layout.tp, layout.cp, layout.pp, layout.zero, layout.ac, layout.schedule, layout.ep)
 
 
 def _why_winner(best: list[Estimate]) -> str:

@@ -10,6 +10,7 @@ docs/cost-model.md has the table):
   them); under ``megatron`` (TP communication overlap) hidden behind the block's compute except a
   ``1 / tp`` share (the first chunk of each ring pipeline), unless ``overlap_tp_comm`` is off.
 - Pipeline sends: exposed (receives wait inside the bubble or behind the matching send).
+- The cp ring's K/V sends hide behind attention compute, its dK/dV sends do not (cost/context.py).
 - DP gradient reduction (zero 0/1) overlaps with the backward of the last micro-batch (unless
   ``TrainSpec.overlap_dp_comm`` is off, as in Megatron-LM 2021); ZeRO-2/3 all-gathers and
   reduce-scatters overlap with the compute of their own micro-batch. What exceeds the window is
@@ -34,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost import comm, compute, experts, host, kernels, memory
-from meshwise.cost import pipeline
+from meshwise.cost import comm, compute, experts, host, kernels, memory, pipeline
+from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
@@ -123,6 +124,13 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
 
 def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                     cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+    """Data parallelism's collectives, over dp x cp under context parallelism (``context``)."""
+    per_mb, per_step = _dp_collectives_of(model, train, weights_layout(layout), shape, m, cluster)
+    return cp_named(per_mb, layout), cp_named(per_step, layout)
+
+
+def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+                       cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
     per FSDP2 unit (docs/runtime.md):
 
@@ -191,7 +199,7 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     ``shape.sends_per_mb`` messages and receives as many."""
     if layout.pp == 1 or model.states_only:
         return []
-    link = cluster.link_for(2, layout.tp * layout.dp)
+    link = cluster.link_for(2, layout.tp * layout.cp * layout.dp)
     message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
     sends = m * shape.sends_per_mb
     return [comm.collective("send", "pp", 2, message, sends, link),
@@ -200,14 +208,14 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
 
 def world_dim(layout: Layout) -> str:
     """The name a collective over every rank goes by: the one mesh dimension larger than 1, if
-    only one is, else ``world``."""
-    sizes = {"pp": layout.pp, "tp": layout.tp}
+    only one is, or the weights' dp x cp group if it spans the world (``context``), else ``world``."""
+    sizes = {"pp": layout.pp, "tp": layout.tp, "cp": layout.cp}
     if layout.replicate > 1 and layout.shard > 1:
         sizes.update(dp_replicate=layout.replicate, dp_shard=layout.shard)
     else:
         sizes["dp"] = layout.dp
     big = [d for d, n in sizes.items() if n > 1]
-    return big[0] if len(big) == 1 else "world"
+    return big[0] if len(big) == 1 else cp_world_dim(layout)
 
 
 def _world_collectives(layout: Layout, cluster: ClusterSpec) -> list[Collective]:
@@ -222,10 +230,12 @@ def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, l
                      shape: RankShape) -> list[Collective]:
     """Every collective one rank of ``shape`` issues in a step, summed per kind and mesh dimension."""
     m = layout.accum(train.global_batch)
+    local = local_train(train, layout)
     per_mb, per_step = _dp_collectives(model, train, layout, shape, m, cluster)
-    return _merge(per_mb + per_step + _tp_collectives(model, train, layout, shape, m, cluster)
-                  + experts.ep_collectives(model, train, layout, shape, m, cluster)
-                  + _pp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster))
+    kv, grads = cp_collectives(model, local, layout, shape, m, cluster)
+    return _merge(per_mb + per_step + _tp_collectives(model, local, layout, shape, m, cluster) + kv + grads
+                  + experts.ep_collectives(model, local, layout, shape, m, cluster)
+                  + _pp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster))
 
 
 def _merge(ops: list[Collective]) -> list[Collective]:
@@ -250,7 +260,7 @@ def _exposed(ops: list[Collective], window_s: float, units: int, times: int = 1)
 def _p2p_latency_s(model: ModelSpec, train: TrainSpec, layout: Layout, cluster: ClusterSpec) -> float:
     """One stage-to-stage send of one micro-batch's activations: what filling (and draining) the
     pipeline waits for at each boundary."""
-    link = cluster.link_for(2, layout.tp * layout.dp)
+    link = cluster.link_for(2, layout.tp * layout.cp * layout.dp)
     message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
     return comm.collective_seconds("send", 2, message, link)
 
@@ -292,9 +302,10 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
-        return m * kernels.rank_seconds(model, accel, train, layout.mbs, layout.tp, layout.sp, layout.ac,
-                                        shape.blocks, shape.has_embedding, shape.has_head)
-    tokens_mb = train.seq_len * layout.mbs
+        return m * kernels.rank_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
+                                        layout.sp, layout.ac, shape.blocks, shape.has_embedding, shape.has_head,
+                                        layout.cp)
+    tokens_mb = train.seq_len // layout.cp * layout.mbs  # each local token attends over the whole sequence
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
@@ -349,6 +360,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
     mems = rank_memories(model, cluster, train, layout)
+    local = local_train(train, layout)
 
     worst = None
     stages: list[float] = []
@@ -356,10 +368,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         compute_s = compute_seconds(model, cluster, train, layout, shape)
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
-        tp_ops = _tp_collectives(model, train, layout, shape, m, cluster) + _world_collectives(layout, cluster)
-        pp_ops = _pp_collectives(model, train, layout, shape, m, cluster)
-        ep_ops = experts.ep_collectives(model, train, layout, shape, m, cluster)  # exposed (critical path)
+        tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
+        pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
+        ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
+        kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
+        cp_s = cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
         tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
         pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
@@ -374,10 +388,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                 dp_s += sum(op.seconds_per_step for op in gathers)
         if not accel.comm_overlap:
             dp_s += _fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
-        busy = compute_s + tp_s + pp_s + dp_s
-        stages.append(compute_s + tp_s)
+        busy = compute_s + tp_s + pp_s + dp_s + cp_s
+        stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s, tp_s, pp_s + dp_s, shape, _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops))
+            worst = (busy, compute_s, tp_s, pp_s + dp_s + cp_s, shape,
+                     _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     counts = _shape_counts(model, layout)
     mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
@@ -394,8 +409,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         busy -= compute_s * (1 - 1 / speedup)
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
 
-    local_opt_params = max(s.params / layout.shard if layout.zero >= 1 else memory.held(s.params, s.expert_params, layout)
-                           for s in shapes)
+    local_opt_params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 1
+                           else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
     if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only

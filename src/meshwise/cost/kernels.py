@@ -107,8 +107,12 @@ def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str
 
 @lru_cache(maxsize=4096)
 def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
-                  ac: str) -> tuple[float, float, float]:
-    """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank."""
+                  ac: str, cp: int = 1) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank.
+
+    Under context parallelism ``train.seq_len`` is the rank's s/cp tokens, and the load-balanced
+    causal ring computes ``cp`` attention blocks of (s/cp)^2 scores (half masked) per rank: the
+    attention core of a sequence of s/cp tokens, cp times."""
     peak = accel.peak_flops_per_s(train.precision)
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
@@ -118,7 +122,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
         f, b = _linear_s(tokens, n, k, accel, peak, e)
         fwd, bwd = fwd + f, bwd + b
-    attn_f, attn_b = _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention)
+    attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention))
     mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
     fwd += attn_f + mem_f
     bwd += attn_b + 2 * mem_f
@@ -158,9 +162,10 @@ def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec
 
 
 def rank_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str,
-                 blocks: int, has_embedding: bool, has_head: bool) -> float:
-    """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks."""
-    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac)
+                 blocks: int, has_embedding: bool, has_head: bool, cp: int = 1) -> float:
+    """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
+    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism)."""
+    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp)
     total = blocks * (fwd + bwd + rec)
     if has_head:
         total += head_seconds(model, accel, train, mbs, tp, sp)

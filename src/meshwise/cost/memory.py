@@ -24,6 +24,12 @@ end of the step's last backward. Per category:
   every micro-batch's weight-gradient tensors until the step ends.
 - ``other``: ZeRO-2/3's reduce-scatter input, the pipeline's send/receive buffers.
 
+Context parallelism (``cp``) splits each sequence over cp ranks that hold the same weights: the
+states are those of a layout with dp·cp replicas and a sharding group of shard·cp
+(``context.weights_layout``; FSDP shards over dp_shard x cp), and the activations those of a sequence
+of s/cp tokens (``context.local_train``), plus the ring's K/V blocks in flight at the start of a
+backward (``context.ring_bytes``).
+
 ``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
 ``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first chunk;
 the final norm and the LM head on the last (a tied head needs its own copy there when the
@@ -37,6 +43,7 @@ from functools import lru_cache
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
+from meshwise.cost.context import local_train, ring_bytes, weights_layout
 from meshwise.layout import Layout, chunk_rank, stage_layers
 from meshwise.spec import ModelSpec, TrainSpec, cached_hash
 
@@ -268,6 +275,8 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
                 backward += act.loss_grad_bytes(model, seq, mbs)
     if layout.ac != "none" and shape.blocks:
         backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
+    if layout.cp > 1 and shape.blocks:
+        backward += ring_bytes(model, train, layout)
     return forward, backward
 
 
@@ -331,7 +340,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
-    fresh_unsharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+    fresh_unsharded = layout.dp * layout.cp > 1 and layout.zero >= 2 and layout.pp == 1
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     return (
@@ -343,11 +352,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
                  ) -> tuple[tuple[float, float, float, float, float], ...]:
+    wl, lt = weights_layout(layout), local_train(train, layout)
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
-        w, g, o = states(shape.params, train, layout)
-        return ((_weights(train, layout, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
-    return _candidates(train, layout, shape, m, _static_parts(model, train, layout, shape),
-                       _per_micro_batch(model, train, layout, shape, m))
+        w, g, o = states(shape.params, train, wl)
+        return ((_weights(train, wl, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
+    return _candidates(lt, layout, shape, m, _static_parts(model, train, wl, shape),
+                       _per_micro_batch(model, lt, layout, shape, m))
 
 
 def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
@@ -369,16 +379,19 @@ class PeakCache:
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
-        rank = shape.pp_rank
-        skey = (layout.dp, layout.zero, layout.shard, layout.tp, layout.pp, layout.vpp, layout.schedule, rank, layout.ep)
+        rank, cp = shape.pp_rank, layout.cp
+        lt = local_train(self.train, layout)
+        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.schedule, rank,
+                layout.ep)
         static = self._static.get(skey)
         if static is None:
-            static = self._static[skey] = _static_parts(self.model, self.train, layout, shape)
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.ep)
+            static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp,
+                layout.ep)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
-            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, self.train, layout, shape, m)
-        return max(sum(c) for c in _candidates(self.train, layout, shape, m, static, per_mb))
+            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
+        return max(sum(c) for c in _candidates(lt, layout, shape, m, static, per_mb))
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,

@@ -33,6 +33,9 @@ KINDS = {
 }
 
 
+FLATTENED = ("dp_shard_cp", "dp_cp")  # flattened mesh dims named like the planner names them
+
+
 @dataclass(frozen=True)
 class CommKey:
     kind: str
@@ -66,6 +69,12 @@ class CollectiveTrace(TorchDispatchMode):
         for i, name in enumerate(names):
             if mesh.size(i) > 1:
                 self._dims.setdefault(tuple(sorted(dist.get_process_group_ranks(mesh.get_group(i)))), name)
+        for flat in FLATTENED:  # context parallelism's data-parallel group (runtime/data_parallel.py)
+            try:
+                group = mesh[flat].get_group()
+            except (KeyError, RuntimeError, ValueError):
+                continue
+            self._dims.setdefault(tuple(sorted(dist.get_process_group_ranks(group))), flat)
         self._dims.setdefault(tuple(range(dist.get_world_size())), "world")
         self._by_name: dict[str, tuple[str, int]] = {}
         for dim, group in (named_groups or {}).items():  # groups outside the mesh, by name (the EP group)

@@ -1,6 +1,6 @@
 """The runtime half of meshwise: run a Layout on PyTorch's distributed stack (imports torch).
 
-``build_mesh`` validates the layout and builds the 4-D DeviceMesh; ``parallelize`` returns this
+``build_mesh`` validates the layout and builds the 5-D DeviceMesh; ``parallelize`` returns this
 rank's stage modules, pipeline schedule and optimizer with a ``step(inputs, targets)`` helper;
 ``end_process_group`` ends the run (gloo's threads included).
 """

@@ -47,6 +47,9 @@ def check(layout: Layout) -> None:
     if layout.pp > 1:
         raise MeshwiseError(f"compile: not supported with pipeline parallelism (pp={layout.pp}); "
                             "use --compile with pp=1 layouts or run pp layouts without it")
+    if layout.cp > 1:
+        raise MeshwiseError(f"compile: not supported with context parallelism (cp={layout.cp}; its ring "
+                            "attention is not compiled); use --compile with cp=1 layouts")
 
 
 def compile_blocks(model: nn.Module, tensor_parallel: bool = False) -> int:

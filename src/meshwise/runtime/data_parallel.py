@@ -15,6 +15,10 @@
 - ``zero=3``: ``fully_shard(reshard_after_forward=True)``: parameters re-gathered in backward.
 - HSDP (``shard < dp``): the same ``fully_shard`` on the 2-D mesh (dp_replicate, dp_shard):
   shard within dp_shard, all-reduce the reduced shards across dp_replicate.
+- Context parallelism (``cp > 1``): the cp ranks hold the same weights and see different tokens,
+  so they join the data-parallel group for the weights: FSDP shards over dp_shard x cp flattened
+  (``dp_shard_cp``, as torchtitan does), replication spans dp_replicate x dp_shard x cp, and the
+  gradient average runs over dp * cp ranks (each rank's loss is the mean over its own tokens).
 
 Gradients are averaged over the DP group, so each replica's loss must be its own token mean.
 Under pipeline parallelism, ``torch.distributed.pipelining`` itself defers every FSDP2 module's
@@ -44,7 +48,10 @@ def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
 
 
 def replicate_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
-    """A 1-D mesh over the whole DP group (dp_replicate x dp_shard)."""
+    """A 1-D mesh over the whole DP group (dp_replicate x dp_shard, x cp under context parallelism)."""
+    if layout.cp > 1:
+        dims = tuple(d for d, n in (("dp_replicate", layout.replicate), ("dp_shard", layout.shard)) if n > 1)
+        return _torch_private.flatten_mesh(mesh, (*dims, "cp"), "dp_cp") if dims else mesh["cp"]
     if layout.shard == 1:
         return mesh["dp_replicate"]
     if layout.replicate == 1:
@@ -53,7 +60,11 @@ def replicate_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
 
 
 def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
-    """1-D dp_shard mesh (FSDP), or 2-D (dp_replicate, dp_shard) for HSDP."""
+    """1-D dp_shard mesh (FSDP), or 2-D (dp_replicate, dp_shard) for HSDP; dp_shard x cp flattened
+    under context parallelism."""
+    if layout.cp > 1:
+        shard = _torch_private.flatten_mesh(mesh, ("dp_shard", "cp"), "dp_shard_cp")
+        return shard if layout.replicate == 1 else mesh["dp_replicate", "dp_shard_cp"]
     if layout.replicate == 1:
         return mesh["dp_shard"]
     return mesh["dp_replicate", "dp_shard"]
@@ -78,7 +89,7 @@ def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, pr
     """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``,
     with the mixed-precision policy of ``precision_of`` (default: the mesh's device type); under
     expert parallelism (``emesh`` from expert_parallel.expert_mesh) the experts first."""
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return
     mp = mixed_precision(precision_of or mesh.device_type)
     if layout.ep > 1:

@@ -1,7 +1,7 @@
-"""The device mesh of a layout: dims ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, outermost first.
+"""The device mesh of a layout: dims ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, outermost first.
 
-Rank r sits at coordinates (pp, dp_replicate, dp_shard, tp) in row-major order, so the ranks of
-one TP group are consecutive (one node), then the sharding group, then the replicas, then stages.
+Rank r sits at coordinates (pp, dp_replicate, dp_shard, cp, tp) in row-major order, so the ranks of
+one TP group are consecutive (one node), then the cp ring, the sharding group, the replicas, the stages.
 The layout is validated before any process group exists.
 """
 
@@ -39,7 +39,7 @@ def world_size_from_env() -> int:
 
 def build_mesh(layout: Layout, model: ModelSpec, global_batch: int, *, backend: str | None = None,
                timeout_s: float = 600.0) -> DeviceMesh:
-    """Validate, then (if needed) start the default process group and build the 4-D mesh.
+    """Validate, then (if needed) start the default process group and build the 5-D mesh.
 
     Raises MeshwiseError before touching torch.distributed when the layout cannot run here.
     """

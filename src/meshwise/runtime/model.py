@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshwise.runtime.context_parallel import RingGroup, ring_attention
 from meshwise.runtime.moe import MoE
 from meshwise.spec import ModelSpec
 
@@ -90,6 +91,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q, spec.hidden, bias=spec.o_bias)
         self.q_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
         self.k_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
+        self.ring: RingGroup | None = None  # context parallelism: set by runtime.parallelize
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -108,7 +110,10 @@ class Attention(nn.Module):
         if self.rotary:
             s = q.shape[2]
             q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if self.ring is not None:
+            o = ring_attention(q, k, v, self.ring)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return o.transpose(1, 2).flatten(2)
 
 
@@ -174,6 +179,7 @@ class Transformer(nn.Module):
         self.tie_weights()
         self.register_buffer("rope_cos", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
+        self.positions: torch.Tensor | None = None  # context parallelism: the local tokens' positions
 
     def tie_weights(self) -> None:
         """Make the head's weight the embedding's (tied models): on construction, and again after
@@ -205,8 +211,11 @@ class Transformer(nn.Module):
                 h = h * torch.tensor(self.spec.hidden ** 0.5, dtype=h.dtype)
             if self.pos_embeddings is not None:
                 h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+        cos, sin = self.rope_cos, self.rope_sin
+        if self.positions is not None:
+            cos, sin = cos[self.positions], sin[self.positions]
         for block in self.layers.values():
-            h = block(h, self.rope_cos, self.rope_sin)
+            h = block(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

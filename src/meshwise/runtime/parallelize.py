@@ -10,9 +10,14 @@ One optimizer step is the same computation under every layout:
   replicate divide by dp) makes it the global token mean (every replica has as many tokens);
 - gradients are clipped by the global norm (:mod:`meshwise.runtime.optim`), then AdamW steps;
 - the returned loss is the global token mean: the last pipeline stage's replica losses, summed
-  over the world in one all-reduce and divided by dp * tp (every TP rank holds the same value).
+  over the world in one all-reduce and divided by dp * cp * tp (every TP rank holds the same value).
   ``step`` returns it and the gradient norm as 0-dim float64 tensors on the mesh's device: the
   step path never waits for the host (no ``.item()``), so the caller reads both once, when it logs.
+- context parallelism (cp > 1): ``step`` takes whole sequences and keeps this cp rank's two
+  load-balanced chunks (:func:`meshwise.runtime.context_parallel.shard_sequence`); the rotary
+  positions follow the chunks, attention runs around the cp ring, and each rank's loss is divided
+  by its own tokens (replica tokens / cp), so the average over the dp * cp ranks that share the
+  weights is the global token mean.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from meshwise.layout import Layout, check_runnable
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
+from meshwise.runtime.context_parallel import positions, ring_group, shard_sequence
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.expert_parallel import apply_expert_parallel, expert_mesh
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.moe import set_aux_sequences
-from meshwise.runtime.model import Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
+from meshwise.runtime.model import Attention, Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
@@ -100,7 +106,8 @@ class ParallelModel:
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
-        grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip, self.layout.dp * self.layout.tp)
+        grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
+                                   self.layout.dp * self.layout.cp * self.layout.tp)
         self.optimizer.step()
         return self._global_mean(local), grad_norm
 
@@ -125,7 +132,11 @@ class ParallelModel:
         tokens``; with ``backward`` every micro-batch's backward runs too (the pipeline schedule's
         ``step``), without it forwards only (``eval``)."""
         device = local.device
-        tokens = self.replica_rows * self.seq_len
+        tokens = self.replica_rows * self.seq_len // self.layout.cp  # this rank's tokens per step
+        if self.layout.cp > 1:
+            cp_rank = self.mesh.get_local_rank("cp")
+            inputs = None if inputs is None else shard_sequence(inputs, self.layout.cp, cp_rank)
+            targets = None if targets is None else shard_sequence(targets, self.layout.cp, cp_rank)
         if self.schedule is None:
             model = self.modules[0]
             mbs = self.layout.mbs
@@ -150,14 +161,14 @@ class ParallelModel:
             local += loss.detach().double()
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
-        """The world sum of ``local`` over dp * tp (a 0-dim tensor): last-stage ranks hold their
-        replica's losses, once per TP rank; the other stages hold zero."""
+        """The world sum of ``local`` over dp * cp * tp (a 0-dim tensor): last-stage ranks hold their
+        losses (a cp rank's over its tokens), once per TP rank; the other stages hold zero."""
         dist.all_reduce(local)
-        return local / (self.layout.dp * self.layout.tp)
+        return local / (self.layout.dp * self.layout.cp * self.layout.tp)
 
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, compile: bool = False, emesh: DeviceMesh | None = None,
+                 device: torch.device, seq_len: int, compile: bool = False, emesh: DeviceMesh | None = None,
                  tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> Transformer:
     with torch.device("meta"):
         model = Transformer(spec)
@@ -176,6 +187,12 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         model.to_empty(device=device)
         model.tie_weights()
         init_weights(model, spec, seed)
+    if layout.cp > 1:
+        ring = ring_group(mesh["cp"])
+        model.positions = positions(seq_len // layout.cp, layout.cp, ring.rank, device)
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.ring = ring
     return model
 
 
@@ -200,8 +217,8 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     precision_of = precision_of or mesh.device_type
     emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, compile, emesh, tensor_mode, precision_of)
-               for c in chunk_ids]
+    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
+                            precision_of) for c in chunk_ids]
     for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
         set_aux_sequences(m, layout.mbs * layout.accum(global_batch))
     params = [p for m in modules for p in m.parameters()]
@@ -219,10 +236,10 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
 def _pipeline(modules: list[nn.Module], chunk_ids: list[int], model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh,
               device: torch.device, seq_len: int, global_batch: int, precision_of: str) -> tuple[object, object, list]:
     """(schedule, eval schedule, stages) of this rank's chunks."""
-    # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp > 1.
-    act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp > 1 else torch.float32
-    stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len, act_dtype)
-    tokens = layout.mbs * layout.accum(global_batch) * seq_len
+    # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp * cp > 1.
+    act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp * layout.cp > 1 else torch.float32
+    stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len // layout.cp, act_dtype)
+    tokens = layout.mbs * layout.accum(global_batch) * seq_len // layout.cp  # this rank's, per step
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return loss_sum(logits, targets) / tokens
