@@ -1,0 +1,217 @@
+"""The search: enumerate every valid layout, estimate each, drop what does not fit, rank.
+
+Pure Python: never imports torch. The search covers every factorisation world = dp * cp * tp * pp
+with tp dividing the heads, KV heads, MLP width and vocabulary, and cp a power of two that leaves
+each rank at least ``CP_MIN_TOKENS`` of a sequence divisible by 2 * cp (context parallelism is for
+long sequences); ZeRO stages 0-3 with every sharding group size that divides dp (HSDP when
+smaller), and ep over the sharding group for mixture-of-experts models; sp on/off; the four
+schedules with vpp from 2 to ``MAX_VPP`` for the interleaved ones; micro-batch sizes that are
+powers of two up to ``MAX_MBS`` and divide the per-replica batch; and the three
+activation-checkpointing modes. Ties go to less machinery (:func:`break_ties`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+from meshwise.cost import memory
+from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s
+from meshwise.errors import MeshwiseError
+from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
+from meshwise.planner_experts import expert_degrees
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+MAX_VPP = 8
+MAX_MBS = 32
+CP_MIN_TOKENS = 8192  # tokens per rank below which the planner tries no context parallelism
+RUNNER_UP_POOL = 30  # layouts kept to find the best one of a different kind than the winner
+
+
+def _divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending: each pair (d, n // d) with d <= sqrt(n), O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def tp_degrees(model: ModelSpec, world: int) -> list[int]:
+    if model.states_only:
+        return [1]
+    return [t for t in _divisors(world)
+            if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0]
+
+
+def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs for ``pp`` ranks of a model with ``layers`` blocks."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    options = [("gpipe", 1), ("1f1b", 1), ("zero-bubble", 1)]
+    if 2 * pp <= layers:
+        options.append(("zero-bubble", 2))
+    options += [("interleaved-1f1b", v) for v in range(2, MAX_VPP + 1) if pp * v <= layers]
+    return options
+
+
+def cp_degrees(model: ModelSpec, world: int, seq_len: int) -> list[int]:
+    """1, and the powers of two cp dividing ``world`` with ``seq_len`` divisible by 2 * cp and at
+    least CP_MIN_TOKENS per rank."""
+    if model.states_only or not seq_len:
+        return [1]
+    out, cp = [1], 2
+    while world % cp == 0 and seq_len % (2 * cp) == 0 and seq_len // cp >= CP_MIN_TOKENS:
+        out.append(cp)
+        cp *= 2
+    return out
+
+
+def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0
+                ) -> Iterator[tuple[Layout, list[int]]]:
+    """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
+    layers = model.layers if not model.states_only else 1
+    for tp, cp in ((t, c) for t in tp_degrees(model, world) for c in cp_degrees(model, world // t, seq_len)):
+        for pp in _divisors(world // (tp * cp)):
+            if pp > layers:
+                continue
+            dp = world // (tp * cp * pp)
+            if global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
+            zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
+            for zero, shard in zero_shards:
+                for ep in (expert_degrees(model, shard) if cp == 1 else (1,)):  # ep with cp: not yet (layout)
+                    for sp in ((False,) if tp == 1 else (True, False)):
+                        for schedule, vpp in pipeline_options(pp, layers):
+                            yield Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp, pp=pp, vpp=vpp,
+                                         schedule=schedule, ep=ep), mbs_options
+
+
+def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
+    return ("none",) if model.states_only else AC_MODES
+
+
+def _schedule_ok(layout: Layout, m: int) -> bool:
+    try:
+        check_microbatches(layout, m)
+    except MeshwiseError:
+        return False
+    return True
+
+
+def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
+                      where: Callable[[Layout], bool] | None = None, seq_len: int = 0) -> Iterator[Layout]:
+    """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
+    for base, mbs_options in _structures(model, world, global_batch, seq_len):
+        for ac in _ac_modes(model):
+            if where is not None and not where(replace(base, ac=ac)):
+                continue
+            for mbs in mbs_options:
+                if _schedule_ok(base, global_batch // (base.dp * mbs)):
+                    yield replace(base, mbs=mbs, ac=ac)
+
+
+TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
+
+
+def _simplicity(layout: Layout) -> tuple:
+    """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
+    memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
+    then fewer parallel dimensions and less machinery."""
+    return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.cp > 1, layout.tp > 1, layout.zero,
+            layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
+
+
+def _rank_key(e: Estimate) -> tuple:
+    """Fastest first; among equally fast layouts the simpler one, then the one with less memory."""
+    return (round(-e.tokens_per_s, 3), _simplicity(e.layout), round(e.memory.total))
+
+
+def break_ties(ranked: list[Estimate], usable_bytes: float) -> list[Estimate]:
+    """Reorder the layouts whose predicted step is within ``TIE`` of the fastest one.
+
+    While the fastest leaves at least half the usable memory free, memory is not short: the tie
+    goes to less machinery (:func:`_simplicity`). Otherwise the tie goes to the least memory.
+    """
+    if not ranked:
+        return ranked
+    fastest = ranked[0].time.step_s
+    band = [e for e in ranked if e.time.step_s <= fastest * (1 + TIE)]
+    rest = ranked[len(band):]
+    if ranked[0].memory.total <= 0.5 * usable_bytes:
+        band.sort(key=lambda e: (_simplicity(e.layout), e.time.step_s))
+    else:
+        band.sort(key=lambda e: (round(e.memory.total), e.time.step_s))
+    return band + rest
+
+
+@dataclass
+class SearchResult:
+    """The best ``top`` fitting layouts, and how many were enumerated and fitted."""
+
+    best: list[Estimate] = field(default_factory=list)
+    pool: list[Estimate] = field(default_factory=list)  # the best RUNNER_UP_POOL, for the explanation
+    enumerated: int = 0
+    fitting: int = 0
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
+           headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
+    """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
+    timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
+    estimated further. ``where`` restricts the search (it sees each layout with mbs=1); by default,
+    for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
+    """
+    if where is None and train.runtime == "meshwise" and not model.states_only:
+        where = runs_here(model, train.seq_len)
+
+    keep = max(top, RUNNER_UP_POOL)
+    result = SearchResult()
+    usable = cluster.accelerator.memory_bytes * (1 - headroom)
+    bounds: dict[tuple, float] = {}
+    keys: list[tuple] = []  # _rank_key of result.best, in order
+    peaks = memory.PeakCache(model, train)
+    for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
+        mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
+        acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
+        if not acs:
+            continue
+        result.enumerated += len(acs) * len(mbs_options)
+        shapes = memory.rank_shapes(model, base)
+        # weights + optimizer states never shrink below the convention's: a lower bound for the structure
+        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base, sh.expert_params)) for sh in shapes]
+        if max(floor) > usable:
+            continue
+        for ac in acs:
+            overflowed = False
+            for mbs in mbs_options:
+                m = train.global_batch // (base.dp * mbs)
+                # Memory grows with mbs while earlier micro-batches leave gradients (m > 1); with a
+                # single micro-batch there are none at the forward's end, so that one is tried anyway.
+                if overflowed and m > 1:
+                    continue
+                layout = Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp,
+                                base.schedule, mbs, ac, base.ep)
+                total = max(peaks.total(layout, sh, m) for sh in shapes)
+                if total > usable:
+                    overflowed = True
+                    continue
+                result.fitting += 1
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
+                bound = bounds.get(key)
+                if bound is None:
+                    bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
+                if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+                    continue
+                e = estimate(model, cluster, train, layout, headroom)
+                key_e = _rank_key(e)
+                at = bisect.bisect_right(keys, key_e)
+                if at < keep:
+                    keys.insert(at, key_e)
+                    result.best.insert(at, e)
+                    del keys[keep:], result.best[keep:]
+    result.best = break_ties(result.best, usable)
+    result.pool = result.best[:]
+    del result.best[top:]
+    return result
