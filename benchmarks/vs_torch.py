@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from meshwise.layout import parse
 from meshwise.runtime import OptimConfig, build_mesh, build_model, loss_sum, parallelize
 from meshwise.spec import load_model
-from meshwise.train.launch import free_port
+from meshwise.launch import free_port
 
 CORES = os.cpu_count() or 1
 
@@ -47,14 +47,14 @@ def plain_runner(spec, world: int, cfg: OptimConfig, seed: int):
         for block in model.layers.values():
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             weight_decay=cfg.weight_decay)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         opt.zero_grad(set_to_none=True)
         loss = loss_sum(model(x), y) / y.numel()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         return loss.item()
     return step

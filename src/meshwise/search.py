@@ -113,6 +113,7 @@ def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
 
 
 TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
+SHORT = 0.05  # memory is short when the fastest layout leaves less than this fraction of usable memory free
 
 
 def _simplicity(layout: Layout) -> tuple:
@@ -131,15 +132,16 @@ def _rank_key(e: Estimate) -> tuple:
 def break_ties(ranked: list[Estimate], usable_bytes: float) -> list[Estimate]:
     """Reorder the layouts whose predicted step is within ``TIE`` of the fastest one.
 
-    While the fastest leaves at least half the usable memory free, memory is not short: the tie
-    goes to less machinery (:func:`_simplicity`). Otherwise the tie goes to the least memory.
+    Every layout ranked here fits with the headroom, so memory is not short and the tie goes to
+    less machinery (:func:`_simplicity`: no recompute, no accumulation...), unless the fastest is
+    within ``SHORT`` of the usable memory: then the tie goes to the least memory.
     """
     if not ranked:
         return ranked
     fastest = ranked[0].time.step_s
     band = [e for e in ranked if e.time.step_s <= fastest * (1 + TIE)]
     rest = ranked[len(band):]
-    if ranked[0].memory.total <= 0.5 * usable_bytes:
+    if ranked[0].memory.total <= (1 - SHORT) * usable_bytes:
         band.sort(key=lambda e: (_simplicity(e.layout), e.time.step_s))
     else:
         band.sort(key=lambda e: (round(e.memory.total), e.time.step_s))
