@@ -9,12 +9,11 @@ published shape of the checkpoint (hidden 6144, 56 layers, 48 heads, 8 KV heads,
 from __future__ import annotations
 
 import json
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _plan_timing import time_plan
 
 MIXTRAL_8X22B = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 6144,
                  "intermediate_size": 16384, "num_hidden_layers": 56, "num_attention_heads": 48,
@@ -28,17 +27,7 @@ def main(runs: int = 3) -> None:
     (folder / "config.json").write_text(json.dumps(MIXTRAL_8X22B))
     cmd = [sys.executable, "-m", "meshwise.cli", "plan", "--model", str(folder), "--gpu", "h100", "--gpus", "256",
            "--top", "3"]
-    times, cpu = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        times.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    print(next(line for line in out.splitlines() if "layouts searched" in line).strip())
-    print("whole-process seconds: " + ", ".join(f"{t:.3f}" for t in times) + f"; best {min(times):.3f} s (target < 1 s)")
-    print("CPU seconds of the process: " + ", ".join(f"{c:.3f}" for c in cpu))
+    out = time_plan(cmd, runs)
     for line in out.splitlines():
         if line.startswith(("E. Experts", "Chosen:")):
             print(line)
