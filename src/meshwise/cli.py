@@ -45,13 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
-    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"number of devices (default: {DEFAULT_GPUS})")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}; {DEFAULT_SEQ_STATES_ONLY} with --params)")
-    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    _add_cluster_arguments(p, "number of devices",
+                           f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
     p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); default bf16-mixed")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
     p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
@@ -72,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
+    """The options plan and verify share: the accelerator, the devices, the sequence and the batch."""
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"{gpus_help} (default: {DEFAULT_GPUS})")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}{seq_note})")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+
+
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
                        description="Build the chosen ranks of the layout with the real runtime at the real world size "
@@ -79,13 +85,7 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
                                    "trace one training step, and print memory by category and every collective beside "
                                    "what 'plan' predicts, as 'measure' does.")
     v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
-    v.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
-    v.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"world size traced (default: {DEFAULT_GPUS})")
-    v.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
-    v.add_argument("--seq-len", type=int, default=None,
-                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP})")
-    v.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    _add_cluster_arguments(v, "world size traced")
     v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")

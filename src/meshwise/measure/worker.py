@@ -28,6 +28,7 @@ from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
+from meshwise.runtime.expert_parallel import grouped_experts
 from meshwise.launch import init_process_group, report
 from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.runtime.mesh import default_backend, end_process_group, exit_worker
@@ -64,8 +65,7 @@ class LayoutRun:
 
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
         tracker = tracker_for(model.modules, model.optimizer)
-        self.ep_group = next((m.group for c in model.modules for m in c.modules() if getattr(m, "group", None)
-                              is not None and type(m).__name__.endswith("GroupedExperts")), None)
+        self.ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
         with CollectiveTrace(self.mesh, {"ep": self.ep_group} if self.ep_group is not None else None) as self.trace, \
                 tracker:
             model.step(self.x, self.y)
