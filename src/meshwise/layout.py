@@ -263,8 +263,17 @@ def expert_mesh_shape(layout: Layout) -> dict[str, int]:
 
 
 def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
-    """The planner's ``where=`` filter: layouts :func:`runtime_refusal` lets through."""
-    return lambda layout: runtime_refusal(layout, model, seq_len) is None
+    """The planner's ``where=`` filter: layouts :func:`runtime_refusal` lets through. The answer is
+    remembered by the fields that function reads (never dp, zero, shard, ep or mbs), so a search over
+    tens of thousands of layouts asks it once per distinct answer."""
+    answers: dict[tuple, bool] = {}
+
+    def runs(layout: Layout) -> bool:
+        key = (layout.pp, layout.schedule, layout.ac, layout.cp, layout.sp, layout.tp)
+        if key not in answers:
+            answers[key] = runtime_refusal(layout, model, seq_len) is None
+        return answers[key]
+    return runs
 
 
 def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len") -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
@@ -105,11 +105,11 @@ def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
     """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
     for base, mbs_options in _structures(model, world, global_batch, seq_len):
         for ac in _ac_modes(model):
-            if where is not None and not where(replace(base, ac=ac)):
+            if where is not None and not where(_with(base, base.mbs, ac)):
                 continue
             for mbs in mbs_options:
                 if _schedule_ok(base, global_batch // (base.dp * mbs)):
-                    yield replace(base, mbs=mbs, ac=ac)
+                    yield _with(base, mbs, ac)
 
 
 TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
@@ -158,6 +158,13 @@ class SearchResult:
     fitting: int = 0
 
 
+def _with(base: Layout, mbs: int, ac: str) -> Layout:
+    """``base`` with another mbs and ac (``dataclasses.replace`` is several times slower, and the search
+    builds tens of thousands)."""
+    return Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp, base.schedule, mbs, ac,
+                  base.ep)
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
@@ -176,14 +183,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     peaks = memory.PeakCache(model, train)
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
-        acs = [ac for ac in _ac_modes(model) if where is None or where(replace(base, ac=ac))]
+        acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
         if not acs:
             continue
         result.enumerated += len(acs) * len(mbs_options)
         shapes = memory.rank_shapes(model, base)
-        # weights + optimizer states never shrink below the convention's: a lower bound for the structure
-        floor = [(lambda w, g, o: w + o)(*memory.states(sh.params, train, base, sh.expert_params)) for sh in shapes]
-        if max(floor) > usable:
+        if max(peaks.floor(base, sh) for sh in shapes) > usable:  # no mbs or ac fits this structure
             continue
         for ac in acs:
             overflowed = False
@@ -193,8 +198,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
                 if overflowed and m > 1:
                     continue
-                layout = Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp,
-                                base.schedule, mbs, ac, base.ep)
+                layout = _with(base, mbs, ac)
                 total = max(peaks.total(layout, sh, m) for sh in shapes)
                 if total > usable:
                     overflowed = True
