@@ -64,11 +64,14 @@ def _searched_layout(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, f
     return result.best[0].layout
 
 
-def load_runs() -> list[Run]:
+def load_runs(prefix: str = "") -> list[Run]:
+    """The calibration set (only the runs whose id starts with ``prefix``, when given)."""
     data = tomllib.loads(resources.files("meshwise.catalog").joinpath("published_runs.toml").read_text())
     models = {name: ModelSpec(name=name, **table) for name, table in data.get("models", {}).items()}
     runs = []
     for rec in data["run"]:
+        if not rec["id"].startswith(prefix):
+            continue
         model = models.get(rec["model"]) or load_model(rec["model"])
         cluster = load_cluster(rec["gpu"], rec["gpus"])
         train = TrainSpec(global_batch=rec["global_batch"], seq_len=rec["seq_len"], precision="bf16-mixed",

@@ -141,3 +141,21 @@ def test_plan_json_names_the_runtime_predicted(capsys):
     assert '"runtime": "meshwise"' in capsys.readouterr().out
     assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json", "--runtime", "megatron"]) == 0
     assert '"runtime": "megatron"' in capsys.readouterr().out
+
+
+def test_mtnlg_scaling_fixes_its_unstated_micro_batch():
+    """MT-NLG's micro-batch size is unstated; the catalog takes the one its own series implies.
+    Under 1F1B with PP 35 the step goes as m + p - 1 micro-batch times (m = 1920 / (dp x mbs)), so
+    the ratio of the 280- and 420-node times depends on mbs, hardly on the fitted constant."""
+    runs = {r.id: r for r in load_runs("mtnlg530b")}
+    small, large = runs["mtnlg530b-2240"], runs["mtnlg530b-3360"]
+    published = small.published_step_s / large.published_step_s
+
+    def ratio(mbs: int) -> float:
+        times = [est.estimate(r.model, r.cluster, r.train, replace(r.layout, mbs=mbs)).time.step_s
+                 for r in (small, large)]
+        return times[0] / times[1]
+
+    errors = {mbs: abs(ratio(mbs) / published - 1) for mbs in (1, 2, 4)}
+    assert min(errors, key=errors.get) == small.layout.mbs == large.layout.mbs
+    assert errors[small.layout.mbs] < 0.01
