@@ -21,8 +21,10 @@ docs/cost-model.md has the table):
   sets the steady state (its busy time is counted in full), warm-up and cool-down pass through
   every stage at its own pace (stage imbalance from the embedding and head), plus one P2P
   latency per stage boundary crossed while filling and draining.
-- More ranks than cores (a CPU profile's ``cores_per_node``): a stage idle in the bubble gives its
-  core to the other ranks, so compute and bubble shrink by ``min(ranks / cores, 1 / busy fraction)``.
+- More ranks than cores (a CPU profile's ``cores_per_node``): the profile is a rank's speed on a
+  core of its own; compute, optimizer and FSDP2 copies are multiplied by ``host.core_share``
+  (``max(1, ranks / cores)``: time-sharing). A stage idle in the bubble gives its core to the other
+  ranks, so compute and bubble shrink back by ``min(core_share, 1 / busy fraction)``.
 - Optimizer: AdamW/SGD are memory-bound: reads and writes weights, moments (and master) and reads
   gradients once: ``P_local * (2*o + 2*w + g) / HBM bandwidth``, plus on host-bound ranks (CPU)
   the launch cost of its per-tensor operators (cost/host.py ``optimizer_host_seconds``).
@@ -315,7 +317,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
                                                                 shape.has_head, layout.ac, m, layout.tp)
-    return flops / (peak * _efficiency(model, cluster, layout)) + launch_s
+    share = host.core_share(accel, cluster.gpus_per_node)
+    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s)
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
@@ -361,6 +364,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     shapes = memory.rank_shapes(model, layout)
     mems = rank_memories(model, cluster, train, layout)
     local = local_train(train, layout)
+    share = host.core_share(accel, cluster.gpus_per_node)  # ranks per core (CPU, more ranks than cores)
 
     worst = None
     stages: list[float] = []
@@ -387,7 +391,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
         if not accel.comm_overlap:
-            dp_s += _fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
+            dp_s += share * _fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
         busy = compute_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:
@@ -400,12 +404,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     if layout.pp > 1 and not model.states_only:
         bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
 
-    cores, ranks = accel.cores_per_node, cluster.gpus_per_node
-    if cores and ranks > cores and bubble_s > 0:
-        # More ranks than cores: the profile's rate is each rank's share with every rank computing.
-        # A stage waiting in the bubble sleeps and its core goes to the other ranks, which compute
-        # faster by 1 / (the busy fraction), at most ranks / cores (a core each).
-        speedup = min(ranks / cores, (busy + bubble_s) / busy)
+    if share > 1 and bubble_s > 0:
+        # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
+        # sleeps and its core goes to the other ranks, which compute faster by 1 / (the busy
+        # fraction), at most by the share (a core each).
+        speedup = min(share, (busy + bubble_s) / busy)
         busy -= compute_s * (1 - 1 / speedup)
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
 
@@ -416,6 +419,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
+    optimizer_s *= share
 
     step_s = busy + bubble_s + optimizer_s
     tokens = train.tokens_per_step

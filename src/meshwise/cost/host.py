@@ -28,6 +28,13 @@ operators per parameter tensor, each a DTensor operator (``tp_op_s`` more) when 
 DTensors (FSDP2's ``fully_shard``/``replicate`` under dp > 1, and tp > 1):
 ``optimizer_host_seconds = tensors * ADAMW_OPS_PER_TENSOR * (op_overhead_s + [DTensor] tp_op_s)``.
 
+More ranks than cores (a CPU profile's ``cores_per_node``, from ``os.cpu_count()``): the profile
+holds a rank's speed on a core of its own (``calibrate`` runs its per-rank benchmarks on at most
+one rank per core), and ranks that compute at once time-share the cores:
+``core_share = max(1, ranks_per_node / cores_per_node)`` multiplies everything a rank does on its
+core (arithmetic, operator launches, the optimizer, FSDP2's copies); collectives are as calibrated
+at that process count, since their calibration already ran every rank.
+
 The constants are measured
 per machine by ``meshwise calibrate`` (0 in GPU profiles: there the launch queue runs ahead of the
 kernels, which the op model in cost/kernels.py costs instead).
@@ -46,6 +53,13 @@ HEAD_OPS = 45
 
 
 ADAMW_OPS_PER_TENSOR = 10  # lerp_, mul_ x2, addcmul_, add_, div, sqrt, addcdiv_, step add_, a scalar read
+
+
+def core_share(accel: AcceleratorSpec, ranks_per_node: int) -> float:
+    """How many ranks each core serves when all compute: ``max(1, ranks_per_node / cores_per_node)``
+    (1 when the profile states no cores: GPUs)."""
+    cores = accel.cores_per_node
+    return max(1.0, ranks_per_node / cores) if cores else 1.0
 
 
 def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -> int:

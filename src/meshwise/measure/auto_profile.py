@@ -33,7 +33,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 2  # 2: best of single timed calls (1: averaged over 50 ms windows)
+CALIBRATION_VERSION = 3  # 3: per-rank figures with one rank per core; 2: best of single timed calls
+                         # (1: averaged over 50 ms windows)
 MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`
 SEQ_LEN = 128     # the default `--data.seq_len`
 

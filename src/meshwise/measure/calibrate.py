@@ -1,8 +1,12 @@
 """``meshwise calibrate``: microbenchmark the machine it runs on into an accelerator profile.
 
 One launch (``meshwise.launch``: torch's elastic launcher) of ``N`` local processes (gloo, one thread each, as ``meshwise measure`` and
-``meshwise train`` run on CPU); every rank measures at once, so shared cores and memory bandwidth
-are measured as the training run will see them, and the slowest rank's figure is kept:
+``meshwise train`` run on CPU); every rank measures at once, so shared memory bandwidth is
+measured as the training run will see it, and the slowest rank's figure is kept. With more ranks
+than cores (``N > cores``) only the first ``cores`` ranks run the per-rank benchmarks below (the
+others wait): a profile holds a rank's speed on a core of its own, and the cost model time-shares
+the cores itself (cost/estimate.py ``core_share``), which a measurement on shared cores cannot be
+told apart from (it may catch a core alone, or not). Collectives are measured with all ``N``.
 
 - **matmul rate** ``peak_*_flops_per_s``: the GEMMs of one block (Q, K, V, output projection,
   gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
@@ -20,7 +24,8 @@ are measured as the training run will see them, and the slowest rank's figure is
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
   (the runtime's own TP/SP plan), less the plain one and the TP collectives' latency
-  (``collectives * alpha``, the fitted latency), per operator; 0 when not measured;
+  (``collectives * alpha``, the fitted latency; with more ranks than cores alpha as fitted on the
+  pairs that ran, alone), per operator; 0 when not measured;
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
   wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
   with all cores against one process per core;
@@ -127,7 +132,10 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     tp_s = 0.0
     if result.get("tp_host_s") and nproc > 1:
         tp_calls = int(result["tp_collectives"])
-        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * latency_s) / model_ops)
+        # with more ranks than cores the TP pairs ran alone: their collectives' latency is theirs
+        alone = result.get("tp_collectives_alone")
+        tp_latency_s = fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s
+        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * tp_latency_s) / model_ops)
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))

@@ -104,10 +104,11 @@ def runs_tp2(model: ModelSpec) -> bool:
     return all(x % 2 == 0 for x in (model.heads, model.kv_heads, model.ffn_hidden, model.vocab))
 
 
-def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float, int]:
+def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> tuple[float, int]:
     """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
-    runtime's TP/SP plan) on every pair of ranks at once, the TP collectives one such micro-batch
-    issues). A fixed number of calls between barriers: the ranks must issue the same collectives."""
+    runtime's TP/SP plan) on every ``active`` pair of ranks at once, the TP collectives one such
+    micro-batch issues). A fixed number of calls between barriers: the ranks must issue the same
+    collectives. Inactive ranks build the model (mesh creation is collective) and wait."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -131,19 +132,23 @@ def bench_tp_host(model: ModelSpec, repeats: int, calls: int = 5) -> tuple[float
         net.zero_grad(set_to_none=True)
         loss_sum(net(x), y).backward()
 
+    if not active:
+        _lockstep_time(lambda: None, repeats, calls)
+        return 0.0, 0
     with CollectiveTrace(mesh) as trace:
         run()
     return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
 
 
-def _lockstep_time(fn, repeats: int, calls: int) -> float:
-    """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank
-    starting each run at a barrier (a fixed count: ranks must issue the same collectives)."""
+def _lockstep_time(fn, repeats: int, calls: int, group=None) -> float:
+    """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank of
+    ``group`` (default: all) starting each run at a barrier (a fixed count: ranks must issue the
+    same collectives)."""
     import torch.distributed as dist
 
     best = math.inf
     for _ in range(repeats):
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -162,15 +167,15 @@ def bench_copy(nbytes: int, repeats: int) -> float:
 
 
 def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
-                      repeats: int) -> list[list[float]]:
-    """``[kind, n, payload_bytes, seconds]`` per kind and size. Each call follows a slice of compute
-    (one block's GEMMs at ``tokens`` tokens), as in training; seconds per call =
-    ``(min time of calls x (compute + call) - min time of calls x compute) / calls``, at least the
-    tight-loop time of the call alone."""
+                      repeats: int, group=None) -> list[list[float]]:
+    """``[kind, n, payload_bytes, seconds]`` per kind and size over ``group`` (default: all ranks).
+    Each call follows a slice of compute (one block's GEMMs at ``tokens`` tokens), as in training;
+    seconds per call = ``(min time of calls x (compute + call) - min time of calls x compute) /
+    calls``, at least the tight-loop time of the call alone."""
     import torch
     import torch.distributed as dist
 
-    n = dist.get_world_size()
+    n = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(0)
     pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(m, k, generator=gen))
              for k, m in block_gemm_shapes(model)]
@@ -180,7 +185,7 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
             torch.nn.functional.linear(x, w)
 
     def loop(op) -> float:
-        return _lockstep_time(op, repeats, calls)
+        return _lockstep_time(op, repeats, calls, group)
 
     compute_s = loop(compute)
     out: list[list[float]] = []
@@ -188,9 +193,9 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
         numel = max(n, nbytes // 4 // n * n)
         full = torch.ones(numel)
         shard = torch.ones(numel // n)
-        ops = {"all_reduce": lambda: dist.all_reduce(full),
-               "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full)}
+        ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
+               "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group)}
         for kind, op in ops.items():
             op()
             alone_s = loop(op)
@@ -231,30 +236,49 @@ def worker_main(argv: list[str] | None = None) -> int:
         clock[0] = now
 
     phase("start")
-    mine = {"matmul_flops_per_s": bench_matmul(model, args.seq_len, repeats)}
-    phase("matmul")
-    mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
-    phase("forward_backward")
-    mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
-    phase("copy")
-    mine["host_s"] = bench_host(model, repeats)
-    phase("host")
-    tp = bench_tp_host(model, repeats) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
-    phase("tp_host")
+    # Per-rank figures with at most one rank per core: with more ranks than cores the others wait,
+    # so the profile holds a rank's speed on a core of its own; the cost model time-shares it
+    # (cost/estimate.py ``core_share``). Collectives are measured with every rank.
     cores = os.cpu_count() or 1
+    alone = min(n, cores)
+    active = rank < alone
+    mine: dict = {}
+    if active:
+        mine["matmul_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
+    phase("matmul")
+    if active:
+        mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
+    phase("forward_backward")
+    if active:
+        mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
+    phase("copy")
+    if active:
+        mine["host_s"] = bench_host(model, repeats)
+    phase("host")
+    pairs = max(1, alone // 2)
+    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
+    phase("tp_host")
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         torch.set_num_threads(cores)
         mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
         torch.set_num_threads(1)
     phase("threads")
     sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
-    collectives = (bench_collectives(model, args.seq_len, sizes, calls=4 if args.quick else 8, repeats=repeats)
-                   if n > 1 else [])
+    calls = 4 if args.quick else 8
+    collectives = bench_collectives(model, args.seq_len, sizes, calls, repeats) if n > 1 else []
     phase("collectives")
+    alone_collectives: list[list[float]] = []
+    if n > cores and n % 2 == 0 and runs_tp2(model):  # the TP benchmark's pairs ran alone: so do these
+        group = dist.new_group(list(range(2 * pairs)))
+        if rank < 2 * pairs:
+            alone_collectives = bench_collectives(model, args.seq_len, sizes[:1], calls, repeats, group)
+    phase("collectives_alone")
     everyone: list[dict] = [{} for _ in range(n)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
+        if alone_collectives:
+            result["tp_collectives_alone"] = alone_collectives
         result["phase_s"] = phases
         write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()
@@ -265,13 +289,15 @@ def worker_main(argv: list[str] | None = None) -> int:
 def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: tuple[float, int],
              collectives: list[list[float]]) -> dict:
     """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
-    profile_table needs to read them."""
+    profile_table needs to read them. Per-rank figures come from the ranks that measured them (one
+    per core at most); ``what`` says how many ran."""
     import torch
 
     from meshwise.cost.compute import model_flops
     from meshwise.cost.host import ops_per_microbatch
 
     n = len(everyone)
+    everyone = [r for r in everyone if "fwd_bwd_s" in r]
     return {
         "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
         "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
@@ -287,7 +313,9 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
                                                          everyone[0]["matmul_flops_per_s"]),
         "collectives": collectives,
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
-                 f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"),
+                 f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
+                 + (f", per-rank figures with {len(everyone)} process(es) at once (one per core)"
+                    if len(everyone) < n else "")),
     }
 
 
