@@ -38,7 +38,7 @@ from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
 from meshwise.measure import auto_profile  # noqa: E402
-from meshwise.measure.calibrate import calibrate, format_toml  # noqa: E402
+from meshwise.measure.calibrate import calibrate, format_toml, with_per_rank_of  # noqa: E402
 from meshwise.measure.run import run_workers  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
@@ -111,31 +111,25 @@ def main() -> int:
     return report(rows)
 
 
-PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
-
-
 def alone_profiles(profiles: dict[str, str], version: int) -> dict[str, str]:
-    """Saved profiles as calibration version 3 would have measured them. Before it, a profile of
-    more ranks than cores measured its per-rank figures with every rank at once (shared cores, or a
-    core caught alone); version 3 measures them with one rank per core, which is what the same
-    run's ``cores``-process profile holds: its per-rank figures replace theirs, links kept."""
-    if version >= 3:
+    """Saved profiles as calibration version 4 reads them: a profile of more ranks than cores takes
+    its per-rank figures from the same run's ``cores``-process profile (``auto_profile``). Before
+    version 3 the 4-process profile measured them with all four ranks at once (shared cores, or a
+    core caught alone); in version 3 with two ranks alone, but in a launch of its own."""
+    if version >= 4:
         return profiles
     tables = {n: tomllib.loads(text) for n, text in profiles.items()}
     out = dict(profiles)
     for n, table in tables.items():
         cores = int(table.get("cores_per_node", 0))
         if cores and int(n) > cores and str(cores) in tables:
-            merged = table | {k: tables[str(cores)][k] for k in PER_RANK_KEYS if k in tables[str(cores)]}
-            merged["source"] = table["source"] + f"; per-rank figures from the {cores}-process profile (replay)"
-            out[n] = format_toml(merged)
+            out[n] = format_toml(with_per_rank_of(table, tables[str(cores)], f"from the {cores}-process profile (replay)"))
     return out
 
 
 def replay(path: str) -> int:
     """The report for saved measurements, predicted with the current cost model and the saved
-    profiles (those of calibration version < 3 read as :func:`alone_profiles`)."""
+    profiles (those of calibration version < 4 read as :func:`alone_profiles`)."""
     saved = json.loads(Path(path).read_text())
     with tempfile.TemporaryDirectory(prefix="meshwise-cpu-fidelity-") as tmp:
         model_file = Path(tmp) / "bench-cpu.toml"

@@ -87,3 +87,27 @@ def test_workers_read_the_launch_profile_else_the_cache_else_the_catalog(empty_c
     path = auto_profile.for_workers(2)
     assert auto_profile.resolved(2) == path
     assert live_cluster(2, 2, "cpu").cluster.accelerator.name == "measured-2"
+
+
+def test_more_processes_than_cores_take_the_cores_profile_s_per_rank_figures(
+        empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One per-rank speed per machine: a 4-process profile on 2 cores keeps its own links and takes
+    the 2-process profile's per-rank figures (measured first if missing)."""
+    import os
+
+    from meshwise.spec import load_cluster
+
+    def fake(nproc, model, out, seq, quick=False, note=""):
+        empty_cache.append((nproc,))
+        table = {"name": f"measured-{nproc}", **_catalog("accelerators.toml")["cpu"]}
+        table.update(peak_fp32_flops_per_s=nproc * 1e9, op_overhead_s=nproc * 1e-6, intra_latency_s=nproc * 1e-4)
+        Path(out).write_text(format_toml(table))
+
+    monkeypatch.setattr(calibrate_mod, "calibrate", fake)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    four = load_cluster(str(auto_profile.ensure(4, say=lambda _: None)), 4, 4)
+    assert [c[0] for c in empty_cache] == [4, 2]
+    assert four.accelerator.peak_fp32_flops_per_s == 2e9 and four.accelerator.op_overhead_s == pytest.approx(2e-6)
+    assert four.intra.latency_s == pytest.approx(4e-4)
+    two = load_cluster(str(auto_profile.ensure(2, say=lambda _: None)), 2, 2)
+    assert two.accelerator.peak_fp32_flops_per_s == 2e9 and len(empty_cache) == 2

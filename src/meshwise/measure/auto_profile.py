@@ -13,6 +13,11 @@ process count is another file; a file that does not load as a profile is measure
 overwritten (meshwise wrote it; nothing in it is executed or unpickled). Bumping
 ``CALIBRATION_VERSION`` when the calibration changes makes every older file stale.
 
+With more processes than cores, the per-rank figures (a rank's speed on a core of its own, see
+``calibrate``) are those of this machine's ``cores``-process profile (measured first if missing),
+the links those of the run's own process count: a machine has one speed per rank, and two
+calibrations minutes apart on a shared machine read it differently (docs/fidelity.md, run E).
+
 Workers started by ``train`` find the file through ``$MESHWISE_AUTO_PROFILE`` (set by the
 launching process); workers under a plain ``torchrun`` read the cache but never calibrate (that
 would start a calibration per rank): without a cached file they use the catalog's ``cpu``.
@@ -33,7 +38,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 3  # 3: per-rank figures with one rank per core; 2: best of single timed calls
+CALIBRATION_VERSION = 4  # 4: more ranks than cores take the cores-process profile's per-rank figures;
+                         # 3: per-rank figures with one rank per core; 2: best of single timed calls
                          # (1: averaged over 50 ms windows)
 MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`
 SEQ_LEN = 128     # the default `--data.seq_len`
@@ -107,10 +113,23 @@ def ensure(nproc: int, say=None) -> Path:
                       note=f"auto-calibration (quick), load average {load:.1f} on {cores} cores at the start") or {}
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
     say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
+    if nproc > cores:  # one per-rank speed per machine: the cores-process profile's (module docstring)
+        share_per_rank_figures(path, ensure(cores, say), cores)
     if load > cores:
         say(f"meshwise: warning: the machine was busy while calibrating (load average {load:.1f} on {cores} "
             f"cores): its figures are slower than the machine; delete {path} to measure again when it is quiet")
     return path
+
+
+def share_per_rank_figures(path: Path, base: Path, cores: int) -> None:
+    """Rewrite the profile at ``path`` with the per-rank figures of ``base``, this machine's
+    ``cores``-process profile."""
+    import tomllib
+
+    from meshwise.measure.calibrate import with_per_rank_of, write_profile
+
+    table = tomllib.loads(path.read_text())
+    write_profile(path, with_per_rank_of(table, tomllib.loads(base.read_text()), f"from the {cores}-process profile"))
 
 
 def for_workers(nproc: int) -> str:

@@ -165,6 +165,19 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     }
 
 
+# a rank's own speed (on a core of its own): what every process count of one machine shares
+PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
+
+
+def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:
+    """``table`` (a profile of more ranks than cores) with ``base``'s per-rank figures (a profile
+    of at most one rank per core on the same machine): one speed per machine, its links kept."""
+    merged = table | {k: base[k] for k in PER_RANK_KEYS if k in base}
+    merged["source"] = f"{table.get('source', '')}; per-rank figures {why}"
+    return merged
+
+
 def host_constants(host_s: dict[str, float], model_ops: int, blocks: int) -> tuple[float, float, float]:
     """(op_overhead_s, checkpoint_call_s, selective_op_s) from the forward + backward seconds of the
     host benchmark under each mode (``{"none": t, "full": t, "selective": t}``), by cost/host.py's
