@@ -267,15 +267,6 @@ def _p2p_latency_s(model: ModelSpec, train: TrainSpec, layout: Layout, cluster: 
     return comm.collective_seconds("send", 2, message, link)
 
 
-def _fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> float:
-    """FSDP2's copy-in and copy-out around each of its all-gathers and reduce-scatters: the
-    parameters (gradients) are copied into the flat communication buffer and back out, about twice
-    the gathered bytes through memory. Charged where nothing overlaps (``comm_overlap = false``,
-    CPU ranks), where they run on the same cores as everything else."""
-    moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
-    return 2.0 * moved / memory_bytes_per_s
-
-
 def rank_memories(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> tuple[Memory, ...]:
     """Memory of each distinct pipeline rank (memory.rank_shapes order)."""
     m = layout.accum(train.global_batch)
@@ -391,7 +382,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
         if not accel.comm_overlap:
-            dp_s += share * _fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
+            dp_s += share * host.fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
         busy = compute_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:

@@ -42,6 +42,7 @@ kernels, which the op model in cost/kernels.py costs instead).
 
 from __future__ import annotations
 
+from meshwise.cost.comm import Collective
 from meshwise.spec import AcceleratorSpec
 
 # aten operators of one Llama-style block (RMSNorm, GQA attention with rotary, SwiGLU) per micro-batch.
@@ -105,3 +106,12 @@ def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_h
     per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
               + blocks * recompute_seconds_per_block(accel, ac))
     return microbatches * per_mb
+
+
+def fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> float:
+    """FSDP2's copy-in and copy-out around each of its all-gathers and reduce-scatters: the
+    parameters (gradients) are copied into the flat communication buffer and back out, about twice
+    the gathered bytes through memory. Charged where nothing overlaps (``comm_overlap = false``,
+    CPU ranks), where they run on the same cores as everything else."""
+    moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
+    return 2.0 * moved / memory_bytes_per_s
