@@ -2,8 +2,10 @@
 
 For every layout and rank: predicted bytes per step of each collective kind and mesh dimension
 within 1% of the measured (counts too), params, grads and optimizer within 10%, activations within
-20%. Workers are launched once per world size and measure every layout of it in turn; the table is
-printed (pytest -s) and is the fidelity table of docs/fidelity.md.
+20%. The parity suite's workers measure them (``meshwise.measure.worker.measure_steps``, measure's
+own code, on steps 1 and 2 of each parity run: one launch per world size for both suites); the
+command itself is run once below. The table is printed (pytest -s) and is the fidelity table of
+docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -14,11 +16,9 @@ import sys
 
 import pytest
 
-from _transport import once_more_on_transport_error
-from _parity_cases import CASES
+from _parity_cases import CASES, group
 
 from meshwise.measure.compare import rows_for
-from meshwise.measure.run import run_workers
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 MODEL = load_model("tiny")
@@ -26,15 +26,15 @@ TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
 LAYOUTS = {w: [c.name for c in cases if not c.corrupt and c.measured] for w, cases in CASES.items()}
 TOLERANCE = {"comm": 0.01, "memory.params": 0.10, "memory.grads": 0.10, "memory.optimizer": 0.10,
              "memory.activations": 0.20}
-_records: dict[int, list[list[dict]]] = {}
 
 
 def records(world: int) -> list[list[dict]]:
-    if world not in _records:
-        _records[world] = once_more_on_transport_error(
-            lambda: run_workers(world, LAYOUTS[world], "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=0,
-                                timeout_s=600))
-    return _records[world]
+    """Per measured layout of ``world`` ranks (LAYOUTS' order), the record of every rank."""
+    g = group(world)
+    missing = [name for name in LAYOUTS[world] if name not in g.runs]
+    if missing:
+        pytest.fail(f"no measurement for {missing} (world {world}): {g.error or 'worker group ended early'}")
+    return [g.runs[name].records for name in LAYOUTS[world]]
 
 
 def tolerance(figure: str) -> float | None:

@@ -64,22 +64,7 @@ class LayoutRun:
         self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
 
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
-        tracker = tracker_for(model.modules, model.optimizer)
-        self.ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
-        with CollectiveTrace(self.mesh, {"ep": self.ep_group} if self.ep_group is not None else None) as self.trace, \
-                tracker:
-            model.step(self.x, self.y)
-        memory = peak_by_category(tracker)
-        # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
-        # MEMORY_STEPS measured steps, the lowest peak is the step's own
-        for _ in range(MEMORY_STEPS - 1):
-            tracker = tracker_for(model.modules, model.optimizer)
-            with tracker:
-                model.step(self.x, self.y)
-            again = peak_by_category(tracker)
-            if sum(again.values()) < sum(memory.values()):
-                memory = again
-        self.memory = memory
+        self.memory, self.trace, self.ep_group, _ = measure_steps(model, self.mesh, [(self.x, self.y)] * MEMORY_STEPS)
         self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
         self.timeline = StageTimeline(model.stages, enabled=False)
 
@@ -102,31 +87,61 @@ class LayoutRun:
         if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
             median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
             timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
-        comm: dict[tuple[str, str], list[int]] = {}
-        for key, calls in self.trace.calls.items():
-            if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
-                continue
-            # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
-            dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
-            entry = comm.setdefault((key.kind, canonical_dim(dim, self.layout)), [0, 0])
-            entry[0] += calls
-            entry[1] += self.trace.bytes[key]
-        if self.ep_group is not None:
-            # a rank combines (and its backward dispatches) the token copies routed to its experts, which
-            # vary by rank; their mean over the EP group is every rank's own copies, what plan predicts
-            ep_bytes = torch.tensor([comm.get(("all_to_all", "ep"), [0, 0])[1]], dtype=torch.float64)
-            dist.all_reduce(ep_bytes, group=self.ep_group)
-            if ("all_to_all", "ep") in comm:
-                comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(self.ep_group)))
-        return {
-            "rank": dist.get_rank(), "pp_rank": self.mesh.get_local_rank("pp"), "layout": self.layout.format(),
-            "global_batch": self.global_batch, "seq_len": self.seq, "world": dist.get_world_size(),
-            "memory": self.memory,
-            "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                     for (k, d), (c, b) in sorted(comm.items())],
-            "time": timing or None,
-            "timeline": self.timeline.events,
-        }
+        return {**measurement_record(self.mesh, self.layout, self.global_batch, self.seq, self.memory, self.trace,
+                                     self.ep_group),
+                "time": timing or None, "timeline": self.timeline.events}
+
+
+def measure_steps(model, mesh, batches: list[tuple[torch.Tensor, torch.Tensor]]):
+    """One step per batch (after a warm-up step, which the caller ran): the first under the
+    collective trace, every one under MemTracker. Returns (peak memory by category, the trace, the
+    EP group or None, each step's (loss, gradient norm) tensors). gloo works asynchronously, so a
+    transient buffer sometimes lands on a step's peak: of several steps, the lowest peak is the
+    step's own. The parity suite calls this inside its own training loop (tests/_dist_parity.py)."""
+    ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
+    memory: dict[str, int] | None = None
+    outputs = []
+    for i, (x, y) in enumerate(batches):
+        tracker = tracker_for(model.modules, model.optimizer)
+        if i == 0:
+            with CollectiveTrace(mesh, {"ep": ep_group} if ep_group is not None else None) as trace, tracker:
+                outputs.append(model.step(x, y))
+        else:
+            with tracker:
+                outputs.append(model.step(x, y))
+        peak = peak_by_category(tracker)
+        if memory is None or sum(peak.values()) < sum(memory.values()):
+            memory = peak
+    return memory, trace, ep_group, outputs
+
+
+def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
+                       trace: CollectiveTrace, ep_group) -> dict:
+    """This rank's record of memory and collectives, without timing (``time`` None, no timeline)."""
+    comm: dict[tuple[str, str], list[int]] = {}
+    for key, calls in trace.calls.items():
+        if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
+            continue
+        # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
+        dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+        entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
+        entry[0] += calls
+        entry[1] += trace.bytes[key]
+    if ep_group is not None:
+        # a rank combines (and its backward dispatches) the token copies routed to its experts, which
+        # vary by rank; their mean over the EP group is every rank's own copies, what plan predicts
+        ep_bytes = torch.tensor([comm.get(("all_to_all", "ep"), [0, 0])[1]], dtype=torch.float64)
+        dist.all_reduce(ep_bytes, group=ep_group)
+        if ("all_to_all", "ep") in comm:
+            comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(ep_group)))
+    return {
+        "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
+        "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(),
+        "memory": memory,
+        "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
+                 for (k, d), (c, b) in sorted(comm.items())],
+        "time": None, "timeline": [],
+    }
 
 
 def _refuse(e: MeshwiseError) -> int:
