@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
-from meshwise.layout import Layout, parse
+from meshwise.layout import Layout, expert_group_ranks, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import StepClock
@@ -66,8 +66,8 @@ class LayoutRun:
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
         tracker = tracker_for(model.modules, model.optimizer)
         self.ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
-        with CollectiveTrace(self.mesh, {"ep": self.ep_group} if self.ep_group is not None else None) as self.trace, \
-                tracker:
+        named = {"ep": self.ep_group} if self.ep_group is not None else None
+        with CollectiveTrace(self.mesh, named, self._expert_dp_ranks()) as self.trace, tracker:
             model.step(self.x, self.y)
         memory = peak_by_category(tracker)
         # gloo works asynchronously, so a transient buffer sometimes lands on a step's peak: of
@@ -82,6 +82,12 @@ class LayoutRun:
         self.memory = memory
         self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
         self.timeline = StageTimeline(model.stages, enabled=False)
+
+    def _expert_dp_ranks(self) -> dict[str, tuple[int, ...]]:
+        """The experts' data-parallel group, named ``edp`` as the plan names it (expert parallelism)."""
+        if self.ep_group is None:
+            return {}
+        return {"edp": expert_group_ranks(self.layout, dist.get_rank(), "dp_shard_mod_ep")}
 
     def timed_step(self, last: bool) -> None:
         """One timed step (every rank starts it at a barrier); ``last``: also record its F/B/W timeline."""
@@ -106,8 +112,9 @@ class LayoutRun:
         for key, calls in self.trace.calls.items():
             if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
                 continue
-            # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
-            dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+            # the EP group can be a mesh dim's (dp_shard, cp, dp_shard_cp): only the all-to-alls are expert
+            # parallelism's, the rest is named by its ranks
+            dim = self.trace.mesh_dim_of(self.ep_group) if key.dim == "ep" and key.kind != "all_to_all" else key.dim
             entry = comm.setdefault((key.kind, canonical_dim(dim, self.layout)), [0, 0])
             entry[0] += calls
             entry[1] += self.trace.bytes[key]
