@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from _transport import once_more_on_transport_error
-from _parity_cases import CASES
+from _parity_cases import CASES, MODEL_CASES
 
 from meshwise.measure.compare import rows_for
 from meshwise.measure.run import run_workers
@@ -24,6 +24,9 @@ from meshwise.spec import TrainSpec, load_cluster, load_model
 MODEL = load_model("tiny")
 TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
 LAYOUTS = {w: [c.name for c in cases if not c.corrupt and c.measured] for w, cases in CASES.items()}
+# The 8-rank launch also measures the other model cases of its size (``model:layout``: the mixture
+# of experts under ep with cp); the other model cases are parity only.
+LAYOUTS[8] += [c.name for c in MODEL_CASES.get(8, []) if not c.corrupt and c.measured]
 TOLERANCE = {"comm": 0.01, "memory.params": 0.10, "memory.grads": 0.10, "memory.optimizer": 0.10,
              "memory.activations": 0.20}
 _records: dict[int, list[list[dict]]] = {}
@@ -50,9 +53,10 @@ CASES_FLAT = [(w, i, name) for w, names in LAYOUTS.items() for i, name in enumer
 @pytest.mark.parametrize("world,index,layout", CASES_FLAT, ids=[f"{w}:{n}" for w, _, n in CASES_FLAT])
 def test_prediction_matches_measurement(world: int, index: int, layout: str) -> None:
     cluster = load_cluster("cpu", world, world)
+    model = load_model(layout.partition(":")[0]) if ":" in layout else MODEL
     bad = []
     for record in records(world)[index]:
-        rows = rows_for(record, MODEL, cluster, TRAIN)
+        rows = rows_for(record, model, cluster, TRAIN)
         assert any(r.figure.startswith("comm.") for r in rows) or world == 1
         for r in rows:
             tol = tolerance(r.figure)
