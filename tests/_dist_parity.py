@@ -101,6 +101,7 @@ class Case:
     compile: bool = False  # torch.compile per block, and a warm-up forward/backward before step 1
     measured: bool = True  # False: parity only, left out of tests/test_measure.py (a known memory-model gap,
     # or another model than tiny)
+    traced: bool = False  # measured on steps 1 and 2 even when not ``measured`` (a test of its own compares it)
 
     @property
     def name(self) -> str:
@@ -147,7 +148,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     record = None
     step = 0
     while step < STEPS:
-        if step == 1 and case.measured and not case.corrupt:
+        if step == 1 and (case.measured or case.traced) and not case.corrupt and not case.compile:
             # measure's own measurement (meshwise.measure.worker) of this layout, on steps 1 and 2:
             # collectives and peak memory by category, for tests/test_measure.py (one launch for both)
             from meshwise.measure.worker import MEMORY_STEPS, measure_steps, measurement_record

@@ -71,8 +71,44 @@ def test_ep_round_trip_and_validation():
         validate(parse("dp=2,ep=2"), load_model("tiny"), 2, 8)
     with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4"):
         validate(parse("dp=8,ep=8"), moe, 8, 8)
-    with pytest.raises(MeshwiseError, match="ep=2 with cp=2 is not supported yet"):
-        validate(parse("dp=2,ep=2,cp=2", 4), moe, 4, 8)
+    with pytest.raises(MeshwiseError, match=r"ep=3 must divide the ranks it is carved from \(dp_shard = 4\); "
+                                            "valid ep: 1, 2, 4"):
+        parse("dp=4,ep=3")
+
+
+def test_ep_is_carved_from_dp_shard_and_cp():
+    """With cp the EP group spans the cp ranks first, then dp_shard ones, tp apart; experts are
+    sharded by ZeRO over the dp_shard * cp / ep ranks left; ep must divide dp_shard * cp."""
+    from meshwise.layout import MESH_DIMS, expert_group_ranks, expert_mesh_shape
+
+    moe = load_model("tiny-moe")  # 4 experts
+    lay = parse("dp=4,zero=3,cp=2,ep=4", 8)  # mesh (pp 1, dp_replicate 1, dp_shard 4, cp 2, tp 1)
+    validate(lay, moe, 8, 8)
+    assert lay.format().startswith("dp=4,zero=3,shard=4,ep=4,cp=2") and parse(lay.short(), 8) == lay
+    assert expert_mesh_shape(lay) == {"pp": 1, "dp_replicate": 1, "dp_shard_mod_ep": 2, "ep": 4, "tp": 1}
+    assert expert_group_ranks(lay, 5, "ep") == (4, 5, 6, 7)  # dp_shard 2-3 x cp 0-1
+    assert expert_group_ranks(lay, 5, "dp_shard_mod_ep") == (1, 5)
+    two = parse("dp=2,cp=2,ep=2,tp=2", 8)  # rank = (dp_shard * 2 + cp) * 2 + tp
+    assert expert_group_ranks(two, 1, "ep") == (1, 3)  # the cp pair of dp_shard 0, tp 1: the cp group
+    assert expert_group_ranks(two, 1, "dp_shard_mod_ep") == (1, 5)
+    hsdp = parse("dp=4,zero=3,shard=2,cp=2,ep=2,pp=2", 16)
+    assert expert_mesh_shape(hsdp) == {"pp": 2, "dp_replicate": 2, "dp_shard_mod_ep": 2, "ep": 2, "tp": 1}
+    assert expert_group_ranks(hsdp, 9, "ep") == (8, 9) and expert_group_ranks(hsdp, 9, "dp_shard_mod_ep") == (9, 11)
+    shape = [lay.mesh_shape[d] for d in MESH_DIMS]  # same ranks, same order: a reshape of dp_shard x cp
+    assert shape[2] * shape[3] == expert_mesh_shape(lay)["dp_shard_mod_ep"] * expert_mesh_shape(lay)["ep"]
+    for world, text in ((8, "dp=2,cp=4,ep=4"), (8, "dp=2,cp=4,ep=8"), (4, "dp=1,cp=4,ep=2")):
+        validate(parse(text, world), load_model("tiny-moe") if "ep=8" not in text else _moe(8), world, 8)
+    with pytest.raises(MeshwiseError, match=r"ep=8 must divide the ranks it is carved from "
+                                            r"\(dp_shard x cp = 2 x 2 = 4\); valid ep: 1, 2, 4"):
+        parse("dp=2,cp=2,ep=8", 4)
+    with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4$"):
+        validate(parse("dp=4,cp=2,ep=8", 8), moe, 8, 8)
+
+
+def _moe(experts: int):
+    from dataclasses import replace
+
+    return replace(load_model("tiny-moe"), experts=experts)
 
 
 def test_cp_key() -> None:

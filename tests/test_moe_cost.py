@@ -66,3 +66,31 @@ def test_explanation_says_why_ep(tmp_path):
     assert best.fits and best.layout.ep > 1
     line = next(x for x in p.explanation if x.startswith("E. Experts"))
     assert f"ep={best.layout.ep}" in line and "too many for one rank's memory" in line and "all-to-all moves" in line
+
+
+def test_ep_with_cp_collectives_and_states(moe):
+    """ep=4 carved from dp_shard x cp (4 x 2): all-to-alls of the rank's s/cp tokens on the EP group,
+    the routing counts all-reduced over cp per MoE block (the load-balancing loss), expert ZeRO over
+    the dp * cp / ep = 2 ranks left (dim edp), dense ZeRO over dp_shard x cp."""
+    cluster, train = load_cluster("cpu", 8, 8), TrainSpec(8, 64, "fp32")
+    lay = parse("dp=4,zero=3,cp=2,ep=4", 8)  # 2 micro-batches per replica, 3 MoE blocks, 32 tokens per rank
+    shape = memory.rank_shapes(moe, lay)[0]
+    ops = {(c.kind, c.dim): (c.count_per_step, c.bytes_per_step) for c in rank_collectives(moe, cluster, train, lay, shape)}
+    tokens = 32 * 2 * 64 * 4  # T k h e, T = s / cp
+    assert ops[("all_to_all", "ep")] == (3 * 2 * 4 + 3 * 2, 3 * 2 * 4 * tokens + 3 * 2 * 4 * 8)
+    assert ops[("all_reduce", "cp")] == (3 * 2, 3 * 2 * 4 * 4)  # mbs x E float32
+    per_block = 4 * 3 * 64 * 48 * 4  # one block's 4 experts, fp32
+    assert ops[("all_gather", "edp")] == (3 * 2 * 2, 3 * 2 * 2 * per_block / 4)  # ZeRO-3: forward and backward
+    assert ops[("reduce_scatter", "edp")] == (3 * 2, 3 * 2 * per_block / 4)
+    assert ("all_gather", "dp_shard_cp") in ops
+    assert memory.states(shape.params, train, parse("dp=8,zero=3,ep=4", 8), shape.expert_params) == \
+        memory.states(shape.params, train, memory.weights_layout(lay), shape.expert_params)  # cp ranks share weights
+    plain = {(c.kind, c.dim) for c in rank_collectives(moe, cluster, train, parse("dp=4,zero=3,cp=2", 8), shape)}
+    assert ("all_reduce", "cp") in plain and ("all_to_all", "ep") not in plain  # the loss's counts, ep or not
+
+
+def test_search_covers_ep_with_cp(moe):
+    layouts = list(enumerate_layouts(moe, 8, 8, seq_len=2 * 8192))
+    both = {(lay.cp, lay.ep) for lay in layouts if lay.cp > 1 and lay.ep > 1}
+    assert (2, 4) in both and all((lay.shard * lay.cp) % lay.ep == 0 for lay in layouts)
+    assert any(lay.ep == 4 and lay.cp == 2 and lay.shard == 2 for lay in layouts)  # ep spans cp ranks beyond dp_shard

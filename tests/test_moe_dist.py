@@ -1,5 +1,6 @@
 """meshwise train on a mixture of experts, as a user runs it: a checkpoint saved under ep=2 resumes
-under other layouts (ep=1 with ZeRO-3 on 2 processes, and one process): DCP reshards the experts.
+under other layouts (ep=1 with ZeRO-3 on 2 processes, ep=2 carved from the cp ranks of cp=2 on 2
+processes, and one process): DCP reshards the experts.
 
 The reference runs 6 steps of tiny-moe under dp=2,ep=2 (2 processes), checkpointing at step 3;
 each resumed run's steps 4-6 must match the reference's within 1e-4 (relative).
@@ -41,7 +42,7 @@ def test_ep_checkpoint_resumes_under_other_ep(tmp_path) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     ref = _losses(ref_dir / "m.jsonl")
     assert sorted(ref) == list(range(1, STEPS + 1))
-    for layout, nproc in (("dp=2,zero=3", "2"), ("dp=1", "1")):
+    for layout, nproc in (("dp=2,zero=3", "2"), ("cp=2,ep=2", "2"), ("dp=1", "1")):
         run = tmp_path / layout.replace(",", "_").replace("=", "")
         (run / "ck").mkdir(parents=True)
         shutil.copytree(ref_dir / "ck" / "step-3", run / "ck" / "step-3")

@@ -17,13 +17,13 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 AC_MODES = ("none", "selective", "full")
 KEYS = ("dp", "zero", "shard", "ep", "cp", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
-EP_FROM = ("dp_shard",)  # the mesh dims expert parallelism is carved from (see expert_mesh_shape)
+EP_FROM = ("dp_shard", "cp")  # the adjacent mesh dims expert parallelism is carved from (expert_mesh_shape)
 
 
 @dataclass(frozen=True)
 class Layout:
     """A fully resolved layout. World size = dp * cp * tp * pp; the sharding group has ``shard`` ranks
-    (times cp: FSDP shards over dp_shard x cp, see docs/runtime.md); ``ep`` of the ``shard`` ranks
+    (times cp: FSDP shards over dp_shard x cp, see docs/runtime.md); ``ep`` of the ``shard * cp`` ranks
     hold disjoint experts (expert parallelism, :func:`expert_mesh_shape`)."""
 
     dp: int = 1
@@ -166,10 +166,11 @@ def check_shape(layout: Layout) -> None:
     """What the layout alone can get wrong (no model, world size or batch needed)."""
     if layout.dp % layout.shard:
         raise MeshwiseError(f"layout: shard={layout.shard} must divide dp={layout.dp}")
-    if layout.shard % layout.ep:
-        raise MeshwiseError(f"layout: ep={layout.ep} must divide the data-parallel ranks it is carved from "
-                            f"(dp_shard = {layout.shard}); valid ep: "
-                            f"{', '.join(str(e) for e in range(1, layout.shard + 1) if layout.shard % e == 0)}")
+    carved = layout.shard * layout.cp
+    if carved % layout.ep:
+        source = f"dp_shard x cp = {layout.shard} x {layout.cp} = {carved}" if layout.cp > 1 else f"dp_shard = {carved}"
+        raise MeshwiseError(f"layout: ep={layout.ep} must divide the ranks it is carved from ({source}); valid ep: "
+                            f"{', '.join(str(e) for e in range(1, carved + 1) if carved % e == 0)}")
     if layout.vpp > 1 and layout.pp == 1:
         raise MeshwiseError(f"layout: vpp={layout.vpp} needs pp > 1")
     if layout.vpp > 1 and layout.schedule in ("gpipe", "1f1b"):
@@ -196,11 +197,9 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
     if layout.ep > 1 and not model.moe:
         raise MeshwiseError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, "
                             "use ep=1")
-    if layout.ep > 1 and layout.cp > 1:
-        raise MeshwiseError(f"layout: ep={layout.ep} with cp={layout.cp} is not supported yet (experts are carved "
-                            "from dp_shard only); use ep=1 or cp=1")
     if layout.ep > 1 and model.experts % layout.ep:
-        valid = [e for e in range(1, layout.shard + 1) if model.experts % e == 0 and layout.shard % e == 0]
+        carved = layout.shard * layout.cp
+        valid = [e for e in range(1, carved + 1) if model.experts % e == 0 and carved % e == 0]
         raise MeshwiseError(f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
                             f"{', '.join(map(str, valid))}")
     if global_batch % (layout.mbs * layout.dp):
@@ -253,13 +252,29 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
 
 
 def expert_mesh_shape(layout: Layout) -> dict[str, int]:
-    """The mesh as expert parallelism sees it, outermost first: the EP group is carved from the
-    innermost ranks of :data:`EP_FROM` (``dp_shard``), as torchtitan and Megatron-Core carve it
-    from the data-parallel ranks, so its ``ep`` ranks are ``tp`` apart and as close as DP allows.
-    Experts are sharded ``ep`` ways and, like dense weights, by the layout's ZeRO over the expert
-    data-parallel ranks that remain (``dp_replicate`` x ``dp_shard_mod_ep``)."""
-    return {"pp": layout.pp, "dp_replicate": layout.replicate, "dp_shard_mod_ep": layout.shard // layout.ep,
-            "ep": layout.ep, "tp": layout.tp}
+    """The mesh as expert parallelism sees it, outermost first. The EP group is carved from the
+    innermost ranks of :data:`EP_FROM`, the adjacent dims ``dp_shard`` x ``cp`` (as torchtitan and
+    Megatron-Core carve it from the data-parallel x context-parallel ranks, which all hold the same
+    dense weights): the mesh ``pp, dp_replicate, dp_shard, cp, tp`` read as ``pp, dp_replicate,
+    dp_shard_mod_ep, ep, tp`` with ``dp_shard_mod_ep = dp_shard * cp / ep``, the same ranks in the
+    same order. The ``ep`` ranks are ``tp`` apart, cp ranks first, then dp_shard ones. Experts are
+    sharded ``ep`` ways and, like dense weights, by the layout's ZeRO over the expert data-parallel
+    ranks that remain (``dp_replicate`` x ``dp_shard_mod_ep``)."""
+    return {"pp": layout.pp, "dp_replicate": layout.replicate,
+            "dp_shard_mod_ep": layout.shard * layout.cp // layout.ep, "ep": layout.ep, "tp": layout.tp}
+
+
+def expert_group_ranks(layout: Layout, rank: int, dim: str) -> tuple[int, ...]:
+    """The global ranks of ``rank``'s group along ``dim`` of :func:`expert_mesh_shape` (``ep`` or
+    ``dp_shard_mod_ep``): the mesh is row-major, outermost first, as runtime/mesh.py builds it."""
+    shape = expert_mesh_shape(layout)
+    stride = 1
+    for d in reversed(list(shape)):
+        if d == dim:
+            break
+        stride *= shape[d]
+    base = rank - (rank // stride) % shape[dim] * stride
+    return tuple(base + i * stride for i in range(shape[dim]))
 
 
 def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:

@@ -17,11 +17,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def expert_degrees(model: ModelSpec, shard: int) -> list[int]:
-    """ep: divisors of the sharding group that divide the experts (1 for a dense model)."""
+def expert_degrees(model: ModelSpec, ranks: int) -> list[int]:
+    """ep: divisors of the ``ranks`` EP is carved from (dp_shard x cp) that divide the experts (1
+    for a dense model)."""
     if model.states_only or not model.moe:
         return [1]
-    return [e for e in _divisors(shard) if model.experts % e == 0]
+    return [e for e in _divisors(ranks) if model.experts % e == 0]
 
 
 def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:

@@ -4,7 +4,7 @@ Pure Python: never imports torch. The search covers every factorisation world = 
 with tp dividing the heads, KV heads, MLP width and vocabulary, and cp a power of two that leaves
 each rank at least ``CP_MIN_TOKENS`` of a sequence divisible by 2 * cp (context parallelism is for
 long sequences); ZeRO stages 0-3 with every sharding group size that divides dp (HSDP when
-smaller), and ep over the sharding group for mixture-of-experts models; sp on/off; the four
+smaller), and ep over the sharding group times cp for mixture-of-experts models; sp on/off; the four
 schedules with vpp from 2 to ``MAX_VPP`` for the interleaved ones; micro-batch sizes that are
 powers of two up to ``MAX_MBS`` and divide the per-replica batch; and the three
 activation-checkpointing modes. Ties go to less machinery (:func:`break_ties`).
@@ -81,7 +81,7 @@ def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
             zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
             for zero, shard in zero_shards:
-                for ep in (expert_degrees(model, shard) if cp == 1 else (1,)):  # ep with cp: not yet (layout)
+                for ep in expert_degrees(model, shard * cp):  # carved from dp_shard x cp (layout.expert_mesh_shape)
                     for sp in ((False,) if tp == 1 else (True, False)):
                         for schedule, vpp in pipeline_options(pp, layers):
                             yield Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp, pp=pp, vpp=vpp,

@@ -95,8 +95,9 @@ def cp_world_dim(layout: Layout) -> str:
 
 def cp_dim(dim: str, layout: Layout) -> str:
     """The data-parallel group's name under context parallelism, where it spans the cp ranks too:
-    cp alone when there is no other replica, else the flattened dims the runtime names."""
-    if layout.cp == 1 or dim == "dp_replicate":
+    cp alone when there is no other replica, else the flattened dims the runtime names. The experts'
+    data-parallel group (``edp``, expert parallelism) already counts the cp ranks it spans."""
+    if layout.cp == 1 or dim in ("dp_replicate", "edp"):
         return dim
     if dim == "dp" and layout.zero == 0:
         return "cp" if layout.dp == 1 else "dp_cp"

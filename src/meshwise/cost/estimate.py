@@ -144,7 +144,8 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     reduce-scatter (all-reduce for zero 0) per unit per step; all-gathers once per step, except
     ZeRO-3's forward ones (every micro-batch) and its first backward.
     HSDP adds an all-reduce of each reduce-scattered shard across ``dp_replicate``. Under EP the
-    experts are units of their own (one per MoE block) over the dp / ep ranks left (dim ``edp``)."""
+    experts are units of their own (one per MoE block) over the dp / ep ranks left (dim ``edp``;
+    ``layout`` is context.weights_layout's, so under cp they are the dp * cp / ep ranks left)."""
     if layout.dp == 1:
         return [], []
     dim = "dp" if layout.replicate == 1 else "dp_shard"

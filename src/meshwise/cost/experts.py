@@ -1,4 +1,5 @@
-"""Expert parallelism's collectives: the all-to-alls of each MoE block (docs/cost-model.md)."""
+"""Expert parallelism's collectives: the all-to-alls of each MoE block, and under context
+parallelism the routing counts its load-balancing loss sums over the cp ranks (docs/cost-model.md)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,29 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                     cluster: ClusterSpec) -> list[Collective]:
-    """Per micro-batch and MoE block, as runtime/moe.py issues them on the EP group (``ep`` ranks,
-    ``tp`` apart: layout.expert_mesh_shape): in forward an all-to-all of the expert counts (E int64)
-    and two of the token copies, dispatch and combine (``T k h e`` each: every copy of the
-    micro-batch's T tokens, the whole sequence under TP), in backward the two in reverse; ``ac=full``
-    runs the forward's three again."""
-    if layout.ep == 1 or model.states_only or not model.moe:
+    """Per micro-batch and MoE block, as runtime/moe.py issues them (``train`` is the rank's own
+    setting, a sequence of s/cp tokens under context parallelism):
+
+    - on the EP group (``ep`` ranks, ``tp`` apart, carved from dp_shard x cp: layout.expert_mesh_shape),
+      in forward an all-to-all of the expert counts (E int64) and two of the token copies, dispatch
+      and combine (``T k h e`` each: every copy of the micro-batch's T = mbs * s/cp local tokens,
+      the whole local sequence under TP), in backward the two in reverse;
+    - under cp > 1 (any ep), in forward an all-reduce on the cp group of the routing counts of the
+      micro-batch's sequences (mbs x E float32) for the sequence-wise load-balancing loss.
+
+    ``ac=full`` runs the forward's collectives again."""
+    if model.states_only or not model.moe:
         return []
-    link = cluster.link_for(layout.ep, layout.tp)
-    moe_blocks = shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden))
+    moe_blocks = round(shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden)))
     forwards = 2 if layout.ac == "full" else 1
-    payload = train.seq_len * layout.mbs * model.experts_per_token * model.hidden * train.activation_bytes
-    calls = round(moe_blocks) * m
-    return [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
-            comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
+    calls = moe_blocks * m
+    out: list[Collective] = []
+    if layout.ep > 1:
+        link = cluster.link_for(layout.ep, layout.tp)
+        payload = train.seq_len * layout.mbs * model.experts_per_token * model.hidden * train.activation_bytes
+        out += [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
+                comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
+    if layout.cp > 1 and calls:
+        out.append(comm.collective("all_reduce", "cp", layout.cp, layout.mbs * model.experts * 4, calls * forwards,
+                                   cluster.link_for(layout.cp, layout.tp)))
+    return out

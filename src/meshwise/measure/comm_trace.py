@@ -53,13 +53,15 @@ def _tensors(x: object) -> list[torch.Tensor]:
 
 class CollectiveTrace(TorchDispatchMode):
     """``with CollectiveTrace(mesh) as t: step()``; then ``t.calls`` and ``t.bytes`` per CommKey.
-    ``named_groups`` names process groups that are no dimension of ``mesh`` (``{"ep": group}``).
+    ``named_groups`` names process groups that are no dimension of ``mesh`` (``{"ep": group}``),
+    ``named_ranks`` groups of the given ranks (``{"edp": (1, 5)}``, whichever process group holds them).
 
     Bytes are the unsharded message size on this rank: the tensor of all-reduce, broadcast, send
     and recv, the gathered output of all-gather, the full input of reduce-scatter.
     """
 
-    def __init__(self, mesh: DeviceMesh, named_groups: dict[str, object] | None = None) -> None:
+    def __init__(self, mesh: DeviceMesh, named_groups: dict[str, object] | None = None,
+                 named_ranks: dict[str, tuple[int, ...]] | None = None) -> None:
         super().__init__()
         self.calls: Counter = Counter()
         self.bytes: Counter = Counter()
@@ -76,9 +78,17 @@ class CollectiveTrace(TorchDispatchMode):
                 continue
             self._dims.setdefault(tuple(sorted(dist.get_process_group_ranks(group))), flat)
         self._dims.setdefault(tuple(range(dist.get_world_size())), "world")
+        self._mesh_dims = dict(self._dims)
+        for dim, ranks in (named_ranks or {}).items():
+            self._dims[tuple(sorted(ranks))] = dim
         self._by_name: dict[str, tuple[str, int]] = {}
         for dim, group in (named_groups or {}).items():  # groups outside the mesh, by name (the EP group)
             self._by_name[group.group_name] = (dim, dist.get_world_size(group))
+
+    def mesh_dim_of(self, group: object) -> str:
+        """The mesh dimension (or flattened one) whose ranks are those of the ProcessGroup ``group``."""
+        ranks = tuple(sorted(dist.get_process_group_ranks(group)))
+        return self._mesh_dims.get(ranks, f"group{len(ranks)}")
 
     def _dim(self, group: object) -> tuple[str, int]:
         """(mesh dim name, group size) of a ProcessGroup or a functional collective's group name."""

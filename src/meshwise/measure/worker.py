@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
-from meshwise.layout import Layout, parse
+from meshwise.layout import Layout, expert_group_ranks, parse
 from meshwise.measure._torch_tools import peak_by_category, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import StepClock
@@ -99,12 +99,13 @@ def measure_steps(model, mesh, batches: list[tuple[torch.Tensor, torch.Tensor]])
     transient buffer sometimes lands on a step's peak: of several steps, the lowest peak is the
     step's own. The parity suite calls this inside its own training loop (tests/_dist_parity.py)."""
     ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
+    named = {"ep": ep_group} if ep_group is not None else None
     memory: dict[str, int] | None = None
     outputs = []
     for i, (x, y) in enumerate(batches):
         tracker = tracker_for(model.modules, model.optimizer)
         if i == 0:
-            with CollectiveTrace(mesh, {"ep": ep_group} if ep_group is not None else None) as trace, tracker:
+            with CollectiveTrace(mesh, named, _expert_dp_ranks(model.layout, ep_group)) as trace, tracker:
                 outputs.append(model.step(x, y))
         else:
             with tracker:
@@ -115,6 +116,13 @@ def measure_steps(model, mesh, batches: list[tuple[torch.Tensor, torch.Tensor]])
     return memory, trace, ep_group, outputs
 
 
+def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
+    """The experts' data-parallel group, named ``edp`` as the plan names it (expert parallelism)."""
+    if ep_group is None:
+        return {}
+    return {"edp": expert_group_ranks(layout, dist.get_rank(), "dp_shard_mod_ep")}
+
+
 def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
                        trace: CollectiveTrace, ep_group) -> dict:
     """This rank's record of memory and collectives, without timing (``time`` None, no timeline)."""
@@ -122,8 +130,9 @@ def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory
     for key, calls in trace.calls.items():
         if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
             continue
-        # with ep = shard the EP group is the dp_shard group: only the all-to-alls are expert parallelism's
-        dim = "dp_shard" if key.dim == "ep" and key.kind != "all_to_all" else key.dim
+        # the EP group can be a mesh dim's (dp_shard, cp, dp_shard_cp): only the all-to-alls are expert
+        # parallelism's, the rest is named by its ranks
+        dim = trace.mesh_dim_of(ep_group) if key.dim == "ep" and key.kind != "all_to_all" else key.dim
         entry = comm.setdefault((key.kind, canonical_dim(dim, layout)), [0, 0])
         entry[0] += calls
         entry[1] += trace.bytes[key]

@@ -7,8 +7,8 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   and ``torch.distributed.pipelining`` stages already treat it as an ``FSDPModule``.
 - ``flatten_mesh``: ``DeviceMesh._flatten`` joins several mesh dims into one (the whole DP group
   of an HSDP mesh, for replication).
-- ``unflatten_mesh``: ``DeviceMesh._unflatten`` splits one mesh dim into several (``dp_shard`` into
-  ``dp_shard_mod_ep`` x ``ep``, for expert parallelism).
+- ``unflatten_mesh``: ``DeviceMesh._unflatten`` splits one mesh dim into several (the whole mesh,
+  flattened, into ``pp, dp_replicate, dp_shard_mod_ep, ep, tp``, for expert parallelism).
 - ``all_to_all_autograd``: ``_functional_collectives.all_to_all_single_autograd``, the
   differentiable all-to-all of expert parallelism (the public ``torch.distributed.nn.functional``
   one is deprecated in its favour).

@@ -124,6 +124,7 @@ class MoE(nn.Module):
         self.shared = shared
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if spec.shared_expert_gate else None
         self.aux_sequences: int | None = None  # the step's sequences the loss averages over (None: this batch's)
+        self.cp_group: dist.ProcessGroup | None = None  # context parallelism: the ranks holding one sequence's parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
@@ -150,17 +151,28 @@ class MoE(nn.Module):
         return out
 
     def _aux_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """AUX_LOSS_COEF * sum over this batch's sequences of sum_i f_i P_i, over the step's sequences."""
+        """AUX_LOSS_COEF * sum over this batch's sequences of sum_i f_i P_i, over the step's sequences.
+
+        Under context parallelism (``cp_group``) a rank holds s/cp tokens of each sequence: the
+        routing counts behind f_i are summed over the cp ranks (an all-reduce of (b, E) float32 per
+        block, no gradient flows through f) and P_i is the rank's own mean. Rank c's term
+        sum_i f_i P_i^c averages over the cp ranks to sum_i f_i P_i (every rank holds as many
+        tokens), and the data-parallel gradient average over dp * cp ranks takes exactly that mean."""
         b, s, experts = probs.shape
         hits = torch.zeros(b, experts, device=probs.device).scatter_add_(
             1, chosen.reshape(b, -1), torch.ones(b, s * self.top_k, device=probs.device))
+        if self.cp_group is not None:
+            dist.all_reduce(hits, group=self.cp_group)
+            s *= dist.get_world_size(self.cp_group)
         f = hits * experts / (self.top_k * s)
         per_sequence = (f * probs.mean(1)).sum(1)
         return AUX_LOSS_COEF * per_sequence.sum() / (self.aux_sequences or b)
 
 
-def set_aux_sequences(model: nn.Module, sequences: int) -> None:
-    """Tell every MoE block of ``model`` over how many sequences the step's loss averages."""
+def set_aux_sequences(model: nn.Module, sequences: int, cp_group: dist.ProcessGroup | None = None) -> None:
+    """Tell every MoE block of ``model`` over how many sequences the step's loss averages, and
+    (context parallelism) which ranks hold the other parts of its sequences."""
     for m in model.modules():
         if isinstance(m, MoE):
             m.aux_sequences = sequences
+            m.cp_group = cp_group

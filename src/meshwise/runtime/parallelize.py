@@ -219,8 +219,9 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
     modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
                             precision_of) for c in chunk_ids]
+    cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
     for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
-        set_aux_sequences(m, layout.mbs * layout.accum(global_batch))
+        set_aux_sequences(m, layout.mbs * layout.accum(global_batch), cp_group)
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
     schedule, eval_schedule, stages = None, None, []
