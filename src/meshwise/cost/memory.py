@@ -340,7 +340,11 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
-    fresh_unsharded = layout.dp * layout.cp > 1 and layout.zero >= 2 and layout.pp == 1
+    # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
+    # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
+    # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
+    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
+                                                     or train.precision == "bf16-mixed")
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     return (
