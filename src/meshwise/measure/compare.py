@@ -5,8 +5,8 @@ Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
 arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
 other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
-Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
-other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
+Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
+(``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
 at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
 total (nearest_moment).
 """
@@ -21,7 +21,7 @@ from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
-                     "Temp": "other", "Buffer": "other", "Other": "other"}
+                     "Temp": "other", "Buffer": "other", "Other": "other", "Comm buffer": "other"}
 MEMORY = ("params", "grads", "optimizer", "activations", "other")
 NEAR_PEAK = 0.10  # moments whose predicted totals lie this close to the peak's can each be the peak
 

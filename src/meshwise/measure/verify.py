@@ -85,8 +85,11 @@ def rank_blocks(model: ModelSpec, layout: Layout, pp_rank: int) -> int:
     return sum(counts[c] for c in rank_chunks(pp_rank, layout.pp, layout.vpp, layout.schedule))
 
 
+MEMORY_FIELDS = ("memory", "memory_by_creation")  # by what a storage is; by when MemTracker saw it made
+
+
 def _figures(record: dict) -> dict[str, float]:
-    out = {f"memory:{k}": float(v) for k, v in record["memory"].items()}
+    out = {f"{field}:{k}": float(v) for field in MEMORY_FIELDS for k, v in record.get(field, {}).items()}
     for c in record["comm"]:
         out[f"comm:{c['kind']}:{c['dim']}:count"] = float(c["count_per_step"])
         out[f"comm:{c['kind']}:{c['dim']}:bytes"] = float(c["bytes_per_step"])
@@ -98,7 +101,9 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
     fa, fb = _figures(a), _figures(b)
     f = {k: fa.get(k, 0.0) + (fb.get(k, 0.0) - fa.get(k, 0.0)) * (n - n_a) / (n_b - n_a) for k in set(fa) | set(fb)}
     out = dict(b)
-    out["memory"] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith("memory:")}
+    for field in MEMORY_FIELDS:
+        if field in b:
+            out[field] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith(f"{field}:")}
     comm = {}
     for k, v in f.items():
         if k.startswith("comm:"):
@@ -132,18 +137,21 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
 def _peak_moved(a: dict, b: dict) -> bool:
     """Whether a memory category shrank with one more block per chunk: the peak fell at another
     moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
-    return any(b["memory"].get(k, 0) < v for k, v in a["memory"].items())
+    return any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
 
 
 def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
     """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
-    trace a mesh of an ended group) reaches the next."""
+    trace a mesh of an ended group) reaches the next. The process is forked from a server that has
+    imported torch and meshwise once (``forkserver``), so a trace does not pay for the imports."""
     import multiprocessing
 
     from meshwise.measure import trace
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([trace.__name__])
+    with context.Pool(1) as pool:
         return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
 
 
