@@ -66,9 +66,10 @@ class RoleMemTracker(StepMemTracker):
 
     ``held()`` yields (role, tensor) for what the model, FSDP2 and the optimizer hold at that moment
     (roles: ROLE_CATEGORY's keys); at each new peak the storages it reaches move from MemTracker's
-    category to their role's, the first role naming a storage winning; the rest keep MemTracker's
-    category (Activation: created in forward and held by autograd; Temp: created in backward).
-    Only the global peak is kept (no per-module peaks)."""
+    category to their role's, the first role naming a storage winning. What no holder reaches was
+    made by the forward or the backward and is held by autograd or the step (saved activations,
+    their gradients, the loss's float32 tensors): MemTracker's Activation and Temp, both reported as
+    Activation. Only the global peak is kept (no per-module peaks)."""
 
     def __init__(self, held: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         super().__init__()
@@ -106,6 +107,7 @@ class RoleMemTracker(StepMemTracker):
                 category = ROLE_CATEGORY[role]
                 out[winfo.reftype.value] -= winfo.mem_consumed
                 out[category] = out.get(category, 0) + winfo.mem_consumed
+        out["Activation"] = out.get("Activation", 0) + out.pop("Temp", 0)
         return {k: v for k, v in out.items() if v}
 
 

@@ -17,11 +17,14 @@ layers do not split evenly) does the extrapolation of activations assume a mean 
 
 Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
 grads, optimizer, activations, other; comm.<kind>.<dim>.bytes_per_step and count_per_step), plus
-``memory.states`` (params + grads + optimizer): under bf16-mixed the plan counts the fp32 master
-shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum; and
-``memory.total``, what decides the fit. MemTracker files what FSDP2 creates inside the step by
-when it is created (gathered weights in forward as activations, float32 gradient accumulators in
-backward as temporaries, counted in ``other``), so categories can differ where totals agree.
+``memory.states`` (params + grads + optimizer) and ``memory.total``, what decides the fit. The
+memory at the peak is categorised by what each storage is, not by when it was made
+(measure/_torch_tools.RoleMemTracker): FSDP2's gathered weights are params, its sharded, unsharded
+and float32-accumulated gradients grads, the float32 master shard under bf16-mixed and the
+optimizer's states optimizer, FSDP2's collective buffers and the modules' buffers other, and what
+the forward and backward made that nothing of those holds activations. MemTracker's own split (by
+when a storage was made: gathered weights in forward as activations, accumulators in backward as
+temporaries) stays in the record as ``memory_by_creation``.
 """
 
 from __future__ import annotations
