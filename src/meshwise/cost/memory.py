@@ -234,13 +234,17 @@ def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
     return model.hidden * model.ffn_hidden / layout.tp * train.grad_bytes
 
 
-def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
+def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+                 ) -> tuple[float, float, float]:
     """Activations (at the end of a forward, at the start of a backward): the schedule's
     chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
     ids; at the end of a forward, on the last chunk, the head's saved tensors (``m`` micro-batches
     of them under GPipe, else one). At the start of a backward the head's are gone except the logits
     a pipeline stage caches as its output, and a checkpointed block is recomputed: what it did not
-    keep (none - kept) is alive again."""
+    keep (none - kept) is alive again.
+    On the last chunk, the loss's backward (the third value): the loss's three float32 tensors
+    over the logits (act.loss_backward_bytes) and, under PP, the cached logits, beside what the
+    blocks keep; the head's other saved tensors are gone by then."""
     shapes = act.Shapes.of(model)
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
@@ -264,6 +268,11 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         sending = (len(shape.chunk_blocks) - int(shape.has_head)) / len(shape.chunk_blocks)
         base += held * sending * seq * mbs * model.hidden * e / (t if sp else 1)
     forward = backward = base
+    loss = 0.0
+    if shape.has_head:
+        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+        loss = base + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
+            + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
         forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
@@ -277,7 +286,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
     if layout.cp > 1 and shape.blocks:
         backward += ring_bytes(model, train, layout)
-    return forward, backward
+    return forward, backward, loss
 
 
 
@@ -326,7 +335,7 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
     return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
 
 
-MOMENTS = ("forward", "backward", "end")
+MOMENTS = ("forward", "backward", "end", "loss")
 
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
@@ -335,11 +344,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     busiest forward, the start of its backward, and the end of the step's last backward (every
     gradient, no activations)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
-    act_fwd, act_bwd, buffers = per_mb
+    act_fwd, act_bwd, act_loss, buffers = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
+    root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
     # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
     # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
@@ -351,6 +361,9 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         (w_fwd, grads, o, act_fwd, other),
         (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
         (w_fwd, all_grads, o, ids, other),
+        # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
+        # the roots after the forward; without the head the end of the step stands in for it
+        (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
     )
 
 

@@ -75,6 +75,8 @@ class RoleMemTracker(StepMemTracker):
         super().__init__()
         self._held = held
         self.peak_by_role: dict[str, int] = {}
+        self.peak_in_module = False  # whether the peak fell inside a module (else between them)
+        self.peak_in_backward = False
 
     def __enter__(self) -> "RoleMemTracker":
         super().__enter__()
@@ -88,6 +90,8 @@ class RoleMemTracker(StepMemTracker):
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)
                 self.peak_by_role = self._split_by_role()
+                self.peak_in_backward = bool(self._mod_tracker.is_bw)
+                self.peak_in_module = bool(set(self._mod_tracker.parents) - {"Global"})
 
     def _split_by_role(self) -> dict[str, int]:
         out: dict[str, int] = {}

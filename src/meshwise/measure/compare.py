@@ -8,7 +8,8 @@ other (the measured remainder: zeroing gradients, the gradient norm, the loss; p
 Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
 (``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
 at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
-total (nearest_moment).
+total (nearest_moment); for a trace that saw where its peak fell (``verify``'s ``peak_moments``),
+at the nearest of those moments.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def measured_memory(record: dict) -> dict[str, float]:
 
 
 def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float,
-                   measured_total: float) -> Memory:
+                   measured_total: float, names: list[str] | None = None) -> Memory:
     """The predicted peak (the largest moment), unless another moment's total is within
     ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
-    nearly equal moments depending on thread timing, and their categories differ."""
+    nearly equal moments depending on thread timing, and their categories differ. With ``names``
+    (a trace that saw where its peak fell), the nearest of those moments."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
+    if names and any(n in moments for n in names):
+        return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
     peak = rank_memory(model, train, layout, shape, m, capacity)
     close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
     return min(close, key=lambda mm: abs(mm.total - measured_total))
@@ -73,7 +77,7 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     m = layout.accum(train.global_batch)
     meas_mem = measured_memory(record)
     pred_mem = nearest_moment(model, train, layout, shape, m, cluster.accelerator.memory_bytes,
-                              sum(meas_mem[c] for c in MEMORY))
+                              sum(meas_mem[c] for c in MEMORY), record.get("peak_moments"))
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
 
     predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}

@@ -138,9 +138,11 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
 
 
 def _peak_moved(a: dict, b: dict) -> bool:
-    """Whether a memory category shrank with one more block per chunk: the peak fell at another
-    moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
-    return any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
+    """Whether the peak fell at another kind of moment (``peak_moments``) or a memory category
+    shrank with one more block per chunk: the peak fell at another moment of the step in the two
+    traces, so they are not on one affine line (one more block is tried)."""
+    return a.get("peak_moments") != b.get("peak_moments") or \
+        any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
 
 
 def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
