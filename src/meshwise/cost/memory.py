@@ -6,8 +6,8 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
 The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
-three moments of the busiest micro-batch: the end of its forward, the start of its backward, the
-end of the step's last backward. Per category:
+four moments of the busiest micro-batch: the end of its forward, the loss's backward (last chunk),
+the start of its backward, the end of the step's last backward. Per category:
 
 - ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
   copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
@@ -340,9 +340,9 @@ MOMENTS = ("forward", "backward", "end", "loss")
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
                 ) -> tuple[tuple[float, float, float, float, float], ...]:
-    """(params, grads, optimizer, activations, other) at each of the three MOMENTS: the end of the
-    busiest forward, the start of its backward, and the end of the step's last backward (every
-    gradient, no activations)."""
+    """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
+    busiest forward, the start of its backward, the end of the step's last backward (every
+    gradient, no activations), and the loss's backward."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
     act_fwd, act_bwd, act_loss, buffers = per_mb
     root_copy, block_copy = copies
