@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories, rank_memory
+from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -60,11 +60,14 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     """The predicted peak (the largest moment), unless another moment's total is within
     ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
     nearly equal moments depending on thread timing, and their categories differ. With ``names``
-    (a trace that saw where its peak fell), the nearest of those moments."""
+    (a trace that saw where its peak fell), the nearest of those moments; with ``names`` empty, of
+    all; without (a measured run, categorised by MemTracker), the loss's backward is left out."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
     if names and any(n in moments for n in names):
         return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
-    peak = rank_memory(model, train, layout, shape, m, capacity)
+    if names is None:  # a measured run: MemTracker files the loss's backward's tensors as temporaries
+        moments.pop("loss", None)
+    peak = max(moments.values(), key=lambda mm: mm.total)
     close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
     return min(close, key=lambda mm: abs(mm.total - measured_total))
 
