@@ -136,8 +136,8 @@ def test_context_parallelism_splits_activations_and_shares_weights():
     shape = rank_shapes(model, layout)[0]
     ring = ring_bytes(model, short, layout)
     assert ring == 2048 * 2 * model.kv_dim * (2 * 2 + 2 * 4)
-    fwd, bwd = memory._activations(model, short, layout, shape, 4)
-    fwd1, bwd1 = memory._activations(model, short, parse("dp=2", 2), shape, 4)
+    fwd, bwd, _ = memory._activations(model, short, layout, shape, 4)
+    fwd1, bwd1, _ = memory._activations(model, short, parse("dp=2", 2), shape, 4)
     assert (fwd, bwd) == pytest.approx((fwd1, bwd1 + ring))
     ops = {(o.kind, o.dim): o for o in rank_collectives(model, cluster, train, layout, shape)}
     m = 8 // 2

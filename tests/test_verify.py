@@ -22,15 +22,20 @@ torch = pytest.importorskip("torch")
 SEQ = 4096
 # (layout, global batch, ranks): the batch keeps the micro-batches few (the trace's cost is its op count)
 LAYOUTS_70B = [("dp=8,zero=3,tp=8", 8, [0]), ("pp=4,dp=2,zero=1,tp=8", 8, [0, 48]), ("dp=64,zero=3", 64, [0])]
-_traced: dict[str, tuple] = {}
 
 
-def traced_70b(text: str, batch: int, ranks: list[int]):
-    if text not in _traced:
-        model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
-        train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed")
-        _traced[text] = v.verify(model, cluster, train, parse(text, 64), ranks)
-    return _traced[text]
+@pytest.fixture(scope="module")
+def traced_70b():
+    """Each 70B layout traced once for the module; its tests share the traces."""
+    traced: dict[str, tuple] = {}
+
+    def trace(text: str, batch: int, ranks: list[int]):
+        if text not in traced:
+            model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
+            train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed")
+            traced[text] = v.verify(model, cluster, train, parse(text, 64), ranks)
+        return traced[text]
+    return trace
 
 
 def _show(rows) -> None:
@@ -38,8 +43,24 @@ def _show(rows) -> None:
         print(f"{r.rank:>3} {r.figure:<40} {r.predicted:>18,.0f} {r.measured:>18,.0f} {r.rel_error:+.2%}")
 
 
+# |plan - trace| / trace per (layout, rank) and memory figure, the memory categorised by what each
+# storage is (meshwise.measure.verify). The targets are states within 1% and activations within
+# 10%; these bounds are what holds today (2026-12-03: the errors in the comments), the traces being
+# deterministic; where a target is missed the cause is a miss the trace shows, named here and in
+# docs/fidelity.md.
+BOUNDS = {
+    ("dp=8,zero=3,tp=8", 0): {"states": 0.01, "activations": 0.01, "total": 0.02},        # -0.0%, +0.9%, +1.6%
+    # the vocabulary-parallel embedding's gradient comes out of DTensor's embedding backward at the
+    # full vocabulary, and FSDP2 accumulates it so, in float32
+    ("pp=4,dp=2,zero=1,tp=8", 0): {"states": 0.17, "activations": 0.32, "total": 0.01},   # -15.9%, +31.5%, +0.8%
+    ("pp=4,dp=2,zero=1,tp=8", 48): {"states": 0.01, "activations": 0.01, "total": 0.01},  # -0.0%, -0.2%, -0.0%
+    # the peak falls late in a block's backward, with all of its bf16 gradients, not only the first
+    ("dp=64,zero=3", 0): {"states": 0.08, "activations": 0.07, "total": 0.03},            # -7.7%, +6.4%, +2.5%
+}
+
+
 @pytest.mark.parametrize("text,batch,ranks", LAYOUTS_70B)
-def test_70b_collectives_are_exact_and_memory_close(text: str, batch: int, ranks: list[int]) -> None:
+def test_70b_collectives_are_exact_and_memory_close(text: str, batch: int, ranks: list[int], traced_70b) -> None:
     rows, records = traced_70b(text, batch, ranks)
     print(f"\n{text}: traced in {[round(r['trace_s'], 1) for r in records]} s")
     _show(rows)
@@ -48,20 +69,11 @@ def test_70b_collectives_are_exact_and_memory_close(text: str, batch: int, ranks
     assert comm and all(r.predicted == r.measured for r in comm), [r for r in comm if r.predicted != r.measured]
     by = {(r.rank, r.figure): r for r in rows}
     for rank in ranks:
-        assert abs(by[rank, "memory.total"].rel_error) < 0.10  # what decides the fit
-        if text in STATES_BOUND:
-            assert abs(by[rank, "memory.states"].rel_error) < STATES_BOUND[text]
+        for figure, bound in BOUNDS[text, rank].items():
+            assert abs(by[rank, f"memory.{figure}"].rel_error) < bound, (rank, figure, by[rank, f"memory.{figure}"])
 
 
-# The states at the peak as MemTracker files them (see meshwise.measure.verify): under ZeRO-3 within
-# 10% (2026-12-03: +4.0%, -7.7%), the difference being FSDP2's gathered weights, which MemTracker
-# files as activations or parameters by when they were gathered. Under ZeRO-1 with PP, FSDP2's
-# float32 gradient accumulators are filed as temporaries, so states are not compared there (the
-# total is: +0.8% and -4.7%).
-STATES_BOUND = {"dp=8,zero=3,tp=8": 0.10, "dp=64,zero=3": 0.10}
-
-
-def test_the_gpu_precision_path_ran() -> None:
+def test_the_gpu_precision_path_ran(traced_70b) -> None:
     rows, records = traced_70b(*LAYOUTS_70B[0])
     record = records[0]
     # bf16 parameters for compute, float32 reductions: the matmuls ran in bf16 (FSDP2's policy for cuda)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
+from meshwise.cost.peak_cache import PeakCache
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
@@ -180,7 +181,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
     keys: list[tuple] = []  # _rank_key of result.best, in order
-    peaks = memory.PeakCache(model, train)
+    peaks = PeakCache(model, train)
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
         acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]

@@ -173,6 +173,12 @@ def loss_grad_bytes(model: ModelSpec, seq: int, mbs: int) -> float:
     return seq * mbs * model.vocab * 4
 
 
+def loss_backward_bytes(model: ModelSpec, seq: int, mbs: int) -> float:
+    """What the loss's backward holds over the gathered logits at once: the float32 log-softmax it
+    saved, the gradient coming into it and the one going out (3 x 4 bytes per logit; traced)."""
+    return 3 * seq * mbs * model.vocab * 4
+
+
 def ids_bytes(seq: int, mbs: int) -> float:
     """The token ids (int64) the embedding's backward keeps."""
     return seq * mbs * 8

@@ -6,8 +6,8 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
 The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
-three moments of the busiest micro-batch: the end of its forward, the start of its backward, the
-end of the step's last backward. Per category:
+four moments of the busiest micro-batch: the end of its forward, the loss's backward (last chunk),
+the start of its backward, the end of the step's last backward. Per category:
 
 - ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
   copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
@@ -234,13 +234,17 @@ def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
     return model.hidden * model.ffn_hidden / layout.tp * train.grad_bytes
 
 
-def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
+def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+                 ) -> tuple[float, float, float]:
     """Activations (at the end of a forward, at the start of a backward): the schedule's
     chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
     ids; at the end of a forward, on the last chunk, the head's saved tensors (``m`` micro-batches
     of them under GPipe, else one). At the start of a backward the head's are gone except the logits
     a pipeline stage caches as its output, and a checkpointed block is recomputed: what it did not
-    keep (none - kept) is alive again."""
+    keep (none - kept) is alive again.
+    On the last chunk, the loss's backward (the third value): the loss's three float32 tensors
+    over the logits (act.loss_backward_bytes) and, under PP, the cached logits, beside what the
+    blocks keep; the head's other saved tensors are gone by then."""
     shapes = act.Shapes.of(model)
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
@@ -264,6 +268,11 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         sending = (len(shape.chunk_blocks) - int(shape.has_head)) / len(shape.chunk_blocks)
         base += held * sending * seq * mbs * model.hidden * e / (t if sp else 1)
     forward = backward = base
+    loss = 0.0
+    if shape.has_head:
+        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+        loss = base + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
+            + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
         forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
@@ -277,7 +286,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
     if layout.cp > 1 and shape.blocks:
         backward += ring_bytes(model, train, layout)
-    return forward, backward
+    return forward, backward, loss
 
 
 
@@ -326,27 +335,35 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
     return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
 
 
-MOMENTS = ("forward", "backward", "end")
+MOMENTS = ("forward", "backward", "end", "loss")
 
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
                 ) -> tuple[tuple[float, float, float, float, float], ...]:
-    """(params, grads, optimizer, activations, other) at each of the three MOMENTS: the end of the
-    busiest forward, the start of its backward, and the end of the step's last backward (every
-    gradient, no activations)."""
+    """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
+    busiest forward, the start of its backward, the end of the step's last backward (every
+    gradient, no activations), and the loss's backward."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
-    act_fwd, act_bwd, buffers = per_mb
+    act_fwd, act_bwd, act_loss, buffers = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
-    fresh_unsharded = layout.dp * layout.cp > 1 and layout.zero >= 2 and layout.pp == 1
+    root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
+    # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
+    # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
+    # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
+    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
+                                                     or train.precision == "bf16-mixed")
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     return (
         (w_fwd, grads, o, act_fwd, other),
         (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
         (w_fwd, all_grads, o, ids, other),
+        # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
+        # the roots after the forward; without the head the end of the step stands in for it
+        (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
     )
 
 
@@ -364,48 +381,6 @@ def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShap
              ) -> tuple[float, float, float, float, float]:
     """The peak: the largest of the moments."""
     return max(_all_moments(model, train, layout, shape, m), key=sum)
-
-
-class PeakCache:
-    """Peak totals for one (model, train) search: the DP/ZeRO parts are shared across micro-batch
-    sizes and checkpointing modes, the per-micro-batch parts across DP degrees and ZeRO stages.
-    Keys are plain tuples (a layout's fields and the pipeline rank), so lookups cost no spec hashing."""
-
-    def __init__(self, model: ModelSpec, train: TrainSpec) -> None:
-        self.model, self.train = model, train
-        self._static: dict[tuple, tuple] = {}
-        self._per_mb: dict[tuple, tuple] = {}
-
-    def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
-        cp = layout.cp
-        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
-                shape.pp_rank, layout.ep)
-        static = self._static.get(skey)
-        if static is None:
-            static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
-        return static
-
-    def floor(self, layout: Layout, shape: RankShape) -> float:
-        """A lower bound of :meth:`total` at every mbs, ac and micro-batch count: the step's end holds
-        the weights, every gradient, the optimizer states and the fixed buffers (the "end" moment of
-        :func:`_candidates` less its input ids and pipeline buffers)."""
-        if self.model.states_only:
-            return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
-        w_fwd, _, o, all_grads, _, fixed_other, _ = self._static_of(layout, shape)
-        return w_fwd + all_grads + o + fixed_other
-
-    def total(self, layout: Layout, shape: RankShape, m: int) -> float:
-        if self.model.states_only:
-            return sum(_moments(self.model, self.train, layout, shape, m))
-        rank = shape.pp_rank
-        lt = local_train(self.train, layout)
-        static = self._static_of(layout, shape)
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp,
-                layout.ep)
-        per_mb = self._per_mb.get(akey)
-        if per_mb is None:
-            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
-        return max(sum(c) for c in _candidates(lt, layout, shape, m, static, per_mb))
 
 
 def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,

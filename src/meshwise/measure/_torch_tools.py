@@ -4,15 +4,22 @@
 activation, temporary, optimizer state) through a dispatch mode and module hooks, and keeps the
 snapshot at the peak of the tracked region. ``FSDPMemTracker`` adds FSDP2's own categories
 (sharded and unsharded parameters and gradients, all-gather and reduce-scatter buffers).
+
+``MemTracker`` files a storage by when it was created (in forward: an activation; in backward: a
+temporary), so FSDP2's gathered weights and its float32 gradient accumulators land among
+activations and temporaries. :class:`RoleMemTracker` also splits its peak by what each storage
+is, read from the objects that hold it at that moment (``runtime._torch_private.fsdp_held``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._pytree import tree_flatten
 
@@ -48,9 +55,71 @@ class StepMemTracker(MemTracker):
         super()._pre_fw_hook(module, inputs)
 
 
-def tracker_for(modules: list, optimizer: Any) -> MemTracker:
-    """A tracker over the modules (their parameters and buffers) and the optimizer's states."""
-    tracker = StepMemTracker()
+# what a held storage is -> the category it is reported in ("master": a float32 master copy of
+# weights computed in another dtype, optimizer state by the ZeRO paper's convention)
+ROLE_CATEGORY = {"params": "Parameter", "master": "Optstate", "grads": "Gradient", "optimizer": "Optstate",
+                 "buffers": "Comm buffer"}
+
+
+class RoleMemTracker(StepMemTracker):
+    """StepMemTracker that also splits the step's peak by what each live storage is.
+
+    ``held()`` yields (role, tensor) for what the model, FSDP2 and the optimizer hold at that moment
+    (roles: ROLE_CATEGORY's keys); at each new peak the storages it reaches move from MemTracker's
+    category to their role's, the first role naming a storage winning. What no holder reaches was
+    made by the forward or the backward and is held by autograd or the step (saved activations,
+    their gradients, the loss's float32 tensors): MemTracker's Activation and Temp, both reported as
+    Activation. Only the global peak is kept (no per-module peaks)."""
+
+    def __init__(self, held: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        super().__init__()
+        self._held = held
+        self.peak_by_role: dict[str, int] = {}
+        self.peak_in_module = False  # whether the peak fell inside a module (else between them)
+        self.peak_in_backward = False
+
+    def __enter__(self) -> "RoleMemTracker":
+        super().__enter__()
+        if self._depth == 1:
+            self.peak_by_role = self._split_by_role()
+        return self
+
+    def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+                self.peak_by_role = self._split_by_role()
+                self.peak_in_backward = bool(self._mod_tracker.is_bw)
+                self.peak_in_module = bool(set(self._mod_tracker.parents) - {"Global"})
+
+    def _split_by_role(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for snap in self._curr_mem_snap.values():
+            for key, value in snap.items():
+                name = getattr(key, "value", str(key))
+                if name != _TOTAL_KEY:
+                    out[name] = out.get(name, 0) + int(value)
+        seen: set[int] = set()
+        for role, tensor in self._held():
+            for st in get_untyped_storages(tensor):
+                entry = self._WINFO.get(st)
+                if entry is None or id(st) in seen:
+                    continue
+                seen.add(id(st))
+                winfo = entry[0]
+                category = ROLE_CATEGORY[role]
+                out[winfo.reftype.value] -= winfo.mem_consumed
+                out[category] = out.get(category, 0) + winfo.mem_consumed
+        out["Activation"] = out.get("Activation", 0) + out.pop("Temp", 0)
+        return {k: v for k, v in out.items() if v}
+
+
+def tracker_for(modules: list, optimizer: Any,
+                held: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None) -> MemTracker:
+    """A tracker over the modules (their parameters and buffers) and the optimizer's states; with
+    ``held``, a RoleMemTracker that also splits its peak by what the storages are."""
+    tracker = RoleMemTracker(held) if held else StepMemTracker()
     tracker.track_external(*modules, optimizer)
     return tracker
 

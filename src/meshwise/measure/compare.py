@@ -5,10 +5,11 @@ Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
 arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
 other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
-Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer and Other ->
-other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
+Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
+(``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
 at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
-total (nearest_moment).
+total (nearest_moment); for a trace that saw where its peak fell (``verify``'s ``peak_moments``),
+at the nearest of those moments.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories, rank_memory
+from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
-                     "Temp": "other", "Buffer": "other", "Other": "other"}
+                     "Temp": "other", "Buffer": "other", "Other": "other", "Comm buffer": "other"}
 MEMORY = ("params", "grads", "optimizer", "activations", "other")
 NEAR_PEAK = 0.10  # moments whose predicted totals lie this close to the peak's can each be the peak
 
@@ -55,12 +56,18 @@ def measured_memory(record: dict) -> dict[str, float]:
 
 
 def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float,
-                   measured_total: float) -> Memory:
+                   measured_total: float, names: list[str] | None = None) -> Memory:
     """The predicted peak (the largest moment), unless another moment's total is within
     ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
-    nearly equal moments depending on thread timing, and their categories differ."""
+    nearly equal moments depending on thread timing, and their categories differ. With ``names``
+    (a trace that saw where its peak fell), the nearest of those moments; with ``names`` empty, of
+    all; without (a measured run, categorised by MemTracker), the loss's backward is left out."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
-    peak = rank_memory(model, train, layout, shape, m, capacity)
+    if names and any(n in moments for n in names):
+        return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
+    if names is None:  # a measured run: MemTracker files the loss's backward's tensors as temporaries
+        moments.pop("loss", None)
+    peak = max(moments.values(), key=lambda mm: mm.total)
     close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
     return min(close, key=lambda mm: abs(mm.total - measured_total))
 
@@ -73,7 +80,7 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     m = layout.accum(train.global_batch)
     meas_mem = measured_memory(record)
     pred_mem = nearest_moment(model, train, layout, shape, m, cluster.accelerator.memory_bytes,
-                              sum(meas_mem[c] for c in MEMORY))
+                              sum(meas_mem[c] for c in MEMORY), record.get("peak_moments"))
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
 
     predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}

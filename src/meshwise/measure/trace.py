@@ -25,7 +25,7 @@ the step's peak, and :class:`CollectiveTrace` counts every collective, as ``meas
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -67,7 +67,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 _warm_optimizer(pm)
-                tracker = tracker_for(pm.modules, pm.optimizer)
+                tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm))
                 dtypes = _ActivationDtypes()
                 kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
                 with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
@@ -79,7 +79,8 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             entry[1] += trace.bytes[key]
         return {
             "rank": rank, "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
-            "global_batch": global_batch, "seq_len": seq, "world": world, "memory": peak_by_category(tracker),
+            "global_batch": global_batch, "seq_len": seq, "world": world, "memory": tracker.peak_by_role,
+            "memory_by_creation": peak_by_category(tracker), "peak_moments": _peak_moments(tracker),
             "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                      for (k, d), (c, b) in sorted(comm.items())],
             "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
@@ -88,6 +89,31 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
     finally:
         dist.destroy_process_group()
         gc.collect()
+
+
+def _peak_moments(tracker) -> list[str]:
+    """The cost model's moments (cost/memory.MOMENTS) the traced peak can be: in a forward, the
+    end of one; in a module's backward, the start of one; elsewhere in a backward any (the loss's
+    backward, the end of the step, or a pipeline stage's backward, whose module nesting the
+    tracker does not follow: measure/_torch_tools._LeafSafeModTracker)."""
+    if not tracker.peak_in_backward:
+        return ["forward"]
+    return ["backward"] if tracker.peak_in_module else []
+
+
+def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
+    """What the rank holds, by what it is (RoleMemTracker): FSDP2's parameters, gradients and
+    buffers (_torch_private.fsdp_held), then any parameter and gradient FSDP2 does not manage."""
+    groups = _torch_private.fsdp_param_groups(pm.modules)
+    params = pm.parameters()
+
+    def held() -> Iterator[tuple[str, torch.Tensor]]:
+        yield from _torch_private.fsdp_held(groups)
+        for p in params:
+            yield "params", p
+            if p.grad is not None:
+                yield "grads", p.grad
+    return held
 
 
 class _ActivationDtypes(_torch_private.TorchDispatchMode):

@@ -17,11 +17,14 @@ layers do not split evenly) does the extrapolation of activations assume a mean 
 
 Figures beside the plan: the rows of :func:`meshwise.measure.compare.rows_for` (memory.params,
 grads, optimizer, activations, other; comm.<kind>.<dim>.bytes_per_step and count_per_step), plus
-``memory.states`` (params + grads + optimizer): under bf16-mixed the plan counts the fp32 master
-shard as optimizer state while MemTracker sees a parameter, so the states compare as a sum; and
-``memory.total``, what decides the fit. MemTracker files what FSDP2 creates inside the step by
-when it is created (gathered weights in forward as activations, float32 gradient accumulators in
-backward as temporaries, counted in ``other``), so categories can differ where totals agree.
+``memory.states`` (params + grads + optimizer) and ``memory.total``, what decides the fit. The
+memory at the peak is categorised by what each storage is, not by when it was made
+(measure/_torch_tools.RoleMemTracker): FSDP2's gathered weights are params, its sharded, unsharded
+and float32-accumulated gradients grads, the float32 master shard under bf16-mixed and the
+optimizer's states optimizer, FSDP2's collective buffers and the modules' buffers other, and what
+the forward and backward made that nothing of those holds activations. MemTracker's own split (by
+when a storage was made: gathered weights in forward as activations, accumulators in backward as
+temporaries) stays in the record as ``memory_by_creation``.
 """
 
 from __future__ import annotations
@@ -85,8 +88,11 @@ def rank_blocks(model: ModelSpec, layout: Layout, pp_rank: int) -> int:
     return sum(counts[c] for c in rank_chunks(pp_rank, layout.pp, layout.vpp, layout.schedule))
 
 
+MEMORY_FIELDS = ("memory", "memory_by_creation")  # by what a storage is; by when MemTracker saw it made
+
+
 def _figures(record: dict) -> dict[str, float]:
-    out = {f"memory:{k}": float(v) for k, v in record["memory"].items()}
+    out = {f"{field}:{k}": float(v) for field in MEMORY_FIELDS for k, v in record.get(field, {}).items()}
     for c in record["comm"]:
         out[f"comm:{c['kind']}:{c['dim']}:count"] = float(c["count_per_step"])
         out[f"comm:{c['kind']}:{c['dim']}:bytes"] = float(c["bytes_per_step"])
@@ -98,7 +104,9 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
     fa, fb = _figures(a), _figures(b)
     f = {k: fa.get(k, 0.0) + (fb.get(k, 0.0) - fa.get(k, 0.0)) * (n - n_a) / (n_b - n_a) for k in set(fa) | set(fb)}
     out = dict(b)
-    out["memory"] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith("memory:")}
+    for field in MEMORY_FIELDS:
+        if field in b:
+            out[field] = {k.split(":", 1)[1]: round(v) for k, v in f.items() if k.startswith(f"{field}:")}
     comm = {}
     for k, v in f.items():
         if k.startswith("comm:"):
@@ -130,20 +138,25 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
 
 
 def _peak_moved(a: dict, b: dict) -> bool:
-    """Whether a memory category shrank with one more block per chunk: the peak fell at another
-    moment of the step in the two traces, so they are not on one affine line (one more block is tried)."""
-    return any(b["memory"].get(k, 0) < v for k, v in a["memory"].items())
+    """Whether the peak fell at another kind of moment (``peak_moments``) or a memory category
+    shrank with one more block per chunk: the peak fell at another moment of the step in the two
+    traces, so they are not on one affine line (one more block is tried)."""
+    return a.get("peak_moments") != b.get("peak_moments") or \
+        any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
 
 
 def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
     """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
-    trace a mesh of an ended group) reaches the next."""
+    trace a mesh of an ended group) reaches the next. The process is forked from a server that has
+    imported torch and meshwise once (``forkserver``), so a trace does not pay for the imports."""
     import multiprocessing
 
     from meshwise.measure import trace
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([trace.__name__])
+    with context.Pool(1) as pool:
         return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
 
 

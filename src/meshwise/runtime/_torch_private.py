@@ -27,6 +27,11 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   which fake tensors cannot answer. ``static_pipeline_warmup``: the schedules' first-step P2P
   vote (``_PipelineSchedule._warmup_p2p``, whose result is read with ``.item()``) replaced by its
   outcome for stages built with static shapes (``InferenceMode.STATIC``), as every meshwise stage is.
+- ``fsdp_param_groups`` and ``fsdp_held``: FSDP2's per-unit state (``FSDPParamGroup``,
+  ``FSDPParam``; ``torch.distributed.fsdp._fully_shard``), read for what each tensor FSDP2 holds
+  is: the sharded parameter, its gathered copies, the sharded, unsharded and accumulated
+  gradients, and the all-gather, reduce-scatter and all-reduce buffers (``meshwise verify``
+  categorises memory by it).
 - ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
   collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
   ``measure/timing.py`` can time every blocking wait on a collective.
@@ -48,7 +53,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule as Pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "fake_process_group", "fake_tensor_mode",
-           "flatten_mesh", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
+           "flatten_mesh", "fsdp_held", "fsdp_param_groups", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
            "static_pipeline_warmup", "resolve_process_group", "timed_waits", "unbox_process_group"]
 
 
@@ -162,6 +167,57 @@ def static_pipeline_warmup() -> Iterator[None]:
         yield
     finally:
         schedules._PipelineSchedule._warmup_p2p = vote
+
+
+def fsdp_param_groups(modules: list[nn.Module]) -> list[object]:
+    """Every FSDP2 parameter group (``FSDPParamGroup``) of the FSDP2 and ``replicate`` units in
+    ``modules`` (each once)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups: dict[int, object] = {}
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, FSDPModule):
+                for group in sub._get_fsdp_state()._fsdp_param_groups:
+                    groups.setdefault(id(group), group)
+    return list(groups.values())
+
+
+def fsdp_held(groups: list[object]) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the FSDP2 ``groups`` hold at this moment, as (what it is, tensor): ``"master"`` for a
+    sharded parameter kept in another dtype than the one computed with (the float32 master under a
+    ``param_dtype`` policy), else ``"params"``; ``"params"`` for the gathered (unsharded) copies;
+    ``"grads"`` for the sharded gradient, an unsharded one not yet reduced, and the accumulator in
+    the reduce dtype (``unsharded_accumulated_grad``); ``"buffers"`` for the all-gather output and
+    the reduce-scatter, partial-reduce and all-reduce buffers."""
+    for group in groups:
+        for fp in group.fsdp_params:
+            master = fp.mp_policy.param_dtype not in (None, fp.sharded_param.dtype)
+            yield ("master" if master else "params"), fp._sharded_param_data
+            for t in (*fp.all_gather_outputs, *fp._unsharded_inner_tensors):
+                yield "params", t
+            unsharded = getattr(fp, "_unsharded_param", None)
+            if unsharded is not None:
+                yield "params", unsharded
+                if unsharded.grad is not None:
+                    yield "grads", unsharded.grad
+            if fp.sharded_param.grad is not None:
+                yield "grads", fp.sharded_param.grad
+            if fp.unsharded_accumulated_grad is not None:
+                yield "grads", fp.unsharded_accumulated_grad
+        ctx = group.comm_ctx  # its streams and states appear at FSDP2's lazy initialisation
+        gather_state = getattr(ctx, "all_gather_state", None)
+        for result in (group._all_gather_result, gather_state and gather_state.all_gather_result):
+            if result is not None:
+                yield "buffers", result.all_gather_output
+        for state in getattr(ctx, "reduce_scatter_states", ()):
+            yield "buffers", state.reduce_scatter_input
+        if group._partial_reduce_output is not None:
+            yield "buffers", group._partial_reduce_output
+        if group._all_reduce_state is not None:
+            yield "buffers", group._all_reduce_state.all_reduce_input
+
+
 @contextmanager
 def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
     """While open, every blocking wait of this process on a collective calls ``record(kind,

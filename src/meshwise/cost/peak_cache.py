@@ -1,0 +1,51 @@
+"""Peak totals shared across one search's layouts (cost/memory.py's moments, cached by the parts
+that do not change between them)."""
+
+from __future__ import annotations
+
+from meshwise.cost.context import local_train, weights_layout
+from meshwise.cost.memory import RankShape, _candidates, _moments, _per_micro_batch, _static_parts, states
+from meshwise.layout import Layout
+from meshwise.spec import ModelSpec, TrainSpec
+
+
+class PeakCache:
+    """Peak totals for one (model, train) search: the DP/ZeRO parts are shared across micro-batch
+    sizes and checkpointing modes, the per-micro-batch parts across DP degrees and ZeRO stages.
+    Keys are plain tuples (a layout's fields and the pipeline rank), so lookups cost no spec hashing."""
+
+    def __init__(self, model: ModelSpec, train: TrainSpec) -> None:
+        self.model, self.train = model, train
+        self._static: dict[tuple, tuple] = {}
+        self._per_mb: dict[tuple, tuple] = {}
+
+    def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
+        cp = layout.cp
+        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
+                shape.pp_rank, layout.ep)
+        static = self._static.get(skey)
+        if static is None:
+            static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
+        return static
+
+    def floor(self, layout: Layout, shape: RankShape) -> float:
+        """A lower bound of :meth:`total` at every mbs, ac and micro-batch count: the step's end holds
+        the weights, every gradient, the optimizer states and the fixed buffers (the "end" moment of
+        :func:`_candidates` less its input ids and pipeline buffers)."""
+        if self.model.states_only:
+            return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
+        w_fwd, _, o, all_grads, _, fixed_other, _ = self._static_of(layout, shape)
+        return w_fwd + all_grads + o + fixed_other
+
+    def total(self, layout: Layout, shape: RankShape, m: int) -> float:
+        if self.model.states_only:
+            return sum(_moments(self.model, self.train, layout, shape, m))
+        rank = shape.pp_rank
+        lt = local_train(self.train, layout)
+        static = self._static_of(layout, shape)
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp,
+                layout.ep)
+        per_mb = self._per_mb.get(akey)
+        if per_mb is None:
+            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
+        return max(sum(c) for c in _candidates(lt, layout, shape, m, static, per_mb))
