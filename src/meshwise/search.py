@@ -169,8 +169,8 @@ def _with(base: Layout, mbs: int, ac: str) -> Layout:
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
-    timed, and one whose compute + bubble alone is slower than the current ``top``-th best is not
-    estimated further. ``where`` restricts the search (it sees each layout with mbs=1); by default,
+    timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
+    is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where`` restricts the search (it sees each layout with mbs=1); by default,
     for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
     """
     if where is None and train.runtime == "meshwise" and not model.states_only:
@@ -180,7 +180,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     result = SearchResult()
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
-    keys: list[tuple] = []  # _rank_key of result.best, in order
+    keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
+    fitting: list[tuple[float, int, Layout]] = []  # (lower bound of the step, enumeration index, layout)
     peaks = PeakCache(model, train)
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
         mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
@@ -200,8 +201,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 if overflowed and m > 1:
                     continue
                 layout = _with(base, mbs, ac)
-                total = max(peaks.total(layout, sh, m) for sh in shapes)
-                if total > usable:
+                if any(peaks.total(layout, sh, m) > usable for sh in shapes):
                     overflowed = True
                     continue
                 result.fitting += 1
@@ -209,15 +209,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 bound = bounds.get(key)
                 if bound is None:
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
-                if len(result.best) >= keep and bound > result.best[-1].time.step_s:
-                    continue
-                e = estimate(model, cluster, train, layout, headroom)
-                key_e = _rank_key(e)
-                at = bisect.bisect_right(keys, key_e)
-                if at < keep:
-                    keys.insert(at, key_e)
-                    result.best.insert(at, e)
-                    del keys[keep:], result.best[keep:]
+                fitting.append((bound, len(fitting), layout))
+    # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
+    # the first whose bound is slower than the worst of them ends the search. Exact ties between
+    # rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
+    fitting.sort(key=lambda f: f[:2])
+    for bound, index, layout in fitting:
+        if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+            break
+        e = estimate(model, cluster, train, layout, headroom)
+        key_e = (_rank_key(e), index)
+        at = bisect.bisect_right(keys, key_e)
+        if at < keep:
+            keys.insert(at, key_e)
+            result.best.insert(at, e)
+            del keys[keep:], result.best[keep:]
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]
