@@ -21,8 +21,9 @@ class PeakCache:
 
     def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
         cp = layout.cp
-        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
-                shape.pp_rank, layout.ep)
+        # the static parts depend on the schedule only through the rank's shape (cost/memory.py), so
+        # the schedules that give a rank the same shape share them
+        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep, shape)
         static = self._static.get(skey)
         if static is None:
             static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
