@@ -59,7 +59,6 @@ class Run:
     weights: dict[str, torch.Tensor]
     grad_norms: list[float] = field(default_factory=list)
     eval_loss: float | None = None  # on ``held_out`` after the last step
-    records: list[dict] = field(default_factory=list)  # a measured case's measurement, one record per rank
 
 
 def reference(seed: int = SEED, model: str = MODEL) -> Run:
@@ -99,9 +98,7 @@ class Case:
     # | "cp-local" (context parallelism without the ring: each rank attends to its own tokens only)
     corrupt: str = ""
     compile: bool = False  # torch.compile per block, and a warm-up forward/backward before step 1
-    measured: bool = True  # False: parity only, left out of tests/test_measure.py (a known memory-model gap,
-    # or another model than tiny)
-    traced: bool = False  # measured on steps 1 and 2 even when not ``measured`` (a test of its own compares it)
+    measured: bool = True  # False: parity only, left out of tests/test_measure.py (a known memory-model gap)
 
     @property
     def name(self) -> str:
@@ -110,11 +107,10 @@ class Case:
                 + ("[compile]" if self.compile else ""))
 
 
-def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float, dict | None]:
+def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
     """Inside a worker: train STEPS steps under ``case``; return losses, gradient norms, the full
     weights this rank reports (only ranks at dp=0, tp=0 of their stage report, after gathering the
-    shards), the eval loss on ``held_out``, and for a ``measured`` case this rank's measurement
-    record (steps 1 and 2 run under measure's trackers, which change no number)."""
+    shards) and the eval loss on ``held_out``."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -145,24 +141,11 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
             return x[:pm.replica_rows], y[:pm.replica_rows]
         return pm.local_batch(x), pm.local_batch(y)
 
-    record = None
-    step = 0
-    while step < STEPS:
-        if step == 1 and (case.measured or case.traced) and not case.corrupt and not case.compile:
-            # measure's own measurement (meshwise.measure.worker) of this layout, on steps 1 and 2:
-            # collectives and peak memory by category, for tests/test_measure.py (one launch for both)
-            from meshwise.measure.worker import MEMORY_STEPS, measure_steps, measurement_record
-
-            batches_ = [rows(data[s, :, :-1], data[s, :, 1:]) for s in range(step, step + MEMORY_STEPS)]
-            memory, trace, ep_group, outputs = measure_steps(pm, mesh, batches_)
-            record = measurement_record(mesh, layout, GLOBAL_BATCH, model_spec.max_seq, memory, trace, ep_group)
-        else:
-            outputs = [pm.step(*rows(data[step, :, :-1], data[step, :, 1:]))]
-        for loss, norm in outputs:
-            assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor)  # step never syncs with the host
-            losses.append(loss.item())
-            norms.append(norm.item())
-        step += len(outputs)
+    for step in range(STEPS):
+        loss, norm = pm.step(*rows(data[step, :, :-1], data[step, :, 1:]))
+        assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor)  # step never syncs with the host
+        losses.append(loss.item())
+        norms.append(norm.item())
     ev = held_out(model_spec)
     eval_loss = pm.eval_loss([rows(ev[:, :-1], ev[:, 1:])])
     reporter = all(mesh.get_local_rank(d) == 0 for d in ("dp_replicate", "dp_shard", "tp"))
@@ -172,7 +155,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
         if reporter:
             weights[name] = full.detach().cpu().clone()
     dist.barrier()
-    return losses, norms, weights, eval_loss, record
+    return losses, norms, weights, eval_loss
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
@@ -189,11 +172,10 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue"
     for case in cases:
         try:
             start = time.perf_counter()
-            losses, norms, weights, eval_loss, record = run_case(case, world)
+            losses, norms, weights, eval_loss = run_case(case, world)
             buf = io.BytesIO()
             torch.save(weights, buf)
-            out.put((rank, case.name, "ok",
-                     (losses, norms, buf.getvalue(), time.perf_counter() - start, eval_loss, record)))
+            out.put((rank, case.name, "ok", (losses, norms, buf.getvalue(), time.perf_counter() - start, eval_loss)))
         except Exception:
             out.put((rank, case.name, "error", traceback.format_exc()))
             return
@@ -244,10 +226,9 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
                 if len(partial[name]) == world:
                     ranks = partial.pop(name)
                     weights: dict[str, torch.Tensor] = {}
-                    for _, _, blob, _, _, _ in ranks.values():
+                    for _, _, blob, _, _ in ranks.values():
                         weights.update(torch.load(io.BytesIO(blob)))
-                    records = [ranks[r][5] for r in sorted(ranks)] if ranks[0][5] is not None else []
-                    runs[name] = Run(ranks[0][0], weights, ranks[0][1], ranks[0][4], records)
+                    runs[name] = Run(ranks[0][0], weights, ranks[0][1], ranks[0][4])
                     seconds[name] = max(r[3] for r in ranks.values())
     finally:
         for p in procs:

@@ -1,6 +1,5 @@
-"""The parity suite's layouts per world size; the measure suite measures the same ones, in the same
-launch (:func:`group`: one set of workers per world size trains every layout and measures the
-``measured`` ones on two of its steps).
+"""The parity suite's layouts per world size (:func:`group` runs them, one set of workers per world
+size); the measure suite measures the same ones in launches of its own.
 
 Layouts with TP name a micro-batch of half the replica's rows: still two micro-batches (so gradient
 accumulation is exercised), and a quarter of the DTensor dispatches of mbs=1, which dominate the
@@ -58,7 +57,7 @@ MODEL_CASES: dict[int, list[Case]] = {
         Case("dp=4,zero=3,ep=2", "tiny-moe"), Case("dp=2,ep=2,tp=2,mbs=2", "tiny-moe"), Case("pp=2,dp=2,ep=2", "tiny-moe")],
     # measured=False: its EP and CP traffic is compared exactly by test_measure.py's own test, but the
     # dense ZeRO-3 bytes miss by 1.5% (FSDP2's padding of tiny rows) and memory as cp with ZeRO-3 does
-    8: [Case("dp=4,zero=3,cp=2,ep=4", "tiny-moe", measured=False, traced=True)],
+    8: [Case("dp=4,zero=3,cp=2,ep=4", "tiny-moe", measured=False)],
 }
 PARITY_CASES: dict[int, list[Case]] = {
     w: cases + [replace(c, measured=False) for c in MODEL_CASES.get(w, [])] for w, cases in CASES.items()}
@@ -66,9 +65,8 @@ PARITY_CASES: dict[int, list[Case]] = {
 GROUP_TIMEOUT_S = {2: 360, 4: 420, 8: 300}  # hang guards, not timing assertions
 # torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
 # cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
-COMPILE_CASES = [Case("dp=2,zero=0", compile=True, measured=False),
-                 Case("dp=2,zero=3,ac=selective", compile=True, measured=False),
-                 Case("tp=2,sp=on,ac=full", compile=True, measured=False)]
+COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
+                 Case("tp=2,sp=on,ac=full", compile=True)]
 COMPILE_TIMEOUT_S = 480
 
 _groups: dict[tuple[int, bool], dp.GroupResult] = {}
@@ -76,7 +74,7 @@ _groups: dict[tuple[int, bool], dp.GroupResult] = {}
 
 def group(world: int, compiled: bool = False) -> dp.GroupResult:
     """The results of every parity case of ``world`` ranks (or the compiled ones), run once per
-    pytest session whichever test file asks first."""
+    pytest session."""
     key = (world, compiled)
     if key not in _groups:
         cases, timeout_s = (COMPILE_CASES, COMPILE_TIMEOUT_S) if compiled else (PARITY_CASES[world],

@@ -2,10 +2,8 @@
 
 For every layout and rank: predicted bytes per step of each collective kind and mesh dimension
 within 1% of the measured (counts too), params, grads and optimizer within 10%, activations within
-20%. The parity suite's workers measure them (``meshwise.measure.worker.measure_steps``, measure's
-own code, on steps 1 and 2 of each parity run: one launch per world size for both suites); the
-command itself is run once below. The table is printed (pytest -s) and is the fidelity table of
-docs/fidelity.md.
+20%. Workers are launched once per world size and measure every layout of it in turn; the table is
+printed (pytest -s) and is the fidelity table of docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -16,30 +14,31 @@ import sys
 
 import pytest
 
-from _parity_cases import CASES, MODEL_CASES, group
+from _transport import once_more_on_transport_error
+from _parity_cases import CASES, MODEL_CASES
 
 from meshwise.measure.compare import rows_for
+from meshwise.measure.run import run_workers
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 MODEL = load_model("tiny")
 TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
 LAYOUTS = {w: [c.name for c in cases if not c.corrupt and c.measured] for w, cases in CASES.items()}
-# The 8-rank parity launch also measures the mixture of experts under ep with cp (a ``traced`` case),
-# for its expert- and context-parallel traffic (test_ep_and_cp_traffic_is_exact); the other model cases
-# are parity only.
+# The 8-rank launch also measures the mixture of experts under ep with cp (``model:layout``), for its
+# expert- and context-parallel traffic (test_ep_and_cp_traffic_is_exact); the other model cases are parity only.
 EP_CP = next(c.name for c in MODEL_CASES[8] if "ep=" in c.layout and "cp=" in c.layout)
+EXTRA = {8: [EP_CP]}
 TOLERANCE = {"comm": 0.01, "memory.params": 0.10, "memory.grads": 0.10, "memory.optimizer": 0.10,
              "memory.activations": 0.20}
+_records: dict[int, list[list[dict]]] = {}
 
 
-def records(world: int, names: list[str] | None = None) -> list[list[dict]]:
-    """Per measured layout of ``world`` ranks (LAYOUTS' order, or ``names``), the record of every rank."""
-    names = LAYOUTS[world] if names is None else names
-    g = group(world)
-    missing = [name for name in names if name not in g.runs or not g.runs[name].records]
-    if missing:
-        pytest.fail(f"no measurement for {missing} (world {world}): {g.error or 'worker group ended early'}")
-    return [g.runs[name].records for name in names]
+def records(world: int) -> list[list[dict]]:
+    if world not in _records:
+        _records[world] = once_more_on_transport_error(
+            lambda: run_workers(world, LAYOUTS[world] + EXTRA.get(world, []), "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=0,
+                                timeout_s=600))
+    return _records[world]
 
 
 def tolerance(figure: str) -> float | None:
@@ -79,7 +78,7 @@ def test_ep_and_cp_traffic_is_exact() -> None:
     does not count) and memory (cp with ZeRO-3 misses, as for the dense model)."""
     model = load_model(EP_CP.partition(":")[0])
     cluster = load_cluster("cpu", 8, 8)
-    records_ = records(8, [EP_CP])[0]
+    records_ = records(8)[len(LAYOUTS[8])]
     assert len(records_) == 8
     for record in records_:
         rows = {r.figure: r for r in rows_for(record, model, cluster, TRAIN)}

@@ -97,7 +97,7 @@ def measure_steps(model, mesh, batches: list[tuple[torch.Tensor, torch.Tensor]])
     collective trace, every one under MemTracker. Returns (peak memory by category, the trace, the
     EP group or None, each step's (loss, gradient norm) tensors). gloo works asynchronously, so a
     transient buffer sometimes lands on a step's peak: of several steps, the lowest peak is the
-    step's own. The parity suite calls this inside its own training loop (tests/_dist_parity.py)."""
+    step's own."""
     ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
     named = {"ep": ep_group} if ep_group is not None else None
     memory: dict[str, int] | None = None
