@@ -163,7 +163,8 @@ def _refuse(e: MeshwiseError) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--layout", action="append", default=None, help="repeat to measure several layouts in turn")
+    ap.add_argument("--layout", action="append", default=None,
+                    help="repeat to measure several layouts in turn; model:layout for another model than --model")
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--steps", type=int, default=3)
@@ -171,33 +172,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="collective timeout, seconds")
     args = ap.parse_args(argv)
 
-    spec = load_model(args.model)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    seq = args.seq_len or spec.max_seq
     try:
-        layouts = [parse(text, world) for text in (args.layout or [""])]
+        models = [_model_of(text, args.model) for text in (args.layout or [""])]
+        specs = {name: load_model(name) for name in set(m for m, _ in models)}
+        layouts = [(specs[name], parse(text, world)) for name, text in models]
     except MeshwiseError as e:
         return _refuse(e)
     init_process_group(default_backend(), args.timeout)
     runs: list[LayoutRun] = []
-    for i, layout in enumerate(layouts):
+    for i, (spec, layout) in enumerate(layouts):
         try:
-            runs.append(LayoutRun(spec, layout, args.global_batch, seq))
+            runs.append(LayoutRun(spec, layout, args.global_batch, args.seq_len or spec.max_seq))
         except MeshwiseError as e:
             return _refuse(e)
         if not args.steps:  # memory and collectives only: write it now, keep nothing
-            _write(args, i, runs.pop().record())
+            _write(args, i, runs.pop().record(), models[i][0])
     for step in range(args.steps):  # round robin: step k of every layout, then step k + 1
         for run in runs:
             run.timed_step(last=step == args.steps - 1)
     for i, run in enumerate(runs):
-        _write(args, i, run.record())
+        _write(args, i, run.record(), models[i][0])
     end_process_group()
     return 0
 
 
-def _write(args: argparse.Namespace, i: int, record: dict) -> None:
-    record["model"] = args.model
+def _model_of(text: str, default: str) -> tuple[str, str]:
+    """(model, layout) of a ``--layout``: ``model:layout`` (the parity suite's case names) measures
+    that catalog model in the same launch, a plain layout the ``--model``."""
+    model, sep, layout = text.rpartition(":")
+    return (model, layout) if sep else (default, text)
+
+
+def _write(args: argparse.Namespace, i: int, record: dict, model: str) -> None:
+    record["model"] = model
     folder = Path(args.out) / str(i)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomically(folder / f"rank{record['rank']}.json", json.dumps(record))
