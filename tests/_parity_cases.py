@@ -1,5 +1,4 @@
-"""The parity suite's layouts per world size (:func:`group` runs them, one set of workers per world
-size); the measure suite measures the same ones in launches of its own.
+"""The parity suite's layouts per world size; the measure suite measures the same ones.
 
 Layouts with TP name a micro-batch of half the replica's rows: still two micro-batches (so gradient
 accumulation is exercised), and a quarter of the DTensor dispatches of mbs=1, which dominate the
@@ -9,12 +8,7 @@ that a stage's memory peak falls after its first backward, when gradients exist,
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import replace
-
-import _dist_parity as dp
 from _dist_parity import Case
-from _transport import is_transport_error
 
 CASES: dict[int, list[Case]] = {
     2: [
@@ -59,31 +53,4 @@ MODEL_CASES: dict[int, list[Case]] = {
     # dense ZeRO-3 bytes miss by 1.5% (FSDP2's padding of tiny rows) and memory as cp with ZeRO-3 does
     8: [Case("dp=4,zero=3,cp=2,ep=4", "tiny-moe", measured=False)],
 }
-PARITY_CASES: dict[int, list[Case]] = {
-    w: cases + [replace(c, measured=False) for c in MODEL_CASES.get(w, [])] for w, cases in CASES.items()}
-
-GROUP_TIMEOUT_S = {2: 360, 4: 420, 8: 300}  # hang guards, not timing assertions
-# torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
-# cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
-COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
-                 Case("tp=2,sp=on,ac=full", compile=True)]
-COMPILE_TIMEOUT_S = 480
-
-_groups: dict[tuple[int, bool], dp.GroupResult] = {}
-
-
-def group(world: int, compiled: bool = False) -> dp.GroupResult:
-    """The results of every parity case of ``world`` ranks (or the compiled ones), run once per
-    pytest session."""
-    key = (world, compiled)
-    if key not in _groups:
-        cases, timeout_s = (COMPILE_CASES, COMPILE_TIMEOUT_S) if compiled else (PARITY_CASES[world],
-                                                                                 GROUP_TIMEOUT_S[world])
-        g = dp.run_group(world, cases, timeout_s)
-        if g.error and is_transport_error(g.error):  # cases without a result run once more
-            missing = [c for c in cases if c.name not in g.runs]
-            warnings.warn(f"transport error in the {world}-rank group: running {len(missing)} case(s) once more")
-            again = dp.run_group(world, missing, timeout_s)
-            g = dp.GroupResult({**g.runs, **again.runs}, {**g.seconds, **again.seconds}, again.error)
-        _groups[key] = g
-    return _groups[key]
+PARITY_CASES: dict[int, list[Case]] = {w: cases + MODEL_CASES.get(w, []) for w, cases in CASES.items()}

@@ -9,11 +9,24 @@ computed once, in this process.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import _dist_parity as dp
+from _transport import is_transport_error
 from _dist_parity import Case
-from _parity_cases import COMPILE_CASES, PARITY_CASES as CASES, group
+from _parity_cases import PARITY_CASES as CASES
+
+GROUP_TIMEOUT_S = {2: 360, 4: 330, 8: 300}  # hang guards (26, 17 and 3 cases), not timing assertions
+# torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
+# cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
+COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
+                 Case("tp=2,sp=on,ac=full", compile=True)]
+COMPILE_TIMEOUT_S = 480
+
+_groups: dict[tuple[int, bool], dp.GroupResult] = {}
+
 
 _references: dict[str, dp.Run] = {}
 
@@ -27,6 +40,20 @@ def reference_of(model: str) -> dp.Run:
     if model not in _references:
         _references[model] = dp.reference(model=model)
     return _references[model]
+
+
+def group(world: int, compiled: bool = False) -> dp.GroupResult:
+    key = (world, compiled)
+    if key not in _groups:
+        cases, timeout_s = (COMPILE_CASES, COMPILE_TIMEOUT_S) if compiled else (CASES[world], GROUP_TIMEOUT_S[world])
+        g = dp.run_group(world, cases, timeout_s)
+        if g.error and is_transport_error(g.error):  # cases without a result run once more
+            missing = [c for c in cases if c.name not in g.runs]
+            warnings.warn(f"transport error in the {world}-rank group: running {len(missing)} case(s) once more")
+            again = dp.run_group(world, missing, timeout_s)
+            g = dp.GroupResult({**g.runs, **again.runs}, {**g.seconds, **again.seconds}, again.error)
+        _groups[key] = g
+    return _groups[key]
 
 
 def result(world: int, case: Case) -> dp.Run:

@@ -64,7 +64,7 @@ class LayoutRun:
         self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
 
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
-        self.memory, self.trace, self.ep_group, _ = measure_steps(model, self.mesh, [(self.x, self.y)] * MEMORY_STEPS)
+        self.memory, self.trace, self.ep_group = measure_steps(model, self.mesh, self.x, self.y)
         self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
         self.timeline = StageTimeline(model.stages, enabled=False)
 
@@ -92,28 +92,26 @@ class LayoutRun:
                 "time": timing or None, "timeline": self.timeline.events}
 
 
-def measure_steps(model, mesh, batches: list[tuple[torch.Tensor, torch.Tensor]]):
-    """One step per batch (after a warm-up step, which the caller ran): the first under the
+def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = MEMORY_STEPS):
+    """``steps`` steps on (x, y) after a warm-up step, which the caller ran: the first under the
     collective trace, every one under MemTracker. Returns (peak memory by category, the trace, the
-    EP group or None, each step's (loss, gradient norm) tensors). gloo works asynchronously, so a
-    transient buffer sometimes lands on a step's peak: of several steps, the lowest peak is the
-    step's own."""
+    EP group or None). gloo works asynchronously, so a transient buffer sometimes lands on a step's
+    peak: of several steps, the lowest peak is the step's own."""
     ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
     named = {"ep": ep_group} if ep_group is not None else None
     memory: dict[str, int] | None = None
-    outputs = []
-    for i, (x, y) in enumerate(batches):
+    for i in range(steps):
         tracker = tracker_for(model.modules, model.optimizer)
         if i == 0:
             with CollectiveTrace(mesh, named, _expert_dp_ranks(model.layout, ep_group)) as trace, tracker:
-                outputs.append(model.step(x, y))
+                model.step(x, y)
         else:
             with tracker:
-                outputs.append(model.step(x, y))
+                model.step(x, y)
         peak = peak_by_category(tracker)
         if memory is None or sum(peak.values()) < sum(memory.values()):
             memory = peak
-    return memory, trace, ep_group, outputs
+    return memory, trace, ep_group
 
 
 def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
