@@ -118,6 +118,15 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
     return total
 
 
+def mlp_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool) -> float:
+    """The MLP sub-block's part of :func:`block_bytes` (TORCH, no checkpointing): the second norm's
+    input, the first MLP matmul's input (gathered under SP) and the SwiGLU (GeLU) tensors; what a
+    block still keeps once its MLP's backward has run is ``block_bytes - mlp_bytes``."""
+    sb, e = seq * mbs, elem_bytes
+    rep = 1 / tp if sp else 1.0
+    return sb * shapes.h * e * (rep + 1.0) + sb * shapes.f * e / tp * (4 if shapes.swiglu else 2)
+
+
 @lru_cache(maxsize=4096)
 def weight_grad_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool) -> float:
     """What a block keeps for its weight gradients alone (TORCH conventions, no checkpointing): the

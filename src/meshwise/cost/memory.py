@@ -289,8 +289,39 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     return forward, backward, loss
 
 
+def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
+    """Inside the ring attention's backward of the chunk's last block but one (cp > 1, no checkpointing,
+    ``train`` the rank's s/cp setting; traced with meshwise verify): (activations, backward temporaries).
+    Activations: every block below it whole, its own attention part (its MLP's are freed), the
+    token ids; temporaries: the ring's K/V and dK/dV buffers (context.ring_bytes) and four float32
+    score-sized blocks (``a/t * mbs * T * T`` each, T = s/cp: probabilities, their gradient and
+    the two products that make it)."""
+    if layout.cp == 1 or layout.ac != "none" or shape.blocks < 2 or model.states_only:
+        return 0.0, 0.0
+    shapes = act.Shapes.of(model)
+    seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
+    full = act.block_bytes(shapes, seq, mbs, e, t, sp, "none")
+    kept = full
+    if model.moe:
+        dense_mlp = seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
+        kept += model.moe_layers / model.layers * (act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, "none") - dense_mlp)
+    attention = full - act.mlp_bytes(shapes, seq, mbs, e, t, sp)
+    ids = seq * mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
+    scores = 4 * model.heads / t * mbs * seq * seq * 4
+    return (shape.blocks - 2) * kept + attention + ids, ring_bytes(model, train, layout) + scores
 
 
+
+
+
+
+def _block_grads_after_mlp(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """A block's unsharded gradients once its attention's output projection is differentiated:
+    all but the Q/K/V projections and the first norm (FSDP2's reduce dtype)."""
+    if model.states_only:
+        return 0.0
+    attention_in = (model.attention_params - model.heads * model.head_dim * model.hidden) / layout.tp + model.hidden
+    return (shape.block_params - attention_in) * (reduce_bytes(train) if layout.dp > 1 else train.grad_bytes)
 
 
 def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -309,13 +340,14 @@ def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape:
 
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
-                  ) -> tuple[float, float, float, float, float, float, float]:
+                  ) -> tuple[float, float, float, float, float, float, float, float]:
     """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
-    gradients after a backward, the first gradient of a backward, fixed buffers, strided copies)."""
+    gradients after a backward, the first gradient of a backward, fixed buffers, strided copies,
+    a block's gradients once its MLP is differentiated)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
             _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
-            _strided_copies(train, layout, shape))
+            _strided_copies(train, layout, shape), _block_grads_after_mlp(model, train, layout, shape))
 
 
 def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
@@ -331,11 +363,13 @@ def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple
 def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
                      ) -> tuple[float, float, float]:
     """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
-    of a forward, at the start of a backward, pipeline buffers)."""
-    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape))
+    of a forward, at the start of a backward, in the loss's backward, pipeline buffers,
+    activations and temporaries inside a ring attention's backward)."""
+    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape),
+            *_ring_backward(model, train, layout, shape))
 
 
-MOMENTS = ("forward", "backward", "end", "loss")
+MOMENTS = ("forward", "backward", "end", "loss", "ring")
 
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
@@ -343,8 +377,8 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
     busiest forward, the start of its backward, the end of the step's last backward (every
     gradient, no activations), and the loss's backward."""
-    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies = static
-    act_fwd, act_bwd, act_loss, buffers = per_mb
+    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, block_grads = static
+    act_fwd, act_bwd, act_loss, buffers, act_ring, ring_temps = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
@@ -357,6 +391,14 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
                                                      or train.precision == "bf16-mixed")
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
+    ring = (w_fwd, all_grads, o, ids, other)  # without a ring attention: the end of the step stands in
+    if act_ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1:
+        # inside the ring attention's backward of the last block but one (meshwise verify: under
+        # cp with ZeRO-3 the peak falls there): the head's unsharded gradient (the root reduces at the
+        # end of the backward) and the block's own beside the shards; the previous block's
+        # reduce-scatter input and the next block's prefetched gather (FSDP2) among the temporaries
+        ring = (w_bwd, grads + first + block_grads, o, act_ring,
+                other + shape.block_params * train.weight_bytes + ring_temps)
     return (
         (w_fwd, grads, o, act_fwd, other),
         (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
@@ -364,6 +406,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
         # the roots after the forward; without the head the end of the step stands in for it
         (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
+        ring,
     )
 
 

@@ -70,18 +70,26 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"]
 
 
-def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy) -> None:
+def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy
+                  ) -> set[torch.nn.Parameter]:
     """Each grouped-experts module its own unit over the expert data-parallel ranks (see
     meshwise.runtime.expert_parallel); its gradients are averaged over those dp/ep ranks, and the
-    experts scale them by 1/ep themselves (runtime/moe.py)."""
+    experts scale them by 1/ep themselves (runtime/moe.py). Replicated over one rank (zero 0 with
+    dp = ep) they are not wrapped: a one-rank all-reduce changes nothing, and replicate's reduction
+    left their gradients in its own buffer instead of ``.grad`` (measured: MemTracker filed them
+    as temporaries). Returns those parameters, which the other units must ignore."""
     from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
 
+    alone: set[torch.nn.Parameter] = set()
     for experts in grouped_experts(model):
-        if layout.zero == 0:
+        if layout.zero == 0 and expert_dp_mesh(emesh, layout, flat=True).size() == 1:
+            alone |= set(experts.parameters())
+        elif layout.zero == 0:
             _torch_private.replicate(experts, expert_dp_mesh(emesh, layout, flat=True), mp_policy=mp)
         else:
             fully_shard(experts, mesh=expert_dp_mesh(emesh, layout, flat=False), reshard_after_forward=layout.zero == 3,
                         mp_policy=mp, shard_placement_fn=lambda p: Shard(1))
+    return alone
 
 
 def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None,
@@ -92,14 +100,13 @@ def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, pr
     if layout.dp * layout.cp == 1:
         return
     mp = mixed_precision(precision_of or mesh.device_type)
-    if layout.ep > 1:
-        _wrap_experts(model, emesh, layout, mp)
+    ignored = _wrap_experts(model, emesh, layout, mp) if layout.ep > 1 else set()
     units = list(model.layers.values())
     if layout.zero == 0:
         dp_mesh = replicate_mesh(mesh, layout)
         for unit in units:
-            _torch_private.replicate(unit, dp_mesh, mp_policy=mp)
-        _torch_private.replicate(model, dp_mesh, mp_policy=mp)
+            _torch_private.replicate(unit, dp_mesh, mp_policy=mp, ignored_params=ignored or None)
+        _torch_private.replicate(model, dp_mesh, mp_policy=mp, ignored_params=ignored or None)
         return
     dp_mesh = shard_mesh(mesh, layout)
     reshard = layout.zero == 3
