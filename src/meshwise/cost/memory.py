@@ -63,6 +63,8 @@ class RankShape:
     root_units: int          # chunks of this rank that hold any of those (one FSDP unit each)
     sends_per_mb: int        # activations and gradients this rank sends to another rank, per micro-batch
     expert_params: float = 0.0  # routed experts in its blocks, before expert parallelism
+    last_blocks: float = 0.0    # the last block of each of its chunks, summed, after TP (0: block_params each)
+    last_blocks_experts: float = 0.0  # the routed experts of those blocks, before expert parallelism
 
     __hash__ = cached_hash
 
@@ -110,7 +112,8 @@ def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
 def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
     shapes: dict[tuple, RankShape] = {}
     for s in _rank_shapes(model, t, pp, vpp, v_shape):
-        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb), s)
+        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params, s.expert_params,
+                           s.last_blocks), s)
     return tuple(shapes.values())
 
 
@@ -125,10 +128,13 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     if model.states_only:  # the shape is unknown: no FSDP unit to size buffers by
         per_rank = model.params / (t * pp)
         return tuple(RankShape(r, (0,), r == 0, r == pp - 1, per_rank, 0.0, 0.0, 1, 0) for r in range(pp))
-    # MoE blocks are not split by TP (the runtime runs them whole on every TP rank)
-    moe_mlp = model.mlp_params - model.dense_mlp_params
-    block = (model.attention_params + model.dense_mlp_params) / t + moe_mlp + model.layer_norm_params
-    expert_block = model.expert_params / model.layers
+    # MoE blocks are not split by TP (the runtime runs them whole on every TP rank); a rank's blocks
+    # are its own layers' (a MoE model's dense layers, model.dense_layers, hold no experts)
+    moe = [model.moe and i not in model.dense_layers for i in range(model.layers)]
+    dense_mlp, moe_mlp = model._mlp(model.ffn_hidden), model._moe_block(model.experts) if model.moe else 0
+    layer = [(model.attention_params + (0 if e else dense_mlp)) / t + (moe_mlp if e else 0) + model.layer_norm_params
+             for e in moe]
+    layer_experts = [model.experts * model._mlp(model.expert_ffn_hidden) if e else 0.0 for e in moe]
     embed = model.embedding_params / t
     head = model.vocab * model.hidden / t
     stages = pp * vpp
@@ -136,6 +142,7 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     last = stages - 1
     schedule = "zero-bubble" if v_shape else "interleaved-1f1b"
     owner = [chunk_rank(c, pp, vpp, schedule) for c in range(stages)]
+    starts = [sum(counts[:c]) for c in range(stages)]
     shapes = []
     for r in range(pp):
         chunks = [c for c in range(stages) if owner[c] == r]
@@ -147,8 +154,12 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
         sends = sum(1 for c in chunks if c < last and owner[c + 1] != r)        # activations forward
         sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward
         blocks = tuple(counts[c] for c in chunks)
-        shapes.append(RankShape(r, blocks, first_here, last_here, sum(blocks) * block + root, block, root,
-                                root_units, sends, sum(blocks) * expert_block))
+        mine = [i for c in chunks for i in range(starts[c], starts[c] + counts[c])]
+        held = sum(layer[i] for i in mine)
+        lasts = [starts[c] + counts[c] - 1 for c in chunks if counts[c]]
+        shapes.append(RankShape(r, blocks, first_here, last_here, held + root, held / max(len(mine), 1), root,
+                                root_units, sends, sum(layer_experts[i] for i in mine),
+                                sum(layer[i] for i in lasts), sum(layer_experts[i] for i in lasts)))
     return tuple(shapes)
 
 
@@ -214,7 +225,7 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
             w = 0.0  # FSDP2 keeps only the fp32 shard (the master, counted as optimizer state)
         w += shape.root_params * train.weight_bytes
         if moment == "backward":
-            w += len(shape.chunk_blocks) * shape.block_params * train.weight_bytes
+            w += _gathered_blocks(layout, shape) * train.weight_bytes
         return w
     if train.precision != "bf16-mixed":
         # replicate keeps no second copy of experts that no other rank shares (dp = ep; measured)
@@ -222,6 +233,15 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
         w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
             * train.weight_bytes
     return w
+
+
+def _gathered_blocks(layout: Layout, shape: RankShape) -> float:
+    """What ZeRO-3 has gathered at the start of a backward: each chunk's last block, less its routed
+    experts under expert parallelism (their own FSDP unit, gathered only when their backward
+    starts; measured: tiny-moe dp=2,zero=3,ep=2 and dp=4,zero=3,ep=2 peak before it)."""
+    if not shape.last_blocks:
+        return len(shape.chunk_blocks) * shape.block_params
+    return shape.last_blocks - (shape.last_blocks_experts if layout.ep > 1 else 0.0)
 
 
 def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
