@@ -23,11 +23,14 @@ from meshwise.spec import TrainSpec, load_cluster, load_model
 
 MODEL = load_model("tiny")
 TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
-LAYOUTS = {w: [c.name for c in cases if not c.corrupt and c.measured] for w, cases in CASES.items()}
-# The 8-rank launch also measures the mixture of experts under ep with cp (``model:layout``), for its
-# expert- and context-parallel traffic (test_ep_and_cp_traffic_is_exact); the other model cases are parity only.
+# The mixture of experts' measured layouts (``model:layout``) join the launch of their world size;
+# the other model cases (tied, Qwen3) are parity only.
+LAYOUTS = {w: [c.name for c in cases + [m for m in MODEL_CASES.get(w, []) if m.model == "tiny-moe"]
+               if not c.corrupt and c.measured] for w, cases in CASES.items()}
+# The 8-rank launch also measures the mixture of experts under ep with cp, for its expert- and
+# context-parallel traffic (test_ep_and_cp_traffic_is_exact), whether or not its memory is compared.
 EP_CP = next(c.name for c in MODEL_CASES[8] if "ep=" in c.layout and "cp=" in c.layout)
-EXTRA = {8: [EP_CP]}
+EXTRA = {w: [EP_CP] for w in (8,) if EP_CP not in LAYOUTS[w]}
 TOLERANCE = {"comm": 0.01, "memory.params": 0.10, "memory.grads": 0.10, "memory.optimizer": 0.10,
              "memory.activations": 0.20}
 _records: dict[int, list[list[dict]]] = {}
@@ -54,9 +57,10 @@ CASES_FLAT = [(w, i, name) for w, names in LAYOUTS.items() for i, name in enumer
 @pytest.mark.parametrize("world,index,layout", CASES_FLAT, ids=[f"{w}:{n}" for w, _, n in CASES_FLAT])
 def test_prediction_matches_measurement(world: int, index: int, layout: str) -> None:
     cluster = load_cluster("cpu", world, world)
+    model = load_model(layout.rpartition(":")[0]) if ":" in layout else MODEL
     bad = []
     for record in records(world)[index]:
-        rows = rows_for(record, MODEL, cluster, TRAIN)
+        rows = rows_for(record, model, cluster, TRAIN)
         assert any(r.figure.startswith("comm.") for r in rows) or world == 1
         for r in rows:
             tol = tolerance(r.figure)
@@ -75,10 +79,10 @@ def test_ep_and_cp_traffic_is_exact() -> None:
     (edp), the ring's sends and receives and the routing counts' all-reduce on cp equal the plan's,
     count and bytes. Not compared: the dense ZeRO-3 bytes on dp_shard_cp (-1.5%: FSDP2 pads the
     router's 4 rows and the shared-expert gate's 1 row to multiples of the 8 shards, which the plan
-    does not count) and memory (cp with ZeRO-3 misses, as for the dense model)."""
+    does not count) and memory (see tests/_parity_cases.py)."""
     model = load_model(EP_CP.partition(":")[0])
     cluster = load_cluster("cpu", 8, 8)
-    records_ = records(8)[len(LAYOUTS[8])]
+    records_ = records(8)[(LAYOUTS[8] + EXTRA.get(8, [])).index(EP_CP)]
     assert len(records_) == 8
     for record in records_:
         rows = {r.figure: r for r in rows_for(record, model, cluster, TRAIN)}

@@ -6,8 +6,9 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
 The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
-four moments of the busiest micro-batch: the end of its forward, the loss's backward (last chunk),
-the start of its backward, the end of the step's last backward. Per category:
+five moments of the busiest micro-batch: the end of its forward, the loss's backward (last chunk),
+the start of its backward, the end of the step's last backward, and under cp with ZeRO-3 the ring
+attention's backward of the last block but one (``_ring_backward``). Per category:
 
 - ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
   copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
