@@ -46,6 +46,16 @@ class StepMemTracker(MemTracker):
     def __init__(self) -> None:
         super().__init__()
         self._mod_tracker = _LeafSafeModTracker()
+        self.peak_in_module = False  # whether the peak fell inside a module (else between them)
+        self.peak_in_backward = False
+
+    def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
+        """MemTracker's, noting where a new peak fell (peak_moments)."""
+        before = dict(self._peak_mem)
+        super()._update_peak_stats(peak_state)
+        if self._peak_mem != before:
+            self.peak_in_backward = bool(self._mod_tracker.is_bw)
+            self.peak_in_module = bool(set(self._mod_tracker.parents) - {"Global"})
 
     def _pre_fw_hook(self, module, inputs) -> None:  # type: ignore[override]
         if module in self.memory_tracking and not self._mod_tracker.is_bw:
@@ -75,8 +85,6 @@ class RoleMemTracker(StepMemTracker):
         super().__init__()
         self._held = held
         self.peak_by_role: dict[str, int] = {}
-        self.peak_in_module = False  # whether the peak fell inside a module (else between them)
-        self.peak_in_backward = False
 
     def __enter__(self) -> "RoleMemTracker":
         super().__enter__()
@@ -122,6 +130,16 @@ def tracker_for(modules: list, optimizer: Any,
     tracker = RoleMemTracker(held) if held else StepMemTracker()
     tracker.track_external(*modules, optimizer)
     return tracker
+
+
+def peak_moments(tracker) -> list[str]:
+    """The cost model's moments (cost/memory.MOMENTS) the tracked peak can be: in a forward, the
+    end of one; in a module's backward, the start of one or (under cp) inside a ring attention's;
+    elsewhere in a backward any (the loss's backward, the end of the step, or a pipeline stage's
+    backward, whose module nesting the tracker does not follow: _LeafSafeModTracker)."""
+    if not tracker.peak_in_backward:
+        return ["forward"]
+    return ["backward", "ring"] if tracker.peak_in_module else []
 
 
 def peak_by_category(tracker) -> dict[str, int]:

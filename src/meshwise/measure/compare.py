@@ -8,8 +8,8 @@ other (the measured remainder: zeroing gradients, the gradient norm, the loss; p
 Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
 (``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
 at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
-total (nearest_moment); for a trace that saw where its peak fell (``verify``'s ``peak_moments``),
-at the nearest of those moments.
+total (nearest_moment); for a run or trace that saw where its peak fell (``peak_moments``: measure's workers and
+``verify`` record it, measure/_torch_tools.peak_moments), at the nearest of those moments.
 """
 
 from __future__ import annotations

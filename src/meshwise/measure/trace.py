@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import torch.nn.functional as F
 
 from meshwise.layout import MESH_DIMS, Layout
-from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
 from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.measure.worker import canonical_dim
 from meshwise.runtime import _torch_private, parallelize
@@ -80,7 +80,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
         return {
             "rank": rank, "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
             "global_batch": global_batch, "seq_len": seq, "world": world, "memory": tracker.peak_by_role,
-            "memory_by_creation": peak_by_category(tracker), "peak_moments": _peak_moments(tracker),
+            "memory_by_creation": peak_by_category(tracker), "peak_moments": peak_moments(tracker),
             "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                      for (k, d), (c, b) in sorted(comm.items())],
             "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
@@ -89,16 +89,6 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
     finally:
         dist.destroy_process_group()
         gc.collect()
-
-
-def _peak_moments(tracker) -> list[str]:
-    """The cost model's moments (cost/memory.MOMENTS) the traced peak can be: in a forward, the
-    end of one; in a module's backward, the start of one; elsewhere in a backward any (the loss's
-    backward, the end of the step, or a pipeline stage's backward, whose module nesting the
-    tracker does not follow: measure/_torch_tools._LeafSafeModTracker)."""
-    if not tracker.peak_in_backward:
-        return ["forward"]
-    return ["backward"] if tracker.peak_in_module else []
 
 
 def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:

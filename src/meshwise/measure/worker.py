@@ -24,7 +24,7 @@ import torch.distributed as dist
 from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
 from meshwise.layout import Layout, expert_group_ranks, parse
-from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
@@ -64,7 +64,7 @@ class LayoutRun:
         self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
 
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
-        self.memory, self.trace, self.ep_group = measure_steps(model, self.mesh, self.x, self.y)
+        self.memory, self.trace, self.ep_group, self.moments = measure_steps(model, self.mesh, self.x, self.y)
         self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
         self.timeline = StageTimeline(model.stages, enabled=False)
 
@@ -88,15 +88,16 @@ class LayoutRun:
             median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
             timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
         return {**measurement_record(self.mesh, self.layout, self.global_batch, self.seq, self.memory, self.trace,
-                                     self.ep_group),
+                                     self.ep_group, self.moments),
                 "time": timing or None, "timeline": self.timeline.events}
 
 
 def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = MEMORY_STEPS):
     """``steps`` steps on (x, y) after a warm-up step, which the caller ran: the first under the
     collective trace, every one under MemTracker. Returns (peak memory by category, the trace, the
-    EP group or None). gloo works asynchronously, so a transient buffer sometimes lands on a step's
-    peak: of several steps, the lowest peak is the step's own."""
+    EP group or None, the cost model's moments that peak can be: _torch_tools.peak_moments, None
+    where it fell in a backward outside any module, or under PP). gloo works asynchronously, so a transient
+    buffer sometimes lands on a step's peak: of several steps, the lowest peak is the step's own."""
     ep_group = next((m.group for c in model.modules for m in grouped_experts(c) if m.group is not None), None)
     named = {"ep": ep_group} if ep_group is not None else None
     memory: dict[str, int] | None = None
@@ -110,8 +111,11 @@ def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = ME
                 model.step(x, y)
         peak = peak_by_category(tracker)
         if memory is None or sum(peak.values()) < sum(memory.values()):
-            memory = peak
-    return memory, trace, ep_group
+            # under PP the tracker does not follow a stage's backward (its inputs are leaves it
+            # does not hook: _torch_tools._LeafSafeModTracker), so where the peak fell is not known
+            # (measured: the 8-rank interleaved layout's first stage read as "forward", params -57%)
+            memory, moments = peak, (peak_moments(tracker) or None) if model.layout.pp == 1 else None
+    return memory, trace, ep_group, moments
 
 
 def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
@@ -122,8 +126,9 @@ def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
 
 
 def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
-                       trace: CollectiveTrace, ep_group) -> dict:
-    """This rank's record of memory and collectives, without timing (``time`` None, no timeline)."""
+                       trace: CollectiveTrace, ep_group, moments: list[str] | None = None) -> dict:
+    """This rank's record of memory and collectives, without timing (``time`` None, no timeline);
+    ``peak_moments`` where the peak fell (compare.nearest_moment), if known."""
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
         if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing
@@ -144,7 +149,7 @@ def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory
     return {
         "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
         "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(),
-        "memory": memory,
+        "memory": memory, **({"peak_moments": moments} if moments else {}),
         "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                  for (k, d), (c, b) in sorted(comm.items())],
         "time": None, "timeline": [],
