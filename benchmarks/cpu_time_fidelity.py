@@ -2,8 +2,9 @@
 processes, every layout of a process count measured back to back in ONE launch.
 
 Layouts: at 2 processes dp with ZeRO 0-3, tp=2 with SP off and on, pp=2 with GPipe, 1F1B,
-interleaved 1F1B and zero-bubble; at 4 processes dp=4 ZeRO-1, dp=2 x tp=2 and pp=2 x dp=2 (a 3-D
-layout needs 8 processes). The model is rank_cpu_layouts.py's untied 3.4M-parameter byte model,
+interleaved 1F1B and zero-bubble; at 4 processes dp=4 ZeRO-1, dp=2 x tp=2 and pp=2 x dp=2; at 8
+processes the 3-D dp=2 x tp=2 x pp=2 (1F1B, micro-batches of 2: m = 2 per replica, as pp=2 x dp=2),
+in a launch of its own (``--nproc 8``; the default runs 2 and 4). The model is rank_cpu_layouts.py's untied 3.4M-parameter byte model,
 global batch 8 x 256 tokens, fp32, AdamW, one thread per process.
 
 The profile is this machine's calibration at each process count, as ``train`` and ``measure`` use
@@ -48,6 +49,7 @@ LAYOUTS = {
         "tp=2,sp=off,mbs=8", "tp=2,sp=on,mbs=8", "pp=2,schedule=gpipe,mbs=2", "pp=2,schedule=1f1b,mbs=2",
         "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", "pp=2,vpp=2,schedule=zero-bubble,mbs=2"),
     4: ("dp=4,zero=1,mbs=2", "dp=2,tp=2,mbs=4", "pp=2,dp=2,mbs=2"),
+    8: ("dp=2,tp=2,pp=2,mbs=2",),
 }
 LAYOUT_BOUND, PAIR_BOUND, SPEARMAN_BOUND = 0.25, 0.30, 0.9
 PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
@@ -62,7 +64,7 @@ def load() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="timed steps per layout (median; default 7)")
-    ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 2 and 4)")
+    ap.add_argument("--nproc", type=int, action="append", help="process counts: 2, 4, 8 (default: 2 and 4)")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's cached calibration)")
     ap.add_argument("--calibrate-model", action="store_true", help="calibrate now on the benchmark's model instead")
     ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
