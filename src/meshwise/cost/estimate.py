@@ -307,10 +307,15 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
-                                                                shape.has_head, layout.ac, m, layout.tp)
+    launch_s = memory_s = 0.0
+    if not model.states_only:
+        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp)
+    if not model.states_only and host.is_host_bound(accel):
+        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
+                                             layout.sp, layout.ac, shape.blocks, shape.has_embedding,
+                                             shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s)
+    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
@@ -408,7 +413,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                            else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
-    if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only
+    if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
     optimizer_s *= share
