@@ -39,7 +39,8 @@ from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
 from meshwise.measure import auto_profile  # noqa: E402
-from meshwise.measure.calibrate import calibrate, format_toml, with_per_rank_of  # noqa: E402
+from meshwise.measure.calibrate import (calibrate, format_toml, with_memory_bound_term,  # noqa: E402
+                                       with_per_rank_of)
 from meshwise.measure.run import run_workers  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
@@ -114,19 +115,25 @@ def main() -> int:
 
 
 def alone_profiles(profiles: dict[str, str], version: int) -> dict[str, str]:
-    """Saved profiles as calibration version 4 reads them: a profile of more ranks than cores takes
-    its per-rank figures from the same run's ``cores``-process profile (``auto_profile``). Before
-    version 3 the 4-process profile measured them with all four ranks at once (shared cores, or a
-    core caught alone); in version 3 with two ranks alone, but in a launch of its own."""
-    if version >= 4:
-        return profiles
+    """Saved profiles as the current calibration (version 5) reads them. Version 4: a profile of
+    more ranks than cores takes its per-rank figures from the same run's ``cores``-process profile
+    (``auto_profile``); before version 3 the 4-process profile measured them with all four ranks at
+    once (shared cores, or a core caught alone); in version 3 with two ranks alone, but in a launch
+    of its own. Version 5: the efficiency net of the memory-bound term (``with_memory_bound_term``,
+    on the auto-calibration's model and sequence length, which every saved run used)."""
     tables = {n: tomllib.loads(text) for n, text in profiles.items()}
-    out = dict(profiles)
-    for n, table in tables.items():
-        cores = int(table.get("cores_per_node", 0))
-        if cores and int(n) > cores and str(cores) in tables:
-            out[n] = format_toml(with_per_rank_of(table, tables[str(cores)], f"from the {cores}-process profile (replay)"))
-    return out
+    if version < 4:
+        for n, table in list(tables.items()):
+            cores = int(table.get("cores_per_node", 0))
+            if cores and int(n) > cores and str(cores) in tables:
+                tables[n] = with_per_rank_of(table, tables[str(cores)], f"from the {cores}-process profile (replay)")
+    if version < 5:
+        model = load_model(auto_profile.MODEL)
+        for n, table in tables.items():
+            if f"of {auto_profile.MODEL} at {auto_profile.SEQ_LEN} tokens" not in table["source"]:
+                raise SystemExit(f"replay: the {n}-process profile is not an auto-calibration: {table['source']}")
+            tables[n] = with_memory_bound_term(table, model, auto_profile.SEQ_LEN)
+    return {n: format_toml(table) for n, table in tables.items()}
 
 
 def replay(path: str) -> int:
