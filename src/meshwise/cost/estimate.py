@@ -3,7 +3,8 @@
 Step time = compute + exposed communication + pipeline bubble + optimizer step, for the slowest
 pipeline rank (the pipeline runs at the pace of its slowest stage). Compute comes from
 cost/kernels.py (per operation) for accelerators that declare the GPU fields, else from the flat
-efficiency curve. Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
+efficiency curve, plus on CPU ranks the operator launches and the memory-bound bytes
+(cost/host.py). Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
 docs/cost-model.md has the table):
 
 - TP collectives: exposed under ``meshwise`` (DTensor issues them between the GEMMs that need
@@ -292,7 +293,8 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                     shape: RankShape) -> float:
     """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
-    host time of launching its operators (cost/host.py; 0 on GPU profiles)."""
+    host time of launching its operators and, on CPU ranks, its memory-bound bytes over the copy
+    bandwidth (cost/host.py; both 0 on GPU profiles)."""
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
