@@ -3,7 +3,8 @@
 Step time = compute + exposed communication + pipeline bubble + optimizer step, for the slowest
 pipeline rank (the pipeline runs at the pace of its slowest stage). Compute comes from
 cost/kernels.py (per operation) for accelerators that declare the GPU fields, else from the flat
-efficiency curve. Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
+efficiency curve, plus on CPU ranks the operator launches and the memory-bound bytes
+(cost/host.py). Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
 docs/cost-model.md has the table):
 
 - TP collectives: exposed under ``meshwise`` (DTensor issues them between the GEMMs that need
@@ -292,7 +293,8 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                     shape: RankShape) -> float:
     """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
-    host time of launching its operators (cost/host.py; 0 on GPU profiles)."""
+    host time of launching its operators and, on CPU ranks, its memory-bound bytes over the copy
+    bandwidth (cost/host.py; both 0 on GPU profiles)."""
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
@@ -307,10 +309,15 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
-                                                                shape.has_head, layout.ac, m, layout.tp)
+    launch_s = memory_s = 0.0
+    if not model.states_only:
+        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp)
+    if not model.states_only and host.is_host_bound(accel):
+        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
+                                             layout.sp, layout.ac, shape.blocks, shape.has_embedding,
+                                             shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s)
+    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
@@ -408,7 +415,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                            else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
-    if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only
+    if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
     optimizer_s *= share
