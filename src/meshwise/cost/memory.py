@@ -391,18 +391,20 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
     backward = (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other)
-    block = backward
+    late = backward
     if layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1:
         # late in a block's backward (the second the backward differentiates; the first one's
         # activations freed): all of the block's weight gradients exist unsharded in the compute
         # dtype before its reduce-scatter, the block after it is reduced (its sharded gradient and its
         # reduce-scatter input, fixed_other, alive), and ZeRO-3 has prefetched the gather of the block
         # before it (found by meshwise verify, Llama 3 70B dp=64,zero=3)
-        late_grads = backward[1] + shape.block_params * train.grad_bytes
+        # a block's parameters this rank holds: its routed experts are split ep ways
+        block = shape.block_params - shape.expert_params / shape.blocks * (1 - 1 / layout.ep)
+        late_grads = backward[1] + block * train.grad_bytes
         if grads == 0:
-            late_grads += shape.block_params * reduce_bytes(train) / (layout.shard * layout.cp)
-        late_other = other + (shape.block_params * train.weight_bytes if layout.zero == 3 else 0.0)
-        block = (w_bwd, late_grads, o, act_late, late_other)
+            late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
+        late_other = other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
+        late = (w_bwd, late_grads, o, act_late, late_other)
     if warm_up_only and m > 1:
         second = (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, act_second, other)
         backward = max(backward, second, key=sum)
@@ -418,7 +420,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
         # the roots after the forward; without the head the end of the step stands in for it
         (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
-        block,
+        late,
     )
 
 
