@@ -88,10 +88,13 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
                     cluster: ClusterSpec) -> list[Collective]:
     """Per micro-batch, as the runtime issues them (docs/runtime.md; Korthikanti et al. 2022 Sec. 4.2):
 
-    sp off: an all-reduce of ``T h e`` after the embedding, 2 per block forward and 2 backward, 1 for
-    the head's input gradient. sp on: the same points as reduce-scatters (forward out of a row-wise
-    region) and all-gathers (into a column-wise region), mirrored in backward; the head's input is
-    gathered, the embedding's output gradient too. Activation checkpointing re-runs the forward's
+    sp off: 2 all-reduces of ``T h e`` per block forward and 2 backward, 1 for the head's input
+    gradient, and after the embedding an all-gather (its table is split on the hidden dimension) or,
+    for a tied one (split on the vocabulary with the head), an all-reduce. sp on: the same points as
+    reduce-scatters (forward out of a row-wise region) and all-gathers (into a column-wise region),
+    mirrored in backward; the head's input is gathered, the embedding's output gradient too, and an
+    untied embedding's output is gathered (then split on the sequence), a tied one's
+    reduce-scattered. Activation checkpointing re-runs the forward's
     collectives except the last reduction (1 all-reduce, or 2 all-gathers + 1 reduce-scatter, per
     block). The last chunk gathers the logits (``T V e``). Under SP the norm weights' gradients are
     partial sums: one all-reduce of ``h e`` each, per micro-batch under ZeRO-2/3, else per step."""
@@ -104,9 +107,11 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     blocks, first, last = shape.blocks, int(shape.has_embedding), int(shape.has_head)
     recompute = layout.ac != "none"
     out: list[Collective] = []
+    rowwise = first if model.tied_embeddings else 0  # the embedding's forward reduces (tied) or gathers
+    colwise = first - rowwise
     if layout.sp:
-        gathers = 4 * blocks + last + first + (2 * blocks if recompute else 0)
-        scatters = 4 * blocks + first + last + (blocks if recompute else 0)
+        gathers = 4 * blocks + last + first + colwise + (2 * blocks if recompute else 0)
+        scatters = 4 * blocks + rowwise + last + (blocks if recompute else 0)
         out.append(comm.collective("all_gather", "tp", t, payload, gathers * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
@@ -118,8 +123,10 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
         elem = memory.reduce_bytes(train) if layout.dp > 1 and not per_mb else train.grad_bytes
         out.append(comm.collective("all_reduce", "tp", t, model.hidden * elem, norms * per_step, link))
     else:
-        reduces = first + 4 * blocks + last + (blocks if recompute else 0)
+        reduces = rowwise + 4 * blocks + last + (blocks if recompute else 0)
         out.append(comm.collective("all_reduce", "tp", t, payload, reduces * m, link))
+        if colwise:
+            out.append(comm.collective("all_gather", "tp", t, payload, colwise * m, link))
     if last:
         out.append(comm.collective("all_gather", "tp", t, tokens * model.vocab * train.activation_bytes, m, link))
     return out

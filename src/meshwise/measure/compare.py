@@ -61,12 +61,16 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
     nearly equal moments depending on thread timing, and their categories differ. With ``names``
     (a trace that saw where its peak fell), the nearest of those moments; with ``names`` empty, of
-    all; without (a measured run, categorised by MemTracker), the loss's backward is left out."""
+    all (a peak inside a module's backward is the larger of its start and late in a block); without
+    (a measured run, categorised by MemTracker), the loss's backward and the late block are left out."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
+    if names and "backward" in names:  # inside a module's backward: its start or late in a block
+        moments["backward"] = max(moments["backward"], moments.pop("block"), key=lambda mm: mm.total)
     if names and any(n in moments for n in names):
         return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
-    if names is None:  # a measured run: MemTracker files the loss's backward's tensors as temporaries
-        moments.pop("loss", None)
+    if names is None:  # a measured run: MemTracker files the loss's backward's tensors, and a block's
+        moments.pop("loss", None)  # unsharded gradients late in its backward, as temporaries
+        moments.pop("block", None)
     peak = max(moments.values(), key=lambda mm: mm.total)
     close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
     return min(close, key=lambda mm: abs(mm.total - measured_total))
