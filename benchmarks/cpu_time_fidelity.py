@@ -2,8 +2,9 @@
 processes, every layout of a process count measured back to back in ONE launch.
 
 Layouts: at 2 processes dp with ZeRO 0-3, tp=2 with SP off and on, pp=2 with GPipe, 1F1B,
-interleaved 1F1B and zero-bubble; at 4 processes dp=4 ZeRO-1, dp=2 x tp=2 and pp=2 x dp=2 (a 3-D
-layout needs 8 processes). The model is rank_cpu_layouts.py's untied 3.4M-parameter byte model,
+interleaved 1F1B and zero-bubble; at 4 processes dp=4 ZeRO-1, dp=2 x tp=2 and pp=2 x dp=2; at 8
+processes the 3-D dp=2 x tp=2 x pp=2 (1F1B, micro-batches of 2: m = 2 per replica, as pp=2 x dp=2),
+in a launch of its own (``--nproc 8``; the default runs 2 and 4). The model is rank_cpu_layouts.py's untied 3.4M-parameter byte model,
 global batch 8 x 256 tokens, fp32, AdamW, one thread per process.
 
 The profile is this machine's calibration at each process count, as ``train`` and ``measure`` use
@@ -38,7 +39,8 @@ from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
 from meshwise.measure import auto_profile  # noqa: E402
-from meshwise.measure.calibrate import calibrate, format_toml, with_per_rank_of  # noqa: E402
+from meshwise.measure.calibrate import (calibrate, format_toml, with_memory_bound_term,  # noqa: E402
+                                       with_per_rank_of)
 from meshwise.measure.run import run_workers  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
@@ -48,6 +50,7 @@ LAYOUTS = {
         "tp=2,sp=off,mbs=8", "tp=2,sp=on,mbs=8", "pp=2,schedule=gpipe,mbs=2", "pp=2,schedule=1f1b,mbs=2",
         "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", "pp=2,vpp=2,schedule=zero-bubble,mbs=2"),
     4: ("dp=4,zero=1,mbs=2", "dp=2,tp=2,mbs=4", "pp=2,dp=2,mbs=2"),
+    8: ("dp=2,tp=2,pp=2,mbs=2",),
 }
 LAYOUT_BOUND, PAIR_BOUND, SPEARMAN_BOUND = 0.25, 0.30, 0.9
 PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
@@ -62,7 +65,7 @@ def load() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="timed steps per layout (median; default 7)")
-    ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 2 and 4)")
+    ap.add_argument("--nproc", type=int, action="append", help="process counts: 2, 4, 8 (default: 2 and 4)")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's cached calibration)")
     ap.add_argument("--calibrate-model", action="store_true", help="calibrate now on the benchmark's model instead")
     ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
@@ -112,19 +115,25 @@ def main() -> int:
 
 
 def alone_profiles(profiles: dict[str, str], version: int) -> dict[str, str]:
-    """Saved profiles as calibration version 4 reads them: a profile of more ranks than cores takes
-    its per-rank figures from the same run's ``cores``-process profile (``auto_profile``). Before
-    version 3 the 4-process profile measured them with all four ranks at once (shared cores, or a
-    core caught alone); in version 3 with two ranks alone, but in a launch of its own."""
-    if version >= 4:
-        return profiles
+    """Saved profiles as the current calibration (version 5) reads them. Version 4: a profile of
+    more ranks than cores takes its per-rank figures from the same run's ``cores``-process profile
+    (``auto_profile``); before version 3 the 4-process profile measured them with all four ranks at
+    once (shared cores, or a core caught alone); in version 3 with two ranks alone, but in a launch
+    of its own. Version 5: the efficiency net of the memory-bound term (``with_memory_bound_term``,
+    on the auto-calibration's model and sequence length, which every saved run used)."""
     tables = {n: tomllib.loads(text) for n, text in profiles.items()}
-    out = dict(profiles)
-    for n, table in tables.items():
-        cores = int(table.get("cores_per_node", 0))
-        if cores and int(n) > cores and str(cores) in tables:
-            out[n] = format_toml(with_per_rank_of(table, tables[str(cores)], f"from the {cores}-process profile (replay)"))
-    return out
+    if version < 4:
+        for n, table in list(tables.items()):
+            cores = int(table.get("cores_per_node", 0))
+            if cores and int(n) > cores and str(cores) in tables:
+                tables[n] = with_per_rank_of(table, tables[str(cores)], f"from the {cores}-process profile (replay)")
+    if version < 5:
+        model = load_model(auto_profile.MODEL)
+        for n, table in tables.items():
+            if f"of {auto_profile.MODEL} at {auto_profile.SEQ_LEN} tokens" not in table["source"]:
+                raise SystemExit(f"replay: the {n}-process profile is not an auto-calibration: {table['source']}")
+            tables[n] = with_memory_bound_term(table, model, auto_profile.SEQ_LEN)
+    return {n: format_toml(table) for n, table in tables.items()}
 
 
 def replay(path: str) -> int:

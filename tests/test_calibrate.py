@@ -64,6 +64,35 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     assert cluster.accelerator.efficiency(192) == pytest.approx(9e9 / (0.49 * 30e9), rel=1e-3)
 
 
+def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
+    """The efficiency is solved net of host time and the memory-bound term, so the cost model,
+    adding both back, predicts the measured forward + backward of the calibration's model."""
+    from meshwise.cost.estimate import compute_seconds
+    from meshwise.cost.host import ops_per_microbatch
+    from meshwise.cost.memory import rank_shapes
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+    from meshwise.cost.compute import model_flops
+
+    model, seq = load_model("small"), 128
+    moved = cal.calibration_memory_bound_bytes(model, seq)
+    result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
+              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2}
+    table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
+    assert moved > 0
+    path = tmp_path / "cpu.toml"
+    cal.write_profile(path, table)
+    cluster = load_cluster(str(path), 1, 1)
+    layout = parse("dp=1,mbs=1", 1)
+    seconds = compute_seconds(model, cluster, TrainSpec(1, seq, precision="fp32"), layout, rank_shapes(model, layout)[0])
+    assert seconds == pytest.approx(0.2, rel=1e-4)
+    # a profile from before the term, converted as replay does, gives the same efficiency
+    old = cal.profile_table({**result, "memory_bound_bytes": 0.0}, nproc=1, ram_bytes=16 << 30)
+    assert old["efficiency_max"] < table["efficiency_max"]
+    converted = cal.with_memory_bound_term(old, model, seq)
+    assert converted["efficiency_max"] == pytest.approx(table["efficiency_max"], rel=1e-4)
+
+
 def test_one_process_profile_has_no_measured_links():
     table = cal.profile_table(RESULT, nproc=1, ram_bytes=8 << 30)
     assert table["intra_bytes_per_s"] == RESULT["copy_bytes_per_s"]

@@ -27,24 +27,26 @@ def test_zero_communication_volume(zero, volume):
 
 
 def test_tp_collectives_per_layer():
-    # The runtime's collectives (docs/runtime.md), per micro-batch: sp off, an all-reduce after the
-    # embedding, 2 per block each way, 1 for the head's input gradient, plus the gathered logits.
+    # The runtime's collectives (docs/runtime.md), per micro-batch: sp off, 2 all-reduces per block
+    # each way, 1 for the head's input gradient, the gathered logits and the embedding's output
+    # gathered (its table split on the hidden dimension); sp on, that output gathered in forward
+    # (then split on the sequence) and its gradient gathered in backward.
     model = load_model("llama3-8b")
     cluster, train = load_cluster("h100", 8), TrainSpec(1, 4096, "bf16")
     payload = 4096 * model.hidden * 2
     logits = 4096 * model.vocab * 2
     off = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,sp=off", 8)).comm}
-    assert off[("all_reduce", "tp")].count_per_step == 4 * model.layers + 2 + 2  # + gradient norm and loss
-    assert off[("all_reduce", "tp")].bytes_per_step == pytest.approx((4 * model.layers + 2) * payload + 16)
-    assert off[("all_gather", "tp")].bytes_per_step == pytest.approx(logits)
+    assert off[("all_reduce", "tp")].count_per_step == 4 * model.layers + 1 + 2  # + gradient norm and loss
+    assert off[("all_reduce", "tp")].bytes_per_step == pytest.approx((4 * model.layers + 1) * payload + 16)
+    assert off[("all_gather", "tp")].bytes_per_step == pytest.approx(logits + payload)
     on = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,sp=on", 8)).comm}
-    assert on[("all_gather", "tp")].count_per_step == 4 * model.layers + 2 + 1
-    assert on[("reduce_scatter", "tp")].count_per_step == 4 * model.layers + 2
+    assert on[("all_gather", "tp")].count_per_step == 4 * model.layers + 3 + 1
+    assert on[("reduce_scatter", "tp")].count_per_step == 4 * model.layers + 1
     # the SP norm weights' partial gradients, once per step: 2 per block + the final norm (+2 world)
     assert on[("all_reduce", "tp")].count_per_step == 2 * model.layers + 1 + 2
     full = {(c.kind, c.dim): c for c in estimate(model, cluster, train, parse("tp=8,ac=full", 8)).comm}
-    assert full[("all_gather", "tp")].count_per_step == 6 * model.layers + 3  # recompute re-gathers
-    assert full[("reduce_scatter", "tp")].count_per_step == 5 * model.layers + 2
+    assert full[("all_gather", "tp")].count_per_step == 6 * model.layers + 4  # recompute re-gathers
+    assert full[("reduce_scatter", "tp")].count_per_step == 5 * model.layers + 1
 
 
 def test_link_tiers():

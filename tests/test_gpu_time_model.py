@@ -49,6 +49,8 @@ def test_profiles_without_gpu_fields_keep_the_flat_curve():
                                        + est.compute.head_forward_flops_per_token(model))
     expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
     expected += est.host.host_seconds(cpu.accelerator, shape.blocks, True, True, "none", m)  # launch time (CPU)
+    expected += est.host.memory_bound_seconds(model, cpu.accelerator, train, layout.mbs, 1, False, "none",
+                                              shape.blocks, True, True, m)  # memory-bound bytes (CPU)
     assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
 
 

@@ -132,6 +132,23 @@ def test_more_ranks_than_cores_time_share_and_fill_the_bubble_with_other_ranks_w
         assert estimate(model, two_shared, train, parse(text, 2)).time == estimate(model, two, train, parse(text, 2)).time
 
 
+def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token():
+    """The CPU memory-bound term by the tokens each rank processes: a tp=2 rank with SP on moves
+    what a dp rank of half its tokens moves, except the loss over the gathered logits (all of its
+    tokens); with SP off also the norms, residual adds and embedding over all of its tokens."""
+    from meshwise.cost import kernels
+
+    model, accel = load_model("small"), load_cluster("cpu", 2).accelerator
+    train, blocks, bw = TrainSpec(8, 128, "fp32"), load_model("small").layers, accel.hbm_bytes_per_s
+    one, off, on = (host.memory_bound_seconds(model, accel, train, mbs, tp, sp, "none", blocks, True, True, 1)
+                    for mbs, tp, sp in ((4, 1, False), (8, 2, False), (8, 2, True)))
+    tokens, p = 4 * 128, kernels.PASSES["meshwise"]
+    assert on - one == pytest.approx(tokens * model.vocab * p["loss_bytes"] / bw)
+    replicated = (blocks * 3 * (2 * p["norm"] + 2 * p["residual"]) + 3 * p["norm"] + 5) * tokens * model.hidden * 4
+    assert off - on == pytest.approx(replicated / bw)
+    assert not host.is_host_bound(load_cluster("h100", 8).accelerator) and host.is_host_bound(accel)
+
+
 def test_cores_per_node_is_checked(tmp_path):
     from meshwise.errors import MeshwiseError
     from meshwise.measure.calibrate import format_toml

@@ -139,8 +139,8 @@ def test_context_parallelism_splits_activations_and_shares_weights():
     assert (cp.params, cp.optimizer) == pytest.approx((wide.params, wide.optimizer))
     ring = ring_bytes(model, short, layout)
     assert ring == 2048 * 2 * model.kv_dim * (2 * 2 + 2 * 4)
-    fwd, bwd, _ = memory._activations(model, short, layout, shape, 4)
-    fwd1, bwd1, _ = memory._activations(model, short, parse("dp=2", 2), shape, 4)
+    fwd, bwd, *_ = memory._activations(model, short, layout, shape, 4)
+    fwd1, bwd1, *_ = memory._activations(model, short, parse("dp=2", 2), shape, 4)
     assert (fwd, bwd) == pytest.approx((fwd1, bwd1 + ring))
     ops = {(o.kind, o.dim): o for o in rank_collectives(model, cluster, train, layout, shape)}
     m = 8 // 2
@@ -148,3 +148,31 @@ def test_context_parallelism_splits_activations_and_shares_weights():
     assert ops[("send", "cp")].count_per_step == model.layers * m * (2 * 3 + 4)
     assert ops[("send", "cp")].bytes_per_step == model.layers * m * (2 * 3 * kv_bytes + 4 * kv_bytes * 2)
     assert ("reduce_scatter", "dp_shard_cp") in ops
+
+
+def test_zero3_backward_holds_a_blocks_gradients_and_the_next_gather():
+    # Late in a block's backward (traced, Llama 3 70B dp=64,zero=3): the block's unsharded bf16
+    # gradients, the float32 shard of the block reduced before it, the head's bf16 gradient (its unit
+    # is reduced last) and, beside the reduce-scatter input, the prefetched gather of the next block.
+    from meshwise.cost import memory
+
+    model, layout = load_model("llama3-70b"), parse("dp=64,zero=3", 64)
+    train = TrainSpec(64, 4096, "bf16-mixed")
+    shape = memory.all_rank_shapes(model, layout)[0]
+    moments = memory.moment_memories(model, train, layout, shape, 1, 80e9)
+    block, head = shape.block_params, model.vocab * model.hidden + model.hidden
+    assert moments["block"].grads == pytest.approx(2 * head + 2 * block + 4 * block / 64)
+    assert moments["block"].other == pytest.approx(4 * block + 2 * block)
+    assert moments["forward"].grads == 0 and moments["forward"].other == pytest.approx(4 * block)
+
+
+def test_a_stage_whose_warm_up_holds_every_micro_batch():
+    # pp=4 with 4 micro-batches: the first stage runs all four forwards before its first backward
+    # (no gradient of the step yet); the last stage runs 1F1B's steady state (every gradient).
+    from meshwise.cost import memory
+
+    model, layout = load_model("llama3-70b"), parse("pp=4,dp=2,zero=1,tp=8", 64)
+    train = TrainSpec(8, 4096, "bf16-mixed")
+    first, last = memory.all_rank_shapes(model, layout)[0], memory.all_rank_shapes(model, layout)[3]
+    assert memory.moment_memories(model, train, layout, first, 4, 80e9)["forward"].grads == 0
+    assert memory.moment_memories(model, train, layout, last, 4, 80e9)["forward"].grads > 0

@@ -3,7 +3,8 @@
 Step time = compute + exposed communication + pipeline bubble + optimizer step, for the slowest
 pipeline rank (the pipeline runs at the pace of its slowest stage). Compute comes from
 cost/kernels.py (per operation) for accelerators that declare the GPU fields, else from the flat
-efficiency curve. Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
+efficiency curve, plus on CPU ranks the operator launches and the memory-bound bytes
+(cost/host.py). Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
 docs/cost-model.md has the table):
 
 - TP collectives: exposed under ``meshwise`` (DTensor issues them between the GEMMs that need
@@ -87,10 +88,13 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
                     cluster: ClusterSpec) -> list[Collective]:
     """Per micro-batch, as the runtime issues them (docs/runtime.md; Korthikanti et al. 2022 Sec. 4.2):
 
-    sp off: an all-reduce of ``T h e`` after the embedding, 2 per block forward and 2 backward, 1 for
-    the head's input gradient. sp on: the same points as reduce-scatters (forward out of a row-wise
-    region) and all-gathers (into a column-wise region), mirrored in backward; the head's input is
-    gathered, the embedding's output gradient too. Activation checkpointing re-runs the forward's
+    sp off: 2 all-reduces of ``T h e`` per block forward and 2 backward, 1 for the head's input
+    gradient, and after the embedding an all-gather (its table is split on the hidden dimension) or,
+    for a tied one (split on the vocabulary with the head), an all-reduce. sp on: the same points as
+    reduce-scatters (forward out of a row-wise region) and all-gathers (into a column-wise region),
+    mirrored in backward; the head's input is gathered, the embedding's output gradient too, and an
+    untied embedding's output is gathered (then split on the sequence), a tied one's
+    reduce-scattered. Activation checkpointing re-runs the forward's
     collectives except the last reduction (1 all-reduce, or 2 all-gathers + 1 reduce-scatter, per
     block). The last chunk gathers the logits (``T V e``). Under SP the norm weights' gradients are
     partial sums: one all-reduce of ``h e`` each, per micro-batch under ZeRO-2/3, else per step.
@@ -108,9 +112,11 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     recompute = layout.ac != "none"
     moe_blocks = round(shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden))) if model.moe else 0
     out: list[Collective] = []
+    rowwise = first if model.tied_embeddings else 0  # the embedding's forward reduces (tied) or gathers
+    colwise = first - rowwise
     if layout.sp:
-        gathers = 4 * blocks + last + first + (2 * blocks if recompute else 0)
-        scatters = 4 * blocks - 2 * moe_blocks + first + last + (blocks if recompute else 0)
+        gathers = 4 * blocks + last + first + colwise + (2 * blocks if recompute else 0)
+        scatters = 4 * blocks - 2 * moe_blocks + rowwise + last + (blocks if recompute else 0)
         out.append(comm.collective("all_gather", "tp", t, payload, gathers * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
@@ -122,8 +128,10 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
         elem = memory.reduce_bytes(train) if layout.dp > 1 and not per_mb else train.grad_bytes
         out.append(comm.collective("all_reduce", "tp", t, model.hidden * elem, norms * per_step, link))
     else:
-        reduces = first + 4 * blocks - 2 * moe_blocks + last + (blocks if recompute else 0)
+        reduces = rowwise + 4 * blocks - 2 * moe_blocks + last + (blocks if recompute else 0)
         out.append(comm.collective("all_reduce", "tp", t, payload, reduces * m, link))
+        if colwise:
+            out.append(comm.collective("all_gather", "tp", t, payload, colwise * m, link))
     if last:
         out.append(comm.collective("all_gather", "tp", t, tokens * model.vocab * train.activation_bytes, m, link))
     return out
@@ -297,7 +305,8 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
 def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                     shape: RankShape) -> float:
     """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
-    host time of launching its operators (cost/host.py; 0 on GPU profiles)."""
+    host time of launching its operators and, on CPU ranks, its memory-bound bytes over the copy
+    bandwidth (cost/host.py; both 0 on GPU profiles)."""
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
@@ -312,10 +321,15 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    launch_s = 0.0 if model.states_only else host.host_seconds(accel, shape.blocks, shape.has_embedding,
-                                                                shape.has_head, layout.ac, m, layout.tp)
+    launch_s = memory_s = 0.0
+    if not model.states_only:
+        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp)
+    if not model.states_only and host.is_host_bound(accel):
+        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
+                                             layout.sp, layout.ac, shape.blocks, shape.has_embedding,
+                                             shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s)
+    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
@@ -413,7 +427,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                            else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
-    if not model.states_only and (accel.op_overhead_s or accel.tp_op_s):  # host-bound ranks (CPU) only
+    if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
     optimizer_s *= share

@@ -35,6 +35,16 @@ one rank per core), and ranks that compute at once time-share the cores:
 core (arithmetic, operator launches, the optimizer, FSDP2's copies); collectives are as calibrated
 at that process count, since their calibration already ran every rank.
 
+Memory-bound work (norms, residual adds, rotary, the MLP's activation, the embedding, the loss's
+softmax / cross-entropy) is charged by the bytes it moves over the calibrated copy bandwidth
+(``hbm_bytes_per_s``), with cost/kernels.py's byte counts (``PASSES["meshwise"]``), for the tokens
+each rank really processes: under TP with SP off every TP rank runs the norms and residual adds
+over all of its micro-batch's tokens, and (the head's output gathered, runtime/tensor_parallel.py)
+the loss over the full vocabulary; with SP on the norms and residual adds run over ``tokens / tp``.
+``memory_bound_seconds = m * rank_memory_bound_bytes / hbm_bytes_per_s``. The arithmetic is the
+rest: FLOPs over the calibrated matmul rate x efficiency, the calibration having subtracted the
+same term from its measured forward + backward (measure/calibrate.py).
+
 The constants are measured
 per machine by ``meshwise calibrate`` (0 in GPU profiles: there the launch queue runs ahead of the
 kernels, which the op model in cost/kernels.py costs instead).
@@ -42,8 +52,9 @@ kernels, which the op model in cost/kernels.py costs instead).
 
 from __future__ import annotations
 
+from meshwise.cost import kernels
 from meshwise.cost.comm import Collective
-from meshwise.spec import AcceleratorSpec
+from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # aten operators of one Llama-style block (RMSNorm, GQA attention with rotary, SwiGLU) per micro-batch.
 BLOCK_FORWARD_OPS = 74
@@ -54,6 +65,12 @@ HEAD_OPS = 45
 
 
 ADAMW_OPS_PER_TENSOR = 10  # lerp_, mul_ x2, addcmul_, add_, div, sqrt, addcdiv_, step add_, a scalar read
+
+
+def is_host_bound(accel: AcceleratorSpec) -> bool:
+    """A rank that launches every operator from Python at a measured cost (a CPU profile: calibrated
+    or the catalog's ``cpu``); GPU profiles state no host time and keep their own compute model."""
+    return accel.op_overhead_s > 0 or accel.tp_op_s > 0
 
 
 def core_share(accel: AcceleratorSpec, ranks_per_node: int) -> float:
@@ -115,3 +132,18 @@ def fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> fl
     CPU ranks), where they run on the same cores as everything else."""
     moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
     return 2.0 * moved / memory_bytes_per_s
+
+
+def loss_vocab(model: ModelSpec, runtime: str, tp: int) -> float:
+    """Logits per token one TP rank's loss runs over: meshwise gathers the head's output (every rank
+    the full vocabulary), Megatron's vocab-parallel cross-entropy keeps ``vocab / tp``."""
+    return model.vocab if runtime == "meshwise" else model.vocab / tp
+
+
+def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
+                         ac: str, blocks: int, has_embedding: bool, has_head: bool, microbatches: int) -> float:
+    """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
+    per sequence): ``m * kernels.rank_memory_bound_bytes / hbm_bytes_per_s`` (module docstring)."""
+    moved = kernels.rank_memory_bound_bytes(model, train.runtime, train.activation_bytes, mbs * train.seq_len, tp, sp,
+                                            ac, blocks, has_embedding, has_head, loss_vocab(model, train.runtime, tp))
+    return microbatches * moved / accel.hbm_bytes_per_s

@@ -94,15 +94,54 @@ def _mlp_width(model: ModelSpec) -> float:
     return model.active_mlp_params / ((2 if model.mlp == "gelu" else 3) * model.hidden)
 
 
-def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
-                          sp: bool) -> float:
-    """Forward seconds of a block's norms, residual adds, rotary and MLP activation."""
+def block_memory_bound_elements(model: ModelSpec, runtime: str, tokens: float, tp: int, sp: bool) -> float:
+    """Activation elements a block's norms, residual adds, rotary and MLP activation move in one
+    forward on one TP rank (``PASSES``): the two norms and two residual adds over every token of the
+    rank (``tokens / tp`` under SP: TP replicates them otherwise), rotary over its Q/K heads and the
+    activation over its MLP columns (both split by TP)."""
     p = PASSES[runtime]
     t_norm = tokens / tp if sp else tokens
     elems = (2 * p["norm"] + 2 * p["residual"]) * t_norm * model.hidden
     elems += p["rotary"] * tokens * (model.hidden + model.kv_dim) / tp
     elems += p[model.mlp] * tokens * _mlp_width(model) / tp
-    return elems * e / _hbm(accel)
+    return elems
+
+
+def head_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: float, tp: int, sp: bool,
+                            loss_vocab: float) -> float:
+    """Forward + backward bytes of the final norm (3 passes of ``PASSES``' norm) and of the loss's
+    softmax / cross-entropy over ``loss_vocab`` logits per token (``loss_bytes`` per logit)."""
+    p = PASSES[runtime]
+    t_norm = tokens / tp if sp else tokens
+    return tokens * loss_vocab * p["loss_bytes"] + 3 * p["norm"] * t_norm * model.hidden * e
+
+
+def embedding_bytes(model: ModelSpec, e: int, tokens: float, tp: int, sp: bool) -> float:
+    """Forward (gather) + backward (scatter-add) bytes of the embedding: 5 passes over its output
+    (``tokens / tp`` of it under SP)."""
+    return 5 * tokens / (tp if sp else 1) * model.hidden * e
+
+
+def rank_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: float, tp: int, sp: bool, ac: str,
+                            blocks: int, has_embedding: bool, has_head: bool, loss_vocab: float) -> float:
+    """Bytes one micro-batch of ``tokens`` tokens moves through memory-bound operations on one rank,
+    forward + backward: ``blocks * e * F * (3 + [ac != none])`` (backward moves twice the forward's
+    bytes; ``full`` and meshwise's ``selective`` re-run the forward's memory-bound operations), plus
+    the head's (``loss_vocab`` logits per token) and the embedding's. The CPU path's term
+    (cost/host.py ``memory_bound_seconds``)."""
+    passes = 3.0 + (ac != "none")
+    total = blocks * passes * e * block_memory_bound_elements(model, runtime, tokens, tp, sp)
+    if has_head:
+        total += head_memory_bound_bytes(model, runtime, e, tokens, tp, sp, loss_vocab)
+    if has_embedding:
+        total += embedding_bytes(model, e, tokens, tp, sp)
+    return total
+
+
+def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
+                          sp: bool) -> float:
+    """Forward seconds of a block's norms, residual adds, rotary and MLP activation."""
+    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / _hbm(accel)
 
 
 @lru_cache(maxsize=4096)
@@ -148,17 +187,12 @@ def head_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs
     e = train.activation_bytes
     tokens = mbs * train.seq_len
     f, b = _linear_s(tokens, model.vocab / tp, model.hidden, accel, peak, e)
-    p = PASSES[train.runtime]
-    t_norm = tokens / tp if sp else tokens
-    loss_bytes = tokens * model.vocab / tp * p["loss_bytes"]
-    norm_bytes = 3 * p["norm"] * t_norm * model.hidden * e
-    return f + b + (loss_bytes + norm_bytes) / _hbm(accel)
+    return f + b + head_memory_bound_bytes(model, train.runtime, e, tokens, tp, sp, model.vocab / tp) / _hbm(accel)
 
 
 def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:
     """Forward (gather) + backward (scatter-add) bytes of the embedding for one micro-batch."""
-    tokens = mbs * train.seq_len / (tp if sp else 1)
-    return 5 * tokens * model.hidden * train.activation_bytes / _hbm(accel)
+    return embedding_bytes(model, train.activation_bytes, mbs * train.seq_len, tp, sp) / _hbm(accel)
 
 
 def rank_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str,

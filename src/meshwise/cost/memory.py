@@ -6,9 +6,10 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
 The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
-five moments of the busiest micro-batch: the end of its forward, the loss's backward (last chunk),
-the start of its backward, the end of the step's last backward, and under cp with ZeRO-3 the ring
-attention's backward of the last block but one (``_ring_backward``). Per category:
+six moments of the busiest micro-batch (MOMENTS): the end of its forward, its backward, the end of
+the step's last backward, the loss's backward (last chunk), late in a block's backward (ZeRO-2/3
+without PP), and under cp with ZeRO-3 the ring attention's backward of the last block but one
+(``_ring_backward``); the moments are told in _candidates. Per category:
 
 - ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
   copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
@@ -17,7 +18,7 @@ attention's backward of the last block but one (``_ring_backward``). Per categor
   chunk while it is differentiated.
 - ``grads``: those earlier backwards left (none with one micro-batch or under GPipe): unsharded
   under DDP, ZeRO-1, no DP, and any ZeRO under PP (the schedule defers the reduce-scatter); the
-  first weight gradient of a backward; under TP a second copy of the vocabulary-parallel
+  first weight gradient of a backward; under TP a second copy of a tied (vocabulary-parallel)
   embedding's gradient (it accumulates out of place).
 - ``activations``: activations.block_bytes per block and micro-batch times the schedule's
   micro-batches in flight, the pipeline stages' cached outputs, the head's saved tensors and the
@@ -32,9 +33,9 @@ of s/cp tokens (``context.local_train``), plus the ring's K/V blocks in flight a
 backward (``context.ring_bytes``).
 
 ``P`` is what the rank's pipeline chunks hold after tensor parallelism: each block's matrices split
-``t`` ways, its two norm weights replicated; the embedding (vocabulary-parallel) on the first chunk;
-the final norm and the LM head on the last (a tied head needs its own copy there when the
-embedding lives on another rank).
+``t`` ways, its two norm weights replicated; the embedding (hidden shards; tied: vocabulary-parallel)
+on the first chunk; the final norm and the LM head on the last (a tied head needs its own copy
+there when the embedding lives on another rank).
 """
 
 from __future__ import annotations
@@ -199,15 +200,16 @@ def reduce_bytes(train: TrainSpec) -> int:
 
 def _all_grads(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
     """The rank's gradients once a backward has run: unsharded (DDP, ZeRO-1, no DP, or any ZeRO
-    under PP, which defers the reduce-scatter), else the shard; under TP the vocabulary-parallel
-    embedding's gradient accumulates out of place, a second copy of it. FSDP2 (dp > 1) accumulates
-    unsharded gradients in its reduce dtype, and a sharded gradient has its float32 shard's dtype:
+    under PP, which defers the reduce-scatter), else the shard; under TP a tied (vocabulary-parallel)
+    embedding's gradient accumulates out of place, a second copy of it (an untied one is split on
+    the hidden dimension, its gradient its shard: runtime/tensor_parallel.py). FSDP2 (dp > 1)
+    accumulates unsharded gradients in its reduce dtype, and a sharded gradient has its float32 shard's dtype:
     float32 under bf16-mixed either way (found by ``meshwise verify``)."""
     unsharded = layout.dp == 1 or layout.zero <= 1 or layout.pp > 1
     elem = reduce_bytes(train) if layout.dp > 1 else train.grad_bytes  # FSDP2's shard is float32 too
     local = held(shape.params, shape.expert_params, layout) if shape.expert_params else shape.params
     grads = local * elem if unsharded else shape.params * elem / layout.shard
-    if unsharded and layout.tp > 1 and shape.has_embedding and not model.states_only:
+    if unsharded and layout.tp > 1 and shape.has_embedding and model.tied_embeddings and not model.states_only:
         grads += model.embedding_params / layout.tp * elem
     return grads
 
@@ -256,7 +258,7 @@ def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
 
 
 def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                 ) -> tuple[float, float, float]:
+                 ) -> tuple[float, float, float, float, float, float]:
     """Activations (at the end of a forward, at the start of a backward): the schedule's
     chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
     ids; at the end of a forward, on the last chunk, the head's saved tensors (``m`` micro-batches
@@ -265,7 +267,17 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     keep (none - kept) is alive again.
     On the last chunk, the loss's backward (the third value): the loss's three float32 tensors
     over the logits (act.loss_backward_bytes) and, under PP, the cached logits, beside what the
-    blocks keep; the head's other saved tensors are gone by then."""
+    blocks keep; the head's other saved tensors are gone by then.
+    The fourth value: at the start of the second backward, one chunk-micro-batch fewer than at the
+    first (base / held of them), where every micro-batch of the step is in flight at once (the
+    warm-up holds them all, so no gradient of the step exists before the first backward).
+    The fifth, under TP on the embedding's chunk: the end of a micro-batch's backward, in the
+    embedding's backward, where DTensor computes the whole table's gradient (V x h, in float32 and
+    in the compute dtype) before taking the rank's shard of it, beside the other micro-batches'
+    activations (traced: 6 B per element at bf16 on the tiny model at tp=2, row- and column-wise,
+    and on Llama 3 70B at tp=8; meshwise verify).
+    The sixth: late in the second block a backward differentiates, the first one's activations
+    freed (one block's kept tensors fewer than at the start of the backward)."""
     shapes = act.Shapes.of(model)
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
@@ -307,7 +319,10 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
     if layout.cp > 1 and shape.blocks:
         backward += ring_bytes(model, train, layout)
-    return forward, backward, loss
+    embed = 0.0
+    if shape.has_embedding and t > 1:
+        embed = backward - base / held + model.vocab * model.hidden * (4 + e)
+    return forward, backward, loss, backward - base / held, embed, backward - kept
 
 
 def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
@@ -361,14 +376,25 @@ def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape:
 
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
-                  ) -> tuple[float, float, float, float, float, float, float, float]:
+                  ) -> tuple[float, float, float, float, float, float, tuple[float, float], float, float]:
     """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
     gradients after a backward, the first gradient of a backward, fixed buffers, strided copies,
-    a block's gradients once its MLP is differentiated)."""
+    the embedding's accumulated gradient less its fresh one, a block's gradients once its MLP is
+    differentiated)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
             _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
-            _strided_copies(train, layout, shape), _block_grads_after_mlp(model, train, layout, shape))
+            _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
+            _block_grads_after_mlp(model, train, layout, shape))
+
+
+def _embedding_grad_gap(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """What the embedding's unsharded gradient accumulated in FSDP2's reduce dtype holds more than
+    its fresh gradient in the compute dtype (the step's first backward holds only the latter)."""
+    unsharded = layout.dp > 1 and (layout.zero <= 1 or layout.pp > 1)
+    if not (shape.has_embedding and unsharded) or model.states_only:
+        return 0.0
+    return model.embedding_params / layout.tp * (reduce_bytes(train) - train.grad_bytes)
 
 
 def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
@@ -382,28 +408,38 @@ def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple
 
 
 def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                     ) -> tuple[float, float, float]:
+                     ) -> tuple[float, float, float, float, float, float]:
     """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
-    of a forward, at the start of a backward, in the loss's backward, pipeline buffers,
+    of a forward, at the start of a backward, in the loss's backward, at the start of a second
+    backward, in the embedding's backward, late in a block's backward; pipeline buffers;
     activations and temporaries inside a ring attention's backward)."""
     return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape),
             *_ring_backward(model, train, layout, shape))
 
 
-MOMENTS = ("forward", "backward", "end", "loss", "ring")
+MOMENTS = ("forward", "backward", "end", "loss", "block", "ring")
 
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
                 ) -> tuple[tuple[float, float, float, float, float], ...]:
     """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
-    busiest forward, the start of its backward, the end of the step's last backward (every
-    gradient, no activations), and the loss's backward."""
-    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, block_grads = static
-    act_fwd, act_bwd, act_loss, buffers, act_ring, ring_temps = per_mb
+    busiest forward, its backward (the larger of: its start; where the warm-up holds every
+    micro-batch, the start of the second backward; under TP, its embedding's backward), the end of
+    the step's last backward (every gradient, no activations), the loss's backward, under
+    ZeRO-2/3 without PP late in the second block a backward differentiates (else the backward),
+    and under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
+    the end of the step)."""
+    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads = static
+    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring, ring_temps = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-    grads = 0.0 if (m == 1 or gpipe) else all_grads  # what earlier backwards of the step left
+    # every micro-batch of the step in flight at once (1F1B's warm-up holds them all, as on the first
+    # stages with m <= pp): the busiest forward and the first backward come before any gradient of
+    # the step, the second backward after one (found by meshwise verify, pp=4,dp=2,zero=1,tp=8 rank 0)
+    warm_up_only = layout.schedule in ("1f1b", "interleaved-1f1b") and layout.pp > 1 and \
+        pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank) >= m * layout.vpp
+    grads = 0.0 if (m == 1 or gpipe or warm_up_only) else all_grads  # what earlier backwards of the step left
     root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
     # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
@@ -412,6 +448,29 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
                                                      or train.precision == "bf16-mixed")
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other + buffers
+    backward = (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other)
+    late = backward
+    if layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1:
+        # late in a block's backward (the second the backward differentiates; the first one's
+        # activations freed): all of the block's weight gradients exist unsharded in the compute
+        # dtype before its reduce-scatter, the block after it is reduced (its sharded gradient and its
+        # reduce-scatter input, fixed_other, alive), and ZeRO-3 has prefetched the gather of the block
+        # before it (found by meshwise verify, Llama 3 70B dp=64,zero=3)
+        # a block's parameters this rank holds: its routed experts are split ep ways
+        block = shape.block_params - shape.expert_params / shape.blocks * (1 - 1 / layout.ep)
+        late_grads = backward[1] + block * train.grad_bytes
+        if grads == 0:
+            late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
+        late_other = other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
+        late = (w_bwd, late_grads, o, act_late, late_other)
+    if warm_up_only and m > 1:
+        second = (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, act_second, other)
+        backward = max(backward, second, key=sum)
+    if act_embed:
+        # the embedding's backward: the gradients of every block (this micro-batch's included); in
+        # the step's first backward the embedding's own one is its fresh gradient, not yet accumulated
+        embed_grads = all_grads - (embed_gap if grads == 0 else 0.0)
+        backward = max(backward, (w_bwd, embed_grads, o, act_embed, other), key=sum)
     ring = (w_fwd, all_grads, o, ids, other)  # without a ring attention: the end of the step stands in
     if act_ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1:
         # inside the ring attention's backward of the last block but one (meshwise verify: under
@@ -422,11 +481,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
                 other + shape.block_params * train.weight_bytes + ring_temps)
     return (
         (w_fwd, grads, o, act_fwd, other),
-        (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other),
+        backward,
         (w_fwd, all_grads, o, ids, other),
         # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
         # the roots after the forward; without the head the end of the step stands in for it
         (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
+        late,
         ring,
     )
 

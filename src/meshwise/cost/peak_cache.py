@@ -35,7 +35,7 @@ class PeakCache:
         :func:`_candidates` less its input ids and pipeline buffers)."""
         if self.model.states_only:
             return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
-        w_fwd, _, o, all_grads, _, fixed_other, _, _ = self._static_of(layout, shape)
+        w_fwd, _, o, all_grads, _, fixed_other, *_ = self._static_of(layout, shape)
         return w_fwd + all_grads + o + fixed_other
 
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:

@@ -38,7 +38,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 4  # 4: more ranks than cores take the cores-process profile's per-rank figures;
+CALIBRATION_VERSION = 5  # 5: the efficiency net of the memory-bound term (cost/host.py);
+                         # 4: more ranks than cores take the cores-process profile's per-rank figures;
                          # 3: per-rank figures with one rank per core; 2: best of single timed calls
                          # (1: averaged over 50 ms windows)
 MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`

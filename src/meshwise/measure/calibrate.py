@@ -20,7 +20,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   each activation-checkpointing mode: ``t_none / ops``, then ``(t_full - t_none) / blocks - F * op``
   and ``((t_sel - t_none) / blocks - F * op - call) / (2 F)``, never below 0;
 - **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
-  op_overhead_s) * matmul rate)``; above 1 (the GEMM benchmark caught a busy moment) the matmul
+  op_overhead_s - memory_bound_s) * matmul rate)``, where ``memory_bound_s`` is the cost model's
+  memory-bound term for that forward + backward (cost/host.py ``memory_bound_seconds``: the bytes of
+  its norms, residual adds, rotary, activation, embedding and loss over the copy bandwidth below),
+  so that the cost model, adding that term back, predicts the measured time; above 1 (the GEMM benchmark caught a busy moment) the matmul
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
   (the runtime's own TP/SP plan), less the plain one and the TP collectives' latency
@@ -121,14 +124,11 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
-    peak = float(result["matmul_flops_per_s"])
     model_ops = int(result["model_ops"])
     op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
-    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s, 0.5 * float(result["fwd_bwd_s"]))
-    # the model's own rate above the GEMM benchmark's (a busy machine slowed the shorter benchmark):
-    # the model's rate is the peak, at efficiency 1, so that peak x efficiency stays what was measured
-    peak = max(peak, float(result["model_flops"]) / arithmetic_s)
-    efficiency = float(result["model_flops"]) / (arithmetic_s * peak)
+    memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
+    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s, 0.5 * float(result["fwd_bwd_s"]))
+    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]), float(result["model_flops"]), arithmetic_s)
     tp_s = 0.0
     if result.get("tp_host_s") and nproc > 1:
         tp_calls = int(result["tp_collectives"])
@@ -163,6 +163,37 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
+
+
+def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s: float) -> tuple[float, float]:
+    """(peak, efficiency) with ``peak * efficiency = model_flops / arithmetic_s``: the matmul rate
+    and the model's fraction of it; the model's own rate above the GEMM benchmark's (a busy machine
+    slowed the shorter benchmark) is the peak, at efficiency 1."""
+    peak = max(matmul_flops_per_s, model_flops / arithmetic_s)
+    return peak, model_flops / (arithmetic_s * peak)
+
+
+def calibration_memory_bound_bytes(model: ModelSpec, seq: int) -> float:
+    """Bytes the calibration's forward + backward (one sequence of ``seq`` tokens, the whole model,
+    no TP, fp32) moves through memory-bound operations (cost/kernels.py ``rank_memory_bound_bytes``)."""
+    from meshwise.cost.kernels import rank_memory_bound_bytes
+
+    return rank_memory_bound_bytes(model, "meshwise", 4, seq, 1, False, "none", model.layers, True, True, model.vocab)
+
+
+def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) -> dict[str, Any]:
+    """A profile calibrated before the memory-bound term (calibration version < 5) as version 5
+    derives it: its arithmetic time ``model_flops / (peak * efficiency)`` on ``model`` at ``seq``
+    tokens, less :func:`calibration_memory_bound_bytes` over its copy bandwidth, refitted by
+    :func:`arithmetic_rate` (the host time was already subtracted). For saved profiles (replay)."""
+    from meshwise.cost.compute import model_flops
+
+    flops = model_flops(model, seq, seq)
+    old_s = flops / (float(table["peak_fp32_flops_per_s"]) * float(table["efficiency_max"]))
+    memory_s = calibration_memory_bound_bytes(model, seq) / float(table["hbm_bytes_per_s"])
+    peak, efficiency = arithmetic_rate(float(table["peak_fp32_flops_per_s"]), flops, max(old_s - memory_s, 0.5 * old_s))
+    return table | {"peak_fp32_flops_per_s": peak, "peak_bf16_flops_per_s": peak, "efficiency_max": efficiency,
+                    "source": f"{table.get('source', '')}; memory-bound term subtracted (calibration version 5)"}
 
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares

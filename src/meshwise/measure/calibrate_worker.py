@@ -295,6 +295,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
 
     from meshwise.cost.compute import model_flops
     from meshwise.cost.host import ops_per_microbatch
+    from meshwise.measure.calibrate import calibration_memory_bound_bytes
 
     n = len(everyone)
     everyone = [r for r in everyone if "fwd_bwd_s" in r]
@@ -304,6 +305,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
+        "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "blocks": model.layers,
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
         "cores": cores,

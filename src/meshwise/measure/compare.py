@@ -56,17 +56,25 @@ def measured_memory(record: dict) -> dict[str, float]:
 
 
 def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float,
-                   measured_total: float, names: list[str] | None = None) -> Memory:
+                   measured_total: float, names: list[str] | None = None, by_role: bool = False) -> Memory:
     """The predicted peak (the largest moment), unless another moment's total is within
     ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
     nearly equal moments depending on thread timing, and their categories differ. With ``names``
-    (a trace that saw where its peak fell), the nearest of those moments; with ``names`` empty, of
-    all; without (a measured run, categorised by MemTracker), the loss's backward is left out."""
+    (a run or trace that saw where its peak fell), the nearest of those moments; with ``names``
+    empty, of all; without, of all but the loss's backward. Memory categorised by MemTracker
+    (``by_role`` False: measure's runs) files a block's unsharded gradients late in its backward
+    (and, where the run did not see where its peak fell, the loss's backward's tensors) as
+    temporaries, so those moments are left out; categorised by role (``verify``'s traces), a peak
+    inside a module's backward is the larger of its start and late in a block."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
+    if names is None:
+        moments.pop("loss", None)
+    if not by_role:
+        moments.pop("block", None)
+    elif names and "backward" in names:  # inside a module's backward: its start or late in a block
+        moments["backward"] = max(moments["backward"], moments.pop("block"), key=lambda mm: mm.total)
     if names and any(n in moments for n in names):
         return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
-    if names is None:  # a measured run: MemTracker files the loss's backward's tensors as temporaries
-        moments.pop("loss", None)
     peak = max(moments.values(), key=lambda mm: mm.total)
     close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
     return min(close, key=lambda mm: abs(mm.total - measured_total))
@@ -80,7 +88,8 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     m = layout.accum(train.global_batch)
     meas_mem = measured_memory(record)
     pred_mem = nearest_moment(model, train, layout, shape, m, cluster.accelerator.memory_bytes,
-                              sum(meas_mem[c] for c in MEMORY), record.get("peak_moments"))
+                              sum(meas_mem[c] for c in MEMORY), record.get("peak_moments"),
+                              by_role="memory_by_creation" in record)  # verify's records keep MemTracker's split too
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
 
     predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}

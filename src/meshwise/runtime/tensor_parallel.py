@@ -1,8 +1,11 @@
 """Tensor (and sequence) parallelism with DTensor's ``parallelize_module`` (Megatron-style split).
 
 Per block: Q, K, V and the MLP gate/up projections column-wise (heads / ffn split over tp), the
-attention output and MLP down projections row-wise. The embedding is split row-wise (vocab
-shards), the LM head column-wise (vocab shards) with its logits gathered (``output_layouts=
+attention output and MLP down projections row-wise. The embedding is split column-wise (hidden
+shards; its output gathered, then under SP split on the sequence): DTensor's embedding backward
+has no vocabulary-sharded strategy, so a row-wise (vocabulary-sharded) table's weight gradient
+would come out whole on every TP rank. A tied embedding is split row-wise with the LM head. The
+LM head is split column-wise (vocab shards) with its logits gathered (``output_layouts=
 Replicate()``), so the loss runs on full logits, identically on every TP rank.
 
 ``sp=off``: activations between the parallel regions are replicated; each row-wise layer ends in
@@ -23,6 +26,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
     PrepareModuleInputOutput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -37,13 +41,23 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
     stream = Shard(1) if sp else Replicate()  # layout of the residual stream between modules
     plan: dict[str, object] = {}
     if model.tok_embeddings is not None:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        if model.spec.tied_embeddings:  # shares the head's vocabulary shards (Shard(0))
+            plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        else:
+            # split on the hidden dimension: DTensor's embedding backward has no vocabulary-sharded
+            # strategy, so a row-wise table's gradient comes out whole (V x h, every TP rank)
+            plan["tok_embeddings"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
+                                                     use_local_output=not sp)
     if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
         plan["output"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate(), use_local_output=True)
     if plan:
         parallelize_module(model, tp_mesh, plan)
+    if model.tok_embeddings is not None and sp and not model.spec.tied_embeddings:
+        # gathered, then split on the sequence (no all-to-all, which gloo lacks; its gradient is gathered)
+        parallelize_module(model.tok_embeddings, tp_mesh,
+                           PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=stream))
     for block in model.layers.values():
         block_plan: dict[str, object] = {
             "attention.wq": ColwiseParallel(),
