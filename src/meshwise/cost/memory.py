@@ -6,10 +6,10 @@ parameter for weights, gradients and optimizer (TrainSpec), a rank holding ``P``
 ZeRO-2 also the gradients, ZeRO-3 also the weights (HSDP: the group is ``shard``, not ``dp``).
 
 The runtime's peak (measured with ``meshwise measure``; see docs/cost-model.md) is the largest of
-six moments of the busiest micro-batch (MOMENTS): the end of its forward, its backward, the end of
+seven moments of the busiest micro-batch (MOMENTS): the end of its forward, its backward, the end of
 the step's last backward, the loss's backward (last chunk), late in a block's backward (ZeRO-2/3
-without PP), and under cp with ZeRO-3 the ring attention's backward of the last block but one
-(``_ring_backward``); the moments are told in _candidates. Per category:
+without PP), under cp with ZeRO-3 the ring attention's backward of the last block but one
+(``_ring_backward``), and under TP the embedding's backward; the moments are told in _candidates. Per category:
 
 - ``params``: FSDP2 keeps each parameter's shard (``P/N``; ``replicate`` a 1-way "shard", a full
   copy) beside the unsharded copy it computes with; under bf16-mixed that shard is the fp32 master,
@@ -417,18 +417,19 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
             *_ring_backward(model, train, layout, shape))
 
 
-MOMENTS = ("forward", "backward", "end", "loss", "block", "ring")
+MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
 
 
 def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
                 ) -> tuple[tuple[float, float, float, float, float], ...]:
     """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
     busiest forward, its backward (the larger of: its start; where the warm-up holds every
-    micro-batch, the start of the second backward; under TP, its embedding's backward), the end of
+    micro-batch, the start of the second backward), the end of
     the step's last backward (every gradient, no activations), the loss's backward, under
     ZeRO-2/3 without PP late in the second block a backward differentiates (else the backward),
-    and under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
-    the end of the step)."""
+    under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
+    the end of the step), and under TP on the embedding's chunk its embedding's backward (else
+    the backward)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads = static
     act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring, ring_temps = per_mb
     root_copy, block_copy = copies
@@ -466,11 +467,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     if warm_up_only and m > 1:
         second = (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, act_second, other)
         backward = max(backward, second, key=sum)
+    embed = backward  # without TP on the embedding's chunk the backward's start stands in
     if act_embed:
         # the embedding's backward: the gradients of every block (this micro-batch's included); in
         # the step's first backward the embedding's own one is its fresh gradient, not yet accumulated
         embed_grads = all_grads - (embed_gap if grads == 0 else 0.0)
-        backward = max(backward, (w_bwd, embed_grads, o, act_embed, other), key=sum)
+        embed = (w_bwd, embed_grads, o, act_embed, other)
     ring = (w_fwd, all_grads, o, ids, other)  # without a ring attention: the end of the step stands in
     if act_ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1:
         # inside the ring attention's backward of the last block but one (meshwise verify: under
@@ -488,6 +490,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
         late,
         ring,
+        embed,
     )
 
 
@@ -520,4 +523,6 @@ def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     moments = dict(zip(MOMENTS, _all_moments(model, train, layout, shape, m)))
     if moments.get("ring") == moments.get("end"):  # no ring attention: the end stands in, not a moment of its own
         moments.pop("ring")
+    if moments.get("embed") == moments.get("backward"):  # no TP embedding: the backward stands in
+        moments.pop("embed")
     return {name: Memory(*c, capacity=capacity) for name, c in moments.items()}

@@ -62,17 +62,20 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     nearly equal moments depending on thread timing, and their categories differ. With ``names``
     (a run or trace that saw where its peak fell), the nearest of those moments; with ``names``
     empty, of all; without, of all but the loss's backward. Memory categorised by MemTracker
-    (``by_role`` False: measure's runs) files a block's unsharded gradients late in its backward
-    (and, where the run did not see where its peak fell, the loss's backward's tensors) as
-    temporaries, so those moments are left out; categorised by role (``verify``'s traces), a peak
-    inside a module's backward is the larger of its start and late in a block."""
+    (``by_role`` False: measure's runs) files a block's unsharded gradients late in its backward,
+    the whole-table gradient of a TP embedding's backward (and, where the run did not see where its
+    peak fell, the loss's backward's tensors) as temporaries, so those moments are left out;
+    categorised by role (``verify``'s traces), a peak inside a module's backward is the largest of
+    its start, late in a block and the embedding's backward."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
     if names is None:
         moments.pop("loss", None)
     if not by_role:
         moments.pop("block", None)
-    elif names and "backward" in names:  # inside a module's backward: its start or late in a block
-        moments["backward"] = max(moments["backward"], moments.pop("block"), key=lambda mm: mm.total)
+        moments.pop("embed", None)
+    elif names and "backward" in names:  # inside a module's backward: its start, late in a block, the embedding's
+        moments["backward"] = max(moments["backward"], moments.pop("block"), moments.pop("embed", moments["backward"]),
+                                  key=lambda mm: mm.total)
     if names and any(n in moments for n in names):
         return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
     peak = max(moments.values(), key=lambda mm: mm.total)
