@@ -22,4 +22,13 @@ if [ "$wants_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1 && ! comma
     echo "scripts/test.sh: the report test needs Chromium; run: sudo apt-get install chromium" >&2
   fi
 fi
+# The fake CUDA device of tests/test_fake_cuda.py is compiled with g++ (Debian's g++ when root).
+if ! command -v g++ >/dev/null 2>&1 && [ -z "${CXX:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing Debian's g++ for the fake CUDA device test (apt-get)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++) >/dev/null
+  else
+    echo "scripts/test.sh: the fake CUDA device test needs a C++ compiler; run: sudo apt-get install g++" >&2
+  fi
+fi
 exec python -m pytest "$@"
