@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
+from meshwise.cost.memory import candidates_floor
 from meshwise.cost.context import local_train
 from meshwise.cost.peak_cache import PeakCache
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, optimizer_seconds
@@ -181,10 +182,13 @@ class SearchResult:
 
 
 def _with(base: Layout, mbs: int, ac: str) -> Layout:
-    """``base`` with another mbs and ac (``dataclasses.replace`` is several times slower, and the search
-    builds tens of thousands)."""
-    return Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp, base.schedule, mbs, ac,
-                  base.ep)
+    """``base`` with another mbs and ac (``dataclasses.replace``, and even the frozen ``__init__``, is
+    several times slower, and the search builds tens of thousands)."""
+    new = object.__new__(Layout)  # a copy of base's fields, two of them changed: equal to Layout(...)'s
+    fields = base.__dict__.copy()
+    fields["mbs"], fields["ac"] = mbs, ac
+    object.__setattr__(new, "__dict__", fields)
+    return new
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
@@ -205,6 +209,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
     fitting: list[tuple[float, int, Layout, tuple]] = []  # (lower bound of the step, enumeration index, layout, its rank shapes)
     peaks = PeakCache(model, train)
+    states_only = model.states_only
     # The micro-batch sizes and checkpointing modes of a structure depend only on these fields (the
     # default filter, runs_here, reads no others), so each is worked out once; a custom ``where``
     # may read any field and is asked for every structure.
@@ -212,7 +217,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     shared_where = where is None or getattr(where, "reads", None) == _RUNS_HERE_FIELDS
     # Whether any mbs or ac of a structure fits: the floor reads only these fields (the rank shapes
     # come from tp, pp, vpp and the V schedule; cost/peak_cache.py), not sp nor the schedule otherwise.
-    floor_fits: dict[tuple, bool] = {}
+    floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [(shape, its static parts)])
+    widest_fits: dict[tuple, bool] = {}
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
         okey = (base.dp, base.cp, base.tp, base.sp, base.pp, base.schedule)
         opts = options.get(okey) if shared_where else None
@@ -228,12 +234,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 base.schedule == "zero-bubble" and base.vpp == 2, base.ep)
         fit = floor_fits.get(fkey)
         if fit is None:
-            fit = floor_fits[fkey] = max(peaks.floor(base, sh) for sh in memory.rank_shapes(model, base)) <= usable
+            if base.zero and 1 < base.shard < base.dp:
+                # the floor only shrinks as the sharding group grows (every term is divided by it or
+                # does not read it, for shard > 1): if the whole dp group's fails, this one does too
+                widest = fkey[:3] + (base.dp,) + fkey[4:]
+                if widest not in widest_fits:
+                    whole = replace(base, shard=base.dp)
+                    widest_fits[widest] = max(peaks.floor(whole, sh) for sh in memory.rank_shapes(model, whole)) <= usable
+                if not widest_fits[widest]:
+                    fit = floor_fits[fkey] = False
+            if fit is None:
+                shapes = memory.rank_shapes(model, base)
+                fit = max(peaks.floor(base, sh) for sh in shapes) <= usable
+                # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
+                floor_fits[fkey] = fit = fit and (shapes, [(sh, peaks.static_of(base, sh)) for sh in shapes])
         if not fit:  # no mbs or ac fits this structure
             continue
-        shapes = memory.rank_shapes(model, base)
-        statics = [(sh, peaks.static_of(base, sh)) for sh in shapes]
+        shapes, statics = fit
         lt = local_train(train, base)
+        table = peaks.table_of(base)
         for ac in acs:
             overflowed = False
             for mbs in mbs_options:
@@ -242,10 +261,27 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
                 if overflowed and m > 1:
                     continue
-                layout = _with(base, mbs, ac)
-                if not all(peaks.fits(layout, sh, m, st, lt, usable) for sh, st in statics):
+                if states_only:
+                    layout = _with(base, mbs, ac)
+                    fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st in statics)
+                else:  # PeakCache.fits, inlined: most tries are refused before a layout is built
+                    layout, fits = None, True
+                    for sh, st in statics:
+                        per_mb = table.get((ac, mbs, sh.pp_rank))
+                        if per_mb is None:
+                            layout = layout or _with(base, mbs, ac)
+                            per_mb = table[ac, mbs, sh.pp_rank] = peaks.per_micro_batch(layout, sh, m, lt)
+                        if candidates_floor(st, per_mb) > usable:
+                            fits = False
+                            break
+                        layout = layout or _with(base, mbs, ac)
+                        if peaks.total_from(layout, sh, m, st, lt, per_mb) > usable:
+                            fits = False
+                            break
+                if not fits:
                     overflowed = True
                     continue
+                layout = layout or _with(base, mbs, ac)
                 result.fitting += 1
                 key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep, layout.sp)
                 bound = bounds.get(key)

@@ -4,8 +4,8 @@ that do not change between them)."""
 from __future__ import annotations
 
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import (RankShape, _all_grads, _candidates, candidates_floor, _fixed_other, _moments, _per_micro_batch,
-                                  _static_parts, _weights, states)
+from meshwise.cost.memory import (RankShape, _all_grads, _candidates, _fixed_other, _moments, _per_micro_batch,
+                                  _static_parts, _weights, candidates_floor, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -19,6 +19,7 @@ class PeakCache:
         self.model, self.train = model, train
         self._static: dict[tuple, tuple] = {}
         self._per_mb: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, dict] = {}
 
     def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
         cp = layout.cp
@@ -65,19 +66,37 @@ class PeakCache:
         return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
 
     def fits(self, layout: Layout, shape: RankShape, m: int, static: tuple | None, lt: TrainSpec,
-             usable: float) -> bool:
-        """``total_of(...) <= usable``; most layouts a search tries do not fit, and most of those are
-        refused by memory.candidates_floor before the seven moments are built."""
+             usable: float, table: dict) -> bool:
+        """``total_of(...) <= usable``, with ``table`` from :meth:`table_of` for the layout. Most
+        layouts a search tries do not fit, and most of those are refused by
+        memory.candidates_floor before the seven moments are built."""
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m)) <= usable
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, shape.pp_rank, m,
-                layout.cp, layout.ep)
-        per_mb = self._per_mb.get(akey)
+        key = (layout.ac, layout.mbs, shape.pp_rank)
+        per_mb = table.get(key)
         if per_mb is None:
-            per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
+            per_mb = table[key] = self.per_micro_batch(layout, shape, m, lt)
         if candidates_floor(static, per_mb) > usable:
             return False
-        return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb))) <= usable
+        return self.total_from(layout, shape, m, static, lt, per_mb) <= usable
+
+    def per_micro_batch(self, layout: Layout, shape: RankShape, m: int, lt: TrainSpec) -> tuple:
+        """memory._per_micro_batch for the rank's setting ``lt`` (context.local_train's)."""
+        return _per_micro_batch(self.model, lt, layout, shape, m)
+
+    def total_from(self, layout: Layout, shape: RankShape, m: int, static: tuple, lt: TrainSpec,
+                   per_mb: tuple) -> float:
+        """The peak total from its two halves (:meth:`static_of` and :meth:`per_micro_batch`)."""
+        return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
+
+    def table_of(self, layout: Layout) -> dict:
+        """The per-micro-batch parts of every layout with ``layout``'s tp, sp, pp, vpp, schedule, cp,
+        ep and dp (which fix the micro-batch count for each mbs), by (ac, mbs, pipeline rank)."""
+        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep, layout.dp)
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = {}
+        return table
 
     def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
         """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""
