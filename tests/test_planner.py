@@ -84,3 +84,15 @@ def test_long_sequence_gets_context_parallelism():
     assert p.candidates[0].fits and p.candidates[0].layout.cp > 1
     step = next(line for line in p.explanation if line.startswith("3b."))
     assert "too long for one rank's activations: context parallelism cp=" in step
+
+
+def test_tie_explanation_names_only_what_differs():
+    """Both recompute (ac=full): the reason is the lower ZeRO stage, never 'no recompute'."""
+    from meshwise.search import simpler_in
+    from meshwise.layout import Layout
+    w = Layout(dp=256, zero=1, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
+    r = Layout(dp=256, zero=2, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
+    assert simpler_in(w, r) == "a lower ZeRO stage (1, not 2)"
+    assert simpler_in(r, w) is None
+    assert simpler_in(Layout(dp=8, mbs=2), Layout(dp=8, mbs=1)) == "fewer micro-batches per step (mbs x dp = 16, not 8)"
+    assert simpler_in(Layout(dp=8), Layout(dp=8, ac="full")) == "no recompute"

@@ -288,6 +288,7 @@ def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
         if key not in answers:
             answers[key] = runtime_refusal(layout, model, seq_len) is None
         return answers[key]
+    runs.reads = ("pp", "schedule", "ac", "cp", "sp", "tp")  # type: ignore[attr-defined]  # the search caches by these
     return runs
 
 

@@ -13,7 +13,7 @@ from meshwise.layout import Layout, validate
 from meshwise.planner_experts import step_experts
 from meshwise.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
-    break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, tp_degrees)
+    break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
@@ -164,9 +164,9 @@ def _why_winner(best: list[Estimate]) -> str:
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
     slower = r.time.step_s / w.time.step_s - 1
     if slower < TIE:
-        needs = [what for what, less in (("less machinery (no recompute, fewer micro-batches first)",
-                                          _simplicity(w.layout) < _simplicity(r.layout)),
-                                         ("less memory", w.memory.total < r.memory.total)) if less]
+        simpler = simpler_in(w.layout, r.layout)  # only what actually differs between the two
+        needs = ([f"less machinery: {simpler}"] if simpler else []) + \
+            ([f"less memory ({_gb(w.memory.total)}, not {_gb(r.memory.total)})"] if w.memory.total < r.memory.total else [])
         return head + (f" Runner-up {r.layout.short()} is within {TIE:.0%} ({slower:+.1%}): a tie within the time "
                        f"model's accuracy; the chosen one needs {' and '.join(needs) or 'no more'}.")
     return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "

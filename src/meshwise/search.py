@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
+from meshwise.cost.memory import candidates_floor
+from meshwise.cost.context import local_train
 from meshwise.cost.peak_cache import PeakCache
-from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s
+from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, optimizer_seconds
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
 from meshwise.planner_experts import expert_degrees
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
+_RUNS_HERE_FIELDS = ("pp", "schedule", "ac", "cp", "sp", "tp")  # what layout.runs_here's answer reads
 MAX_VPP = 8
 MAX_MBS = 32
 CP_MIN_TOKENS = 8192  # tokens per rank below which the planner tries no context parallelism
@@ -125,6 +128,25 @@ def _simplicity(layout: Layout) -> tuple:
             layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
+def _simplicity_words(w: Layout, r: Layout) -> tuple[str, ...]:
+    """How ``w`` reads at each place of :func:`_simplicity` where it is simpler than ``r``."""
+    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})",
+            f"fewer micro-batches per step (mbs x dp = {w.mbs * w.dp}, not {r.mbs * r.dp})",
+            "no pipeline", "no context parallelism", "no tensor parallelism",
+            f"a lower ZeRO stage ({w.zero}, not {r.zero})", "no HSDP replication",
+            f"fewer chunks per pipeline rank (vpp={w.vpp}, not {r.vpp})", "sequence parallelism on",
+            f"less expert parallelism (ep={w.ep}, not {r.ep})")
+
+
+def simpler_in(w: Layout, r: Layout) -> str | None:
+    """What decides :func:`_simplicity` between ``w`` and ``r`` (its first place where they differ),
+    in words, when ``w`` is the simpler; None when it is not (or they are alike)."""
+    for a, b, words in zip(_simplicity(w), _simplicity(r), _simplicity_words(w, r)):
+        if a != b:
+            return words if a < b else None
+    return None
+
+
 def _rank_key(e: Estimate) -> tuple:
     """Fastest first; among equally fast layouts the simpler one, then the one with less memory."""
     return (round(-e.tokens_per_s, 3), _simplicity(e.layout), round(e.memory.total))
@@ -160,10 +182,13 @@ class SearchResult:
 
 
 def _with(base: Layout, mbs: int, ac: str) -> Layout:
-    """``base`` with another mbs and ac (``dataclasses.replace`` is several times slower, and the search
-    builds tens of thousands)."""
-    return Layout(base.dp, base.zero, base.shard, base.cp, base.tp, base.sp, base.pp, base.vpp, base.schedule, mbs, ac,
-                  base.ep)
+    """``base`` with another mbs and ac (``dataclasses.replace``, and even the frozen ``__init__``, is
+    several times slower, and the search builds tens of thousands)."""
+    new = object.__new__(Layout)  # a copy of base's fields, two of them changed: equal to Layout(...)'s
+    fields = base.__dict__.copy()
+    fields["mbs"], fields["ac"] = mbs, ac
+    object.__setattr__(new, "__dict__", fields)
+    return new
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
@@ -180,18 +205,54 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     result = SearchResult()
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     bounds: dict[tuple, float] = {}
+    optimizers: dict[tuple, float] = {}
     keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
-    fitting: list[tuple[float, int, Layout]] = []  # (lower bound of the step, enumeration index, layout)
+    fitting: list[tuple[float, int, Layout, tuple]] = []  # (lower bound of the step, enumeration index, layout, its rank shapes)
     peaks = PeakCache(model, train)
+    states_only = model.states_only
+    # The micro-batch sizes and checkpointing modes of a structure depend only on these fields (the
+    # default filter, runs_here, reads no others), so each is worked out once; a custom ``where``
+    # may read any field and is asked for every structure.
+    options: dict[tuple, tuple[list[int], list[str]]] = {}
+    shared_where = where is None or getattr(where, "reads", None) == _RUNS_HERE_FIELDS
+    # Whether any mbs or ac of a structure fits: the floor reads only these fields (the rank shapes
+    # come from tp, pp, vpp and the V schedule; cost/peak_cache.py), not sp nor the schedule otherwise.
+    floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [(shape, its static parts)])
+    widest_fits: dict[tuple, bool] = {}
     for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
-        mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
-        acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
+        okey = (base.dp, base.cp, base.tp, base.sp, base.pp, base.schedule)
+        opts = options.get(okey) if shared_where else None
+        if opts is None:
+            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
+            acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
+            opts = options[okey] = (mbs_options, acs)
+        mbs_options, acs = opts
         if not acs:
             continue
         result.enumerated += len(acs) * len(mbs_options)
-        shapes = memory.rank_shapes(model, base)
-        if max(peaks.floor(base, sh) for sh in shapes) > usable:  # no mbs or ac fits this structure
+        fkey = (base.dp, base.cp, base.zero, base.shard, base.tp, base.pp, base.vpp,
+                base.schedule == "zero-bubble" and base.vpp == 2, base.ep)
+        fit = floor_fits.get(fkey)
+        if fit is None:
+            if base.zero and 1 < base.shard < base.dp:
+                # the floor only shrinks as the sharding group grows (every term is divided by it or
+                # does not read it, for shard > 1): if the whole dp group's fails, this one does too
+                widest = fkey[:3] + (base.dp,) + fkey[4:]
+                if widest not in widest_fits:
+                    whole = replace(base, shard=base.dp)
+                    widest_fits[widest] = max(peaks.floor(whole, sh) for sh in memory.rank_shapes(model, whole)) <= usable
+                if not widest_fits[widest]:
+                    fit = floor_fits[fkey] = False
+            if fit is None:
+                shapes = memory.rank_shapes(model, base)
+                fit = max(peaks.floor(base, sh) for sh in shapes) <= usable
+                # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
+                floor_fits[fkey] = fit = fit and (shapes, [(sh, peaks.static_of(base, sh)) for sh in shapes])
+        if not fit:  # no mbs or ac fits this structure
             continue
+        shapes, statics = fit
+        lt = local_train(train, base)
+        table = peaks.table_of(base)
         for ac in acs:
             overflowed = False
             for mbs in mbs_options:
@@ -200,23 +261,56 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
                 if overflowed and m > 1:
                     continue
-                layout = _with(base, mbs, ac)
-                if any(peaks.total(layout, sh, m) > usable for sh in shapes):
+                if states_only:
+                    layout = _with(base, mbs, ac)
+                    fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st in statics)
+                else:  # PeakCache.fits, inlined: most tries are refused before a layout is built
+                    layout, fits = None, True
+                    for sh, st in statics:
+                        per_mb = table.get((ac, mbs, sh.pp_rank))
+                        if per_mb is None:
+                            layout = layout or _with(base, mbs, ac)
+                            per_mb = table[ac, mbs, sh.pp_rank] = peaks.per_micro_batch(layout, sh, m, lt)
+                        if candidates_floor(st, per_mb) > usable:
+                            fits = False
+                            break
+                        layout = layout or _with(base, mbs, ac)
+                        if peaks.total_from(layout, sh, m, st, lt, per_mb) > usable:
+                            fits = False
+                            break
+                if not fits:
                     overflowed = True
                     continue
+                layout = layout or _with(base, mbs, ac)
                 result.fitting += 1
-                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep)
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep, layout.sp)
                 bound = bounds.get(key)
                 if bound is None:
-                    bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout)
-                fitting.append((bound, len(fitting), layout))
+                    bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)
+                fitting.append((bound, len(fitting), layout, shapes))
     # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
-    # the first whose bound is slower than the worst of them ends the search. Exact ties between
-    # rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
+    # the first whose bound is slower than the worst of them ends the search, and one whose tighter
+    # bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact ties
+    # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
     fitting.sort(key=lambda f: f[:2])
-    for bound, index, layout in fitting:
-        if len(result.best) >= keep and bound > result.best[-1].time.step_s:
-            break
+    tight: dict[tuple, float] = {}
+    for bound, index, layout, shapes in fitting:
+        if len(result.best) >= keep:
+            if bound > result.best[-1].time.step_s:
+                break
+            # the tighter bound's two parts, each cached by the fields it reads (cost/estimate.py)
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                   layout.sp, layout.zero >= 2)
+            busy = tight.get(key)
+            if busy is None:
+                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout)
+            okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
+                    layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
+            opt_s = optimizers.get(okey)
+            if opt_s is None:
+                opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
+            if busy + opt_s > result.best[-1].time.step_s:
+                continue
         e = estimate(model, cluster, train, layout, headroom)
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)

@@ -332,13 +332,71 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
 
 
-def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
-    """Compute plus bubble of the slowest rank: no layout's step is shorter (used to prune the search)."""
+def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                       compute_only: bool = False) -> float:
+    """A step no shorter than :func:`estimate`'s, without its data-parallel collectives (their exposed
+    seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
+    bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
+    is below the step in floating point too). It reads the layout's dp only through tp, cp and pp,
+    its ZeRO stage only as ``zero >= 2`` and none of ``shard``; add :func:`optimizer_seconds` for
+    the whole step less the DP collectives. With ``compute_only`` (cheaper, and reading no ZeRO
+    field), and on ranks sharing cores (CPU: ``host.core_share`` > 1, where the bubble speeds
+    compute up), it is compute plus bubble of the slowest rank."""
     m = layout.accum(train.global_batch)
-    times = [compute_seconds(model, cluster, train, layout, s) for s in memory.rank_shapes(model, layout)]
+    shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(model, layout)
-    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
-    return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+    if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        times = [compute_seconds(model, cluster, train, layout, s) for s in shapes]
+        mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+        return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+    local = local_train(train, layout)
+    busy_s, stages = [], []
+    for shape in shapes:
+        compute_s, tp_s, pp_s, cp_s, *_ = _stage_seconds(model, cluster, train, local, layout, shape, m)
+        busy_s.append(compute_s + tp_s + pp_s + cp_s)
+        stages.append(compute_s + tp_s + cp_s)
+    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
+
+
+def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
+                   shape: RankShape, m: int) -> tuple:
+    """One rank's (compute, exposed TP, pipeline + expert sends, exposed cp ring) seconds, then its
+    TP, pipeline, expert, cp K/V and cp dK/dV collectives."""
+    compute_s = compute_seconds(model, cluster, train, layout, shape)
+    tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
+    pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
+    ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
+    kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
+    cp_s = cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
+    tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
+    pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
+    return compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops
+
+
+def _bubble_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, m: int,
+                    stages: list[float], counts: tuple[int, ...]) -> float:
+    """The schedule's bubble fraction of the mean stage's seconds, plus one P2P latency per stage
+    boundary crossed while filling and draining."""
+    mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
+    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_stage_s
+    if layout.pp > 1 and not model.states_only:
+        bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
+    return bubble_s
+
+
+def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                      shapes: tuple[RankShape, ...]) -> float:
+    """The optimizer step of the busiest rank (memory-bound; on CPU ranks plus its operator launches),
+    times the ranks per core. Reads zero only as ``zero >= 1``."""
+    accel = cluster.accelerator
+    local_opt_params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 1
+                           else memory.held(s.params, s.expert_params, layout) for s in shapes)
+    opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
+    optimizer_s = opt_bytes / accel.hbm_bytes_per_s
+    if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
+        tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
+        optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
+    return optimizer_s * host.core_share(accel, cluster.gpus_per_node)
 
 
 _COUNTS: dict[tuple, tuple[int, ...]] = {}
@@ -380,17 +438,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        compute_s = compute_seconds(model, cluster, train, layout, shape)
+        compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = _stage_seconds(
+            model, cluster, train, local, layout, shape, m)
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
-        tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
-        pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
-        ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
-        kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
-        cp_s = cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
-        tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
-        pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
@@ -409,11 +461,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
             worst = (busy, compute_s, tp_s, pp_s + dp_s + cp_s, shape,
                      _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
-    counts = _shape_counts(model, layout)
-    mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
-    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_stage_s
-    if layout.pp > 1 and not model.states_only:
-        bubble_s += 2 * (layout.pp - 1) * _p2p_latency_s(model, train, layout, cluster)
+    bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(model, layout))
 
     if share > 1 and bubble_s > 0:
         # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
@@ -423,14 +471,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         busy -= compute_s * (1 - 1 / speedup)
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
 
-    local_opt_params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 1
-                           else memory.held(s.params, s.expert_params, layout) for s in shapes)
-    opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
-    optimizer_s = opt_bytes / accel.hbm_bytes_per_s
-    if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
-        tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
-        optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
-    optimizer_s *= share
+    optimizer_s = optimizer_seconds(model, cluster, train, layout, shapes)
 
     step_s = busy + bubble_s + optimizer_s
     tokens = train.tokens_per_step

@@ -4,7 +4,8 @@ that do not change between them)."""
 from __future__ import annotations
 
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import RankShape, _candidates, _moments, _per_micro_batch, _static_parts, states
+from meshwise.cost.memory import (RankShape, _all_grads, _candidates, _fixed_other, _moments, _per_micro_batch,
+                                  _static_parts, _weights, candidates_floor, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -18,6 +19,7 @@ class PeakCache:
         self.model, self.train = model, train
         self._static: dict[tuple, tuple] = {}
         self._per_mb: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, dict] = {}
 
     def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
         cp = layout.cp
@@ -35,18 +37,67 @@ class PeakCache:
         :func:`_candidates` less its input ids and pipeline buffers)."""
         if self.model.states_only:
             return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
-        w_fwd, _, o, all_grads, _, fixed_other, *_ = self._static_of(layout, shape)
-        return w_fwd + all_grads + o + fixed_other
+        cp = layout.cp
+        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep, shape)
+        static = self._static.get(skey)
+        if static is not None:
+            w_fwd, _, o, all_grads, _, fixed_other, *_ = static
+            return w_fwd + all_grads + o + fixed_other
+        # most structures fail here: compute only the four parts the floor reads (as _static_parts does)
+        wl = weights_layout(layout)
+        return (_weights(self.train, wl, shape, "forward") + states(shape.params, self.train, wl, shape.expert_params)[2]
+                + _all_grads(self.model, self.train, wl, shape) + _fixed_other(self.train, wl, shape))
 
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
-        rank = shape.pp_rank
-        lt = local_train(self.train, layout)
-        static = self._static_of(layout, shape)
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, rank, m, layout.cp,
-                layout.ep)
+        return self.total_of(layout, shape, m, self._static_of(layout, shape), local_train(self.train, layout))
+
+    def total_of(self, layout: Layout, shape: RankShape, m: int, static: tuple, lt: TrainSpec) -> float:
+        """:meth:`total` with the parts that do not change with mbs and ac given (``static``, from
+        :meth:`static_of`, and ``lt``, context.local_train's setting), as the search's inner loop has them."""
+        if self.model.states_only:
+            return sum(_moments(self.model, self.train, layout, shape, m))
+        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, shape.pp_rank, m,
+                layout.cp, layout.ep)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
-        return max(sum(c) for c in _candidates(lt, layout, shape, m, static, per_mb))
+        return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
+
+    def fits(self, layout: Layout, shape: RankShape, m: int, static: tuple | None, lt: TrainSpec,
+             usable: float, table: dict) -> bool:
+        """``total_of(...) <= usable``, with ``table`` from :meth:`table_of` for the layout. Most
+        layouts a search tries do not fit, and most of those are refused by
+        memory.candidates_floor before the seven moments are built."""
+        if self.model.states_only:
+            return sum(_moments(self.model, self.train, layout, shape, m)) <= usable
+        key = (layout.ac, layout.mbs, shape.pp_rank)
+        per_mb = table.get(key)
+        if per_mb is None:
+            per_mb = table[key] = self.per_micro_batch(layout, shape, m, lt)
+        if candidates_floor(static, per_mb) > usable:
+            return False
+        return self.total_from(layout, shape, m, static, lt, per_mb) <= usable
+
+    def per_micro_batch(self, layout: Layout, shape: RankShape, m: int, lt: TrainSpec) -> tuple:
+        """memory._per_micro_batch for the rank's setting ``lt`` (context.local_train's)."""
+        return _per_micro_batch(self.model, lt, layout, shape, m)
+
+    def total_from(self, layout: Layout, shape: RankShape, m: int, static: tuple, lt: TrainSpec,
+                   per_mb: tuple) -> float:
+        """The peak total from its two halves (:meth:`static_of` and :meth:`per_micro_batch`)."""
+        return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
+
+    def table_of(self, layout: Layout) -> dict:
+        """The per-micro-batch parts of every layout with ``layout``'s tp, sp, pp, vpp, schedule, cp,
+        ep and dp (which fix the micro-batch count for each mbs), by (ac, mbs, pipeline rank)."""
+        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep, layout.dp)
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = {}
+        return table
+
+    def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
+        """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""
+        return None if self.model.states_only else self._static_of(layout, shape)
