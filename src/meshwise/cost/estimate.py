@@ -37,6 +37,7 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshwise.cost import comm, compute, experts, host, kernels, memory, pipeline
 from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
@@ -188,9 +189,14 @@ def fsdp_padding(model: ModelSpec, layout: Layout, shape: RankShape) -> float:
     tied), the head (V/t) and the final norm; routed experts without expert parallelism (E rows;
     under it they are their own units, sharded on their width: runtime/data_parallel.py). MLA
     attention and learned positions are taken as unpadded."""
-    n, t, h = layout.shard, layout.tp, model.hidden
-    if n == 1 or model.states_only:
+    if layout.shard == 1 or model.states_only:
         return 0.0
+    return _fsdp_padding(model, layout.shard, layout.tp, layout.ep == 1, shape)
+
+
+@lru_cache(maxsize=65536)
+def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shape: RankShape) -> float:
+    h = model.hidden
     q, kv = model.heads * model.head_dim, model.kv_dim
     attention = 0.0
     if not model.mla:
@@ -206,7 +212,7 @@ def fsdp_padding(model: ModelSpec, layout: Layout, shape: RankShape) -> float:
         moe_mlp += (1 + gated) * _padding(model.shared_ffn_hidden, h, n) + _padding(h, model.shared_ffn_hidden, n)
     if model.shared_expert_gate:
         moe_mlp += _padding(1, h, n)
-    if model.moe and layout.ep == 1:  # the experts are in the block's unit, sharded on dim 0 (E) like the rest
+    if model.moe and experts_in_block:  # the experts are in the block's unit, sharded on dim 0 (E) like the rest
         moe_mlp += (2 + gated) * _padding(model.experts, model.expert_ffn_hidden * h, n)
     moe_blocks = round(shape.expert_params / (model.expert_params / model.moe_layers)) if model.moe else 0
     out = shape.blocks * (attention + norms) + (shape.blocks - moe_blocks) * dense_mlp + moe_blocks * moe_mlp
