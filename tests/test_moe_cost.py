@@ -94,3 +94,46 @@ def test_search_covers_ep_with_cp(moe):
     both = {(lay.cp, lay.ep) for lay in layouts if lay.cp > 1 and lay.ep > 1}
     assert (2, 4) in both and all((lay.shard * lay.cp) % lay.ep == 0 for lay in layouts)
     assert any(lay.ep == 4 and lay.cp == 2 and lay.shard == 2 for lay in layouts)  # ep spans cp ranks beyond dp_shard
+
+
+def test_ep_with_cp_moments_and_fsdp_padding(moe):
+    """dp=4,zero=3,cp=2,ep=4 (measured by tests/test_measure.py): the ring moment is the last block's
+    (a MoE block's tensors outweigh the dense unit's 19,008 weights that the block before prefetches),
+    its gradients the head's, the shards and the last block's dense unit but Q/K/V and the first norm
+    (the experts' unit is reduced already); the backward's start moves past the shared expert's
+    backward (its 6,208 fresh gradients); FSDP2 pads the router (4 rows) and the shared gate (1 row)
+    to multiples of the 8 shards."""
+    from meshwise.cost.context import weights_layout
+    from meshwise.cost.estimate import fsdp_padding
+    train, layout = TrainSpec(8, 64, "fp32"), parse("dp=4,zero=3,cp=2,ep=4", 8)
+    shape = memory.all_rank_shapes(moe, layout)[0]
+    moments = memory.moment_memories(moe, train, layout, shape, 2, 1e12)
+    sharded = moe.params * 4 / 8
+    head = (moe.vocab * moe.hidden + moe.hidden) * 4
+    dense_unit = 12416 + 128 + 4 * 64 + 3 * 64 * 32 + 64
+    assert moments["ring"].grads == pytest.approx(sharded + head + (dense_unit - (12416 - 64 * 64) - 64) * 4)
+    assert moments["backward"].grads == pytest.approx(sharded + head + (3 * 64 * 32 + 64) * 4)
+    last, before, _ = memory._ring_backward(moe, TrainSpec(8, 32, "fp32"), layout, shape)
+    assert moments["ring"].activations == last > before  # the last block's, not the last but one's
+    assert fsdp_padding(moe, weights_layout(layout), shape) == 3 * (4 * 64 + 7 * 64)
+    assert fsdp_padding(moe, weights_layout(parse("dp=4,zero=3,ep=2", 4)), shape) == 3 * 3 * 64
+    tiny = load_model("tiny")
+    assert fsdp_padding(tiny, parse("dp=8,zero=3", 8), memory.all_rank_shapes(tiny, parse("dp=8,zero=3", 8))[0]) == 0
+
+
+def test_a_peak_inside_an_attention_under_cp_is_the_rings():
+    """measure's workers say where the peak fell; under cp an attention's backward is the ring's, and
+    without a ring moment of its own (not ZeRO-3) the backward's start stands in for it."""
+    from types import SimpleNamespace
+    from meshwise.measure._torch_tools import peak_moments
+    from meshwise.measure.compare import nearest_moment
+    inside = SimpleNamespace(peak_in_backward=True, peak_in_module=True, peak_in_attention=True)
+    mlp = SimpleNamespace(peak_in_backward=True, peak_in_module=True, peak_in_attention=False)
+    assert peak_moments(inside, ring=True) == ["ring"] and peak_moments(mlp, ring=True) == ["backward"]
+    assert peak_moments(inside) == peak_moments(mlp) == ["backward", "ring"]
+    tiny, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
+    for text, name in (("cp=2,dp=2,zero=1", "backward"), ("cp=2,dp=2,zero=3", "ring")):
+        layout = parse(text, 4)
+        shape = memory.all_rank_shapes(tiny, layout)[0]
+        got = nearest_moment(tiny, train, layout, shape, 2, 1e12, 0.0, ["ring"])
+        assert got == memory.moment_memories(tiny, train, layout, shape, 2, 1e12)[name]

@@ -37,6 +37,7 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshwise.cost import comm, compute, experts, host, kernels, memory, pipeline
 from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
@@ -163,13 +164,63 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
         return [], []
     dim = "dp" if layout.replicate == 1 else "dp_shard"
     experts = shape.expert_params if layout.ep > 1 else 0.0
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, shape.params - experts, shape.units, layout.shard, dim, layout.tp)
+    dense = shape.params - experts + (fsdp_padding(model, layout, shape) if layout.zero else 0.0)
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp)
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
                            layout.shard // layout.ep, "edp", layout.tp * layout.ep)
     return per_mb + e_mb, per_step + e_step
+
+
+def _padding(rows: float, row_elems: float, n: int) -> float:
+    """Elements FSDP2 adds to one parameter: it chunks dim 0 (``rows``) into ``n`` equal shards,
+    padding it to a multiple of n (torch.distributed.fsdp, FSDPParam)."""
+    return (-(-rows // n) * n - rows) * row_elems
+
+
+def fsdp_padding(model: ModelSpec, layout: Layout, shape: RankShape) -> float:
+    """Elements FSDP2's dim-0 padding adds to the rank's dense parameters over ``layout.shard``
+    ranks (the weights' layout: context.weights_layout), each parameter's first dimension after TP:
+    Q/K/V (heads·d/t, kv/t rows, and their biases), O and the MLP's down projection (h rows),
+    gate/up (f/t rows), norms (h; q/k norms d); in a MoE block (not split by TP) the router (E
+    rows), the shared expert (f_s and h rows) and its gate (1 row); the embedding (V rows, V/t
+    tied), the head (V/t) and the final norm; routed experts without expert parallelism (E rows;
+    under it they are their own units, sharded on their width: runtime/data_parallel.py). MLA
+    attention and learned positions are taken as unpadded."""
+    if layout.shard == 1 or model.states_only:
+        return 0.0
+    return _fsdp_padding(model, layout.shard, layout.tp, layout.ep == 1, shape)
+
+
+@lru_cache(maxsize=65536)
+def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shape: RankShape) -> float:
+    h = model.hidden
+    q, kv = model.heads * model.head_dim, model.kv_dim
+    attention = 0.0
+    if not model.mla:
+        attention = _padding(q / t, h, n) + 2 * _padding(kv / t, h, n) + _padding(h, q / t, n)
+        if model.qkv_bias:
+            attention += _padding(q / t, 1, n) + 2 * _padding(kv / t, 1, n)
+    norm_elems = 2 if model.norm == "layernorm" else 1
+    norms = model.norms_per_layer * _padding(h, norm_elems, n) + (2 * _padding(model.head_dim, 1, n) if model.qk_norm else 0)
+    gated = model.mlp != "gelu"
+    dense_mlp = (1 + gated) * _padding(model.ffn_hidden / t, h, n) + _padding(h, model.ffn_hidden / t, n)
+    moe_mlp = _padding(model.experts, h, n)
+    if model.shared_ffn_hidden:
+        moe_mlp += (1 + gated) * _padding(model.shared_ffn_hidden, h, n) + _padding(h, model.shared_ffn_hidden, n)
+    if model.shared_expert_gate:
+        moe_mlp += _padding(1, h, n)
+    if model.moe and experts_in_block:  # the experts are in the block's unit, sharded on dim 0 (E) like the rest
+        moe_mlp += (2 + gated) * _padding(model.experts, model.expert_ffn_hidden * h, n)
+    moe_blocks = round(shape.expert_params / (model.expert_params / model.moe_layers)) if model.moe else 0
+    out = shape.blocks * (attention + norms) + (shape.blocks - moe_blocks) * dense_mlp + moe_blocks * moe_mlp
+    if shape.has_embedding:
+        out += _padding(model.vocab / t if model.tied_embeddings and t > 1 else model.vocab, h / (1 if model.tied_embeddings else t), n)
+    if shape.has_head:
+        out += _padding(h, norm_elems, n) + (_padding(model.vocab / t, h, n) if not (model.tied_embeddings and shape.has_embedding) else 0.0)
+    return out
 
 
 def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,

@@ -325,15 +325,17 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     return forward, backward, loss, backward - base / held, embed, backward - kept
 
 
-def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
-    """Inside the ring attention's backward of the chunk's last block but one (cp > 1, no checkpointing,
-    ``train`` the rank's s/cp setting; traced with meshwise verify): (activations, backward temporaries).
+def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
+                   ) -> tuple[float, float, float]:
+    """Inside a ring attention's backward (cp > 1, no checkpointing, ``train`` the rank's s/cp
+    setting; traced with meshwise verify, measured with meshwise measure): (activations inside the
+    chunk's last block's, inside the last block but one's, backward temporaries).
     Activations: every block below it whole, its own attention part (its MLP's are freed), the
     token ids; temporaries: the ring's K/V and dK/dV buffers (context.ring_bytes) and four float32
     score-sized blocks (``a/t * mbs * T * T`` each, T = s/cp: probabilities, their gradient and
     the two products that make it)."""
     if layout.cp == 1 or layout.ac != "none" or shape.blocks < 2 or model.states_only:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     shapes = act.Shapes.of(model)
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     full = act.block_bytes(shapes, seq, mbs, e, t, sp, "none")
@@ -344,26 +346,48 @@ def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
     attention = full - act.mlp_bytes(shapes, seq, mbs, e, t, sp)
     ids = seq * mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     scores = 4 * model.heads / t * mbs * seq * seq * 4
-    return (shape.blocks - 2) * kept + attention + ids, ring_bytes(model, train, layout) + scores
+    return ((shape.blocks - 1) * kept + attention + ids, (shape.blocks - 2) * kept + attention + ids,
+            ring_bytes(model, train, layout) + scores)
 
 
+def _last_block(model: ModelSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
+    """(parameters of the chunk's last block this rank holds gathered, of those its FSDP unit
+    reduces when the block's backward ends) under ZeRO-3: under expert parallelism its routed
+    experts are their own unit over the ranks left (1/ep of them gathered here), reduced when the
+    experts' backward ends (runtime/data_parallel.py). The last block stands in for the one before
+    it (a MoE model's dense layers come first)."""
+    block = shape.last_blocks / len(shape.chunk_blocks) if shape.last_blocks else shape.block_params
+    experts = shape.last_blocks_experts / len(shape.chunk_blocks)
+    if layout.ep == 1 or model.states_only:
+        return block, block
+    return block - experts * (1 - 1 / layout.ep), block - experts
 
 
+def _shared_expert(model: ModelSpec, shape: RankShape) -> float:
+    """Parameters of the chunk's last block's shared expert and its gate, where that block is a
+    MoE block (not split by TP, runtime/moe.py): computed last in the block's forward, the shared
+    expert is the first its backward differentiates."""
+    if not (model.moe and model.shared_ffn_hidden and shape.last_blocks_experts) or model.states_only:
+        return 0.0
+    return model._mlp(model.shared_ffn_hidden) + (model.hidden if model.shared_expert_gate else 0)
 
 
 def _block_grads_after_mlp(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
     """A block's unsharded gradients once its attention's output projection is differentiated:
-    all but the Q/K/V projections and the first norm (FSDP2's reduce dtype)."""
+    all of its FSDP unit's but the Q/K/V projections and the first norm (FSDP2's reduce dtype);
+    under expert parallelism its experts' unit has been reduced already (:func:`_last_block`)."""
     if model.states_only:
         return 0.0
     attention_in = (model.attention_params - model.heads * model.head_dim * model.hidden) / layout.tp + model.hidden
-    return (shape.block_params - attention_in) * (reduce_bytes(train) if layout.dp > 1 else train.grad_bytes)
+    return (_last_block(model, layout, shape)[1] - attention_in) * (reduce_bytes(train) if layout.dp > 1 else train.grad_bytes)
 
 
 def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """ZeRO-2/3's reduce-scatter input: one block's gradients, unsharded."""
+    """ZeRO-2/3's reduce-scatter input: one block's gradients, unsharded; of its routed experts the
+    rank's 1/ep share (under expert parallelism the rank computes gradients for those alone)."""
     if layout.zero >= 2 and layout.shard > 1 and layout.dp > 1:
-        return shape.block_params * reduce_bytes(train)
+        block = shape.block_params - (shape.expert_params / shape.blocks * (1 - 1 / layout.ep) if shape.blocks else 0.0)
+        return block * reduce_bytes(train)
     return 0.0
 
 
@@ -376,16 +400,19 @@ def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape:
 
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
-                  ) -> tuple[float, float, float, float, float, float, tuple[float, float], float, float]:
+                  ) -> tuple[float, float, float, float, float, float, tuple[float, float], float, float, float,
+                             float]:
     """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
     gradients after a backward, the first gradient of a backward, fixed buffers, strided copies,
     the embedding's accumulated gradient less its fresh one, a block's gradients once its MLP is
-    differentiated)."""
+    differentiated, the last block gathered (ZeRO-3's prefetch of the one before it), the last
+    block's shared expert's gradients)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
             _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
             _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
-            _block_grads_after_mlp(model, train, layout, shape))
+            _block_grads_after_mlp(model, train, layout, shape),
+            _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes)
 
 
 def _embedding_grad_gap(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -408,13 +435,18 @@ def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple
 
 
 def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                     ) -> tuple[float, float, float, float, float, float]:
+                     ) -> tuple[float, ...]:
     """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
     of a forward, at the start of a backward, in the loss's backward, at the start of a second
     backward, in the embedding's backward, late in a block's backward; pipeline buffers;
-    activations and temporaries inside a ring attention's backward)."""
+    activations inside the ring attention's backward of the last block and of the last but one,
+    and its temporaries; what the last block's shared expert keeps for its backward)."""
+    shared = 0.0
+    if _shared_expert(model, shape):  # act.moe_mlp_bytes: its four SwiGLU tensors and its gated output
+        shared = train.seq_len * layout.mbs * train.activation_bytes * \
+            (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
     return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape),
-            *_ring_backward(model, train, layout, shape))
+            *_ring_backward(model, train, layout, shape), shared)
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
@@ -430,8 +462,9 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
     the end of the step), and under TP on the embedding's chunk its embedding's backward (else
     the backward)."""
-    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads = static
-    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring, ring_temps = per_mb
+    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads, last_block, shared_grads = static
+    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring_last, act_ring, ring_temps, \
+        shared_kept = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
@@ -464,6 +497,12 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
             late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
         late_other = other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
         late = (w_bwd, late_grads, o, act_late, late_other)
+    if shared_grads and shape.has_head:
+        # the last block is a MoE block with a shared expert, added last in its forward: its backward
+        # differentiates the shared expert first, whose fresh gradients then exist beside the
+        # head's, its own tensors freed (measured: tiny-moe dp=4,zero=3,cp=2,ep=4 peaks there)
+        fresh = shared_grads if (grads == 0 or fresh_unsharded) else 0.0
+        backward = max(backward, (backward[0], backward[1] + fresh, o, act_bwd - shared_kept, other), key=sum)
     if warm_up_only and m > 1:
         second = (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, act_second, other)
         backward = max(backward, second, key=sum)
@@ -475,12 +514,16 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         embed = (w_bwd, embed_grads, o, act_embed, other)
     ring = (w_fwd, all_grads, o, ids, other)  # without a ring attention: the end of the step stands in
     if act_ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1:
-        # inside the ring attention's backward of the last block but one (meshwise verify: under
-        # cp with ZeRO-3 the peak falls there): the head's unsharded gradient (the root reduces at the
-        # end of the backward) and the block's own beside the shards; the previous block's
-        # reduce-scatter input and the next block's prefetched gather (FSDP2) among the temporaries
-        ring = (w_bwd, grads + first + block_grads, o, act_ring,
-                other + shape.block_params * train.weight_bytes + ring_temps)
+        # inside a ring attention's backward, of the last block or the last block but one, whichever
+        # holds more (meshwise verify: under cp with ZeRO-3 the peak falls in the last but one; meshwise
+        # measure, tiny-moe dp=4,zero=3,cp=2,ep=4: in the last, where a MoE block's tensors
+        # outweigh its weights): the head's unsharded gradient (the root reduces at the end of the
+        # backward) and the block's own beside the shards; the block before it gathered ahead
+        # (FSDP2's prefetch) among the temporaries, and in the last block but one also the last
+        # block's reduce-scatter input
+        grads_in = grads + first + block_grads
+        ring = max((w_bwd, grads_in, o, act_ring_last, other - fixed_other + last_block + ring_temps),
+                   (w_bwd, grads_in, o, act_ring, other + last_block + ring_temps), key=sum)
     return (
         (w_fwd, grads, o, act_fwd, other),
         backward,

@@ -48,14 +48,20 @@ class StepMemTracker(MemTracker):
         self._mod_tracker = _LeafSafeModTracker()
         self.peak_in_module = False  # whether the peak fell inside a module (else between them)
         self.peak_in_backward = False
+        self.peak_in_attention = False  # whether it fell inside an attention module (a ring's, under cp)
 
     def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
         """MemTracker's, noting where a new peak fell (peak_moments)."""
         before = dict(self._peak_mem)
         super()._update_peak_stats(peak_state)
         if self._peak_mem != before:
-            self.peak_in_backward = bool(self._mod_tracker.is_bw)
-            self.peak_in_module = bool(set(self._mod_tracker.parents) - {"Global"})
+            self._note_peak()
+
+    def _note_peak(self) -> None:
+        parents = set(self._mod_tracker.parents) - {"Global"}
+        self.peak_in_backward = bool(self._mod_tracker.is_bw)
+        self.peak_in_module = bool(parents)
+        self.peak_in_attention = any(name.rpartition(".")[2] == "attention" for name in parents)
 
     def _pre_fw_hook(self, module, inputs) -> None:  # type: ignore[override]
         if module in self.memory_tracking and not self._mod_tracker.is_bw:
@@ -98,8 +104,7 @@ class RoleMemTracker(StepMemTracker):
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)
                 self.peak_by_role = self._split_by_role()
-                self.peak_in_backward = bool(self._mod_tracker.is_bw)
-                self.peak_in_module = bool(set(self._mod_tracker.parents) - {"Global"})
+                self._note_peak()
 
     def _split_by_role(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -132,14 +137,20 @@ def tracker_for(modules: list, optimizer: Any,
     return tracker
 
 
-def peak_moments(tracker) -> list[str]:
+def peak_moments(tracker, ring: bool = False) -> list[str]:
     """The cost model's moments (cost/memory.MOMENTS) the tracked peak can be: in a forward, the
     end of one; in a module's backward, the start of one or (under cp) inside a ring attention's;
-    elsewhere in a backward any (the loss's backward, the end of the step, or a pipeline stage's
-    backward, whose module nesting the tracker does not follow: _LeafSafeModTracker)."""
+    with ``ring`` (the run's attention is a cp ring), inside an attention module's backward the
+    ring's, in another module's the start of one; elsewhere in a backward any (the loss's backward,
+    the end of the step, or a pipeline stage's backward, whose module nesting the tracker does not
+    follow: _LeafSafeModTracker)."""
     if not tracker.peak_in_backward:
         return ["forward"]
-    return ["backward", "ring"] if tracker.peak_in_module else []
+    if not tracker.peak_in_module:
+        return []
+    if ring:
+        return ["ring"] if tracker.peak_in_attention else ["backward"]
+    return ["backward", "ring"]
 
 
 def peak_by_category(tracker) -> dict[str, int]:

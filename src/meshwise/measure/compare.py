@@ -76,6 +76,8 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     elif names and "backward" in names:  # inside a module's backward: its start, late in a block, the embedding's
         moments["backward"] = max(moments["backward"], moments.pop("block"), moments.pop("embed", moments["backward"]),
                                   key=lambda mm: mm.total)
+    if names and "ring" in names and "ring" not in moments:  # no ring moment of its own: the backward stands in
+        names = [n for n in names if n != "ring"] + ["backward"]
     if names and any(n in moments for n in names):
         return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
     peak = max(moments.values(), key=lambda mm: mm.total)

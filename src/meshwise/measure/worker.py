@@ -114,7 +114,8 @@ def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = ME
             # under PP the tracker does not follow a stage's backward (its inputs are leaves it
             # does not hook: _torch_tools._LeafSafeModTracker), so where the peak fell is not known
             # (measured: the 8-rank interleaved layout's first stage read as "forward", params -57%)
-            memory, moments = peak, (peak_moments(tracker) or None) if model.layout.pp == 1 else None
+            memory, moments = peak, (peak_moments(tracker, model.layout.cp > 1) or None) if model.layout.pp == 1 \
+                else None
     return memory, trace, ep_group, moments
 
 
