@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import torch.nn.functional as F
 
 from meshwise.layout import MESH_DIMS, Layout
+from meshwise.measure import fake_cuda
 from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
 from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.measure.worker import canonical_dim
@@ -49,17 +50,32 @@ def _warm_optimizer(pm) -> None:
     pm.optimizer.zero_grad(set_to_none=True)
 
 
+def trace_device(precision_of: str) -> str:
+    """The device a trace's tensors are on: fake ``cuda`` for a GPU target where this process has
+    the fake CUDA device (:mod:`meshwise.measure.fake_cuda`, loaded by ``_trace_preload``), else cpu."""
+    return "cuda" if precision_of == "cuda" and fake_cuda.active() else "cpu"
+
+
 def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
-               precision_of: str) -> dict:
+               precision_of: str, device: str | None = None) -> dict:
     """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
-    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` (what the step's
-    matrix multiplies computed in) and ``step_returns`` (the types ``step`` returned)."""
+    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` and
+    ``activation_devices`` (what the step's matrix multiplies computed in and on) and
+    ``step_returns`` (the types ``step`` returned). ``device``: the tensors' device type (default:
+    :func:`trace_device`); ``cuda`` without the fake CUDA device in this process traces on cpu, and
+    ``device_note`` says so."""
     world = layout.world_size
+    note = None
+    if device == "cuda" and not fake_cuda.active():
+        device, note = "cpu", ("the fake CUDA device is not loaded in this trace process (loaded before torch only); "
+                               "traced on the cpu device with the GPU's precision policy")
+    device = device or trace_device(precision_of)
     _torch_private.fake_process_group(rank, world)
     try:
-        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup():
+        gpu = fake_cuda.python_cuda() if device == "cuda" else nullcontext()
+        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup(), gpu:
             shape = layout.mesh_shape
-            mesh = init_device_mesh("cpu", tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+            mesh = init_device_mesh(device, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
             fake = _torch_private.fake_tensor_mode()
             pm = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0, tensor_mode=fake,
                              precision_of=precision_of)
@@ -67,10 +83,10 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 _warm_optimizer(pm)
-                tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm))
-                dtypes = _ActivationDtypes()
+                tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm), device)
+                seen = _ActivationDtypes()
                 kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
-                with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
+                with CollectiveTrace(mesh) as trace, tracker, seen, kernels:
                     loss, grad_norm = pm.step(x, y)
         comm: dict[tuple[str, str], list[int]] = {}
         for key, calls in trace.calls.items():
@@ -84,7 +100,9 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                      for (k, d), (c, b) in sorted(comm.items())],
             "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
-            "activation_dtypes": sorted(dtypes.seen), "step_returns": [type(loss).__name__, type(grad_norm).__name__],
+            "activation_dtypes": sorted(seen.dtypes), "activation_devices": sorted(seen.devices),
+            "step_returns": [type(loss).__name__, type(grad_norm).__name__],
+            **({"device_note": note} if note else {}),
         }
     finally:
         dist.destroy_process_group()
@@ -107,16 +125,19 @@ def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
 
 
 class _ActivationDtypes(_torch_private.TorchDispatchMode):
-    """The dtypes of the matrix multiplies' outputs in the step: what the precision policy computes in."""
+    """The dtypes and devices of the matrix multiplies' outputs in the step: what the precision
+    policy computes in, and where."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: set[str] = set()
+        self.dtypes: set[str] = set()
+        self.devices: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and isinstance(out, torch.Tensor):
-            self.seen.add(str(out.dtype).removeprefix("torch."))
+            self.dtypes.add(str(out.dtype).removeprefix("torch."))
+            self.devices.add(str(out.device))
         return out
 
 

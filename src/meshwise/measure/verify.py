@@ -149,15 +149,37 @@ def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, s
     """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
-    imported torch and meshwise once (``forkserver``), so a trace does not pay for the imports."""
+    loaded the fake CUDA device and imported torch and meshwise once (``forkserver``, preloading
+    ``_trace_preload``), so a trace does not pay for the imports. A GPU profile is traced on fake
+    ``cuda`` tensors; where the fake device cannot be built (no C++ compiler), on the cpu device with
+    the GPU's precision policy, and the record says why (``device_note``)."""
     import multiprocessing
 
     from meshwise.measure import trace
 
+    device, note = fake_device(kind)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([trace.__name__])
+    context.set_forkserver_preload(["meshwise.measure._trace_preload"])  # by name: never loaded here
     with context.Pool(1) as pool:
-        return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
+        record = pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind, device))
+    if note:
+        record.setdefault("device_note", note)
+    return record
+
+
+def fake_device(kind: str) -> tuple[str, str | None]:
+    """(the device type the trace's tensors are on, why it is not the target's, or None): cuda for
+    a GPU profile once the fake CUDA device is built (measure/fake_cuda.py; a few seconds, once per
+    machine), else cpu."""
+    if kind != "cuda":
+        return "cpu", None
+    from meshwise.measure import fake_cuda
+
+    try:
+        fake_cuda.build()
+    except MeshwiseError as e:
+        return "cpu", f"{e}; traced on the cpu device with the GPU's precision policy"
+    return "cuda", None
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
