@@ -150,3 +150,11 @@ def test_checkpointed_blocks_trace_under_the_gpu_policy(ac: str) -> None:
     layout = parse(f"dp=2,zero=2,tp=2,ac={ac}", 4)
     record = v.trace_rank(load_model("tiny"), layout, 0, 8, 64, "cuda")
     assert record["activation_dtypes"] == ["bfloat16"] and record["memory"]["Activation"] > 0
+
+
+def test_without_a_compiler_a_gpu_profile_is_traced_on_the_cpu_device(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no library built yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    device, note = v.fake_device("cuda")
+    assert device == "cpu" and "C++ compiler" in note and "cpu device" in note
+    assert v.fake_device("cpu") == ("cpu", None)

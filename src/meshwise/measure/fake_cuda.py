@@ -11,7 +11,9 @@ with the machine's C++ compiler (g++) against the installed torch and kept in th
 Containment. The library must be loaded before torch is imported (``getCUDAHooks()`` keeps the
 hooks it first finds, and importing torch asks for them), and its registrations last for the
 process. It is loaded only by verify's forkserver (``_trace_preload``), whose children are the
-trace processes; the process that runs verify, and anything that trains, never loads it.
+trace processes; the process that runs verify, and anything that trains, never loads it. Inside
+a trace, :func:`python_cuda` stands in for ``torch.cuda``'s Python side (streams, events, device,
+RNG state) and registers CUDA kernels for the few ops that would otherwise decompose on cuda.
 """
 
 from __future__ import annotations

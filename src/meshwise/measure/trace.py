@@ -11,15 +11,19 @@ under the fake group, its receives returning empty buffers of the right shapes),
 the optimizer step. The optimizer's states are created before the traced step (as the warm-up
 step of ``meshwise measure`` creates them), so the step is a steady-state one.
 
-Tensors live on the CPU device: torch 2.13's CPU build cannot run autograd on fake ``cuda``
-tensors (the engine asks for a CUDA stream), so the GPU's policy is applied on CPU tensors
-(``parallelize(precision_of="cuda")``). One kernel saves different tensors on the two builds:
-RMSNorm, whose CPU path (a composite) keeps float32 copies of its input for backward while the
-CUDA build's fused kernel (``_fused_rms_norm``) keeps the input as it is and the float32 inverse
-RMS. For a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
-(:class:`_CudaRmsNorm`); attention is the flash kernel's counterpart on both (output and
-log-sum-exp). ``MemTracker`` attributes the storages to categories at
-the step's peak, and :class:`CollectiveTrace` counts every collective, as ``measure`` does.
+For a GPU target the tensors are fake ``cuda`` tensors: the trace process has loaded the fake
+CUDA device (:mod:`meshwise.measure.fake_cuda`, before torch) and ``torch.cuda``'s streams, events
+and RNG state are its stand-ins while the trace runs; where the device is missing (no C++
+compiler) the GPU's policy is applied on CPU tensors and the record says so (``device_note``).
+Two kernels would otherwise differ from a GPU's: attention (on fake cuda the runtime calls the
+flash kernel itself, :func:`meshwise.runtime.model.causal_attention`: output and log-sum-exp, as
+the CPU's flash kernel keeps) and RMSNorm, whose CPU path (a composite) keeps float32 copies of its
+input for backward while the CUDA build's fused kernel keeps the input as it is and the float32
+inverse RMS: for a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
+(:class:`_CudaRmsNorm`). ``MemTracker`` attributes the storages to categories at the step's peak
+(on the traced device type only: the host's token ids and step counts are not a GPU's memory; on
+cuda it rounds each storage up to 512 B as CUDA's allocator does), and :class:`CollectiveTrace`
+counts every collective, as ``measure`` does.
 """
 
 from __future__ import annotations

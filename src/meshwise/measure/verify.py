@@ -226,8 +226,9 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
     rows, records = verify(model, cluster, train, layout, ranks, depth)
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
-                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device",
-                                                        "activation_dtypes")} for r in records]}))
+                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device", "activation_dtypes",
+                                                        "activation_devices", "device_note") if k in r}
+                                     for r in records]}))
         return 0
     from meshwise.measure.command import print_rows
 
@@ -236,7 +237,9 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
                      f"predicted with --gpu {gpu}")
     for r in records:
         print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
-              f"matmuls computed in {', '.join(r['activation_dtypes'])}")
+              f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}")
+    for note in sorted({r["device_note"] for r in records if "device_note" in r}):
+        print(f"note: {note}")
     return 0
 
 
