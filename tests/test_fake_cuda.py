@@ -1,6 +1,6 @@
 """The fake CUDA device for torch's CPU build (meshwise.measure.fake_cuda): with it loaded before
 torch, a backward runs on FakeTensorMode ``cuda`` tensors, which the CPU build alone aborts on.
-Not yet used by ``meshwise verify`` (docs/fidelity.md says what is left)."""
+``meshwise verify`` traces GPU profiles with it (tests/test_verify.py::test_the_gpu_precision_path_ran)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ with FakeTensorMode():
     y = (x.to(torch.bfloat16) @ w.to(torch.bfloat16)).float().square().sum()
     y.backward()
     print(w.grad.device, w.grad.dtype, tuple(w.grad.shape))
+# leave as verify's trace processes do (os._exit: no C++ static destructors): at interpreter exit the
+# autograd engine's thread for the fake device sometimes aborts ("terminate called without an active
+# exception"), after the work is done
+import os, sys
+sys.stdout.flush()
+os._exit(0)
 """
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from meshwise.errors import MeshwiseError
 from meshwise.layout import parse
+from meshwise.measure import fake_cuda
 from meshwise.measure import verify as v
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
@@ -73,6 +74,14 @@ def test_70b_collectives_are_exact_and_memory_close(text: str, batch: int, ranks
 def test_the_gpu_precision_path_ran(traced_70b) -> None:
     rows, records = traced_70b(*LAYOUTS_70B[0])
     record = records[0]
+    # the step ran on fake cuda tensors (measure/fake_cuda.py), or where no C++ compiler can build
+    # the fake device, on the cpu device with a note saying so
+    if fake_cuda.compiler() is None:
+        assert record["activation_devices"] == ["cpu"] and "C++ compiler" in record["device_note"]
+    else:
+        assert "device_note" not in record, record.get("device_note")
+        assert record["activation_devices"] == ["cuda:0"]
+        assert record["device"] == record["param_device"] == "cuda:0"
     # bf16 parameters for compute, float32 reductions: the matmuls ran in bf16 (FSDP2's policy for cuda)
     assert record["activation_dtypes"] == ["bfloat16"]
     assert record["step_returns"] == ["FakeTensor", "FakeTensor"]  # step returned tensors, nothing synced
@@ -141,3 +150,11 @@ def test_checkpointed_blocks_trace_under_the_gpu_policy(ac: str) -> None:
     layout = parse(f"dp=2,zero=2,tp=2,ac={ac}", 4)
     record = v.trace_rank(load_model("tiny"), layout, 0, 8, 64, "cuda")
     assert record["activation_dtypes"] == ["bfloat16"] and record["memory"]["Activation"] > 0
+
+
+def test_without_a_compiler_a_gpu_profile_is_traced_on_the_cpu_device(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no library built yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    device, note = v.fake_device("cuda")
+    assert device == "cpu" and "C++ compiler" in note and "cpu device" in note
+    assert v.fake_device("cpu") == ("cpu", None)

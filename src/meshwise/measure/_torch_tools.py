@@ -85,30 +85,41 @@ class RoleMemTracker(StepMemTracker):
     category to their role's, the first role naming a storage winning. What no holder reaches was
     made by the forward or the backward and is held by autograd or the step (saved activations,
     their gradients, the loss's float32 tensors): MemTracker's Activation and Temp, both reported as
-    Activation. Only the global peak is kept (no per-module peaks)."""
+    Activation. Only the global peak is kept (no per-module peaks): the largest sum over the devices
+    of ``device_type`` (all devices when None; on a GPU rank the host's tensors, such as the
+    optimizer's step counts, are not the device's memory), where MemTracker keeps a peak per device,
+    each at its own moment."""
 
-    def __init__(self, held: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+    def __init__(self, held: Callable[[], Iterable[tuple[str, torch.Tensor]]], device_type: str | None = None) -> None:
         super().__init__()
         self._held = held
+        self._device_type = device_type
+        self._peak_total = 0
         self.peak_by_role: dict[str, int] = {}
 
     def __enter__(self) -> "RoleMemTracker":
         super().__enter__()
         if self._depth == 1:
-            self.peak_by_role = self._split_by_role()
+            self.peak_by_role = self._split_by_role(self._counted())
         return self
 
-    def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
-                self._peak_mem[dev] = snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = dict(snap)
-                self.peak_by_role = self._split_by_role()
-                self._note_peak()
+    def _counted(self) -> dict:
+        return {dev: snap for dev, snap in self._curr_mem_snap.items()
+                if self._device_type is None or dev.type == self._device_type}
 
-    def _split_by_role(self) -> dict[str, int]:
+    def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
+        counted = self._counted()
+        total = sum(snap[_TOTAL_KEY] for snap in counted.values())
+        if total > self._peak_total:
+            self._peak_total = total
+            self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in counted.items()}
+            self._peak_mem_snap = {dev: dict(snap) for dev, snap in counted.items()}
+            self.peak_by_role = self._split_by_role(counted)
+            self._note_peak()
+
+    def _split_by_role(self, counted: dict) -> dict[str, int]:
         out: dict[str, int] = {}
-        for snap in self._curr_mem_snap.values():
+        for snap in counted.values():
             for key, value in snap.items():
                 name = getattr(key, "value", str(key))
                 if name != _TOTAL_KEY:
@@ -117,7 +128,7 @@ class RoleMemTracker(StepMemTracker):
         for role, tensor in self._held():
             for st in get_untyped_storages(tensor):
                 entry = self._WINFO.get(st)
-                if entry is None or id(st) in seen:
+                if entry is None or id(st) in seen or entry[0].device not in counted:
                     continue
                 seen.add(id(st))
                 winfo = entry[0]
@@ -129,10 +140,12 @@ class RoleMemTracker(StepMemTracker):
 
 
 def tracker_for(modules: list, optimizer: Any,
-                held: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None) -> MemTracker:
+                held: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None,
+                device_type: str | None = None) -> MemTracker:
     """A tracker over the modules (their parameters and buffers) and the optimizer's states; with
-    ``held``, a RoleMemTracker that also splits its peak by what the storages are."""
-    tracker = RoleMemTracker(held) if held else StepMemTracker()
+    ``held``, a RoleMemTracker that also splits its peak by what the storages are (on the devices
+    of ``device_type``)."""
+    tracker = RoleMemTracker(held, device_type) if held else StepMemTracker()
     tracker.track_external(*modules, optimizer)
     return tracker
 

@@ -11,7 +11,9 @@ with the machine's C++ compiler (g++) against the installed torch and kept in th
 Containment. The library must be loaded before torch is imported (``getCUDAHooks()`` keeps the
 hooks it first finds, and importing torch asks for them), and its registrations last for the
 process. It is loaded only by verify's forkserver (``_trace_preload``), whose children are the
-trace processes; the process that runs verify, and anything that trains, never loads it.
+trace processes; the process that runs verify, and anything that trains, never loads it. Inside
+a trace, :func:`python_cuda` stands in for ``torch.cuda``'s Python side (streams, events, device,
+RNG state) and registers CUDA kernels for the few ops that would otherwise decompose on cuda.
 """
 
 from __future__ import annotations
@@ -99,12 +101,91 @@ def active() -> bool:
     return accelerator is not None and accelerator.type == "cuda"
 
 
+class _Event:
+    """A CUDA event on a device with no work in flight: recorded at once, always complete."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def elapsed_time(self, end) -> float:
+        return 0.0
+
+
+class _Stream:
+    """A CUDA stream on a device with no work in flight. ``record_event`` returns an event, as
+    torch.cuda.Stream's does (torch.cpu.Stream's returns None, and FSDP2 on a non-CPU device requires
+    the event of its all-reduce: "Expected all_reduce_event to be set for non-CPU device")."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+@contextmanager
+def _use_stream(stream) -> Iterator[None]:
+    yield
+
+
 # torch.cuda's Python functions the traced step calls (FSDP2's device handle: its streams, events and
-# the current device; the pipeline schedules' fork_rng: the RNG state), answered as on a device with
-# no work in flight: streams and events are torch.cpu's no-op ones (what FSDP2 uses on CPU), the
-# current device is 0, one device exists, and its RNG state is empty (fake tensors draw nothing).
-_PYTHON_CUDA = ("Stream", "Event", "current_stream", "stream", "synchronize", "current_device", "device_count",
-                "set_device", "get_rng_state", "set_rng_state")
+# the current device; the pipeline schedules' and checkpointing's fork_rng: the RNG state), answered
+# as on a device with no work in flight: one default stream, events complete at once, the current
+# device is 0, one device exists, and its RNG state is empty (fake tensors draw nothing).
+_PYTHON_CUDA = ("Stream", "Event", "current_stream", "default_stream", "stream", "synchronize", "current_device",
+                "device_count", "set_device", "get_rng_state", "set_rng_state")
+
+
+_KERNELS: list = []  # the torch.library.Library holding the CUDA registrations (kept alive)
+
+
+def _no_kernel(*args, **kwargs):
+    raise RuntimeError("meshwise fake CUDA device: no kernels (only fake tensors run on it)")
+
+
+def _register_cuda_kernels() -> None:
+    """A CUDA kernel (never run: fake tensors stop at the Python key above it) for each aten op with
+    a CPU kernel, no CUDA one and a CompositeImplicitAutograd decomposition (torch 2.13:
+    ``silu_backward``, ``mish_backward``, ``native_channel_shuffle``). Without a backend kernel the
+    dispatcher runs the decomposition for cuda tensors: SiLU's backward as sigmoid, 1 - sigmoid and
+    four more full-size temporaries, where a GPU runs one kernel (as the CPU does)."""
+    if _KERNELS:
+        return
+    import torch
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    lib = torch.library.Library("aten", "IMPL")
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::") and has(name, "CompositeImplicitAutograd") and has(name, "CPU") \
+                and not has(name, "CUDA"):
+            lib.impl(name.removeprefix("aten::"), _no_kernel, "CUDA")
+    _KERNELS.append(lib)
 
 
 @contextmanager
@@ -113,10 +194,12 @@ def python_cuda() -> Iterator[None]:
     the CPU build's own raise "Torch not compiled with CUDA enabled". ``is_available()`` stays False."""
     import torch
 
+    _register_cuda_kernels()
     saved = {name: getattr(torch.cuda, name) for name in _PYTHON_CUDA}
-    fake = {name: getattr(torch.cpu, name) for name in ("Stream", "Event", "current_stream", "stream", "synchronize")}
-    fake.update(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda device: None,
-                get_rng_state=lambda device="cuda": torch.empty(0, dtype=torch.uint8),
+    fake = dict(Stream=_Stream, Event=_Event, current_stream=lambda device=None: _DEFAULT_STREAM,
+                default_stream=lambda device=None: _DEFAULT_STREAM, stream=_use_stream,
+                synchronize=lambda device=None: None, current_device=lambda: 0, device_count=lambda: 1,
+                set_device=lambda device: None, get_rng_state=lambda device="cuda": torch.empty(0, dtype=torch.uint8),
                 set_rng_state=lambda state, device="cuda": None)
     for name, value in fake.items():
         setattr(torch.cuda, name, value)

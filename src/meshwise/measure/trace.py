@@ -11,15 +11,19 @@ under the fake group, its receives returning empty buffers of the right shapes),
 the optimizer step. The optimizer's states are created before the traced step (as the warm-up
 step of ``meshwise measure`` creates them), so the step is a steady-state one.
 
-Tensors live on the CPU device: torch 2.13's CPU build cannot run autograd on fake ``cuda``
-tensors (the engine asks for a CUDA stream), so the GPU's policy is applied on CPU tensors
-(``parallelize(precision_of="cuda")``). One kernel saves different tensors on the two builds:
-RMSNorm, whose CPU path (a composite) keeps float32 copies of its input for backward while the
-CUDA build's fused kernel (``_fused_rms_norm``) keeps the input as it is and the float32 inverse
-RMS. For a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
-(:class:`_CudaRmsNorm`); attention is the flash kernel's counterpart on both (output and
-log-sum-exp). ``MemTracker`` attributes the storages to categories at
-the step's peak, and :class:`CollectiveTrace` counts every collective, as ``measure`` does.
+For a GPU target the tensors are fake ``cuda`` tensors: the trace process has loaded the fake
+CUDA device (:mod:`meshwise.measure.fake_cuda`, before torch) and ``torch.cuda``'s streams, events
+and RNG state are its stand-ins while the trace runs; where the device is missing (no C++
+compiler) the GPU's policy is applied on CPU tensors and the record says so (``device_note``).
+Two kernels would otherwise differ from a GPU's: attention (on fake cuda the runtime calls the
+flash kernel itself, :func:`meshwise.runtime.model.causal_attention`: output and log-sum-exp, as
+the CPU's flash kernel keeps) and RMSNorm, whose CPU path (a composite) keeps float32 copies of its
+input for backward while the CUDA build's fused kernel keeps the input as it is and the float32
+inverse RMS: for a GPU target the trace stands in a function that keeps what the CUDA kernel keeps
+(:class:`_CudaRmsNorm`). ``MemTracker`` attributes the storages to categories at the step's peak
+(on the traced device type only: the host's token ids and step counts are not a GPU's memory; on
+cuda it rounds each storage up to 512 B as CUDA's allocator does), and :class:`CollectiveTrace`
+counts every collective, as ``measure`` does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import torch.nn.functional as F
 
 from meshwise.layout import MESH_DIMS, Layout
+from meshwise.measure import fake_cuda
 from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
 from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.measure.worker import canonical_dim
@@ -49,17 +54,32 @@ def _warm_optimizer(pm) -> None:
     pm.optimizer.zero_grad(set_to_none=True)
 
 
+def trace_device(precision_of: str) -> str:
+    """The device a trace's tensors are on: fake ``cuda`` for a GPU target where this process has
+    the fake CUDA device (:mod:`meshwise.measure.fake_cuda`, loaded by ``_trace_preload``), else cpu."""
+    return "cuda" if precision_of == "cuda" and fake_cuda.active() else "cpu"
+
+
 def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
-               precision_of: str) -> dict:
+               precision_of: str, device: str | None = None) -> dict:
     """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
-    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` (what the step's
-    matrix multiplies computed in) and ``step_returns`` (the types ``step`` returned)."""
+    plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` and
+    ``activation_devices`` (what the step's matrix multiplies computed in and on) and
+    ``step_returns`` (the types ``step`` returned). ``device``: the tensors' device type (default:
+    :func:`trace_device`); ``cuda`` without the fake CUDA device in this process traces on cpu, and
+    ``device_note`` says so."""
     world = layout.world_size
+    note = None
+    if device == "cuda" and not fake_cuda.active():
+        device, note = "cpu", ("the fake CUDA device is not loaded in this trace process (loaded before torch only); "
+                               "traced on the cpu device with the GPU's precision policy")
+    device = device or trace_device(precision_of)
     _torch_private.fake_process_group(rank, world)
     try:
-        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup():
+        gpu = fake_cuda.python_cuda() if device == "cuda" else nullcontext()
+        with _torch_private.meshes_outside_fake(), _torch_private.static_pipeline_warmup(), gpu:
             shape = layout.mesh_shape
-            mesh = init_device_mesh("cpu", tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+            mesh = init_device_mesh(device, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
             fake = _torch_private.fake_tensor_mode()
             pm = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0, tensor_mode=fake,
                              precision_of=precision_of)
@@ -67,10 +87,10 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 _warm_optimizer(pm)
-                tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm))
-                dtypes = _ActivationDtypes()
+                tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm), device)
+                seen = _ActivationDtypes()
                 kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
-                with CollectiveTrace(mesh) as trace, tracker, dtypes, kernels:
+                with CollectiveTrace(mesh) as trace, tracker, seen, kernels:
                     loss, grad_norm = pm.step(x, y)
         comm: dict[tuple[str, str], list[int]] = {}
         for key, calls in trace.calls.items():
@@ -84,7 +104,9 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
                      for (k, d), (c, b) in sorted(comm.items())],
             "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
-            "activation_dtypes": sorted(dtypes.seen), "step_returns": [type(loss).__name__, type(grad_norm).__name__],
+            "activation_dtypes": sorted(seen.dtypes), "activation_devices": sorted(seen.devices),
+            "step_returns": [type(loss).__name__, type(grad_norm).__name__],
+            **({"device_note": note} if note else {}),
         }
     finally:
         dist.destroy_process_group()
@@ -107,16 +129,19 @@ def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
 
 
 class _ActivationDtypes(_torch_private.TorchDispatchMode):
-    """The dtypes of the matrix multiplies' outputs in the step: what the precision policy computes in."""
+    """The dtypes and devices of the matrix multiplies' outputs in the step: what the precision
+    policy computes in, and where."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: set[str] = set()
+        self.dtypes: set[str] = set()
+        self.devices: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and isinstance(out, torch.Tensor):
-            self.seen.add(str(out.dtype).removeprefix("torch."))
+            self.dtypes.add(str(out.dtype).removeprefix("torch."))
+            self.devices.add(str(out.device))
         return out
 
 

@@ -149,15 +149,37 @@ def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, s
     """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
-    imported torch and meshwise once (``forkserver``), so a trace does not pay for the imports."""
+    loaded the fake CUDA device and imported torch and meshwise once (``forkserver``, preloading
+    ``_trace_preload``), so a trace does not pay for the imports. A GPU profile is traced on fake
+    ``cuda`` tensors; where the fake device cannot be built (no C++ compiler), on the cpu device with
+    the GPU's precision policy, and the record says why (``device_note``)."""
     import multiprocessing
 
     from meshwise.measure import trace
 
+    device, note = fake_device(kind)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([trace.__name__])
+    context.set_forkserver_preload(["meshwise.measure._trace_preload"])  # by name: never loaded here
     with context.Pool(1) as pool:
-        return pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind))
+        record = pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind, device))
+    if note:
+        record.setdefault("device_note", note)
+    return record
+
+
+def fake_device(kind: str) -> tuple[str, str | None]:
+    """(the device type the trace's tensors are on, why it is not the target's, or None): cuda for
+    a GPU profile once the fake CUDA device is built (measure/fake_cuda.py; a few seconds, once per
+    machine), else cpu."""
+    if kind != "cuda":
+        return "cpu", None
+    from meshwise.measure import fake_cuda
+
+    try:
+        fake_cuda.build()
+    except MeshwiseError as e:
+        return "cpu", f"{e}; traced on the cpu device with the GPU's precision policy"
+    return "cuda", None
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
@@ -204,8 +226,9 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
     rows, records = verify(model, cluster, train, layout, ranks, depth)
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
-                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device",
-                                                        "activation_dtypes")} for r in records]}))
+                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device", "activation_dtypes",
+                                                        "activation_devices", "device_note") if k in r}
+                                     for r in records]}))
         return 0
     from meshwise.measure.command import print_rows
 
@@ -214,7 +237,9 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
                      f"predicted with --gpu {gpu}")
     for r in records:
         print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
-              f"matmuls computed in {', '.join(r['activation_dtypes'])}")
+              f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}")
+    for note in sorted({r["device_note"] for r in records if "device_note" in r}):
+        print(f"note: {note}")
     return 0
 
 

@@ -113,8 +113,19 @@ class Attention(nn.Module):
         if self.ring is not None:
             o = ring_attention(q, k, v, self.ring)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            o = causal_attention(q, k, v)
         return o.transpose(1, 2).flatten(2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA SDPA on (b, heads, s, d). On ``cuda`` tensors in bf16/fp16 without a real CUDA
+    device (``meshwise verify``'s fake cuda tensors on the CPU build) the flash kernel is called
+    directly: SDPA's dispatcher there can only pick the math kernel, which keeps the s x s scores,
+    where a GPU picks flash for half-precision GQA (it keeps the output, the float32 log-sum-exp
+    and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same)."""
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available():
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
 class MLP(nn.Module):

@@ -187,9 +187,10 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         model.to_empty(device=device)
         model.tie_weights()
         init_weights(model, spec, seed)
+        if layout.cp > 1:  # a tensor like the weights: a fake one under verify's mode
+            ring = ring_group(mesh["cp"])
+            model.positions = positions(seq_len // layout.cp, layout.cp, ring.rank, device)
     if layout.cp > 1:
-        ring = ring_group(mesh["cp"])
-        model.positions = positions(seq_len // layout.cp, layout.cp, ring.rank, device)
         for module in model.modules():
             if isinstance(module, Attention):
                 module.ring = ring
