@@ -27,6 +27,25 @@ def test_pruned_search_equals_brute_force(name, gpus, batch):
     assert all(e.fits for e in result.best)
 
 
+@pytest.mark.parametrize("name, gpu, gpus, batch", [("tiny-moe", "a100-40gb", 4, 8), ("llama3-8b", "h100", 4, 8)])
+def test_pruned_search_keeps_the_whole_pool_of_brute_force(name, gpu, gpus, batch):
+    """Every pruning of the search (the memory floors, the fitting tries' shortcuts, the lower
+    bounds and their caches) is exact: its pool, the best RUNNER_UP_POOL in order, is brute force's,
+    on a mixture of experts (ep) and a memory-bound dense model, both at 16,384 tokens (cp)."""
+    model, cluster = load_model(name), load_cluster(gpu, gpus)
+    train = TrainSpec(batch, 16384, "bf16-mixed")
+    layouts = list(enumerate_layouts(model, gpus, batch, runs_here(model, train.seq_len), seq_len=train.seq_len))
+    assert {lay.cp for lay in layouts} == {1, 2} and (not model.moe or {lay.ep for lay in layouts} == {1, 2, 4})
+    fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
+    result = search(model, cluster, train, top=3)
+    assert (result.enumerated, result.fitting) == (len(layouts), len(fitting)) and len(fitting) > RUNNER_UP_POOL
+    # enumeration order breaks exact ties of the rank key, as in the search
+    brute = [e for _, e in sorted(enumerate(fitting), key=lambda ie: (_rank_key(ie[1]), ie[0]))][:RUNNER_UP_POOL]
+    brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
+    assert [e.layout for e in result.pool] == [e.layout for e in brute]
+    assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

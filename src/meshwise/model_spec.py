@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from meshwise.errors import MeshwiseError
@@ -44,6 +45,8 @@ class ModelSpec:
     shared expert(s), ``dense_layers`` the blocks with a plain MLP of ``ffn_hidden``. Multi-head
     latent attention (DeepSeek-V2/V3): ``kv_lora_rank`` > 0, with ``q_lora_rank``,
     ``qk_rope_head_dim`` and ``v_head_dim`` (``head_dim`` = nope + rope width of a query head).
+    The derived counts are ``cached_property``s: the fields never change, so each is worked out once
+    (the planner's search reads them hundreds of thousands of times).
     """
 
     name: str
@@ -127,24 +130,24 @@ class ModelSpec:
             raise MeshwiseError(f"model {self.name!r}: experts_per_token must be in 1..{self.experts}, "
                                 f"got {self.experts_per_token}")
 
-    @property
+    @cached_property
     def states_only(self) -> bool:
         return self.param_count is not None
 
-    @property
+    @cached_property
     def moe(self) -> bool:
         return self.experts > 0
 
-    @property
+    @cached_property
     def mla(self) -> bool:
         return self.kv_lora_rank > 0
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         """Width of K (and of V): kv_heads * head_dim."""
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def attention_params(self) -> int:
         """Q, K, V and output projections with their biases (Q and O: h x heads*d; K and V: h x kv_dim).
 
@@ -167,7 +170,7 @@ class ModelSpec:
         bias = (matrices - 1) * width + self.hidden if self.mlp_bias else 0
         return matrices * self.hidden * width + bias
 
-    @property
+    @cached_property
     def moe_layers(self) -> int:
         return self.layers - len(self.dense_layers) if self.moe else 0
 
@@ -177,28 +180,28 @@ class ModelSpec:
         gate = self.hidden if self.shared_expert_gate else 0
         return experts * self._mlp(self.expert_ffn_hidden) + self.hidden * self.experts + shared + gate
 
-    @property
+    @cached_property
     def total_mlp_params(self) -> int:
         """Every block's MLP (dense or MoE), summed over the layers."""
         dense = self.layers - self.moe_layers
         return dense * self._mlp(self.ffn_hidden) + self.moe_layers * (self._moe_block(self.experts) if self.moe else 0)
 
-    @property
+    @cached_property
     def expert_params(self) -> int:
         """The routed experts of every MoE block (what expert parallelism shards)."""
         return self.moe_layers * self.experts * self._mlp(self.expert_ffn_hidden) if self.moe else 0
 
-    @property
+    @cached_property
     def dense_mlp_params(self) -> float:
         """One block's dense MLP, the mean over the blocks (0 for a MoE block): what TP splits."""
         return (self.layers - self.moe_layers) * self._mlp(self.ffn_hidden) / self.layers
 
-    @property
+    @cached_property
     def mlp_params(self) -> float:
         """One block's MLP; for MoE models the mean over the blocks (dense and sparse ones)."""
         return self.total_mlp_params / self.layers if self.moe else self._mlp(self.ffn_hidden)
 
-    @property
+    @cached_property
     def active_mlp_params(self) -> float:
         """One block's MLP as a token sees it: ``experts_per_token`` experts of a MoE block (mean)."""
         if not self.moe:
@@ -206,27 +209,27 @@ class ModelSpec:
         dense = self.layers - self.moe_layers
         return (dense * self._mlp(self.ffn_hidden) + self.moe_layers * self._moe_block(self.experts_per_token)) / self.layers
 
-    @property
+    @cached_property
     def layer_norm_params(self) -> int:
         """A block's norms: ``norms_per_layer`` of width h (LayerNorm: weight and bias), q/k norms of d."""
         per = 2 * self.hidden if self.norm == "layernorm" else self.hidden
         return self.norms_per_layer * per + (2 * self.head_dim if self.qk_norm else 0)
 
-    @property
+    @cached_property
     def layer_params(self) -> float:
         """One transformer block: attention + MLP + its norms (MoE: the mean over blocks)."""
         return self.attention_params + self.mlp_params + self.layer_norm_params
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         """Token embedding, plus learned positions (GPT-2: max_seq x h)."""
         return self.vocab * self.hidden + (self.max_seq * self.hidden if self.position == "learned" else 0)
 
-    @property
+    @cached_property
     def final_norm_params(self) -> int:
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
-    @property
+    @cached_property
     def head_params(self) -> int:
         """The LM head's own weights (0 when tied to the embedding)."""
         return 0 if self.tied_embeddings else self.vocab * self.hidden
@@ -235,14 +238,14 @@ class ModelSpec:
         blocks = self.layers * (self.attention_params + self.layer_norm_params) + mlp_sum
         return int(round(blocks)) + self.embedding_params + self.final_norm_params + self.head_params
 
-    @property
+    @cached_property
     def params(self) -> int:
         """Total parameters, tied weights once (as transformers' ``num_parameters`` counts them)."""
         if self.param_count is not None:
             return self.param_count
         return self._total(self.total_mlp_params)
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters one token passes through: MoE blocks with ``experts_per_token`` experts."""
         if self.param_count is not None or not self.moe:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
-from meshwise.cost.memory import candidates_floor
+from meshwise.cost.memory import RankShape, _candidates
 from meshwise.cost.context import local_train
 from meshwise.cost.peak_cache import PeakCache
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, optimizer_seconds
@@ -73,6 +73,14 @@ def cp_degrees(model: ModelSpec, world: int, seq_len: int) -> list[int]:
 def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0
                 ) -> Iterator[tuple[Layout, list[int]]]:
     """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _structure_fields(model, world, global_batch,
+                                                                                           seq_len):
+        yield _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep), mbs_options
+
+
+def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0) -> Iterator[tuple]:
+    """:func:`_structures` as (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs options): the
+    search builds a layout only for the structures that its cached answers do not already refuse."""
     layers = model.layers if not model.states_only else 1
     for tp, cp in ((t, c) for t in tp_degrees(model, world) for c in cp_degrees(model, world // t, seq_len)):
         for pp in _divisors(world // (tp * cp)):
@@ -84,12 +92,24 @@ def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 
             per_replica = global_batch // dp
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
             zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
+            schedules = pipeline_options(pp, layers)
+            sps = (False,) if tp == 1 else (True, False)
+            eps = {shard: expert_degrees(model, shard * cp) for shard in {s for _, s in zero_shards}}
             for zero, shard in zero_shards:
-                for ep in expert_degrees(model, shard * cp):  # carved from dp_shard x cp (layout.expert_mesh_shape)
-                    for sp in ((False,) if tp == 1 else (True, False)):
-                        for schedule, vpp in pipeline_options(pp, layers):
-                            yield Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp, pp=pp, vpp=vpp,
-                                         schedule=schedule, ep=ep), mbs_options
+                for ep in eps[shard]:  # carved from dp_shard x cp (layout.expert_mesh_shape)
+                    for sp in sps:
+                        for schedule, vpp in schedules:
+                            yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options
+
+
+def _layout(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, mbs: int,
+            ac: str, ep: int) -> Layout:
+    """``Layout(dp=dp, ...)`` without the frozen ``__init__``'s setattr per field (Layout has no
+    ``__post_init__``; the fields in their declared order): the search builds tens of thousands."""
+    new = object.__new__(Layout)
+    object.__setattr__(new, "__dict__", {"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp,
+                                         "pp": pp, "vpp": vpp, "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
+    return new
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
@@ -191,6 +211,15 @@ def _with(base: Layout, mbs: int, ac: str) -> Layout:
     return new
 
 
+def _static_entry(shape: RankShape, static: tuple | None) -> tuple:
+    """(shape, its static parts, and of memory.candidates_floor's two sums the static halves: the
+    forward's end's and the backward's start's weights + 0.0 + optimizer, and the fixed buffers)."""
+    if static is None:  # a bare parameter count: no floor of that form
+        return shape, static, 0.0, 0.0, 0.0
+    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
+    return shape, static, w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
@@ -217,41 +246,57 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     shared_where = where is None or getattr(where, "reads", None) == _RUNS_HERE_FIELDS
     # Whether any mbs or ac of a structure fits: the floor reads only these fields (the rank shapes
     # come from tp, pp, vpp and the V schedule; cost/peak_cache.py), not sp nor the schedule otherwise.
-    floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [(shape, its static parts)])
+    floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [_static_entry of each])
     widest_fits: dict[tuple, bool] = {}
-    for base, all_mbs in _structures(model, cluster.world_size, train.global_batch, train.seq_len):
-        okey = (base.dp, base.cp, base.tp, base.sp, base.pp, base.schedule)
+    local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
+    rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}  # memory.rank_shapes by what it reads, without hashing the model
+
+    def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
+        key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
+        shapes = rank_shapes.get(key)
+        if shapes is None:
+            shapes = rank_shapes[key] = memory.rank_shapes(model, layout)
+        return shapes
+
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs in _structure_fields(
+            model, cluster.world_size, train.global_batch, train.seq_len):
+        base = None  # the structure's layout (mbs=1, ac=none), built once something needs it
+        okey = (dp, cp, tp, sp, pp, schedule)
         opts = options.get(okey) if shared_where else None
         if opts is None:
-            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (base.dp * b))]
+            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (dp * b))]
             acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
             opts = options[okey] = (mbs_options, acs)
         mbs_options, acs = opts
         if not acs:
             continue
         result.enumerated += len(acs) * len(mbs_options)
-        fkey = (base.dp, base.cp, base.zero, base.shard, base.tp, base.pp, base.vpp,
-                base.schedule == "zero-bubble" and base.vpp == 2, base.ep)
+        fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
         fit = floor_fits.get(fkey)
         if fit is None:
-            if base.zero and 1 < base.shard < base.dp:
+            base = base or _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            if zero and 1 < shard < dp:
                 # the floor only shrinks as the sharding group grows (every term is divided by it or
                 # does not read it, for shard > 1): if the whole dp group's fails, this one does too
-                widest = fkey[:3] + (base.dp,) + fkey[4:]
+                widest = fkey[:3] + (dp,) + fkey[4:]
                 if widest not in widest_fits:
-                    whole = replace(base, shard=base.dp)
-                    widest_fits[widest] = max(peaks.floor(whole, sh) for sh in memory.rank_shapes(model, whole)) <= usable
+                    whole = _layout(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+                    widest_fits[widest] = all(peaks.floor(whole, sh) <= usable for sh in shapes_of(whole))
                 if not widest_fits[widest]:
                     fit = floor_fits[fkey] = False
             if fit is None:
-                shapes = memory.rank_shapes(model, base)
-                fit = max(peaks.floor(base, sh) for sh in shapes) <= usable
+                shapes = shapes_of(base)
+                fit = all(peaks.floor(base, sh) <= usable for sh in shapes)  # max(...) <= usable
                 # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
-                floor_fits[fkey] = fit = fit and (shapes, [(sh, peaks.static_of(base, sh)) for sh in shapes])
+                floor_fits[fkey] = fit = fit and (shapes, [_static_entry(sh, peaks.static_of(base, sh)) for sh in shapes])
         if not fit:  # no mbs or ac fits this structure
             continue
+        base = base or _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         shapes, statics = fit
-        lt = local_train(train, base)
+        lt = local_trains.get(base.cp)
+        if lt is None:
+            lt = local_trains[base.cp] = local_train(train, base)
         table = peaks.table_of(base)
         for ac in acs:
             overflowed = False
@@ -263,27 +308,34 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     continue
                 if states_only:
                     layout = _with(base, mbs, ac)
-                    fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st in statics)
+                    fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st, *_ in statics)
                 else:  # PeakCache.fits, inlined: most tries are refused before a layout is built
-                    layout, fits = None, True
-                    for sh, st in statics:
+                    layout, fits, per_mbs = None, True, []
+                    # every rank's floor first (memory.candidates_floor, inlined: the static half of
+                    # each sum is added up in advance, in the same order), then the full peaks
+                    for sh, st, fwd_static, bwd_static, fixed_other in statics:
                         per_mb = table.get((ac, mbs, sh.pp_rank))
                         if per_mb is None:
                             layout = layout or _with(base, mbs, ac)
                             per_mb = table[ac, mbs, sh.pp_rank] = peaks.per_micro_batch(layout, sh, m, lt)
-                        if candidates_floor(st, per_mb) > usable:
+                        other = fixed_other + per_mb[6]
+                        if fwd_static + per_mb[0] + other > usable or bwd_static + per_mb[1] + other > usable:
                             fits = False
                             break
+                        per_mbs.append(per_mb)
+                    if fits:
                         layout = layout or _with(base, mbs, ac)
-                        if peaks.total_from(layout, sh, m, st, lt, per_mb) > usable:
-                            fits = False
-                            break
+                        for (sh, st, *_), per_mb in zip(statics, per_mbs):
+                            if max(map(sum, _candidates(lt, layout, sh, m, st, per_mb))) > usable:  # total_from
+                                fits = False
+                                break
                 if not fits:
                     overflowed = True
                     continue
                 layout = layout or _with(base, mbs, ac)
                 result.fitting += 1
-                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.ep, layout.sp)
+                # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
                 bound = bounds.get(key)
                 if bound is None:
                     bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)

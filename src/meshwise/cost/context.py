@@ -31,12 +31,15 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 def weights_layout(layout: Layout) -> Layout:
     """The layout as the weights see it: cp ranks share the weights, so they count as data-parallel
     ranks (dp·cp replicas, sharding group shard·cp)."""
-    return layout if layout.cp == 1 else _weights_layout(layout)
-
-
-@lru_cache(maxsize=65536)
-def _weights_layout(layout: Layout) -> Layout:
-    return replace(layout, dp=layout.dp * layout.cp, shard=layout.shard * layout.cp, cp=1)
+    if layout.cp == 1:
+        return layout
+    # replace(layout, dp=dp * cp, shard=shard * cp, cp=1), built directly (Layout has no
+    # __post_init__): cheaper than replace, and than a cache whose hits compare twelve fields
+    fields = layout.__dict__.copy()
+    fields["dp"], fields["shard"], fields["cp"] = layout.dp * layout.cp, layout.shard * layout.cp, 1
+    wl = object.__new__(Layout)
+    object.__setattr__(wl, "__dict__", fields)
+    return wl
 
 
 def local_train(train: TrainSpec, layout: Layout) -> TrainSpec:

@@ -41,7 +41,8 @@ there when the embedding lives on another rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
@@ -70,11 +71,11 @@ class RankShape:
 
     __hash__ = cached_hash
 
-    @property
+    @cached_property
     def blocks(self) -> int:
         return sum(self.chunk_blocks)
 
-    @property
+    @cached_property
     def units(self) -> int:
         """FSDP2 / replicate units: one per block, one per chunk root that holds parameters."""
         return self.blocks + self.root_units
@@ -134,9 +135,12 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     # are its own layers' (a MoE model's dense layers, model.dense_layers, hold no experts)
     moe = [model.moe and i not in model.dense_layers for i in range(model.layers)]
     dense_mlp, moe_mlp = model._mlp(model.ffn_hidden), model._moe_block(model.experts) if model.moe else 0
-    layer = [(model.attention_params + (0 if e else dense_mlp)) / t + (moe_mlp if e else 0) + model.layer_norm_params
-             for e in moe]
-    layer_experts = [model.experts * model._mlp(model.expert_ffn_hidden) if e else 0.0 for e in moe]
+    # a block's parameters after TP, for a dense and for a MoE block (the same expression per block)
+    per_layer = {e: (model.attention_params + (0 if e else dense_mlp)) / t + (moe_mlp if e else 0)
+                 + model.layer_norm_params for e in (False, True)}
+    layer = [per_layer[e] for e in moe]
+    experts_per_block = model.experts * model._mlp(model.expert_ffn_hidden) if model.moe else 0.0
+    layer_experts = [experts_per_block if e else 0.0 for e in moe]
     embed = model.embedding_params / t
     head = model.vocab * model.hidden / t
     stages = pp * vpp
@@ -144,10 +148,13 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     last = stages - 1
     schedule = "zero-bubble" if v_shape else "interleaved-1f1b"
     owner = [chunk_rank(c, pp, vpp, schedule) for c in range(stages)]
-    starts = [sum(counts[:c]) for c in range(stages)]
+    starts = [0, *accumulate(counts[:-1])]
+    rank_chunks: list[list[int]] = [[] for _ in range(pp)]  # each rank's chunks, ascending
+    for c in range(stages):
+        rank_chunks[owner[c]].append(c)
     shapes = []
     for r in range(pp):
-        chunks = [c for c in range(stages) if owner[c] == r]
+        chunks = rank_chunks[r]
         first_here, last_here = 0 in chunks, last in chunks
         root = (embed if first_here else 0.0)
         if last_here:
@@ -157,10 +164,10 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
         sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward
         blocks = tuple(counts[c] for c in chunks)
         mine = [i for c in chunks for i in range(starts[c], starts[c] + counts[c])]
-        held = sum(layer[i] for i in mine)
+        held = sum([layer[i] for i in mine])
         lasts = [starts[c] + counts[c] - 1 for c in chunks if counts[c]]
         shapes.append(RankShape(r, blocks, first_here, last_here, held + root, held / max(len(mine), 1), root,
-                                root_units, sends, sum(layer_experts[i] for i in mine),
+                                root_units, sends, sum([layer_experts[i] for i in mine]),
                                 sum(layer[i] for i in lasts), sum(layer_experts[i] for i in lasts)))
     return tuple(shapes)
 
@@ -540,7 +547,8 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
 def candidates_floor(static: tuple, per_mb: tuple) -> float:
     """At most the largest total of :func:`_candidates`, for a tenth of its work: the forward's end
     and the backward's start without their gradients, strided copies and second backward (each
-    term is >= 0, and the sum is taken in the same order, so it is below in floating point too)."""
+    term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
+    search.py inlines it (its static halves added up once per structure): keep the two in step."""
     w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
     act_fwd, act_bwd, *_ = per_mb
     other = fixed_other + per_mb[6]

@@ -21,11 +21,17 @@ class PeakCache:
         self._per_mb: dict[tuple, tuple] = {}
         self._tables: dict[tuple, dict] = {}
 
-    def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
+    @staticmethod
+    def _skey(layout: Layout, shape: RankShape) -> tuple:
+        """The static parts depend on the schedule only through the rank's shape (cost/memory.py),
+        which tp, pp, vpp, the V placement (zero-bubble with vpp=2) and the pipeline rank fix
+        (memory.rank_shapes): those name it here, cheaper to hash than the RankShape itself."""
         cp = layout.cp
-        # the static parts depend on the schedule only through the rank's shape (cost/memory.py), so
-        # the schedules that give a rank the same shape share them
-        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep, shape)
+        return (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep,
+                layout.schedule == "zero-bubble" and layout.vpp == 2, shape.pp_rank)
+
+    def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
+        skey = self._skey(layout, shape)
         static = self._static.get(skey)
         if static is None:
             static = self._static[skey] = _static_parts(self.model, self.train, weights_layout(layout), shape)
@@ -37,9 +43,7 @@ class PeakCache:
         :func:`_candidates` less its input ids and pipeline buffers)."""
         if self.model.states_only:
             return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
-        cp = layout.cp
-        skey = (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep, shape)
-        static = self._static.get(skey)
+        static = self._static.get(self._skey(layout, shape))
         if static is not None:
             w_fwd, _, o, all_grads, _, fixed_other, *_ = static
             return w_fwd + all_grads + o + fixed_other
