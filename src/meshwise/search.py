@@ -104,11 +104,17 @@ def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: 
 
 def _layout(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, mbs: int,
             ac: str, ep: int) -> Layout:
-    """``Layout(dp=dp, ...)`` without the frozen ``__init__``'s setattr per field (Layout has no
-    ``__post_init__``; the fields in their declared order): the search builds tens of thousands."""
+    """``Layout(dp=dp, ...)`` built as :func:`_from_fields` does (the fields in their declared order)."""
+    return _from_fields({"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
+                         "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
+
+
+def _from_fields(fields: dict) -> Layout:
+    """A Layout holding ``fields``, equal to ``Layout(**fields)``, without the frozen ``__init__``'s
+    setattr per field (Layout has no ``__post_init__``): ``dataclasses.replace``, and even the frozen
+    ``__init__``, is several times slower, and the search builds tens of thousands."""
     new = object.__new__(Layout)
-    object.__setattr__(new, "__dict__", {"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp,
-                                         "pp": pp, "vpp": vpp, "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
+    object.__setattr__(new, "__dict__", fields)
     return new
 
 
@@ -202,13 +208,10 @@ class SearchResult:
 
 
 def _with(base: Layout, mbs: int, ac: str) -> Layout:
-    """``base`` with another mbs and ac (``dataclasses.replace``, and even the frozen ``__init__``, is
-    several times slower, and the search builds tens of thousands)."""
-    new = object.__new__(Layout)  # a copy of base's fields, two of them changed: equal to Layout(...)'s
+    """``base`` with another mbs and ac (:func:`_from_fields`)."""
     fields = base.__dict__.copy()
     fields["mbs"], fields["ac"] = mbs, ac
-    object.__setattr__(new, "__dict__", fields)
-    return new
+    return _from_fields(fields)
 
 
 def _static_entry(shape: RankShape, static: tuple | None) -> tuple:
