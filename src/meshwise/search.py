@@ -252,7 +252,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [_static_entry of each])
     widest_fits: dict[tuple, bool] = {}
     local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
-    rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}  # memory.rank_shapes by what it reads, without hashing the model
+    rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
+    widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
     def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
         key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
@@ -261,24 +262,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
             shapes = rank_shapes[key] = memory.rank_shapes(model, layout)
         return shapes
 
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs in _structure_fields(
-            model, cluster.world_size, train.global_batch, train.seq_len):
-        base = None  # the structure's layout (mbs=1, ac=none), built once something needs it
-        okey = (dp, cp, tp, sp, pp, schedule)
-        opts = options.get(okey) if shared_where else None
-        if opts is None:
-            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (dp * b))]
-            acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
-            opts = options[okey] = (mbs_options, acs)
-        mbs_options, acs = opts
-        if not acs:
-            continue
-        result.enumerated += len(acs) * len(mbs_options)
+    def structure_fits(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                       schedule: str, ep: int, mbs_options: list[int], acs: list[str]
+                       ) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
+        """The layouts of one structure that fit, as (layout, mbs, its rank shapes), in the order of
+        the mbs and ac loop."""
+        found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
+        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
         fit = floor_fits.get(fkey)
         if fit is None:
-            base = base or _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
             if zero and 1 < shard < dp:
                 # the floor only shrinks as the sharding group grows (every term is divided by it or
                 # does not read it, for shard > 1): if the whole dp group's fails, this one does too
@@ -294,8 +287,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
                 floor_fits[fkey] = fit = fit and (shapes, [_static_entry(sh, peaks.static_of(base, sh)) for sh in shapes])
         if not fit:  # no mbs or ac fits this structure
-            continue
-        base = base or _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            return found
         shapes, statics = fit
         lt = local_trains.get(base.cp)
         if lt is None:
@@ -335,14 +327,49 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 if not fits:
                     overflowed = True
                     continue
-                layout = layout or _with(base, mbs, ac)
-                result.fitting += 1
-                # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
-                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
-                bound = bounds.get(key)
-                if bound is None:
-                    bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)
-                fitting.append((bound, len(fitting), layout, shapes))
+                found.append((layout or _with(base, mbs, ac), mbs, shapes))
+        return found
+
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs in _structure_fields(
+            model, cluster.world_size, train.global_batch, train.seq_len):
+        base = None  # the structure's layout (mbs=1, ac=none), built once something needs it
+        okey = (dp, cp, tp, sp, pp, schedule)
+        opts = options.get(okey) if shared_where else None
+        if opts is None:
+            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (dp * b))]
+            acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
+            opts = options[okey] = (mbs_options, acs)
+        mbs_options, acs = opts
+        if not acs:
+            continue
+        result.enumerated += len(acs) * len(mbs_options)
+        if zero and 1 < shard < dp:
+            # whether a layout fits only improves as the sharding group grows (every state is divided
+            # by it or does not read it; FSDP2's padded shard, ceil(rows / shard), shrinks too): if no
+            # mbs or ac of the whole dp group's structure fits, none of this one's does
+            wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
+            if wkey not in widest_found:
+                widest_found[wkey] = structure_fits(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+            if not widest_found[wkey]:
+                continue
+            found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        elif zero and shard == dp > 1:
+            wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
+            found = widest_found.pop(wkey, None)
+            if found is None:
+                found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        else:
+            found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        for layout, mbs, shapes in found:
+            ac = layout.ac
+            result.fitting += 1
+            # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
+            bound = bounds.get(key)
+            if bound is None:
+                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)
+            fitting.append((bound, len(fitting), layout, shapes))
     # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
     # the first whose bound is slower than the worst of them ends the search, and one whose tighter
     # bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact ties
