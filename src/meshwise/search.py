@@ -253,7 +253,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     widest_fits: dict[tuple, bool] = {}
     local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
     rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
-    widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
+    widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
+    sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
+    narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
     def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
         key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
@@ -263,10 +265,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
         return shapes
 
     def structure_fits(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                       schedule: str, ep: int, mbs_options: list[int], acs: list[str]
-                       ) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
+                       schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset = frozenset(),
+                       possible: frozenset | None = None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         """The layouts of one structure that fit, as (layout, mbs, its rank shapes), in the order of
-        the mbs and ac loop."""
+        the mbs and ac loop; the (ac, mbs) in ``known`` fit without being worked out (they fit a
+        narrower sharding group of the same structure), those not in ``possible`` (when given: what
+        fits the whole dp group) do not."""
         found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
@@ -301,7 +305,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
                 if overflowed and m > 1:
                     continue
-                if states_only:
+                if (ac, mbs) in known:
+                    layout, fits = None, True
+                elif possible is not None and (ac, mbs) not in possible:
+                    layout, fits = None, False
+                elif states_only:
                     layout = _with(base, mbs, ac)
                     fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st, *_ in statics)
                 else:  # PeakCache.fits, inlined: most tries are refused before a layout is built
@@ -344,6 +352,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
         if not acs:
             continue
         result.enumerated += len(acs) * len(mbs_options)
+        # with SP off a rank holds more activations than with it on and nothing less (checked over
+        # every layout of 4 cases with no exception): where SP on fits at no mbs or ac, SP off does not
+        # (SP on comes first in the enumeration, with the same options where the filter allows it)
+        skey = (dp, zero, shard, cp, tp, pp, vpp, schedule, ep) if tp > 1 else None
+        if skey is not None and not sp and sp_on_empty.get(skey) == opts:
+            continue
         if zero and 1 < shard < dp:
             # whether a layout fits only improves as the sharding group grows (every state is divided
             # by it or does not read it; FSDP2's padded shard, ceil(rows / shard), shrinks too): if no
@@ -351,9 +365,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
             wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
             if wkey not in widest_found:
                 widest_found[wkey] = structure_fits(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-            if not widest_found[wkey]:
-                continue
-            found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+            widest = widest_found[wkey]
+            found = widest and structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs,
+                                              narrower_fit.get(wkey, frozenset()),
+                                              frozenset((lay.ac, mbs) for lay, mbs, _ in widest))
+            if found:  # ... and what fits this group fits every wider one
+                narrower_fit[wkey] = narrower_fit.get(wkey, frozenset()) | {(lay.ac, mbs) for lay, mbs, _ in found}
         elif zero and shard == dp > 1:
             wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
             found = widest_found.pop(wkey, None)
@@ -361,6 +378,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
         else:
             found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        if not found and sp and skey is not None:
+            sp_on_empty[skey] = opts
         for layout, mbs, shapes in found:
             ac = layout.ac
             result.fitting += 1
