@@ -395,6 +395,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
     fitting.sort(key=lambda f: f[:2])
     tight: dict[tuple, float] = {}
+    stages: dict[tuple, tuple] = {}  # estimate._stage_of's cache, shared by the tight bounds and the estimates
     for bound, index, layout, shapes in fitting:
         if len(result.best) >= keep:
             if bound > result.best[-1].time.step_s:
@@ -404,7 +405,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                    layout.sp, layout.zero >= 2)
             busy = tight.get(key)
             if busy is None:
-                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout)
+                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
                     layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
             opt_s = optimizers.get(okey)
@@ -412,7 +413,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
             if busy + opt_s > result.best[-1].time.step_s:
                 continue
-        e = estimate(model, cluster, train, layout, headroom)
+        e = estimate(model, cluster, train, layout, headroom, stages)
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)
         if at < keep:

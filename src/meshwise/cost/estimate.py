@@ -384,7 +384,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                       compute_only: bool = False) -> float:
+                       compute_only: bool = False, stage_cache: dict | None = None) -> float:
     """A step no shorter than :func:`estimate`'s, without its data-parallel collectives (their exposed
     seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
     bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
@@ -403,10 +403,25 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, *_ = _stage_seconds(model, cluster, train, local, layout, shape, m)
+        compute_s, tp_s, pp_s, cp_s, *_ = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
         busy_s.append(compute_s + tp_s + pp_s + cp_s)
         stages.append(compute_s + tp_s + cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
+
+
+def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
+              layout: Layout, shape: RankShape, m: int) -> tuple:
+    """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
+    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`),
+    so a structure's sharding groups mostly share it."""
+    if cache is None:
+        return _stage_seconds(model, cluster, train, local, layout, shape, m)
+    key = (layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+           layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks, world_dim(layout))
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m)
+    return found
 
 
 def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
@@ -475,8 +490,9 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-             headroom: float = DEFAULT_HEADROOM) -> Estimate:
-    """Estimate one (already validated) layout."""
+             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None) -> Estimate:
+    """Estimate one (already validated) layout (``stage_cache``: :func:`_stage_of`'s cache, shared with
+    :func:`lower_bound_step_s` over one model, cluster and setting)."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
@@ -489,8 +505,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = _stage_seconds(
-            model, cluster, train, local, layout, shape, m)
+        compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = _stage_of(
+            stage_cache, model, cluster, train, local, layout, shape, m)
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
