@@ -417,7 +417,9 @@ def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train:
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-           layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks, world_dim(layout))
+           layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
+           # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
+           layout.replicate > 1 and layout.shard > 1, layout.replicate == 1, layout.zero == 0)
     found = cache.get(key)
     if found is None:
         found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m)
