@@ -17,6 +17,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from _cli import meshwise_here  # noqa: E402
 from meshwise.train.export import read_safetensors  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -41,14 +42,6 @@ def meshwise(*args: str, cwd: Path, timeout: float = 240) -> subprocess.Complete
                           env=env, timeout=timeout)
 
 
-def in_process(*args: str) -> int:
-    """``meshwise ARGS`` in this process, for what starts no worker (one process, an export, a
-    refusal): a subprocess would add a Python and torch start-up to each."""
-    from meshwise.cli import main
-
-    return main(list(args))
-
-
 def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     tensors = {}
     for f in sorted(folder.glob("*.safetensors")):
@@ -62,19 +55,16 @@ COMMON = ("--seq-len", "16", "--global-batch", "4", "--eval-every", "0", "--prom
 @pytest.mark.parametrize("cls, nproc, layout", [("Qwen3Config", "1", "dp=1"), ("Phi3Config", "1", "dp=1"),
                                                 ("Qwen3Config", "2", "dp=2,zero=3"), ("Qwen3Config", "2", "tp=2,sp=on"),
                                                 ("Phi3Config", "2", "pp=2,schedule=1f1b")])
-def test_steps_0_is_a_bit_exact_conversion(tmp_path, monkeypatch, cls, nproc, layout):
+def test_steps_0_is_a_bit_exact_conversion(tmp_path, cls, nproc, layout):
     kw = {"pad_token_id": 0} if cls == "Phi3Config" else {"head_dim": 24}
     hf = save_tiny(tmp_path / "hf", cls, **kw)
-    monkeypatch.chdir(tmp_path)
-    args = ("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", nproc, "--layout", layout,
-            "--checkpoint-dir", "ck", *COMMON)
-    if nproc == "1":
-        assert in_process(*args) == 0
-    else:
-        r = meshwise(*args, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr[-3000:]
+    run = meshwise_here if nproc == "1" else meshwise  # one process starts no worker: tests/_cli.py
+    r = run("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", nproc, "--layout", layout,
+            "--checkpoint-dir", "ck", *COMMON, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "ck" / "step-0").is_dir()
-    assert in_process("export", "--checkpoint", "ck", "--out", "out/model.safetensors") == 0
+    r = meshwise_here("export", "--checkpoint", "ck", "--out", "out/model.safetensors", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
     want, got = hf_tensors(hf), hf_tensors(tmp_path / "out")
     assert set(got) == set(want)
     for name, t in want.items():
@@ -102,19 +92,16 @@ def test_fine_tune_equal_under_two_layouts(tmp_path):
     assert a == pytest.approx(b, rel=1e-4)
 
 
-def test_mismatched_folder_is_refused(tmp_path, monkeypatch, capsys):
+def test_mismatched_folder_is_refused(tmp_path):
     hf = save_tiny(tmp_path / "hf", head_dim=24)
     cfg = json.loads((hf / "config.json").read_text())
     cfg["intermediate_size"] = 128
     (hf / "config.json").write_text(json.dumps(cfg))
-    monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    code = in_process("train", "--model.from", str(hf), "--steps", "1", "--nproc-per-node", "2", *COMMON)
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "has shape" in err, err
-    code = in_process("train", "--model.from", str(tmp_path), "--steps", "1", *COMMON)
-    err = capsys.readouterr().err
-    assert code == 2 and "no config.json" in err, err
+    # refused before any worker starts, so in this process (tests/_cli.py)
+    r = meshwise_here("train", "--model.from", str(hf), "--steps", "1", "--nproc-per-node", "2", *COMMON, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "has shape" in r.stderr, r.stderr
+    r = meshwise_here("train", "--model.from", str(tmp_path), "--steps", "1", *COMMON, cwd=tmp_path)
+    assert r.returncode == 2 and "no config.json" in r.stderr, r.stderr
 
 
 def test_step_0_eval_loss_equals_transformers_under_pp(tmp_path):

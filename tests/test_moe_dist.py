@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from _cli import meshwise_here
+
 pytestmark = pytest.mark.integration
 
 STEPS = 6
@@ -24,22 +26,20 @@ COMMON = ["--model", "tiny-moe", "--seq-len", "16", "--steps", str(STEPS), "--ch
           "--eval-every", "6", "--schedule.eval_batches", "1", "--prompt=", "--schedule.global_batch", "8"]
 
 
-def _args(layout: str, nproc: str) -> list[str]:
-    return ["train", *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--metrics",
-            "m.jsonl"]
-
-
 def _train(folder: Path, layout: str, nproc: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", *_args(layout, nproc), *extra],
-                          cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    args = ["train", *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--metrics",
+            "m.jsonl", *extra]
+    if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
+        return meshwise_here(*args, cwd=folder)
+    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], cwd=folder,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
 
 
 def _losses(path: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
-def test_ep_checkpoint_resumes_under_other_ep(tmp_path, monkeypatch, capsys) -> None:
+def test_ep_checkpoint_resumes_under_other_ep(tmp_path) -> None:
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
     r = _train(ref_dir, "dp=2,ep=2", "2")
@@ -50,18 +50,9 @@ def test_ep_checkpoint_resumes_under_other_ep(tmp_path, monkeypatch, capsys) -> 
         run = tmp_path / layout.replace(",", "_").replace("=", "")
         (run / "ck").mkdir(parents=True)
         shutil.copytree(ref_dir / "ck" / "step-3", run / "ck" / "step-3")
-        if nproc == "1":  # one process starts no worker: run it here rather than start Python and torch again
-            from meshwise.cli import main
-
-            monkeypatch.chdir(run)
-            capsys.readouterr()
-            assert main([*_args(layout, nproc), "--resume", "auto"]) == 0
-            out = capsys.readouterr().out
-        else:
-            r = _train(run, layout, nproc, "--resume", "auto")
-            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-            out = r.stdout
-        assert "Resumed from ck/step-3 (step 3" in out
+        r = _train(run, layout, nproc, "--resume", "auto")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert "Resumed from ck/step-3 (step 3" in r.stdout
         got = _losses(run / "m.jsonl")
         assert sorted(got) == [4, 5, 6]
         worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
