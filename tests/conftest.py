@@ -4,8 +4,8 @@
 ones. A multi-process test is marked here, by module or by name (so that a module need not be
 moved to change kind), or in its own file with ``@pytest.mark.integration``.
 
-Helpers that several test modules share live in ``_models.py``, ``_transport.py`` and
-``_dist_parity.py`` beside this file, never in another ``test_*.py``.
+Helpers that several test modules share live in ``_models.py``, ``_transport.py``,
+``_dist_parity.py`` and ``_cli.py`` beside this file, never in another ``test_*.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 # Every test of these modules starts a group of worker processes (torchrun or gloo).
 INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py",
                        "test_faults.py"}
-# Single tests elsewhere that start workers or a whole training run in a subprocess.
+# Single tests elsewhere that start workers, or train, export and generate end to end (some in this process:
+# tests/_cli.py).
 INTEGRATION_TESTS = {
     "test_calibrate.py::test_a_tiny_calibration_writes_a_plannable_profile",
     "test_train.py::test_non_finite_loss_stops_before_saving_that_state",

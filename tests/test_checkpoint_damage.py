@@ -9,11 +9,11 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _cli import meshwise_here
 
 from meshwise.cli import main
 
@@ -25,10 +25,9 @@ def trained(tmp_path_factory) -> Path:
     """A micro model's run with complete checkpoints step-2 and step-3."""
     folder = tmp_path_factory.mktemp("trained")
     (folder / "micro.toml").write_text(MICRO)
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", "micro.toml", "--seq-len", "16",
-                        "--steps", "3", "--nproc-per-node", "1", "--checkpoint-dir", "ck", "--checkpoint-every", "1",
-                        "--keep", "2", "--prompt=", "--eval-every", "0"], cwd=folder, capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    r = meshwise_here("train", "--model", "micro.toml", "--seq-len", "16", "--steps", "3", "--nproc-per-node", "1",
+                      "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep", "2", "--prompt=", "--eval-every",
+                      "0", cwd=folder)
     assert r.returncode == 0, r.stderr
     return folder
 

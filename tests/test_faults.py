@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from _cli import meshwise_here
+
 MICRO = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nkv_heads = 2\nffn_hidden = 64\nvocab = 256\nmax_seq = 32\n"
 STEPS = 10
 COMMON = ["--model", "micro.toml", "--seq-len", "16", "--eval-every", "0", "--prompt=", "--layout", "dp=2",
@@ -186,8 +188,8 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_loads(tmp_path) -> No
         assert f"--checkpoint.dir: no space left in {disk} while saving step 4: it needs about 1.0 MB (the size of step-2)" in err, err
         assert "the partial step-4.tmp was removed and the last complete one is step-2" in err, err
         assert sorted(p.name for p in disk.iterdir()) == ["step-2"]
-        r = subprocess.run([sys.executable, "-m", "meshwise.cli", "export", "--checkpoint", str(disk / "step-2"),
-                            "--out", str(tmp_path / "m.safetensors")], env=_env(), capture_output=True, text=True)
+        r = meshwise_here("export", "--checkpoint", str(disk / "step-2"), "--out", str(tmp_path / "m.safetensors"),
+                          cwd=tmp_path)  # one process: in this one (tests/_cli.py)
         assert r.returncode == 0, r.stderr
     finally:
         subprocess.run(["umount", str(disk)], check=False)

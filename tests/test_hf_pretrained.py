@@ -17,6 +17,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from _cli import meshwise_here  # noqa: E402
 from meshwise.train.export import read_safetensors  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -57,11 +58,12 @@ COMMON = ("--seq-len", "16", "--global-batch", "4", "--eval-every", "0", "--prom
 def test_steps_0_is_a_bit_exact_conversion(tmp_path, cls, nproc, layout):
     kw = {"pad_token_id": 0} if cls == "Phi3Config" else {"head_dim": 24}
     hf = save_tiny(tmp_path / "hf", cls, **kw)
-    r = meshwise("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", nproc, "--layout", layout,
-                 "--checkpoint-dir", "ck", *COMMON, cwd=tmp_path)
+    run = meshwise_here if nproc == "1" else meshwise  # one process starts no worker: tests/_cli.py
+    r = run("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", nproc, "--layout", layout,
+            "--checkpoint-dir", "ck", *COMMON, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "ck" / "step-0").is_dir()
-    r = meshwise("export", "--checkpoint", "ck", "--out", "out/model.safetensors", cwd=tmp_path)
+    r = meshwise_here("export", "--checkpoint", "ck", "--out", "out/model.safetensors", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     want, got = hf_tensors(hf), hf_tensors(tmp_path / "out")
     assert set(got) == set(want)
@@ -95,9 +97,10 @@ def test_mismatched_folder_is_refused(tmp_path):
     cfg = json.loads((hf / "config.json").read_text())
     cfg["intermediate_size"] = 128
     (hf / "config.json").write_text(json.dumps(cfg))
-    r = meshwise("train", "--model.from", str(hf), "--steps", "1", "--nproc-per-node", "2", *COMMON, cwd=tmp_path)
+    # refused before any worker starts, so in this process (tests/_cli.py)
+    r = meshwise_here("train", "--model.from", str(hf), "--steps", "1", "--nproc-per-node", "2", *COMMON, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "has shape" in r.stderr, r.stderr
-    r = meshwise("train", "--model.from", str(tmp_path), "--steps", "1", *COMMON, cwd=tmp_path)
+    r = meshwise_here("train", "--model.from", str(tmp_path), "--steps", "1", *COMMON, cwd=tmp_path)
     assert r.returncode == 2 and "no config.json" in r.stderr, r.stderr
 
 

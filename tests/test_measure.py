@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from _cli import meshwise_here
 from _transport import once_more_on_transport_error
 from _parity_cases import CASES, MODEL_CASES
 
@@ -118,7 +120,6 @@ def test_measure_cli_json_and_bad_input() -> None:
         for side in ("predicted", "measured"):
             assert abs(sum(p[side] for p in parts) - time["time.step_s"][side]) <= 1e-9 * time["time.step_s"][side]
     assert all(set(row) == {"figure", "rank", "predicted", "measured", "rel_error"} for row in rows)
-    bad = subprocess.run([sys.executable, "-m", "meshwise.cli", "measure", "--layout", "tp=3"],
-                         capture_output=True, text=True, timeout=60)
+    bad = meshwise_here("measure", "--layout", "tp=3", cwd=Path.cwd())  # refused before a launch: tests/_cli.py
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "tp" in bad.stderr and "Traceback" not in bad.stderr

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from _cli import meshwise_here
+
 pytestmark = pytest.mark.integration
 
 STEPS = 6
@@ -25,10 +27,12 @@ COMMON = ["--model", "tiny-moe", "--seq-len", "16", "--steps", str(STEPS), "--ch
 
 
 def _train(folder: Path, layout: str, nproc: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", "train", *COMMON, "--layout", layout,
-                           "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--metrics", "m.jsonl", *extra],
-                          cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    args = ["train", *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--metrics",
+            "m.jsonl", *extra]
+    if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
+        return meshwise_here(*args, cwd=folder)
+    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], cwd=folder,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
 
 
 def _losses(path: Path) -> dict[int, float]:

@@ -2,15 +2,13 @@
 with it and stops at eos, export copies it beside the weights."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 torch = pytest.importorskip("torch")
 
+from _cli import meshwise_here  # noqa: E402
 from meshwise.train.config import DataConfig  # noqa: E402
 from meshwise.train.data import load_tokens  # noqa: E402
 from meshwise.train.generate import generate_ids  # noqa: E402
@@ -55,9 +53,8 @@ def test_generation_stops_at_eos():
 
 
 def run(*args, cwd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=240)
+    """One-process commands: in this process (tests/_cli.py)."""
+    return meshwise_here(*args, cwd=cwd)
 
 
 def test_train_generate_export_with_a_tokenizer(tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _cli import meshwise_here
 from _models import micro_model
 
 from meshwise.cli import main
@@ -24,10 +24,9 @@ from meshwise.train import checkpoint, config, embedded_corpus
 from meshwise.train.data import build_corpus
 from meshwise.train.loop import lr_at
 
-def meshwise(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=full_env, timeout=timeout)
+def meshwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """One-process commands: in this process (tests/_cli.py)."""
+    return meshwise_here(*args, cwd=cwd)
 
 
 # -------------------------------------------------------------------------------------- config

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli import meshwise_here
 from _models import micro_model
 
 from meshwise.launch import free_port
@@ -92,9 +93,13 @@ def test_resume_under_another_layout_and_world_size(reference, tmp_path, layout,
     model = micro_model(tmp_path)
     (tmp_path / "ck").mkdir()
     shutil.copytree(ref_folder / "ck" / "step-10", tmp_path / "ck" / "step-10")
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", model, *COMMON, "--layout", layout,
-                        "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--resume", "auto", "--metrics",
-                        "m.jsonl"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    args = ["train", "--model", model, *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck",
+            "--resume", "auto", "--metrics", "m.jsonl"]
+    if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
+        r = meshwise_here(*args, cwd=tmp_path)
+    else:
+        r = subprocess.run([sys.executable, "-m", "meshwise.cli", *args], cwd=tmp_path, env=_env(), capture_output=True,
+                           text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Resumed from ck/step-10 (step 10" in r.stdout
     logged = _losses(tmp_path / "m.jsonl")
