@@ -27,7 +27,7 @@ def test_pruned_search_equals_brute_force(name, gpus, batch):
     assert all(e.fits for e in result.best)
 
 
-@pytest.mark.parametrize("name, gpu, gpus, batch", [("tiny-moe", "a100-40gb", 4, 8), ("llama3-8b", "h100", 4, 8)])
+@pytest.mark.parametrize("name, gpu, gpus, batch", [("tiny-moe", "a100-40gb", 4, 8), ("llama3-8b", "h200", 4, 8)])
 def test_pruned_search_keeps_the_whole_pool_of_brute_force(name, gpu, gpus, batch):
     """Every pruning of the search (the memory floors, the fitting tries' shortcuts, the lower
     bounds and their caches) is exact: its pool, the best RUNNER_UP_POOL in order, is brute force's,

@@ -297,13 +297,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
         if lt is None:
             lt = local_trains[base.cp] = local_train(train, base)
         table = peaks.table_of(base)
+        # where the interleaved runtime reduces each chunk's gradients after its last backward, fewer
+        # micro-batches (a larger mbs) can hold fewer chunks' gradients at once: no shortcut there
+        monotone = not memory.frees_gradients(base)
         for ac in acs:
             overflowed = False
             for mbs in mbs_options:
                 m = train.global_batch // (base.dp * mbs)
                 # Memory grows with mbs while earlier micro-batches leave gradients (m > 1); with a
                 # single micro-batch there are none at the forward's end, so that one is tried anyway.
-                if overflowed and m > 1:
+                if overflowed and m > 1 and monotone:
                     continue
                 if (ac, mbs) in known:
                     layout, fits = None, True

@@ -36,6 +36,7 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -165,13 +166,38 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     dim = "dp" if layout.replicate == 1 else "dp_shard"
     experts = shape.expert_params if layout.ep > 1 else 0.0
     dense = shape.params - experts + (fsdp_padding(model, layout, shape) if layout.zero else 0.0)
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp)
+    # torch's interleaved runtime (not Megatron's, whose published runs the time model is fitted on)
+    torch_evicts = memory.evicts_chunks(layout) and train.runtime != "megatron"
+    regathered = _regathered(model, layout, shape, m) if torch_evicts else (0.0, 0)
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered)
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
                            layout.shard // layout.ep, "edp", layout.tp * layout.ep)
     return per_mb + e_mb, per_step + e_step
+
+
+def _regathered(model: ModelSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, int]:
+    """(parameters with their FSDP2 padding, units) the interleaved runtime gathers again in a step,
+    beyond once per unit: each chunk it reshards and comes back to (pipeline.interleaved_gathers;
+    meshwise verify, Llama 3 405B pp=16, vpp=4: 10 all-gathers on dp where 8 units gather once)."""
+    counts = pipeline.interleaved_gathers(layout.pp, layout.vpp, m, shape.pp_rank)
+    last = len(shape.chunk_blocks) - 1
+    params, units = 0.0, 0
+    for j, (n, blocks) in enumerate(zip(counts, shape.chunk_blocks)):
+        if n <= 1:
+            continue
+        embedding, head = shape.has_embedding and j == 0, shape.has_head and j == last
+        root = shape.root_params if (embedding or head) else 0.0
+        chunk = dataclasses.replace(
+            shape, chunk_blocks=(blocks,), has_embedding=embedding, has_head=head, root_params=root,
+            params=blocks * shape.block_params + root, root_units=int(bool(root)),
+            expert_params=shape.expert_params * blocks / max(shape.blocks, 1))
+        experts = chunk.expert_params if layout.ep > 1 else 0.0
+        params += (n - 1) * (chunk.params - experts + fsdp_padding(model, layout, chunk))
+        units += (n - 1) * chunk.units
+    return params, units
 
 
 def _padding(rows: float, row_elems: float, n: int) -> float:
@@ -224,8 +250,9 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
 
 
 def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
-            dim: str, stride: int) -> tuple[list[Collective], list[Collective]]:
-    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas)."""
+            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0)) -> tuple[list[Collective], list[Collective]]:
+    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
+    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered)."""
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
@@ -237,6 +264,9 @@ def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, para
     link = cluster.link_for(n, stride)
     if layout.pp > 1:
         gathers_step = units * (m + 1) if layout.zero == 3 else units
+        if regathered[1]:
+            weight = (params + regathered[0]) * train.weight_bytes / (units + regathered[1])
+            gathers_step = units + regathered[1]
         per_mb: list[Collective] = []
         per_step = [comm.collective("all_gather", dim, n, weight, gathers_step, link),
                     comm.collective("reduce_scatter", dim, n, grad, units, link)]

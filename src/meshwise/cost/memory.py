@@ -242,7 +242,47 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
         alone = shape.expert_params / layout.ep if layout.dp == layout.ep else 0.0
         w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
             * train.weight_bytes
+    if evicts_chunks(layout):
+        # at most three chunks gathered at once; the fewest any moment of the step holds before
+        # it ends are the rank's three smallest (pipeline.interleaved_moments)
+        w -= _gathered_weights(train, layout, shape) * (1 - sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS]))
     return w
+
+
+def interleaved(layout: Layout) -> bool:
+    """Whether torch runs the layout's step through its pipeline runtime's interleaved order
+    (pipeline.interleaved_moments)."""
+    return layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved-1f1b"
+
+
+def evicts_chunks(layout: Layout) -> bool:
+    """Whether the interleaved runtime reshards chunks FSDP2 would keep gathered (ZeRO-1/2, more
+    chunks than it keeps active)."""
+    return interleaved(layout) and layout.dp * layout.cp > 1 and layout.zero in (1, 2) and layout.vpp > pipeline.ACTIVE_CHUNKS
+
+
+def frees_gradients(layout: Layout) -> bool:
+    """Whether the interleaved runtime reduces each chunk's gradients to a shard once its last
+    backward has run (FSDP, ZeRO >= 1): no moment holds every unsharded gradient."""
+    return interleaved(layout) and layout.dp * layout.cp > 1 and layout.zero >= 1
+
+
+def _gathered_weights(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The bytes of the rank's unsharded weights, every chunk gathered (ZeRO-1/2)."""
+    local = held(shape.params, shape.expert_params, layout) if shape.expert_params else shape.params
+    return local * train.weight_bytes
+
+
+def _chunk_fractions(shape: RankShape) -> tuple[float, ...]:
+    """Each local chunk's share of the rank's parameters (blocks; the embedding on the first
+    pipeline rank's first chunk, the head on the last rank's last)."""
+    sizes = [b * shape.block_params for b in shape.chunk_blocks]
+    if shape.has_embedding:
+        sizes[0] += shape.root_params
+    elif shape.has_head:
+        sizes[-1] += shape.root_params
+    total = sum(sizes) or 1.0
+    return tuple(x / total for x in sizes)
 
 
 def _gathered_blocks(layout: Layout, shape: RankShape) -> float:
@@ -292,6 +332,11 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         dense_mlp = 0.0 if layout.ac == "full" else seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
         moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, layout.ac)
         kept += model.moe_layers / model.layers * (moe - dense_mlp)
+    if model.position == "rope" and train.precision == "bf16-mixed" and layout.dp * layout.cp > 1:
+        # FSDP2's policy casts each block's inputs: the float32 rotary cos and sin tables (s x head_dim)
+        # become a bf16 copy per block and micro-batch, kept by its backward (meshwise verify, Llama 3
+        # 405B: 2 x 2.1 MB per block and micro-batch in flight)
+        kept += 2 * seq * model.head_dim * e
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
     per_chunk = shape.blocks / len(shape.chunk_blocks)
     base = held * per_chunk * kept
@@ -302,16 +347,25 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         base = shape.blocks * (m * kept_w + (kept - kept_w))
     if shape.has_embedding:
         base += held * seq * mbs * 8  # act.ids_bytes
+    buffers = 0.0
     if layout.pp > 1:
         # a pipeline stage caches each micro-batch's output until its backward: the hidden states
         # it sent on (the last chunk's output, the logits, is counted with the head)
-        sending = (len(shape.chunk_blocks) - int(shape.has_head)) / len(shape.chunk_blocks)
-        base += held * sending * seq * mbs * model.hidden * e / (t if sp else 1)
-    forward = backward = base
+        chunks = len(shape.chunk_blocks)
+        message = seq * mbs * model.hidden * e / (t if sp else 1)
+        sending = (chunks - int(shape.has_head)) / chunks
+        receiving = (chunks - int(shape.has_embedding)) / chunks
+        # a received chunk input is its receive buffer (below), not a tensor of its own
+        base += held * (sending - receiving) * message
+        # torch's PipelineStage allocates, per chunk, a receive buffer for every micro-batch's input
+        # and one for its output's gradient, kept from the first step on (stage._prepare_forward_infra,
+        # _setup_backward_recv_info; meshwise verify: 2 x 64 of them on Llama 3 405B, pp=8, vpp=8, m=8)
+        buffers = m * ((chunks - int(shape.has_embedding)) + (chunks - int(shape.has_head))) * message
+    forward = backward = base + buffers
     loss = 0.0
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-        loss = base + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
+        loss = base + buffers + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
             + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
@@ -391,19 +445,27 @@ def _block_grads_after_mlp(model: ModelSpec, train: TrainSpec, layout: Layout, s
 
 def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
     """ZeRO-2/3's reduce-scatter input: one block's gradients, unsharded; of its routed experts the
-    rank's 1/ep share (under expert parallelism the rank computes gradients for those alone)."""
-    if layout.zero >= 2 and layout.shard > 1 and layout.dp > 1:
+    rank's 1/ep share (under expert parallelism the rank computes gradients for those alone). Under
+    PP none: the schedule reduces a chunk's gradients after its last backward, past the peak
+    (meshwise verify, Llama 3 405B under pp=16, zero=2: 1.6 GB planned, none traced)."""
+    if layout.zero >= 2 and layout.shard > 1 and layout.dp > 1 and layout.pp == 1:
         block = shape.block_params - (shape.expert_params / shape.blocks * (1 - 1 / layout.ep) if shape.blocks else 0.0)
         return block * reduce_bytes(train)
     return 0.0
 
 
-def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """The pipeline's send and receive buffers, one pair per chunk."""
-    if layout.pp == 1 or model.states_only:
+def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
+    """The rotary cos and sin tables each chunk's module keeps as float32 buffers (max_seq x
+    head_dim; runtime/model.py; meshwise verify, Llama 3 405B: 2 x 4.2 MB per chunk)."""
+    if model.position != "rope" or model.states_only:
         return 0.0
-    message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
-    return 2 * message * len(shape.chunk_blocks)
+    return 2 * model.max_seq * model.head_dim * 4 * len(shape.chunk_blocks)
+
+
+def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The pipeline's buffers outside the activations: none (its receive buffers, one per
+    micro-batch and chunk in each direction, are counted with the activations: _activations)."""
+    return 0.0
 
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
@@ -416,7 +478,7 @@ def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ran
     block's shared expert's gradients)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape),
+            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape) + _rope_tables(model, shape),
             _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
             _block_grads_after_mlp(model, train, layout, shape),
             _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes)
@@ -531,17 +593,84 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
         grads_in = grads + first + block_grads
         ring = max((w_bwd, grads_in, o, act_ring_last, other - fixed_other + last_block + ring_temps),
                    (w_bwd, grads_in, o, act_ring, other + last_block + ring_temps), key=sum)
+    forward, end = (w_fwd, grads, o, act_fwd, other), (w_fwd, all_grads, o, ids, other)
+    loss_moment = (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else end
+    if interleaved(layout):
+        standing_in = ring == end
+        forward, backward, end, loss_moment, embed = _interleaved_peaks(
+            train, layout, shape, m, static, act_fwd, act_bwd, act_bwd - act_second, act_loss, act_embed, ids, other,
+            fresh_unsharded)
+        late = backward  # late in a block's backward is a moment of its own only without PP
+        if standing_in:
+            ring = end
     return (
-        (w_fwd, grads, o, act_fwd, other),
+        forward,
         backward,
-        (w_fwd, all_grads, o, ids, other),
+        end,
         # the loss's backward on the last chunk (found by meshwise verify): ZeRO-3 has resharded
         # the roots after the forward; without the head the end of the step stands in for it
-        (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else (w_fwd, all_grads, o, ids, other),
+        loss_moment,
         late,
         ring,
         embed,
     )
+
+
+def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple,
+                       act_fwd: float, act_bwd: float, unit: float, act_loss: float, act_embed: float, ids: float,
+                       other: float, fresh_unsharded: bool) -> tuple[tuple[float, float, float, float, float], ...]:
+    """(forward, backward, end of the step, loss's backward, embedding's backward) under the
+    interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
+    weights of the chunks gathered, the gradients of the chunks accumulating (their share of every
+    gradient), and the activations of ``unit`` bytes per chunk-micro-batch fewer than at the
+    busiest forward (``act_fwd``) or backward (``act_bwd``) for each one fewer in flight, and the
+    float32 shards of the chunks whose gradients were reduced; at the end of the step only the
+    shards remain (every chunk resharded, every gradient reduced)."""
+    w_fwd, w_bwd, o, all_grads, first, *_ = static
+    evict, frees = evicts_chunks(layout), frees_gradients(layout)
+    sharding = layout.shard * layout.cp
+    # a block's backward peaks in its MLP's, with the down projection's and the gate's fresh gradients
+    # (in the compute dtype, until the block's FSDP unit accumulates them; meshwise verify, Llama 3
+    # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
+    fresh = first if shape.has_head else 2 * first
+    moments = pipeline.interleaved_moments(layout.pp, layout.vpp, m, shape.pp_rank, evict, frees)
+    fr = _chunk_fractions(shape)
+    smallest = sum(sorted(fr)[:pipeline.ACTIVE_CHUNKS]) if evict else 0.0
+    unsharded = _gathered_weights(train, layout, shape) if evict else 0.0
+    top_f = max(mo.in_flight for mo in moments if mo.kind == "F")
+    top_b = max(mo.in_flight for mo in moments if mo.kind == "B")
+    forward = backward = loss = None
+    for mo in moments:
+        extra_w = unsharded * (sum(fr[c] for c in mo.gathered) - smallest) if evict else 0.0
+        # a chunk gathered ahead of its use is FSDP2's all-gather output until then (a buffer: other)
+        prefetched = unsharded * sum(fr[c] for c in mo.pending) if mo.pending else 0.0
+        extra_w -= prefetched
+        g = all_grads * sum(fr[c] for c in mo.accumulating) if mo.accumulating else 0.0
+        if mo.reduced:  # the float32 shards of the chunks reduced
+            g += all_grads * sum(fr[c] for c in mo.reduced) / sharding
+        if mo.kind == "F":
+            cand = (w_fwd + extra_w, g, o, act_fwd - (top_f - mo.in_flight) * unit, other + prefetched)
+            forward = cand if forward is None or sum(cand) > sum(forward) else forward
+        else:
+            gb = g + fresh if (g == 0 or fresh_unsharded) else g
+            cand = (w_bwd + extra_w, gb, o, act_bwd - (top_b - mo.in_flight) * unit, other + prefetched)
+            backward = cand if backward is None or sum(cand) > sum(backward) else backward
+            if mo.in_flight == top_b and (loss is None or sum(cand) > sum(loss[0])):
+                loss = (cand, g)
+    shards = all_grads / sharding if frees else all_grads
+    end = (w_fwd - unsharded * smallest, shards, o, ids, other)
+    loss_moment = (loss[0][0], loss[1], o, act_loss, other) if act_loss else end
+    embed = backward
+    if act_embed:
+        # the embedding's backward comes with its chunk's (the first) last backwards, the fewest in
+        # flight; its weight gradient is the rank's float32 shard of the table, not the whole table
+        # in two dtypes as without PP (meshwise verify, Llama 3 405B pp=8, vpp=8, tp=8, rank 0:
+        # 9.5 GB inside the embedding's backward where the whole table would make 18.2)
+        low = min(mo.in_flight for mo in moments if mo.kind == "B")
+        g0 = all_grads * fr[0]
+        table = shape.root_params * layout.tp * (4 + train.activation_bytes) - shape.root_params * 4
+        embed = (w_bwd + unsharded * (fr[0] - smallest), g0, o, act_embed - (top_b - low) * unit - table, other)
+    return forward, backward, end, loss_moment, embed
 
 
 def candidates_floor(static: tuple, per_mb: tuple) -> float:

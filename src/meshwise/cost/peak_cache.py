@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshwise.cost.context import local_train, weights_layout
 from meshwise.cost.memory import (RankShape, _all_grads, _candidates, _fixed_other, _moments, _per_micro_batch,
-                                  _static_parts, _weights, candidates_floor, states)
+                                  _static_parts, _weights, candidates_floor, frees_gradients, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -40,17 +40,20 @@ class PeakCache:
     def floor(self, layout: Layout, shape: RankShape) -> float:
         """A lower bound of :meth:`total` at every mbs, ac and micro-batch count: the step's end holds
         the weights, every gradient, the optimizer states and the fixed buffers (the "end" moment of
-        :func:`_candidates` less its input ids and pipeline buffers)."""
+        :func:`_candidates` less its input ids and pipeline buffers); where the interleaved runtime
+        reduces each chunk's gradients as its backwards end, the busiest forward holds the weights
+        and the optimizer states."""
         if self.model.states_only:
             return sum(states(shape.params, self.train, weights_layout(layout), shape.expert_params)[0::2])
+        kept = not frees_gradients(layout)  # else every moment with gradients has fewer weights gathered
         static = self._static.get(self._skey(layout, shape))
         if static is not None:
             w_fwd, _, o, all_grads, _, fixed_other, *_ = static
-            return w_fwd + all_grads + o + fixed_other
+            return w_fwd + (all_grads if kept else 0.0) + o + fixed_other
         # most structures fail here: compute only the four parts the floor reads (as _static_parts does)
         wl = weights_layout(layout)
         return (_weights(self.train, wl, shape, "forward") + states(shape.params, self.train, wl, shape.expert_params)[2]
-                + _all_grads(self.model, self.train, wl, shape) + _fixed_other(self.train, wl, shape))
+                + (_all_grads(self.model, self.train, wl, shape) if kept else 0.0) + _fixed_other(self.train, wl, shape))
 
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:
         if self.model.states_only:

@@ -21,6 +21,7 @@ ZB-V's V placement halves it again. Real ZB-V is closer to zero; this stays cons
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshwise.layout import rank_chunks
 
@@ -243,3 +244,109 @@ def simulated_bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     makespan = max(op.end for op in ops)
     busy = m * 3.0
     return makespan / busy - 1
+
+
+# ------------------------------------------------------------- what an interleaved rank holds
+ACTIVE_CHUNKS = 3  # torch 2.13's _add_unshard_reshard: chunks kept gathered at once (max_active_stages)
+
+
+@dataclass(frozen=True)
+class Moment:
+    """What an interleaved-1F1B rank holds at one moment of its step, in local chunk indices (the
+    rank's chunks ascending): ``kind`` "F" at the end of a forward, "B" at the start of a backward;
+    ``in_flight`` chunk-micro-batches of activations; ``gathered`` chunks whose weights are
+    unsharded; ``accumulating`` chunks whose unsharded gradients exist (one backward or more done,
+    and not yet reduced to a shard); ``reduced`` chunks whose gradients are reduced to a shard."""
+
+    kind: str
+    in_flight: int
+    gathered: frozenset
+    accumulating: frozenset
+    reduced: frozenset = frozenset()
+    pending: frozenset = frozenset()  # of ``gathered``, those prefetched and not yet computed with
+
+    def features(self, v: int) -> tuple[int, ...]:
+        """What the memory of the moment grows with, chunks counted as equal but for the rank's
+        first and last (which hold the embedding or the head): a moment with each feature at
+        least another's holds at least as much."""
+        sets = (self.gathered, self.accumulating, self.reduced)
+        return (self.in_flight, *(len(s) for s in sets), *(int(c in s) for s in sets for c in (0, v - 1)))
+
+
+@lru_cache(maxsize=4096)
+def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_frees: bool) -> tuple[Moment, ...]:
+    """The moments of rank ``rank``'s interleaved-1F1B step (``_rank_order``) that no other
+    moment of the same kind holds as much as (``Moment.features``).
+
+    torch 2.13 runs the interleaved schedule through its pipeline runtime. With FSDP it keeps at
+    most ACTIVE_CHUNKS chunks gathered (``evict``, where FSDP2 would otherwise keep them through
+    the step: ZeRO-1/2): before each action the next three distinct chunks the rank computes are
+    gathered and the others resharded (``schedules._add_unshard_reshard``); and it reduces a
+    chunk's gradients right after its ``m``-th backward (``_add_reduce_grad``), which leaves a
+    shard (``reduce_frees``). Without FSDP every
+    chunk stays whole and gradients accumulate to the end. Found by meshwise verify on Llama 3 405B
+    (16,384 H100, tp=8, pp=8 and 16): three chunks' weights and one chunk's gradients at the peak,
+    and 26 all-gathers on dp where gathering each chunk once would make 16."""
+    chunks = rank_chunks(rank, p, v, "interleaved-1f1b")
+    local = {c: j for j, c in enumerate(chunks)}
+    order = [(kind, local[c]) for kind, c, _ in _rank_order("interleaved-1f1b", p, v, m, rank)]
+    held, done = 0, [0] * v
+    gathered: set[int] = set(range(v))
+    pending: set[int] = set()
+    accumulating: set[int] = set()
+    reduced: set[int] = set()
+    kept: list[tuple[Moment, tuple[int, ...]]] = []
+
+    def keep(moment: Moment) -> None:
+        nonlocal kept
+        f = moment.features(v)
+        if not any(k.kind == moment.kind and all(a >= b for a, b in zip(kf, f)) for k, kf in kept):
+            kept = [(k, kf) for k, kf in kept if not (k.kind == moment.kind and all(a >= b for a, b in zip(f, kf)))]
+            kept.append((moment, f))
+
+    for i, (kind, c) in enumerate(order):
+        if evict:
+            ahead: set[int] = set()
+            for _, nxt in order[i:]:
+                ahead.add(nxt)
+                if len(ahead) == ACTIVE_CHUNKS:
+                    break
+            pending |= ahead - gathered  # gathered ahead of use: the all-gather's output, not yet the weights
+            gathered = ahead
+        pending.discard(c)
+        held += kind == "F"
+        keep(Moment(kind, held, frozenset(gathered), frozenset(accumulating), frozenset(reduced), frozenset(pending)))
+        if kind == "B":
+            held -= 1
+            done[c] += 1
+            accumulating.add(c)
+            if reduce_frees and done[c] == m:
+                accumulating.discard(c)
+                reduced.add(c)
+    return tuple(k for k, _ in kept)
+
+
+@lru_cache(maxsize=4096)
+def interleaved_gathers(p: int, v: int, m: int, rank: int) -> tuple[int, ...]:
+    """How many times rank ``rank``'s interleaved runtime gathers each local chunk in a step where
+    FSDP would keep it gathered (ZeRO-1/2; interleaved_moments' ``evict``): once when it first
+    comes among the next ACTIVE_CHUNKS chunks to compute, and again each time it comes back after
+    being resharded (torch 2.13's ``_add_unshard_reshard``)."""
+    chunks = rank_chunks(rank, p, v, "interleaved-1f1b")
+    local = {c: j for j, c in enumerate(chunks)}
+    order = [local[c] for _, c, _ in _rank_order("interleaved-1f1b", p, v, m, rank)]
+    active: set[int] = set()
+    counts = [0] * v
+    for i in range(len(order)):
+        ahead: list[int] = []
+        for nxt in order[i:]:
+            if nxt not in ahead:
+                ahead.append(nxt)
+                if len(ahead) == ACTIVE_CHUNKS:
+                    break
+        active &= set(ahead)
+        for c in ahead:
+            if c not in active:
+                active.add(c)
+                counts[c] += 1
+    return tuple(counts)

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._pytree import tree_flatten
@@ -35,13 +37,54 @@ class _LeafSafeModTracker(ModTracker):
         return super()._fw_pre_hook(mod, kept)
 
 
+_PROPAGATING = [0]  # depth of DTensor sharding propagations running now (see StepMemTracker)
+
+
+def _untracked_propagation(propagate: Callable) -> Callable:
+    def wrapped(self, op_schema):  # type: ignore[no-untyped-def]
+        _PROPAGATING[0] += 1
+        try:
+            return propagate(self, op_schema)
+        finally:
+            _PROPAGATING[0] -= 1
+    wrapped._meshwise_original = propagate  # type: ignore[attr-defined]
+    return wrapped
+
+
 class StepMemTracker(MemTracker):
     """MemTracker that accepts a root module's forward several times per step (micro-batches).
 
     MemTracker keeps per-module statistics and refuses a root's second forward as "a new
     iteration"; meshwise needs only the global peak snapshot, so a root's stale per-module entry is
     dropped and tracking goes on. (FSDPMemTracker refuses the same, so FSDP2's buffers are read as
-    the tensors they are.)"""
+    the tensors they are.)
+
+    DTensor's sharding propagation runs each op once more on fake tensors of the *global* shape
+    (ShardingPropagator._propagate_tensor_meta_non_cached) to learn its output's metadata.
+    MemTracker skips those ops by comparing the active fake mode with the one at its entry, which
+    fails where the traced step itself runs in a FakeTensorMode (meshwise verify: propagation reuses
+    that mode): a tensor-parallel matmul's global output then counted at the peak (5.3 GB on Llama 3
+    405B's rank 8192 under tp=8, ac=full; scripts/trace_peak_holders.py). Ops run during a
+    propagation are not tracked here."""
+
+    def __enter__(self) -> "StepMemTracker":
+        if not hasattr(ShardingPropagator._propagate_tensor_meta_non_cached, "_meshwise_original"):
+            ShardingPropagator._propagate_tensor_meta_non_cached = _untracked_propagation(
+                ShardingPropagator._propagate_tensor_meta_non_cached)
+        return super().__enter__()
+
+    def __exit__(self, *args: Any) -> None:
+        super().__exit__(*args)
+        original = getattr(ShardingPropagator._propagate_tensor_meta_non_cached, "_meshwise_original", None)
+        if original is not None and self._depth == 0:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if _PROPAGATING[0]:
+            if any(t == DTensor for t in types):
+                return NotImplemented
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def __init__(self) -> None:
         super().__init__()
