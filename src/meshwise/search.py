@@ -214,13 +214,15 @@ def _with(base: Layout, mbs: int, ac: str) -> Layout:
     return _from_fields(fields)
 
 
-def _static_entry(shape: RankShape, static: tuple | None) -> tuple:
+def _static_entry(shape: RankShape, static: tuple | None, layout: Layout, train: TrainSpec) -> tuple:
     """(shape, its static parts, and of memory.candidates_floor's two sums the static halves: the
-    forward's end's and the backward's start's weights + 0.0 + optimizer, and the fixed buffers)."""
+    forward's end's and the backward's start's weights + 0.0 + optimizer, the fixed buffers, and
+    under the interleaved runtime the static part of memory.interleaved_ceiling, else None)."""
     if static is None:  # a bare parameter count: no floor of that form
-        return shape, static, 0.0, 0.0, 0.0
+        return shape, static, 0.0, 0.0, 0.0, None
     w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
-    return shape, static, w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other
+    ceiling = memory.interleaved_ceiling(train, layout, shape, static) if memory.interleaved(layout) else None
+    return shape, static, w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other, ceiling
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
@@ -289,7 +291,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 shapes = shapes_of(base)
                 fit = all(peaks.floor(base, sh) <= usable for sh in shapes)  # max(...) <= usable
                 # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
-                floor_fits[fkey] = fit = fit and (shapes, [_static_entry(sh, peaks.static_of(base, sh)) for sh in shapes])
+                floor_fits[fkey] = fit = fit and (shapes, [_static_entry(sh, peaks.static_of(base, sh), base, train)
+                                                           for sh in shapes])
         if not fit:  # no mbs or ac fits this structure
             return found
         shapes, statics = fit
@@ -319,7 +322,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                     layout, fits, per_mbs = None, True, []
                     # every rank's floor first (memory.candidates_floor, inlined: the static half of
                     # each sum is added up in advance, in the same order), then the full peaks
-                    for sh, st, fwd_static, bwd_static, fixed_other in statics:
+                    for sh, st, fwd_static, bwd_static, fixed_other, ceiling in statics:
                         per_mb = table.get((ac, mbs, sh.pp_rank))
                         if per_mb is None:
                             layout = layout or _with(base, mbs, ac)
@@ -328,10 +331,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                         if fwd_static + per_mb[0] + other > usable or bwd_static + per_mb[1] + other > usable:
                             fits = False
                             break
-                        per_mbs.append(per_mb)
+                        # under the interleaved runtime, a rank below its ceiling fits without its moments
+                        if ceiling is not None and ceiling + max(per_mb[0], per_mb[1], per_mb[2], per_mb[4]) \
+                                + per_mb[6] <= usable:
+                            continue
+                        per_mbs.append((sh, st, per_mb))
                     if fits:
                         layout = layout or _with(base, mbs, ac)
-                        for (sh, st, *_), per_mb in zip(statics, per_mbs):
+                        for sh, st, per_mb in per_mbs:
                             if max(map(sum, _candidates(lt, layout, sh, m, st, per_mb))) > usable:  # total_from
                                 fits = False
                                 break

@@ -340,6 +340,8 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
     per_chunk = shape.blocks / len(shape.chunk_blocks)
     base = held * per_chunk * kept
+    if interleaved(layout):  # the chunks in flight at the busiest moment, not the rank's average
+        base = pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks) * kept
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "none":
         # torch 2.13 keeps every chunk-micro-batch's weight-gradient tensors until the step ends;
         # one micro-batch per chunk is whole (act.weight_grad_bytes)
@@ -633,30 +635,33 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     # (in the compute dtype, until the block's FSDP unit accumulates them; meshwise verify, Llama 3
     # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
     fresh = first if shape.has_head else 2 * first
-    moments = pipeline.interleaved_moments(layout.pp, layout.vpp, m, shape.pp_rank, evict, frees)
-    fr = _chunk_fractions(shape)
-    smallest = sum(sorted(fr)[:pipeline.ACTIVE_CHUNKS]) if evict else 0.0
+    fractions, top_f, top_b, low_b, smallest, first_chunk = _moment_fractions(
+        layout.pp, layout.vpp, m, shape, evict, frees)
     unsharded = _gathered_weights(train, layout, shape) if evict else 0.0
-    top_f = max(mo.in_flight for mo in moments if mo.kind == "F")
-    top_b = max(mo.in_flight for mo in moments if mo.kind == "B")
     forward = backward = loss = None
-    for mo in moments:
-        extra_w = unsharded * (sum(fr[c] for c in mo.gathered) - smallest) if evict else 0.0
-        # a chunk gathered ahead of its use is FSDP2's all-gather output until then (a buffer: other)
-        prefetched = unsharded * sum(fr[c] for c in mo.pending) if mo.pending else 0.0
-        extra_w -= prefetched
-        g = all_grads * sum(fr[c] for c in mo.accumulating) if mo.accumulating else 0.0
-        if mo.reduced:  # the float32 shards of the chunks reduced
-            g += all_grads * sum(fr[c] for c in mo.reduced) / sharding
-        if mo.kind == "F":
-            cand = (w_fwd + extra_w, g, o, act_fwd - (top_f - mo.in_flight) * unit, other + prefetched)
-            forward = cand if forward is None or sum(cand) > sum(forward) else forward
+    best_f = best_b = best_loss = -1.0
+    for is_f, in_flight, gathered, pending, accumulating, reduced in fractions:
+        # the total first (most moments lose); the categories of the best: a chunk gathered ahead of
+        # its use is FSDP2's all-gather output until then (a buffer: other)
+        g = all_grads * (accumulating + reduced / sharding)  # reduced: their float32 shards
+        w = unsharded * (gathered - smallest)
+        if is_f:
+            a = act_fwd - (top_f - in_flight) * unit
+            total = w_fwd + w + g + o + a + other
+            if total > best_f:
+                prefetched = unsharded * pending
+                forward, best_f = (w_fwd + w - prefetched, g, o, a, other + prefetched), total
         else:
-            gb = g + fresh if (g == 0 or fresh_unsharded) else g
-            cand = (w_bwd + extra_w, gb, o, act_bwd - (top_b - mo.in_flight) * unit, other + prefetched)
-            backward = cand if backward is None or sum(cand) > sum(backward) else backward
-            if mo.in_flight == top_b and (loss is None or sum(cand) > sum(loss[0])):
-                loss = (cand, g)
+            gb = g + fresh if (accumulating == 0 or fresh_unsharded) else g
+            a = act_bwd - (top_b - in_flight) * unit
+            total = w_bwd + w + gb + o + a + other
+            if total > best_b or (in_flight == top_b and total > best_loss):
+                prefetched = unsharded * pending
+                cand = (w_bwd + w - prefetched, gb, o, a, other + prefetched)
+                if total > best_b:
+                    backward, best_b = cand, total
+                if in_flight == top_b and total > best_loss:
+                    loss, best_loss = (cand, g), total
     shards = all_grads / sharding if frees else all_grads
     end = (w_fwd - unsharded * smallest, shards, o, ids, other)
     loss_moment = (loss[0][0], loss[1], o, act_loss, other) if act_loss else end
@@ -666,11 +671,43 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
         # flight; its weight gradient is the rank's float32 shard of the table, not the whole table
         # in two dtypes as without PP (meshwise verify, Llama 3 405B pp=8, vpp=8, tp=8, rank 0:
         # 9.5 GB inside the embedding's backward where the whole table would make 18.2)
-        low = min(mo.in_flight for mo in moments if mo.kind == "B")
-        g0 = all_grads * fr[0]
+        g0 = all_grads * first_chunk
         table = shape.root_params * layout.tp * (4 + train.activation_bytes) - shape.root_params * 4
-        embed = (w_bwd + unsharded * (fr[0] - smallest), g0, o, act_embed - (top_b - low) * unit - table, other)
+        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o, act_embed - (top_b - low_b) * unit - table, other)
     return forward, backward, end, loss_moment, embed
+
+
+def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, static: tuple) -> float:
+    """Under the interleaved runtime, what no moment of :func:`_candidates` exceeds but the
+    activations and pipeline buffers (their largest: the forward's end, a backward's start, the
+    loss's and the embedding's backward): every chunk gathered, every unsharded gradient and its
+    shard, two fresh gradients, the optimizer states and the fixed buffers. The search's shortcut
+    for layouts that fit with room to spare (``layout``: context.weights_layout's or the layout)."""
+    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, *_ = static
+    evict = evicts_chunks(layout)
+    gathered = _gathered_weights(train, layout, shape) * (1 - sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS])) \
+        if evict else 0.0
+    return max(w_fwd, w_bwd) + gathered + all_grads * (1 + 1 / (layout.shard * layout.cp)) + 2 * first + o \
+        + fixed_other + sum(copies)
+
+
+@lru_cache(maxsize=16384)
+def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, frees: bool
+                      ) -> tuple[tuple[tuple[bool, int, float, float, float, float], ...], int, int, int, float, float]:
+    """The rank's interleaved moments (pipeline.interleaved_moments) as (is a forward's end, chunk-
+    micro-batches in flight, and the shares of the rank's parameters gathered, gathered ahead of
+    use, accumulating gradients and reduced), with the most in flight at a forward's end and at a
+    backward's start, the fewest at a backward's start, the three smallest chunks' share (where
+    chunks are evicted, else 0) and the first chunk's share."""
+    moments = pipeline.interleaved_moments(p, v, m, shape.pp_rank, evict, frees)
+    fr = _chunk_fractions(shape)
+    out = tuple((mo.kind == "F", mo.in_flight, sum(fr[c] for c in mo.gathered), sum(fr[c] for c in mo.pending),
+                 sum(fr[c] for c in mo.accumulating), sum(fr[c] for c in mo.reduced)) for mo in moments)
+    top_f = max(f for is_f, f, *_ in out if is_f)
+    top_b = max(f for is_f, f, *_ in out if not is_f)
+    low_b = min(f for is_f, f, *_ in out if not is_f)
+    smallest = sum(sorted(fr)[:pipeline.ACTIVE_CHUNKS]) if evict else 0.0
+    return out, top_f, top_b, low_b, smallest, fr[0]
 
 
 def candidates_floor(static: tuple, per_mb: tuple) -> float:

@@ -273,6 +273,32 @@ class Moment:
         return (self.in_flight, *(len(s) for s in sets), *(int(c in s) for s in sets for c in (0, v - 1)))
 
 
+@lru_cache(maxsize=1024)
+def _local_order(p: int, v: int, m: int, rank: int) -> tuple[tuple[str, int], ...]:
+    """Rank ``rank``'s interleaved order (_rank_order) as (kind, local chunk index)."""
+    local = {c: j for j, c in enumerate(rank_chunks(rank, p, v, "interleaved-1f1b"))}
+    return tuple((kind, local[c]) for kind, c, _ in _rank_order("interleaved-1f1b", p, v, m, rank))
+
+
+@lru_cache(maxsize=1024)
+def _lookahead_of(p: int, v: int, m: int, rank: int) -> tuple[frozenset, ...]:
+    return tuple(_lookahead([c for _, c in _local_order(p, v, m, rank)]))
+
+
+def _lookahead(chunks: list[int]) -> list[frozenset]:
+    """For each position of a rank's chunk sequence, the next ACTIVE_CHUNKS distinct chunks from
+    it on (what torch's _add_unshard_reshard keeps gathered there), walked backwards once."""
+    out: list[frozenset] = [frozenset()] * len(chunks)
+    nxt: list[int] = []  # distinct chunks from position i on, nearest first
+    for i in range(len(chunks) - 1, -1, -1):
+        c = chunks[i]
+        if c in nxt:
+            nxt.remove(c)
+        nxt.insert(0, c)
+        out[i] = frozenset(nxt[:ACTIVE_CHUNKS])
+    return out
+
+
 @lru_cache(maxsize=4096)
 def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_frees: bool) -> tuple[Moment, ...]:
     """The moments of rank ``rank``'s interleaved-1F1B step (``_rank_order``) that no other
@@ -287,43 +313,49 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
     chunk stays whole and gradients accumulate to the end. Found by meshwise verify on Llama 3 405B
     (16,384 H100, tp=8, pp=8 and 16): three chunks' weights and one chunk's gradients at the peak,
     and 26 all-gathers on dp where gathering each chunk once would make 16."""
-    chunks = rank_chunks(rank, p, v, "interleaved-1f1b")
-    local = {c: j for j, c in enumerate(chunks)}
-    order = [(kind, local[c]) for kind, c, _ in _rank_order("interleaved-1f1b", p, v, m, rank)]
+    order = _local_order(p, v, m, rank)
     held, done = 0, [0] * v
-    gathered: set[int] = set(range(v))
+    gathered: frozenset = frozenset() if evict else frozenset(range(v))  # a step starts with every chunk resharded
     pending: set[int] = set()
     accumulating: set[int] = set()
     reduced: set[int] = set()
-    kept: list[tuple[Moment, tuple[int, ...]]] = []
-
-    def keep(moment: Moment) -> None:
-        nonlocal kept
-        f = moment.features(v)
-        if not any(k.kind == moment.kind and all(a >= b for a, b in zip(kf, f)) for k, kf in kept):
-            kept = [(k, kf) for k, kf in kept if not (k.kind == moment.kind and all(a >= b for a, b in zip(f, kf)))]
-            kept.append((moment, f))
-
+    ends = (0, v - 1)
+    rest: tuple[int, ...] = ()
+    changed = True
+    best: dict[tuple, Moment] = {}  # by kind and features but in_flight: the one with the most in flight
+    ahead_of = _lookahead_of(p, v, m, rank) if evict else ()
     for i, (kind, c) in enumerate(order):
-        if evict:
-            ahead: set[int] = set()
-            for _, nxt in order[i:]:
-                ahead.add(nxt)
-                if len(ahead) == ACTIVE_CHUNKS:
-                    break
+        if evict and ahead_of[i] != gathered:
+            ahead = ahead_of[i]
             pending |= ahead - gathered  # gathered ahead of use: the all-gather's output, not yet the weights
-            gathered = ahead
+            gathered, changed = ahead, True
         pending.discard(c)
         held += kind == "F"
-        keep(Moment(kind, held, frozenset(gathered), frozenset(accumulating), frozenset(reduced), frozenset(pending)))
+        if changed:
+            sets = (gathered, accumulating, reduced)
+            rest = (*(len(s) for s in sets), *(int(e in s) for s in sets for e in ends))
+            changed = False
+        key = (kind, *rest)
+        now = best.get(key)
+        if now is None or held > now.in_flight:
+            best[key] = Moment(kind, held, gathered, frozenset(accumulating), frozenset(reduced), frozenset(pending))
         if kind == "B":
             held -= 1
             done[c] += 1
-            accumulating.add(c)
+            if c not in accumulating:
+                accumulating.add(c)
+                changed = True
             if reduce_frees and done[c] == m:
                 accumulating.discard(c)
                 reduced.add(c)
-    return tuple(k for k, _ in kept)
+                changed = True
+    kept: list[tuple[str, tuple[int, ...], Moment]] = []
+    # the largest feature sums first: a moment can be covered only by one already kept (or its equal)
+    found = sorted(((key[0], (mo.in_flight, *key[1:]), mo) for key, mo in best.items()), key=lambda x: -sum(x[1]))
+    for kind, f, mo in found:
+        if not any(k == kind and all(a >= b for a, b in zip(g, f)) for k, g, _ in kept):
+            kept.append((kind, f, mo))
+    return tuple(mo for _, _, mo in kept)
 
 
 @lru_cache(maxsize=4096)
@@ -332,21 +364,28 @@ def interleaved_gathers(p: int, v: int, m: int, rank: int) -> tuple[int, ...]:
     FSDP would keep it gathered (ZeRO-1/2; interleaved_moments' ``evict``): once when it first
     comes among the next ACTIVE_CHUNKS chunks to compute, and again each time it comes back after
     being resharded (torch 2.13's ``_add_unshard_reshard``)."""
-    chunks = rank_chunks(rank, p, v, "interleaved-1f1b")
-    local = {c: j for j, c in enumerate(chunks)}
-    order = [local[c] for _, c, _ in _rank_order("interleaved-1f1b", p, v, m, rank)]
     active: set[int] = set()
     counts = [0] * v
-    for i in range(len(order)):
-        ahead: list[int] = []
-        for nxt in order[i:]:
-            if nxt not in ahead:
-                ahead.append(nxt)
-                if len(ahead) == ACTIVE_CHUNKS:
-                    break
-        active &= set(ahead)
-        for c in ahead:
-            if c not in active:
-                active.add(c)
-                counts[c] += 1
+    for ahead in _lookahead_of(p, v, m, rank):
+        active &= ahead
+        for c in ahead - active:
+            active.add(c)
+            counts[c] += 1
     return tuple(counts)
+
+
+@lru_cache(maxsize=4096)
+def busiest_blocks(p: int, v: int, m: int, rank: int, chunk_blocks: tuple[int, ...]) -> int:
+    """Blocks of the chunk-micro-batches in flight at rank ``rank``'s busiest moment of an
+    interleaved-1F1B step (the most chunk-micro-batches, then the most blocks): where a rank's chunks
+    hold unequal block counts, the warm-up fills the early chunks (meshwise verify, Llama 3 405B,
+    pp=16, vpp=4, the last rank: 48 micro-batches of its 2-block chunks and one of its 1-block last)."""
+    held, blocks, best = 0, 0, (0, 0)
+    for kind, c in _local_order(p, v, m, rank):
+        step = 1 if kind == "F" else -1
+        if step < 0:
+            best = max(best, (held, blocks))
+        held += step
+        blocks += step * chunk_blocks[c]
+        best = max(best, (held, blocks))
+    return best[1]
