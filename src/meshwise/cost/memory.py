@@ -319,10 +319,10 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     first (base / held of them), where every micro-batch of the step is in flight at once (the
     warm-up holds them all, so no gradient of the step exists before the first backward).
     The fifth, under TP on the embedding's chunk: the end of a micro-batch's backward, in the
-    embedding's backward, where DTensor computes the whole table's gradient (V x h, in float32 and
-    in the compute dtype) before taking the rank's shard of it, beside the other micro-batches'
-    activations (traced: 6 B per element at bf16 on the tiny model at tp=2, row- and column-wise,
-    and on Llama 3 70B at tp=8; meshwise verify).
+    embedding's backward, where the rank's shard of the table's gradient is made in the compute
+    dtype beside the other micro-batches' activations (meshwise verify, Llama 3 70B pp=4,dp=2,
+    zero=1,tp=8 rank 0 peaks there; the whole table in two dtypes once traced here was DTensor's
+    sharding propagation, which the tracker now skips: measure/_torch_tools.StepMemTracker).
     The sixth: late in the second block a backward differentiates, the first one's activations
     freed (one block's kept tensors fewer than at the start of the backward)."""
     shapes = act.Shapes.of(model)
@@ -332,10 +332,12 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         dense_mlp = 0.0 if layout.ac == "full" else seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
         moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, layout.ac)
         kept += model.moe_layers / model.layers * (moe - dense_mlp)
-    if model.position == "rope" and train.precision == "bf16-mixed" and layout.dp * layout.cp > 1:
+    if model.position == "rope" and train.precision == "bf16-mixed" and layout.dp * layout.cp > 1 \
+            and layout.ac != "none":
         # FSDP2's policy casts each block's inputs: the float32 rotary cos and sin tables (s x head_dim)
-        # become a bf16 copy per block and micro-batch, kept by its backward (meshwise verify, Llama 3
-        # 405B: 2 x 2.1 MB per block and micro-batch in flight)
+        # become a bf16 copy per block and micro-batch, which a checkpointed block keeps as its inputs
+        # (meshwise verify, Llama 3 405B under ac=full and selective: 2 x 2.1 MB per block and
+        # micro-batch in flight; Llama 3 70B dp=8,zero=3,tp=8 without checkpointing: none)
         kept += 2 * seq * model.head_dim * e
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
     per_chunk = shape.blocks / len(shape.chunk_blocks)
@@ -384,7 +386,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         backward += ring_bytes(model, train, layout)
     embed = 0.0
     if shape.has_embedding and t > 1:
-        embed = backward - base / held + model.vocab * model.hidden * (4 + e)
+        embed = backward - base / held + model.vocab * model.hidden / t * e
     return forward, backward, loss, backward - base / held, embed, backward - kept
 
 
@@ -667,13 +669,9 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     loss_moment = (loss[0][0], loss[1], o, act_loss, other) if act_loss else end
     embed = backward
     if act_embed:
-        # the embedding's backward comes with its chunk's (the first) last backwards, the fewest in
-        # flight; its weight gradient is the rank's float32 shard of the table, not the whole table
-        # in two dtypes as without PP (meshwise verify, Llama 3 405B pp=8, vpp=8, tp=8, rank 0:
-        # 9.5 GB inside the embedding's backward where the whole table would make 18.2)
+        # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
         g0 = all_grads * first_chunk
-        table = shape.root_params * layout.tp * (4 + train.activation_bytes) - shape.root_params * 4
-        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o, act_embed - (top_b - low_b) * unit - table, other)
+        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o, act_embed - (top_b - low_b) * unit, other)
     return forward, backward, end, loss_moment, embed
 
 
