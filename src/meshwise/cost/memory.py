@@ -349,6 +349,13 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         # one micro-batch per chunk is whole (act.weight_grad_bytes)
         kept_w = act.weight_grad_bytes(shapes, seq, mbs, e, t, sp)
         base = shape.blocks * (m * kept_w + (kept - kept_w))
+    elif layout.schedule == "zero-bubble" and layout.pp > 1:
+        # with checkpointing, the split backward recomputes each block for its input gradient and
+        # again for its weight gradient, and torch 2.13 keeps both recomputed graphs of every
+        # chunk-micro-batch until the step ends (meshwise verify, Llama 3 405B dp=256,zero=1,
+        # shard=8,tp=8,pp=8,vpp=2,ac=full, pipeline rank 4: 437 GB traced, 3.4 GB per block and
+        # micro-batch; 2 x 1.6 GB unsplit blocks and the 0.27 GB input here)
+        base = shape.blocks * m * (2 * act.block_bytes(shapes, seq, mbs, e, t, sp, "none") + kept)
     if shape.has_embedding:
         base += held * seq * mbs * 8  # act.ids_bytes
     buffers = 0.0
@@ -456,6 +463,21 @@ def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
         block = shape.block_params - (shape.expert_params / shape.blocks * (1 - 1 / layout.ep) if shape.blocks else 0.0)
         return block * reduce_bytes(train)
     return 0.0
+
+
+def receive_buffers_idle(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> float:
+    """Of the pipeline's receive buffers (_activations), those no micro-batch in flight holds as its
+    input at the busiest moment: a tracker that starts after the first step (``meshwise measure``)
+    never sees them made, where a traced first step does (``meshwise verify``)."""
+    if layout.pp == 1 or model.states_only:
+        return 0.0
+    lt = local_train(train, layout)
+    chunks = len(shape.chunk_blocks)
+    message = lt.seq_len * layout.mbs * model.hidden * lt.activation_bytes / (layout.tp if layout.sp else 1)
+    held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
+    receiving = (chunks - int(shape.has_embedding)) / chunks
+    buffers = m * ((chunks - int(shape.has_embedding)) + (chunks - int(shape.has_head))) * message
+    return max(buffers - held * receiving * message, 0.0)
 
 
 def _rope_tables(model: ModelSpec, shape: RankShape) -> float:

@@ -14,10 +14,11 @@ total (nearest_moment); for a run or trace that saw where its peak fell (``peak_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories
+from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories, receive_buffers_idle
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -71,6 +72,9 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     nearest the measured total (Llama 3 70B pp=4,dp=2,zero=1,tp=8 rank 0: the backward's start and
     the embedding's backward lie 0.1% apart, their gradients 3.6%)."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
+    if not by_role and layout.pp > 1:  # measure's tracker starts after the first step (memory.receive_buffers_idle)
+        idle = receive_buffers_idle(model, train, layout, shape, m)
+        moments = {k: dataclasses.replace(mm, activations=max(mm.activations - idle, 0.0)) for k, mm in moments.items()}
     if names is None:
         moments.pop("loss", None)
     if not by_role:
