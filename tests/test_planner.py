@@ -46,6 +46,29 @@ def test_pruned_search_keeps_the_whole_pool_of_brute_force(name, gpu, gpus, batc
     assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
 
 
+def test_per_micro_batch_reads_ep_only_as_above_one():
+    """The search's per-micro-batch tables (PeakCache.table_of) are shared by every ep > 1: the
+    activations and buffers of memory._per_micro_batch must not change between ep = 2, 4, ...
+    (and do change from ep = 1, so the test can tell)."""
+    from dataclasses import replace
+
+    from meshwise.cost.context import local_train
+    from meshwise.cost.memory import _per_micro_batch, rank_shapes
+
+    model, gpus, batch = load_model("tiny-moe"), 8, 16
+    train = TrainSpec(batch, 16384, "bf16-mixed")
+    layouts = [lay for lay in enumerate_layouts(model, gpus, batch, seq_len=train.seq_len) if lay.ep > 1]
+    assert {lay.ep for lay in layouts} == {2, 4} and {lay.cp for lay in layouts} >= {1, 2}
+    differs = 0
+    for lay in layouts:
+        lt, m = local_train(train, lay), lay.accum(batch)
+        for shape in rank_shapes(model, lay):
+            per_mb = _per_micro_batch(model, lt, lay, shape, m)
+            assert per_mb == _per_micro_batch(model, lt, replace(lay, ep=6 - lay.ep), shape, m), lay
+            differs += per_mb != _per_micro_batch(model, lt, replace(lay, ep=1), shape, m)
+    assert differs
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

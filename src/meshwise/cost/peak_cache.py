@@ -63,7 +63,7 @@ class PeakCache:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
         akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, shape.pp_rank, m,
-                layout.cp, layout.ep)
+                layout.cp, layout.ep > 1)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
@@ -95,8 +95,11 @@ class PeakCache:
 
     def table_of(self, layout: Layout) -> dict:
         """The per-micro-batch parts of every layout with ``layout``'s tp, sp, pp, vpp, schedule, cp,
-        ep and dp (which fix the micro-batch count for each mbs), by (ac, mbs, pipeline rank)."""
-        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep, layout.dp)
+        dp (which fix the micro-batch count for each mbs) and whether ep > 1, by (ac, mbs, pipeline
+        rank). Of ep, memory._per_micro_batch reads only whether it is above 1 (the busiest expert
+        rank's capacity factor, activations.moe_mlp_bytes): ep = 2, 4, 8 share one table
+        (tests/test_planner.py holds this)."""
+        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep > 1, layout.dp)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = {}
