@@ -69,6 +69,25 @@ def test_per_micro_batch_reads_ep_only_as_above_one():
     assert differs
 
 
+@pytest.mark.parametrize("name, gpu, gpus, batch, seq", [("tiny-moe", "a100-40gb", 8, 16, 16384),
+                                                        ("llama3-8b", "h100", 16, 64, 16384)])
+def test_peak_cache_memories_are_rank_memories(name, gpu, gpus, batch, seq):
+    """The search hands estimate() each rank's memory from its peak cache (PeakCache.memories): for
+    every layout, in enumeration order (the tables filling as in a search), it is rank_memories'."""
+    from meshwise.cost.estimate import rank_memories
+    from meshwise.cost.memory import rank_shapes
+    from meshwise.cost.peak_cache import PeakCache
+
+    model, cluster = load_model(name), load_cluster(gpu, gpus)
+    train = TrainSpec(batch, seq, "bf16-mixed")
+    peaks = PeakCache(model, train)
+    layouts = list(enumerate_layouts(model, gpus, batch, seq_len=seq))
+    assert {lay.pp for lay in layouts} > {1} and {lay.cp for lay in layouts} > {1}
+    for lay in layouts:
+        mems = peaks.memories(lay, rank_shapes(model, lay), cluster.accelerator.memory_bytes)
+        assert mems == rank_memories(model, cluster, train, lay), lay
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

@@ -235,7 +235,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
 
     keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
-    usable = cluster.accelerator.memory_bytes * (1 - headroom)
+    capacity = cluster.accelerator.memory_bytes
+    usable = capacity * (1 - headroom)
     bounds: dict[tuple, float] = {}
     optimizers: dict[tuple, float] = {}
     keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
@@ -413,7 +414,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                 opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
             if busy + opt_s > result.best[-1].time.step_s:
                 continue
-        e = estimate(model, cluster, train, layout, headroom, stages)
+        e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)
         if at < keep:

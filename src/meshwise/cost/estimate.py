@@ -492,15 +492,17 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None) -> Estimate:
+             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
+             memories: tuple[Memory, ...] | None = None) -> Estimate:
     """Estimate one (already validated) layout (``stage_cache``: :func:`_stage_of`'s cache, shared with
-    :func:`lower_bound_step_s` over one model, cluster and setting)."""
+    :func:`lower_bound_step_s` over one model, cluster and setting; ``memories``: :func:`rank_memories`'
+    answer for the layout where the caller has it, as the search does from its peak cache)."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
     rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
-    mems = rank_memories(model, cluster, train, layout)
+    mems = rank_memories(model, cluster, train, layout) if memories is None else memories
     local = local_train(train, layout)
     share = host.core_share(accel, cluster.gpus_per_node)  # ranks per core (CPU, more ranks than cores)
 

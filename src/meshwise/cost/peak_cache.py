@@ -4,8 +4,8 @@ that do not change between them)."""
 from __future__ import annotations
 
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import (RankShape, _all_grads, _candidates, _fixed_other, _moments, _per_micro_batch,
-                                  _static_parts, _weights, candidates_floor, states)
+from meshwise.cost.memory import (Memory, RankShape, _all_grads, _candidates, _fixed_other, _moments,
+                                  _per_micro_batch, _static_parts, _weights, candidates_floor, rank_memory, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -108,3 +108,21 @@ class PeakCache:
     def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
         """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""
         return None if self.model.states_only else self._static_of(layout, shape)
+
+    def memories(self, layout: Layout, shapes: tuple[RankShape, ...], capacity: float) -> tuple[Memory, ...]:
+        """estimate.rank_memories' answer (memory.rank_memory of each of the layout's rank shapes,
+        ``shapes``) from the cached halves: the peak's categories are those of the largest moment,
+        as memory._moments picks it (tests/test_planner.py holds the two equal)."""
+        m = layout.accum(self.train.global_batch)
+        if self.model.states_only:
+            return tuple(rank_memory(self.model, self.train, layout, s, m, capacity) for s in shapes)
+        lt = local_train(self.train, layout)
+        table = self.table_of(layout)
+        out = []
+        for shape in shapes:
+            per_mb = table.get((layout.ac, layout.mbs, shape.pp_rank))
+            if per_mb is None:
+                per_mb = table[layout.ac, layout.mbs, shape.pp_rank] = self.per_micro_batch(layout, shape, m, lt)
+            peak = max(_candidates(lt, layout, shape, m, self._static_of(layout, shape), per_mb), key=sum)
+            out.append(Memory(*peak, capacity=capacity))
+        return tuple(out)
