@@ -88,6 +88,31 @@ def test_peak_cache_memories_are_rank_memories(name, gpu, gpus, batch, seq):
         assert mems == rank_memories(model, cluster, train, lay), lay
 
 
+@pytest.mark.parametrize("gpu, cores", [("a100-40gb", 0), ("cpu", 0), ("cpu", 1)])
+def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, cores):
+    """The search refuses a mixture of experts' layout by lower_bound_experts_s before working out
+    the tighter bound: over every layout (ep, cp, pp, ZeRO) it is no less than the compute-only
+    bound and no more than the tighter one, in floating point (on CPU ranks sharing cores, where
+    the tighter bound is compute plus bubble, too)."""
+    from dataclasses import replace
+
+    from meshwise.cost.estimate import lower_bound_experts_s, lower_bound_step_s
+
+    model, cluster = load_model("tiny-moe"), load_cluster(gpu, 8)
+    if cores:  # two ranks per core
+        cluster = replace(cluster, accelerator=replace(cluster.accelerator, cores_per_node=cores))
+    train = TrainSpec(16, 16384, "bf16-mixed")
+    layouts = list(enumerate_layouts(model, 8, 16, seq_len=train.seq_len))
+    assert {lay.ep for lay in layouts} == {1, 2, 4} and {lay.cp for lay in layouts} > {1} and max(lay.pp for lay in layouts) > 1
+    above = 0
+    for lay in layouts:
+        floor = lower_bound_step_s(model, cluster, train, lay, compute_only=True)
+        mid = lower_bound_experts_s(model, cluster, train, lay)
+        assert floor <= mid <= lower_bound_step_s(model, cluster, train, lay), lay
+        above += mid > floor
+    assert above if not cores else not above
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

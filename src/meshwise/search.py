@@ -21,7 +21,8 @@ from meshwise.cost import memory
 from meshwise.cost.memory import RankShape, _candidates
 from meshwise.cost.context import local_train
 from meshwise.cost.peak_cache import PeakCache
-from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, optimizer_seconds
+from meshwise.cost.estimate import (DEFAULT_HEADROOM, Estimate, estimate, lower_bound_experts_s, lower_bound_step_s,
+                                    optimizer_seconds)
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
 from meshwise.planner_experts import expert_degrees
@@ -396,23 +397,36 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
     fitting.sort(key=lambda f: f[:2])
     tight: dict[tuple, float] = {}
+    with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s by what it reads
+    moe = model.moe and not model.states_only
     stages: dict[tuple, tuple] = {}  # estimate._stage_of's cache, shared by the tight bounds and the estimates
     for bound, index, layout, shapes in fitting:
         if len(result.best) >= keep:
-            if bound > result.best[-1].time.step_s:
+            worst = result.best[-1].time.step_s
+            if bound > worst:
                 break
             # the tighter bound's two parts, each cached by the fields it reads (cost/estimate.py)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                   layout.sp, layout.zero >= 2)
-            busy = tight.get(key)
-            if busy is None:
-                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
                     layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
             opt_s = optimizers.get(okey)
             if opt_s is None:
                 opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
-            if busy + opt_s > result.best[-1].time.step_s:
+            if moe:
+                # first a cheaper one, compute + the expert all-to-alls (most tighter bounds of a
+                # mixture of experts that refuse a layout refuse it for those)
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                       layout.sp)
+                busy = with_experts.get(key)
+                if busy is None:
+                    busy = with_experts[key] = lower_bound_experts_s(model, cluster, train, layout)
+                if busy + opt_s > worst:
+                    continue
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                   layout.sp, layout.zero >= 2)
+            busy = tight.get(key)
+            if busy is None:
+                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
+            if busy + opt_s > worst:
                 continue
         e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
         key_e = (_rank_key(e), index)

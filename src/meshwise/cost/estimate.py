@@ -409,6 +409,28 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
 
 
+def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
+    """Between :func:`lower_bound_step_s`'s compute-only bound and its tighter one, for a mixture of
+    experts: the slowest rank's compute plus its expert-parallel collectives (experts.ep_collectives,
+    on the critical path), plus the bubble over the mean compute. The tighter bound adds the same
+    collectives' seconds to the same compute, with the pipeline sends and the exposed TP and cp
+    seconds (all >= 0), and takes its bubble over stages no shorter than the compute, so this is
+    below it in floating point too. It reads no ZeRO field nor ``shard``. On ranks sharing cores
+    (where the tighter bound is compute plus bubble) it is the compute-only bound."""
+    m = layout.accum(train.global_batch)
+    shapes = memory.rank_shapes(model, layout)
+    counts = _shape_counts(model, layout)
+    times = [compute_seconds(model, cluster, train, layout, s) for s in shapes]
+    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return max(times) + bubble_s
+    local = local_train(train, layout)
+    ep_s = [sum(op.seconds_per_step for op in experts.ep_collectives(model, local, layout, s, m, cluster))
+            for s in shapes]
+    return max(t + e for t, e in zip(times, ep_s)) + bubble_s
+
+
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
               layout: Layout, shape: RankShape, m: int) -> tuple:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
