@@ -113,6 +113,28 @@ def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, co
     assert above if not cores else not above
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16", "fp32"])
+def test_memory_never_grows_with_ep_above_one(precision):
+    """The search takes what fits a structure at a smaller ep > 1 to fit it at a larger one: every
+    rank's peak must not grow with ep from 2 on (every layout of tiny-moe on 8 ranks: cp, pp, ZeRO,
+    HSDP). From ep = 1 to 2 it may (the busiest expert rank's capacity factor)."""
+    from meshwise.cost.estimate import rank_memories
+
+    model, cluster = load_model("tiny-moe"), load_cluster("a100-40gb", 8)
+    train = TrainSpec(16, 16384, precision)
+    by_rest: dict[tuple, dict[int, tuple[float, ...]]] = {}
+    for lay in enumerate_layouts(model, 8, 16, seq_len=train.seq_len):
+        rest = tuple(v for k, v in sorted(lay.__dict__.items()) if k != "ep")
+        by_rest.setdefault(rest, {})[lay.ep] = tuple(m.total for m in rank_memories(model, cluster, train, lay))
+    compared = 0
+    for totals in by_rest.values():
+        eps = sorted(e for e in totals if e > 1)
+        for small, large in zip(eps, eps[1:]):
+            assert all(b <= a for a, b in zip(totals[small], totals[large])), (totals, small, large)
+            compared += 1
+    assert compared > 100
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

@@ -257,6 +257,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
     widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
     sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
+    fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, the (ac, mbs) that fit) of a structure's last ep > 1
     narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
     def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
@@ -271,8 +272,23 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                        possible: frozenset | None = None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         """The layouts of one structure that fit, as (layout, mbs, its rank shapes), in the order of
         the mbs and ac loop; the (ac, mbs) in ``known`` fit without being worked out (they fit a
-        narrower sharding group of the same structure), those not in ``possible`` (when given: what
-        fits the whole dp group) do not."""
+        narrower sharding group of the same structure), and so do those that fit the same structure
+        with a smaller ep > 1; those not in ``possible`` (when given: what fits the whole dp group) do not."""
+        ekey = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule) if ep > 1 else None
+        if ekey is not None:
+            # what fits with fewer experts per rank (a smaller ep > 1) fits here: a rank's states only
+            # shrink as ep grows, and its per-micro-batch parts read ep only as ep > 1
+            narrower_ep = fewer_experts_fit.get(ekey)
+            if narrower_ep is not None and narrower_ep[0] < ep:
+                known = known | narrower_ep[1]
+        found = structure_fits_at(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs, known, possible)
+        if ekey is not None:  # the eps of a structure come in ascending order (_structure_fields)
+            fewer_experts_fit[ekey] = (ep, frozenset((lay.ac, mbs) for lay, mbs, _ in found))
+        return found
+
+    def structure_fits_at(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                          schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset,
+                          possible: frozenset | None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
