@@ -346,7 +346,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                         per_mbs.append(per_mb)
                     if fits:
                         layout = layout or _with(base, mbs, ac)
-                        for (sh, st, *_), per_mb in zip(statics, per_mbs):
+                        for (sh, st, _, _, _), per_mb in zip(statics, per_mbs):  # no starred list per try
                             if max(map(sum, _candidates(lt, layout, sh, m, st, per_mb))) > usable:  # total_from
                                 fits = False
                                 break
