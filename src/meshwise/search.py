@@ -258,6 +258,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
     sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
     fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, the (ac, mbs) that fit) of a structure's last ep > 1
+    # estimate._stage_of's cache, shared by the bounds and the estimates (with compute_seconds' answers)
+    stages: dict[tuple, tuple | float] = {}
     narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
     def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
@@ -290,9 +292,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                           schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset,
                           possible: frozenset | None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
-        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
         fit = floor_fits.get(fkey)
+        if fit is False:  # known to fit at no mbs or ac (most structures): no layout built
+            return found
+        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         if fit is None:
             if zero and 1 < shard < dp:
                 # the floor only shrinks as the sharding group grows (every term is divided by it or
@@ -405,7 +409,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
             key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
             bound = bounds.get(key)
             if bound is None:
-                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)
+                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
+                                                         stage_cache=stages)
             fitting.append((bound, len(fitting), layout, shapes))
     # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
     # the first whose bound is slower than the worst of them ends the search, and one whose tighter
@@ -415,7 +420,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     tight: dict[tuple, float] = {}
     with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s by what it reads
     moe = model.moe and not model.states_only
-    stages: dict[tuple, tuple] = {}  # estimate._stage_of's cache, shared by the tight bounds and the estimates
     for bound, index, layout, shapes in fitting:
         if len(result.best) >= keep:
             worst = result.best[-1].time.step_s
@@ -434,7 +438,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                        layout.sp)
                 busy = with_experts.get(key)
                 if busy is None:
-                    busy = with_experts[key] = lower_bound_experts_s(model, cluster, train, layout)
+                    busy = with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, stages)
                 if busy + opt_s > worst:
                     continue
             key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
