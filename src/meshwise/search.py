@@ -433,7 +433,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
     # the first whose bound is slower than the worst of them ends the search, and one whose tighter
     # bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact ties
     # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
-    fitting.sort(key=lambda f: f[:2])
+    fitting.sort()  # by (bound, enumeration index): the index is unique, so no layout is ever compared
     tight: dict[tuple, float] = {}
     with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s by what it reads
     moe = model.moe and not model.states_only
