@@ -274,7 +274,8 @@ def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
     rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
     widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
     sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
-    fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, the (ac, mbs) that fit) of a structure's last ep > 1
+    # (ep, the (ac, mbs) that fit) of a structure's last ep > 1, by the structure less ep
+    fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}
     # estimate._stage_of's cache, shared by the bounds and the estimates (with compute_seconds' answers)
     stages: dict[tuple, tuple | float] = {}
     narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
