@@ -46,6 +46,96 @@ def test_pruned_search_keeps_the_whole_pool_of_brute_force(name, gpu, gpus, batc
     assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
 
 
+def test_per_micro_batch_reads_ep_only_as_above_one():
+    """The search's per-micro-batch tables (PeakCache.table_of) are shared by every ep > 1: the
+    activations and buffers of memory._per_micro_batch must not change between ep = 2, 4, ...
+    (and do change from ep = 1, so the test can tell)."""
+    from dataclasses import replace
+
+    from meshwise.cost.context import local_train
+    from meshwise.cost.memory import _per_micro_batch, rank_shapes
+
+    model, gpus, batch = load_model("tiny-moe"), 8, 16
+    train = TrainSpec(batch, 16384, "bf16-mixed")
+    layouts = [lay for lay in enumerate_layouts(model, gpus, batch, seq_len=train.seq_len) if lay.ep > 1]
+    assert {lay.ep for lay in layouts} == {2, 4} and {lay.cp for lay in layouts} >= {1, 2}
+    differs = 0
+    for lay in layouts:
+        lt, m = local_train(train, lay), lay.accum(batch)
+        for shape in rank_shapes(model, lay):
+            per_mb = _per_micro_batch(model, lt, lay, shape, m)
+            assert per_mb == _per_micro_batch(model, lt, replace(lay, ep=6 - lay.ep), shape, m), lay
+            differs += per_mb != _per_micro_batch(model, lt, replace(lay, ep=1), shape, m)
+    assert differs
+
+
+@pytest.mark.parametrize("name, gpu, gpus, batch, seq", [("tiny-moe", "a100-40gb", 8, 16, 16384),
+                                                        ("llama3-8b", "h100", 16, 64, 16384)])
+def test_peak_cache_memories_are_rank_memories(name, gpu, gpus, batch, seq):
+    """The search hands estimate() each rank's memory from its peak cache (PeakCache.memories): for
+    every layout, in enumeration order (the tables filling as in a search), it is rank_memories'."""
+    from meshwise.cost.estimate import rank_memories
+    from meshwise.cost.memory import rank_shapes
+    from meshwise.cost.peak_cache import PeakCache
+
+    model, cluster = load_model(name), load_cluster(gpu, gpus)
+    train = TrainSpec(batch, seq, "bf16-mixed")
+    peaks = PeakCache(model, train)
+    layouts = list(enumerate_layouts(model, gpus, batch, seq_len=seq))
+    assert {lay.pp for lay in layouts} > {1} and {lay.cp for lay in layouts} > {1}
+    for lay in layouts:
+        mems = peaks.memories(lay, rank_shapes(model, lay), cluster.accelerator.memory_bytes)
+        assert mems == rank_memories(model, cluster, train, lay), lay
+
+
+@pytest.mark.parametrize("gpu, cores", [("a100-40gb", 0), ("cpu", 0), ("cpu", 1)])
+def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, cores):
+    """The search refuses a mixture of experts' layout by lower_bound_experts_s before working out
+    the tighter bound: over every layout (ep, cp, pp, ZeRO) it is no less than the compute-only
+    bound and no more than the tighter one, in floating point (on CPU ranks sharing cores, where
+    the tighter bound is compute plus bubble, too)."""
+    from dataclasses import replace
+
+    from meshwise.cost.estimate import lower_bound_experts_s, lower_bound_step_s
+
+    model, cluster = load_model("tiny-moe"), load_cluster(gpu, 8)
+    if cores:  # two ranks per core
+        cluster = replace(cluster, accelerator=replace(cluster.accelerator, cores_per_node=cores))
+    train = TrainSpec(16, 16384, "bf16-mixed")
+    layouts = list(enumerate_layouts(model, 8, 16, seq_len=train.seq_len))
+    assert {lay.ep for lay in layouts} == {1, 2, 4} and {lay.cp for lay in layouts} > {1}
+    assert max(lay.pp for lay in layouts) > 1
+    above = 0
+    for lay in layouts:
+        floor = lower_bound_step_s(model, cluster, train, lay, compute_only=True)
+        mid = lower_bound_experts_s(model, cluster, train, lay)
+        assert floor <= mid <= lower_bound_step_s(model, cluster, train, lay), lay
+        above += mid > floor
+    assert above if not cores else not above
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16", "fp32"])
+def test_memory_never_grows_with_ep_above_one(precision):
+    """The search takes what fits a structure at a smaller ep > 1 to fit it at a larger one: every
+    rank's peak must not grow with ep from 2 on (every layout of tiny-moe on 8 ranks: cp, pp, ZeRO,
+    HSDP). From ep = 1 to 2 it may (the busiest expert rank's capacity factor)."""
+    from meshwise.cost.estimate import rank_memories
+
+    model, cluster = load_model("tiny-moe"), load_cluster("a100-40gb", 8)
+    train = TrainSpec(16, 16384, precision)
+    by_rest: dict[tuple, dict[int, tuple[float, ...]]] = {}
+    for lay in enumerate_layouts(model, 8, 16, seq_len=train.seq_len):
+        rest = tuple(v for k, v in sorted(lay.__dict__.items()) if k != "ep")
+        by_rest.setdefault(rest, {})[lay.ep] = tuple(m.total for m in rank_memories(model, cluster, train, lay))
+    compared = 0
+    for totals in by_rest.values():
+        eps = sorted(e for e in totals if e > 1)
+        for small, large in zip(eps, eps[1:]):
+            assert all(b <= a for a, b in zip(totals[small], totals[large])), (totals, small, large)
+            compared += 1
+    assert compared > 100
+
+
 def test_small_model_gets_ddp():
     model = load_model("llama3-8b")
     p = plan(model, load_cluster("b200", 8), TrainSpec(64, 1024, "bf16"))

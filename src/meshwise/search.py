@@ -13,6 +13,7 @@ activation-checkpointing modes. Ties go to less machinery (:func:`break_ties`).
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -21,7 +22,8 @@ from meshwise.cost import memory
 from meshwise.cost.memory import RankShape, _candidates
 from meshwise.cost.context import local_train
 from meshwise.cost.peak_cache import PeakCache
-from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, lower_bound_step_s, optimizer_seconds
+from meshwise.cost.estimate import (DEFAULT_HEADROOM, Estimate, estimate, lower_bound_experts_s, lower_bound_step_s,
+                                    optimizer_seconds)
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
 from meshwise.planner_experts import expert_degrees
@@ -231,13 +233,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
     is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where`` restricts the search (it sees each layout with mbs=1); by default,
     for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
+
+    The cyclic garbage collector is paused while it runs: the search allocates hundreds of thousands
+    of small tuples, dicts and layouts that reference counting frees (the only cycles are its own
+    nested functions, collected once it is resumed), and the collector's passes over them took
+    about 7% of a Mixtral 8x22B plan.
     """
+    resume = gc.isenabled()
+    gc.disable()
+    try:
+        return _search(model, cluster, train, top, headroom, where)
+    finally:
+        if resume:
+            gc.enable()
+
+
+def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
+            headroom: float, where: Callable[[Layout], bool] | None) -> SearchResult:
     if where is None and train.runtime == "meshwise" and not model.states_only:
         where = runs_here(model, train.seq_len)
 
     keep = max(top, RUNNER_UP_POOL)
     result = SearchResult()
-    usable = cluster.accelerator.memory_bytes * (1 - headroom)
+    capacity = cluster.accelerator.memory_bytes
+    usable = capacity * (1 - headroom)
     bounds: dict[tuple, float] = {}
     optimizers: dict[tuple, float] = {}
     keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
@@ -257,6 +276,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
     widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
     sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
+    # (ep, the (ac, mbs) that fit) of a structure's last ep > 1, by the structure less ep
+    fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}
+    # estimate._stage_of's cache, shared by the bounds and the estimates (with compute_seconds' answers)
+    stages: dict[tuple, tuple | float] = {}
     narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
     def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
@@ -271,12 +294,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
                        possible: frozenset | None = None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         """The layouts of one structure that fit, as (layout, mbs, its rank shapes), in the order of
         the mbs and ac loop; the (ac, mbs) in ``known`` fit without being worked out (they fit a
-        narrower sharding group of the same structure), those not in ``possible`` (when given: what
-        fits the whole dp group) do not."""
+        narrower sharding group of the same structure), and so do those that fit the same structure
+        with a smaller ep > 1; those not in ``possible`` (when given: what fits the whole dp group) do not."""
+        ekey = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule) if ep > 1 else None
+        if ekey is not None:
+            # what fits with fewer experts per rank (a smaller ep > 1) fits here: a rank's states only
+            # shrink as ep grows, and its per-micro-batch parts read ep only as ep > 1
+            narrower_ep = fewer_experts_fit.get(ekey)
+            if narrower_ep is not None and narrower_ep[0] < ep:
+                known = known | narrower_ep[1]
+        found = structure_fits_at(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs, known, possible)
+        if ekey is not None:  # the eps of a structure come in ascending order (_structure_fields)
+            fewer_experts_fit[ekey] = (ep, frozenset((lay.ac, mbs) for lay, mbs, _ in found))
+        return found
+
+    def structure_fits_at(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                          schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset,
+                          possible: frozenset | None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
         found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
-        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
         fit = floor_fits.get(fkey)
+        if fit is False:  # known to fit at no mbs or ac (most structures): no layout built
+            return found
+        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         if fit is None:
             if zero and 1 < shard < dp:
                 # the floor only shrinks as the sharding group grows (every term is divided by it or
@@ -397,33 +437,46 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
             key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
             bound = bounds.get(key)
             if bound is None:
-                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True)
+                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
+                                                         stage_cache=stages)
             fitting.append((bound, len(fitting), layout, shapes))
     # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
     # the first whose bound is slower than the worst of them ends the search, and one whose tighter
     # bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact ties
     # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
-    fitting.sort(key=lambda f: f[:2])
+    fitting.sort()  # by (bound, enumeration index): the index is unique, so no layout is ever compared
     tight: dict[tuple, float] = {}
-    stages: dict[tuple, tuple] = {}  # estimate._stage_of's cache, shared by the tight bounds and the estimates
+    with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s by what it reads
+    moe = model.moe and not model.states_only
     for bound, index, layout, shapes in fitting:
         if len(result.best) >= keep:
-            if bound > result.best[-1].time.step_s:
+            worst = result.best[-1].time.step_s
+            if bound > worst:
                 break
             # the tighter bound's two parts, each cached by the fields it reads (cost/estimate.py)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                   layout.sp, layout.zero >= 2)
-            busy = tight.get(key)
-            if busy is None:
-                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
                     layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
             opt_s = optimizers.get(okey)
             if opt_s is None:
                 opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
-            if busy + opt_s > result.best[-1].time.step_s:
+            if moe:
+                # first a cheaper one, compute + the expert all-to-alls (most tighter bounds of a
+                # mixture of experts that refuse a layout refuse it for those)
+                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                       layout.sp)
+                busy = with_experts.get(key)
+                if busy is None:
+                    busy = with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, stages)
+                if busy + opt_s > worst:
+                    continue
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                   layout.sp, layout.zero >= 2)
+            busy = tight.get(key)
+            if busy is None:
+                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
+            if busy + opt_s > worst:
                 continue
-        e = estimate(model, cluster, train, layout, headroom, stages)
+        e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)
         if at < keep:

@@ -427,7 +427,7 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(model, layout)
     if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
-        times = [compute_seconds(model, cluster, train, layout, s) for s in shapes]
+        times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
         mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
         return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
     local = local_train(train, layout)
@@ -437,6 +437,29 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
         busy_s.append(compute_s + tp_s + pp_s + cp_s)
         stages.append(compute_s + tp_s + cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
+
+
+def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                          stage_cache: dict | None = None) -> float:
+    """Between :func:`lower_bound_step_s`'s compute-only bound and its tighter one, for a mixture of
+    experts: the slowest rank's compute plus its expert-parallel collectives (experts.ep_collectives,
+    on the critical path), plus the bubble over the mean compute. The tighter bound adds the same
+    collectives' seconds to the same compute, with the pipeline sends and the exposed TP and cp
+    seconds (all >= 0), and takes its bubble over stages no shorter than the compute, so this is
+    below it in floating point too. It reads no ZeRO field nor ``shard``. On ranks sharing cores
+    (where the tighter bound is compute plus bubble) it is the compute-only bound."""
+    m = layout.accum(train.global_batch)
+    shapes = memory.rank_shapes(model, layout)
+    counts = _shape_counts(model, layout)
+    times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
+    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+    bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return max(times) + bubble_s
+    local = local_train(train, layout)
+    ep_s = [sum(op.seconds_per_step for op in experts.ep_collectives(model, local, layout, s, m, cluster))
+            for s in shapes]
+    return max(t + e for t, e in zip(times, ep_s)) + bubble_s
 
 
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
@@ -452,15 +475,31 @@ def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train:
            layout.replicate > 1 and layout.shard > 1, layout.replicate == 1, layout.zero == 0)
     found = cache.get(key)
     if found is None:
-        found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m)
+        found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m, cache)
+    return found
+
+
+def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                shape: RankShape) -> float:
+    """:func:`compute_seconds`, kept in ``cache`` (when given; :func:`_stage_of`'s, under keys of their
+    own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
+    blocks, model ends and (for a bare parameter count) parameters; bounds and estimates of layouts
+    that differ in ZeRO, ep or the schedule share it."""
+    if cache is None:
+        return compute_seconds(model, cluster, train, layout, shape)
+    key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
+           shape.has_embedding, shape.has_head, shape.params)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
     return found
 
 
 def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
-                   shape: RankShape, m: int) -> tuple:
+                   shape: RankShape, m: int, cache: dict | None = None) -> tuple:
     """One rank's (compute, exposed TP, pipeline + expert sends, exposed cp ring) seconds, then its
-    TP, pipeline, expert, cp K/V and cp dK/dV collectives."""
-    compute_s = compute_seconds(model, cluster, train, layout, shape)
+    TP, pipeline, expert, cp K/V and cp dK/dV collectives (``cache``: :func:`_compute_of`'s)."""
+    compute_s = _compute_of(cache, model, cluster, train, layout, shape)
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
     ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
@@ -522,15 +561,17 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None) -> Estimate:
+             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
+             memories: tuple[Memory, ...] | None = None) -> Estimate:
     """Estimate one (already validated) layout (``stage_cache``: :func:`_stage_of`'s cache, shared with
-    :func:`lower_bound_step_s` over one model, cluster and setting)."""
+    :func:`lower_bound_step_s` over one model, cluster and setting; ``memories``: :func:`rank_memories`'
+    answer for the layout where the caller has it, as the search does from its peak cache)."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
     rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
-    mems = rank_memories(model, cluster, train, layout)
+    mems = rank_memories(model, cluster, train, layout) if memories is None else memories
     local = local_train(train, layout)
     share = host.core_share(accel, cluster.gpus_per_node)  # ranks per core (CPU, more ranks than cores)
 

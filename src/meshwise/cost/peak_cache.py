@@ -4,8 +4,9 @@ that do not change between them)."""
 from __future__ import annotations
 
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import (RankShape, _all_grads, _candidates, _fixed_other, _moments, _per_micro_batch,
-                                  _static_parts, _weights, candidates_floor, frees_gradients, states)
+from meshwise.cost.memory import (Memory, RankShape, _all_grads, _candidates, _fixed_other, _moments,
+                                  _per_micro_batch, _static_parts, _weights, candidates_floor, frees_gradients,
+                                  rank_memory, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -66,7 +67,7 @@ class PeakCache:
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
         akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, shape.pp_rank, m,
-                layout.cp, layout.ep)
+                layout.cp, layout.ep > 1)
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
@@ -98,8 +99,11 @@ class PeakCache:
 
     def table_of(self, layout: Layout) -> dict:
         """The per-micro-batch parts of every layout with ``layout``'s tp, sp, pp, vpp, schedule, cp,
-        ep and dp (which fix the micro-batch count for each mbs), by (ac, mbs, pipeline rank)."""
-        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep, layout.dp)
+        dp (which fix the micro-batch count for each mbs) and whether ep > 1, by (ac, mbs, pipeline
+        rank). Of ep, memory._per_micro_batch reads only whether it is above 1 (the busiest expert
+        rank's capacity factor, activations.moe_mlp_bytes): ep = 2, 4, 8 share one table
+        (tests/test_planner.py holds this)."""
+        key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep > 1, layout.dp)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = {}
@@ -108,3 +112,21 @@ class PeakCache:
     def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
         """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""
         return None if self.model.states_only else self._static_of(layout, shape)
+
+    def memories(self, layout: Layout, shapes: tuple[RankShape, ...], capacity: float) -> tuple[Memory, ...]:
+        """estimate.rank_memories' answer (memory.rank_memory of each of the layout's rank shapes,
+        ``shapes``) from the cached halves: the peak's categories are those of the largest moment,
+        as memory._moments picks it (tests/test_planner.py holds the two equal)."""
+        m = layout.accum(self.train.global_batch)
+        if self.model.states_only:
+            return tuple(rank_memory(self.model, self.train, layout, s, m, capacity) for s in shapes)
+        lt = local_train(self.train, layout)
+        table = self.table_of(layout)
+        out = []
+        for shape in shapes:
+            per_mb = table.get((layout.ac, layout.mbs, shape.pp_rank))
+            if per_mb is None:
+                per_mb = table[layout.ac, layout.mbs, shape.pp_rank] = self.per_micro_batch(layout, shape, m, lt)
+            peak = max(_candidates(lt, layout, shape, m, self._static_of(layout, shape), per_mb), key=sum)
+            out.append(Memory(*peak, capacity=capacity))
+        return tuple(out)
