@@ -394,7 +394,11 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     embed = 0.0
     if shape.has_embedding and t > 1:
         embed = backward - base / held + model.vocab * model.hidden / t * e
-    return forward, backward, loss, backward - base / held, embed, backward - kept
+    # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
+    # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
+    extras = (base - (pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks) * kept
+                      if interleaved(layout) else held * per_chunk * kept)) / held
+    return forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras
 
 
 def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
@@ -535,13 +539,15 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
     of a forward, at the start of a backward, in the loss's backward, at the start of a second
     backward, in the embedding's backward, late in a block's backward; pipeline buffers;
     activations inside the ring attention's backward of the last block and of the last but one,
-    and its temporaries; what the last block's shared expert keeps for its backward)."""
+    and its temporaries; what the last block's shared expert keeps for its backward; a block's
+    kept bytes per micro-batch and what a chunk-micro-batch in flight adds beside its blocks)."""
     shared = 0.0
     if _shared_expert(model, shape):  # act.moe_mlp_bytes: its four SwiGLU tensors and its gated output
         shared = train.seq_len * layout.mbs * train.activation_bytes * \
             (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
-    return (*_activations(model, train, layout, shape, m), _pipeline_buffers(model, train, layout, shape),
-            *_ring_backward(model, train, layout, shape), shared)
+    acts = _activations(model, train, layout, shape, m)
+    return (*acts[:6], _pipeline_buffers(model, train, layout, shape), *_ring_backward(model, train, layout, shape),
+            shared, *acts[6:])
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
@@ -559,7 +565,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     the backward)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads, last_block, shared_grads = static
     act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring_last, act_ring, ring_temps, \
-        shared_kept = per_mb
+        shared_kept, kept_block, extras = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
@@ -624,7 +630,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     if interleaved(layout):
         standing_in = ring == end
         forward, backward, end, loss_moment, embed = _interleaved_peaks(
-            train, layout, shape, m, static, act_fwd, act_bwd, act_bwd - act_second, act_loss, act_embed, ids, other,
+            train, layout, shape, m, static, act_fwd, act_bwd, kept_block, extras, act_loss, act_embed, ids, other,
             fresh_unsharded)
         late = backward  # late in a block's backward is a moment of its own only without PP
         if standing_in:
@@ -643,13 +649,14 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
 
 
 def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple,
-                       act_fwd: float, act_bwd: float, unit: float, act_loss: float, act_embed: float, ids: float,
-                       other: float, fresh_unsharded: bool) -> tuple[tuple[float, float, float, float, float], ...]:
+                       act_fwd: float, act_bwd: float, kept_block: float, extras: float, act_loss: float,
+                       act_embed: float, ids: float, other: float, fresh_unsharded: bool
+                       ) -> tuple[tuple[float, float, float, float, float], ...]:
     """(forward, backward, end of the step, loss's backward, embedding's backward) under the
     interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
     weights of the chunks gathered, the gradients of the chunks accumulating (their share of every
-    gradient), and the activations of ``unit`` bytes per chunk-micro-batch fewer than at the
-    busiest forward (``act_fwd``) or backward (``act_bwd``) for each one fewer in flight, and the
+    gradient), and the activations: fewer than at the busiest forward (``act_fwd``) or backward
+    (``act_bwd``) by ``kept_block`` per block and ``extras`` per chunk-micro-batch fewer in flight, and the
     float32 shards of the chunks whose gradients were reduced; at the end of the step only the
     shards remain (every chunk resharded, every gradient reduced)."""
     w_fwd, w_bwd, o, all_grads, first, *_ = static
@@ -659,25 +666,25 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     # (in the compute dtype, until the block's FSDP unit accumulates them; meshwise verify, Llama 3
     # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
     fresh = first if shape.has_head else 2 * first
-    fractions, top_f, top_b, low_b, smallest, first_chunk = _moment_fractions(
+    fractions, top_f, top_b, low_b, smallest, first_chunk, busiest, low_blocks = _moment_fractions(
         layout.pp, layout.vpp, m, shape, evict, frees)
     unsharded = _gathered_weights(train, layout, shape) if evict else 0.0
     forward = backward = loss = None
     best_f = best_b = best_loss = -1.0
-    for is_f, in_flight, gathered, pending, accumulating, reduced in fractions:
+    for is_f, in_flight, blocks, gathered, pending, accumulating, reduced in fractions:
         # the total first (most moments lose); the categories of the best: a chunk gathered ahead of
         # its use is FSDP2's all-gather output until then (a buffer: other)
         g = all_grads * (accumulating + reduced / sharding)  # reduced: their float32 shards
         w = unsharded * (gathered - smallest)
         if is_f:
-            a = act_fwd - (top_f - in_flight) * unit
+            a = act_fwd - (busiest - blocks) * kept_block - (top_f - in_flight) * extras
             total = w_fwd + w + g + o + a + other
             if total > best_f:
                 prefetched = unsharded * pending
                 forward, best_f = (w_fwd + w - prefetched, g, o, a, other + prefetched), total
         else:
             gb = g + fresh if (accumulating == 0 or fresh_unsharded) else g
-            a = act_bwd - (top_b - in_flight) * unit
+            a = act_bwd - (busiest - blocks) * kept_block - (top_b - in_flight) * extras
             total = w_bwd + w + gb + o + a + other
             if total > best_b or (in_flight == top_b and total > best_loss):
                 prefetched = unsharded * pending
@@ -693,7 +700,8 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     if act_embed:
         # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
         g0 = all_grads * first_chunk
-        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o, act_embed - (top_b - low_b) * unit, other)
+        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o,
+                 act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras, other)
     return forward, backward, end, loss_moment, embed
 
 
@@ -715,19 +723,22 @@ def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, stat
 def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, frees: bool
                       ) -> tuple[tuple[tuple[bool, int, float, float, float, float], ...], int, int, int, float, float]:
     """The rank's interleaved moments (pipeline.interleaved_moments) as (is a forward's end, chunk-
-    micro-batches in flight, and the shares of the rank's parameters gathered, gathered ahead of
-    use, accumulating gradients and reduced), with the most in flight at a forward's end and at a
-    backward's start, the fewest at a backward's start, the three smallest chunks' share (where
-    chunks are evicted, else 0) and the first chunk's share."""
+    micro-batches in flight, their blocks, and the shares of the rank's parameters gathered,
+    gathered ahead of use, accumulating gradients and reduced), with the most in flight at a
+    forward's end and at a backward's start, the fewest at a backward's start, the three smallest
+    chunks' share (where chunks are evicted, else 0), the first chunk's share, the blocks in flight
+    at the busiest moment (pipeline.busiest_blocks) and at the fewest-in-flight backward."""
     moments = pipeline.interleaved_moments(p, v, m, shape.pp_rank, evict, frees)
     fr = _chunk_fractions(shape)
-    out = tuple((mo.kind == "F", mo.in_flight, sum(fr[c] for c in mo.gathered), sum(fr[c] for c in mo.pending),
+    out = tuple((mo.kind == "F", mo.in_flight, sum(n * b for n, b in zip(mo.flight, shape.chunk_blocks)),
+                 sum(fr[c] for c in mo.gathered), sum(fr[c] for c in mo.pending),
                  sum(fr[c] for c in mo.accumulating), sum(fr[c] for c in mo.reduced)) for mo in moments)
     top_f = max(f for is_f, f, *_ in out if is_f)
     top_b = max(f for is_f, f, *_ in out if not is_f)
-    low_b = min(f for is_f, f, *_ in out if not is_f)
+    low_b, low_blocks = min((f, b) for is_f, f, b, *_ in out if not is_f)
     smallest = sum(sorted(fr)[:pipeline.ACTIVE_CHUNKS]) if evict else 0.0
-    return out, top_f, top_b, low_b, smallest, fr[0]
+    busiest = pipeline.busiest_blocks(p, v, m, shape.pp_rank, shape.chunk_blocks)
+    return out, top_f, top_b, low_b, smallest, fr[0], busiest, low_blocks
 
 
 def candidates_floor(static: tuple, per_mb: tuple) -> float:

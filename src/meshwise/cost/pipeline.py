@@ -264,6 +264,7 @@ class Moment:
     accumulating: frozenset
     reduced: frozenset = frozenset()
     pending: frozenset = frozenset()  # of ``gathered``, those prefetched and not yet computed with
+    flight: tuple = ()  # chunk-micro-batches in flight, by chunk
 
     def features(self, v: int) -> tuple[int, ...]:
         """What the memory of the moment grows with, chunks counted as equal but for the rank's
@@ -314,7 +315,7 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
     (16,384 H100, tp=8, pp=8 and 16): three chunks' weights and one chunk's gradients at the peak,
     and 26 all-gathers on dp where gathering each chunk once would make 16."""
     order = _local_order(p, v, m, rank)
-    held, done = 0, [0] * v
+    held, done, flight = 0, [0] * v, [0] * v
     gathered: frozenset = frozenset() if evict else frozenset(range(v))  # a step starts with every chunk resharded
     pending: set[int] = set()
     accumulating: set[int] = set()
@@ -330,7 +331,9 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
             pending |= ahead - gathered  # gathered ahead of use: the all-gather's output, not yet the weights
             gathered, changed = ahead, True
         pending.discard(c)
-        held += kind == "F"
+        if kind == "F":
+            held += 1
+            flight[c] += 1
         if changed:
             sets = (gathered, accumulating, reduced)
             rest = (*(len(s) for s in sets), *(int(e in s) for s in sets for e in ends))
@@ -338,9 +341,11 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
         key = (kind, *rest)
         now = best.get(key)
         if now is None or held > now.in_flight:
-            best[key] = Moment(kind, held, gathered, frozenset(accumulating), frozenset(reduced), frozenset(pending))
+            best[key] = Moment(kind, held, gathered, frozenset(accumulating), frozenset(reduced), frozenset(pending),
+                               tuple(flight))
         if kind == "B":
             held -= 1
+            flight[c] -= 1
             done[c] += 1
             if c not in accumulating:
                 accumulating.add(c)
