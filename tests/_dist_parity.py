@@ -4,6 +4,11 @@ layouts of one world size in one set of processes (torch start-up is the main co
 Every layout builds its own DeviceMesh (new process groups) inside the same workers. A failure in
 any rank is sent back with its traceback and the whole group is killed; a group that runs past
 its deadline is killed too, so a test fails with a message instead of hanging.
+
+The workers of a group are forked from one spawned process that imported torch and meshwise's
+runtime once (``_zygote``), not spawned one by one: each spawn imports torch again (about 3 s of
+CPU), which on a 2-core machine made the 8-rank group wait for 8 imports before its first layout.
+Nothing runs a torch operation or starts a thread before the fork.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import queue as queue_mod
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -193,14 +199,43 @@ class GroupResult:
     error: str = ""  # the first failure (case name, rank, traceback), or a timeout
 
 
+def _zygote(world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
+    """The group's one spawned process: leads a new process group (so that ``run_group`` can kill it
+    and its workers at once), imports what every worker needs, forks the ``world`` workers, and
+    reports a worker that dies without a report of its own (rank, exit code)."""
+    os.setpgid(0, 0)
+    import torch.distributed.tensor  # noqa: F401  (imported once here, shared by every fork)
+
+    import meshwise.layout  # noqa: F401
+    import meshwise.runtime  # noqa: F401
+    import meshwise.runtime.model  # noqa: F401
+
+    if any(c.compile for c in cases):
+        import meshwise.runtime.compile  # noqa: F401
+
+    fork = mp.get_context("fork")
+    procs = [fork.Process(target=_worker, args=(r, world, port, cases, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    while any(p.exitcode is None for p in procs):
+        dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if dead:
+            break
+        time.sleep(0.2)
+    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+    if dead:
+        out.put((-1, "<died>", "died", dead))
+    out.close()
+    out.join_thread()
+
+
 def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
-    """Run ``cases`` in one group of ``world`` spawned workers; never waits past ``timeout_s``."""
+    """Run ``cases`` in one group of ``world`` workers (forked by ``_zygote``); never waits past ``timeout_s``."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, out), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
+    zygote = ctx.Process(target=_zygote, args=(world, port, cases, out))  # not daemonic: it has children
+    zygote.start()
     partial: dict[str, dict[int, tuple]] = {}
     runs: dict[str, Run] = {}
     seconds: dict[str, float] = {}
@@ -213,12 +248,13 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
             except queue_mod.Empty:
                 if time.monotonic() > deadline:
                     error = f"world {world}: timed out after {timeout_s:.0f}s; finished: {sorted(runs)}"
-                elif any(p.exitcode not in (None, 0) for p in procs):
-                    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    error = f"world {world}: worker(s) died without a report (rank, exit code): {dead}"
+                elif zygote.exitcode is not None:
+                    error = f"world {world}: the workers' parent ended (exit code {zygote.exitcode}) early"
                 continue
             if status == "error":
                 error = f"world {world}, case {name}, rank {rank} failed:\n{payload}"
+            elif status == "died":
+                error = f"world {world}: worker(s) died without a report (rank, exit code): {payload}"
             elif status == "done":
                 done += 1
             else:
@@ -231,11 +267,11 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
                     runs[name] = Run(ranks[0][0], weights, ranks[0][1], ranks[0][4])
                     seconds[name] = max(r[3] for r in ranks.values())
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate() if not error else p.kill()
-        for p in procs:
-            p.join(timeout=10)
+        try:  # whatever is left of the zygote and its workers, which share the process group it leads
+            os.killpg(zygote.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # it ended, or had not made the group yet
+            zygote.kill()
+        zygote.join(timeout=10)
     return GroupResult(runs, seconds, error)
 
 
