@@ -2,9 +2,14 @@
 (one-process train, export, generate, tokenize, refusals): the same ``meshwise.cli.main`` a
 subprocess would run, without the Python and torch start-up (about 6 s each on a 2-core machine).
 
-What a launch shares between processes (several ranks, signals, a killed launcher) still needs a
-subprocess; so does anything checking what a fresh interpreter imports. Python warnings go to
-pytest's warning summary here, where a subprocess would have printed them on stderr.
+``meshwise_launch`` does the same for a command that launches workers (``train --nproc-per-node
+N``): meshwise's launcher runs in this process, as ``meshwise measure``'s does in test_measure, and
+starts the workers as new processes, as it does for a user; their output is collected too.
+
+What a launch shares with its launcher's process (signals to it, a killed launcher, torchrun's
+restarts) still needs a subprocess; so does anything checking what a fresh interpreter imports.
+Python warnings go to pytest's warning summary here, where a subprocess would have printed them
+on stderr.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-from contextlib import redirect_stderr, redirect_stdout
+import sys
+import tempfile
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Iterator
 
 
 def meshwise_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -33,3 +41,42 @@ def meshwise_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(["meshwise", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextmanager
+def _descriptors_to_files() -> Iterator[tuple[io.BufferedRandom, io.BufferedRandom]]:
+    """File descriptors 1 and 2 (what child processes inherit) point at two temporary files meanwhile."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            yield out, err
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def meshwise_launch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``meshwise_here`` for a command whose launcher starts worker processes: ``env`` is set
+    meanwhile (as ``subprocess.run(env=...)`` would add it); stdout and stderr are the launcher's
+    lines followed by the workers' (which went to file descriptors 1 and 2)."""
+    saved_env = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        with _descriptors_to_files() as (out, err):
+            done = meshwise_here(*args, cwd=cwd)
+            for f in (out, err):
+                f.flush()
+                f.seek(0)
+            workers_out, workers_err = (f.read().decode(errors="replace") for f in (out, err))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout + workers_out,
+                                       done.stderr + workers_err)

@@ -4,17 +4,27 @@ layouts of one world size in one set of processes (torch start-up is the main co
 Every layout builds its own DeviceMesh (new process groups) inside the same workers. A failure in
 any rank is sent back with its traceback and the whole group is killed; a group that runs past
 its deadline is killed too, so a test fails with a message instead of hanging.
+
+The workers of a group are forked from one spawned process that imported torch and meshwise's
+runtime once (``_zygote``), not spawned one by one: each spawn imports torch again (about 3 s of
+CPU), which on a 2-core machine made the 8-rank group wait for 8 imports before its first layout.
+Nothing runs a torch operation or starts a thread before the fork. ``launch_forked`` starts the
+ranks of a worker module (tests/test_measure.py: ``meshwise.measure.worker``) the same way.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import queue as queue_mod
+import signal
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -193,14 +203,54 @@ class GroupResult:
     error: str = ""  # the first failure (case name, rank, traceback), or a timeout
 
 
-def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
-    """Run ``cases`` in one group of ``world`` spawned workers; never waits past ``timeout_s``."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, out), daemon=True) for r in range(world)]
+def _zygote(world: int, preload: tuple[str, ...], target, args: tuple, out: "mp.Queue") -> None:
+    """The group's one spawned process: leads a new process group (so that its parent can kill it
+    and its workers at once), imports ``preload``, forks ``world`` workers running
+    ``target(rank, world, *args, out)``, and reports their exit codes: ``died`` as soon as one
+    fails, ``ended`` once all have ended."""
+    os.setpgid(0, 0)
+    for module in preload:  # imported once here, shared by every fork
+        importlib.import_module(module)
+    fork = mp.get_context("fork")
+    procs = [fork.Process(target=target, args=(r, world, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
+    while any(p.exitcode is None for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.1)
+    codes = [(r, p.exitcode) for r, p in enumerate(procs)]
+    if any(code not in (None, 0) for _, code in codes):
+        out.put((-1, "<died>", "died", [(r, code) for r, code in codes if code not in (None, 0)]))
+    else:
+        out.put((-1, "<ended>", "ended", codes))
+    out.close()
+    out.join_thread()
+
+
+def _start_zygote(world: int, preload: tuple[str, ...], target, args: tuple) -> tuple["mp.Process", "mp.Queue"]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    zygote = ctx.Process(target=_zygote, args=(world, preload, target, args, out))  # not daemonic: it has children
+    zygote.start()
+    return zygote, out
+
+
+def _end_zygote(zygote: "mp.Process") -> None:
+    try:  # whatever is left of the zygote and its workers, which share the process group it leads
+        os.killpg(zygote.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # it ended, or had not made the group yet
+        zygote.kill()
+    zygote.join(timeout=10)
+
+
+PARITY_PRELOAD = ("torch.distributed.tensor", "meshwise.layout", "meshwise.runtime", "meshwise.runtime.model")
+
+
+def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
+    """Run ``cases`` in one group of ``world`` workers (forked by ``_zygote``); never waits past ``timeout_s``."""
+    preload = PARITY_PRELOAD + (("meshwise.runtime.compile",) if any(c.compile for c in cases) else ())
+    zygote, out = _start_zygote(world, preload, _worker, (free_port(), cases))
     partial: dict[str, dict[int, tuple]] = {}
     runs: dict[str, Run] = {}
     seconds: dict[str, float] = {}
@@ -213,14 +263,17 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
             except queue_mod.Empty:
                 if time.monotonic() > deadline:
                     error = f"world {world}: timed out after {timeout_s:.0f}s; finished: {sorted(runs)}"
-                elif any(p.exitcode not in (None, 0) for p in procs):
-                    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    error = f"world {world}: worker(s) died without a report (rank, exit code): {dead}"
+                elif zygote.exitcode is not None:
+                    error = f"world {world}: the workers' parent ended (exit code {zygote.exitcode}) early"
                 continue
             if status == "error":
                 error = f"world {world}, case {name}, rank {rank} failed:\n{payload}"
+            elif status == "died":
+                error = f"world {world}: worker(s) died without a report (rank, exit code): {payload}"
             elif status == "done":
                 done += 1
+            elif status == "ended":
+                error = f"world {world}: the workers ended (rank, exit code: {payload}) before every report"
             else:
                 partial.setdefault(name, {})[rank] = payload
                 if len(partial[name]) == world:
@@ -231,12 +284,64 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
                     runs[name] = Run(ranks[0][0], weights, ranks[0][1], ranks[0][4])
                     seconds[name] = max(r[3] for r in ranks.values())
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate() if not error else p.kill()
-        for p in procs:
-            p.join(timeout=10)
+        _end_zygote(zygote)
     return GroupResult(runs, seconds, error)
+
+
+def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str], run_dir: str, log_dir: str,
+                   out: "mp.Queue") -> None:
+    """One rank of ``python -m module ARGV`` as meshwise's launcher starts it (the environment of
+    ``launch._loopback_env``: a FileStore in ``run_dir``), its stdout and stderr in
+    ``log_dir/<rank>/``; ends with ``module.main``'s exit status."""
+    folder = Path(log_dir) / str(rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+        os.dup2(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                      MESHWISE_RUN_DIR=run_dir)
+    if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    try:
+        code = importlib.import_module(module).main(argv)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    exit_worker(code if isinstance(code, int) else 1)
+
+
+def launch_forked(module: str, argv: list[str], nproc: int, log_dir: Path, what: str, tail_lines: int = 10,
+                  timeout_s: float = 900) -> None:
+    """In place of ``meshwise.launch.launch_logged`` for a test: the same worker module, environment and
+    logs, its ranks forked from one process that imported ``module`` (``_zygote``) instead of each
+    starting Python and importing torch (torch's elastic agent starts them one by one). A failed
+    run raises RuntimeError naming ``what``, with the tail of each rank's stderr."""
+    with tempfile.TemporaryDirectory(prefix="meshwise-run-") as run_dir:
+        zygote, out = _start_zygote(nproc, (module,), _module_worker, (free_port(), module, argv, run_dir,
+                                                                         str(log_dir)))
+        deadline, error = time.monotonic() + timeout_s, ""
+        try:
+            while True:
+                try:
+                    _, _, status, payload = out.get(timeout=1.0)
+                except queue_mod.Empty:
+                    if time.monotonic() > deadline:
+                        error = f"timed out after {timeout_s:.0f} s"
+                    elif zygote.exitcode is not None:
+                        error = f"the workers' parent ended (exit code {zygote.exitcode}) early"
+                    else:
+                        continue
+                    break
+                if status == "died":
+                    error = f"worker(s) failed (rank, exit code): {payload}"
+                break
+        finally:
+            _end_zygote(zygote)
+    if error:
+        tail = "\n".join(line for f in sorted(Path(log_dir).rglob("stderr.log"))
+                         for line in f.read_text().splitlines()[-tail_lines:])
+        raise RuntimeError(f"{what} failed: {error}\n{tail}")
 
 
 # -------------------------------------------------------------------------------- comparison

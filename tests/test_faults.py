@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import meshwise_here
+from _cli import meshwise_here, meshwise_launch
 
 MICRO = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nkv_heads = 2\nffn_hidden = 64\nvocab = 256\nmax_seq = 32\n"
 STEPS = 10
@@ -81,7 +81,9 @@ def _start_long_run(folder: Path, *args: str) -> tuple[subprocess.Popen, list[in
 def reference(tmp_path_factory) -> dict[int, float]:
     folder = tmp_path_factory.mktemp("reference")
     (folder / "micro.toml").write_text(MICRO)
-    r = _run(folder, "--steps", str(STEPS), "--checkpoint-every", "100")
+    # no fault: the launcher in this process, the workers new processes (tests/_cli.py)
+    r = meshwise_launch("train", *COMMON, "--steps", str(STEPS), "--checkpoint-every", "100", cwd=folder,
+                        env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     losses = _losses(folder)
     assert sorted(losses) == list(range(1, STEPS + 1))

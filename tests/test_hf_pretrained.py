@@ -7,9 +7,7 @@
 """
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from _cli import meshwise_here  # noqa: E402
+from _cli import meshwise_here, meshwise_launch  # noqa: E402
 from meshwise.train.export import read_safetensors  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -36,10 +34,9 @@ def save_tiny(folder: Path, cls: str = "Qwen3Config", **kw) -> Path:
     return folder
 
 
-def meshwise(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+def meshwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command that launches workers: the launcher in this process, the workers new processes (tests/_cli.py)."""
+    return meshwise_launch(*args, cwd=cwd, env={"OMP_NUM_THREADS": "1"})
 
 
 def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -3,7 +3,10 @@
 For every layout and rank: predicted bytes per step of each collective kind and mesh dimension
 within 1% of the measured (counts too), params, grads and optimizer within 10%, activations within
 20%. Workers are launched once per world size and measure every layout of it in turn; the table is
-printed (pytest -s) and is the fidelity table of docs/fidelity.md.
+printed (pytest -s) and is the fidelity table of docs/fidelity.md. ``run_workers`` starts them through
+``_dist_parity.launch_forked``: the same worker module, arguments, environment and records, its
+ranks forked from one process that imported it rather than each importing torch under torch's
+elastic agent; test_measure_cli_json_and_bad_input runs ``meshwise measure`` as a user does.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from _cli import meshwise_here
+from _dist_parity import launch_forked
 from _transport import once_more_on_transport_error
 from _parity_cases import CASES, MODEL_CASES
 
+import meshwise.measure.run as measure_run
 from meshwise.measure.compare import rows_for
 from meshwise.measure.run import run_workers
 from meshwise.spec import TrainSpec, load_cluster, load_model
@@ -40,9 +46,11 @@ _records: dict[int, list[list[dict]]] = {}
 
 def records(world: int) -> list[list[dict]]:
     if world not in _records:
-        _records[world] = once_more_on_transport_error(
-            lambda: run_workers(world, LAYOUTS[world] + EXTRA.get(world, []), "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=0,
-                                timeout_s=600))
+        def launch() -> list[list[dict]]:
+            with mock.patch.object(measure_run, "launch_logged", launch_forked):
+                return run_workers(world, LAYOUTS[world] + EXTRA.get(world, []), "tiny", TRAIN.global_batch,
+                                   TRAIN.seq_len, steps=0, timeout_s=600)
+        _records[world] = once_more_on_transport_error(launch)
     return _records[world]
 
 

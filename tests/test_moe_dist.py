@@ -9,15 +9,13 @@ each resumed run's steps 4-6 must match the reference's within 1e-4 (relative).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from _cli import meshwise_here
+from _cli import meshwise_here, meshwise_launch
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +29,7 @@ def _train(folder: Path, layout: str, nproc: str, *extra: str) -> subprocess.Com
             "m.jsonl", *extra]
     if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
         return meshwise_here(*args, cwd=folder)
-    return subprocess.run([sys.executable, "-m", "meshwise.cli", *args], cwd=folder,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    return meshwise_launch(*args, cwd=folder, env={"OMP_NUM_THREADS": "1"})  # the launcher here, the workers not
 
 
 def _losses(path: Path) -> dict[int, float]:

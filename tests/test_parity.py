@@ -3,8 +3,8 @@
 For each layout, 4 AdamW steps (global batch 8 x 64 tokens, clipping active) must give the
 reference's per-step losses (first within 1e-6 relative, the rest 1e-4), its gradient norms, its
 final weights (1e-4) and its eval loss on a held-out batch after the last step (1e-4). Workers
-are spawned once per world size (2, 4, 8) and run all layouts of that size; the reference is
-computed once, in this process.
+are started once per world size (2, 4, 8; forked from one process that imported torch) and run
+all layouts of that size; the reference is computed once, in this process.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import meshwise_here
+from _cli import meshwise_here, meshwise_launch
 from _models import micro_model
 
 from meshwise.launch import free_port
@@ -50,9 +50,9 @@ def _torchrun(*args: str) -> list[str]:
 def reference(tmp_path_factory) -> tuple[Path, dict[int, float]]:
     folder = tmp_path_factory.mktemp("reference")
     model = micro_model(folder)
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", model, *COMMON,
-                        "--layout", "dp=2,tp=2", "--nproc-per-node", "4", "--checkpoint-dir", "ck",
-                        "--metrics", "m.jsonl"], cwd=folder, env=_env(), capture_output=True, text=True, timeout=300)
+    # the launcher in this process, the 4 workers new processes (tests/_cli.py)
+    r = meshwise_launch("train", "--model", model, *COMMON, "--layout", "dp=2,tp=2", "--nproc-per-node", "4",
+                        "--checkpoint-dir", "ck", "--metrics", "m.jsonl", cwd=folder, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     losses = dict(_losses(folder / "m.jsonl"))
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -97,9 +97,8 @@ def test_resume_under_another_layout_and_world_size(reference, tmp_path, layout,
             "--resume", "auto", "--metrics", "m.jsonl"]
     if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
         r = meshwise_here(*args, cwd=tmp_path)
-    else:
-        r = subprocess.run([sys.executable, "-m", "meshwise.cli", *args], cwd=tmp_path, env=_env(), capture_output=True,
-                           text=True, timeout=300)
+    else:  # the launcher in this process, the workers new processes
+        r = meshwise_launch(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Resumed from ck/step-10 (step 10" in r.stdout
     logged = _losses(tmp_path / "m.jsonl")
