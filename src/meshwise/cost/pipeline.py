@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from meshwise.layout import rank_chunks
 
@@ -250,13 +251,13 @@ def simulated_bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
 ACTIVE_CHUNKS = 3  # torch 2.13's _add_unshard_reshard: chunks kept gathered at once (max_active_stages)
 
 
-@dataclass(frozen=True)
-class Moment:
+class Moment(NamedTuple):
     """What an interleaved-1F1B rank holds at one moment of its step, in local chunk indices (the
     rank's chunks ascending): ``kind`` "F" at the end of a forward, "B" at the start of a backward;
     ``in_flight`` chunk-micro-batches of activations; ``gathered`` chunks whose weights are
     unsharded; ``accumulating`` chunks whose unsharded gradients exist (one backward or more done,
-    and not yet reduced to a shard); ``reduced`` chunks whose gradients are reduced to a shard."""
+    and not yet reduced to a shard); ``reduced`` chunks whose gradients are reduced to a shard.
+    (A named tuple: a step makes one per new busiest moment, thousands per search.)"""
 
     kind: str
     in_flight: int
@@ -265,13 +266,6 @@ class Moment:
     reduced: frozenset = frozenset()
     pending: frozenset = frozenset()  # of ``gathered``, those prefetched and not yet computed with
     flight: tuple = ()  # chunk-micro-batches in flight, by chunk
-
-    def features(self, v: int) -> tuple[int, ...]:
-        """What the memory of the moment grows with, chunks counted as equal but for the rank's
-        first and last (which hold the embedding or the head): a moment with each feature at
-        least another's holds at least as much."""
-        sets = (self.gathered, self.accumulating, self.reduced)
-        return (self.in_flight, *(len(s) for s in sets), *(int(c in s) for s in sets for c in (0, v - 1)))
 
 
 @lru_cache(maxsize=1024)
@@ -303,7 +297,10 @@ def _lookahead(chunks: list[int]) -> list[frozenset]:
 @lru_cache(maxsize=4096)
 def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_frees: bool) -> tuple[Moment, ...]:
     """The moments of rank ``rank``'s interleaved-1F1B step (``_rank_order``) that no other
-    moment of the same kind holds as much as (``Moment.features``).
+    moment of the same kind holds as much as: by the chunk-micro-batches in flight and the counts
+    of chunks gathered, accumulating and reduced, chunks counted as equal but for the rank's first
+    and last (which hold the embedding or the head); a moment with each at least another's holds
+    at least as much.
 
     torch 2.13 runs the interleaved schedule through its pipeline runtime. With FSDP it keeps at
     most ACTIVE_CHUNKS chunks gathered (``evict``, where FSDP2 would otherwise keep them through
@@ -322,6 +319,7 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
     reduced: set[int] = set()
     ends = (0, v - 1)
     rest: tuple[int, ...] = ()
+    frozen: tuple[frozenset, frozenset] = (frozenset(), frozenset())
     changed = True
     best: dict[tuple, Moment] = {}  # by kind and features but in_flight: the one with the most in flight
     ahead_of = _lookahead_of(p, v, m, rank) if evict else ()
@@ -337,12 +335,12 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
         if changed:
             sets = (gathered, accumulating, reduced)
             rest = (*(len(s) for s in sets), *(int(e in s) for s in sets for e in ends))
+            frozen = (frozenset(accumulating), frozenset(reduced))
             changed = False
         key = (kind, *rest)
         now = best.get(key)
         if now is None or held > now.in_flight:
-            best[key] = Moment(kind, held, gathered, frozenset(accumulating), frozenset(reduced), frozenset(pending),
-                               tuple(flight))
+            best[key] = Moment(kind, held, gathered, frozen[0], frozen[1], frozenset(pending), tuple(flight))
         if kind == "B":
             held -= 1
             flight[c] -= 1
@@ -385,12 +383,24 @@ def busiest_blocks(p: int, v: int, m: int, rank: int, chunk_blocks: tuple[int, .
     interleaved-1F1B step (the most chunk-micro-batches, then the most blocks): where a rank's chunks
     hold unequal block counts, the warm-up fills the early chunks (meshwise verify, Llama 3 405B,
     pp=16, vpp=4, the last rank: 48 micro-batches of its 2-block chunks and one of its 1-block last)."""
-    held, blocks, best = 0, 0, (0, 0)
+    return max(sum(n * b for n, b in zip(flight, chunk_blocks)) for flight in _busiest_flights(p, v, m, rank))
+
+
+@lru_cache(maxsize=1024)
+def _busiest_flights(p: int, v: int, m: int, rank: int) -> frozenset:
+    """The chunk-micro-batches in flight, by chunk, at each moment of rank ``rank``'s interleaved step
+    with the most in flight."""
+    held, top, flight = 0, 0, [0] * v
+    found: set[tuple[int, ...]] = set()
     for kind, c in _local_order(p, v, m, rank):
-        step = 1 if kind == "F" else -1
-        if step < 0:
-            best = max(best, (held, blocks))
-        held += step
-        blocks += step * chunk_blocks[c]
-        best = max(best, (held, blocks))
-    return best[1]
+        if kind == "F":
+            held += 1
+            flight[c] += 1
+        if held > top:
+            top, found = held, set()
+        if held == top:
+            found.add(tuple(flight))
+        if kind == "B":
+            held -= 1
+            flight[c] -= 1
+    return frozenset(found)
