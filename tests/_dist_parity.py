@@ -258,14 +258,11 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
     deadline = time.monotonic() + timeout_s
     try:
         while done < world and not error:
-            try:
-                rank, name, status, payload = out.get(timeout=1.0)
-            except queue_mod.Empty:
-                if time.monotonic() > deadline:
-                    error = f"world {world}: timed out after {timeout_s:.0f}s; finished: {sorted(runs)}"
-                elif zygote.exitcode is not None:
-                    error = f"world {world}: the workers' parent ended (exit code {zygote.exitcode}) early"
+            report = _next_report(out, zygote, deadline, timeout_s)
+            if isinstance(report, str):
+                error = report and f"world {world}: {report}; finished: {sorted(runs)}"
                 continue
+            rank, name, status, payload = report
             if status == "error":
                 error = f"world {world}, case {name}, rank {rank} failed:\n{payload}"
             elif status == "died":
@@ -286,6 +283,19 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
     finally:
         _end_zygote(zygote)
     return GroupResult(runs, seconds, error)
+
+
+def _next_report(out: "mp.Queue", zygote, deadline: float, timeout_s: float) -> tuple | str:
+    """The next report the workers put on ``out``; else why none will come (past the deadline, or
+    their parent ended), or "" while one may still come (polled each second)."""
+    try:
+        return out.get(timeout=1.0)
+    except queue_mod.Empty:
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout_s:.0f} s"
+        if zygote.exitcode is not None:
+            return f"the workers' parent ended (exit code {zygote.exitcode}) early"
+        return ""
 
 
 def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str], run_dir: str, log_dir: str,
@@ -323,16 +333,13 @@ def launch_forked(module: str, argv: list[str], nproc: int, log_dir: Path, what:
         deadline, error = time.monotonic() + timeout_s, ""
         try:
             while True:
-                try:
-                    _, _, status, payload = out.get(timeout=1.0)
-                except queue_mod.Empty:
-                    if time.monotonic() > deadline:
-                        error = f"timed out after {timeout_s:.0f} s"
-                    elif zygote.exitcode is not None:
-                        error = f"the workers' parent ended (exit code {zygote.exitcode}) early"
-                    else:
+                report = _next_report(out, zygote, deadline, timeout_s)
+                if isinstance(report, str):
+                    if not report:
                         continue
+                    error = report
                     break
+                _, _, status, payload = report
                 if status == "died":
                     error = f"worker(s) failed (rank, exit code): {payload}"
                 break
