@@ -367,13 +367,11 @@ def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
                         if per_mb is None:
                             layout = layout or _with(base, mbs, ac)
                             per_mb = table[ac, mbs, sh.pp_rank] = peaks.per_micro_batch(layout, sh, m, lt)
-                        other = fixed_other + per_mb[6]
-                        if fwd_static + per_mb[0] + other > usable or bwd_static + per_mb[1] + other > usable:
+                        if fwd_static + per_mb[0] + fixed_other > usable or bwd_static + per_mb[1] + fixed_other > usable:
                             fits = False
                             break
                         # under the interleaved runtime, a rank below its ceiling fits without its moments
-                        if ceiling is not None and ceiling + max(per_mb[0], per_mb[1], per_mb[2], per_mb[4]) \
-                                + per_mb[6] <= usable:
+                        if ceiling is not None and ceiling + max(per_mb[0], per_mb[1], per_mb[2], per_mb[4]) <= usable:
                             continue
                         per_mbs.append((sh, st, per_mb))
                     if fits:

@@ -24,7 +24,9 @@ without PP), under cp with ZeRO-3 the ring attention's backward of the last bloc
   micro-batches in flight, the pipeline stages' cached outputs, the head's saved tensors and the
   gathered logits, a checkpointed block being recomputed; torch 2.13's zero-bubble schedules keep
   every micro-batch's weight-gradient tensors until the step ends.
-- ``other``: ZeRO-2/3's reduce-scatter input, the pipeline's send/receive buffers.
+- ``other``: ZeRO-2/3's reduce-scatter input (without PP), the rotary tables, and under the
+  interleaved runtime the chunks gathered ahead of use; the pipeline's receive buffers are counted
+  with the activations (one per micro-batch and chunk in each direction).
 
 Context parallelism (``cp``) splits each sequence over cp ranks that hold the same weights: the
 states are those of a layout with dp·cp replicas and a sharding group of shard·cp
@@ -245,7 +247,7 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
     if evicts_chunks(layout):
         # at most three chunks gathered at once; the fewest any moment of the step holds before
         # it ends are the rank's three smallest (pipeline.interleaved_moments)
-        w -= _gathered_weights(train, layout, shape) * (1 - sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS]))
+        w -= _gathered_weights(train, layout, shape) * (1 - _fewest_gathered(shape))
     return w
 
 
@@ -283,6 +285,25 @@ def _chunk_fractions(shape: RankShape) -> tuple[float, ...]:
         sizes[-1] += shape.root_params
     total = sum(sizes) or 1.0
     return tuple(x / total for x in sizes)
+
+
+def _fewest_gathered(shape: RankShape) -> float:
+    """The share of the rank's parameters in its ACTIVE_CHUNKS smallest chunks: the fewest weights
+    any busiest moment of the interleaved runtime holds gathered where it evicts chunks."""
+    return sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS])
+
+
+def _receive_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+                     ) -> tuple[float, float, float]:
+    """Under PP, torch's PipelineStage allocates, per chunk, a receive buffer for every micro-batch's
+    input and one for its output's gradient, kept from the first step on (stage._prepare_forward_infra,
+    _setup_backward_recv_info; meshwise verify: 2 x 64 of them on Llama 3 405B, pp=8, vpp=8, m=8):
+    (one message's bytes, all the buffers' bytes, the share of the rank's chunks that receive).
+    ``train`` is the rank's setting (context.local_train's)."""
+    chunks = len(shape.chunk_blocks)
+    message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
+    buffers = m * ((chunks - int(shape.has_embedding)) + (chunks - int(shape.has_head))) * message
+    return message, buffers, (chunks - int(shape.has_embedding)) / chunks
 
 
 def _gathered_blocks(layout: Layout, shape: RankShape) -> float:
@@ -341,9 +362,10 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         kept += 2 * seq * model.head_dim * e
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
     per_chunk = shape.blocks / len(shape.chunk_blocks)
-    base = held * per_chunk * kept
-    if interleaved(layout):  # the chunks in flight at the busiest moment, not the rank's average
-        base = pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks) * kept
+    # the chunks in flight at the busiest moment (interleaved: those chunks' own, not the rank's average)
+    blocks_part = kept * (pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks)
+                          if interleaved(layout) else held * per_chunk)
+    base = blocks_part
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "none":
         # torch 2.13 keeps every chunk-micro-batch's weight-gradient tensors until the step ends;
         # one micro-batch per chunk is whole (act.weight_grad_bytes)
@@ -363,15 +385,10 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         # a pipeline stage caches each micro-batch's output until its backward: the hidden states
         # it sent on (the last chunk's output, the logits, is counted with the head)
         chunks = len(shape.chunk_blocks)
-        message = seq * mbs * model.hidden * e / (t if sp else 1)
+        message, buffers, receiving = _receive_buffers(model, train, layout, shape, m)
         sending = (chunks - int(shape.has_head)) / chunks
-        receiving = (chunks - int(shape.has_embedding)) / chunks
-        # a received chunk input is its receive buffer (below), not a tensor of its own
+        # a received chunk input is its receive buffer (_receive_buffers), not a tensor of its own
         base += held * (sending - receiving) * message
-        # torch's PipelineStage allocates, per chunk, a receive buffer for every micro-batch's input
-        # and one for its output's gradient, kept from the first step on (stage._prepare_forward_infra,
-        # _setup_backward_recv_info; meshwise verify: 2 x 64 of them on Llama 3 405B, pp=8, vpp=8, m=8)
-        buffers = m * ((chunks - int(shape.has_embedding)) + (chunks - int(shape.has_head))) * message
     forward = backward = base + buffers
     loss = 0.0
     if shape.has_head:
@@ -396,8 +413,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         embed = backward - base / held + model.vocab * model.hidden / t * e
     # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
     # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
-    extras = (base - (pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks) * kept
-                      if interleaved(layout) else held * per_chunk * kept)) / held
+    extras = (base - blocks_part) / held
     return forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras
 
 
@@ -475,12 +491,8 @@ def receive_buffers_idle(model: ModelSpec, train: TrainSpec, layout: Layout, sha
     never sees them made, where a traced first step does (``meshwise verify``)."""
     if layout.pp == 1 or model.states_only:
         return 0.0
-    lt = local_train(train, layout)
-    chunks = len(shape.chunk_blocks)
-    message = lt.seq_len * layout.mbs * model.hidden * lt.activation_bytes / (layout.tp if layout.sp else 1)
+    message, buffers, receiving = _receive_buffers(model, local_train(train, layout), layout, shape, m)
     held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
-    receiving = (chunks - int(shape.has_embedding)) / chunks
-    buffers = m * ((chunks - int(shape.has_embedding)) + (chunks - int(shape.has_head))) * message
     return max(buffers - held * receiving * message, 0.0)
 
 
@@ -490,12 +502,6 @@ def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
     if model.position != "rope" or model.states_only:
         return 0.0
     return 2 * model.max_seq * model.head_dim * 4 * len(shape.chunk_blocks)
-
-
-def _pipeline_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
-    """The pipeline's buffers outside the activations: none (its receive buffers, one per
-    micro-batch and chunk in each direction, are counted with the activations: _activations)."""
-    return 0.0
 
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
@@ -537,8 +543,7 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
                      ) -> tuple[float, ...]:
     """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
     of a forward, at the start of a backward, in the loss's backward, at the start of a second
-    backward, in the embedding's backward, late in a block's backward; pipeline buffers;
-    activations inside the ring attention's backward of the last block and of the last but one,
+    backward, in the embedding's backward, late in a block's backward; activations inside the ring attention's backward of the last block and of the last but one,
     and its temporaries; what the last block's shared expert keeps for its backward; a block's
     kept bytes per micro-batch and what a chunk-micro-batch in flight adds beside its blocks)."""
     shared = 0.0
@@ -546,8 +551,7 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
         shared = train.seq_len * layout.mbs * train.activation_bytes * \
             (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
     acts = _activations(model, train, layout, shape, m)
-    return (*acts[:6], _pipeline_buffers(model, train, layout, shape), *_ring_backward(model, train, layout, shape),
-            shared, *acts[6:])
+    return (*acts[:6], *_ring_backward(model, train, layout, shape), shared, *acts[6:])
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
@@ -564,7 +568,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     the end of the step), and under TP on the embedding's chunk its embedding's backward (else
     the backward)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads, last_block, shared_grads = static
-    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, buffers, act_ring_last, act_ring, ring_temps, \
+    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, act_ring_last, act_ring, ring_temps, \
         shared_kept, kept_block, extras = per_mb
     root_copy, block_copy = copies
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
@@ -582,7 +586,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
                                                      or train.precision == "bf16-mixed")
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
-    other = fixed_other + buffers
+    other = fixed_other
     backward = (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other)
     late = backward
     if layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1:
@@ -707,21 +711,21 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
 
 def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, static: tuple) -> float:
     """Under the interleaved runtime, what no moment of :func:`_candidates` exceeds but the
-    activations and pipeline buffers (their largest: the forward's end, a backward's start, the
+    activations (their largest: the forward's end, a backward's start, the
     loss's and the embedding's backward): every chunk gathered, every unsharded gradient and its
     shard, two fresh gradients, the optimizer states and the fixed buffers. The search's shortcut
     for layouts that fit with room to spare (``layout``: context.weights_layout's or the layout)."""
     w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, *_ = static
     evict = evicts_chunks(layout)
-    gathered = _gathered_weights(train, layout, shape) * (1 - sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS])) \
-        if evict else 0.0
+    gathered = _gathered_weights(train, layout, shape) * (1 - _fewest_gathered(shape)) if evict else 0.0
     return max(w_fwd, w_bwd) + gathered + all_grads * (1 + 1 / (layout.shard * layout.cp)) + 2 * first + o \
         + fixed_other + sum(copies)
 
 
 @lru_cache(maxsize=16384)
 def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, frees: bool
-                      ) -> tuple[tuple[tuple[bool, int, float, float, float, float], ...], int, int, int, float, float]:
+                      ) -> tuple[tuple[tuple[bool, int, int, float, float, float, float], ...], int, int, int, float,
+                                 float, int, int]:
     """The rank's interleaved moments (pipeline.interleaved_moments) as (is a forward's end, chunk-
     micro-batches in flight, their blocks, and the shares of the rank's parameters gathered,
     gathered ahead of use, accumulating gradients and reduced), with the most in flight at a
@@ -736,7 +740,7 @@ def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, fre
     top_f = max(f for is_f, f, *_ in out if is_f)
     top_b = max(f for is_f, f, *_ in out if not is_f)
     low_b, low_blocks = min((f, b) for is_f, f, b, *_ in out if not is_f)
-    smallest = sum(sorted(fr)[:pipeline.ACTIVE_CHUNKS]) if evict else 0.0
+    smallest = _fewest_gathered(shape) if evict else 0.0
     busiest = pipeline.busiest_blocks(p, v, m, shape.pp_rank, shape.chunk_blocks)
     return out, top_f, top_b, low_b, smallest, fr[0], busiest, low_blocks
 
@@ -748,8 +752,7 @@ def candidates_floor(static: tuple, per_mb: tuple) -> float:
     search.py inlines it (its static halves added up once per structure): keep the two in step."""
     w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
     act_fwd, act_bwd, *_ = per_mb
-    other = fixed_other + per_mb[6]
-    return max(w_fwd + 0.0 + o + act_fwd + other, w_bwd + 0.0 + o + act_bwd + other)
+    return max(w_fwd + 0.0 + o + act_fwd + fixed_other, w_bwd + 0.0 + o + act_bwd + fixed_other)
 
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int

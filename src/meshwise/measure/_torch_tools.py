@@ -64,8 +64,7 @@ class StepMemTracker(MemTracker):
     MemTracker skips those ops by comparing the active fake mode with the one at its entry, which
     fails where the traced step itself runs in a FakeTensorMode (meshwise verify: propagation reuses
     that mode): a tensor-parallel matmul's global output then counted at the peak (5.3 GB on Llama 3
-    405B's rank 8192 under tp=8, ac=full; scripts/trace_peak_holders.py). Ops run during a
-    propagation are not tracked here."""
+    405B's rank 8192 under tp=8, ac=full). Ops run during a propagation are not tracked here."""
 
     def __enter__(self) -> "StepMemTracker":
         if not hasattr(ShardingPropagator._propagate_tensor_meta_non_cached, "_meshwise_original"):

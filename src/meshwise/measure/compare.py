@@ -65,7 +65,7 @@ def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m:
     (a run or trace that saw where its peak fell), the nearest of those moments; with ``names``
     empty, of all; without, of all but the loss's backward. Memory categorised by MemTracker
     (``by_role`` False: measure's runs) files a block's unsharded gradients late in its backward,
-    the whole-table gradient of a TP embedding's backward (and, where the run did not see where its
+    the table's gradient in a TP embedding's backward (and, where the run did not see where its
     peak fell, the loss's backward's tensors) as temporaries, so those moments are left out;
     categorised by role (``verify``'s traces), a peak inside a module's backward is the largest of
     its start, late in a block and the embedding's backward, or of those within TIED of it the
