@@ -23,7 +23,7 @@ from importlib import resources
 from meshwise.cost import compute
 from meshwise.cost.estimate import estimate
 from meshwise.layout import Layout, parse
-from meshwise.planner import search
+from meshwise.plan.planner import search
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
 
 FIT_RANGE = (0.30, 1.00)

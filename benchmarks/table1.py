@@ -7,7 +7,7 @@ layout the planner finds with those TP/PP degrees, ac=full and no ZeRO.
 
 from __future__ import annotations
 
-from meshwise.planner import search
+from meshwise.plan.planner import search
 from meshwise.spec import ClusterSpec, TrainSpec, load_cluster, load_model
 
 # (catalog model, TP, PP, GPUs, global batch, published TFLOP/s per GPU)

@@ -15,7 +15,7 @@ import argparse
 import json
 import time
 
-from meshwise import planner
+from meshwise.plan import planner
 from meshwise.layout import parse
 from meshwise.measure.verify import verify
 from meshwise.spec import TrainSpec, load_cluster, load_model

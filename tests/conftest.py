@@ -1,8 +1,9 @@
-"""Test layout: fast unit tests, and ``integration`` tests that start worker processes.
+"""Test layout: fast unit tests in ``tests/unit``, and ``integration`` tests in ``tests/integration``
+that start worker processes (every test there is marked ``integration`` by its folder).
 
 ``bash scripts/test.sh`` runs both; ``bash scripts/test.sh -m "not integration"`` only the fast
-ones. A multi-process test is marked here, by module or by name (so that a module need not be
-moved to change kind), or in its own file with ``@pytest.mark.integration``.
+ones. A few single tests in ``tests/unit`` still start workers: they are marked by name below or
+with ``@pytest.mark.integration`` in their file.
 
 Helpers that several test modules share live in ``_models.py``, ``_transport.py``,
 ``_dist_parity.py`` and ``_cli.py`` beside this file, never in another ``test_*.py``.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
-# Every test of these modules starts a group of worker processes (torchrun or gloo).
-INTEGRATION_MODULES = {"test_parity.py", "test_measure.py", "test_train_dist.py", "test_hf_pretrained.py",
-                       "test_faults.py"}
+# The shared helpers (_models.py, _cli.py, ...) sit beside this file, above both test folders.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Single tests elsewhere that start workers, or train, export and generate end to end (some in this process:
 # tests/_cli.py).
 INTEGRATION_TESTS = {
@@ -39,7 +41,7 @@ INTEGRATION_TESTS = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.name
-        if module in INTEGRATION_MODULES or f"{module}::{item.originalname}" in INTEGRATION_TESTS:
+        if item.path.parent.name == "integration" or f"{module}::{item.originalname}" in INTEGRATION_TESTS:
             item.add_marker(pytest.mark.integration)
 
 
@@ -49,12 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
     without a profile predicts as it did with the catalog (and subprocesses inherit it)."""
     from meshwise.measure import auto_profile
     from meshwise.measure.calibrate import format_toml
-    from meshwise.spec import _catalog
+    from meshwise.catalog import read_catalog
 
     folder = tempfile.mkdtemp(prefix="meshwise-test-cache-")
     os.environ[auto_profile.CACHE_ENV] = folder
     os.environ.pop(auto_profile.PROFILE_ENV, None)
-    table = {"name": "cpu", **_catalog("accelerators.toml")["cpu"]}
+    table = {"name": "cpu", **read_catalog("accelerators.toml")["cpu"]}
     for nproc in range(1, 9):
         auto_profile.cache_path(nproc).write_text(format_toml(table))
     config._meshwise_cache = folder  # type: ignore[attr-defined]

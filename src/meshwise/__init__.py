@@ -1,6 +1,6 @@
 """meshwise: plan, run and measure the parallel layout of a transformer's training.
 
-The planning half (``meshwise.spec``, ``meshwise.layout``, ``meshwise.cost``, ``meshwise.planner``)
+The planning half (``meshwise.spec``, ``meshwise.layout``, ``meshwise.cost``, ``meshwise.plan.planner``)
 is pure Python and never imports torch; the runtime half lives in ``meshwise.runtime``.
 """
 

@@ -11,8 +11,8 @@ import math
 import sys
 
 from meshwise.errors import MeshwiseError, run_command
-from meshwise.plan_command import (DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_SEQ_CAP,
-                                   DEFAULT_SEQ_STATES_ONLY, DEFAULT_TOP)
+from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
+from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
 RUNTIME_CHOICES = ("meshwise", "megatron")
 
@@ -207,7 +207,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meshwise.plan_command import plan_main
+    from meshwise.plan.command import plan_main
 
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,

@@ -1,9 +1,12 @@
-"""Output paths: checked before any work starts, and files a reader never sees half-written."""
+"""Files: output paths checked before any work starts, files a reader never sees half-written, and
+the TOML inputs a user gives, read with one line naming the option when they are bad."""
 
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from meshwise.errors import MeshwiseError
 
@@ -65,3 +68,17 @@ def write_atomically(path: str | Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_toml(path: Path, option: str) -> dict[str, Any]:
+    """A TOML file's table, or one line naming the option: missing file, invalid TOML."""
+    if not path.is_file():
+        raise MeshwiseError(f"{option}: file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise MeshwiseError(f"{option}: {path} is not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise MeshwiseError(f"{option}: {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise MeshwiseError(f"{option}: {path} cannot be read ({e.strerror})") from None

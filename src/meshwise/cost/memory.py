@@ -749,7 +749,7 @@ def candidates_floor(static: tuple, per_mb: tuple) -> float:
     """At most the largest total of :func:`_candidates`, for a tenth of its work: the forward's end
     and the backward's start without their gradients, strided copies and second backward (each
     term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
-    search.py inlines it (its static halves added up once per structure): keep the two in step."""
+    plan/search.py inlines it (its static halves added up once per structure): keep the two in step."""
     w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
     act_fwd, act_bwd, *_ = per_mb
     return max(w_fwd + 0.0 + o + act_fwd + fixed_other, w_bwd + 0.0 + o + act_bwd + fixed_other)

@@ -36,7 +36,7 @@ import time
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, parse, rank_chunks, stage_layers
 from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
-from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, default_seq_len, load_cluster, load_model
 
 DEPTHS = ("auto", "full")
 REDUCED = (3, 4)  # blocks per chunk of the two reduced-depth traces
@@ -210,11 +210,9 @@ def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Lay
 
 def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
                 global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool) -> int:
-    from meshwise.plan_command import DEFAULT_SEQ_CAP
-
     model = load_model(model_name)
     cluster = load_cluster(gpu, gpus, gpus_per_node)
-    seq = seq_len or min(model.max_seq, DEFAULT_SEQ_CAP)
+    seq = seq_len or default_seq_len(model)
     layout = parse(layout_text, cluster.world_size)
     check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
     check_model_runs(model, seq)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
-from meshwise.planner import Plan, search
+from meshwise.plan.planner import Plan, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
 from meshwise.report.schedule import predicted_timeline

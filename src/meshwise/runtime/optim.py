@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshwise.optimizer_config import OptimizerConfig
+from meshwise.spec.optimizer import OptimizerConfig
 
 OptimConfig = OptimizerConfig  # the runtime's name for the one optimizer config
 

@@ -136,7 +136,7 @@ def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout
     import faulthandler
     import signal
 
-    from meshwise.guard import Guard, stalled_ranks
+    from meshwise.launch.guard import Guard, stalled_ranks
 
     guard = Guard(watch_parent).start()  # before torch starts threads: they inherit the signal mask
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from meshwise import planner
+from meshwise.plan import planner
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, check_seq_len, parse, runs_here

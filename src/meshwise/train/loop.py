@@ -201,7 +201,7 @@ def _placement_line(layout: Layout, world: int) -> str:
 # --------------------------------------------------------------------------------------- run
 def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: float = 300.0) -> int:
     """The worker's whole run (collective: every rank of the job calls it). ``guard``: the
-    :class:`meshwise.guard.Guard` whose stop requests end the run after a saved step."""
+    :class:`meshwise.launch.guard.Guard` whose stop requests end the run after a saved step."""
     from meshwise.launch import init_process_group
     from meshwise.runtime import build_mesh
     from meshwise.runtime.mesh import end_process_group

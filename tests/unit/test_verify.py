@@ -122,7 +122,7 @@ def test_verify_refuses_a_model_the_runtime_does_not_build() -> None:
 
 
 def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypatch) -> None:
-    from meshwise import planner
+    from meshwise.plan import planner
     from meshwise.measure.compare import Row
 
     model, cluster = load_model("tiny"), load_cluster("cpu", 4)

@@ -6,7 +6,7 @@ import pytest
 from meshwise.cost import compute, memory
 from meshwise.cost.estimate import estimate, rank_collectives
 from meshwise.layout import parse
-from meshwise.planner import enumerate_layouts, plan
+from meshwise.plan.planner import enumerate_layouts, plan
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 

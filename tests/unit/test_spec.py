@@ -5,7 +5,8 @@ import json
 import pytest
 
 from meshwise.errors import MeshwiseError
-from meshwise.spec import ModelSpec, TrainSpec, accelerator_names, load_cluster, load_model, model_names
+from meshwise.catalog import accelerator_names, model_names
+from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 
 @pytest.mark.parametrize("name", model_names())

@@ -10,8 +10,6 @@ from meshwise.errors import MeshwiseError
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
 DEFAULT_GPUS = 64
-DEFAULT_SEQ_CAP = 4096
-DEFAULT_SEQ_STATES_ONLY = 2048
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_TOP = 5
 
@@ -23,14 +21,15 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     """Check every input, then plan and print; ``layout_text`` evaluates that one layout; ``runtime``
     (meshwise or megatron) defaults to the profile's ``runtime`` key, else meshwise; ``verify`` K > 0
     traces the top K candidates (meshwise.measure.verify.verify_plan; imports torch)."""
-    from meshwise import planner, spec
+    from meshwise import spec
+    from meshwise.plan import planner
     from meshwise.cost.estimate import DEFAULT_HEADROOM
     from meshwise.layout import check_runnable, parse
 
     model = spec.ModelSpec.from_param_count(params) if params is not None else spec.load_model(model_name or DEFAULT_MODEL)
     cluster = spec.load_cluster(gpu, gpus, gpus_per_node)
     if seq_len is None:
-        seq_len = DEFAULT_SEQ_STATES_ONLY if model.states_only else min(model.max_seq, DEFAULT_SEQ_CAP)
+        seq_len = spec.default_seq_len(model)
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                            runtime=runtime)
@@ -57,7 +56,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     if as_json:
         print(json.dumps({"model": model.as_json(), **result.as_json(), "runtime": runtime}))
     else:
-        from meshwise.show import print_plan
+        from meshwise.plan.show import print_plan
         print_plan(model, cluster, train, result)
     if report:
         from meshwise.report.plan_report import write_plan_report

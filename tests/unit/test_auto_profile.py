@@ -9,11 +9,11 @@ import pytest
 
 from meshwise.measure import auto_profile, calibrate as calibrate_mod
 from meshwise.measure.calibrate import format_toml
-from meshwise.spec import _catalog
+from meshwise.catalog import read_catalog
 
 
 def _catalog_profile(name: str = "cpu-test") -> str:
-    return format_toml({"name": name, **_catalog("accelerators.toml")["cpu"]})
+    return format_toml({"name": name, **read_catalog("accelerators.toml")["cpu"]})
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_more_processes_than_cores_take_the_cores_profile_s_per_rank_figures(
 
     def fake(nproc, model, out, seq, quick=False, note=""):
         empty_cache.append((nproc,))
-        table = {"name": f"measured-{nproc}", **_catalog("accelerators.toml")["cpu"]}
+        table = {"name": f"measured-{nproc}", **read_catalog("accelerators.toml")["cpu"]}
         table.update(peak_fp32_flops_per_s=nproc * 1e9, op_overhead_s=nproc * 1e-6, intra_latency_s=nproc * 1e-4)
         Path(out).write_text(format_toml(table))
 

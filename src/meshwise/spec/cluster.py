@@ -1,67 +1,24 @@
-"""What is trained, on what, and how: ClusterSpec, TrainSpec, their loaders, and ModelSpec's (re-exported).
+"""What it runs on: LinkSpec, AcceleratorSpec, ClusterSpec and ``load_cluster`` (the accelerator catalog or a profile).
 
 Pure Python (no torch). Units are in the names: ``_bytes``, ``_flops_per_s``, ``_bytes_per_s``, ``_s``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from meshwise.catalog import read_catalog
 from meshwise.errors import MeshwiseError
-from meshwise.spec_gpu import GPU_KEYS, RUNTIMES, SELECTIVE_POLICIES, gpu_fields
-from meshwise.spec_host import HOST_KEYS, host_fields
-
-from meshwise.model_spec import MLP_KINDS, ModelSpec, _human_count, cached_hash  # noqa: F401  (re-exported)
-
-PRECISIONS = ("bf16", "bf16-mixed", "fp32")
-OPTIMIZERS = ("adamw", "sgd")
+from meshwise.files import read_toml
+from meshwise.spec.gpu_keys import GPU_KEYS, gpu_fields
+from meshwise.spec.host_keys import HOST_KEYS, host_fields
+from meshwise.spec.model import cached_hash
 
 
-_CATALOG_DIR = Path(__file__).with_name("catalog")  # the package's own files: importlib.resources and
-                                                  # the zipfile it imports took ~0.02 s of each start
-
-
-def _catalog(name: str) -> dict[str, dict[str, Any]]:
-    return tomllib.loads((_CATALOG_DIR / name).read_text(encoding="utf-8"))
-
-
-def read_toml(path: Path, option: str) -> dict[str, Any]:
-    """A TOML file's table, or one line naming the option: missing file, invalid TOML."""
-    if not path.is_file():
-        raise MeshwiseError(f"{option}: file {path} does not exist")
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise MeshwiseError(f"{option}: {path} is not valid TOML ({e})") from None
-    except UnicodeDecodeError:
-        raise MeshwiseError(f"{option}: {path} is not UTF-8 text") from None
-    except OSError as e:
-        raise MeshwiseError(f"{option}: {path} cannot be read ({e.strerror})") from None
-
-
-def model_names() -> list[str]:
-    return list(_catalog("models.toml"))
-
-
-def accelerator_names() -> list[str]:
-    return list(_catalog("accelerators.toml"))
-
-
-def load_model(ref: str) -> ModelSpec:
-    """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a Hugging Face
-    config.json or model folder: see :mod:`meshwise.model_files`."""
-    from meshwise.model_files import load_model as load
-
-    return load(ref)
-
-
-# ------------------------------------------------------------------------------------- cluster
 @dataclass(frozen=True)
 class LinkSpec:
     """One link tier: per-GPU bandwidth (one direction) and per-message latency."""
@@ -164,7 +121,7 @@ _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s",
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
-    catalog = _catalog("accelerators.toml")
+    catalog = read_catalog("accelerators.toml")
     if ref in catalog:
         return ref, catalog[ref]
     path = Path(ref)
@@ -224,73 +181,3 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
     if gpus % per_node:
         raise MeshwiseError(f"--gpus: {gpus} is not a whole number of nodes of {per_node} (--gpus-per-node)")
     return ClusterSpec(accelerator=accel, gpus_per_node=per_node, nodes=gpus // per_node, intra=intra, inter=inter)
-
-
-# --------------------------------------------------------------------------------------- train
-@dataclass(frozen=True)
-class TrainSpec:
-    """One optimizer step: ``global_batch`` sequences of ``seq_len`` tokens."""
-
-    global_batch: int
-    seq_len: int
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
-    runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
-    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
-    fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
-    selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
-                                        # "every-other-matmul" (its op SAC also recomputes every second mm)
-
-    __hash__ = cached_hash
-
-    def __post_init__(self) -> None:
-        if self.global_batch < 1:
-            raise MeshwiseError(f"--global-batch: {self.global_batch} must be at least 1")
-        if self.seq_len < 1:
-            raise MeshwiseError(f"--seq-len: {self.seq_len} must be at least 1")
-        if self.precision not in PRECISIONS:
-            raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.runtime not in RUNTIMES:
-            raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
-        if self.selective_policy not in SELECTIVE_POLICIES:
-            raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
-
-    @cached_property
-    def tp_overlap(self) -> bool:
-        """Whether TP collectives overlap GEMMs: the explicit setting, else the runtime's default."""
-        return self.runtime == "megatron" if self.overlap_tp_comm is None else self.overlap_tp_comm
-
-    @cached_property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
-
-    @cached_property
-    def weight_bytes(self) -> int:
-        """Bytes per parameter of the weights the forward uses: 4 for fp32, 2 otherwise."""
-        return 4 if self.precision == "fp32" else 2
-
-    @cached_property
-    def grad_bytes(self) -> int:
-        return 4 if self.precision == "fp32" else 2
-
-    @cached_property
-    def optimizer_bytes(self) -> int:
-        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
-        moments = 8 if self.optimizer == "adamw" else 4
-        master = 4 if self.precision == "bf16-mixed" else 0
-        return moments + master
-
-    @cached_property
-    def state_bytes_per_param(self) -> int:
-        """12 for bf16, 16 for bf16-mixed and fp32 (with AdamW)."""
-        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
-
-    @cached_property
-    def activation_bytes(self) -> int:
-        """Bytes per activation element: 2 in bf16, 4 in fp32."""
-        return 4 if self.precision == "fp32" else 2
-
-

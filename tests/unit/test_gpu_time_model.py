@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from fidelity import load_runs, predict, summary  # noqa: E402
 
 from meshwise import cli  # noqa: E402
@@ -15,7 +15,7 @@ from meshwise.cost import estimate as est  # noqa: E402
 from meshwise.cost import kernels  # noqa: E402
 from meshwise.errors import MeshwiseError  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
-from meshwise.planner import plan  # noqa: E402
+from meshwise.plan.planner import plan  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
 
@@ -114,7 +114,7 @@ HELD_OUT = ("Korthikanti", "MegaScale", "Megatron-LM README", "2407.21783")
 
 
 def test_held_out_sources_are_not_in_the_calibration_set():
-    text = (Path(__file__).resolve().parents[1] / "src/meshwise/catalog/published_runs.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "src/meshwise/catalog/published_runs.toml").read_text()
     runs_part = text[text.index("[[run]]"):]
     assert not any(name in runs_part for name in HELD_OUT)
 

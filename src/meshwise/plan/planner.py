@@ -1,4 +1,4 @@
-"""Plan: search (:mod:`meshwise.search`), then explain the choice along the decision order of
+"""Plan: search (:mod:`meshwise.plan.search`), then explain the choice along the decision order of
 docs/design.md with the numbers, and warn of the known anti-patterns. Pure Python: never imports torch.
 """
 
@@ -10,8 +10,8 @@ from meshwise.cost import pipeline
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, rank_memories
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, validate
-from meshwise.planner_experts import step_experts
-from meshwise.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
+from meshwise.plan.experts import step_experts
+from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
     break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec

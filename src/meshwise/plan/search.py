@@ -26,7 +26,7 @@ from meshwise.cost.estimate import (DEFAULT_HEADROOM, Estimate, estimate, lower_
                                     optimizer_seconds)
 from meshwise.errors import MeshwiseError
 from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
-from meshwise.planner_experts import expert_degrees
+from meshwise.plan.experts import expert_degrees
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 _RUNS_HERE_FIELDS = ("pp", "schedule", "ac", "cp", "sp", "tp")  # what layout.runs_here's answer reads

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshwise.planner import Plan
+from meshwise.plan.planner import Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 

@@ -122,7 +122,7 @@ def _first_report(run_dir: str) -> dict | None:
 
 def _end_workers(run_dir: str) -> bool:
     """SIGKILL the workers of this run still alive (their pids are in their heartbeat files, see
-    :mod:`meshwise.guard`); True when there was one."""
+    :mod:`meshwise.launch.guard`); True when there was one."""
     ended = False
     for p in Path(run_dir).glob("alive-*"):
         try:

@@ -5,7 +5,7 @@ import pytest
 from meshwise.cost.estimate import estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import parse, runs_here, validate
-from meshwise.planner import RUNNER_UP_POOL, TIE, _rank_key, break_ties, enumerate_layouts, plan, search
+from meshwise.plan.planner import RUNNER_UP_POOL, TIE, _rank_key, break_ties, enumerate_layouts, plan, search
 from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 
@@ -184,7 +184,7 @@ def test_batch_that_leaves_no_layout_is_an_error():
 def test_long_sequence_gets_context_parallelism():
     """128k tokens of Llama 3 70B on 512 H100: without cp nothing fits (one sequence's activations
     overflow a rank even under TP=8+SP and full recompute); the plan uses cp and says why."""
-    from meshwise.planner import cp_degrees
+    from meshwise.plan.planner import cp_degrees
 
     model = load_model("llama3-70b")
     assert cp_degrees(model, 64, 131072) == [1, 2, 4, 8, 16]  # at least CP_MIN_TOKENS per rank
@@ -197,7 +197,7 @@ def test_long_sequence_gets_context_parallelism():
 
 def test_tie_explanation_names_only_what_differs():
     """Both recompute (ac=full): the reason is the lower ZeRO stage, never 'no recompute'."""
-    from meshwise.search import simpler_in
+    from meshwise.plan.search import simpler_in
     from meshwise.layout import Layout
     w = Layout(dp=256, zero=1, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     r = Layout(dp=256, zero=2, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")

@@ -1,6 +1,6 @@
 """The host-time keys of an accelerator profile (cost/host.py), checked.
 
-Pure Python (no torch); spec.py reads profiles through ``host_fields``. ``meshwise calibrate``
+Pure Python (no torch); spec/cluster.py reads profiles through ``host_fields``. ``meshwise calibrate``
 measures them on a CPU machine; GPU entries leave them out (0: the kernels, not the launches, set
 the pace there).
 """

@@ -1,6 +1,6 @@
 """The GPU op model's keys of an accelerator profile, and the runtimes a prediction can be for.
 
-Pure Python (no torch); spec.py reads profiles through ``gpu_fields``. The keys are described in
+Pure Python (no torch); spec/cluster.py reads profiles through ``gpu_fields``. The keys are described in
 src/meshwise/catalog/accelerators.toml and docs/cost-model.md (Compute).
 """
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from table1 import ROWS, predict  # noqa: E402
 
 from meshwise.cost.compute import hardware_flops, narayanan_eq3  # noqa: E402

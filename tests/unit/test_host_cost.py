@@ -152,11 +152,11 @@ def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token(
 def test_cores_per_node_is_checked(tmp_path):
     from meshwise.errors import MeshwiseError
     from meshwise.measure.calibrate import format_toml
-    from meshwise.spec import _catalog
+    from meshwise.catalog import read_catalog
 
     f = tmp_path / "p.toml"
-    f.write_text(format_toml({"name": "x", **_catalog("accelerators.toml")["cpu"], "cores_per_node": 4}))
+    f.write_text(format_toml({"name": "x", **read_catalog("accelerators.toml")["cpu"], "cores_per_node": 4}))
     assert load_cluster(str(f), 2).accelerator.cores_per_node == 4
-    f.write_text(format_toml({"name": "x", **_catalog("accelerators.toml")["cpu"]}) + "cores_per_node = 1.5\n")
+    f.write_text(format_toml({"name": "x", **read_catalog("accelerators.toml")["cpu"]}) + "cores_per_node = 1.5\n")
     with pytest.raises(MeshwiseError, match="cores_per_node"):
         load_cluster(str(f), 2)

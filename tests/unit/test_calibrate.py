@@ -12,8 +12,9 @@ from meshwise.cli import main
 from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
 from meshwise.measure import calibrate as cal
-from meshwise.spec import _ACCEL_KEYS, LinkSpec, load_cluster
-from meshwise.spec_gpu import GPU_KEYS
+from meshwise.spec import LinkSpec, load_cluster
+from meshwise.spec.cluster import _ACCEL_KEYS
+from meshwise.spec.gpu_keys import GPU_KEYS
 
 RESULT = {"matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,

@@ -151,12 +151,12 @@ def test_refused_in_one_line_exit_2_nothing_written(tmp_path, capsys, make_args,
 
 def test_matrix_has_every_documented_case() -> None:
     """The README's reliability section counts these cases; keep the two in step."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert f"{len(CASES)} hostile inputs" in readme
 
 
 def test_plan_gpus_1e9_is_refused_without_enumerating_a_billion_divisors(capsys) -> None:
-    from meshwise.planner import _divisors
+    from meshwise.plan.planner import _divisors
 
     assert _divisors(1_000_000_000)[:6] == [1, 2, 4, 5, 8, 10] and len(_divisors(1_000_000_000)) == 100
     assert _divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and _divisors(1) == [1] and _divisors(97) == [1, 97]

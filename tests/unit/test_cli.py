@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from meshwise.cli import main
-from meshwise.planner import TIE
+from meshwise.plan.planner import TIE
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -86,7 +86,7 @@ def test_bad_input_is_one_line_exit_2(args, needle):
 def test_plan_never_imports_torch():
     code = ("import sys, io, contextlib; from meshwise.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--model', 'tiny', '--gpu', 'cpu', '--gpus', '4'])\n"
-            "import meshwise, meshwise.planner, meshwise.cost.estimate, meshwise.show\n"
+            "import meshwise, meshwise.plan.planner, meshwise.cost.estimate, meshwise.plan.show\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
-from meshwise.model_spec import FAMILIES, ModelSpec
-from meshwise.spec import _catalog, read_toml
+from meshwise.spec.model import FAMILIES, ModelSpec
+from meshwise.catalog import read_catalog
+from meshwise.files import read_toml
 
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
 
@@ -206,7 +207,7 @@ def _hf_config_file(path: Path) -> ModelSpec:
 def load_model(ref: str) -> ModelSpec:
     """A catalog name, a TOML file (model fields at top level or under ``[model]``), or a HF config.json
     (or the folder that holds one)."""
-    catalog = _catalog("models.toml")
+    catalog = read_catalog("models.toml")
     if ref in catalog:
         return _model_from_table(ref, catalog[ref], f"catalog model {ref!r}")
     path = Path(ref)

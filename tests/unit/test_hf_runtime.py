@@ -8,7 +8,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from meshwise.model_files import model_from_hf_config  # noqa: E402
+from meshwise.spec.hf_config import model_from_hf_config  # noqa: E402
 from meshwise.runtime.model import build_model, runtime_refusal  # noqa: E402
 from meshwise.train.hf_weights import from_hf, to_hf  # noqa: E402
 

@@ -1,0 +1,93 @@
+"""How it is trained: TrainSpec (one optimizer step), the precisions and optimizers, and the default
+sequence a plan or a trace takes when none is given.
+
+Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from meshwise.errors import MeshwiseError
+from meshwise.spec.gpu_keys import RUNTIMES, SELECTIVE_POLICIES
+from meshwise.spec.model import ModelSpec, cached_hash
+
+PRECISIONS = ("bf16", "bf16-mixed", "fp32")
+OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_SEQ_CAP = 4096         # tokens: the default sequence is the model's max_seq, capped here
+DEFAULT_SEQ_STATES_ONLY = 2048  # tokens: the default for a model given only by its parameter count
+
+
+def default_seq_len(model: ModelSpec) -> int:
+    """The sequence a plan or a trace takes when none is given."""
+    return DEFAULT_SEQ_STATES_ONLY if model.states_only else min(model.max_seq, DEFAULT_SEQ_CAP)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One optimizer step: ``global_batch`` sequences of ``seq_len`` tokens."""
+
+    global_batch: int
+    seq_len: int
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
+    runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
+    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
+    fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
+    selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
+                                        # "every-other-matmul" (its op SAC also recomputes every second mm)
+
+    __hash__ = cached_hash
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise MeshwiseError(f"--global-batch: {self.global_batch} must be at least 1")
+        if self.seq_len < 1:
+            raise MeshwiseError(f"--seq-len: {self.seq_len} must be at least 1")
+        if self.precision not in PRECISIONS:
+            raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.runtime not in RUNTIMES:
+            raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+
+    @cached_property
+    def tp_overlap(self) -> bool:
+        """Whether TP collectives overlap GEMMs: the explicit setting, else the runtime's default."""
+        return self.runtime == "megatron" if self.overlap_tp_comm is None else self.overlap_tp_comm
+
+    @cached_property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        """Bytes per parameter of the weights the forward uses: 4 for fp32, 2 otherwise."""
+        return 4 if self.precision == "fp32" else 2
+
+    @cached_property
+    def grad_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @cached_property
+    def optimizer_bytes(self) -> int:
+        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
+        moments = 8 if self.optimizer == "adamw" else 4
+        master = 4 if self.precision == "bf16-mixed" else 0
+        return moments + master
+
+    @cached_property
+    def state_bytes_per_param(self) -> int:
+        """12 for bf16, 16 for bf16-mixed and fp32 (with AdamW)."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @cached_property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 2 in bf16, 4 in fp32."""
+        return 4 if self.precision == "fp32" else 2
+
+
