@@ -40,7 +40,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshwise.cost import comm, compute, experts, host, kernels, memory, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, memory, pipeline
 from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -169,12 +169,16 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     # torch's interleaved runtime (not Megatron's, whose published runs the time model is fitted on)
     torch_evicts = memory.evicts_chunks(layout) and train.runtime != "megatron"
     regathered = _regathered(model, layout, shape, m) if torch_evicts else (0.0, 0)
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered)
+    # per-tensor float8 gathers the linear layers (all but the model's ends) in float8 (cost/fp8.py)
+    gather = fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0)
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered,
+                               gather)
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
-                           layout.shard // layout.ep, "edp", layout.tp * layout.ep)
+                           layout.shard // layout.ep, "edp", layout.tp * layout.ep,
+                           gather_bytes=fp8.gather_bytes_per_param(train, 1.0))
     return per_mb + e_mb, per_step + e_step
 
 
@@ -250,14 +254,17 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
 
 
 def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
-            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0)) -> tuple[list[Collective], list[Collective]]:
+            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0), gather_bytes: float | None = None
+            ) -> tuple[list[Collective], list[Collective]]:
     """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
-    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered)."""
+    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered);
+    ``gather_bytes``: bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
+    gather_bytes = train.weight_bytes if gather_bytes is None else gather_bytes
     grad = params * memory.reduce_bytes(train) / units
-    weight = params * train.weight_bytes / units
+    weight = params * gather_bytes / units
     if layout.zero == 0:
         link = cluster.link_for(n * replicas, stride)
         return [], [comm.collective("all_reduce", "dp" if dim != "edp" else dim, n * replicas, grad, units, link)]
@@ -265,7 +272,7 @@ def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, para
     if layout.pp > 1:
         gathers_step = units * (m + 1) if layout.zero == 3 else units
         if regathered[1]:
-            weight = (params + regathered[0]) * train.weight_bytes / (units + regathered[1])
+            weight = (params + regathered[0]) * gather_bytes / (units + regathered[1])
             gathers_step = units + regathered[1]
         per_mb: list[Collective] = []
         per_step = [comm.collective("all_gather", dim, n, weight, gathers_step, link),
@@ -410,7 +417,29 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
                                              layout.sp, layout.ac, shape.blocks, shape.has_embedding,
                                              shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
+    eff = _efficiency(model, cluster, layout)
+    fp8_s = 0.0
+    if train.fp8 and not model.states_only:
+        # the linear layers' FLOPs at the float8 GEMM peak, their casts over HBM (cost/fp8.py)
+        linear_flops, cast_bytes = _linear_work(model, local_train(train, layout), layout, shape, m)
+        flops -= linear_flops
+        fp8_s = linear_flops / (fp8.gemm_peak_flops_per_s(accel, train) * eff) + cast_bytes / fp8.hbm_bytes_per_s(accel)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s)
+
+
+def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
+    """(FLOPs, cast bytes) of the rank's linear layers in a step (the flat path's float8 part): 6 FLOPs
+    per matmul parameter and token (8 with full recompute), casts as cost/fp8.py counts them."""
+    tokens = local.seq_len * layout.mbs
+    t, h = layout.tp, model.hidden
+    width = kernels._mlp_width(model)
+    mlp_in = (2 if model.mlp == "swiglu" else 1) * width / t
+    flops = casts = 0.0
+    for n, k in (((h + 2 * model.kv_dim) / t, h), (h, h / t), (mlp_in, h), (h, width / t)):
+        flops += 2 * tokens * n * k * compute.recompute_factor(layout.ac)
+        f, b = fp8.linear_cast_bytes(local, tokens, n, k)
+        casts += f * (2 if layout.ac == "full" else 1) + b
+    return m * shape.blocks * flops, m * shape.blocks * casts
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,

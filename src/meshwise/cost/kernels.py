@@ -24,6 +24,9 @@ One micro-batch of ``T = mbs * s`` tokens on one TP rank:
   Megatron's ``selective`` re-runs the attention core (free under flash attention, which recomputes
   inside its own backward).
 
+Under a float8 precision the linear layers' GEMMs run at the format's peak and their casts are
+memory-bound work (cost/fp8.py); attention, the head, the embedding and the norms stay in bf16.
+
 Everything is cached per shape, so the planner's search pays each distinct shape once.
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from meshwise.cost import fp8
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
@@ -158,9 +162,12 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     width = _mlp_width(model)
     mlp_in = (2 if model.mlp == "swiglu" else 1) * width / tp
     fwd = bwd = 0.0
+    # the linear layers at their format's GEMM peak (cost/fp8.py: float8 formats), their casts memory-bound
+    gemm_peak, ge = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train)
     for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
-        f, b = _linear_s(tokens, n, k, accel, peak, e)
-        fwd, bwd = fwd + f, bwd + b
+        f, b = _linear_s(tokens, n, k, accel, gemm_peak, ge)
+        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k)
+        fwd, bwd = fwd + f + cf / _hbm(accel), bwd + b + cb / _hbm(accel)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention))
     mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
     fwd += attn_f + mem_f
@@ -173,7 +180,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
         recompute = mem_f
         if train.selective_policy == "every-other-matmul":
             up = width / tp
-            recompute += sum(gemm_seconds(tokens, n, k, accel, peak, e)
+            recompute += sum(gemm_seconds(tokens, n, k, accel, gemm_peak, ge)
                              for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
     else:
         recompute = 0.0

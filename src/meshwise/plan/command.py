@@ -33,6 +33,8 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                            runtime=runtime)
+    from meshwise.cost.fp8 import check_supported
+    check_supported(cluster.accelerator, precision)
     if top < 1:
         raise MeshwiseError(f"--top: {top} must be at least 1")
     if verify < 0:
@@ -53,14 +55,29 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     if verify:
         from meshwise.measure.verify import verify_plan
         result = verify_plan(model, cluster, train, result, verify, headroom)
+    notes = plan_notes(cluster, train)
     if as_json:
-        print(json.dumps({"model": model.as_json(), **result.as_json(), "runtime": runtime}))
+        print(json.dumps({"model": model.as_json(), **result.as_json(), "runtime": runtime, "precision": precision,
+                          "calibrated": bool(cluster.accelerator.calibrated_on), "notes": notes}))
     else:
         from meshwise.plan.show import print_plan
         print_plan(model, cluster, train, result)
+        for line in notes:
+            print(f"note: {line}")
     if report:
         from meshwise.report.plan_report import write_plan_report
         write_plan_report(report, model, cluster, train, result, headroom)
         if not as_json:
             print(f"report: {report}")
     return 0
+
+
+def plan_notes(cluster, train) -> list[str]:
+    """What every plan on this device and setting must say beside its numbers: an efficiency not
+    calibrated against published runs (the accelerator's ``calibrated_on``)."""
+    accel = cluster.accelerator
+    if accel.calibrated_on:
+        return []
+    return [f"{accel.name}'s efficiency is not calibrated against published runs (datasheet peaks with "
+            f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
+            f"treat its times as a first-order estimate"]
