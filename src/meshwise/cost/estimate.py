@@ -40,7 +40,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, memory, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
 from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -373,7 +373,8 @@ def rank_memories(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
     """Memory of each distinct pipeline rank (memory.rank_shapes order)."""
     m = layout.accum(train.global_batch)
     capacity = cluster.accelerator.memory_bytes
-    return tuple(memory.rank_memory(model, train, layout, s, m, capacity) for s in memory.rank_shapes(model, layout))
+    per_rank = megatron_memory.rank_memory if train.runtime == "megatron" else memory.rank_memory
+    return tuple(per_rank(model, train, layout, s, m, capacity) for s in memory.rank_shapes(model, layout))
 
 
 def fits(total_bytes: float, cluster: ClusterSpec, headroom: float = DEFAULT_HEADROOM) -> bool:

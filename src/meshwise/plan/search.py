@@ -474,7 +474,9 @@ def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
                 busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             if busy + opt_s > worst:
                 continue
-        e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
+        # under --runtime megatron the estimate reckons Megatron-Core's memory (cost/megatron_memory.py)
+        mems = None if train.runtime == "megatron" else peaks.memories(layout, shapes, capacity)
+        e = estimate(model, cluster, train, layout, headroom, stages, mems)
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)
         if at < keep:

@@ -1,0 +1,114 @@
+"""float8 precisions, the 2026 GPUs and Megatron-Core's memory in the planner (cost/fp8.py,
+cost/megatron_memory.py, catalog/accelerators.toml)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshwise.cli import main
+from meshwise.cost import fp8, megatron_memory
+from meshwise.cost.estimate import estimate
+from meshwise.cost.memory import rank_shapes
+from meshwise.errors import MeshwiseError
+from meshwise.layout import parse
+from meshwise.spec import TrainSpec, load_cluster, load_model
+
+FORMATS = ("fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
+GPUS = ("h100", "h800", "b200", "gb200")
+
+
+def _plan_json(capsys, *args: str) -> dict:
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_every_supported_format_plans_and_names_its_precision(capsys, gpu):
+    for precision in FORMATS:
+        args = ["--model", "llama3-8b", "--gpu", gpu, "--gpus", "16", "--global-batch", "64", "--seq-len", "2048",
+                "--precision", precision, "--layout", "dp=16,zero=3"]
+        if precision == "mxfp8" and gpu in ("h100", "h800"):
+            assert main(["plan", *args]) == 2  # Hopper has no MX tensor cores: refused in one line
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "--precision mxfp8" in err[0] and "h" in err[0]
+            continue
+        out = _plan_json(capsys, *args)
+        assert out["precision"] == precision and out["candidates"][0]["tokens_per_s"] > 0
+        assert out["calibrated"] == (gpu == "h100")
+        assert bool(out["notes"]) == (gpu != "h100")
+
+
+def test_float8_is_faster_than_bf16_and_blockwise_keeps_bf16_moments():
+    model, cluster = load_model("llama3-8b"), load_cluster("h100", 8)
+    layout = parse("dp=8,zero=3", 8)
+    bf16 = estimate(model, cluster, TrainSpec(64, 4096), layout)
+    runs = {p: estimate(model, cluster, TrainSpec(64, 4096, precision=p), layout) for p in ("fp8", "fp8-blockwise")}
+    for e in runs.values():
+        assert 1.0 < e.tokens_per_s / bf16.tokens_per_s < 2.0  # only the linear layers run in float8
+    assert TrainSpec(1, 1, precision="fp8-blockwise").optimizer_bytes == 8  # fp32 master + bf16 moments
+    assert TrainSpec(1, 1, precision="fp8").state_bytes_per_param == TrainSpec(1, 1).state_bytes_per_param
+
+
+def test_per_tensor_float8_gathers_one_byte_per_linear_parameter():
+    model, cluster = load_model("llama3-8b"), load_cluster("h100", 8)
+    layout = parse("dp=8,zero=3", 8)
+
+    def gathered(precision):
+        e = estimate(model, cluster, TrainSpec(64, 4096, precision=precision), layout)
+        return sum(c.bytes_per_step for c in e.comm if c.kind == "all_gather")
+
+    shape = rank_shapes(model, layout)[0]
+    linear_share = 1 - shape.root_params / shape.params
+    assert gathered("fp8") / gathered("bf16-mixed") == pytest.approx((2 - linear_share) / 2, rel=1e-3)
+    assert gathered("fp8-rowwise") == gathered("bf16-mixed")  # rowwise gathers bf16 (torchtitan docs)
+
+
+def test_casts_are_priced_as_hbm_bytes():
+    train = TrainSpec(1, 1, precision="fp8")
+    fwd, bwd = fp8.linear_cast_bytes(train, 10, 20, 30)
+    # X (10x30) and W (30x20) read twice and written once; dY (10x20) too, then three float8 transposes
+    assert fwd == 5 * (300 + 600) and bwd == 5 * 200 + 2 * (300 + 600 + 200)
+    assert fp8.linear_cast_bytes(TrainSpec(1, 1), 10, 20, 30) == (0.0, 0.0)
+
+
+def test_nvlink_domain_spans_trays():
+    c = load_cluster("gb200", 144)
+    assert (c.gpus_per_node, c.domain_gpus) == (4, 72)
+    assert c.link_for(64, 1) is c.intra and c.link_for(8, 8) is c.intra  # inside the NVL72 rack
+    assert c.link_for(4, 72).bytes_per_s == c.inter.bytes_per_s  # across racks: one NIC per rank
+    assert load_cluster("gb200", 128, 8).domain_gpus == 64  # the largest whole number of nodes that divides the world
+    assert load_cluster("h100", 64).domain_gpus == 8
+
+
+def test_mxfp8_needs_mx_tensor_cores():
+    with pytest.raises(MeshwiseError, match="--precision mxfp8"):
+        fp8.check_supported(load_cluster("h100", 8).accelerator, "mxfp8")
+    with pytest.raises(MeshwiseError, match="--precision fp8"):
+        fp8.check_supported(load_cluster("a100-80gb", 8).accelerator, "fp8")
+    fp8.check_supported(load_cluster("b300", 8).accelerator, "mxfp8")
+
+
+def test_megatron_distributed_optimizer_bytes():
+    """Megatron-LM docs/user-guide/features/dist_optimizer.md: bf16 params with fp32 grads take
+    6 + 12/d bytes per parameter with the distributed optimizer, 18 without."""
+    model = load_model("llama3-8b")
+    train = TrainSpec(64, 4096, runtime="megatron")
+    for text, d in (("dp=8,zero=1", 8), ("dp=8,zero=0", 1)):
+        layout = parse(text, 8)
+        shape = rank_shapes(model, layout)[0]
+        mem = megatron_memory.rank_memory(model, train, layout, shape, 8, 80e9)
+        assert mem.states / shape.params == pytest.approx(6 + 12 / d)
+
+
+def test_llama3_405b_fits_under_megatron_memory():
+    """Meta's layout (tp=8, pp=16, interleaved, seq 8192, batch 2048 on 16,384 H100): meshwise's own
+    runtime keeps every micro-batch's four SwiGLU tensors and does not fit; Megatron-Core's selective
+    recompute does."""
+    model, cluster = load_model("llama3-405b"), load_cluster("h100", 16384)
+    layout = parse("dp=128,zero=2,tp=8,sp=on,pp=16,vpp=4,ac=selective", 16384)
+    megatron = estimate(model, cluster, TrainSpec(2048, 8192, runtime="megatron"), layout)
+    assert megatron.fits
+    own = estimate(model, cluster, TrainSpec(2048, 8192), layout)
+    assert own.memory.total > megatron.memory.total
