@@ -123,3 +123,50 @@ def test_published_float8_speedups_within_tolerance():
     from fp8_fidelity import errors
     errs = [abs(e[3]) for e in errors()]
     assert sum(errs) / len(errs) <= 0.08 and max(errs) <= 0.15
+
+
+QWEN3_LAYOUT = "dp=16,zero=1,tp=2,sp=on,pp=8,vpp=2,ep=32,ac=selective"  # Qwen3-235B-A22B on 256 H100
+
+
+def test_expert_parallelism_folded_over_tp_is_written_planned_for_megatron_and_refused_for_meshwise(capsys):
+    layout = parse(QWEN3_LAYOUT, 256)
+    assert layout.ep_folds_tp and layout.expert_dp == 1  # 32 = 16 dp_shard x 2 tp
+    assert not parse("dp=16,zero=1,tp=2,pp=8,ep=8", 256).ep_folds_tp  # divides dp_shard: carved as before
+    with pytest.raises(MeshwiseError, match="ep=3"):
+        parse("dp=16,tp=2,pp=8,ep=3", 256)
+    args = ["plan", "--model", "qwen3-235b-a22b", "--gpu", "h100", "--gpus", "256", "--seq-len", "4096",
+            "--global-batch", "1024", "--layout", QWEN3_LAYOUT]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--runtime megatron" in err[0]
+    out = _plan_json(capsys, *args[1:], "--runtime", "megatron")
+    comm = {(c["kind"], c["dim"]): c for c in out["candidates"][0]["comm"]}
+    model, m = load_model("qwen3-235b-a22b"), 1024 // 16
+    shape = rank_shapes(model, layout)[0]
+    moe_blocks = round(shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden)))
+    # dispatch + combine forward and backward, each rank sending its 1/tp of the tokens' k copies
+    tokens_per_rank = 4096 / 2
+    assert comm["all_to_all", "ep"]["bytes_per_step"] == pytest.approx(
+        m * moe_blocks * (4 * tokens_per_rank * model.experts_per_token * model.hidden * 2 + model.experts * 8),
+        rel=1e-6)
+
+
+def test_folded_experts_shard_over_expert_data_parallel_ranks():
+    model = load_model("qwen3-235b-a22b")
+    train = TrainSpec(1024, 4096, runtime="megatron")
+    folded = parse("dp=16,zero=1,tp=2,pp=8,ep=32", 256)   # expert-dp 1
+    carved = parse("dp=16,zero=1,tp=2,pp=8,ep=16", 256)   # expert-dp 1 (carved from dp)
+    shape = rank_shapes(model, folded)[1]
+    mf = megatron_memory.rank_memory(model, train, folded, shape, 64, 80e9)
+    mc = megatron_memory.rank_memory(model, train, carved, shape, 64, 80e9)
+    dense = shape.params - shape.expert_params
+    assert mf.optimizer == pytest.approx(12 * (dense / 16 + shape.expert_params / 32))
+    assert mc.optimizer == pytest.approx(12 * (dense / 16 + shape.expert_params / 16))
+    assert mf.activations < mc.activations  # each TP rank routes half the tokens
+
+
+def test_megatron_search_finds_folded_layouts():
+    from meshwise.plan.megatron_search import _fields
+    model = load_model("qwen3-235b-a22b")
+    eps = {f[9] for f in _fields(model, 64, 64, 4096) if f[2] == 16 and f[4] == 4}
+    assert {1, 2, 4, 8, 16, 32, 64} <= eps  # tp=4 over 16 dp_shard ranks: ep=32, 64 fold over tp

@@ -176,8 +176,11 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
+    # over the expert data-parallel ranks (layout: the weights' one, cp folded into shard): shard / ep,
+    # folded over tp shard * tp / ep, ep apart (consecutive EP groups)
+    folded = layout.ep_folds_tp
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
-                           layout.shard // layout.ep, "edp", layout.tp * layout.ep,
+                           layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
                            gather_bytes=fp8.gather_bytes_per_param(train, 1.0))
     return per_mb + e_mb, per_step + e_step
 
@@ -406,7 +409,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp)
+        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
@@ -518,7 +521,7 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
-           shape.has_embedding, shape.has_head, shape.params)
+           shape.has_embedding, shape.has_head, shape.params, layout.ep_folds_tp)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)

@@ -9,7 +9,8 @@ argument_utils.py, moe/README.md; Transformer Engine's docs and base.py (docs/so
   (``6 + 12/d`` bytes per parameter; DeepSeek-V3's bf16 moments under fp8-blockwise: ``6 + 8/d``);
   ``zero=0`` is plain DDP (nothing sharded); ``zero=2`` / ``3`` are Megatron-FSDP's sharding of the
   gradients / also the weights. Dense parameters shard over dp x cp, routed experts over the expert
-  data-parallel ranks left by ep (memory.states, as for meshwise's runtime).
+  data-parallel ranks left by ep (MoE parallel folding: ep x expert-dp = dp x cp, or dp x cp x tp
+  where ep is folded over the TP ranks, Layout.ep_folds_tp, whose ranks then route 1/tp of the tokens each).
 - **float8 weights**: Transformer Engine casts each linear weight to float8 once per step and keeps
   the cast across micro-batches (1 B/param), and on GPUs without MX block scaling a transposed copy
   for the backward (1 B more); MXFP8 quantizes rowwise and columnwise separately (2 B).
@@ -37,7 +38,7 @@ from __future__ import annotations
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import Memory, RankShape, held, states
+from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -52,15 +53,23 @@ FP8_WEIGHT_COPIES = 2.0
 
 
 def _states(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float, float]:
-    """(weights incl. float8 casts, fp32 main gradients, optimizer) bytes; ``layout`` the weights' layout."""
-    w, _, o = states(shape.params, train, layout, shape.expert_params)
-    local = held(shape.params, shape.expert_params, layout) if shape.expert_params else shape.params
+    """(weights incl. float8 casts, fp32 main gradients, optimizer) bytes; ``layout`` the weights' layout
+    (cp folded into dp). Dense parameters shard over ``shard``, the rank's 1/ep of the routed experts
+    over the expert data-parallel ranks (Layout.expert_dp: ``shard / ep``, folded over tp ``shard tp / ep``)."""
+    experts = shape.expert_params / layout.ep
+    dense = shape.params - shape.expert_params
+    zero = layout.zero if layout.shard > 1 or layout.expert_dp > 1 else 0
+
+    def sharded(stage: int) -> float:
+        """Parameters a rank holds of a state ZeRO ``stage`` and above shard."""
+        if zero < stage:
+            return dense + experts
+        return dense / layout.shard + experts / layout.expert_dp
     grad_elem = 2 if train.precision == "bf16" else 4
-    n = layout.shard if layout.zero else 1
-    g = shape.params * grad_elem / n if layout.zero >= 2 else local * grad_elem
+    w = sharded(3) * train.weight_bytes
     if train.fp8:  # rowwise + columnwise float8 copies of the linear weights (all but the model's ends)
-        w += (local - shape.root_params) * FP8_WEIGHT_COPIES
-    return w, g, o
+        w += (dense + experts - shape.root_params) * FP8_WEIGHT_COPIES
+    return w, sharded(2) * grad_elem, sharded(1) * train.optimizer_bytes
 
 
 def _block_kept(model: ModelSpec, local: TrainSpec, layout: Layout) -> tuple[float, float]:
@@ -82,6 +91,8 @@ def _block_kept(model: ModelSpec, local: TrainSpec, layout: Layout) -> tuple[flo
         # torch's 4 SwiGLU tensors per routed copy (act.moe_mlp_bytes) are 3 here, 2 with moe_act recomputed
         fewer = tokens * e * routed * model.experts_per_token * model.expert_ffn_hidden * (2 if selective else 1)
         moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, "none") - fewer
+        if layout.ep_folds_tp:  # each TP rank routes its own 1/tp of the tokens
+            moe /= t
         whole += model.moe_layers / model.layers * (moe - dense_mlp)
     if layout.ac == "full":
         return act.block_bytes(shapes, seq, mbs, e, t, sp, "full", MEGATRON_CORE), whole

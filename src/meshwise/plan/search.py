@@ -250,6 +250,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
 
 def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
             headroom: float, where: Callable[[Layout], bool] | None) -> SearchResult:
+    if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
+        from meshwise.plan.megatron_search import search_megatron
+        return search_megatron(model, cluster, train, top, headroom, where)
     if where is None and train.runtime == "meshwise" and not model.states_only:
         where = runs_here(model, train.seq_len)
 
@@ -474,9 +477,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
                 busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             if busy + opt_s > worst:
                 continue
-        # under --runtime megatron the estimate reckons Megatron-Core's memory (cost/megatron_memory.py)
-        mems = None if train.runtime == "megatron" else peaks.memories(layout, shapes, capacity)
-        e = estimate(model, cluster, train, layout, headroom, stages, mems)
+        e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
         key_e = (_rank_key(e), index)
         at = bisect.bisect_right(keys, key_e)
         if at < keep:
