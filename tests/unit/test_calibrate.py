@@ -13,7 +13,7 @@ from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
 from meshwise.measure import calibrate as cal
 from meshwise.spec import LinkSpec, load_cluster
-from meshwise.spec.cluster import _ACCEL_KEYS
+from meshwise.spec.cluster import _ACCEL_KEYS, ACCEL_GPU_KEYS
 from meshwise.spec.gpu_keys import GPU_KEYS
 
 RESULT = {"matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
@@ -48,7 +48,7 @@ def test_fit_never_returns_a_negative_latency():
 
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
-    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS  # a CPU profile: the flat path, no GPU op model
+    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS  # a CPU profile: the flat path, no GPU op model
     assert set(table) == catalog_keys
     assert table["efficiency_max"] == pytest.approx(9e9 / ((0.5 - 1000 * 1e-5) * 30e9))  # host time taken out
     assert table["op_overhead_s"] == pytest.approx(1e-5)

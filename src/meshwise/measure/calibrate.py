@@ -71,7 +71,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "thread_efficiency", "cores_per_node", "source")
+                "selective_op_s", "tp_op_s", "thread_efficiency", "cores_per_node", "calibrated_on", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -160,6 +160,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "tp_op_s": tp_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
+        "calibrated_on": f"meshwise calibrate, {when}",
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }

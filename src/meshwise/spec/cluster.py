@@ -136,10 +136,12 @@ class ClusterSpec:
         return {}
 
 
+# a GPU's float8 tensor cores and NVLink domain (absent from CPU profiles, as the op model's keys)
+ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name", "peak_fp8_flops_per_s",
-               "peak_mxfp8_flops_per_s", "nvlink_domain_gpus", "calibrated_on"} | GPU_KEYS | HOST_KEYS
+               "efficiency_half_width", "comm_overlap", "source", "name", "calibrated_on"} \
+    | ACCEL_GPU_KEYS | GPU_KEYS | HOST_KEYS
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
