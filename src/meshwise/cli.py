@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
     _add_cluster_arguments(p, "number of devices",
                            f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
-    p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); float8 GEMMs over bf16-mixed: fp8 (per-tensor), "
-                   "fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed")
+    p.add_argument("--precision", default="bf16-mixed",
+                   help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); float8 GEMMs over bf16-mixed: "
+                   "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
     p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
@@ -79,15 +80,18 @@ def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note:
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
 
 
+VERIFY_DESCRIPTION = ("Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
+                      "process group, fake tensors, the target device's precision policy), trace one training step, "
+                      "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
+                      "does.")
+
+
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
-                       description="Build the chosen ranks of the layout with the real runtime at the real world size "
-                                   "(torch's fake process group, fake tensors, the target device's precision policy), "
-                                   "trace one training step, and print memory by category and every collective beside "
-                                   "what 'plan' predicts, as 'measure' does.")
+                       description=VERIFY_DESCRIPTION)
+    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
     _add_cluster_arguments(v, "world size traced")
-    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')

@@ -117,9 +117,10 @@ class ClusterSpec:
     def link_for(self, group_size: int, stride: int) -> LinkSpec:
         """The link a group of ``group_size`` ranks, ``stride`` apart in rank order, communicates over.
 
-        Inside a node (an NVLink domain: ``domain_gpus``): the intra-node link. Across nodes: every rank has its own NIC and a collective
-        splits its data over channels, one per rank of the group in a node (NCCL's rings), so the
-        group's bandwidth is the per-GPU scale-out bandwidth times its ranks per node.
+        Inside a node (an NVLink domain: ``domain_gpus``): the intra-node link. Across nodes: every rank
+        has its own NIC and a collective splits its data over channels, one per rank of the group in a
+        node (NCCL's rings), so the group's bandwidth is the per-GPU scale-out bandwidth times its
+        ranks per node.
         """
         domain = self.domain_gpus
         if group_size == 1 or group_size * stride <= domain:
@@ -176,7 +177,8 @@ def _profile_number(gpu: str, table: dict[str, Any], key: str, default: Any, zer
 def _domain(table: dict[str, Any], gpu: str) -> int:
     value = table.get("nvlink_domain_gpus", 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise MeshwiseError(f"--gpu {gpu}: nvlink_domain_gpus must be a whole number of GPUs (0: a node), got {value!r}")
+        raise MeshwiseError(f"--gpu {gpu}: nvlink_domain_gpus must be a whole number of GPUs (0: a node), "
+                            f"got {value!r}")
     return value
 
 
