@@ -170,7 +170,8 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     torch_evicts = memory.evicts_chunks(layout) and train.runtime != "megatron"
     regathered = _regathered(model, layout, shape, m) if torch_evicts else (0.0, 0)
     # per-tensor float8 gathers the linear layers (all but the model's ends) in float8 (cost/fp8.py)
-    gather = fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0)
+    gather = fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0) \
+        if train.fp8 else None
     per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered,
                                gather)
     if not experts:
@@ -181,7 +182,7 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     folded = layout.ep_folds_tp
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
                            layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
-                           gather_bytes=fp8.gather_bytes_per_param(train, 1.0))
+                           gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None)
     return per_mb + e_mb, per_step + e_step
 
 
@@ -521,7 +522,7 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
-           shape.has_embedding, shape.has_head, shape.params, layout.ep_folds_tp)
+           shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
