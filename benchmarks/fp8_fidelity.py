@@ -1,19 +1,28 @@
-"""Published float8 runs against the plan: the float8 / bf16 throughput ratio of the same layout on the
-same cluster, published beside each other (so compile and the stack's other gains cancel), against the
-ratio meshwise predicts. No constant is fitted here: cost/fp8.py's come from component benchmarks.
+"""Published float8 runs against the plan. No constant is fitted here: cost/fp8.py's come from component
+benchmarks, the bf16 time model's from the bf16 runs of published_runs.toml.
 
-Sources (docs/sources.md): pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Tables 1, 3:
-FSDP + compile with and without Float8, tensorwise), benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md
-(vanilla TP rows), torchtitan/components/quantization/mxfp8.md (8 B200, Llama 3 8B assumed).
+- ``RUNS``: the float8 / bf16 throughput ratio of the same layout on the same cluster, published beside
+  each other (so compile and the stack's other gains cancel), against the ratio meshwise predicts:
+  pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Tables 1, 3: FSDP + compile with and
+  without Float8, tensorwise), benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (vanilla TP rows),
+  torchtitan/components/quantization/mxfp8.md (8 B200, Llama 3 8B assumed).
+- ``ABSOLUTE``: tokens/s per GPU of NVIDIA NeMo's FP8 pre-training table (tag v2.1.0,
+  docs/source/performance/performance_summary.md, container NeMo 24.07, DGX-H100; Transformer Engine
+  FP8, taken as per-tensor scaling; activation recompute not stated, taken as none), under
+  ``--runtime megatron``. The row that links to MLPerf results is left out, as are NeMo's tables of
+  the 25.09 container or later and Megatron-Bridge's summaries (excluded sources).
 
     python benchmarks/fp8_fidelity.py
 """
 
 from __future__ import annotations
 
+import tomllib
+from importlib import resources
+
 from meshwise.cost.estimate import estimate
 from meshwise.layout import parse
-from meshwise.spec import TrainSpec, load_cluster, load_model
+from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 # (id, model, gpu, gpus, layout, seq, global batch, precision, published float8 / bf16 tokens/s)
 RUNS = (
@@ -32,6 +41,29 @@ RUNS = (
 )
 
 
+# (id, model, gpus, layout, seq, global batch, published tokens/s per GPU); NeMo 24.07 FP8 on DGX-H100
+ABSOLUTE = (
+    ("nemo2407-llama2-7b-8", "llama2-7b", 8, "dp=8,zero=1,mbs=1", 4096, 128, 16934.0),
+    ("nemo2407-llama2-13b-16", "llama2-13b", 16, "dp=4,zero=1,pp=4,vpp=10,mbs=1", 4096, 128, 8715.0),
+    ("nemo2407-llama2-70b-64", "llama2-70b", 64, "dp=4,zero=1,tp=4,sp=on,pp=4,vpp=20,mbs=1", 4096, 128, 1728.0),
+    ("nemo2407-llama3-8b-8", "llama3-8b", 8, "dp=4,zero=1,cp=2,mbs=1", 8192, 128, 12273.0),
+    ("nemo2407-llama3-70b-64", "llama3-70b", 64, "dp=2,zero=1,tp=4,sp=on,pp=4,cp=2,vpp=5,mbs=1", 8192, 128, 1524.0),
+    ("nemo2407-gpt3-175b-128", "gpt3-175b", 128, "dp=4,zero=1,tp=4,sp=on,pp=8,vpp=6,mbs=1", 2048, 256, 716.0),
+)
+
+
+def _model(name: str) -> ModelSpec:
+    """A catalog model, or one of published_runs.toml's own (GPT-3 175B)."""
+    data = tomllib.loads(resources.files("meshwise.catalog").joinpath("published_runs.toml").read_text())
+    table = data.get("models", {}).get(name)
+    return ModelSpec(name=name, **table) if table else load_model(name)
+
+
+def predicted_tokens_per_gpu(model: str, gpus: int, layout: str, seq: int, batch: int) -> float:
+    train = TrainSpec(batch, seq, precision="fp8", runtime="megatron")
+    return estimate(_model(model), load_cluster("h100", gpus), train, parse(layout, gpus)).tokens_per_s / gpus
+
+
 def predicted_ratio(model: str, gpu: str, gpus: int, layout: str, seq: int, batch: int, precision: str) -> float:
     m, c, lay = load_model(model), load_cluster(gpu, gpus), parse(layout, gpus)
     policy = "every-other-matmul"
@@ -45,12 +77,15 @@ def errors() -> list[tuple[str, float, float, float]]:
     for rid, model, gpu, gpus, layout, seq, batch, precision, published in RUNS:
         pred = predicted_ratio(model, gpu, gpus, layout, seq, batch, precision)
         out.append((rid, published, pred, pred / published - 1))
+    for rid, model, gpus, layout, seq, batch, published in ABSOLUTE:
+        pred = predicted_tokens_per_gpu(model, gpus, layout, seq, batch)
+        out.append((rid, published, pred, pred / published - 1))
     return out
 
 
 if __name__ == "__main__":
     rows = errors()
     for rid, pub, pred, err in rows:
-        print(f"{rid:40s} published {pub:.3f}  predicted {pred:.3f}  {err:+.1%}")
+        print(f"{rid:40s} published {pub:10.3f}  predicted {pred:10.3f}  {err:+.1%}")
     abs_err = [abs(r[3]) for r in rows]
     print(f"mean |error| {sum(abs_err) / len(abs_err):.1%}, worst {max(abs_err):.1%}")
