@@ -171,3 +171,10 @@ def test_megatron_search_finds_folded_layouts():
     model = load_model("qwen3-235b-a22b")
     eps = {f[9] for f in _fields(model, 64, 64, 4096) if f[2] == 16 and f[4] == 4}
     assert {1, 2, 4, 8, 16, 32, 64} <= eps  # tp=4 over 16 dp_shard ranks: ep=32, 64 fold over tp
+
+
+def test_a_device_without_float8_is_priced_not_crashed():
+    """Callers other than ``plan`` (train's auto layout on CPU ranks) may estimate float8 there."""
+    model, cluster = load_model("tiny"), load_cluster("cpu", 2)
+    e = estimate(model, cluster, TrainSpec(8, 64, precision="fp8"), parse("dp=2", 2))
+    assert e.tokens_per_s > 0

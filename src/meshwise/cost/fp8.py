@@ -82,12 +82,13 @@ def check_supported(accel: AcceleratorSpec, precision: str) -> None:
 
 def gemm_peak_flops_per_s(accel: AcceleratorSpec, train: TrainSpec) -> float:
     """The peak a linear layer's GEMM is priced at: the float8 peak times the format's ratio, else
-    the precision's own peak."""
+    the precision's own peak; on a device without the format's tensor cores (a CPU rank, where torch
+    emulates float8 GEMMs; ``plan`` refuses such a device up front) the bf16 peak."""
     f = fmt(train)
     if f is None:
         return accel.peak_flops_per_s(train.precision)
     peak = accel.peak_mxfp8_flops_per_s if f.mx else accel.peak_fp8_flops_per_s
-    return peak * f.gemm_ratio
+    return peak * f.gemm_ratio if peak else accel.peak_flops_per_s(train.precision)
 
 
 def gemm_elem_bytes(train: TrainSpec) -> int:
