@@ -125,7 +125,8 @@ def fit_attention(kernel: str) -> dict:
     """The runtime kernel's curves on head width 128; ``head64`` = the mean ratio of width 64 to 128."""
     peak = load_cluster("h100", 8).accelerator.peak_bf16_flops_per_s
     rows = attention_points(kernel)
-    pick = lambda d, c, h: [r for r in rows if r["direction"] == d and r["causal"] == c and r["head_dim"] == h]  # noqa: E731
+    def pick(direction: str, causal: str, width: str) -> list[dict]:
+        return [r for r in rows if (r["direction"], r["causal"], r["head_dim"]) == (direction, causal, width)]
     fwd = _curve(pick("forward", "false", "128"), peak)
     causal = _curve(pick("forward", "true", "128"), peak)
     bwd = _curve(pick("backward", "false", "128"), peak)
@@ -171,7 +172,9 @@ def collective_points() -> list[tuple[str, int, float, float]]:
 
 def fit_collectives() -> dict:
     points = collective_points()
-    pairs_of = lambda a, bw: [(comm.collective_seconds(k, n, b, LinkSpec(bw, a)), s) for k, n, b, s in points]  # noqa: E731
+    def pairs_of(latency_s: float, bytes_per_s: float) -> list[tuple[float, float]]:
+        link = LinkSpec(bytes_per_s, latency_s)
+        return [(comm.collective_seconds(k, n, b, link), s) for k, n, b, s in points]
     latency, busbw = coordinate_fit(lambda p: _mean_log(pairs_of(p[0] * 1e-6, p[1] * 1e9)), [5.0, 300.0],
                                     [(0.1, 50.0), (50.0, 900.0)])
     large = [(k, n, b, s) for k, n, b, s in points if b >= 64e6]

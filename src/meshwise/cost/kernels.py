@@ -12,7 +12,8 @@ src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One m
   K is split over up to ``SMs // tiles`` slices of at least ``SPLIT_K_MIN_DEPTH``. Each tile's main loop runs
   ``K`` deep after a fixed prologue and epilogue worth ``k_half`` of depth, so a busy tile reaches
   ``efficiency * K / (K + k_half)`` of peak, at the clock the GPU holds under sustained dense math
-  (``sustained_clock``: micro-benchmarks run at the peak's clock, training at the power limit). Time = ``floor + max(2 M N K / (peak * efficiency * util)
+  (``sustained_clock``: micro-benchmarks run at the peak's clock, training at the power limit).
+  Time = ``floor + max(2 M N K / (peak * efficiency * util)
   * (1 + k_half / K), bytes moved / (HBM * hbm_efficiency))``; ``(efficiency, k_half)`` per dtype
   (``gemm_row``), ``floor`` = ``kernel_floor_s`` (what the smallest GEMMs take however little they do).
 - **Attention.** Fused (flash / cuDNN): causal, so half the square: forward ``2 b s^2 d h / t`` FLOPs,

@@ -74,7 +74,7 @@ def _component_rows(table: dict[str, Any], gpu: str) -> dict[str, tuple]:
         out["gemm"] = tuple(rows)
     attention = table.get("attention", {})
     if not isinstance(attention, dict):
-        raise MeshwiseError(f"--gpu {gpu}: attention must be a table of runtimes, e.g. attention.meshwise.forward = 0.3")
+        raise MeshwiseError(f"--gpu {gpu}: attention must be a table of runtimes, e.g. attention.meshwise = {{...}}")
     rows = []
     for runtime, fit in sorted(attention.items()):
         where = f"--gpu {gpu}: attention.{runtime}"
