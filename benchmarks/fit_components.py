@@ -10,7 +10,8 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
 - collectives by payload and group size (components_collectives.csv: OpenXLA's H100 NVLink table):
   the intra-node ``latency_s`` and ``bytes_per_s`` of cost/comm.py ``collective_seconds``;
-- memory-bound kernels and scale-out links (components_links.csv): single published figures, no fit.
+- memory-bound kernels and scale-out links (components_links.csv), and the clock held under sustained
+  dense math (components_clocks.csv, ``sustained_clock``): single published figures, no fit.
 
     python benchmarks/fit_components.py           # fitted values and each component's error
     python benchmarks/fit_components.py --check   # also: the catalog's values are these fits (exit 1 if not)
@@ -202,9 +203,19 @@ def links_report() -> list[str]:
     return out
 
 
+def clocks() -> dict[str, float]:
+    """{gpu: sustained / table clock} (components_clocks.csv)."""
+    return {r["gpu"]: float(r["sustained_mhz"]) / float(r["table_mhz"]) for r in read("components_clocks.csv")}
+
+
 def check_catalog(f: dict) -> list[str]:
     """Where the catalog's values differ from these fits by more than rounding (1%)."""
     bad = []
+    for gpu, ratio in clocks().items():
+        for name in [n for n in ("a100-40gb", "a100-80gb") if gpu == "a100"] or ["h100", "h200", "h100-hbm2e"]:
+            got = load_cluster(name, 8).accelerator.sustained_clock
+            if abs(got - ratio) > 0.001:
+                bad.append(f"{name} sustained_clock: catalog {got}, components_clocks.csv {ratio:.3f}")
     close = lambda a, b: abs(a - b) <= 0.01 * max(abs(b), 1e-9) + 1e-9  # noqa: E731
     for gpu, key, dtype in (("h100", "gemm_h100_bf16", "bf16"), ("a100-80gb", "gemm_a100_bf16", "bf16"),
                             ("h100", "gemm_h100_fp8", "fp8")):
@@ -253,6 +264,8 @@ def main(argv: list[str]) -> int:
           f"mean {nv['errors_large'][0]:.1%}, worst {nv['errors_large'][1]:.1%}")
     print("Single published figures (no fit):")
     print("\n".join(links_report()))
+    for gpu, ratio in clocks().items():
+        print(f"  {gpu:5s} sustained clock {ratio:.3f} of the tables' clock (components_clocks.csv)")
     if "--check" in argv:
         bad = check_catalog(f)
         print("catalog matches the fits" if not bad else "catalog differs from the fits:\n  " + "\n  ".join(bad))
