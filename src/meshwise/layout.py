@@ -256,18 +256,28 @@ def check_microbatches(layout: Layout, m: int) -> None:
 
 
 def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str = "meshwise") -> str | None:
-    """Why ``runtime``'s runtime cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
+    """Why ``runtime`` cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
 
     Expert parallelism folded over the TP ranks (:attr:`Layout.ep_folds_tp`) is Megatron-Core's: it
     is planned under ``--runtime megatron`` and refused for meshwise's runtime.
 
-    Beyond :func:`validate`: the runtime keeps one embedding per pipeline chunk, so pp > 1 with tied
-    embeddings is refused; context parallelism splits the sequence into 2*cp chunks (rank i holds
-    chunks i and 2*cp-1-i) and sequence parallelism each rank's part over tp; and the zero-bubble
-    schedules run a split backward that re-enters each checkpointed region twice, which
-    ``torch.utils.checkpoint``'s selective mode forbids.
+    Both runtimes split the sequence: context parallelism into 2*cp chunks (rank i holds chunks i and
+    2*cp-1-i), sequence parallelism each rank's part over tp, so both need it divisible. The rest is
+    meshwise's own runtime (``train``, ``verify``, ``plan --runtime meshwise``): it keeps one embedding
+    per pipeline chunk, so pp > 1 with tied embeddings is refused (Megatron-LM ties the first and last
+    stages' copies by an all-reduce); its zero-bubble schedules run a split backward that re-enters each
+    checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids; and it shards
+    no learned position table over sp or cp (Megatron-LM slices the positions with the sequence).
     """
-    if layout.ep_folds_tp and runtime == "meshwise":
+    if layout.cp > 1 and seq_len % (2 * layout.cp):
+        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
+                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
+    if layout.sp and (seq_len // layout.cp) % layout.tp:
+        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
+        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
+    if runtime != "meshwise":
+        return None
+    if layout.ep_folds_tp:
         return (f"layout: ep={layout.ep} folded over tp={layout.tp} (it does not divide dp_shard x cp = "
                 f"{layout.shard * layout.cp}) is planned for --runtime megatron only; meshwise's runtime carves ep "
                 f"from dp_shard x cp: use an ep dividing {layout.shard * layout.cp}")
@@ -277,14 +287,8 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
-    if layout.cp > 1 and seq_len % (2 * layout.cp):
-        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
-                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
-    if layout.sp and (seq_len // layout.cp) % layout.tp:
-        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
-        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if layout.sp and not model.states_only and model.position == "learned":
         return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None
@@ -323,6 +327,8 @@ def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
     answers: dict[tuple, bool] = {}
 
     def runs(layout: Layout) -> bool:
+        if layout.ep > 1 and layout.ep_folds_tp:  # the one refusal that reads ep (never among the search's eps)
+            return False
         key = (layout.pp, layout.schedule, layout.ac, layout.cp, layout.sp, layout.tp)
         if key not in answers:
             answers[key] = runtime_refusal(layout, model, seq_len) is None
@@ -343,7 +349,7 @@ def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_bat
                    seq_field: str = "seq_len", runtime: str = "meshwise") -> None:
     """The one answer to "can this layout run here?": :func:`validate`, the sequence length (named
     ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal` for ``runtime``
-    (meshwise's own, or megatron for a plan of Megatron-Core). No torch needed."""
+    (meshwise's own for train, measure and verify; ``plan --runtime megatron`` asks Megatron's). No torch needed."""
     validate(layout, model, world_size, global_batch)
     check_seq_len(model, seq_len, seq_field)
     reason = runtime_refusal(layout, model, seq_len, runtime)

@@ -119,7 +119,12 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     if layout.sp:
         gathers = 4 * blocks + last + first + colwise + (2 * blocks if recompute else 0)
         scatters = 4 * blocks - 2 * moe_blocks + rowwise + last + (blocks if recompute else 0)
-        out.append(comm.collective("all_gather", "tp", t, payload, gathers * m, link))
+        # under per-tensor float8 the inputs gathered into the QKV and first MLP projections (forward and
+        # recompute) travel in float8 (cost/fp8.py tp_float8_gathers)
+        in_fp8 = fp8.tp_float8_gathers(train, blocks, moe_blocks, recompute)
+        out.append(comm.collective("all_gather", "tp", t, payload, (gathers - in_fp8) * m, link))
+        if in_fp8:
+            out.append(comm.collective("all_gather", "tp", t, tokens * model.hidden, in_fp8 * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
         per_mb = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
@@ -428,7 +433,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         # the linear layers' FLOPs at the float8 GEMM peak, their casts over HBM (cost/fp8.py)
         linear_flops, cast_bytes = _linear_work(model, local_train(train, layout), layout, shape, m)
         flops -= linear_flops
-        fp8_s = linear_flops / (fp8.gemm_peak_flops_per_s(accel, train) * eff) + cast_bytes / fp8.hbm_bytes_per_s(accel)
+        rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
+        fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
     return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s)
 
 

@@ -5,11 +5,12 @@ Every format keeps bf16 for what its recipes keep in bf16 (torchao float8 and Tr
 convert ``nn.Linear`` only; DeepSeek-V3, arXiv 2412.19437 Sec. 3.3): the embedding, the LM head,
 the MoE router, attention (softmax and its two matmuls) and the norms.
 
-- **GEMM rate.** A linear's GEMM runs at ``peak_fp8 * gemm_ratio`` where the bf16 one runs at
-  ``peak_bf16``, through the same tile/wave model and the device's one fitted ``gemm_efficiency``
-  (cost/kernels.py); ``gemm_ratio`` is the float8 kernels' fraction of their peak against the bf16
-  kernels' fraction of theirs, from component benchmarks only (``FORMATS``, docs/sources.md). Its
-  memory-bound bound moves 1-byte operands.
+- **GEMM rate.** A linear's GEMMs run at ``peak_fp8 * gemm_ratio`` through the same tile/wave model
+  with the device's ``gemm.fp8`` row (cost/kernels.py; fitted by benchmarks/fit_components.py on
+  DeepGEMM's block-scaled FP8 table), operands of 1 byte in its memory-bound bound; ``gemm_ratio``
+  is the format's kernels against those block-scaled ones (``FORMATS``). On the flat path (no op
+  model) the linear layers' FLOPs run at ``peak_fp8 * gemm_ratio * FLAT_FP8_EFFICIENCY`` of the
+  efficiency curve, the rest at bf16's.
 - **Casts** (memory-bound, at ``hbm_efficiency`` of HBM): per linear and micro-batch the forward
   quantizes the input ``X (t x k)`` and the weight ``W (k x n)``, the backward the output gradient
   ``dY (t x n)``: ``cast_bytes`` per element each (bf16 read, float8 written, scales; per-tensor
@@ -20,7 +21,11 @@ the MoE router, attention (softmax and its two matmuls) and the norms.
   mxfp8.rst "Handling transposes"). Full recompute casts X and W again.
 - **Communication.** FSDP2's float8 all-gather (torchao ``enable_fsdp_float8_all_gather``) sends
   the linear layers' weights at 1 byte per parameter, for per-tensor scaling only; row, block and
-  MX formats gather bf16 (torchtitan docs/float8.md, torchao mxfp8 docs).
+  MX formats gather bf16 (torchtitan docs/float8.md, torchao mxfp8 docs). Under sequence
+  parallelism the activations gathered into the column-parallel QKV and first MLP projections
+  travel in float8 too, for per-tensor scaling (torchao's float8 TP plans cast the input before the
+  all-gather; Transformer Engine's all-gather userbuffers are float8 under FP8); the backward's
+  gathers of gradients stay bf16.
 """
 
 from __future__ import annotations
@@ -41,26 +46,27 @@ class Fp8Format:
     mx: bool = False       # an MX format: needs the device's MX tensor cores
 
 
-# gemm_ratio, from component data only (benchmarks/fp8_components.py derives both numbers):
-# - per-tensor (cuBLAS): torchao's float8 Linear is 1.39x bf16 at M, K, N = 4096, 8192, 16384 on H100
-#   casts included (pytorch/ao torchao/float8/README.md @ a0a0969, Performance); solved for the GEMM
-#   rate under the H100 op model with these casts: 0.90;
-# - block (DeepGEMM 1x128 / 128x128, H800): 61.5% of the FP8 peak, the mean of the README's M = 4096
-#   rows with K >= 2048 (deepseek-ai/DeepGEMM @ 55ab91f, Performance), over the H100's fitted bf16
-#   gemm_efficiency 0.64: 0.96;
-# - row: no published row-scaled GEMM table was found; taken as the block kernels' (the same
-#   scaled epilogue per output row), an assumption;
+# gemm_ratio, against the block-scaled kernels the ``gemm.fp8`` row is fitted on (benchmarks/fp8_components.py):
+# - block (DeepGEMM 1x128 / 128x128): 1, by construction;
+# - row: no published row-scaled GEMM table was found; taken as the block kernels' (a scaled epilogue per
+#   output row), an assumption;
+# - per-tensor (cuBLAS): solved so that the H100 op model gives torchao's float8 Linear 1.39x bf16 at
+#   M, K, N = 4096, 8192, 16384, casts included (pytorch/ao torchao/float8/README.md @ a0a0969);
 # - MX: block scales applied by Blackwell's tensor cores at the FP8 rate (datasheets); no published
 #   MXFP8 GEMM table was found; taken as the per-tensor kernels', an assumption.
+PER_TENSOR_RATIO = 1.03  # benchmarks/fp8_components.py
 FORMATS = {
-    "fp8": Fp8Format("fp8", gemm_ratio=0.90, cast_bytes=5.0, column_bytes=2.0, gathers_fp8=True),
-    "fp8-rowwise": Fp8Format("fp8-rowwise", gemm_ratio=0.96, cast_bytes=3.0 + 4 / 4096, column_bytes=3.0,
+    "fp8": Fp8Format("fp8", gemm_ratio=PER_TENSOR_RATIO, cast_bytes=5.0, column_bytes=2.0, gathers_fp8=True),
+    "fp8-rowwise": Fp8Format("fp8-rowwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 4096, column_bytes=3.0,
                              gathers_fp8=False),
-    "fp8-blockwise": Fp8Format("fp8-blockwise", gemm_ratio=0.96, cast_bytes=3.0 + 4 / 128, column_bytes=3.0 + 4 / 128,
+    "fp8-blockwise": Fp8Format("fp8-blockwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 128, column_bytes=3.0 + 4 / 128,
                                gathers_fp8=False),
-    "mxfp8": Fp8Format("mxfp8", gemm_ratio=0.90, cast_bytes=3.0 + 1 / 32, column_bytes=3.0 + 1 / 32,
+    "mxfp8": Fp8Format("mxfp8", gemm_ratio=PER_TENSOR_RATIO, cast_bytes=3.0 + 1 / 32, column_bytes=3.0 + 1 / 32,
                        gathers_fp8=False, mx=True),
 }
+# The flat path's float8 GEMMs against its bf16 ones: the H100's fitted rows, fp8 0.763 / bf16 0.869
+# (benchmarks/fit_components.py), the one device with both
+FLAT_FP8_EFFICIENCY = 0.763 / 0.869
 DEFAULT_HBM_EFFICIENCY = 0.8  # for profiles without the op model's hbm_efficiency (flat path)
 
 
@@ -91,6 +97,11 @@ def gemm_peak_flops_per_s(accel: AcceleratorSpec, train: TrainSpec) -> float:
     return peak * f.gemm_ratio if peak else accel.peak_flops_per_s(train.precision)
 
 
+def gemm_dtype(train: TrainSpec) -> str:
+    """The GEMM row (cost/kernels.gemm_row) a linear layer's GEMMs use: ``fp8`` under a float8 format."""
+    return "fp8" if train.fp8 else "bf16"
+
+
 def gemm_elem_bytes(train: TrainSpec) -> int:
     """Bytes per operand element a linear's GEMM reads: 1 in float8, else the activation's."""
     return 1 if train.fp8 else train.activation_bytes
@@ -107,6 +118,15 @@ def linear_cast_bytes(train: TrainSpec, t: float, n: float, k: float) -> tuple[f
 
 def hbm_bytes_per_s(accel: AcceleratorSpec) -> float:
     return accel.hbm_bytes_per_s * (accel.hbm_efficiency or DEFAULT_HBM_EFFICIENCY)
+
+
+def tp_float8_gathers(train: TrainSpec, blocks: int, moe_blocks: int, recompute: bool) -> int:
+    """Of a micro-batch's TP all-gathers under SP, those sent in float8: each block's QKV input and
+    (dense blocks) first MLP input, forward and, under recompute, again; per-tensor formats only."""
+    f = fmt(train)
+    if f is None or not f.gathers_fp8:
+        return 0
+    return (2 * blocks - moe_blocks) * (2 if recompute else 1)
 
 
 def gather_bytes_per_param(train: TrainSpec, linear_share: float) -> float:
