@@ -34,10 +34,21 @@ class Plan:
     warnings: tuple[str, ...]
     enumerated: int
     fitting: int
+    why_nothing_fits: tuple[str, ...] = ()  # when the search found none: why, then what would fit
+
+    @property
+    def nothing_fits(self) -> bool:
+        """No candidate fits: ``meshwise plan`` exits with errors.NOTHING_FITS (not 0, not 2)."""
+        return not any(e.fits for e in self.candidates)
 
     def as_json(self) -> dict:
-        return {"candidates": [e.as_json() for e in self.candidates], "explanation": list(self.explanation),
-                "warnings": list(self.warnings), "enumerated": self.enumerated, "fitting": self.fitting}
+        status = "fits" if not self.nothing_fits else "nothing fits" if not self.candidates else "does not fit"
+        out = {"status": status, "candidates": [e.as_json() for e in self.candidates],
+               "explanation": list(self.explanation), "warnings": list(self.warnings), "enumerated": self.enumerated,
+               "fitting": self.fitting}
+        if self.why_nothing_fits:
+            out["why_nothing_fits"] = {"reason": self.why_nothing_fits[0], "what_would": list(self.why_nothing_fits[1:])}
+        return out
 
 
 def _one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, ac: str):
@@ -259,8 +270,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
         if result.enumerated == 0:
             raise MeshwiseError(f"--global-batch: {train.global_batch} leaves no valid layout on {cluster.world_size} "
                                 f"devices; use a multiple of the data-parallel degree (e.g. {cluster.world_size})")
-        lines.append(f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.")
-        lines += ["What would: " + s for s in what_would_fit(model, cluster, train, headroom)]
+        why = [f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.",
+               *what_would_fit(model, cluster, train, headroom)]
+        lines += [why[0]] + ["What would: " + s for s in why[1:]]
     best = result.best[0] if result.best else None
     return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best)),
-                result.enumerated, result.fitting)
+                result.enumerated, result.fitting, tuple(why) if not result.best else ())
