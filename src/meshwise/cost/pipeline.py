@@ -55,24 +55,6 @@ def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     return (p - 1) / (3 * v * m)
 
 
-def bubble_remedy(schedule: str, p: int, v: int, m: int, layers: int) -> str:
-    """The schedule (or micro-batch count) that would shrink this bubble, in words."""
-    if p == 1:
-        return ""
-    options = []
-    if schedule in ("gpipe", "1f1b") and m >= p and m % p == 0:
-        best_v = max((c for c in range(2, 9) if p * c <= layers), default=0)
-        if best_v:
-            options.append(f"schedule=interleaved-1f1b,vpp={best_v} cuts it to "
-                           f"{bubble_fraction('interleaved-1f1b', p, best_v, m):.0%} of compute")
-    if schedule != "zero-bubble" and m >= p:
-        zb_v = 2 if 2 * p <= layers else 1
-        options.append(f"schedule=zero-bubble,vpp={zb_v} to "
-                       f"{bubble_fraction('zero-bubble', p, zb_v, m):.0%}")
-    options.append(f"more micro-batches (a smaller mbs or a larger global batch: m >= {4 * p})")
-    return "; ".join(options)
-
-
 # ------------------------------------------------------------------------ timeline simulation
 @dataclass(frozen=True)
 class Op:
