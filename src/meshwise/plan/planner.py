@@ -11,7 +11,7 @@ from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
 from meshwise.cost.memory import Memory
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
-from meshwise.plan.experts import expert_degrees, step_experts
+from meshwise.plan.experts import expert_degrees, step_experts_with_figures
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
     break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
@@ -25,7 +25,8 @@ LARGEST_PUBLISHED_BATCH_TOKENS = 15360 * 4096
 
 
 def _gb(x: float) -> str:
-    return f"{x / GB:,.1f} GB"
+    """Bytes as GB to one decimal; below 0.1 GB as MB (a small model's figures are not all 0.0 GB)."""
+    return f"{x / GB:,.1f} GB" if abs(x) >= 0.1 * GB or x == 0 else f"{x / 1e6:,.1f} MB"
 
 
 ORDER = (f"fastest step first; layouts within {TIE:.0%} of the fastest are a tie within the time model's accuracy "
@@ -148,7 +149,8 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
     if best:
         _steps_shape(out, model, cluster, train, best[0])
         if model.moe and not model.states_only:
-            out.add("E", step_experts(model, cluster, train, best[0], usable))
+            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable)
+            out.add("E", line, **figures)
         _why_winner(out, best, len(best) if shown is None else shown)
     return out
 
@@ -305,13 +307,15 @@ def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
     gb = w.global_batch
     rows = {"1": w.layout.short(), "2": best[1].layout.short()}
     text = head + f" Row #2, {best[1].layout.short()}, is {_versus(w, best[1], gb)}."
+    k, r = 0, None
     if _kind(best[1].layout) == _kind(w.layout):
         k, r = next(((i, e) for i, e in enumerate(best[2:], 3) if _kind(e.layout) != _kind(w.layout)), (0, None))
         if r is not None:
             where = f"row #{k}" if k <= shown else f"#{k} of those that fit: --top {k} shows it"
             rows[str(k)] = r.layout.short()
             text += f" The best of another kind, {r.layout.short()} ({where}), is {_versus(w, r, gb)}."
-    out.add("chosen", text, rows=rows)
+    totals = {f"row_{k}_total_bytes": e.memory.total for k, e in ((1, w), (2, best[1]), (k, r)) if e is not None}
+    out.add("chosen", text, rows=rows, **totals)
 
 
 def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None,
