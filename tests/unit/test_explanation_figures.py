@@ -26,7 +26,8 @@ MIXTRAL = {"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 16
 
 # DeepSeek-V3's published shape (config.json of deepseek-ai/DeepSeek-V3; the MTP layer aside)
 DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-               "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+               "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3,
                "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
                "vocab_size": 129280, "max_position_embeddings": 163840, "n_group": 8, "topk_group": 4,
