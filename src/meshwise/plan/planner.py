@@ -356,24 +356,27 @@ def _other_schedules(model: ModelSpec, layout: Layout) -> list[Layout]:
 
 def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
                   headroom: float = DEFAULT_HEADROOM) -> str:
-    """The schedule that shrinks the chosen layout's bubble most, estimated as the table's rows are (the
-    same share of the step, so never a 'remedy' that predicts worse), and more micro-batches."""
+    """Per other schedule kind (interleaved-1F1B, zero-bubble), its vpp that shrinks the chosen layout's
+    bubble to the smallest step, one that fits first; each estimated as the table's rows are (the same
+    share of the step, so never a 'remedy' that predicts worse); then more micro-batches."""
     share = e.time.bubble_s / e.time.step_s
-    best = None
+    best: dict[str, Estimate] = {}
     for layout in _other_schedules(model, e.layout):
         try:
             check_runnable(layout, model, cluster.world_size, train.global_batch, train.seq_len)
         except MeshwiseError:
             continue
         alt = estimate(model, cluster, train, layout, headroom)
-        if alt.time.bubble_s / alt.time.step_s < share and (best is None or alt.time.step_s < best.time.step_s):
-            best = alt
+        now = best.get(layout.schedule)
+        if alt.time.bubble_s / alt.time.step_s < share and (
+                now is None or (not alt.fits, alt.time.step_s) < (not now.fits, now.time.step_s)):
+            best[layout.schedule] = alt
     out = []
-    if best is not None:
-        lay = best.layout
-        fits = "" if best.fits else f", but it needs {_gb(best.memory.total)}, more than fits"
+    for alt in sorted(best.values(), key=lambda a: (not a.fits, a.time.step_s)):
+        lay = alt.layout
+        fits = "" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits"
         out.append(f"schedule={lay.schedule}" + (f",vpp={lay.vpp}" if lay.vpp > 1 else "") +
-                   f" cuts it to {best.time.bubble_s / best.time.step_s:.1%} of a {best.time.step_s:.3g} s step "
+                   f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.3g} s step "
                    f"(now {e.time.step_s:.3g} s){fits}")
     out.append(f"more micro-batches (a smaller mbs or a larger global batch: m >= {4 * e.layout.pp})")
     return "; ".join(out)
