@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.text  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from meshwise.cost.pipeline import Op  # noqa: E402
 
@@ -117,6 +118,8 @@ def scaling_curve(gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Seque
     ax.set_yscale("log")
     ax.set_xticks(list(gpus), [f"{g:,}" for g in gpus], fontsize=8)
     ax.minorticks_off()
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s")
     ax2 = ax.twinx()
