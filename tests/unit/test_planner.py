@@ -207,7 +207,8 @@ def test_tie_explanation_names_only_what_differs():
     assert simpler_in(w, r) == "a lower ZeRO stage (1, not 2)"
     assert simpler_in(r, w) is None
     # fewer micro-batches per step, counted (item 8 of issue 32: "fewer ... (mbs x dp = 128, not 64)" read as more)
-    assert simpler_in(Layout(dp=8, mbs=2), Layout(dp=8, mbs=1), 64) == "fewer micro-batches per step (4 per replica, not 8)"
+    fewer = simpler_in(Layout(dp=8, mbs=2), Layout(dp=8, mbs=1), 64)
+    assert fewer == "fewer micro-batches per step (4 per replica, not 8)"
     assert simpler_in(Layout(dp=8), Layout(dp=8, ac="full")) == "no recompute"
 
 
