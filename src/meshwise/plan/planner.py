@@ -326,7 +326,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
     if tokens > LARGEST_PUBLISHED_BATCH_TOKENS:
         out.append(f"Global batch of {tokens / 1e6:,.1f}M tokens per step is past the largest published pretraining "
                    f"batch we know of (DeepSeek-V3: 15,360 x 4,096 = {LARGEST_PUBLISHED_BATCH_TOKENS / 1e6:,.1f}M "
-                   "tokens; Llama 3 405B: 16M); a larger batch buys throughput, not necessarily convergence.")
+                   "tokens; Llama 3 405B: 16M); a larger batch buys throughput, not necessarily convergence. "
+                   f"--global-batch counts sequences of {train.seq_len:,} tokens, not tokens.")
     if e is None:
         return out
     lay = e.layout
