@@ -102,8 +102,10 @@ def test_every_explanation_figure_is_the_tables(name, tmp_path, capsys):
     precision = args[args.index("--precision") + 1] if "--precision" in args else "bf16-mixed"
     for line in data["explanation"]:
         label = _label(line)
+        if line.startswith("Evaluated:"):  # the evaluated layout is the table's one row
+            assert GB_FIGURE.findall(line) == [_gb(candidates[0]["memory"]["total"])], line
         if label is None:
-            continue  # "Nothing fits", "What would", "Evaluated": checked below or by their own tests
+            continue  # "Nothing fits", "What would" (other clusters' searches): their own tests
         assert label in figures, line
         allowed = _byte_figures(figures[label])
         if label == "chosen":
