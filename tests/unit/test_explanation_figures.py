@@ -138,6 +138,8 @@ def test_every_explanation_figure_is_the_tables(name, tmp_path, capsys):
             if k > 1:
                 assert (f"Row #{k}, {layout}," in chosen or f"{layout} (row #{k})" in chosen
                         or f"{layout} (#{k} of those that fit: --top {k} shows it)" in chosen), (row, chosen)
+    if "--layout" in args:  # the table is the evaluated layout's row alone: the search's ranks are named so
+        assert any(line.startswith("Chosen:") and "(the search's #1)" in line for line in data["explanation"])
     if data["status"] == "fits":
         # the steps agree with the pick (issue 32: "TP must split" with tp=1; "no cp fits" with cp=1)
         chosen = candidates[0]["layout"]

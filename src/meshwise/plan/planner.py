@@ -297,23 +297,30 @@ def _versus(w: Estimate, r: Estimate, global_batch: int) -> str:
 
 def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
     """The chosen layout (row #1), row #2 and, when row #2 is of the same kind, the best of another kind
-    (with its row, or where to find it)."""
+    (with its row, or where to find it). With ``shown`` 0 (``--layout``: the table is that layout's
+    row alone) the search's ranks are named as such."""
+    def rank(k: int) -> str:
+        return f"row #{k}" if k <= shown else (f"#{k} of those that fit" + (f": --top {k} shows it" if shown else ""))
+
     w = best[0]
-    head = (f"Chosen: {w.layout.short()} (row #1) - {w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, "
-            f"MFU {w.mfu:.1%}, {_gb(w.memory.total)} on the largest rank.")
+    first = rank(1) if shown else "the search's #1"
+    head = (f"Chosen: {w.layout.short()} ({first}) - "
+            f"{w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, MFU {w.mfu:.1%}, {_gb(w.memory.total)} on "
+            "the largest rank.")
     if len(best) < 2:
-        out.add("chosen", head + " It is the only layout that fits.", rows={"1": w.layout.short()})
+        out.add("chosen", head + " It is the only layout that fits.", rows={"1": w.layout.short()},
+                row_1_total_bytes=w.memory.total)
         return
     gb = w.global_batch
     rows = {"1": w.layout.short(), "2": best[1].layout.short()}
-    text = head + f" Row #2, {best[1].layout.short()}, is {_versus(w, best[1], gb)}."
+    second = f"Row #2, {best[1].layout.short()}," if shown >= 2 else f"The search's #2, {best[1].layout.short()},"
+    text = head + f" {second} is {_versus(w, best[1], gb)}."
     k, r = 0, None
     if _kind(best[1].layout) == _kind(w.layout):
         k, r = next(((i, e) for i, e in enumerate(best[2:], 3) if _kind(e.layout) != _kind(w.layout)), (0, None))
         if r is not None:
-            where = f"row #{k}" if k <= shown else f"#{k} of those that fit: --top {k} shows it"
             rows[str(k)] = r.layout.short()
-            text += f" The best of another kind, {r.layout.short()} ({where}), is {_versus(w, r, gb)}."
+            text += f" The best of another kind, {r.layout.short()} ({rank(k)}), is {_versus(w, r, gb)}."
     totals = {f"row_{k}_total_bytes": e.memory.total for k, e in ((1, w), (2, best[1]), (k, r)) if e is not None}
     out.add("chosen", text, rows=rows, **totals)
 
