@@ -187,7 +187,8 @@ def _steps_capacity(out: Explained, model: ModelSpec, cluster: ClusterSpec, trai
         if plain.memory.total > usable:
             full = reference(model, cluster, train, Layout(dp=n, zero=3, shard=n, ac="full"))
             refs = {"zero3": plain, "zero3_full": full}
-            line += (f" But the activations do not fit beside them: {plain.layout.short()} peaks at "
+            batch = f" (at a global batch of {plain.global_batch})" if plain.global_batch != train.global_batch else ""
+            line += (f" But the activations do not fit beside them: {plain.layout.short()}{batch} peaks at "
                      f"{_gb(plain.memory.total)} with {_gb(plain.memory.activations)} of activations; with full "
                      f"recompute ({full.layout.short()}) {_gb(full.memory.activations)} of activations, a peak of "
                      f"{_gb(full.memory.total)} -> " +
