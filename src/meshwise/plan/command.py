@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import NOTHING_FITS, MeshwiseError
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -64,4 +64,4 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         write_plan_report(report, model, cluster, train, result, headroom)
         if not as_json:
             print(f"report: {report}")
-    return 0
+    return NOTHING_FITS if result.nothing_fits and not layout_text else 0
