@@ -125,6 +125,7 @@ def test_a_peak_inside_an_attention_under_cp_is_the_rings():
     """measure's workers say where the peak fell; under cp an attention's backward is the ring's, and
     without a ring moment of its own (not ZeRO-3) the backward's start stands in for it."""
     from types import SimpleNamespace
+
     from meshwise.measure._torch_tools import peak_moments
     from meshwise.measure.compare import moments_seen
     inside = SimpleNamespace(peak_in_backward=True, peak_in_module=True, peak_in_attention=True)

@@ -4,9 +4,10 @@ Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s``: the median
 step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
 arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
-other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
-Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
-(``verify``'s, FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
+other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0).
+Measured memory categories are MemTracker's at the step's peak: Parameter -> params, Gradient ->
+grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
+FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
 
 The prediction is fixed before the measurement: for a rank it is the plan's own, the cost model's
 for its pipeline rank (memory.all_rank_shapes) at the moment ``plan`` decides fit at, the largest

@@ -180,12 +180,12 @@ def _register_cuda_kernels() -> None:
         return
     import torch
 
-    from meshwise.runtime._torch_private import aten_op_names, has_kernel as has
+    from meshwise.runtime._torch_private import aten_op_names, has_kernel
 
     lib = torch.library.Library("aten", "IMPL")
     for name in aten_op_names():
-        if name.startswith("aten::") and has(name, "CompositeImplicitAutograd") and has(name, "CPU") \
-                and not has(name, "CUDA"):
+        if name.startswith("aten::") and has_kernel(name, "CompositeImplicitAutograd") and has_kernel(name, "CPU") \
+                and not has_kernel(name, "CUDA"):
             lib.impl(name.removeprefix("aten::"), _no_kernel, "CUDA")
     _KERNELS.append(lib)
 
