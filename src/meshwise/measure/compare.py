@@ -9,10 +9,10 @@ Measured memory categories are MemTracker's at the step's peak: Parameter -> par
 grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
 FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
 
-The prediction is fixed before the measurement: for a rank it is the plan's own, the cost model's
-for its pipeline rank (memory.all_rank_shapes) at the moment ``plan`` decides fit at, the largest
-(plan_peak; for the lowest rank of each distinct pipeline shape, what ``plan --json`` prints in
-``rank_memory``). Where a run or trace saw its peak fall at another moment (``peak_moments``:
+The prediction is fixed before the measurement: for a rank it is the plan's own, what ``plan --json``
+prints in ``rank_memory`` for the entry whose ``pp_ranks`` hold the rank's pipeline rank (the lowest
+rank of the same blocks and model ends stands for the others: memory.plan_rank_shape), at the
+moment ``plan`` decides fit at, the largest (plan_peak). Where a run or trace saw its peak fall at another moment (``peak_moments``:
 measure's workers and ``verify`` record it, measure/_torch_tools.peak_moments), the rows
 ``peak_moved.<moment>.<category>`` add that moment's prediction beside the same measurement; the
 ``memory.*`` rows keep the plan's.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories
+from meshwise.cost.memory import Memory, moment_memories, plan_rank_shape
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -100,7 +100,7 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     """Every figure of one rank's record, predicted beside measured."""
     layout: Layout = parse(record["layout"])
     rank = record["rank"]
-    shape = all_rank_shapes(model, layout)[record["pp_rank"]]
+    shape = plan_rank_shape(model, layout, record["pp_rank"])
     m = layout.accum(train.global_batch)
     meas_mem = measured_memory(record)
     planned, pred_mem, moments = plan_peak(model, train, layout, shape, m, cluster.accelerator.memory_bytes)
