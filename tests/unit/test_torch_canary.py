@@ -147,6 +147,7 @@ def traced() -> dict:
         return pool.apply(_traced_step)
 
 
+@pytest.mark.integration  # starts a process (spawn) and a gloo group: run with the heavy ones
 def test_every_override_runs_in_a_traced_step(traced) -> None:
     print(traced["calls"])
     assert {name: traced["calls"].get(name, 0) for name in OVERRIDES if not traced["calls"].get(name)} == {}
@@ -155,6 +156,7 @@ def test_every_override_runs_in_a_traced_step(traced) -> None:
     assert "comm" in traced["waits"]
 
 
+@pytest.mark.integration
 def test_every_fsdp_and_tracker_attribute_read_exists_after_a_step(traced) -> None:
     assert traced["missing"] == []
 

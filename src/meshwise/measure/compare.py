@@ -12,10 +12,10 @@ FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
 The prediction is fixed before the measurement: for a rank it is the plan's own, what ``plan --json``
 prints in ``rank_memory`` for the entry whose ``pp_ranks`` hold the rank's pipeline rank (the lowest
 rank of the same blocks and model ends stands for the others: memory.plan_rank_shape), at the
-moment ``plan`` decides fit at, the largest (plan_peak). Where a run or trace saw its peak fall at another moment (``peak_moments``:
-measure's workers and ``verify`` record it, measure/_torch_tools.peak_moments), the rows
-``peak_moved.<moment>.<category>`` add that moment's prediction beside the same measurement; the
-``memory.*`` rows keep the plan's.
+moment ``plan`` decides fit at, the largest (plan_peak). Where a run or trace saw its peak fall at
+another moment (``peak_moments``: measure's workers and ``verify`` record it,
+measure/_torch_tools.peak_moments), the rows ``peak_moved.<moment>.<category>`` add that moment's
+prediction beside the same measurement; the ``memory.*`` rows keep the plan's.
 """
 
 from __future__ import annotations
