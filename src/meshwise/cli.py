@@ -11,6 +11,7 @@ import math
 import sys
 
 from meshwise.errors import MeshwiseError, run_command
+from meshwise.launch.torch_release import warn_untested_torch
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
@@ -100,6 +101,8 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from meshwise.measure.verify import verify_main
 
+    warn_untested_torch()
+
     return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                        args.layout, args.ranks, args.depth, args.json)
 
@@ -134,6 +137,8 @@ def _only_meshwise(runtime: str, command: str) -> None:
 def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
     from meshwise.measure.command import measure_main
+
+    warn_untested_torch()
 
     return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
                         args.gpu, args.json, args.report)
@@ -189,6 +194,8 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from meshwise.train.command import train_main
+
+    warn_untested_torch()
 
     return train_main(args.train_args)
 

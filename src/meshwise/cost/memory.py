@@ -116,11 +116,36 @@ def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
 
 @lru_cache(maxsize=4096)
 def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    return tuple(dict.fromkeys(_standing_for(model, t, pp, vpp, v_shape)))
+
+
+@lru_cache(maxsize=4096)
+def _standing_for(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    """Per pipeline rank, the distinct rank shape that stands for it (the lowest of the same blocks and ends)."""
     shapes: dict[tuple, RankShape] = {}
-    for s in _rank_shapes(model, t, pp, vpp, v_shape):
-        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params, s.expert_params,
-                           s.last_blocks), s)
-    return tuple(shapes.values())
+    return tuple(shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params,
+                                    s.expert_params, s.last_blocks), s)
+                 for s in _rank_shapes(model, t, pp, vpp, v_shape))
+
+
+def plan_rank_shape(model: ModelSpec, layout: Layout, pp_rank: int) -> RankShape:
+    """The rank shape whose memory ``plan`` prints and decides fit by for pipeline rank ``pp_rank``
+    (one of rank_shapes: the lowest rank holding the same blocks and model ends)."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _standing_for(model, layout.tp, layout.pp, layout.vpp, v_shape)[pp_rank]
+
+
+def rank_groups(model: ModelSpec, layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """The pipeline ranks each of rank_shapes stands for, in its order."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _rank_groups(model, layout.tp, layout.pp, layout.vpp, v_shape)
+
+
+@lru_cache(maxsize=4096)
+def _rank_groups(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[tuple[int, ...], ...]:
+    standing = _standing_for(model, t, pp, vpp, v_shape)
+    return tuple(tuple(p for p, s in enumerate(standing) if s == rep)
+                 for rep in _distinct_rank_shapes(model, t, pp, vpp, v_shape))
 
 
 def all_rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
