@@ -11,6 +11,7 @@ import math
 import sys
 
 from meshwise.errors import MeshwiseError, run_command
+from meshwise.launch.torch_release import warn_untested_torch
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
@@ -41,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
                        description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
-                                   "schedules, activation checkpointing) and rank those that fit.")
+                                   "schedules, activation checkpointing) and rank those that fit.",
+                       epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
+                              "explanation and the JSON's why_nothing_fits say why and what would fit).")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
@@ -100,6 +103,8 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from meshwise.measure.verify import verify_main
 
+    warn_untested_torch()
+
     return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                        args.layout, args.ranks, args.depth, args.json)
 
@@ -134,6 +139,8 @@ def _only_meshwise(runtime: str, command: str) -> None:
 def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
     from meshwise.measure.command import measure_main
+
+    warn_untested_torch()
 
     return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
                         args.gpu, args.json, args.report)
@@ -189,6 +196,8 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from meshwise.train.command import train_main
+
+    warn_untested_torch()
 
     return train_main(args.train_args)
 

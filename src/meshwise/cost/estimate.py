@@ -77,10 +77,13 @@ class Estimate:
     hardware_tflops_per_gpu: float
     mfu: float
     hfu: float
+    rank_pp: tuple[tuple[int, ...], ...] = ()  # the pipeline ranks each of rank_memory stands for
 
     def as_json(self) -> dict:
+        ranks = [{"pp_ranks": list(p), **mm.as_json()} for p, mm in zip(self.rank_pp, self.rank_memory)]
         return {"layout": self.layout.to_json(self.global_batch), "fits": self.fits,
-                "memory": self.memory.as_json(), "time": self.time.as_json(),
+                "memory": self.memory.as_json(), **({"rank_memory": ranks} if ranks else {}),
+                "time": self.time.as_json(),
                 "comm": [c.as_json() for c in self.comm], "tokens_per_s": self.tokens_per_s,
                 "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu}
@@ -668,4 +671,4 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s),
         comm=tuple(ops), tokens_per_s=tokens / step_s,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
-        mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak)
+        mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak, rank_pp=memory.rank_groups(model, layout))

@@ -50,9 +50,12 @@ from meshwise.cost import fp8
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
+# geglu (Gemma's gated tanh-GeLU, act(gate) * up) moves the same tensors as swiglu.
 PASSES = {
-    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "gelu": 4.0, "loss_bytes": 28.0},
-    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "gelu": 2.0, "loss_bytes": 14.0},
+    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
+                 "loss_bytes": 28.0},
+    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "geglu": 3.0, "gelu": 2.0,
+                 "loss_bytes": 14.0},
 }
 # Memory-bound kernels a block's forward launches besides its GEMMs and attention (backward: twice as
 # many): eager torch runs each RMSNorm as ~6 kernels (casts, square, mean, rsqrt, two products), each
@@ -214,7 +217,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
     width = _mlp_width(model)
-    mlp_in = (2 if model.mlp == "swiglu" else 1) * width / tp
+    mlp_in = (1 if model.mlp == "gelu" else 2) * width / tp  # gated (swiglu, geglu): gate and up
     fwd = bwd = 0.0
     # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes), the
     # casts around them memory-bound

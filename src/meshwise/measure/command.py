@@ -34,6 +34,9 @@ def print_rows(rows: list[Row], title: str) -> None:
         shown = "-" if err == float("inf") else f"{err:+.1%}"
         table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
     console.print(table)
+    for rank, moment in sorted({(r.rank, r.figure.split(".")[1]) for r in rows if r.figure.startswith("peak_moved.")}):
+        console.print(f"rank {rank}: the peak moved: it fell at the '{moment}' moment, not where the plan puts it "
+                      f"(memory.* rows: the plan's prediction; peak_moved.{moment}.*: that moment's)")
 
 
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,

@@ -129,7 +129,7 @@ def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
 def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
                        trace: CollectiveTrace, ep_group, moments: list[str] | None = None) -> dict:
     """This rank's record of memory and collectives, without timing (``time`` None, no timeline);
-    ``peak_moments`` where the peak fell (compare.nearest_moment), if known."""
+    ``peak_moments`` where the peak fell (compare.peak_moved), if known."""
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
         if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing

@@ -4,8 +4,12 @@ warnings out (tables, JSON or an HTML report). Its defaults live here; ``cli.py`
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import NOTHING_FITS, MeshwiseError
+
+if TYPE_CHECKING:
+    from meshwise.spec import ClusterSpec, TrainSpec
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -70,10 +74,10 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         write_plan_report(report, model, cluster, train, result, headroom)
         if not as_json:
             print(f"report: {report}")
-    return 0
+    return NOTHING_FITS if result.nothing_fits and not layout_text else 0
 
 
-def plan_notes(cluster, train) -> list[str]:
+def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
     """What every plan on this device and setting must say beside its numbers: an efficiency not
     calibrated against published runs (the accelerator's ``calibrated_on``)."""
     accel = cluster.accelerator

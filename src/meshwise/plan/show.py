@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshwise.plan.planner import Plan
+from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
@@ -23,7 +23,8 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
                   f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
                   f"{plan.enumerated:,} layouts searched, {plan.fitting:,} fit")
     if plan.candidates:
-        table = Table(title="memory per rank in GB (largest rank)")
+        table = Table(title=f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of "
+                            "the fastest a tie, simplest first")
         for col in ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits"):
             table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
         for i, e in enumerate(plan.candidates, 1):

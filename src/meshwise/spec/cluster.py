@@ -150,16 +150,46 @@ _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s",
     | ACCEL_GPU_KEYS | GPU_KEYS | HOST_KEYS
 
 
-def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
+def _spelling(name: str) -> str:
+    """How a GPU name is compared: case, spaces and underscores aside (``H100 SXM`` = ``h100-sxm``)."""
+    return "-".join(name.lower().replace("_", " ").replace("-", " ").split())
+
+
+def catalog_accelerator(ref: str) -> str | None:
+    """The catalog entry ``ref`` names: its own name or one of its ``aliases`` (accelerators.toml),
+    compared case-insensitively; None when it names none."""
+    wanted = _spelling(ref)
+    for name, table in read_catalog("accelerators.toml").items():
+        if wanted in {_spelling(n) for n in (name, *table.get("aliases", ()))}:
+            return name
+    return None
+
+
+def _unknown_accelerator(ref: str) -> MeshwiseError:
+    """One line: the closest catalog names and aliases ("did you mean"), then every entry."""
+    import difflib
+
     catalog = read_catalog("accelerators.toml")
-    if ref in catalog:
-        return ref, catalog[ref]
+    spellings = {_spelling(n): name for name, table in catalog.items() for n in (name, *table.get("aliases", ()))}
+    # a prefix such as "a100" names every entry it begins, then the nearest spellings
+    close = [name for name in catalog if name.startswith(_spelling(ref)) and len(_spelling(ref)) >= 2]
+    close += [spellings[s] for s in difflib.get_close_matches(_spelling(ref), list(spellings), n=6, cutoff=0.5)]
+    guess = list(dict.fromkeys(close))[:3]
+    hint = f"; did you mean {' or '.join(guess)}?" if guess else ""
+    return MeshwiseError(f"--gpu: unknown accelerator {ref!r}{hint} Choose one of {', '.join(catalog)} (any case, "
+                         "or an alias listed in catalog/accelerators.toml), or give a profile .toml")
+
+
+def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
     path = Path(ref)
     if path.suffix == ".toml":
         table = read_toml(path, "--gpu")
         table = table.get("accelerator", table)
         return str(table.get("name", path.stem)), table
-    raise MeshwiseError(f"--gpu: unknown accelerator {ref!r}; choose one of {', '.join(catalog)}, or give a profile .toml")
+    name = catalog_accelerator(ref)
+    if name is None:
+        raise _unknown_accelerator(ref)
+    return name, read_catalog("accelerators.toml")[name]
 
 
 def _flag(value: Any, where: str) -> bool:
@@ -190,7 +220,7 @@ def _domain(table: dict[str, Any], gpu: str) -> int:
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
-    unknown = sorted(set(table) - _ACCEL_KEYS)
+    unknown = sorted(set(table) - _ACCEL_KEYS - {"aliases"})  # aliases: other names of a catalog entry
     if unknown:
         raise MeshwiseError(f"--gpu {gpu}: unknown key {unknown[0]!r}")
     try:
