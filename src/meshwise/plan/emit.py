@@ -298,8 +298,6 @@ def _megatron_parallel(target: Target) -> list[str]:
         args.append("--sequence-parallel")
     if lay.pp > 1:
         args += ["--pipeline-model-parallel-layout", megatron_layout(target.model, lay)]
-        if lay.vpp > 1:
-            args.append("--overlap-p2p-comm")
     args += ["--micro-batch-size", str(lay.mbs), "--global-batch-size", str(target.global_batch)]
     if lay.ac == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
@@ -337,7 +335,11 @@ def megatron_args(target: Target) -> list[str]:
 
 def megatron_text(target: Target) -> str:
     header = _header("megatron", target) + ["add your data and tokenizer arguments (--data-path, --tokenizer-type, ...)"]
-    return _shell(header, _launcher(target, ["pretrain_gpt.py"]), megatron_args(target))
+    args = megatron_args(target)
+    lay = target.layout
+    # Megatron-LM asserts one CUDA connection with TP or CP (before Blackwell), Megatron-FSDP more than one
+    env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (lay.tp > 1 or lay.cp > 1) and lay.zero < 2 else []
+    return _shell(header, env + _launcher(target, ["pretrain_gpt.py"]), args)
 
 
 # ------------------------------------------------------------------------------------------ deepspeed
