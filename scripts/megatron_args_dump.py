@@ -27,7 +27,7 @@ def table(parser: argparse.ArgumentParser) -> dict[str, dict]:
         kind = type(action).__name__.strip("_").replace("Action", "").lower()
         entry = {"dest": action.dest, "kind": kind,
                  "type": getattr(action.type, "__name__", None) if action.type else None,
-                 "choices": [str(getattr(c, "name", c)) for c in action.choices] if action.choices is not None else None,
+                 "choices": None if action.choices is None else [str(getattr(c, "name", c)) for c in action.choices],
                  "nargs": action.nargs if isinstance(action.nargs, (str, type(None))) else int(action.nargs)}
         for option in action.option_strings:
             out[option] = entry

@@ -17,7 +17,7 @@ STUBS = os.path.join(os.path.dirname(__file__), "_stubs")
 
 
 def config_manager():
-    pytest.importorskip("torchtitan", reason="torchtitan is the oracle of --emit torchtitan (pip install meshwise[test])")
+    pytest.importorskip("torchtitan", reason="torchtitan is the oracle of --emit torchtitan (the test extra)")
     if importlib.util.find_spec("datasets") is None and STUBS not in sys.path:
         sys.path.insert(0, STUBS)
     from torchtitan.config import ConfigManager

@@ -115,7 +115,8 @@ class TitanConfig:
 
 
 TITAN_REGISTRY = (
-    TitanConfig("llama3", "llama3_debugmodel", 6, 256, 16, 16, 2048, float8=(("fp8-rowwise", "llama3_debugmodel_float8"),)),
+    TitanConfig("llama3", "llama3_debugmodel", 6, 256, 16, 16, 2048,
+                float8=(("fp8-rowwise", "llama3_debugmodel_float8"),)),
     TitanConfig("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, float8=(("mxfp8", "llama3_8b_mxfp8"),)),
     TitanConfig("llama3", "llama3_70b", 80, 8192, 64, 8, 128256),
     TitanConfig("llama3", None, 126, 16384, 128, 8, 128256, float8=(("fp8-rowwise", "llama3_405b"),)),
@@ -259,7 +260,8 @@ def _megatron_model(model: ModelSpec, seq_len: int) -> list[str]:
             args += ["--rotary-base", str(int(model.rope_theta))]
     else:
         args += ["--position-embedding-type", "learned_absolute"]
-    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm", "--norm-epsilon", str(model.norm_eps)]
+    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+             "--norm-epsilon", str(model.norm_eps)]
     if model.mlp == "swiglu":
         args.append("--swiglu")
     if not model.tied_embeddings:
@@ -334,7 +336,7 @@ def megatron_args(target: Target) -> list[str]:
 
 
 def megatron_text(target: Target) -> str:
-    header = _header("megatron", target) + ["add your data and tokenizer arguments (--data-path, --tokenizer-type, ...)"]
+    header = _header("megatron", target) + ["add your data and tokenizer arguments (--data-path, --tokenizer-type)"]
     args = megatron_args(target)
     lay = target.layout
     # Megatron-LM asserts one CUDA connection with TP or CP (before Blackwell), Megatron-FSDP more than one
