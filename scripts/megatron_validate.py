@@ -17,10 +17,10 @@ import warnings
 def main() -> int:
     warnings.filterwarnings("ignore")
     import megatron.training.arguments as megatron_args
-
-    from meshwise.plan import emit
     from tests._torchtitan import command_args
     from tests.unit.test_emit_megatron import CASES, _target
+
+    from meshwise.plan import emit
 
     megatron_args.get_device_arch_version = lambda: 9
     failed = 0

@@ -15,12 +15,11 @@ import os
 import subprocess
 import sys
 
-import pytest
+from tests._torchtitan import STUBS, command_args, config_manager
+from tests.unit.test_emit_torchtitan import DEBUG
 
 from meshwise.layout import parse
 from meshwise.plan import emit
-from tests._torchtitan import STUBS, command_args, config_manager
-from tests.unit.test_emit_torchtitan import DEBUG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7} and keeps running" for i in range(200)]

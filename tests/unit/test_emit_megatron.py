@@ -18,11 +18,11 @@ import json
 import os
 
 import pytest
+from tests._torchtitan import command_args
 
 from meshwise import spec
 from meshwise.layout import check_runnable, parse, stage_layers
 from meshwise.plan import emit
-from tests._torchtitan import command_args
 
 ARGS_TABLE = os.path.join(os.path.dirname(__file__), "..", "data", "megatron_lm_args.json")
 MIXTRAL_LIKE = spec.ModelSpec(name="moe-8x", family="mixtral", layers=32, hidden=4096, heads=32, kv_heads=8,
@@ -88,8 +88,8 @@ def transformer_config(ns: argparse.Namespace, world: int):
     renames Megatron-LM makes (num_experts, swiglu, the bf16 pipeline dtype)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("megatron.core", reason="megatron-core is the oracle of --emit megatron")
-    from megatron.core.transformer import TransformerConfig
     import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
 
     kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TransformerConfig)
           if getattr(ns, f.name, None) is not None}
