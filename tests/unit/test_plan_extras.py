@@ -133,3 +133,15 @@ def test_emit_of_several_layouts_and_refusal(capsys):
                  "--layout", "dp=8,zero=3,tp=8"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "Megatron-DeepSpeed" in captured.err
+
+
+def test_report_has_the_same_time_and_cost(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.html"
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "16", "--top", "2", "--tokens", "2e12",
+                 "--price-per-gpu-hour", "3", "--report", str(out), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["candidates"][0]["train_time"]
+    page = out.read_text()
+    assert "GPU-hours" in page and "<th>cost</th>" in page
+    for figure in (f"{first['days']:,.1f}", f"{first['gpu_hours']:,.0f}", f"{first['cost']:,.0f}"):
+        assert f"<td>{figure}</td>" in page
