@@ -121,9 +121,10 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
             out["emit"] = {"framework": extras.emit, "text": emitted}
         print(json.dumps(out))
     elif emitted is not None:
-        best = result.candidates[0]
-        print(f"meshwise: {extras.emit} configuration of {best.layout.short()} ({best.tokens_per_s:,.0f} tokens/s, "
-              f"{'fits' if best.fits else 'does NOT fit'}) on stdout", file=sys.stderr)
+        shown = result.candidates if given else result.candidates[:1]
+        for e in shown:
+            print(f"meshwise: {extras.emit} configuration of {e.layout.short()} ({e.tokens_per_s:,.0f} tokens/s, "
+                  f"{'fits' if e.fits else 'does NOT fit'}) on stdout", file=sys.stderr)
         print(emitted)
     else:
         from meshwise.plan.show import print_plan
