@@ -59,6 +59,14 @@ def check_budget(tokens: float | None, price: float | None) -> None:
             raise MeshwiseError(f"--price-per-gpu-hour: {price!r} must be a finite number, 0 or more")
 
 
+def fmt_tokens(tokens: float) -> str:
+    """15e12 -> '15T tokens'."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if tokens >= scale:
+            return f"{tokens / scale:,.4g}{unit} tokens"
+    return f"{tokens:,.0f} tokens"
+
+
 def fmt_days(days: float) -> str:
     return f"{days:,.1f}" if days >= 1 else f"{days:.3g}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshwise.plan.budget import Budget, budget_cells
+from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
@@ -34,7 +34,7 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
         columns = list(COLUMNS)
         if budgets:
             columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
-            title += f"; {budgets[0].tokens:,.4g} tokens" + (
+            title += f"; {fmt_tokens(budgets[0].tokens)}" + (
                 f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
         table = Table(title=title)
         for col in columns:

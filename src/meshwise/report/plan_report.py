@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
-from meshwise.plan.budget import Budget, budget_cells
+from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan, search
 from meshwise.report import figures
@@ -64,7 +64,7 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
         mem = figures.memory_bars([e.layout.short() for e in plan.candidates],
                                   [e.memory.as_json() for e in plan.candidates], accel.memory_bytes,
                                   accel.memory_bytes * (1 - headroom))
-        budget_note = (f"<p>Time and cost for {budgets[0].tokens:,.4g} tokens: tokens / tokens/s of each layout"
+        budget_note = (f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
                        + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None
                           else "") + ".</p>") if budgets else ""
         sections.append(("Top layouts", budget_note + table(head, rows)
