@@ -65,6 +65,7 @@ def test_torchtitan_reads_the_planned_layout(manager, case):
             p.expert_parallel_degree) == (lay.tp, lay.cp, lay.pp, lay.ep)
     assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree * lay.cp * lay.tp * lay.pp == case[1]
     assert p.enable_sequence_parallel == (lay.sp or lay.tp == 1)
+    assert p.spmd_backend == "full_dtensor"
     # the batch: torchtitan's own accumulation rule (trainer.py) gives the planned micro-batches
     batch_degree = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
     accum = t.global_batch_size // (t.local_batch_size * batch_degree)

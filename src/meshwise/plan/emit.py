@@ -200,7 +200,10 @@ def torchtitan_args(target: Target) -> list[str]:
             "--parallelism.data_parallel_shard_degree", str(shard),
             "--parallelism.tensor_parallel_degree", str(lay.tp),
             "--parallelism.context_parallel_degree", str(lay.cp),
-            "--parallelism.expert_parallel_degree", str(lay.ep)]
+            "--parallelism.expert_parallel_degree", str(lay.ep),
+            # the default spmd_types backend hands torch 2.13's fully_shard plain-tensor parameters
+            # with dp_mesh_dims, which it refuses (ValueError ... must be DTensors on the full SPMD mesh)
+            "--parallelism.spmd_backend", "full_dtensor"]
     if lay.tp > 1:
         args.append("--parallelism.enable_sequence_parallel" if lay.sp else "--parallelism.no_enable_sequence_parallel")
     if lay.zero:
