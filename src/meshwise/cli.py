@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
                        description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
-                                   "schedules, activation checkpointing) and rank those that fit.")
+                                   "schedules, activation checkpointing) and rank those that fit.",
+                       epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
+                              "explanation and the JSON's why_nothing_fits say why and what would fit).")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")

@@ -803,7 +803,17 @@ def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     can depend on thread timing when two are close; measure compares against the nearest."""
     moments = dict(zip(MOMENTS, _all_moments(model, train, layout, shape, m)))
     if moments.get("ring") == moments.get("end"):  # no ring attention: the end stands in, not a moment of its own
-        moments.pop("ring")
+        moments.pop("ring", None)
     if moments.get("embed") == moments.get("backward"):  # no TP embedding: the backward stands in
-        moments.pop("embed")
+        moments.pop("embed", None)
     return {name: Memory(*c, capacity=capacity) for name, c in moments.items()}
+
+
+def kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout) -> float:
+    """What one block keeps for its backward, per micro-batch of ``layout.mbs``, on one rank (the
+    activations' per-block term of :func:`_activations`, MoE blocks averaged in): the explanation's
+    'activations of one block'."""
+    if model.states_only:
+        return 0.0
+    shape = rank_shapes(model, layout)[0]
+    return _activations(model, local_train(train, layout), layout, shape, 1)[6]

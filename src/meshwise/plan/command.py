@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 
-from meshwise.errors import MeshwiseError
+from meshwise.errors import NOTHING_FITS, MeshwiseError
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -58,13 +58,14 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
         from meshwise.report import require_matplotlib
         check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
-    chosen = _given_layouts(layout_text, model, cluster.world_size, global_batch, seq_len)
+    chosen = _given_layouts(layout_text, model, cluster.world_size, global_batch, seq_len, runtime)
     result = _plan(model, cluster, train, top, headroom, chosen, verify)
     _output(model, cluster, train, result, headroom, as_json, report, extras, given=bool(chosen))
-    return 0
+    return NOTHING_FITS if result.nothing_fits and not chosen else 0
 
 
-def _given_layouts(texts: str | list[str] | None, model, world: int, global_batch: int, seq_len: int) -> list:
+def _given_layouts(texts: str | list[str] | None, model, world: int, global_batch: int, seq_len: int,
+                   runtime: str) -> list:
     """Every --layout value parsed and checked before any search starts."""
     from meshwise.layout import check_runnable, parse
     from meshwise.plan.compare import check_distinct, split_layouts
@@ -72,7 +73,7 @@ def _given_layouts(texts: str | list[str] | None, model, world: int, global_batc
     values = [texts] if isinstance(texts, str) else texts
     layouts = [parse(t, world) for t in split_layouts(values)]
     for lay in layouts:
-        check_runnable(lay, model, world, global_batch, seq_len, seq_field="--seq-len")
+        check_runnable(lay, model, world, global_batch, seq_len, seq_field="--seq-len", runtime=runtime)
     check_distinct(layouts)
     return layouts
 
@@ -89,7 +90,7 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
         lines = tuple(line for line in first.explanation if not line.startswith("Evaluated: ")) + \
             tuple(line for p in evaluated for line in p.explanation if line.startswith("Evaluated: "))
         warnings = tuple(dict.fromkeys(w for p in evaluated for w in p.warnings))
-        result = planner.Plan(ranked, lines, warnings, first.enumerated, first.fitting)
+        result = planner.Plan(ranked, lines, warnings, first.enumerated, first.fitting, figures=first.figures)
     else:
         result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen[0] if chosen else None)
     if verify:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
-from meshwise.plan.planner import Plan
+from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 COLUMNS = ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits",
@@ -30,7 +30,8 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
                   f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
                   f"{plan.enumerated:,} layouts searched, {plan.fitting:,} fit")
     if plan.candidates:
-        title = "memory per rank in GB (largest rank)"
+        title = (f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
+                 "simplest first")
         columns = list(COLUMNS)
         if budgets:
             columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
