@@ -16,6 +16,7 @@ from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPU
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
 RUNTIME_CHOICES = ("meshwise", "megatron")
+EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,18 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
                         "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
                         "runtime key, else meshwise")
-    p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
+    p.add_argument("--layout", action="append",
+                   help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
+                        "separate layouts with ';', to compare several in one table, best first")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
+    _add_emit_arguments(p)
     _add_train_commands(sub)
     _add_calibrate_command(sub)
     _add_measure_command(sub)
     _add_verify_command(sub)
     return parser
+
+
+def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's --emit and its time-and-cost figures (plan/emit.py, plan/budget.py)."""
+    p.add_argument("--emit", choices=EMIT_CHOICES,
+                   help="print the chosen layout (or each --layout) as that framework's configuration on stdout: "
+                        "torchtitan command-line overrides, Megatron-LM arguments, or a DeepSpeed JSON")
+    p.add_argument("--tokens", type=_positive_float, metavar="N",
+                   help="token budget (e.g. 15e12): add wall-clock days and GPU-hours to each layout")
+    p.add_argument("--price-per-gpu-hour", type=_positive_float, metavar="P",
+                   help="price of one GPU-hour (needs --tokens): add the cost of the budget to each layout")
 
 
 def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
@@ -221,11 +236,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meshwise.plan.command import plan_main
+    from meshwise.plan.command import Extras, plan_main
 
+    extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour)
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime, args.verify)
+                     args.runtime, args.verify, extras)
 
 
 def main(argv: list[str] | None = None) -> int:

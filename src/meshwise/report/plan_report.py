@@ -10,7 +10,9 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
+from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.command import plan_notes
+from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
@@ -80,7 +82,8 @@ def _timeline_section(e: Estimate, train: TrainSpec) -> tuple[str, str] | None:
 
 
 def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan,
-                      headroom: float) -> None:
+                      headroom: float, budgets: list[Budget] | None = None) -> None:
+    """The page; ``budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost columns."""
     accel = cluster.accelerator
     sections: list[tuple[str, str]] = []
     setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
@@ -91,12 +94,19 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:
         rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", f"{e.time.step_s:.3g}",
-                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no"]
+                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no", binding(e)]
+                + (budget_cells(budgets[i - 1]) if budgets else [])
                 for i, e in enumerate(plan.candidates, 1)]
+        head = ["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits", "binds"]
+        if budgets:
+            head += ["days", "GPU-hours"] + (["cost"] if budgets[0].cost is not None else [])
         mem = figures.memory_bars([e.layout.short() for e in plan.candidates],
                                   [e.memory.as_json() for e in plan.candidates], accel.memory_bytes,
                                   accel.memory_bytes * (1 - headroom))
-        sections.append(("Top layouts", table(["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits"], rows)
+        budget_note = (f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
+                       + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None
+                          else "") + ".</p>") if budgets else ""
+        sections.append(("Top layouts", budget_note + table(head, rows)
                          + image(mem, "memory per rank of the top layouts against the device capacity")))
         timeline = _timeline_section(plan.candidates[0], train)
         if timeline:
