@@ -122,11 +122,14 @@ def test_measure_cli_json_and_bad_input() -> None:
             "comm.all_gather.dp.bytes_per_step", "comm.reduce_scatter.dp.count_per_step",
             "time.step_s", "time.compute_s", "time.comm_s", "time.idle_s"} <= figures
     assert {row["rank"] for row in rows} == {0, 1}
-    for rank in (0, 1):  # the step's parts add up to it, measured and predicted
+    for rank in (0, 1):  # the step's parts add up to it: predicted exactly, measured (each part timed) within 5%
         time = {row["figure"]: row for row in rows if row["rank"] == rank and row["figure"].startswith("time.")}
-        parts = [time[f"time.{p}"] for p in ("compute_s", "comm_s", "idle_s", "optimizer_s", "other_s")]
+        parts = [time[f"time.{p}"] for p in ("compute_s", "comm_s", "idle_s", "optimizer_s", "fixed_s", "untimed_s")]
         for side in ("predicted", "measured"):
             assert abs(sum(p[side] for p in parts) - time["time.step_s"][side]) <= 1e-9 * time["time.step_s"][side]
+        assert time["time.untimed_s"]["predicted"] == 0
+        assert abs(time["time.untimed_s"]["measured"]) <= 0.05 * time["time.step_s"]["measured"], time
+        assert time["time.fixed_s"]["measured"] > 0 and time["time.compute_s"]["measured"] > 0
     assert all(set(row) == {"figure", "rank", "predicted", "measured", "rel_error"} for row in rows)
     bad = meshwise_here("measure", "--layout", "tp=3", cwd=Path.cwd())  # refused before a launch: tests/_cli.py
     assert bad.returncode == 2 and bad.stdout == ""

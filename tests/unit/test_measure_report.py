@@ -32,7 +32,7 @@ def synthetic_records(text: str = "pp=2,schedule=1f1b") -> list[dict]:
             "comm": [{"kind": "send", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072},
                      {"kind": "recv", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072}],
             "time": {"step_s": 0.03, "compute_s": 0.022, "comm_s": 0.002, "idle_s": 0.004, "optimizer_s": 0.001,
-                     "other_s": 0.001, "steps_s": [0.03, 0.031, 0.029]},
+                     "fixed_s": 0.001, "untimed_s": 0.0, "steps_s": [0.03, 0.031, 0.029]},
             "timeline": [{"kind": o.kind, "chunk": o.chunk, "microbatch": o.microbatch, "start": o.start, "end": o.end}
                          for o in ops if o.rank == rank],
         })
