@@ -23,7 +23,7 @@ def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[floa
             for m, n, k in cal.gemm_grid(quick=False)]
 
 
-RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
+RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e9, "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
           "matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,

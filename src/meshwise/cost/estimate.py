@@ -532,6 +532,8 @@ def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
                            else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
+    if host.is_host_bound(accel) and accel.dram_bytes_per_s:  # CPU ranks: DRAM, then the cache (cost/host.py)
+        optimizer_s = host.optimizer_memory_seconds(accel, local_opt_params, train.weight_bytes)
     if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
@@ -549,15 +551,18 @@ def _fsdp_host_s(model: ModelSpec, accel, dp_ops: list[Collective], shape: RankS
     return copies + host.fsdp_host_seconds(accel, dp_ops, tensors, shape.units)
 
 
-def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, layout: Layout, shapes: tuple[RankShape, ...]) -> float:
+def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                  shapes: tuple[RankShape, ...]) -> float:
     """The step's fixed work on the busiest rank, times the ranks per core: on CPU ranks
     cost/host.py ``fixed_host_seconds``; 0 on GPU profiles."""
     accel = cluster.accelerator
     if model.states_only or not host.is_host_bound(accel):
         return 0.0
     tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
-    return host.fixed_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1) * host.core_share(
-        accel, cluster.gpus_per_node)
+    params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2 else memory.held(s.params, s.expert_params, layout)
+                 for s in shapes)  # the local gradients
+    return host.fixed_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1, params, train.grad_bytes) \
+        * host.core_share(accel, cluster.gpus_per_node)
 
 
 _COUNTS: dict[tuple, tuple[int, ...]] = {}
@@ -635,7 +640,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
 
     optimizer_s = optimizer_seconds(model, cluster, train, layout, shapes)
-    fixed_s = fixed_seconds(model, cluster, layout, shapes)
+    fixed_s = fixed_seconds(model, cluster, train, layout, shapes)
 
     step_s = busy + bubble_s + optimizer_s + fixed_s
     tokens = train.tokens_per_step

@@ -102,16 +102,35 @@ def optimizer_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) 
     return tensors * ADAMW_OPS_PER_TENSOR * (accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
 
 
+# Elements read + written per parameter by torch's single-tensor AdamW (torch/optim/adamw.py, off CUDA):
+# weight decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div 2, add_ 2, addcdiv_ 4
+ADAMW_ELEMENT_PASSES = 20
+STATE_FIRST_PASS_ELEMENTS = 7  # read param, grad, both moments; write param, both moments: from DRAM once
+NORM_ELEMENT_PASSES = 3  # the gradient norm reads each gradient, the clipping mul_ reads and writes it
+
+
+def optimizer_memory_seconds(accel: AcceleratorSpec, params: float, elem_bytes: int) -> float:
+    """Memory seconds of one AdamW step over ``params`` local parameters on a CPU rank whose profile
+    states a DRAM bandwidth: the states' first pass streams from DRAM
+    (``STATE_FIRST_PASS_ELEMENTS``), the loop's operators then run on a tensor the cache holds
+    (``ADAMW_ELEMENT_PASSES`` at the cache bandwidth ``hbm_bytes_per_s``)."""
+    return params * elem_bytes * (STATE_FIRST_PASS_ELEMENTS / accel.dram_bytes_per_s
+                                  + ADAMW_ELEMENT_PASSES / accel.hbm_bytes_per_s)
+
+
 FIXED_OPS_PER_TENSOR = 2  # per step, per parameter tensor: its share of the gradient norm, the clipping mul_
 
 
-def fixed_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) -> float:
+def fixed_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool, params: float = 0.0,
+                       elem_bytes: int = 4) -> float:
     """Host seconds of a step's fixed work on one rank (runtime/parallelize.py ``step``): zeroing
     gradients (set to None: no operator), the gradient norm and its clipping, ``FIXED_OPS_PER_TENSOR``
     operators per parameter tensor, plus the ``to_local`` of a DTensor gradient (about one DTensor
-    operator, ``tp_op_s``): ``tensors * (FIXED_OPS_PER_TENSOR * op_overhead_s + [DTensor] tp_op_s)``.
-    Its two all-reduces (norm, loss) are communication (cost/estimate.py)."""
-    return tensors * (FIXED_OPS_PER_TENSOR * accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
+    operator, ``tp_op_s``): ``tensors * (FIXED_OPS_PER_TENSOR * op_overhead_s + [DTensor] tp_op_s)``,
+    plus the gradients' ``NORM_ELEMENT_PASSES`` over the copy bandwidth. Its two all-reduces (norm,
+    loss) are communication (cost/estimate.py)."""
+    launches = tensors * (FIXED_OPS_PER_TENSOR * accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
+    return launches + params * elem_bytes * NORM_ELEMENT_PASSES / accel.hbm_bytes_per_s
 
 
 def ops_per_microbatch(blocks: int, has_embedding: bool, has_head: bool) -> int:

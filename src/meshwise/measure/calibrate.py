@@ -32,8 +32,9 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
   wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
   with all cores against one process per core;
-- **memory bandwidth** ``hbm_bytes_per_s``: a large tensor copy, ``2 * bytes / time`` (read +
-  write, as the cost model's optimizer term counts its bytes);
+- **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
+  (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
+  128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
 - **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce, all-gather and
   reduce-scatter at a few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring
   all-reduce ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather and reduce-scatter
@@ -66,13 +67,15 @@ from meshwise.spec import ModelSpec, load_model
 DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
 COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)  # quick: every other one
-COPY_BYTES = 128 << 20
+COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
+DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
-                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "thread_efficiency", "cores_per_node",
+                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "thread_efficiency",
+                "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "source")
 
@@ -211,6 +214,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "peak_bf16_flops_per_s": peak,
         "peak_fp32_flops_per_s": peak,
         "hbm_bytes_per_s": float(result["copy_bytes_per_s"]),
+        **({"dram_bytes_per_s": float(result["dram_copy_bytes_per_s"])} if result.get("dram_copy_bytes_per_s") else {}),
         "gpus_per_node": nproc,
         "intra_bytes_per_s": link_bytes_per_s,
         "intra_latency_s": latency_s,
@@ -311,7 +315,8 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
-                 "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency")
+                 "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
+                 "dram_bytes_per_s")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

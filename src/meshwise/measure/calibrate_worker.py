@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from meshwise.files import write_atomically
-from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, HOST_TOKENS
+from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
 from meshwise.spec import ModelSpec, load_model
 
 
@@ -316,7 +316,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
     phase("forward_backward")
     if active:
-        mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
+        mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES, repeats)
+        mine["dram_copy_bytes_per_s"] = bench_copy(DRAM_COPY_BYTES, 1 if args.quick else repeats)
     phase("copy")
     if active:
         mine["host_s"] = bench_host(model, repeats)
@@ -372,6 +373,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
         "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
         "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
+        "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),

@@ -65,6 +65,7 @@ class AcceleratorSpec:
     cpu_gemm_call_s: float = 0.0
     cpu_gemm_bytes_per_s: float = 0.0  # 0: no bandwidth term
     gemm_reference_efficiency: float = 1.0  # the grid's efficiency at the calibration's own GEMMs
+    dram_bytes_per_s: float = 0.0      # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
     cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
 
