@@ -93,10 +93,12 @@ def test_fit_never_returns_a_negative_latency():
 
 def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, units: int,
                  copy_per_s: float) -> dict[str, list[float]]:
-    """The FSDP2 benchmark's figures as cost/host.py's model makes them (calls: ZeRO-3 per block,
-    two gathers and a reduction each, the root once each; the root alone one of each)."""
+    """The FSDP2 benchmark's figures as cost/host.py's model makes them (calls: ZeRO-3 per unit, two
+    gathers and a reduction each, the root once each; ``units`` - 1 blocks, wrapped one or two a unit)."""
     out = {}
-    for mode, calls, n_units, moved in (("blocks", 3 * (units - 1) + 2, units, 3e6), ("root", 2, 1, 2e6)):
+    pairs = -(-(units - 1) // 2)
+    for mode, calls, n_units, moved in (("blocks", 3 * (units - 1) + 2, units, 3e6),
+                                        ("pairs", 3 * pairs + 2, pairs + 1, 3e6)):
         out[mode] = [plain_s + 2 * moved / copy_per_s + calls * (call_s + tensors / n_units * param_s), calls, moved]
     return out
 
@@ -104,14 +106,14 @@ def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, un
 @pytest.mark.parametrize("call_s, param_s", [(150e-6, 8e-6), (0.0, 12e-6), (300e-6, 0.0)])
 def test_fsdp_constants_recover_the_per_call_and_per_tensor_costs(call_s, param_s):
     fake = _fsdp_result(call_s, param_s, plain_s=0.02, tensors=57, units=7, copy_per_s=20e9)
-    got = cal.fsdp_constants(fake, 0.02, 57, 7, 20e9)
+    got = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
     assert got == pytest.approx((call_s, param_s), abs=1e-9)
 
 
 def test_fsdp_constants_are_never_negative():
-    """Noise that makes the root alone cheaper per tensor than the blocks gives no negative cost."""
-    fake = {"blocks": [0.05, 20, 0.0], "root": [0.021, 2, 0.0]}
-    call_s, param_s = cal.fsdp_constants(fake, 0.02, 57, 7, 20e9)
+    """Noise that makes fewer calls cost more gives no negative cost."""
+    fake = {"blocks": [0.025, 20, 0.0], "pairs": [0.03, 11, 0.0]}  # fewer calls, more time
+    call_s, param_s = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
     assert call_s >= 0 and param_s >= 0 and call_s + param_s > 0
 
 

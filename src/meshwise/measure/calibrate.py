@@ -201,7 +201,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     fsdp_call_s, fsdp_param_s = 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
-                                                   int(result["model_tensors"]), int(result["blocks"]) + 1,
+                                                   int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     gemm = gemm_fields(result)
     cores = int(result.get("cores", 1))
@@ -256,17 +256,17 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
                     f"{error:.0%}; "}
 
 
-def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, units: int,
+def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
                    copy_bytes_per_s: float) -> tuple[float, float]:
     """(fsdp_call_s, fsdp_param_s) from the FSDP2 benchmark (calibrate_worker.bench_fsdp_host):
     per wrapping ``[seconds, calls, bytes]`` of a forward + backward net of its waits. By
     cost/host.py's model, each wrapping's seconds less the plain forward + backward (``plain_s``)
     and its copies (``2 * bytes / copy bandwidth``, cost/host.py ``fsdp_copy_seconds``) are
-    ``calls * (call + tensors / units * param)``: ``units`` = blocks + 1 wrapped per block, 1 as
-    the root alone. Two equations, two unknowns, each at least 0 (one of them negative: the other
-    refitted alone, by least squares)."""
+    ``calls * (call + tensors / units * param)``, with ``units`` = blocks + 1 wrapped per block
+    and ceil(blocks / 2) + 1 wrapped per pair. Two equations, two unknowns, each at least 0 (one of
+    them negative: the other refitted alone, by least squares)."""
     rows = []
-    for mode, n_units in (("blocks", units), ("root", 1)):
+    for mode, n_units in (("blocks", blocks + 1), ("pairs", -(-blocks // 2) + 1)):
         seconds, calls, moved = (list(fsdp_host_s[mode]) + [0.0])[:3]
         extra = seconds - plain_s - 2.0 * moved / copy_bytes_per_s
         rows.append((calls, calls * tensors / n_units, extra))
@@ -276,7 +276,7 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
     param = (a1 * y2 - a2 * y1) / det if det else -1.0
     if call >= 0 and param >= 0:
         return call, param
-    if call < 0:  # per parameter alone
+    if call < 0:  # per tensor alone
         return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2))
     return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0
 

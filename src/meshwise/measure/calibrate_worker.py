@@ -158,12 +158,14 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
 
 def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     """FSDP2's own host cost on every rank at once (``fully_shard`` over all ranks, parameters
-    resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls]`` of one
-    forward + backward on ``HOST_TOKENS`` tokens with every blocking wait on a collective taken out
-    (``timed_waits``: the transfer is communication, not FSDP2's work). Two wrappings of the same
-    parameters: ``blocks`` (one unit per block, then the root, as the runtime wraps) and ``root``
-    (the whole model one unit), so that the cost per call and the cost per parameter tensor per
-    call can be told apart (calibrate.fsdp_constants)."""
+    resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls, bytes]`` of
+    one forward + backward on ``HOST_TOKENS`` tokens with every blocking wait on a collective taken
+    out (``timed_waits``: the transfer is communication, not FSDP2's work). Two wrappings of the
+    same parameters: ``blocks`` (one unit per block, then the root, as the runtime wraps) and
+    ``pairs`` (one unit per two consecutive blocks, then the root): every parameter tensor is
+    gathered and reduced as often in both, the calls differ, so the cost per call and the cost per
+    tensor per call can be told apart (calibrate.fsdp_constants). (The whole model as one unit
+    would not do: its one large buffer pays page faults per byte that the runtime's units do not.)"""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -177,11 +179,11 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
     out: dict[str, list[float]] = {}
-    for mode in ("blocks", "root"):
+    for mode, per_unit in (("blocks", 1), ("pairs", 2)):
         net = build_model(model, seed=0)
-        if mode == "blocks":
-            for unit in net.layers.values():
-                fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+        blocks = list(net.layers.values())
+        for i in range(0, len(blocks), per_unit):
+            fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
         fully_shard(net, mesh=mesh, reshard_after_forward=True)
         waited = [0.0]
 
