@@ -69,7 +69,8 @@ def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     for m, n, k in gemm_grid(quick):
         x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
         torch.nn.functional.linear(x, w)
-        out.append([m, n, k, _best_time(lambda: torch.nn.functional.linear(x, w), 3 * repeats, 0.002)])
+        best_s = _best_time(lambda: torch.nn.functional.linear(x, w), (2 if quick else 3) * repeats, 0.002)
+        out.append([m, n, k, best_s])
     return out
 
 
@@ -269,6 +270,22 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
     return out
 
 
+def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: bool, phase) -> dict:
+    """The per-rank benchmarks (on ``active`` ranks; every rank passes each ``phase`` barrier)."""
+    benches = (("matmul", lambda: {"matmul_flops_per_s": bench_matmul(model, seq, repeats)}),
+               ("gemm_grid", lambda: {"gemm_grid": bench_gemm_grid(quick, repeats)}),
+               ("forward_backward", lambda: {"fwd_bwd_s": bench_forward_backward(model, seq, repeats)}),
+               ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
+                                 "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
+               ("host", lambda: {"host_s": bench_host(model, repeats)}))
+    mine: dict = {}
+    for name, bench in benches:
+        if active:
+            mine |= bench()
+        phase(name)
+    return mine
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
     slowest rank's figures (lowest rates, longest times)."""
@@ -307,23 +324,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     alone = min(n, cores)
     active = rank < alone
-    mine: dict = {}
-    if active:
-        mine["matmul_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
-    phase("matmul")
-    if active:
-        mine["gemm_grid"] = bench_gemm_grid(args.quick, repeats)
-    phase("gemm_grid")
-    if active:
-        mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
-    phase("forward_backward")
-    if active:
-        mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES, repeats)
-        mine["dram_copy_bytes_per_s"] = bench_copy(DRAM_COPY_BYTES, 1 if args.quick else repeats)
-    phase("copy")
-    if active:
-        mine["host_s"] = bench_host(model, repeats)
-    phase("host")
+    mine = _per_rank(model, args.seq_len, args.quick, repeats, active, phase)
     pairs = max(1, alone // 2)
     tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
     phase("tp_host")
