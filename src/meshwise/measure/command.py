@@ -68,7 +68,7 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
             print(line)
     if report:
         from meshwise.report.measure_report import write_measure_report
-        write_measure_report(report, rows, records, model, layout, cluster, train)
+        write_measure_report(report, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
         if not as_json:
             print(f"report: {report}")
     return 0
