@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,7 @@ from rank_cpu_layouts import spearman  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.launch import launch_logged  # noqa: E402
 from meshwise.layout import check_runnable, parse  # noqa: E402
-from meshwise.measure import auto_profile  # noqa: E402
+from meshwise.measure import auto_profile, probe  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
 MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
@@ -143,6 +144,12 @@ def main() -> int:
     return code
 
 
+def drift(profile: str) -> float:
+    """How far the machine now reads from the profile's probe (measure/probe.py)."""
+    table = tomllib.loads(Path(profile).read_text())
+    return probe.drift(table, probe.probe()) if all(k in table for k in probe.PROBE_KEYS) else 0.0
+
+
 def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     """Profiles and measurements of every point: ``{"profiles": {n: toml}, "points": [...]}``."""
     counts = args.nproc or [1, 2, 4]
@@ -163,7 +170,7 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
             for p, measured in zip(by_n[n], measure_round(n, by_n[n], files, args.steps, tmp)):
                 steps[p] += measured
             say(f"round {r + 1}, {n} processes: {len(by_n[n])} points in {time.perf_counter() - t0:.0f} s, "
-                f"load {load()}")
+                f"load {load()}, the machine reads {drift(profiles[n]):+.0%} against its calibration")
     say(f"measured in {time.perf_counter() - start:.0f} s")
     return {"profiles": {str(n): Path(f).read_text() for n, f in profiles.items()},
             "points": [{"point": list(p), "steps": s} for p, s in steps.items()]}
