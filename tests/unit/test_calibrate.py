@@ -19,11 +19,15 @@ from meshwise.spec.host_keys import PROBE_KEYS
 
 def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[float]]:
     """The GEMM benchmark's figures as cost/host.py's model makes them, over calibrate's grid."""
-    return [[m, n, k, 2 * m * n * k / rate + call_s + (4.0 * (m * k + k * n + m * n) / bytes_per_s if bytes_per_s else 0)]
-            for m, n, k in cal.gemm_grid(quick=False)]
+    def seconds(m: int, n: int, k: int) -> float:
+        moved = 4.0 * (m * k + k * n + m * n)
+        return 2 * m * n * k / rate + call_s + (moved / bytes_per_s if bytes_per_s else 0)
+
+    return [[m, n, k, seconds(m, n, k)] for m, n, k in cal.gemm_grid(quick=False)]
 
 
-RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e9, "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
+RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e9,
+           "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
           "matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,

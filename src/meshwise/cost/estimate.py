@@ -45,7 +45,7 @@ from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
-from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
 
@@ -540,7 +540,7 @@ def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
     return optimizer_s * host.core_share(accel, cluster.gpus_per_node)
 
 
-def _fsdp_host_s(model: ModelSpec, accel, dp_ops: list[Collective], shape: RankShape) -> float:
+def _fsdp_host_s(model: ModelSpec, accel: AcceleratorSpec, dp_ops: list[Collective], shape: RankShape) -> float:
     """FSDP2's work on a CPU rank's own core per step (cost/host.py): its copies in and out of the
     flat buffers where nothing overlaps them (``comm_overlap = false``), and on host-bound ranks its
     per-call and per-tensor host work. 0 on GPU profiles."""
@@ -559,8 +559,8 @@ def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
     if model.states_only or not host.is_host_bound(accel):
         return 0.0
     tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
-    params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2 else memory.held(s.params, s.expert_params, layout)
-                 for s in shapes)  # the local gradients
+    params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2  # the local gradients
+                 else memory.held(s.params, s.expert_params, layout) for s in shapes)
     return host.fixed_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1, params, train.grad_bytes) \
         * host.core_share(accel, cluster.gpus_per_node)
 

@@ -205,7 +205,8 @@ def linear_gemm_shapes(model: ModelSpec, tokens: float, tp: int, has_head: bool)
     as cost/kernels.py's ``block_seconds`` lays them out; with ``has_head`` the LM head's too."""
     h = model.hidden
     gated = 2 if model.mlp == "swiglu" else 1
-    layers = [((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (gated * model.ffn_hidden / tp, h), (h, model.ffn_hidden / tp)]
+    layers = [((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (gated * model.ffn_hidden / tp, h),
+              (h, model.ffn_hidden / tp)]
     if has_head:
         layers.append((model.vocab / tp, h))
     return [shape for n, k in layers for shape in ((tokens, n, k), (tokens, k, n), (k, n, tokens))]

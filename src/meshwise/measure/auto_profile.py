@@ -104,7 +104,8 @@ def cached(nproc: int) -> Path | None:
 
 def ensure(nproc: int, say=None) -> Path:
     """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing,
-    invalid or no longer this machine's (:func:`still_holds`). ``say``: where the one line about a calibration goes (default: stderr)."""
+    invalid or no longer this machine's (:func:`still_holds`). ``say``: where the one line about a
+    calibration goes (default: stderr)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     found = cached(nproc)
     if found and still_holds(found, say):
