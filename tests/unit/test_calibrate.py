@@ -255,3 +255,12 @@ def test_host_constants_recover_what_the_cost_model_would_predict():
     times = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
     op, call, sel = cal.host_constants(times, host.ops_per_microbatch(blocks, True, True), blocks)
     assert (op, call, sel) == pytest.approx((7e-6, 3e-4, 2e-5))
+
+
+def test_the_cli_prints_each_component_and_each_fit_s_own_error(monkeypatch, capsys, tmp_path):
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    monkeypatch.setattr(cal, "calibrate", lambda *args, **kwargs: table)
+    assert main(["calibrate", "--out", str(tmp_path / "p.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2" in out and "GFLOP/s + 3.0 us" in out  # the GEMM grid's fit: 40 GFLOP/s + 3 us per call
+    assert "GEMM grid of 118 shapes" in out and "fitted over gloo with mean |error| 0%" in out
