@@ -48,7 +48,8 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     chosen = None
     if layout_text:
         chosen = parse(layout_text, cluster.world_size)
-        check_runnable(chosen, model, cluster.world_size, global_batch, seq_len, seq_field="--seq-len")
+        check_runnable(chosen, model, cluster.world_size, global_batch, seq_len, seq_field="--seq-len",
+                       runtime=runtime)
     result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen)
     if verify:
         from meshwise.measure.verify import verify_plan

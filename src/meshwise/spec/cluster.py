@@ -49,9 +49,14 @@ class AcceleratorSpec:
     sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
     gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
     gemm_tile_n: int = 256
-    gemm_efficiency: float = 0.0       # fraction of peak a GEMM's busy tiles reach (fitted: benchmarks/fidelity.py)
-    attention_efficiency: float = 0.0  # fraction of peak of the fused (flash) attention kernel, forward + backward
+    gemm_efficiency: float = 0.0       # a profile's flat GEMM fraction of peak (used when ``gemm`` has no row)
+    attention_efficiency: float = 0.0  # a profile's flat fused-attention fraction (used when ``attention`` is empty)
     hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
+    # Component fits (benchmarks/fit_components.py, each on its own published data; docs/cost-model.md):
+    gemm: tuple = ()                   # (dtype, efficiency, k_half) rows: GEMM throughput by shape
+    attention: tuple = ()              # (kernel, fields...) rows: fused attention by sequence and head width
+    kernel_floor_s: float = 0.0        # a kernel's fixed time (launch, fill and drain), however small its work
+    sustained_clock: float = 1.0       # clock held under sustained dense math at the power limit / the peak's clock
     runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
     # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.
     op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
@@ -74,7 +79,7 @@ class AcceleratorSpec:
     @cached_property
     def has_op_model(self) -> bool:
         """True when the profile declares the GPU fields: compute is costed per operation."""
-        return self.sm_count > 0 and self.gemm_efficiency > 0
+        return self.sm_count > 0 and (self.gemm_efficiency > 0 or bool(self.gemm))
 
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
