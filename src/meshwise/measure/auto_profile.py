@@ -20,7 +20,7 @@ calibrations minutes apart on a shared machine read it differently (docs/fidelit
 
 A calibration knows its age. Shared and cloud hosts drift (this 2-core machine read the same step
 at 45 ms, then 87 ms, within the hour), so before a cached profile is used, ``ensure`` re-checks it
-(measure/probe.py: a few GEMMs and an operator-overhead chain, under a second once torch is
+(measure/probe.py: a few GEMMs and an operator-overhead chain, about a second once torch is
 loaded) against the probe the calibration recorded: beyond ``DRIFT_BOUND`` either way the machine
 is calibrated again; within it, one line says how old the calibration is and how far the machine
 moved. ``MESHWISE_RECHECK=0`` skips the re-check; a profile without a probe is used as it is.
