@@ -2,10 +2,10 @@
 
 Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s``: the median
-<<<<<<< HEAD
-step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
-arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
-other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0).
+step, then its parts, each timed (measure/timing.py): compute (operators' arithmetic and launch),
+exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, fixed (zeroing gradients,
+the gradient norm, the loss), and untimed (the step less the timed parts; predicted 0), which
+:func:`time_verdicts` checks against the step and reads for the largest residual.
 Measured memory categories are MemTracker's at the step's peak: Parameter -> params, Gradient ->
 grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
 FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
@@ -17,17 +17,6 @@ moment ``plan`` decides fit at, the largest (plan_peak). Where a run or trace sa
 another moment (``peak_moments``: measure's workers and ``verify`` record it,
 measure/_torch_tools.peak_moments), the rows ``peak_moved.<moment>.<category>`` add that moment's
 prediction beside the same measurement; the ``memory.*`` rows keep the plan's.
-=======
-step, then its parts, each timed (measure/timing.py): compute (operators' arithmetic and launch),
-exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, fixed (zeroing gradients,
-the gradient norm, the loss), and untimed (the step less the timed parts; predicted 0), which
-:func:`time_verdicts` checks against the step and reads for the largest residual. Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
-Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
-(``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
-at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
-total (nearest_moment); for a run or trace that saw where its peak fell (``peak_moments``: measure's workers and
-``verify`` record it, measure/_torch_tools.peak_moments), at the nearest of those moments.
->>>>>>> timecpu
 """
 
 from __future__ import annotations
