@@ -165,7 +165,8 @@ def report(rows: list[dict]) -> int:
         ok += abs(err) <= LAYOUT_BOUND
         parts = ", ".join(f"{getattr(p, a):.3f}/{m[b]:.3f}" for a, b in PARTS)
         print(f"{r['n']:>2} {r['layout']:<44} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{'' if abs(err) <= LAYOUT_BOUND else ' x'}"
-              f"   {parts} (+{m['other_s']:.3f}); steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}")
+              f"   {parts} (+{m.get('fixed_s', m.get('other_s', 0.0)):.3f} fixed)"
+              f"; steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}")
     pred = [r["pred"].step_s for r in rows]
     meas = [r["meas"]["step_s"] for r in rows]
     rho = spearman(pred, meas)

@@ -164,9 +164,14 @@ def test_measure_cli_json_and_bad_input() -> None:
             "comm.all_gather.dp.bytes_per_step", "comm.reduce_scatter.dp.count_per_step",
             "time.step_s", "time.compute_s", "time.comm_s", "time.idle_s"} <= figures
     assert {row["rank"] for row in rows} == {0, 1}
-    for rank in (0, 1):  # ZeRO-2's gathers and reduce-scatters ran: their waits were timed (timed_waits)
+    for rank in (0, 1):
         time = {row["figure"]: row for row in rows if row["rank"] == rank and row["figure"].startswith("time.")}
+        # ZeRO-2's gathers and reduce-scatters ran: their waits were timed (timed_waits)
         assert time["time.comm_s"]["measured"] > 0 and time["time.comm_s"]["predicted"] > 0, time["time.comm_s"]
+        # each part is timed in its own window: what no window covers stays within 5% of the timed step
+        assert time["time.untimed_s"]["predicted"] == 0
+        assert abs(time["time.untimed_s"]["measured"]) <= 0.05 * time["time.step_s"]["measured"], time
+        assert time["time.fixed_s"]["measured"] > 0 and time["time.compute_s"]["measured"] > 0
     assert all(set(row) == {"figure", "rank", "predicted", "measured", "rel_error"} for row in rows)
     bad = meshwise_here("measure", "--layout", "tp=3", cwd=Path.cwd())  # refused before a launch: tests/_cli.py
     assert bad.returncode == 2 and bad.stdout == ""

@@ -2,9 +2,10 @@
 
 Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s``: the median
-step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
-arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
-other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0).
+step, then its parts, each timed (measure/timing.py): compute (operators' arithmetic and launch),
+exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, fixed (zeroing gradients,
+the gradient norm, the loss), and untimed (the step less the timed parts; predicted 0), which
+:func:`time_verdicts` checks against the step and reads for the largest residual.
 Measured memory categories are MemTracker's at the step's peak: Parameter -> params, Gradient ->
 grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
 FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
@@ -125,7 +126,34 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
         return rows
     e = estimate(model, cluster, train, layout)
     predicted_parts = {"compute_s": e.time.compute_s, "comm_s": e.time.comm_exposed_s, "idle_s": e.time.bubble_s,
-                       "optimizer_s": e.time.optimizer_s, "other_s": 0.0}
+                       "optimizer_s": e.time.optimizer_s, "fixed_s": e.time.fixed_s, "untimed_s": 0.0}
     rows.append(Row("time.step_s", rank, e.time.step_s, t["step_s"]))
     rows += [Row(f"time.{part}", rank, value, t[part]) for part, value in predicted_parts.items() if part in t]
     return rows
+
+
+TIME_PARTS = {"compute_s": "compute (arithmetic, operator launches, FSDP2's per-parameter work)",
+              "comm_s": "exposed communication", "idle_s": "pipeline idle", "optimizer_s": "the optimizer step",
+              "fixed_s": "the step's fixed work (zeroing, gradient norm, loss)"}
+
+
+def time_verdicts(rows: list[Row]) -> list[str]:
+    """Per rank with timed parts: whether they add up to the step timed on its own
+    (measure/timing.py ``check_sum``), and the part with the largest residual (measured less
+    predicted), named as the component the model misses (or over-counts)."""
+    from meshwise.measure.timing import check_sum
+
+    out = []
+    for rank in sorted({r.rank for r in rows}):
+        t = {r.figure[5:]: r for r in rows if r.rank == rank and r.figure.startswith("time.")}
+        if not all(p in t for p in (*TIME_PARTS, "step_s")):
+            continue
+        missed = check_sum(t["step_s"].measured, {p: t[p].measured for p in TIME_PARTS})
+        out.append(f"rank {rank}: " + (f"the split does not hold: {missed}" if missed else
+                                       "the timed parts add up to the step (within 5%)"))
+        part = max(TIME_PARTS, key=lambda p: abs(t[p].measured - t[p].predicted))
+        gap = t[part].measured - t[part].predicted
+        share = gap / t["step_s"].measured if t["step_s"].measured else 0.0
+        out.append(f"rank {rank}: largest residual {part[:-2]} {gap * 1e3:+.1f} ms ({share:+.0%} of the step): "
+                   f"{TIME_PARTS[part]} is {'missing from' if gap > 0 else 'over-counted by'} the model")
+    return out

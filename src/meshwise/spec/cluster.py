@@ -69,6 +69,14 @@ class AcceleratorSpec:
     checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
     selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
+    fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
+    fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
+    # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
+    cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
+    cpu_gemm_call_s: float = 0.0
+    cpu_gemm_bytes_per_s: float = 0.0  # 0: no bandwidth term
+    gemm_reference_efficiency: float = 1.0  # the grid's efficiency at the calibration's own GEMMs
+    dram_bytes_per_s: float = 0.0      # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
     cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
 
