@@ -39,15 +39,30 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
-from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
+from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
+
+
+class StageParts(NamedTuple):
+    """One pipeline rank's step, less its data-parallel collectives (:func:`_stage_seconds`)."""
+
+    compute_s: float
+    tp_s: float  # exposed TP seconds
+    pp_s: float  # pipeline and expert-parallel sends
+    cp_s: float  # exposed cp ring seconds
+    tp_ops: list[Collective]
+    pp_ops: list[Collective]
+    ep_ops: list[Collective]
+    kv_ops: list[Collective]      # cp K/V
+    cp_grad_ops: list[Collective]  # cp dK/dV
 
 
 @dataclass(frozen=True)
@@ -477,9 +492,9 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, *_ = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
-        busy_s.append(compute_s + tp_s + pp_s + cp_s)
-        stages.append(compute_s + tp_s + cp_s)
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
+        stages.append(st.compute_s + st.tp_s + st.cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
 
 
@@ -507,7 +522,7 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
 
 
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
-              layout: Layout, shape: RankShape, m: int) -> tuple:
+              layout: Layout, shape: RankShape, m: int) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
     as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`),
     so a structure's sharding groups mostly share it."""
@@ -540,9 +555,8 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
 
 
 def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
-                   shape: RankShape, m: int, cache: dict | None = None) -> tuple:
-    """One rank's (compute, exposed TP, pipeline + expert sends, exposed cp ring) seconds, then its
-    TP, pipeline, expert, cp K/V and cp dK/dV collectives (``cache``: :func:`_compute_of`'s)."""
+                   shape: RankShape, m: int, cache: dict | None = None) -> StageParts:
+    """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s)."""
     compute_s = _compute_of(cache, model, cluster, train, layout, shape)
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
@@ -551,7 +565,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     cp_s = cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
-    return compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops
+    return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
 
 def _bubble_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, m: int,
@@ -649,8 +663,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = _stage_of(
-            stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
+        tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
