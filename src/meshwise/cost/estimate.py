@@ -484,7 +484,7 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     compute up), it is compute plus bubble of the slowest rank."""
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(model, layout)
+    counts = _shape_counts(stage_cache, model, layout)
     if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
         mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
@@ -509,7 +509,7 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     (where the tighter bound is compute plus bubble) it is the compute-only bound."""
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(model, layout)
+    counts = _shape_counts(stage_cache, model, layout)
     times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
     mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
     bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
@@ -621,20 +621,21 @@ def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
         * host.core_share(accel, cluster.gpus_per_node)
 
 
-_COUNTS: dict[tuple, tuple[int, ...]] = {}
-
-
-def _shape_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage)."""
-    key = (model, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    if key not in _COUNTS:
+def _shape_counts(cache: dict | None, model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage), kept in
+    ``cache`` (when given: a plan's, cost/cache.py) by the fields it reads."""
+    key = ("counts", layout.tp, layout.pp, layout.vpp, layout.schedule)
+    counts = cache.get(key) if cache is not None else None
+    if counts is None:
         distinct = memory.rank_shapes(model, layout)
         ident = [(s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb) for s in distinct]
-        counts = [0] * len(distinct)
+        tally = [0] * len(distinct)
         for s in memory.all_rank_shapes(model, layout):
-            counts[ident.index((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb))] += 1
-        _COUNTS[key] = tuple(counts)
-    return _COUNTS[key]
+            tally[ident.index((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb))] += 1
+        counts = tuple(tally)
+        if cache is not None:
+            cache[key] = counts
+    return counts
 
 
 def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout) -> float:
@@ -648,9 +649,10 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
              headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
              memories: tuple[Memory, ...] | None = None) -> Estimate:
-    """Estimate one (already validated) layout (``stage_cache``: :func:`_stage_of`'s cache, shared with
-    :func:`lower_bound_step_s` over one model, cluster and setting; ``memories``: :func:`rank_memories`'
-    answer for the layout where the caller has it, as the search does from its peak cache)."""
+    """Estimate one (already validated) layout (``stage_cache``: a plan's per-rank memo, cost/cache.py's
+    ``PlanCache.stages``, shared with :func:`lower_bound_step_s` over one model, cluster and setting;
+    ``memories``: :func:`rank_memories`' answer for the layout where the caller has it, as the search
+    does from its peak cache)."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
@@ -686,7 +688,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
             worst = (busy, compute_s + fsdp_s, tp_s, pp_s + dp_s + cp_s, shape,
                      _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
-    bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(model, layout))
+    bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
     if share > 1 and bubble_s > 0:
         # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
