@@ -246,6 +246,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
 _Found = list[tuple[Layout, int, tuple[RankShape, ...]]]  # (layout, mbs, its rank shapes) of one structure
 
 
+def keep_ranked(best: list[Estimate], keys: list[tuple], e: Estimate, index: int, keep: int) -> None:
+    """Insert ``e`` (enumerated ``index``-th) into ``best``, the ``keep`` best so far in order, with
+    ``keys`` their (_rank_key, index): exact ties go to the earlier enumerated layout."""
+    key_e = (_rank_key(e), index)
+    at = bisect.bisect_right(keys, key_e)
+    if at < keep:
+        keys.insert(at, key_e)
+        best.insert(at, e)
+        del keys[keep:], best[keep:]
+
+
 class _Search:
     """One search: its memo tables are the fields, its prunings the methods. Every memo is keyed by a
     plain tuple of the fields its answer reads (cheaper to hash than a spec), so one answer serves
@@ -485,12 +496,7 @@ class _Search:
                     continue
             e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
                          self.peaks.memories(layout, shapes, self.capacity))
-            key_e = (_rank_key(e), index)
-            at = bisect.bisect_right(keys, key_e)
-            if at < keep:
-                keys.insert(at, key_e)
-                result.best.insert(at, e)
-                del keys[keep:], result.best[keep:]
+            keep_ranked(result.best, keys, e, index, keep)
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
         del result.best[self.top:]
