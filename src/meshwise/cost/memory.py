@@ -164,7 +164,8 @@ class PerMicroBatch(NamedTuple):
     extras: float
 
 
-# NamedTuples made in the peak's inner loops skip their class's argument parsing (a plain tuple's cost)
+# NamedTuples made once per layout part skip their class's argument parsing (a plain tuple's cost):
+# ``_new(Moment, (params, grads, ...))`` with every field, in the class's order
 _new = tuple.__new__
 
 
@@ -463,7 +464,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
     # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
     extras = (base - blocks_part) / held
-    return Activations(forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras)
+    return _new(Activations, (forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras))
 
 
 def _kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout, shapes: act.Shapes) -> float:
@@ -617,13 +618,14 @@ def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> StaticParts:
     """What does not depend on mbs or ac (:class:`StaticParts`)."""
-    return StaticParts(_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
-            states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape),
-            _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
-            _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
-            _block_grads_after_mlp(model, train, layout, shape),
-            _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes)
+    return _new(StaticParts, (
+        _weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
+        states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
+        _first_grad(model, train, layout, shape),
+        _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
+        _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
+        _block_grads_after_mlp(model, train, layout, shape),
+        _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes))
 
 
 def _embedding_grad_gap(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -653,8 +655,8 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
         shared = train.seq_len * layout.mbs * train.activation_bytes * \
             (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
     acts = _activations(model, train, layout, shape, m)
-    return PerMicroBatch(acts.forward, acts.backward, acts.loss, acts.second, acts.embed, acts.late,
-                         *_ring_backward(model, train, layout, shape), shared, acts.kept, acts.extras)
+    return _new(PerMicroBatch, (acts.forward, acts.backward, acts.loss, acts.second, acts.embed, acts.late,
+                                *_ring_backward(model, train, layout, shape), shared, acts.kept, acts.extras))
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
@@ -806,8 +808,9 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     forward = backward = loss = None
     best_f = best_b = best_loss = -1.0
     for is_f, in_flight, blocks, gathered, pending, accumulating, reduced in fractions:
-        # the total first (most moments lose); the categories of the best: a chunk gathered ahead of
-        # its use is FSDP2's all-gather output until then (a buffer: other)
+        # the total first (most moments lose); the categories of the best (plain tuples here, made
+        # Moments once the best are known): a chunk gathered ahead of its use is FSDP2's all-gather
+        # output until then (a buffer: other)
         g = all_grads * (accumulating + reduced / sharding)  # reduced: their float32 shards
         w = unsharded * (gathered - smallest)
         if is_f:
@@ -815,21 +818,22 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
             total = w_fwd + w + g + o + a + other
             if total > best_f:
                 prefetched = unsharded * pending
-                forward, best_f = _new(Moment, (w_fwd + w - prefetched, g, o, a, other + prefetched)), total
+                forward, best_f = (w_fwd + w - prefetched, g, o, a, other + prefetched), total
         else:
             gb = g + fresh if (accumulating == 0 or fresh_unsharded) else g
             a = act_bwd - (busiest - blocks) * kept_block - (top_b - in_flight) * extras
             total = w_bwd + w + gb + o + a + other
             if total > best_b or (in_flight == top_b and total > best_loss):
                 prefetched = unsharded * pending
-                cand = _new(Moment, (w_bwd + w - prefetched, gb, o, a, other + prefetched))
+                cand = (w_bwd + w - prefetched, gb, o, a, other + prefetched)
                 if total > best_b:
                     backward, best_b = cand, total
                 if in_flight == top_b and total > best_loss:
                     loss, best_loss = (cand, g), total
+    forward, backward = _new(Moment, forward), _new(Moment, backward)
     shards = all_grads / sharding if frees else all_grads
     end = _new(Moment, (w_fwd - unsharded * smallest, shards, o, ids, other))
-    loss_moment = _new(Moment, (loss[0].params, loss[1], o, act_loss, other)) if act_loss else end
+    loss_moment = _new(Moment, (loss[0][0], loss[1], o, act_loss, other)) if act_loss else end
     embed = backward
     if act_embed:
         # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
