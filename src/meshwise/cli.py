@@ -78,15 +78,18 @@ def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note:
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
 
 
+VERIFY_DESCRIPTION = ("Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
+                      "process group, fake tensors, the target device's precision policy), trace one training step, "
+                      "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
+                      "does.")
+
+
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
-                       description="Build the chosen ranks of the layout with the real runtime at the real world size "
-                                   "(torch's fake process group, fake tensors, the target device's precision policy), "
-                                   "trace one training step, and print memory by category and every collective beside "
-                                   "what 'plan' predicts, as 'measure' does.")
+                       description=VERIFY_DESCRIPTION)
+    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
     _add_cluster_arguments(v, "world size traced")
-    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')

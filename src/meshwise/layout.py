@@ -99,6 +99,17 @@ class Layout:
         return self.short()
 
 
+def layout_from_fields(fields: dict) -> Layout:
+    """The one fast factory: a Layout holding ``fields`` (a dict of its fields, in their declared
+    order), equal to ``Layout(**fields)`` but without the frozen ``__init__``'s ``setattr`` per field.
+    Layout has no ``__post_init__`` and its fields are plain values, so nothing is skipped but the
+    setattrs; ``Layout(**fields)`` and ``dataclasses.replace`` are several times slower, and the
+    search builds tens of thousands. The dict is the layout's own from then on: pass a fresh one."""
+    new = object.__new__(Layout)
+    object.__setattr__(new, "__dict__", fields)
+    return new
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 from itertools import accumulate
 
 from meshwise.cost import activations as act
@@ -745,14 +746,33 @@ def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, fre
     return out, top_f, top_b, low_b, smallest, fr[0], busiest, low_blocks
 
 
-def candidates_floor(static: tuple, per_mb: tuple) -> float:
+class FloorHalves(NamedTuple):
+    """The static halves of :func:`candidates_floor`'s two sums, added up once per rank shape."""
+
+    forward: float      # the forward's end: weights + optimizer states
+    backward: float     # the backward's start: weights + optimizer states
+    fixed_other: float  # the fixed buffers
+
+
+def floor_halves(static: tuple) -> FloorHalves:
+    """:class:`FloorHalves` of :func:`_static_parts`' answer, summed in :func:`candidates_floor`'s order."""
+    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
+    return FloorHalves(w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other)
+
+
+def candidates_floor(halves: FloorHalves, per_mb: tuple) -> float:
     """At most the largest total of :func:`_candidates`, for a tenth of its work: the forward's end
     and the backward's start without their gradients, strided copies and second backward (each
     term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
-    plan/search.py inlines it (its static halves added up once per structure): keep the two in step."""
-    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
+    The one fit floor: PeakCache.fits and the search both refuse by it."""
     act_fwd, act_bwd, *_ = per_mb
-    return max(w_fwd + 0.0 + o + act_fwd + fixed_other, w_bwd + 0.0 + o + act_bwd + fixed_other)
+    return max(halves.forward + act_fwd + halves.fixed_other, halves.backward + act_bwd + halves.fixed_other)
+
+
+def ceiling_activations(per_mb: tuple) -> float:
+    """The activations :func:`interleaved_ceiling` leaves out: the largest of the forward's end, a
+    backward's start, the loss's and the embedding's backward (of :func:`_per_micro_batch`)."""
+    return max(per_mb[0], per_mb[1], per_mb[2], per_mb[4])
 
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
