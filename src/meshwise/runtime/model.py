@@ -121,10 +121,10 @@ class Attention(nn.Module):
             q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
         if self.ring is not None:
             o = ring_attention(q, k, v, self.ring)
-        elif (self.window and self.window < q.shape[2]) or self.scale is not None:
+        elif self.window and self.window < q.shape[2]:
             o = windowed_attention(q, k, v, self.window, self.scale)
         else:
-            o = causal_attention(q, k, v)
+            o = causal_attention(q, k, v, self.scale)
         return o.transpose(1, 2).flatten(2)
 
 
@@ -140,15 +140,16 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Causal GQA SDPA on (b, heads, s, d). On ``cuda`` tensors in bf16/fp16 without a real CUDA
     device (``meshwise verify``'s fake cuda tensors on the CPU build) the flash kernel is called
     directly: SDPA's dispatcher there can only pick the math kernel, which keeps the s x s scores,
     where a GPU picks flash for half-precision GQA (it keeps the output, the float32 log-sum-exp
-    and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same)."""
+    and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same).
+    ``scale``: the scores' factor (None: 1/sqrt(d); Gemma's query_pre_attn_scalar^-1/2)."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available():
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
 class MLP(nn.Module):
@@ -178,13 +179,12 @@ class Block(nn.Module):
     Norms: on each sublayer's input (``attention_norm``, ``mlp_norm``), and with four per block
     (Gemma 2/3) also on its output (``attention_out_norm``, ``mlp_out_norm``); OLMo 2
     (``post_norm``) has the output ones only: h = x + out_norm(sublayer(x)). A block outside
-    ``full_attention_layers`` of a model with a ``sliding_window`` attends within it, with the
-    local rope tables where the model has them (``local``)."""
+    ``full_attention_layers`` of a model with a ``sliding_window`` attends within it (with the
+    local rope tables where the model has them: :func:`local_rope_layers`)."""
 
     def __init__(self, spec: ModelSpec, index: int = 0) -> None:
         super().__init__()
         windowed = bool(spec.sliding_window) and index not in spec.full_attention_layers
-        self.local = windowed and spec.rope_local_theta > 0
         self.attention_norm = None if spec.post_norm else Norm(spec.hidden, spec)
         self.attention = Attention(spec, spec.sliding_window if windowed else 0)
         self.mlp_norm = None if spec.post_norm else Norm(spec.hidden, spec)
@@ -264,8 +264,9 @@ class Transformer(nn.Module):
         tables = {False: (self.rope_cos, self.rope_sin), True: (self.rope_local_cos, self.rope_local_sin)}
         if self.positions is not None:
             tables = {key: (cos[self.positions], sin[self.positions]) for key, (cos, sin) in tables.items()}
-        for block in self.layers.values():
-            h = block(h, *tables[block.local])
+        local = local_rope_layers(self.spec)
+        for key, block in self.layers.items():
+            h = block(h, *tables[int(key) in local])
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
@@ -273,6 +274,13 @@ class Transformer(nn.Module):
             if self.spec.final_softcap:  # Gemma 2/3: cap * tanh(logits / cap)
                 h = torch.tanh(h / self.spec.final_softcap) * self.spec.final_softcap
         return h
+
+
+def local_rope_layers(spec: ModelSpec) -> frozenset[int]:
+    """The blocks that rotate with the local rope tables: Gemma 3's sliding-window blocks."""
+    if not (spec.rope_local_theta and spec.sliding_window):
+        return frozenset()
+    return frozenset(range(spec.layers)) - frozenset(spec.full_attention_layers)
 
 
 def inv_frequencies(spec: ModelSpec, local: bool = False) -> torch.Tensor:
