@@ -294,6 +294,7 @@ class Checkpointer:
     grace_s: float = 30.0  # the launcher's grace after a stop signal (--stop-grace)
     last_saved: int = 0
     last_save_s: float = 0.0  # the slowest rank's time for the previous save (0: none yet)
+    _cpu_group: Any = None  # async_save's process group: the default one if it has a CPU backend, else gloo
 
     def due(self, step: int, last: bool) -> bool:
         return bool(self.root) and (last or bool(self.every) and step % self.every == 0)
@@ -356,7 +357,10 @@ class Checkpointer:
     def _write(self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float) -> None:
         """Stage ``state`` to host memory and write it (DCP ``async_save``), waiting for the write at
         most what is left of ``budget_s`` (None: as long as it takes)."""
-        future = dcp.async_save(state, storage_writer=_Writer(str(tmp), step, self.before_write))
+        if self._cpu_group is None:  # DCP's async_save coordinates over a CPU backend (NCCL has none)
+            self._cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        future = dcp.async_save(state, storage_writer=_Writer(str(tmp), step, self.before_write),
+                                process_group=self._cpu_group)
         left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
         try:
             future.result(timeout=left)
