@@ -89,6 +89,9 @@ def test_published_gemma3_file_as_written(tmp_path):
     assert spec.params == text_count(cfg) == load_model(str(folder)).params
     assert (spec.rope_scaling, spec.rope_factor, spec.rope_theta, spec.rope_local_theta) == ("linear", 8.0, 1e6, 1e4)
     assert spec.full_attention_layers == tuple(range(5, 34, 6)) and spec.sliding_window == 1024
+    del raw["model_type"]  # read by its architectures alone: the same text model
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert load_model(str(tmp_path)).params == spec.params
 
 
 @pytest.mark.parametrize("family, cls", [("gemma3_text", "Gemma3TextConfig"), ("llama4_text", "Llama4TextConfig"),

@@ -122,7 +122,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
     """A ModelSpec with every field the family's transformers model uses to build its weights."""
     family = hf_family(cfg, where)
     eps, theta, max_seq, tie = _DEFAULTS[family]
-    cfg, excluded = hf_recent.unwrap(cfg, where)
+    cfg, excluded = hf_recent.unwrap(cfg, family, where)
     if family in hf_recent.CLASS_DEFAULTS:
         cfg = hf_recent.with_defaults(cfg, family)
     try:

@@ -42,10 +42,12 @@ WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 VISION = "the vision encoder and multimodal projector (images are not planned)"
 
 
-def unwrap(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
+def unwrap(cfg: dict[str, Any], family: str, where: str) -> tuple[dict[str, Any], str]:
     """A multimodal config's text model (its ``text_config``, with the wrapper's tie and token ids),
-    and what is left out; a text config as it is."""
-    if cfg.get("model_type") not in WRAPPERS:
+    and what is left out; a text config as it is. ``family``: the text family the config resolved to
+    (by ``model_type`` or ``architectures``)."""
+    wrapped = cfg.get("model_type") in WRAPPERS or (family in WRAPPERS.values() and "text_config" in cfg)
+    if not wrapped:
         return cfg, ""
     text = cfg.get("text_config")
     if text is None:
@@ -53,7 +55,7 @@ def unwrap(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
     if not isinstance(text, dict):
         raise MeshwiseError(f"{where}: text_config must be an object")
     outer = {k: cfg[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id") if k in cfg}
-    return {**outer, **text, "model_type": WRAPPERS[cfg["model_type"]]}, VISION
+    return {**outer, **text, "model_type": family}, VISION
 
 
 def with_defaults(cfg: dict[str, Any], family: str) -> dict[str, Any]:
