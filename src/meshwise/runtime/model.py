@@ -263,7 +263,8 @@ class Transformer(nn.Module):
                 h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         tables = {False: (self.rope_cos, self.rope_sin), True: (self.rope_local_cos, self.rope_local_sin)}
         if self.positions is not None:
-            tables = {key: (cos[self.positions], sin[self.positions]) for key, (cos, sin) in tables.items()}
+            tables = {key: (cos[self.positions], sin[self.positions]) if cos.numel() else (cos, sin)
+                      for key, (cos, sin) in tables.items()}
         local = local_rope_layers(self.spec)
         for key, block in self.layers.items():
             h = block(h, *tables[int(key) in local])
