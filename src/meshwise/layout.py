@@ -234,24 +234,31 @@ def check_microbatches(layout: Layout, m: int) -> None:
                             f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}")
 
 
-def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | None:
-    """Why meshwise's runtime cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
+def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str = "meshwise") -> str | None:
+    """Why ``runtime`` cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
 
-    Beyond :func:`validate`: the runtime keeps one embedding per pipeline chunk, so pp > 1 with tied
-    embeddings is refused; context parallelism splits the sequence into 2*cp chunks (rank i holds
-    chunks i and 2*cp-1-i) and sequence parallelism each rank's part over tp; and the zero-bubble
-    schedules run a split backward that re-enters each checkpointed region twice, which
-    ``torch.utils.checkpoint``'s selective mode forbids.
+    Both runtimes split the sequence: context parallelism into 2*cp chunks (rank i holds chunks i and
+    2*cp-1-i), sequence parallelism each rank's part over tp, so both need it divisible. The rest is
+    meshwise's own runtime (``train``, ``verify``, ``plan --runtime meshwise``): it keeps one embedding
+    per pipeline chunk, so pp > 1 with tied embeddings is refused (Megatron-LM ties the first and last
+    stages' copies by an all-reduce); its zero-bubble schedules run a split backward that re-enters each
+    checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids; and it shards
+    no learned position table over sp or cp (Megatron-LM slices the positions with the sequence).
     """
+    if layout.cp > 1 and seq_len % (2 * layout.cp):
+        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
+                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
+    if layout.sp and (seq_len // layout.cp) % layout.tp:
+        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
+        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
+    if runtime != "meshwise":
+        return None
     if model.tied_embeddings and layout.pp > 1:
         return (f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
                 "runtime; use pp=1")
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
-    if layout.cp > 1 and seq_len % (2 * layout.cp):
-        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
-                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
     if layout.tp > 1 and not model.states_only and model.qk_norm and model.qk_norm_scope == "projection":
         return (f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
                 "supported by the runtime; use tp=1")
@@ -262,9 +269,6 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | Non
                 "the runtime's ring attention; use cp=1")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
-    if layout.sp and (seq_len // layout.cp) % layout.tp:
-        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
-        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if layout.sp and not model.states_only and model.position == "learned":
         return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None
@@ -320,12 +324,13 @@ def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len") -> Non
 
 
 def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_batch: int, seq_len: int,
-                   seq_field: str = "seq_len") -> None:
+                   seq_field: str = "seq_len", runtime: str = "meshwise") -> None:
     """The one answer to "can this layout run here?": :func:`validate`, the sequence length (named
-    ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal`. No torch needed."""
+    ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal` for ``runtime``
+    (meshwise's own for train, measure and verify; ``plan --runtime megatron`` asks Megatron's). No torch needed."""
     validate(layout, model, world_size, global_batch)
     check_seq_len(model, seq_len, seq_field)
-    reason = runtime_refusal(layout, model, seq_len)
+    reason = runtime_refusal(layout, model, seq_len, runtime)
     if reason:
         raise MeshwiseError(reason)
 

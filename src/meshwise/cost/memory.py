@@ -116,11 +116,36 @@ def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
 
 @lru_cache(maxsize=4096)
 def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    return tuple(dict.fromkeys(_standing_for(model, t, pp, vpp, v_shape)))
+
+
+@lru_cache(maxsize=4096)
+def _standing_for(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    """Per pipeline rank, the distinct rank shape that stands for it (the lowest of the same blocks and ends)."""
     shapes: dict[tuple, RankShape] = {}
-    for s in _rank_shapes(model, t, pp, vpp, v_shape):
-        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params, s.expert_params,
-                           s.last_blocks), s)
-    return tuple(shapes.values())
+    return tuple(shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params,
+                                    s.expert_params, s.last_blocks), s)
+                 for s in _rank_shapes(model, t, pp, vpp, v_shape))
+
+
+def plan_rank_shape(model: ModelSpec, layout: Layout, pp_rank: int) -> RankShape:
+    """The rank shape whose memory ``plan`` prints and decides fit by for pipeline rank ``pp_rank``
+    (one of rank_shapes: the lowest rank holding the same blocks and model ends)."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _standing_for(model, layout.tp, layout.pp, layout.vpp, v_shape)[pp_rank]
+
+
+def rank_groups(model: ModelSpec, layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """The pipeline ranks each of rank_shapes stands for, in its order."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _rank_groups(model, layout.tp, layout.pp, layout.vpp, v_shape)
+
+
+@lru_cache(maxsize=4096)
+def _rank_groups(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[tuple[int, ...], ...]:
+    standing = _standing_for(model, t, pp, vpp, v_shape)
+    return tuple(tuple(p for p, s in enumerate(standing) if s == rep)
+                 for rep in _distinct_rank_shapes(model, t, pp, vpp, v_shape))
 
 
 def all_rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
@@ -803,7 +828,17 @@ def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     can depend on thread timing when two are close; measure compares against the nearest."""
     moments = dict(zip(MOMENTS, _all_moments(model, train, layout, shape, m)))
     if moments.get("ring") == moments.get("end"):  # no ring attention: the end stands in, not a moment of its own
-        moments.pop("ring")
+        moments.pop("ring", None)
     if moments.get("embed") == moments.get("backward"):  # no TP embedding: the backward stands in
-        moments.pop("embed")
+        moments.pop("embed", None)
     return {name: Memory(*c, capacity=capacity) for name, c in moments.items()}
+
+
+def kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout) -> float:
+    """What one block keeps for its backward, per micro-batch of ``layout.mbs``, on one rank (the
+    activations' per-block term of :func:`_activations`, MoE blocks averaged in): the explanation's
+    'activations of one block'."""
+    if model.states_only:
+        return 0.0
+    shape = rank_shapes(model, layout)[0]
+    return _activations(model, local_train(train, layout), layout, shape, 1)[6]

@@ -148,20 +148,23 @@ def _simplicity(layout: Layout) -> tuple:
             layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
-def _simplicity_words(w: Layout, r: Layout) -> tuple[str, ...]:
+def _simplicity_words(w: Layout, r: Layout, global_batch: int | None = None) -> tuple[str, ...]:
     """How ``w`` reads at each place of :func:`_simplicity` where it is simpler than ``r``."""
-    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})",
-            f"fewer micro-batches per step (mbs x dp = {w.mbs * w.dp}, not {r.mbs * r.dp})",
+    fewer = (f"fewer micro-batches per step ({w.accum(global_batch)} per replica, not {r.accum(global_batch)})"
+             if global_batch else f"fewer micro-batches per step (larger mbs x dp: {w.mbs * w.dp} sequences at once, "
+                                  f"not {r.mbs * r.dp})")
+    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})", fewer,
             "no pipeline", "no context parallelism", "no tensor parallelism",
             f"a lower ZeRO stage ({w.zero}, not {r.zero})", "no HSDP replication",
             f"fewer chunks per pipeline rank (vpp={w.vpp}, not {r.vpp})", "sequence parallelism on",
             f"less expert parallelism (ep={w.ep}, not {r.ep})")
 
 
-def simpler_in(w: Layout, r: Layout) -> str | None:
+def simpler_in(w: Layout, r: Layout, global_batch: int | None = None) -> str | None:
     """What decides :func:`_simplicity` between ``w`` and ``r`` (its first place where they differ),
-    in words, when ``w`` is the simpler; None when it is not (or they are alike)."""
-    for a, b, words in zip(_simplicity(w), _simplicity(r), _simplicity_words(w, r)):
+    in words, when ``w`` is the simpler; None when it is not (or they are alike). With the global
+    batch, micro-batches are counted per replica."""
+    for a, b, words in zip(_simplicity(w), _simplicity(r), _simplicity_words(w, r, global_batch)):
         if a != b:
             return words if a < b else None
     return None

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshwise.runtime._torch_private import flash_attention
 from meshwise.runtime.context_parallel import RingGroup, ring_attention
 from meshwise.runtime.moe import MoE
 from meshwise.spec import ModelSpec
@@ -148,7 +149,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same).
     ``scale``: the scores' factor (None: 1/sqrt(d); Gemma's query_pre_attn_scalar^-1/2)."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available():
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=scale)[0]
+        return flash_attention(q, k, v, scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
