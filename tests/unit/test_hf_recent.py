@@ -150,3 +150,11 @@ def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model TOML" in r.stderr
+
+
+@pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention")])
+def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
+    _, folder = hf_folder(tmp_path, name)
+    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",
+                        "--nproc-per-node", "1", "--checkpoint-dir", ""], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and piece in r.stderr, r.stderr
