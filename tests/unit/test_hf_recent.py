@@ -124,6 +124,8 @@ def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
     assert "1 multi-token-prediction layer" in spec.exclusion_note
     # the report's 685B on the Hub = 671B main model + 14B MTP module (embedding and head copies included)
     assert 11e9 < spec.excluded_params < 14e9
+    catalog = load_model("deepseek-v3")  # the catalog's shape says the same
+    assert (catalog.params, catalog.exclusion_note) == (spec.params, spec.exclusion_note)
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(tmp_path), "--gpus", "2048",
                         "--top", "1"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
