@@ -247,8 +247,9 @@ def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train:
     split = (f"context parallelism cp={win.cp} splits the sequence ({train.seq_len // win.cp:,} tokens per rank, "
              f"{_gb(winner.memory.activations)} of activations)")
     if not alone.enumerated:
-        out.add("3b", f"3b. Why split the sequence? {train.seq_len:,} tokens: no layout without context parallelism is valid here (dp must divide the global "
-                      f"batch of {train.global_batch:,}, and tp and pp cannot take the other ranks) -> {split}.",
+        out.add("3b", f"3b. Why split the sequence? {train.seq_len:,} tokens: no layout without context parallelism "
+                      f"is valid here (dp must divide the global batch of {train.global_batch:,}, and tp and pp "
+                      f"cannot take the other ranks) -> {split}.",
                 chosen_activations_bytes=winner.memory.activations)
         return
     if not alone.best:
@@ -378,8 +379,8 @@ def _check_here(layout: Layout, model: ModelSpec, cluster: ClusterSpec, train: T
 
 def _faster_schedules(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
                       headroom: float) -> list[Estimate]:
-    """Per other schedule kind, the vpp whose layout fits, runs here, cuts the bubble's share and
-    predicts the fastest step, kept only when that step is faster than ``e``'s; fastest first."""
+    """Per other schedule kind, the vpp whose layout runs here, fits (when ``e`` does), cuts the bubble's
+    share and predicts the fastest step, kept only when that step is faster than ``e``'s; fastest first."""
     share = e.time.bubble_s / e.time.step_s
     best: dict[str, Estimate] = {}
     for layout in _other_schedules(model, e.layout):
@@ -389,7 +390,7 @@ def _faster_schedules(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
             continue
         alt = estimate(model, cluster, train, layout, headroom)
         now = best.get(layout.schedule)
-        if (alt.fits and alt.time.step_s < e.time.step_s and alt.time.bubble_s / alt.time.step_s < share
+        if ((alt.fits or not e.fits) and alt.time.step_s < e.time.step_s and alt.time.bubble_s / alt.time.step_s < share
                 and (now is None or alt.time.step_s < now.time.step_s)):
             best[layout.schedule] = alt
     return sorted(best.values(), key=lambda a: a.time.step_s)
@@ -432,7 +433,8 @@ def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: E
     schedule that adds communication or memory can shrink the share and still slow the step."""
     out = [f"schedule={alt.layout.schedule}" + (f",vpp={alt.layout.vpp}" if alt.layout.vpp > 1 else "") +
            f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.4g} s step "
-           f"({alt.time.step_s / e.time.step_s - 1:+.1%})"
+           f"({alt.time.step_s / e.time.step_s - 1:+.1%})" +
+           ("" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits")
            for alt in _faster_schedules(model, cluster, train, e, headroom)]
     out += _more_micro_batches(model, cluster, train, e, headroom)
     if not out:
