@@ -306,6 +306,14 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
+    if layout.tp > 1 and not model.states_only and model.qk_norm and model.qk_norm_scope == "projection":
+        return (f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
+                "supported by the runtime; use tp=1")
+    if layout.cp > 1 and not model.states_only and (
+            (model.sliding_window and model.sliding_window < seq_len) or model.attn_sinks
+            or (model.query_scale and model.query_scale != model.head_dim)):
+        return (f"layout: cp > 1 with {model.family}'s sliding-window attention or query scaling is not supported by "
+                "the runtime's ring attention; use cp=1")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
     if layout.sp and not model.states_only and model.position == "learned":

@@ -176,11 +176,11 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
 
 
 def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
-    """What every plan on this device and setting must say beside its numbers: an efficiency not
-    calibrated against published runs (the accelerator's ``calibrated_on``)."""
+    """What every plan on this device and setting must say beside its numbers: a time model never
+    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty)."""
     accel = cluster.accelerator
     if accel.calibrated_on:
         return []
-    return [f"{accel.name}'s efficiency is not calibrated against published runs (datasheet peaks with "
+    return [f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
             f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
             f"treat its times as a first-order estimate"]

@@ -50,7 +50,8 @@ class AcceleratorSpec:
     peak_fp8_flops_per_s: float = 0.0
     peak_mxfp8_flops_per_s: float = 0.0
     nvlink_domain_gpus: int = 0        # GPUs one NVLink (scale-up) domain joins; 0 = a node (NVL72: 72)
-    calibrated_on: str = ""            # the published runs its efficiency was fitted on ("" = none)
+    calibrated_on: str = ""            # what its predictions were checked against ("" = nothing): published runs
+                                       # (a test set, nothing fitted to them) or a meshwise calibrate of the machine
     # The GPU op model (cost/kernels.py); a profile without sm_count keeps the flat curve above.
     sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
     gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
