@@ -141,6 +141,8 @@ CASES = [
     ("verify-model-empty", lambda f: ["verify", "--layout", "dp=64", "--model", ""], "--model: an empty value"),
     ("verify-layout-empty", lambda f: ["verify", "--layout", ""], "--layout: an empty value"),
     ("verify-layout-empty-item", lambda f: ["verify", "--layout", "dp=32,,tp=2"], "has an empty item"),
+    ("train-model-empty", lambda f: _train(f, "--model", ""), "--model.name: an empty value"),
+    ("train-layout-empty", lambda f: _train(f, "--layout", ""), "--layout.choice: an empty value"),
     ("measure-model-empty", lambda f: ["measure", "--model", ""], "--model: an empty value"),
     ("measure-layout-empty", lambda f: ["measure", "--layout", " "], "--layout: an empty value"),
     ("measure-report-empty", lambda f: ["measure", "--report", ""], "--report: an empty value"),
