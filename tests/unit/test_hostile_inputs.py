@@ -150,10 +150,12 @@ CASES = [
     ("plan-gpus-not-a-number", lambda f: ["plan", "--gpus", "abc"], "meshwise: error: --gpus: invalid int value 'abc'"),
     ("plan-params-zero", lambda f: ["plan", "--params", "0"], "meshwise: error: --params: '0' must be a finite"),
     # verify checks as plan does, before any trace
-    ("verify-seq-len-0", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "0"], "--seq-len: 0 must be at least 1"),
+    ("verify-seq-len-0", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "0"],
+     "--seq-len: 0 must be at least 1"),
     ("verify-seq-past-max-seq", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "8193"],
      "--seq-len: 8193 is longer than the model's max_seq 8192"),
-    ("verify-chunks-past-layers", lambda f: ["verify", "--gpus", "8", "--layout", "dp=1,pp=8,vpp=11,schedule=interleaved-1f1b"],
+    ("verify-chunks-past-layers",
+     lambda f: ["verify", "--gpus", "8", "--layout", "dp=1,pp=8,vpp=11,schedule=interleaved-1f1b"],
      "layout: pp*vpp = 88 is more than the model's 80 layers"),
     # measure checks every flag before calibrating (a calibration would write ~/.cache: see _isolated_cache)
     ("measure-global-batch-0", lambda f: ["measure", "--global-batch", "0", "--nproc-per-node", "1"],
