@@ -201,6 +201,11 @@ def check(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise MeshwiseError(f"--{name}: {value} must be at least 1")
+    if not config.layout.choice.strip():
+        raise MeshwiseError("--layout.choice: an empty value; give auto or key=value pairs, e.g. dp=2,zero=3")
+    if not config.model.name.strip() and not config.model.pretrained:
+        raise MeshwiseError("--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
+                            "Hugging Face config.json")
     for name, value in {"schedule.warmup_steps": s.warmup_steps, "schedule.eval_every": s.eval_every,
                         "checkpoint.every": c.every, "generate.tokens": g.tokens, "generate.top_k": g.top_k}.items():
         if value < 0:

@@ -67,6 +67,15 @@ def restart_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def check_batch_in_corpus(global_batch: int, corpus: Corpus) -> None:
+    """A step reads each training sequence at most once: a global batch past the training set's
+    sequences is refused (it would only repeat them, and its loader's work grows with the batch)."""
+    if global_batch > corpus.n_train:
+        raise MeshwiseError(f"--schedule.global_batch: {global_batch} sequences per step is more than the training "
+                            f"set's {corpus.n_train:,} sequences of {corpus.seq_len} tokens; use at most "
+                            f"{corpus.n_train:,}, or more data (--data.path)")
+
+
 def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     """Every check that needs no process group: config ranges, model, data, resume point, extras.
 
@@ -88,7 +97,7 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
         raise MeshwiseError(f"--model.name: {refusal}")
     c = cfg.checkpoint
     files.check_output_dir("--checkpoint.dir", c.dir)
-    files.check_output_file("--metrics.file", cfg.metrics.file)
+    files.check_output_file("--metrics.file", cfg.metrics.file, parent_must_exist=True)
     if c.resume and c.resume != "auto" and not Path(c.resume).is_dir():
         raise MeshwiseError(f"--checkpoint.resume: {c.resume} does not exist")
     if c.resume == "auto" and not c.dir:
@@ -99,6 +108,7 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     check_fits_in_memory(model, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     check_data_path(cfg.data.path)
     corpus = build_corpus(cfg.data, model.vocab)
+    check_batch_in_corpus(cfg.schedule.global_batch, corpus)
     if cfg.layout.profile:
         layout_choice.profile_cluster(cfg.layout.profile, 1, 1)
     resume, notes = checkpoint.resolve_resume(resume_arg, c.dir)
