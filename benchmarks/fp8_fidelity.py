@@ -54,8 +54,9 @@ ABSOLUTE = (
 
 # Checked, not in the test set: a mixture of experts in fp8-blockwise, DeepSeek-V3 on 2,048 H800 (arXiv
 # 2412.19437: 180K H800 GPU-hours per trillion tokens = 1,543 tokens/s per GPU; PP16, EP64, ZeRO-1, no TP,
-# seq 4096, batch 15360), its DualPipe taken as 1F1B, its recomputation as Megatron's selective. Under
-# meshwise's Megatron-Core memory this layout does not fit 80 GB (docs/cost-model.md), so only its time is read.
+# seq 4096, batch 15360), its DualPipe taken as 1F1B, its recomputation as Megatron's selective. Its memory
+# (65.5 GB under meshwise's Megatron-Core model with the fp8-blockwise recipe) is tested in
+# tests/unit/test_megatron_activations.py; here only its time is read.
 MOE = (("deepseek-v3-2048-h800", "deepseek-v3", "h800", 2048, "dp=128,zero=1,ep=64,pp=16,ac=selective", 4096, 15360,
         "fp8-blockwise", 1e12 / (180e3 * 3600)),)
 

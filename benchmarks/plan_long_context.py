@@ -1,4 +1,4 @@
-"""Time ``plan`` for Llama 3.1 70B (the catalog's llama3-70b shape) on 512 H100 with 131,072-token
+"""Time ``plan`` for Llama 3.1 70B (the catalog's llama3.1-70b, 128K context) on 512 H100 with 131,072-token
 sequences, as a whole process (interpreter start-up included): the search over cp as well as dp, tp
 and pp. Prints the time of each run, the CPU seconds, and the chosen layout with its step 3b.
 
@@ -11,7 +11,7 @@ import sys
 
 from _plan_timing import time_plan
 
-CMD = [sys.executable, "-m", "meshwise.cli", "plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "512",
+CMD = [sys.executable, "-m", "meshwise.cli", "plan", "--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "512",
        "--seq-len", "131072"]
 
 

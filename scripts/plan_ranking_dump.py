@@ -38,7 +38,7 @@ CONFIGS = {
 
 CASES = {  # name: plan arguments ({cfg} is the configs folder)
     "bench-moe": "--model {cfg}/mixtral-8x22b --gpu h100 --gpus 256",
-    "bench-long": "--model llama3-70b --gpu h100 --gpus 512 --seq-len 131072",
+    "bench-long": "--model llama3.1-70b --gpu h100 --gpus 512 --seq-len 131072",
     "bench-405b": "--model llama3-405b --gpu h100 --gpus 16384 --gpus-per-node 8 --seq-len 8192 --global-batch 2048",
     "llama8b-8": "--model llama3-8b --gpu h100 --gpus 8",
     "llama8b-64": "--model llama3-8b --gpu h100 --gpus 64",
@@ -46,8 +46,8 @@ CASES = {  # name: plan arguments ({cfg} is the configs folder)
     "llama70b-512": "--model llama3-70b --gpu h100 --gpus 512",
     "llama70b-64-megatron": "--model llama3-70b --gpu h100 --gpus 64 --runtime megatron",
     "llama70b-64-bf16": "--model llama3-70b --gpu a100-80gb --gpus 64 --precision bf16",
-    "llama8b-64-32k": "--model llama3-8b --gpu h100 --gpus 64 --seq-len 32768 --global-batch 64",
-    "llama70b-128-32k": "--model llama3-70b --gpu h100 --gpus 128 --seq-len 32768 --global-batch 128",
+    "llama8b-64-32k": "--model llama3.1-8b --gpu h100 --gpus 64 --seq-len 32768 --global-batch 64",
+    "llama70b-128-32k": "--model llama3.1-70b --gpu h100 --gpus 128 --seq-len 32768 --global-batch 128",
     "tiny-cpu-2": "--model tiny --gpu cpu --gpus 2 --global-batch 8",
     "tiny-cpu-4": "--model tiny --gpu cpu --gpus 4 --global-batch 8",
     "tiny-cpu-8": "--model tiny --gpu cpu --gpus 8 --global-batch 8",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from meshwise.errors import MeshwiseError, run_command
@@ -15,6 +16,10 @@ from meshwise.launch.torch_release import warn_untested_torch
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
+MODEL_WHAT = "a catalog name (e.g. llama3-8b), a model .toml or a Hugging Face config.json"
+LAYOUT_WHAT = "key=value pairs, e.g. dp=8,zero=3,tp=2"
+REPORT_WHAT = "an .html file name"
+GPU_WHAT = "a catalog name (e.g. h100) or a profile .toml"
 RUNTIME_CHOICES = ("meshwise", "megatron")
 EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 
@@ -23,8 +28,29 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but an error is one line and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"meshwise: error: {message}", file=sys.stderr)
+        print(f"meshwise: error: {field_first(message)}", file=sys.stderr)
         sys.exit(2)
+
+
+def field_first(message: str) -> str:
+    """argparse's ``argument --gpus: invalid int value: 'abc'`` as the house form ``--gpus: invalid int
+    value 'abc'`` (the field first, as every other refusal names it)."""
+    match = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message, re.S)
+    if not match:
+        return message
+    rest = re.sub(r"^(invalid \S+ value): ", r"\1 ", match[2])
+    return f"{match[1]}: {rest}"
+
+
+def _given(what: str):
+    """An argparse type refusing an empty value (``--model ''``), which would otherwise be read as
+    'not given' and silently replaced by the default; ``what`` says what would be valid."""
+    def text(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"an empty value; give {what}")
+        return value
+    text.__name__ = "text"
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -47,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
                               "explanation and the JSON's why_nothing_fits say why and what would fit).")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
+    which.add_argument("--model", type=_given(MODEL_WHAT),
+                   help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
     _add_cluster_arguments(p, "number of devices",
                            f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
@@ -59,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
                         "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
                         "runtime key, else meshwise")
-    p.add_argument("--layout", action="append",
+    p.add_argument("--layout", action="append", type=_given(LAYOUT_WHAT),
                    help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
                         "separate layouts with ';', to compare several in one table, best first")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
@@ -67,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
+    p.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
+                   help="also write a self-contained HTML report with pictures (needs meshwise[report])")
     _add_emit_arguments(p)
     _add_train_commands(sub)
     _add_calibrate_command(sub)
@@ -89,7 +117,8 @@ def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
     """The options plan and verify share: the accelerator, the devices, the sequence and the batch."""
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    p.add_argument("--gpu", default=DEFAULT_GPU, type=_given(GPU_WHAT),
+                   help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
     p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"{gpus_help} (default: {DEFAULT_GPUS})")
     p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
     p.add_argument("--seq-len", type=int, default=None,
@@ -107,8 +136,10 @@ VERIFY_DESCRIPTION = ("Build the chosen ranks of the layout with the real runtim
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
                        description=VERIFY_DESCRIPTION)
-    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
-    v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
+    v.add_argument("--layout", required=True, type=_given(LAYOUT_WHAT),
+                   help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
+    v.add_argument("--model", default=DEFAULT_MODEL, type=_given(MODEL_WHAT),
+                   help=f"catalog name or model file (default: {DEFAULT_MODEL})")
     _add_cluster_arguments(v, "world size traced")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
@@ -130,18 +161,22 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
                                    "print, per rank and figure, what 'plan' predicts, what was measured and the "
                                    "relative error: memory by category, collectives per kind and mesh dimension, "
                                    "step time.")
-    m.add_argument("--layout", default="", help="the layout (e.g. dp=2,zero=3); dp defaults to the process count")
+    m.add_argument("--layout", type=_given(LAYOUT_WHAT),
+                   help="the layout (e.g. dp=2,zero=3); dp defaults to the process count")
     m.add_argument("--nproc-per-node", type=int, default=2, help="local processes (default: 2)")
-    m.add_argument("--model", default="tiny", help="catalog name or model file (default: tiny)")
+    m.add_argument("--model", default="tiny", type=_given(MODEL_WHAT),
+                   help="catalog name or model file (default: tiny)")
     m.add_argument("--steps", type=int, default=3, help="timed steps after the measured one; 0 = memory and collectives only (default: 3)")
     m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
-    m.add_argument("--gpu", default=None, help="profile the prediction uses: catalog name or calibrated .toml "
+    m.add_argument("--gpu", default=None, type=_given(GPU_WHAT),
+                   help="profile the prediction uses: catalog name or calibrated .toml "
                    "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)")
     m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
                    help="the runtime measured; only meshwise (this project's own) can run here")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
-    m.add_argument("--report", metavar="HTML", help="also write an HTML report with pictures (needs meshwise[report])")
+    m.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
+                   help="also write an HTML report with pictures (needs meshwise[report])")
 
 
 def _only_meshwise(runtime: str, command: str) -> None:
@@ -157,7 +192,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     warn_untested_torch()
 
-    return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
+    return measure_main(args.layout or "", args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
                         args.gpu, args.json, args.report)
 
 

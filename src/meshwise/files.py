@@ -72,6 +72,8 @@ def write_atomically(path: str | Path, text: str) -> None:
 
 def read_toml(path: Path, option: str) -> dict[str, Any]:
     """A TOML file's table, or one line naming the option: missing file, invalid TOML."""
+    if path.is_dir():
+        raise MeshwiseError(f"{option}: {path} is a folder; give a TOML file")
     if not path.is_file():
         raise MeshwiseError(f"{option}: file {path} does not exist")
     try:

@@ -140,10 +140,16 @@ def _int(key: str, text: str) -> int:
     return value
 
 
-def parse(text: str, world_size: int | None = None) -> Layout:
-    """Parse ``key=value,...``; dp defaults to world_size / (cp * tp * pp), shard to dp, sp to (tp > 1)."""
+def parse(text: str, world_size: int | None = None, explicit: bool = False) -> Layout:
+    """Parse ``key=value,...``; dp defaults to world_size / (cp * tp * pp), shard to dp, sp to (tp > 1).
+    ``explicit``: the text is what a user typed (``--layout``), so an empty item and a key that does
+    not apply (:func:`check_applies`) are refused rather than passed over."""
     given: dict[str, str] = {}
-    for item in (p.strip() for p in text.split(",")):
+    items = [p.strip() for p in text.split(",")]
+    if explicit and text.strip() and not all(items):
+        raise MeshwiseError(f"layout: {text!r} has an empty item; give key=value pairs separated by single commas, "
+                            "e.g. dp=8,tp=8")
+    for item in items:
         if not item:
             continue
         key, sep, value = item.partition("=")
@@ -184,7 +190,20 @@ def parse(text: str, world_size: int | None = None) -> Layout:
     layout = Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
                     schedule=schedule, mbs=ints.get("mbs", 1), ac=ac, ep=ints.get("ep", 1))
     check_shape(layout)
+    if explicit:
+        check_applies(given, layout)
     return layout
+
+
+def check_applies(given: dict[str, str], layout: Layout) -> None:
+    """Keys the user wrote that would do nothing are refused, as ``vpp`` without ``pp`` is:
+    ``sp=on`` without tp > 1, a pipeline ``schedule`` other than the default without pp > 1."""
+    if given.get("sp") == "on" and layout.tp == 1:
+        raise MeshwiseError("layout: sp=on splits the sequence over the tensor-parallel ranks; it needs tp > 1 "
+                            "(drop sp, or add tp=2 or more)")
+    if "schedule" in given and layout.pp == 1 and layout.schedule != "1f1b":
+        raise MeshwiseError(f"layout: schedule={layout.schedule} is a pipeline schedule; it needs pp > 1 "
+                            "(drop schedule, or add pp=2 or more)")
 
 
 def check_shape(layout: Layout) -> None:
@@ -287,6 +306,14 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
+    if layout.tp > 1 and not model.states_only and model.qk_norm and model.qk_norm_scope == "projection":
+        return (f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
+                "supported by the runtime; use tp=1")
+    if layout.cp > 1 and not model.states_only and (
+            (model.sliding_window and model.sliding_window < seq_len) or model.attn_sinks
+            or (model.query_scale and model.query_scale != model.head_dim)):
+        return (f"layout: cp > 1 with {model.family}'s sliding-window attention or query scaling is not supported by "
+                "the runtime's ring attention; use cp=1")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
     if layout.sp and not model.states_only and model.position == "learned":
@@ -337,12 +364,23 @@ def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
     return runs
 
 
-def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len") -> None:
-    """The runtime's rotary tables hold ``max_seq`` positions: a longer sequence is refused by ``field``."""
+MAX_SEQ_LEN = 2**24  # 16,777,216 tokens: past the longest published context window (10M, Llama 4 Scout, 2025)
+
+
+def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len", runtime: str = "meshwise") -> None:
+    """The one rule for a sequence length, ``field`` as the user spells it: 1 to :data:`MAX_SEQ_LEN`;
+    under meshwise's runtime also at most the model's ``max_seq`` (its rotary tables hold that many
+    positions). Megatron-LM computes rotary positions for any length, so ``--runtime megatron`` plans
+    past ``max_seq`` (long-context extension), as the search does."""
     if seq_len < 1:
         raise MeshwiseError(f"{field}: {seq_len} must be at least 1")
-    if not model.states_only and seq_len > model.max_seq:
-        raise MeshwiseError(f"{field}: {seq_len} is longer than the model's max_seq {model.max_seq}")
+    if seq_len > MAX_SEQ_LEN:
+        raise MeshwiseError(f"{field}: {seq_len} is past meshwise's bound of {MAX_SEQ_LEN:,} tokens per sequence "
+                            "(the longest published context window is 10M)")
+    if runtime == "meshwise" and not model.states_only and seq_len > model.max_seq:
+        raise MeshwiseError(f"{field}: {seq_len} is longer than the model's max_seq {model.max_seq} (meshwise's "
+                            f"runtime holds that many rotary positions); use at most {model.max_seq} ('plan --runtime "
+                            "megatron' plans a longer context)")
 
 
 def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_batch: int, seq_len: int,
@@ -351,7 +389,7 @@ def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_bat
     ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal` for ``runtime``
     (meshwise's own for train, measure and verify; ``plan --runtime megatron`` asks Megatron's). No torch needed."""
     validate(layout, model, world_size, global_batch)
-    check_seq_len(model, seq_len, seq_field)
+    check_seq_len(model, seq_len, seq_field, runtime)
     reason = runtime_refusal(layout, model, seq_len, runtime)
     if reason:
         raise MeshwiseError(reason)

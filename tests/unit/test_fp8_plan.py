@@ -102,14 +102,13 @@ def test_megatron_distributed_optimizer_bytes():
         assert mem.states / shape.params == pytest.approx(6 + 12 / d)
 
 
-def test_llama3_405b_fits_under_megatron_memory():
+def test_llama3_405b_megatron_memory_below_meshwise_runtime():
     """Meta's layout (tp=8, pp=16, interleaved, seq 8192, batch 2048 on 16,384 H100): meshwise's own
-    runtime keeps every micro-batch's four SwiGLU tensors and does not fit; Megatron-Core's selective
-    recompute does."""
+    runtime keeps every micro-batch's four SwiGLU tensors and DTensor's gathered inputs, Megatron-Core less
+    (whether it fits: tests/unit/test_megatron_activations.py)."""
     model, cluster = load_model("llama3-405b"), load_cluster("h100", 16384)
     layout = parse("dp=128,zero=2,tp=8,sp=on,pp=16,vpp=4,ac=selective", 16384)
     megatron = estimate(model, cluster, TrainSpec(2048, 8192, runtime="megatron"), layout)
-    assert megatron.fits
     own = estimate(model, cluster, TrainSpec(2048, 8192), layout)
     assert own.memory.total > megatron.memory.total
 

@@ -98,7 +98,10 @@ CASES = [
      "--nproc-per-node: 0 must be at least 1"),
     # input files
     ("config-not-utf8", lambda f: _train(f, "--config", _file(f, "c.toml", NOT_UTF8)), "is not UTF-8 text"),
-    ("config-a-folder", lambda f: _train(f, "--config", _dir(f, "c.toml")), "does not exist"),
+    ("config-a-folder", lambda f: _train(f, "--config", _dir(f, "c.toml")), "c.toml is a folder; give a TOML file"),
+    ("gpu-a-folder", lambda f: ["plan", "--gpu", _dir(f, "g")], "is a folder; give a catalog name"),
+    ("pretrained-a-plain-folder", lambda f: _train(f, "--model.pretrained", _dir(f, "hf")),
+     "--model.pretrained: "),
     ("gpu-profile-not-utf8", lambda f: ["plan", "--gpu", _file(f, "g.toml", NOT_UTF8)], "is not UTF-8 text"),
     ("gpu-profile-string", lambda f: ["plan", "--gpu", _profile(f, flops='"fast"')],
      "peak_bf16_flops_per_s must be a number, got 'fast'"),
@@ -118,6 +121,8 @@ CASES = [
     ("checkpoint-dir-holding-checkpoints", lambda f: _train(f) + ["--checkpoint-dir", _holding_checkpoint(f)],
      "already holds checkpoints (latest step-3); continue them with --resume auto"),
     ("metrics-a-folder", lambda f: _train(f) + ["--metrics", _dir(f, "metrics")], "--metrics.file: "),
+    ("metrics-missing-folder", lambda f: _train(f) + ["--metrics.file", str(f / "nowhere" / "m.jsonl")],
+     "--metrics.file: folder "),
     ("plan-report-missing-folder", lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2",
                                               "--report", str(f / "nowhere" / "r.html")], "does not exist"),
     ("plan-report-onto-folder", lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2",
@@ -128,6 +133,51 @@ CASES = [
     ("calibrate-out-onto-folder", lambda f: ["calibrate", "--out", _dir(f, "p.toml")], "is a folder"),
     ("export-out-onto-folder", lambda f: ["export", "--checkpoint", str(f), "--out", _dir(f, "o.safetensors")],
      "is a folder"),
+    # empty values: refused, never read as "not given" (the default)
+    ("plan-model-empty", lambda f: ["plan", "--model", ""], "--model: an empty value; give a catalog name"),
+    ("plan-layout-empty", lambda f: ["plan", "--layout", ""], "--layout: an empty value; give key=value"),
+    ("plan-report-empty", lambda f: ["plan", "--report", ""], "--report: an empty value"),
+    ("plan-layout-empty-item", lambda f: ["plan", "--layout", "dp=8,,tp=8"], "layout: 'dp=8,,tp=8' has an empty item"),
+    ("verify-model-empty", lambda f: ["verify", "--layout", "dp=64", "--model", ""], "--model: an empty value"),
+    ("verify-layout-empty", lambda f: ["verify", "--layout", ""], "--layout: an empty value"),
+    ("verify-layout-empty-item", lambda f: ["verify", "--layout", "dp=32,,tp=2"], "has an empty item"),
+    ("train-model-empty", lambda f: _train(f, "--model", ""), "--model.name: an empty value"),
+    ("train-layout-empty", lambda f: _train(f, "--layout", ""), "--layout.choice: an empty value"),
+    ("measure-model-empty", lambda f: ["measure", "--model", ""], "--model: an empty value"),
+    ("measure-layout-empty", lambda f: ["measure", "--layout", " "], "--layout: an empty value"),
+    ("measure-report-empty", lambda f: ["measure", "--report", ""], "--report: an empty value"),
+    # argparse's own refusals in the house form: the field first
+    ("plan-gpus-not-a-number", lambda f: ["plan", "--gpus", "abc"], "meshwise: error: --gpus: invalid int value 'abc'"),
+    ("plan-params-zero", lambda f: ["plan", "--params", "0"], "meshwise: error: --params: '0' must be a finite"),
+    # verify checks as plan does, before any trace
+    ("verify-seq-len-0", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "0"],
+     "--seq-len: 0 must be at least 1"),
+    ("verify-seq-past-max-seq", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "8193"],
+     "--seq-len: 8193 is longer than the model's max_seq 8192"),
+    ("verify-chunks-past-layers",
+     lambda f: ["verify", "--gpus", "8", "--layout", "dp=1,pp=8,vpp=11,schedule=interleaved-1f1b"],
+     "layout: pp*vpp = 88 is more than the model's 80 layers"),
+    # measure checks every flag before calibrating (a calibration would write ~/.cache: see _isolated_cache)
+    ("measure-global-batch-0", lambda f: ["measure", "--global-batch", "0", "--nproc-per-node", "1"],
+     "--global-batch: 0 must be at least 1"),
+    ("measure-seq-len-0", lambda f: ["measure", "--seq-len", "0", "--nproc-per-node", "1"],
+     "--seq-len: 0 must be at least 1"),
+    # train checks a given layout before calibrating
+    ("train-layout-unknown-key", lambda f: _train(f, "--layout.choice", "foo=2"), "layout: unknown key 'foo'"),
+    ("train-layout-wrong-world", lambda f: _train(f, "--layout.choice", "dp=2"), "but the world size is 1"),
+    # keys that would do nothing, as vpp without pp
+    ("plan-sp-without-tp", lambda f: ["plan", "--gpus", "64", "--layout", "dp=64,sp=on"], "sp=on splits the sequence"),
+    ("plan-schedule-without-pp", lambda f: ["plan", "--gpus", "64", "--layout", "dp=64,schedule=interleaved-1f1b"],
+     "schedule=interleaved-1f1b is a pipeline schedule; it needs pp > 1"),
+    # absurd sizes: a documented bound, answered at once
+    ("plan-seq-len-absurd", lambda f: ["plan", "--seq-len", "99999999999999999999"],
+     "--seq-len: 99999999999999999999 is past meshwise's bound of 16,777,216"),
+    ("plan-seq-past-max-seq-search", lambda f: ["plan", "--seq-len", "524288", "--global-batch", "2"],
+     "--seq-len: 524288 is longer than the model's max_seq 8192"),
+    ("plan-params-absurd", lambda f: ["plan", "--params", "1e30"], "--params: 1e+30 is past meshwise's bound"),
+    ("plan-gpus-absurd", lambda f: ["plan", "--gpus", "100000000000"], "--gpus: 100000000000 is past meshwise's bound"),
+    ("train-global-batch-past-corpus", lambda f: _train(f, "--schedule.global_batch", "100000000000"),
+     "--schedule.global_batch: 100000000000 sequences per step is more than the training set's"),
     # too big
     ("model-too-big-for-this-machine", lambda f: _train(f) + ["--model", "llama3-405b"],
      "needs about"),
@@ -135,7 +185,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("make_args,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_refused_in_one_line_exit_2_nothing_written(tmp_path, capsys, make_args, expected) -> None:
+def test_refused_in_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch, make_args, expected) -> None:
+    monkeypatch.setenv("MESHWISE_CACHE_DIR", str(tmp_path / "cache"))  # a calibration would write here: a failure
     args = make_args(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     try:
@@ -162,7 +213,16 @@ def test_plan_gpus_1e9_is_refused_without_enumerating_a_billion_divisors(capsys)
     assert _divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and _divisors(1) == [1] and _divisors(97) == [1, 97]
     assert main(["plan", "--gpus", "1000000000"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--global-batch: 512 leaves no valid layout on 1000000000 devices" in err
+    assert err.count("\n") == 1 and "--gpus: 1000000000 is past meshwise's bound of 1,048,576 devices" in err
+
+
+def test_seq_past_max_seq_is_one_rule_for_search_and_layout(capsys) -> None:
+    """Under --runtime megatron (rotary positions for any length) the search and --layout both plan
+    past max_seq; under meshwise's runtime both refuse (the matrix above)."""
+    base = ["plan", "--seq-len", "16384", "--global-batch", "8", "--gpus", "64", "--runtime", "megatron", "--json"]
+    assert main(base) == 0
+    assert main([*base, "--layout", "dp=8,zero=3,tp=8"]) == 0
+    capsys.readouterr()
 
 
 def test_report_escapes_a_hostile_model_name(tmp_path, capsys) -> None:

@@ -234,3 +234,46 @@ def test_a_shorter_sequence_is_the_longest_power_of_two_that_fits():
     assert "--seq-len 1048576 " in line
     fits = plan(load_model("llama3-8b"), load_cluster("h100", 64), TrainSpec(64, 1 << 20, "bf16-mixed"), top=1)
     assert fits.candidates and fits.candidates[0].layout.cp > 1
+
+
+def test_no_valid_layout_names_a_batch_that_has_one(tmp_path):
+    """QA F3: the refusal said "use a multiple of the data-parallel degree (e.g. 3)" without checking.
+    Llama 3.2 1B (tied embeddings: no pipeline here) on 3 devices has dp = 3 at every tp and cp, so a
+    batch of 2 has no layout; the batch the message names has one, and that layout validates."""
+    import json
+    import re
+
+    from meshwise.layout import check_runnable
+
+    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path))
+    assert not list(enumerate_layouts(model, 3, 2, runs_here(model, 4096), seq_len=4096))
+    with pytest.raises(MeshwiseError) as err:
+        plan(model, load_cluster("h100", 3), TrainSpec(2, 4096, "bf16-mixed"), top=1)
+    m = re.fullmatch(r"--global-batch: 2 leaves no valid layout on 3 devices \(dp must divide it\); "
+                     r"--global-batch (\d+) has one \((\S+)\)", str(err.value))
+    assert m, err.value
+    check_runnable(parse(m.group(2)), model, 3, int(m.group(1)), 4096)
+
+
+def test_cp_past_its_usual_bound_when_nothing_else_is_valid(tmp_path):
+    """QA F3: Llama 3.2 1B on 16,384 A100 at batch 512 has no valid layout with cp=1 (dp <= 512 needs
+    tp x cp x pp >= 32, tp <= 8, no pp with tied embeddings); the search was refused, while
+    dp=512,cp=4,tp=8 runs. Within the usual cp bound nothing is valid; past it, the search plans."""
+    import json
+
+    from meshwise.plan.search import cp_degrees
+
+    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path))
+    assert cp_degrees(model, 16384, 4096) == [1]
+    p = plan(model, load_cluster("a100-80gb", 16384), TrainSpec(512, 4096, "bf16-mixed"), top=3)
+    assert p.candidates and all(e.fits and e.layout.cp > 1 for e in p.candidates)
+    for e in p.candidates:
+        validate(e.layout, model, 16384, 512)

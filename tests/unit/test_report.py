@@ -134,7 +134,7 @@ def test_report_text_never_overlaps_at_1280_px(tmp_path, capsys, monkeypatch):
     plans = {"fsdp": ["--gpus", "64"],
              "pipeline": ["--model", "llama3-405b", "--gpus", "2048", "--seq-len", "8192", "--global-batch", "512",
                           "--top", "5"],
-             "moe": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "256", "--global-batch", "8"]}
+             "moe": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "64", "--global-batch", "8"]}
     for name, args in plans.items():
         out = tmp_path / f"{name}.html"
         assert main(["plan", *args, "--report", str(out)]) == 0

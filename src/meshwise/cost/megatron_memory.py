@@ -14,20 +14,26 @@ argument_utils.py, moe/README.md; Transformer Engine's docs and base.py (docs/so
 - **float8 weights**: Transformer Engine casts each linear weight to float8 once per step and keeps
   the cast across micro-batches (1 B/param), and on GPUs without MX block scaling a transposed copy
   for the backward (1 B more); MXFP8 quantizes rowwise and columnwise separately (2 B).
-- **Activations** per block and micro-batch: activations.block_bytes under Megatron-Core's
-  conventions (``MEGATRON_CORE``: flash attention, no dropout, sequence parallelism keeping the
-  shards, the norms' statistics); ``selective`` is Megatron's selective recompute with
-  ``recompute_modules`` core_attn, layernorm, moe_act (the MLP activation) and, for latent attention,
-  mla_up_proj (DeepSeek-V3's own recomputation, arXiv 2412.19437 Sec. 3.3): the norms' outputs, the
-  activation's output and the up-projected queries, keys and values are not kept; ``full`` keeps
-  each block's input. The fused SwiGLU keeps its input
-  (``2f``) and TE's second MLP linear its input (``f``), one ``f``-wide tensor fewer than torch. The schedule holds
-  pipeline.in_flight chunk-micro-batches (1F1B: ``p - r``; interleaved ``(v - 1)p + 2(p - 1 - r) + 1``,
-  at most ``m v``, the first ones of Megatron's order with their chunks' own block counts);
-  pipeline outputs are freed once sent (``deallocate_pipeline_outputs``, forced on by Megatron-LM's
-  argument parsing), so a stage keeps no copy of what it sent. A checkpointed block being recomputed
-  and the head's tensors of one micro-batch (the vocabulary-parallel logits and the cross-entropy's
-  float32 softmax, ``V/t`` per token each) come on top.
+- **Activations** per block and micro-batch, tensor by tensor (:func:`attention_token_bytes`,
+  :func:`mlp_token_bytes`): Korthikanti et al. 2022's inventory without its dropout masks and ``s^2``
+  scores (no dropout in Llama or DeepSeek: Megatron's fused bias-dropout-add at p = 0 makes no mask;
+  TE's fused attention keeps its output and an fp32 log-sum-exp), with GQA/MLA widths, SwiGLU's saved
+  input ``2f`` and fc2's input ``f``, the norms' rsigma, and no tensor counted twice (the attention output
+  is also the output projection's input; fc1's output is the SwiGLU's input). ``selective`` is Megatron's
+  ``recompute_modules`` core_attn, layernorm, moe_act and, for latent attention, mla_up_proj, as
+  transformer_layer.py applies them: ``layernorm`` only to a norm that is a module of its own (TE's dense
+  specs fuse both norms into the next linear, so a dense GQA block keeps what it keeps without recompute;
+  MoE blocks' pre-MLP norm and MLA's input norm are recomputed), ``moe_act`` only to the routed experts.
+  ``full`` keeps each block's input. Under fp8-blockwise, DeepSeek-V3's recipe (arXiv 2412.19437
+  Sec. 3.3.3): linear inputs cached in float8 with a float32 scale per 1x128 tile, the MoE SwiGLU's inputs
+  in float8 too; the attention output (the output projection's input) stays at 16 bits.
+  The schedule holds pipeline.in_flight chunk-micro-batches (1F1B: ``p - r``; interleaved
+  ``(v - 1)p + 2(p - 1 - r) + 1``, at most ``m v``: Megatron's get_pp_rank_microbatches with its group
+  size ``p``, which must lie in [p, m]), the first ones of Megatron's order with their chunks' own block
+  counts; pipeline outputs are freed once sent (``deallocate_pipeline_outputs``), so a stage keeps no
+  copy of what it sent beyond the next block's input counted above. A checkpointed block being
+  recomputed and the head's tensors of one micro-batch (the vocabulary-parallel logits and the
+  cross-entropy's float32 softmax, ``V/t`` per token each) come on top.
 - **TP communication overlap** (``tp_comm_overlap``, the megatron runtime's default): Transformer
   Engine's userbuffers, one ``[s b / cp, h]`` buffer per overlapped GEMM (8 all-gather ones, in float8
   under a float8 precision, and 4 reduce-scatter ones in bf16).
@@ -52,6 +58,8 @@ UB_REDUCE_SCATTERS = 4  # fc2_dgrad, fc2_wgrad; proj_fprop, fc2_fprop, qkv_wgrad
 # TN only, so the backward needs a transposed copy; MXFP8 quantizes each direction separately). Blackwell's
 # shared layout for per-tensor scales (one copy) is not told apart: an upper bound there.
 FP8_WEIGHT_COPIES = 2.0
+FP8_TILE = 128    # DeepSeek-V3's 1x128 activation tiles (arXiv 2412.19437 Sec. 3.3.2), one fp32 scale each
+FP32_BYTES = 4
 
 
 @lru_cache(maxsize=65536)
@@ -83,32 +91,89 @@ def states_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankSha
     return _states(model, train, wl.shard, wl.zero, wl.ep, wl.expert_dp, shape)
 
 
+def linear_input_bytes(local: TrainSpec) -> float:
+    """Bytes per element of a saved linear input: under fp8-blockwise (DeepSeek-V3's recipe, arXiv 2412.19437
+    Sec. 3.3.3 "Low-Precision Activation") float8 with one float32 scale per 1x128 tile (``1 + 4/128``), as
+    Transformer Engine's blockwise recipe saves its quantized input; otherwise the activation's own width."""
+    return 1 + FP32_BYTES / FP8_TILE if local.precision == "fp8-blockwise" else local.activation_bytes
+
+
+def attention_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, selective: bool) -> float:
+    """What one block's attention keeps per token on a TP rank, its input included (Megatron-Core, TE specs).
+
+    GQA: the input norm is fused into the QKV linear (TE LayerNormLinear), so ``layernorm`` recompute does not
+    apply (transformer_layer.py skips an IdentityOp norm): its input, rsigma and output (the linear's saved
+    input), Q, K, V, the fused attention's output (also the output projection's input: one tensor) and its
+    float32 log-sum-exp. MLA: the input norm is a module of its own (recomputed under ``selective``); the
+    query latent and the key-value latent with its rope part (bf16: the latent norms' inputs), the latent
+    norms' outputs (the up-projections' inputs) and the up-projected Q, K, V (``mla_up_proj`` recomputes
+    norms, up-projections and RoPE: neither kept), the attention output (``heads x v_head_dim``) and LSE."""
+    e, c, rep, sh = local.activation_bytes, linear_input_bytes(local), (1 / t if sp else 1.0), 1 / t
+    h, a = model.hidden, model.heads
+    kept = h * rep * e + FP32_BYTES * rep  # the block input (norm input) and the norm's inverse RMS
+    if not model.mla:
+        q, kv = a * model.head_dim, model.kv_dim
+        kept += h * rep * c + (q + 2 * kv) * sh * e
+        return kept + q * sh * e + a * sh * FP32_BYTES
+    r_q, r_kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    latents = r_q + r_kv + rope
+    kept += latents * rep * e                      # the latents (the latent norms' inputs, k_pe)
+    if not selective:
+        kept += h * rep * (2 * c if c < e else e)  # the input norm's output: one bf16 tensor, or the two down
+                                                     # projections' own float8 copies
+        kept += (r_q + r_kv) * rep * c + 2 * FP32_BYTES * rep  # latent norms' outputs and rsigma
+        kept += (2 * a * model.head_dim + a * model.v_head_dim) * sh * e  # Q, K, V after RoPE
+    return kept + a * model.v_head_dim * sh * e + a * sh * FP32_BYTES
+
+
+def mlp_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, selective: bool, ep: int,
+                    folded: bool) -> tuple[float, float]:
+    """(dense block's, MoE block's) MLP bytes kept per token on a TP rank, the residual (the MLP norm's input)
+    and its rsigma included.
+
+    Dense (TE spec): the norm fused into fc1 (its output kept as fc1's saved input), fc1's output (the fused
+    SwiGLU's saved input, ``2f``; GeLU's, ``f``) and the activation's output (fc2's input, ``f``); ``moe_act``
+    does not touch a dense MLP. MoE: the pre-MLP norm is its own module (recomputed under ``selective``:
+    ``layernorm``); the router's logits and fp32 scores (``E``); per routed copy (the busiest EP rank's
+    capacity, 1/tp of the tokens when EP folds over TP) the dispatched input (fc1's), fc1's output (the
+    SwiGLU's input: float8 under the DeepSeek-V3 recipe, Sec. 3.3.3), its fp32 routing probability
+    (Megatron-Core applies it in the weighted SwiGLU, so the combine keeps no expert output) and, unless
+    ``moe_act`` recomputes it, the SwiGLU's output (fc2's input); the shared expert as a dense MLP of its
+    width (its own float8 input copy under float8)."""
+    e, c, rep, sh = local.activation_bytes, linear_input_bytes(local), (1 / t if sp else 1.0), 1 / t
+    h = model.hidden
+    residual = h * rep * e + FP32_BYTES * rep
+    gated = 2 if model.mlp != "gelu" else 1                     # fc1's output: gate and up, or GeLU's input
+    dense = residual + h * rep * c + model.ffn_hidden * sh * (gated * e + c)
+    if not model.moe:
+        return dense, 0.0
+    moe = residual + model.experts * (e + FP32_BYTES)
+    if not selective:
+        moe += h * rep * e                                      # the MLP norm's output (router's input, bf16)
+    per_copy = h * c + 2 * model.expert_ffn_hidden * c + FP32_BYTES + (0 if selective else model.expert_ffn_hidden * c)
+    routed = (act.CAPACITY_FACTOR if ep > 1 else 1.0) * model.experts_per_token * per_copy
+    moe += routed / t if folded else routed
+    if model.shared_ffn_hidden:
+        shared_input = h * rep * c if c < e else 0.0  # in bf16 the norm's output itself, counted above
+        moe += shared_input + model.shared_ffn_hidden * sh * (gated * e + c)
+        moe += h * rep * e if model.shared_expert_gate else 0.0
+    return dense, moe
+
+
 @lru_cache(maxsize=65536)
 def _block_kept(model: ModelSpec, local: TrainSpec, tp: int, sp: bool, mbs: int, ac: str, ep: int, folded: bool
                 ) -> tuple[float, float]:
-    """(what one block keeps per micro-batch, what a recomputed one holds while it runs)."""
-    shapes = act.Shapes.of(model)
-    seq, e, t = local.seq_len, local.activation_bytes, tp
-    whole = act.block_bytes(shapes, seq, mbs, e, t, sp, "none", MEGATRON_CORE)
-    if shapes.swiglu:  # the fused SwiGLU keeps its input (gate and up), TE's fc2 its input: 3 f-wide tensors, not 4
-        whole -= seq * mbs * model.ffn_hidden * e / t
-    tokens, rep = seq * mbs, (1 / t if sp else 1.0)
-    selective = ac == "selective"
-    if selective:  # layernorm and the MLP activation recomputed: the norms' outputs and SwiGLU's output dropped
-        whole -= tokens * e * (2 * model.hidden * rep + model.ffn_hidden / t)
-        if model.mla:  # mla_up_proj: the queries, keys and values made from the latents
-            whole -= tokens * e * (shapes.q + 2 * shapes.kv) / t
-    if model.moe:  # a MoE block keeps its experts' tensors instead of a dense MLP's (the mean over blocks)
-        dense_mlp = tokens * model.ffn_hidden * e / t * ((2 if selective else 3) if shapes.swiglu else 2)
-        routed = act.CAPACITY_FACTOR if ep > 1 else 1.0
-        # torch's 4 SwiGLU tensors per routed copy (act.moe_mlp_bytes) are 3 here, 2 with moe_act recomputed
-        fewer = tokens * e * routed * model.experts_per_token * model.expert_ffn_hidden * (2 if selective else 1)
-        moe = act.moe_mlp_bytes(model, seq, mbs, e, ep, "none") - fewer
-        if folded:  # each TP rank routes its own 1/tp of the tokens
-            moe /= t
-        whole += model.moe_layers / model.layers * (moe - dense_mlp)
-    if ac == "full":
-        return act.block_bytes(shapes, seq, mbs, e, t, sp, "full", MEGATRON_CORE), whole
+    """(what one block keeps per micro-batch, what a recomputed one holds while it runs):
+    :func:`attention_token_bytes` + :func:`mlp_token_bytes` per token, of the heavier kind of block when the
+    model mixes dense and MoE blocks (a stage may hold only that kind: DeepSeek-V3's dense blocks 0-2 sit on
+    the first stage, every other stage holds MoE blocks only)."""
+    tokens, selective = local.seq_len * mbs, ac == "selective"
+    dense, moe = mlp_token_bytes(model, local, tp, sp, selective, ep, folded)
+    mlp = dense if not model.moe_layers else (moe if model.moe_layers == model.layers else max(dense, moe))
+    whole = tokens * (attention_token_bytes(model, local, tp, sp, selective) + mlp)
+    if ac == "full":  # the block input kept; the recomputed block holds everything while it runs
+        return act.block_bytes(act.Shapes.of(model), local.seq_len, mbs, local.activation_bytes, tp, sp, "full",
+                               MEGATRON_CORE), whole
     return whole, 0.0
 
 

@@ -45,21 +45,23 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
-    layout = parse(layout_text, nproc)
-    seq = seq_len or model.max_seq
+    layout = parse(layout_text, nproc, explicit=True)
+    seq = seq_len if seq_len is not None else model.max_seq  # --seq-len 0 is refused, not the default
+    # the CPU runtime trains in fp32 (docs/runtime.md); every flag is checked before any calibration
+    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     if report:
         from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
         check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
+    if gpu is not None:
+        load_cluster(gpu, nproc, nproc)  # a bad --gpu is refused before any worker starts
     if gpu is None:  # this machine's calibration at this process count (measured at first use, then cached)
         from meshwise.measure import auto_profile
 
         gpu = str(auto_profile.ensure(nproc))
     cluster = load_cluster(gpu, nproc, nproc)
-    # the CPU runtime trains in fp32 (docs/runtime.md)
-    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")
     records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps)[0]
     rows: list[Row] = [row for record in records for row in rows_for(record, model, cluster, train)]
     if as_json:

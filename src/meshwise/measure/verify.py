@@ -50,6 +50,10 @@ def check_model_runs(model: ModelSpec, seq: int) -> None:
     refusal = runtime_refusal(model, seq)
     if refusal:
         raise MeshwiseError(refusal)
+    if not model.states_only and model.sliding_window and model.sliding_window < seq:
+        raise MeshwiseError(f"model {model.name!r}: its {model.sliding_window}-token sliding window runs SDPA with a "
+                            "mask, which on fake devices is the math kernel (it keeps the s x s scores a GPU's "
+                            f"kernel does not): not traced; use --seq-len {model.sliding_window} or less")
 
 
 def device_type(cluster: ClusterSpec) -> str:
@@ -217,15 +221,15 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
                 global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool) -> int:
     model = load_model(model_name)
     cluster = load_cluster(gpu, gpus, gpus_per_node)
-    seq = seq_len or default_seq_len(model)
-    layout = parse(layout_text, cluster.world_size)
+    seq = seq_len if seq_len is not None else default_seq_len(model)  # --seq-len 0 is refused, not the default
+    train = verify_train(cluster, global_batch, seq)
+    layout = parse(layout_text, cluster.world_size, explicit=True)
     check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
     check_model_runs(model, seq)
     if depth not in DEPTHS:
         raise MeshwiseError(f"--depth: {depth!r} must be one of {', '.join(DEPTHS)}")
     ranks = parse_ranks(ranks_text, layout)
     kind = device_type(cluster)
-    train = verify_train(cluster, global_batch, seq)
     rows, records = verify(model, cluster, train, layout, ranks, depth)
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],

@@ -19,6 +19,7 @@ DEFAULT_GPU = "h100"
 DEFAULT_GPUS = 64
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_TOP = 5
+MAX_PARAMS = 1e15  # a thousand times the largest published model (~1-2e12 parameters)
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,17 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     from meshwise.cost.estimate import DEFAULT_HEADROOM
     from meshwise.plan.budget import check_budget
 
+    from meshwise.layout import check_seq_len
+
+    if params is not None and params > MAX_PARAMS:
+        raise MeshwiseError(f"--params: {params:g} is past meshwise's bound of {MAX_PARAMS:g} parameters "
+                            "(a thousand times the largest published model)")
     model = spec.ModelSpec.from_param_count(params) if params is not None else spec.load_model(model_name or DEFAULT_MODEL)
     cluster = spec.load_cluster(gpu, gpus, gpus_per_node)
     if seq_len is None:
         seq_len = spec.default_seq_len(model)
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
+    check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                            runtime=runtime)
     from meshwise.cost.fp8 import check_supported
@@ -77,7 +84,7 @@ def _given_layouts(texts: str | list[str] | None, model, world: int, global_batc
     from meshwise.plan.compare import check_distinct, split_layouts
 
     values = [texts] if isinstance(texts, str) else texts
-    layouts = [parse(t, world) for t in split_layouts(values)]
+    layouts = [parse(t, world, explicit=True) for t in split_layouts(values)]
     for lay in layouts:
         check_runnable(lay, model, world, global_batch, seq_len, seq_field="--seq-len", runtime=runtime)
     check_distinct(layouts)

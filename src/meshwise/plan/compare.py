@@ -31,13 +31,31 @@ def rank(estimates: list[Estimate]) -> list[Estimate]:
     return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_s if e.fits else e.memory.total))
 
 
+PART_WORDS = {"comm": "exposed communication", "bubble": "pipeline bubble", "optimizer": "optimizer step",
+              "compute": "compute"}  # the parts of a step, as the binds column and the explanation name them
+
+
+def _parts(e: Estimate) -> dict[str, float]:
+    t = e.time
+    return {"compute": t.compute_s, "comm": t.comm_exposed_s, "bubble": t.bubble_s, "optimizer": t.optimizer_s}
+
+
 def binding(e: Estimate) -> str:
-    """What binds a layout: memory when it does not fit, else the largest non-compute share of the
-    step (exposed communication, pipeline bubble, optimizer step) when at least BINDING_SHARE, else compute."""
+    """What binds a layout, the one rule behind the table's binds column and the explanation's words:
+    memory when it does not fit, else the largest non-compute share of the step (exposed
+    communication, pipeline bubble, optimizer step) when at least BINDING_SHARE, else compute."""
     if not e.fits:
         return "memory"
-    t = e.time
-    parts = {"comm": t.comm_exposed_s, "bubble": t.bubble_s, "optimizer": t.optimizer_s}
+    parts = _parts(e)
+    del parts["compute"]
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
-    share = seconds / t.step_s if t.step_s else 0.0
+    share = seconds / e.time.step_s if e.time.step_s else 0.0
     return f"{name} {share:.0%}" if share >= BINDING_SHARE else "compute"
+
+
+def costlier_part(w: Estimate, r: Estimate) -> tuple[str, float]:
+    """The part of ``r``'s step that exceeds ``w``'s most, in :data:`PART_WORDS`, and by how many seconds:
+    why ``r`` is slower (a difference, not what binds ``r``: :func:`binding` says that)."""
+    mine, theirs = _parts(w), _parts(r)
+    name = max(theirs, key=lambda k: theirs[k] - mine[k])
+    return PART_WORDS[name], theirs[name] - mine[name]

@@ -26,10 +26,10 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline schedules
 
 
-def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> Iterator[tuple]:
+def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bound: bool = True) -> Iterator[tuple]:
     """plan/search.py's structures, and after each one with ep=1 and tp > 1 of a mixture of experts
     the same with ep folded over tp (a multiple of tp dividing dp_shard x cp x tp, not dp_shard x cp)."""
-    for fields in _structure_fields(model, world, global_batch, seq_len):
+    for fields in _structure_fields(model, world, global_batch, seq_len, cp_bound):
         dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options = fields
         if schedule not in MEGATRON_SCHEDULES:
             continue
@@ -42,7 +42,10 @@ def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> It
 
 
 def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
-                    headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
+                    headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
+                    cp_bound: bool = True) -> SearchResult:
+    """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
+    only when no layout within it is valid (search._structure_fields)."""
     keep = max(top, RUNNER_UP_POOL)
     capacity = cluster.accelerator.memory_bytes
     usable = capacity * (1 - headroom)
@@ -51,7 +54,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
     bounds: dict[tuple, float] = {}
     fitting: list[tuple[float, int, Layout, tuple]] = []
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
-            model, cluster.world_size, train.global_batch, train.seq_len):
+            model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
         shapes = rank_shapes(model, base)
         states = [states_of(model, train, base, sh) for sh in shapes]
@@ -84,6 +87,8 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                     bound = bounds[bkey] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
                                                               stage_cache=stages)
                 fitting.append((bound, len(fitting), layout, mems))
+    if cp_bound and not result.enumerated:
+        return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False)
     fitting.sort(key=lambda f: (f[0], f[1]))
     keys: list[tuple] = []
     tight: dict[tuple, float] = {}

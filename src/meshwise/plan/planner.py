@@ -12,7 +12,9 @@ from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
 from meshwise.cost.memory import Memory
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
+from meshwise.plan.compare import binding, costlier_part
 from meshwise.plan.experts import expert_degrees, step_experts_with_figures
+from meshwise.plan.search import _divisors as _divisors_of
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
     break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
@@ -147,7 +149,7 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
     _step_one_device(out, model, cluster, train, one, usable, headroom)
     if one.memory.total > usable:
         _steps_capacity(out, model, cluster, train, usable, best[0] if best else None)
-    if best and one.memory.total > usable:
+    if best and (one.memory.total > usable or best[0].layout.cp > 1):
         _step_context(out, model, cluster, train, best[0], usable, cache)
     if best:
         _steps_shape(out, model, cluster, train, best[0])
@@ -248,6 +250,12 @@ def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train:
     head = f"3b. Sequence too long? {train.seq_len:,} tokens"
     split = (f"context parallelism cp={win.cp} splits the sequence ({train.seq_len // win.cp:,} tokens per rank, "
              f"{_gb(winner.memory.activations)} of activations)")
+    if not alone.enumerated:
+        out.add("3b", f"3b. Why split the sequence? {train.seq_len:,} tokens: no layout without context parallelism "
+                      f"is valid here (dp must divide the global batch of {train.global_batch:,}, and tp and pp "
+                      f"cannot take the other ranks) -> {split}.",
+                chosen_activations_bytes=winner.memory.activations)
+        return
     if not alone.best:
         out.add("3b", f"{head}: none of the {alone.enumerated:,} layouts without context parallelism fits (even TP+SP "
                       f"and full recompute leave one sequence's activations too large) -> too long for one rank's "
@@ -292,12 +300,9 @@ def _versus(w: Estimate, r: Estimate, global_batch: int) -> str:
             needs.append(f"less memory ({_gb(w.memory.total)}, not {_gb(r.memory.total)})")
         why = f"the chosen one needs {' and '.join(needs)}" if needs else "the chosen one is as simple and faster"
         return f"within {TIE:.0%} ({slower:+.1%}): a tie within the time model's accuracy; {why}"
-    parts = {"compute": r.time.compute_s - w.time.compute_s,
-             "exposed communication": r.time.comm_exposed_s - w.time.comm_exposed_s,
-             "pipeline bubble": r.time.bubble_s - w.time.bubble_s,
-             "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
-    reason, delta = max(parts.items(), key=lambda kv: kv[1])
-    return f"{slower:.1%} slower: its {reason} costs {delta:.3g} s more per step (the binding constraint)"
+    reason, delta = costlier_part(w, r)
+    return (f"{slower:.1%} slower: its {reason} costs {delta:.3g} s more per step "
+            f"(what binds it, as in the table's binds column: {binding(r)})")
 
 
 def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
@@ -354,7 +359,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
         if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
             out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
                        f"{e.time.bubble_s / e.time.step_s:.1%} of the step; aim for at least {4 * lay.pp}. "
-                       f"What would shrink it: {bubble_remedy(model, cluster, train, e, headroom, cache)}.")
+                       "What shrinks it and predicts faster: "
+                       f"{bubble_remedy(model, cluster, train, e, headroom, cache)}.")
     if cluster.nodes > 1:
         out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
                    "failure costs minutes, not the run.")
@@ -367,32 +373,106 @@ def _other_schedules(model: ModelSpec, layout: Layout) -> list[Layout]:
             if (sch, v) != (layout.schedule, layout.vpp)]
 
 
-def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
-                  headroom: float = DEFAULT_HEADROOM, cache: PlanCache | None = None) -> str:
-    """Per other schedule kind (interleaved-1F1B, zero-bubble), its vpp that shrinks the chosen layout's
-    bubble to the smallest step, one that fits first; each estimated as the table's rows are (the same
-    share of the step, so never a 'remedy' that predicts worse); then more micro-batches."""
+def _check_here(layout: Layout, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, global_batch: int) -> None:
+    """layout.check_runnable for the plan's runtime (Megatron-Core runs only its own schedules)."""
+    if train.runtime == "megatron" and layout.pp > 1:
+        from meshwise.plan.megatron_search import MEGATRON_SCHEDULES
+        if layout.schedule not in MEGATRON_SCHEDULES:
+            raise MeshwiseError(f"schedule={layout.schedule} is not Megatron-Core's")
+    check_runnable(layout, model, cluster.world_size, global_batch, train.seq_len, runtime=train.runtime)
+
+
+def _faster_schedules(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
+                      headroom: float, cache: PlanCache | None = None) -> list[Estimate]:
+    """Per other schedule kind, the vpp whose layout runs here, fits (when ``e`` does), cuts the bubble's
+    share and predicts the fastest step, kept only when that step is faster than ``e``'s; fastest first."""
     share = e.time.bubble_s / e.time.step_s
     best: dict[str, Estimate] = {}
     for layout in _other_schedules(model, e.layout):
         try:
-            check_runnable(layout, model, cluster.world_size, train.global_batch, train.seq_len)
+            _check_here(layout, model, cluster, train, train.global_batch)
         except MeshwiseError:
             continue
         alt = estimate(model, cluster, train, layout, headroom, cache.stages if cache else None)
         now = best.get(layout.schedule)
-        if alt.time.bubble_s / alt.time.step_s < share and (
-                now is None or (not alt.fits, alt.time.step_s) < (not now.fits, now.time.step_s)):
+        if ((alt.fits or not e.fits) and alt.time.step_s < e.time.step_s and alt.time.bubble_s / alt.time.step_s < share
+                and (now is None or alt.time.step_s < now.time.step_s)):
             best[layout.schedule] = alt
-    out = []
-    for alt in sorted(best.values(), key=lambda a: (not a.fits, a.time.step_s)):
-        lay = alt.layout
-        fits = "" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits"
-        out.append(f"schedule={lay.schedule}" + (f",vpp={lay.vpp}" if lay.vpp > 1 else "") +
-                   f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.3g} s step "
-                   f"(now {e.time.step_s:.3g} s){fits}")
-    out.append(f"more micro-batches (a smaller mbs or a larger global batch: m >= {4 * e.layout.pp})")
+    return sorted(best.values(), key=lambda a: a.time.step_s)
+
+
+def _more_micro_batches(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
+                        headroom: float) -> list[str]:
+    """More micro-batches per step, each said only where it predicts better: a smaller mbs (same batch)
+    where the step is faster; a global batch of 4 x pp micro-batches where tokens/s is higher."""
+    lay, out = e.layout, []
+    if lay.mbs > 1:
+        smaller = replace(lay, mbs=lay.mbs // 2)
+        try:
+            _check_here(smaller, model, cluster, train, train.global_batch)
+            alt = estimate(model, cluster, train, smaller, headroom)
+            if alt.fits and alt.time.step_s < e.time.step_s:
+                out.append(f"mbs={smaller.mbs}: a {alt.time.step_s:.4g} s step "
+                           f"({alt.time.step_s / e.time.step_s - 1:+.1%})")
+        except MeshwiseError:
+            pass
+    batch = 4 * lay.pp * lay.mbs * lay.dp
+    if batch > train.global_batch:
+        more = replace(train, global_batch=batch)
+        try:
+            _check_here(lay, model, cluster, train, batch)
+            alt = estimate(model, cluster, more, lay, headroom)
+            if alt.fits and alt.tokens_per_s > e.tokens_per_s:
+                out.append(f"--global-batch {batch} ({4 * lay.pp} micro-batches): {alt.tokens_per_s:,.0f} tokens/s "
+                           f"({alt.tokens_per_s / e.tokens_per_s - 1:+.1%}), if the optimisation tolerates the batch")
+        except MeshwiseError:
+            pass
+    return out
+
+
+def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
+                  headroom: float = DEFAULT_HEADROOM, cache: PlanCache | None = None) -> str:
+    """What shrinks the chosen layout's bubble AND predicts a faster step, each estimated as the table's
+    rows are: another schedule (:func:`_faster_schedules`, step_s compared) or more micro-batches
+    (:func:`_more_micro_batches`); or that none does. A smaller bubble share alone is no remedy: a
+    schedule that adds communication or memory can shrink the share and still slow the step."""
+    out = [f"schedule={alt.layout.schedule}" + (f",vpp={alt.layout.vpp}" if alt.layout.vpp > 1 else "") +
+           f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.4g} s step "
+           f"({alt.time.step_s / e.time.step_s - 1:+.1%})" +
+           ("" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits")
+           for alt in _faster_schedules(model, cluster, train, e, headroom, cache)]
+    out += _more_micro_batches(model, cluster, train, e, headroom)
+    if not out:
+        return (f"none of what meshwise tries predicts better than now ({e.time.step_s:.4g} s/step): another "
+                f"schedule that fits, a smaller mbs, {4 * e.layout.pp} micro-batches per step")
     return "; ".join(out)
+
+
+def _first_valid(model: ModelSpec, world: int, train: TrainSpec, global_batch: int) -> Layout | None:
+    """A valid layout of ``world`` ranks for ``global_batch`` that the chosen runtime runs, or None."""
+    if train.runtime == "megatron" and not model.states_only:
+        from meshwise.plan.megatron_search import MEGATRON_SCHEDULES
+        where = lambda lay: lay.schedule in MEGATRON_SCHEDULES  # noqa: E731
+    else:
+        where = None if model.states_only else runs_here(model, train.seq_len)
+    return next(enumerate_layouts(model, world, global_batch, where, train.seq_len), None)
+
+
+def no_valid_layout(model: ModelSpec, world: int, train: TrainSpec, tries: int = 12) -> str:
+    """The one-line refusal when no layout is valid (every cp included): dp must divide the global batch.
+    Names the nearest global batches that have a valid layout (checked, at most ``tries`` of them)."""
+    dps = {world // (tp * cp * pp) for tp in tp_degrees(model, world)
+           for cp in cp_degrees(model, world // tp, train.seq_len, bounded=False)
+           for pp in (p for p in _divisors_of(world // (tp * cp)) if p <= max(model.layers, 1))}
+    gb = train.global_batch
+    batches = sorted({b for d in dps for b in (gb // d * d, -(-gb // d) * d) if b > 0 and b != gb},
+                     key=lambda b: (abs(b - gb), b))
+    head = f"--global-batch: {gb} leaves no valid layout on {world} devices (dp must divide it)"
+    for b in batches[:tries]:
+        lay = _first_valid(model, world, train, b)
+        if lay is not None:
+            return f"{head}; --global-batch {b} has one ({lay.short()})"
+    return f"{head}; try a multiple of {world}, or another --gpus"
 
 
 def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[str]:
@@ -458,8 +538,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
     lines = said.lines
     if not result.best:
         if result.enumerated == 0:
-            raise MeshwiseError(f"--global-batch: {train.global_batch} leaves no valid layout on {cluster.world_size} "
-                                f"devices; use a multiple of the data-parallel degree (e.g. {cluster.world_size})")
+            raise MeshwiseError(no_valid_layout(model, cluster.world_size, train))
         why = [f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.",
                *what_would_fit(model, cluster, train, headroom)]
         lines += [why[0]] + ["What would: " + s for s in why[1:]]

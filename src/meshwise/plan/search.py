@@ -62,31 +62,45 @@ def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
     return options
 
 
-def cp_degrees(model: ModelSpec, world: int, seq_len: int) -> list[int]:
-    """1, and the powers of two cp dividing ``world`` with ``seq_len`` divisible by 2 * cp and at
-    least CP_MIN_TOKENS per rank."""
+def cp_degrees(model: ModelSpec, world: int, seq_len: int, bounded: bool = True) -> list[int]:
+    """1, and the powers of two cp dividing ``world`` with ``seq_len`` divisible by 2 * cp (the runtime's
+    zig-zag split) and, when ``bounded``, at least CP_MIN_TOKENS per rank. The bound is a preference,
+    not a validity rule: unbounded, this is every cp a layout may have."""
     if model.states_only or not seq_len:
         return [1]
     out, cp = [1], 2
-    while world % cp == 0 and seq_len % (2 * cp) == 0 and seq_len // cp >= CP_MIN_TOKENS:
+    while world % cp == 0 and seq_len % (2 * cp) == 0 and (not bounded or seq_len // cp >= CP_MIN_TOKENS):
         out.append(cp)
         cp *= 2
     return out
 
 
-def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0
+def _cp_choices(model: ModelSpec, world: int, seq_len: int, bounded: bool) -> list[int]:
+    """The cp degrees of one pass of the enumeration: within CP_MIN_TOKENS (``bounded``), or only
+    those past it (the second pass, tried when the first has no valid layout)."""
+    within = cp_degrees(model, world, seq_len)
+    return within if bounded else [c for c in cp_degrees(model, world, seq_len, bounded=False) if c not in within]
+
+
+def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
                 ) -> Iterator[tuple[Layout, list[int]]]:
     """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _structure_fields(model, world, global_batch,
-                                                                                           seq_len):
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _structure_fields(
+            model, world, global_batch, seq_len, cp_bound):
         yield _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep), mbs_options
 
 
-def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0) -> Iterator[tuple]:
+def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0,
+                      cp_bound: bool = True) -> Iterator[tuple]:
     """:func:`_structures` as (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs options): the
-    search builds a layout only for the structures that its cached answers do not already refuse."""
+    search builds a layout only for the structures that its cached answers do not already refuse.
+    With ``cp_bound`` False, only the structures whose cp is past CP_MIN_TOKENS (:func:`_cp_choices`):
+    the searches enumerate them when the bounded pass holds no valid layout (a batch that dp alone
+    cannot divide on many devices), so "no valid layout" means none exists. CP_MIN_TOKENS is the
+    enumeration's only bound that is not a validity rule (mbs=1, gpipe and 1f1b are always tried)."""
     layers = model.layers if not model.states_only else 1
-    for tp, cp in ((t, c) for t in tp_degrees(model, world) for c in cp_degrees(model, world // t, seq_len)):
+    tps = tp_degrees(model, world)
+    for tp, cp in ((t, c) for t in tps for c in _cp_choices(model, world // t, seq_len, cp_bound)):
         for pp in _divisors(world // (tp * cp)):
             if pp > layers:
                 continue
@@ -127,14 +141,20 @@ def _schedule_ok(layout: Layout, m: int) -> bool:
 
 def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
                       where: Callable[[Layout], bool] | None = None, seq_len: int = 0) -> Iterator[Layout]:
-    """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits)."""
-    for base, mbs_options in _structures(model, world, global_batch, seq_len):
-        for ac in _ac_modes(model):
-            if where is not None and not where(_with(base, base.mbs, ac)):
-                continue
-            for mbs in mbs_options:
-                if _schedule_ok(base, global_batch // (base.dp * mbs)):
-                    yield _with(base, mbs, ac)
+    """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits), cp within
+    CP_MIN_TOKENS; only when there is none, those with a larger cp (:func:`_structure_fields`)."""
+    found = False
+    for cp_bound in (True, False):
+        for base, mbs_options in _structures(model, world, global_batch, seq_len, cp_bound):
+            for ac in _ac_modes(model):
+                if where is not None and not where(_with(base, base.mbs, ac)):
+                    continue
+                for mbs in mbs_options:
+                    if _schedule_ok(base, global_batch // (base.dp * mbs)):
+                        found = True
+                        yield _with(base, mbs, ac)
+        if found:
+            return
 
 
 TIE = 0.03  # predicted steps this close to the fastest are a tie within the time model's accuracy
@@ -294,9 +314,12 @@ class _Search:
         self.fitting: list[tuple[float, int, Layout, tuple[RankShape, ...]]] = []  # (bound, index, layout, shapes)
 
     def run(self) -> SearchResult:
-        for fields in _structure_fields(self.model, self.cluster.world_size, self.train.global_batch,
-                                        self.train.seq_len):
-            self._collect(*fields)
+        for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
+            for fields in _structure_fields(self.model, self.cluster.world_size, self.train.global_batch,
+                                            self.train.seq_len, cp_bound):
+                self._collect(*fields)
+            if self.result.enumerated:
+                break
         return self._rank()
 
     # ------------------------------------------------------------------ what fits

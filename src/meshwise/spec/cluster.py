@@ -152,6 +152,8 @@ class ClusterSpec:
 
 
 # a GPU's float8 tensor cores and NVLink domain (absent from CPU profiles, as the op model's keys)
+MAX_GPUS = 2**20  # 1,048,576 devices: ten times the largest published training clusters (~10^5 GPUs)
+
 ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
@@ -184,13 +186,15 @@ def _unknown_accelerator(ref: str) -> MeshwiseError:
     close = [name for name in catalog if name.startswith(_spelling(ref)) and len(_spelling(ref)) >= 2]
     close += [spellings[s] for s in difflib.get_close_matches(_spelling(ref), list(spellings), n=6, cutoff=0.5)]
     guess = list(dict.fromkeys(close))[:3]
-    hint = f"; did you mean {' or '.join(guess)}?" if guess else ""
-    return MeshwiseError(f"--gpu: unknown accelerator {ref!r}{hint} Choose one of {', '.join(catalog)} (any case, "
+    hint = f" (did you mean {' or '.join(guess)}?)" if guess else ""
+    return MeshwiseError(f"--gpu: unknown accelerator {ref!r}{hint}; choose one of {', '.join(catalog)} (any case, "
                          "or an alias listed in catalog/accelerators.toml), or give a profile .toml")
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
     path = Path(ref)
+    if path.is_dir():
+        raise MeshwiseError(f"--gpu: {ref} is a folder; give a catalog name (e.g. h100) or a profile .toml file")
     if path.suffix == ".toml":
         table = read_toml(path, "--gpu")
         table = table.get("accelerator", table)
@@ -254,6 +258,9 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
         raise MeshwiseError(f"--gpu {gpu}: profile lacks {missing.args[0]!r}") from None
     if gpus < 1:
         raise MeshwiseError(f"--gpus: {gpus} must be at least 1")
+    if gpus > MAX_GPUS:
+        raise MeshwiseError(f"--gpus: {gpus} is past meshwise's bound of {MAX_GPUS:,} devices (the largest published "
+                            "training clusters hold about 10^5)")
     per_node = gpus_per_node if gpus_per_node is not None else int(table.get("gpus_per_node", 8))
     if per_node < 1:
         raise MeshwiseError(f"--gpus-per-node: {per_node} must be at least 1")

@@ -95,8 +95,12 @@ def train_main(argv: list[str]) -> int:
 
     if launch.has_gpus():
         nproc = nproc or launch.default_nproc()
-    # Refuse bad input here, before any worker starts (the workers repeat these checks).
-    prep = loop.preflight(cfg, local_ranks=nproc)
+    # Refuse bad input here, before any calibration or worker starts (the workers repeat these checks).
+    try:
+        prep = loop.preflight(cfg, local_ranks=nproc)
+        layout_choice.check_given(cfg.layout.choice, prep.model, nproc, cfg.schedule.global_batch, cfg.data.seq_len)
+    except MeshwiseError as e:
+        raise MeshwiseError(_as_written(str(e), argv)) from None
     if not launch.has_gpus():
         cores = os.cpu_count() or 1
         if not cfg.layout.profile:  # this machine's calibration (measured at first use, then cached)
@@ -126,8 +130,17 @@ def train_main(argv: list[str]) -> int:
     if nproc == 1:
         with launch.single_process_env():
             return _worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=False)
-    launch.launch_local("meshwise.train", argv, nproc, restarts)
+    launch.launch_local("meshwise.train", argv, nproc, restarts, stop_grace_s=cfg.checkpoint.stop_grace)
     return 0
+
+
+def _as_written(message: str, argv: list[str]) -> str:
+    """A message naming ``--model.from`` names ``--model.pretrained`` where the user wrote that key
+    (on the command line or as ``pretrained`` in --config): the field as its user spells it."""
+    alias = "--model.from"
+    if message.startswith(f"{alias}:") and not any(a == alias or a.startswith(f"{alias}=") for a in argv):
+        return "--model.pretrained" + message[len(alias):]
+    return message
 
 
 def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout_s: float, watch_parent: bool) -> int:

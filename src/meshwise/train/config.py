@@ -62,6 +62,7 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints kept (oldest removed first)
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
     overwrite: bool = False  # a fresh run into a dir holding checkpoints: remove meshwise's own folders there
+    stop_grace: float = 30.0  # seconds from a stop signal (SIGTERM) to the launcher's SIGKILL (torch's default 30)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ ALIASES: dict[str, str] = {
     "--checkpoint-every": "checkpoint.every",
     "--keep": "checkpoint.keep",
     "--resume": "checkpoint.resume",
+    "--stop-grace": "checkpoint.stop_grace",
     "--metrics": "metrics.file",
     "--prompt": "generate.prompt",
 }
@@ -199,6 +201,11 @@ def check(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise MeshwiseError(f"--{name}: {value} must be at least 1")
+    if not config.layout.choice.strip():
+        raise MeshwiseError("--layout.choice: an empty value; give auto or key=value pairs, e.g. dp=2,zero=3")
+    if not config.model.name.strip() and not config.model.pretrained:
+        raise MeshwiseError("--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
+                            "Hugging Face config.json")
     for name, value in {"schedule.warmup_steps": s.warmup_steps, "schedule.eval_every": s.eval_every,
                         "checkpoint.every": c.every, "generate.tokens": g.tokens, "generate.top_k": g.top_k}.items():
         if value < 0:
@@ -209,6 +216,8 @@ def check(config: TrainConfig) -> None:
                         "generate.temperature": g.temperature}.items():
         if not math.isfinite(value):
             raise MeshwiseError(f"--{name}: {value} must be a finite number")
+    if not (math.isfinite(c.stop_grace) and 1 <= c.stop_grace <= 86400):
+        raise MeshwiseError(f"--checkpoint.stop_grace: {c.stop_grace} must be a number of seconds in [1, 86400]")
     if not 0 < d.eval_fraction < 1:
         raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
     if d.bin_dtype not in ("uint16", "uint32"):

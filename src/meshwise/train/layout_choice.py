@@ -116,12 +116,24 @@ def profile_cluster(profile: str, world: int, local_world: int) -> ClusterSpec:
         raise MeshwiseError(f"--layout.profile: {str(e).removeprefix('--gpu ').removeprefix('--gpu: ')}") from None
 
 
+def check_given(layout_text: str, model: ModelSpec, world: int | None, global_batch: int, seq_len: int) -> None:
+    """A given layout's refusals that need no calibration, before any is measured or re-checked:
+    :func:`choose`'s checks at ``world`` ranks (None: processes not chosen yet, so at the layout's
+    own world, dp=1 unless given: every refusal there holds at any dp), with mbs=1 where not given."""
+    if layout_text == "auto":
+        return
+    layout = parse(layout_text, world, explicit=True)
+    if not _mbs_given(layout_text):
+        layout = replace(layout, mbs=1)
+    check_runnable(layout, model, world or layout.world_size, global_batch, seq_len, seq_field="--data.seq_len")
+
+
 def choose(layout_text: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
            device_type: str, profile: str = "") -> tuple[Layout, list[str]]:
     """(layout, explanation lines). ``layout_text`` is ``auto`` or a layout text."""
     check_seq_len(model, seq_len, "--data.seq_len")
     if layout_text != "auto":
-        layout = parse(layout_text, world)
+        layout = parse(layout_text, world, explicit=True)
         if _mbs_given(layout_text):
             check_runnable(layout, model, world, global_batch, seq_len, seq_field="--data.seq_len")
             return layout, [f"Layout (given): {layout.short()}"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,15 @@ def restart_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def check_batch_in_corpus(global_batch: int, corpus: Corpus) -> None:
+    """A step reads each training sequence at most once: a global batch past the training set's
+    sequences is refused (it would only repeat them, and its loader's work grows with the batch)."""
+    if global_batch > corpus.n_train:
+        raise MeshwiseError(f"--schedule.global_batch: {global_batch} sequences per step is more than the training "
+                            f"set's {corpus.n_train:,} sequences of {corpus.seq_len} tokens; use at most "
+                            f"{corpus.n_train:,}, or more data (--data.path)")
+
+
 def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     """Every check that needs no process group: config ranges, model, data, resume point, extras.
 
@@ -87,7 +97,7 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
         raise MeshwiseError(f"--model.name: {refusal}")
     c = cfg.checkpoint
     files.check_output_dir("--checkpoint.dir", c.dir)
-    files.check_output_file("--metrics.file", cfg.metrics.file)
+    files.check_output_file("--metrics.file", cfg.metrics.file, parent_must_exist=True)
     if c.resume and c.resume != "auto" and not Path(c.resume).is_dir():
         raise MeshwiseError(f"--checkpoint.resume: {c.resume} does not exist")
     if c.resume == "auto" and not c.dir:
@@ -98,6 +108,7 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     check_fits_in_memory(model, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     check_data_path(cfg.data.path)
     corpus = build_corpus(cfg.data, model.vocab)
+    check_batch_in_corpus(cfg.schedule.global_batch, corpus)
     if cfg.layout.profile:
         layout_choice.profile_cluster(cfg.layout.profile, 1, 1)
     resume, notes = checkpoint.resolve_resume(resume_arg, c.dir)
@@ -223,12 +234,24 @@ def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: 
         end_process_group()
 
 
-def _stop_requested(guard: Any, device_type: str) -> int:
-    """The signal that asked this run to stop, agreed over all ranks (MAX); 0 when none did."""
-    mine = guard.signal if guard is not None else 0
-    t = torch.tensor([mine], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+def _stop_requested(guard: Any, device_type: str) -> tuple[int, float]:
+    """The signal that asked this run to stop and the seconds since the first rank saw it, agreed over
+    all ranks (MAX of each); (0, 0.0) when none did."""
+    mine = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
+    t = torch.tensor(mine, dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(t[0].item()), int(t[1].item()) / 1000
+
+
+def _exit_now(status: int, message: str) -> None:
+    """End this process at once (a checkpoint write is still running in DCP's thread, so no collective
+    can be trusted): the one line to the launcher, or on rank 0 to stderr, then ``os._exit``."""
+    from meshwise.launch import report
+
+    if not report(status, message) and int(os.environ.get("RANK", "0")) == 0:
+        print(f"meshwise: error: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list[str]) -> None:
@@ -261,7 +284,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
             "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer}}
     ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
-                                   before_commit=lambda s: faults.before_commit(s, rank))
+                                   before_commit=lambda s: faults.before_commit(s, rank),
+                                   before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace)
     run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
@@ -293,9 +317,16 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
         log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss,
                  compile_s if step == start + 1 else None)
-        stop = _stop_requested(guard, device_type)
+        stop, stop_age_s = _stop_requested(guard, device_type)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
-        saved = ckpt.save(step, step == steps, state, force=bool(stop))
+        try:
+            saved = ckpt.save(step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None)
+        except checkpoint.OutOfGrace as e:
+            log.close()
+            line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
+            if e.in_flight:
+                _exit_now(128 + stop, line)
+            raise RunStopped(line, 128 + stop) from None
         if saved is not None:
             log.print(f"checkpoint: {saved}")
         if stop and step < steps:
@@ -304,6 +335,14 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             kept = f"checkpoint {saved} written; --resume auto continues from it" if saved else \
                 "no checkpoint (--checkpoint.dir is empty)"
             raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
+    _finish(cfg, ckpt, log, rank)
+    return 0
+
+
+def _finish(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log: MetricsLog, rank: int) -> None:
+    """After the last step: under --steps 0 the loaded weights saved as a checkpoint, the metrics
+    closed, and a sample from the last checkpoint."""
+    c, steps = cfg.checkpoint, cfg.schedule.steps
     if steps == 0 and c.dir:  # --model.from with --steps 0: the loaded weights as a checkpoint
         saved = ckpt.save(0, True, {"step": 0, "samples": 0, "rng": torch.get_rng_state()})
         log.print(f"checkpoint: {saved}")
@@ -313,7 +352,6 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         final = checkpoint.latest(c.dir)
         if final is not None:
             print(f"Sample from {final}:\n{sample_from_checkpoint(final, cfg)}", flush=True)
-    return 0
 
 
 def _start_state(cfg: TrainConfig, prep: Prepared, layout: Layout, pm: Any, ckpt: checkpoint.Checkpointer,
