@@ -35,6 +35,11 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
 - ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
   collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
   ``measure/timing.py`` can time every blocking wait on a collective.
+- ``float8_linear_type``: torchao's ``Float8Linear`` (``torchao.float8.float8_linear``; torchao
+  calls the class not public), to recognise the linears ``convert_to_float8_training`` swapped in
+  (:mod:`meshwise.runtime.float8`); ``float8_weight_plain``: the high-precision tensor inside
+  torchao's ``WeightWithDynamicFloat8CastTensor`` (its ``_tensor``), the form FSDP2's float8
+  all-gather keeps a weight in, for checkpoints.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule as Pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "fake_process_group", "fake_tensor_mode",
-           "flatten_mesh", "fsdp_held", "fsdp_param_groups", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
+           "flatten_mesh", "float8_linear_type", "float8_weight_plain", "fsdp_held", "fsdp_param_groups", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
            "static_pipeline_warmup", "resolve_process_group", "timed_waits", "unbox_process_group"]
 
 
@@ -256,3 +261,24 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
         yield
     finally:
         Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = originals
+
+
+def float8_linear_type() -> type:
+    """torchao's ``Float8Linear`` class (imported on first use: torchao is the ``fp8`` extra)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    return Float8Linear
+
+
+def float8_weight_plain(value: object) -> object:
+    """``value`` with a float8-cast weight (a DTensor of one, or one) replaced by the tensor it wraps;
+    anything else unchanged. Nothing is imported: without torchao no such weight exists."""
+    from torch.distributed.tensor import DTensor
+
+    local = value.to_local() if isinstance(value, DTensor) else value
+    if type(local).__name__ != "WeightWithDynamicFloat8CastTensor":
+        return value
+    if isinstance(value, DTensor):
+        return DTensor.from_local(local._tensor, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())
+    return local._tensor

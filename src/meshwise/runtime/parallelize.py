@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable
+from meshwise.runtime import float8
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
@@ -65,6 +66,9 @@ class ParallelModel:
     optim_config: OptimConfig
     stages: list = field(default_factory=list)
     eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
+    float8_conversions: list[float8.Conversion] = field(default_factory=list)  # per chunk, under fp8 precisions
+    float8_scales: bool = False  # FSDP2 all-gathers float8 weights: their scales are set after each step
+                                 # (not under verify's fake tensors: see parallelize)
 
     @property
     def accum(self) -> int:
@@ -109,6 +113,8 @@ class ParallelModel:
         grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
                                    self.layout.dp * self.layout.cp * self.layout.tp)
         self.optimizer.step()
+        if self.float8_scales:
+            float8.after_optimizer_step(self.modules)
         return self._global_mean(local), grad_norm
 
     @torch.no_grad()
@@ -169,14 +175,18 @@ class ParallelModel:
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
                  device: torch.device, seq_len: int, compile: bool = False, emesh: DeviceMesh | None = None,
-                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> Transformer:
+                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
+                 precision: str | None = None) -> tuple[Transformer, float8.Conversion | None]:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
         first, count = chunk_bounds(spec, layout, chunk)
         model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
+    conversion = None
+    if float8.is_float8(precision):  # on the meta model, before TP (torchtitan's order)
+        conversion = float8.convert(model, precision, layout.tp, _float8_all_gather(layout, precision))
     if layout.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], layout.sp)
+        apply_tensor_parallel(model, mesh["tp"], layout.sp, precision)
     if layout.ep > 1:
         apply_expert_parallel(model, emesh["ep"])
     apply_activation_checkpointing(model, layout.ac)
@@ -194,21 +204,30 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         for module in model.modules():
             if isinstance(module, Attention):
                 module.ring = ring
-    return model
+    return model, conversion
+
+
+def _float8_all_gather(layout: Layout, precision: str | None) -> bool:
+    """FSDP2 all-gathers float8 weights (see meshwise.runtime.float8)."""
+    return float8.fsdp_float8_all_gather(precision, layout.zero, layout.shard * layout.cp)
 
 
 def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
                 seq_len: int | None = None, seed: int = 0,
                 optim: OptimConfig = OptimConfig(), compile: bool = False,
-                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> ParallelModel:
+                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
+                precision: str | None = None) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
     ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`).
     ``tensor_mode`` (``meshwise verify``'s FakeTensorMode) is entered where tensors are created:
     materialisation, FSDP2's wrapping, initialisation and the pipeline stages (TP and recompute
     wrap the meta model outside it). ``precision_of`` names the device type whose precision
-    policy applies (default: the mesh's): verify traces a GPU rank's bf16 policy on CPU tensors."""
+    policy applies (default: the mesh's): verify traces a GPU rank's bf16 policy on CPU tensors.
+    ``precision`` ``fp8`` or ``fp8-rowwise`` trains the blocks' linears in float8 with torchao
+    (:mod:`meshwise.runtime.float8`); None or any other name: the device's own precision."""
     seq_len = seq_len or model_spec.max_seq
     check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
+    float8.check(precision, precision_of or mesh.device_type)
     if compile:
         check_compile(layout)
     refusal = runtime_refusal(model_spec, seq_len)
@@ -218,13 +237,20 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     precision_of = precision_of or mesh.device_type
     emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
-                            precision_of) for c in chunk_ids]
+    built = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
+                          precision_of, precision) for c in chunk_ids]
+    modules = [m for m, _ in built]
     cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
     for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
         set_aux_sequences(m, layout.mbs * layout.accum(global_batch), cp_group)
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
+    if _float8_all_gather(layout, precision) and tensor_mode is None:
+        # the first step's weight scales in one all-reduce, as every later step's. Not under verify's
+        # fake tensors: torchao's flatten of a weight holding a scale tests the scale's truth, which a
+        # fake tensor cannot answer, and the memory tracker flattens every weight; so the traced step
+        # is a first step without them: each weight's amax is all-reduced as FSDP2 gathers it
+        float8.after_optimizer_step(modules)
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
         with tensor_mode or nullcontext():
@@ -232,7 +258,9 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
                                                         global_batch, precision_of)
     return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
                          chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
-                         optim_config=optim, stages=stages, eval_schedule=eval_schedule)
+                         optim_config=optim, stages=stages, eval_schedule=eval_schedule,
+                         float8_conversions=[c for _, c in built if c is not None],
+                         float8_scales=_float8_all_gather(layout, precision) and tensor_mode is None)
 
 
 def _pipeline(modules: list[nn.Module], chunk_ids: list[int], model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh,

@@ -13,7 +13,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec.gpu_keys import RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
-PRECISIONS = ("bf16", "bf16-mixed", "fp32")
+PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_SEQ_CAP = 4096         # tokens: the default sequence is the model's max_seq, capped here
 DEFAULT_SEQ_STATES_ONLY = 2048  # tokens: the default for a model given only by its parameter count
