@@ -4,7 +4,7 @@ processes, every layout of a process count measured back to back in ONE launch.
 Layouts: at 2 processes dp with ZeRO 0-3, tp=2 with SP off and on, pp=2 with GPipe, 1F1B,
 interleaved 1F1B and zero-bubble; at 4 processes dp=4 ZeRO-1, dp=2 x tp=2 and pp=2 x dp=2; at 8
 processes the 3-D dp=2 x tp=2 x pp=2 (1F1B, micro-batches of 2: m = 2 per replica, as pp=2 x dp=2),
-in a launch of its own (``--nproc 8``; the default runs 2 and 4). The model is rank_cpu_layouts.py's untied 3.4M-parameter byte model,
+in a launch of its own (``--nproc 8``; the default runs 2 and 4). The model is rank_cpu_layouts.py's untied byte model of 3,082,496 parameters,
 global batch 8 x 256 tokens, fp32, AdamW, one thread per process.
 
 The profile is this machine's calibration at each process count, as ``train`` and ``measure`` use
@@ -165,7 +165,8 @@ def report(rows: list[dict]) -> int:
         ok += abs(err) <= LAYOUT_BOUND
         parts = ", ".join(f"{getattr(p, a):.3f}/{m[b]:.3f}" for a, b in PARTS)
         print(f"{r['n']:>2} {r['layout']:<44} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{'' if abs(err) <= LAYOUT_BOUND else ' x'}"
-              f"   {parts} (+{m['other_s']:.3f}); steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}")
+              f"   {parts} (+{m.get('fixed_s', m.get('other_s', 0.0)):.3f} fixed)"
+              f"; steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}")
     pred = [r["pred"].step_s for r in rows]
     meas = [r["meas"]["step_s"] for r in rows]
     rho = spearman(pred, meas)

@@ -40,7 +40,7 @@ mlp = "swiglu"
 vocab = 256
 tied_embeddings = false
 max_seq = 256
-source = "benchmarks/rank_cpu_layouts.py: a ~3.4M-parameter untied byte model"
+source = "benchmarks/rank_cpu_layouts.py: an untied byte model of 3,082,496 parameters"
 """
 GLOBAL_BATCH = 8
 SEQ_LEN = 256

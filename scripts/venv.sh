@@ -11,6 +11,9 @@ fi
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" torch==2.13.0
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,report]"
+  # torchtitan, the oracle of plan --emit torchtitan, without its `datasets` pin (tests/_stubs/README.md);
+  # what it imports is in the test extra.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" --no-deps torchtitan==0.3.0
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

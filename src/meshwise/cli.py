@@ -11,10 +11,12 @@ import math
 import sys
 
 from meshwise.errors import MeshwiseError, run_command
+from meshwise.launch.torch_release import warn_untested_torch
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
 
 RUNTIME_CHOICES = ("meshwise", "megatron")
+EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
                        description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
-                                   "schedules, activation checkpointing) and rank those that fit.")
+                                   "schedules, activation checkpointing) and rank those that fit.",
+                       epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
+                              "explanation and the JSON's why_nothing_fits say why and what would fit).")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
@@ -53,18 +57,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
                         "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
                         "runtime key, else meshwise")
-    p.add_argument("--layout", help="evaluate this one layout (e.g. dp=8,zero=3,tp=2), even if it does not fit")
+    p.add_argument("--layout", action="append",
+                   help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
+                        "separate layouts with ';', to compare several in one table, best first")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report with pictures (needs meshwise[report])")
+    _add_emit_arguments(p)
     _add_train_commands(sub)
     _add_calibrate_command(sub)
     _add_measure_command(sub)
     _add_verify_command(sub)
     return parser
+
+
+def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's --emit and its time-and-cost figures (plan/emit.py, plan/budget.py)."""
+    p.add_argument("--emit", choices=EMIT_CHOICES,
+                   help="print the chosen layout (or each --layout) as that framework's configuration on stdout: "
+                        "torchtitan command-line overrides, Megatron-LM arguments, or a DeepSpeed JSON")
+    p.add_argument("--tokens", type=_positive_float, metavar="N",
+                   help="token budget (e.g. 15e12): add wall-clock days and GPU-hours to each layout")
+    p.add_argument("--price-per-gpu-hour", type=_positive_float, metavar="P",
+                   help="price of one GPU-hour (needs --tokens): add the cost of the budget to each layout")
 
 
 def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
@@ -78,15 +96,18 @@ def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note:
                    help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
 
 
+VERIFY_DESCRIPTION = ("Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
+                      "process group, fake tensors, the target device's precision policy), trace one training step, "
+                      "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
+                      "does.")
+
+
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
-                       description="Build the chosen ranks of the layout with the real runtime at the real world size "
-                                   "(torch's fake process group, fake tensors, the target device's precision policy), "
-                                   "trace one training step, and print memory by category and every collective beside "
-                                   "what 'plan' predicts, as 'measure' does.")
+                       description=VERIFY_DESCRIPTION)
+    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model file (default: {DEFAULT_MODEL})")
     _add_cluster_arguments(v, "world size traced")
-    v.add_argument("--layout", required=True, help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
@@ -96,6 +117,8 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     from meshwise.measure.verify import verify_main
+
+    warn_untested_torch()
 
     return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                        args.layout, args.ranks, args.depth, args.json, args.precision)
@@ -132,6 +155,8 @@ def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
     from meshwise.measure.command import measure_main
 
+    warn_untested_torch()
+
     return measure_main(args.layout, args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
                         args.gpu, args.json, args.report)
 
@@ -158,6 +183,12 @@ def _calibrate(args: argparse.Namespace) -> int:
           f"{table['efficiency_max']:.2f}, memory {table['hbm_bytes_per_s'] / 1e9:.1f} GB/s, link "
           f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "
           f"{table['memory_bytes'] / 1e9:.1f} GB per rank")
+    print(f"  per operator {table['op_overhead_s'] * 1e6:.1f} us (DTensor +{table['tp_op_s'] * 1e6:.0f} us); FSDP2 "
+          f"{table['fsdp_call_s'] * 1e6:.0f} us per call + {table['fsdp_param_s'] * 1e6:.1f} us per tensor; GEMMs "
+          f"{table.get('cpu_gemm_flops_per_s', 0) / 1e9:.1f} GFLOP/s + {table.get('cpu_gemm_call_s', 0) * 1e6:.1f} us")
+    for clause in table["source"].split("; "):  # each fitted component's own error on its own data
+        if "error" in clause:
+            print(f"  {clause}")
     return 0
 
 
@@ -187,6 +218,8 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from meshwise.train.command import train_main
 
+    warn_untested_torch()
+
     return train_main(args.train_args)
 
 
@@ -209,11 +242,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meshwise.plan.command import plan_main
+    from meshwise.plan.command import Extras, plan_main
 
+    extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour)
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime, args.verify)
+                     args.runtime, args.verify, extras)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,9 @@ import sys
 from typing import Callable
 
 
+NOTHING_FITS = 3  # `meshwise plan`'s exit status when no layout fits the devices (the plan says what would)
+
+
 class MeshwiseError(ValueError):
     """Bad input, named by field: ``"--gpus: 12 is not divisible by tp*pp = 8"``. Exit status 2."""
 

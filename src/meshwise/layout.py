@@ -99,6 +99,17 @@ class Layout:
         return self.short()
 
 
+def layout_from_fields(fields: dict) -> Layout:
+    """The one fast factory: a Layout holding ``fields`` (a dict of its fields, in their declared
+    order), equal to ``Layout(**fields)`` but without the frozen ``__init__``'s ``setattr`` per field.
+    Layout has no ``__post_init__`` and its fields are plain values, so nothing is skipped but the
+    setattrs; ``Layout(**fields)`` and ``dataclasses.replace`` are several times slower, and the
+    search builds tens of thousands. The dict is the layout's own from then on: pass a fresh one."""
+    new = object.__new__(Layout)
+    object.__setattr__(new, "__dict__", fields)
+    return new
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -223,29 +234,33 @@ def check_microbatches(layout: Layout, m: int) -> None:
                             f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}")
 
 
-def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int) -> str | None:
-    """Why meshwise's runtime cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
+def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str = "meshwise") -> str | None:
+    """Why ``runtime`` cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
 
-    Beyond :func:`validate`: the runtime keeps one embedding per pipeline chunk, so pp > 1 with tied
-    embeddings is refused; context parallelism splits the sequence into 2*cp chunks (rank i holds
-    chunks i and 2*cp-1-i) and sequence parallelism each rank's part over tp; and the zero-bubble
-    schedules run a split backward that re-enters each checkpointed region twice, which
-    ``torch.utils.checkpoint``'s selective mode forbids.
+    Both runtimes split the sequence: context parallelism into 2*cp chunks (rank i holds chunks i and
+    2*cp-1-i), sequence parallelism each rank's part over tp, so both need it divisible. The rest is
+    meshwise's own runtime (``train``, ``verify``, ``plan --runtime meshwise``): it keeps one embedding
+    per pipeline chunk, so pp > 1 with tied embeddings is refused (Megatron-LM ties the first and last
+    stages' copies by an all-reduce); its zero-bubble schedules run a split backward that re-enters each
+    checkpointed region twice, which ``torch.utils.checkpoint``'s selective mode forbids; and it shards
+    no learned position table over sp or cp (Megatron-LM slices the positions with the sequence).
     """
+    if layout.cp > 1 and seq_len % (2 * layout.cp):
+        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
+                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
+    if layout.sp and (seq_len // layout.cp) % layout.tp:
+        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
+        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
+    if runtime != "meshwise":
+        return None
     if model.tied_embeddings and layout.pp > 1:
         return (f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
                 "runtime; use pp=1")
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
-    if layout.cp > 1 and seq_len % (2 * layout.cp):
-        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
-                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
-    if layout.sp and (seq_len // layout.cp) % layout.tp:
-        per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
-        return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if layout.sp and not model.states_only and model.position == "learned":
         return "layout: sp=on with learned positions (GPT-2) is not supported by the runtime; use sp=off"
     return None
@@ -301,12 +316,13 @@ def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len") -> Non
 
 
 def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_batch: int, seq_len: int,
-                   seq_field: str = "seq_len") -> None:
+                   seq_field: str = "seq_len", runtime: str = "meshwise") -> None:
     """The one answer to "can this layout run here?": :func:`validate`, the sequence length (named
-    ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal`. No torch needed."""
+    ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal` for ``runtime``
+    (meshwise's own for train, measure and verify; ``plan --runtime megatron`` asks Megatron's). No torch needed."""
     validate(layout, model, world_size, global_batch)
     check_seq_len(model, seq_len, seq_field)
-    reason = runtime_refusal(layout, model, seq_len)
+    reason = runtime_refusal(layout, model, seq_len, runtime)
     if reason:
         raise MeshwiseError(reason)
 

@@ -15,8 +15,20 @@ from meshwise.measure import calibrate as cal
 from meshwise.spec import LinkSpec, load_cluster
 from meshwise.spec.cluster import _ACCEL_KEYS
 from meshwise.spec.gpu_keys import GPU_KEYS
+from meshwise.spec.host_keys import PROBE_KEYS
 
-RESULT = {"matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
+def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[float]]:
+    """The GEMM benchmark's figures as cost/host.py's model makes them, over calibrate's grid."""
+    def seconds(m: int, n: int, k: int) -> float:
+        moved = 4.0 * (m * k + k * n + m * n)
+        return 2 * m * n * k / rate + call_s + (moved / bytes_per_s if bytes_per_s else 0)
+
+    return [[m, n, k, seconds(m, n, k)] for m, n, k in cal.gemm_grid(quick=False)]
+
+
+RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e9,
+           "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
+          "matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
           "matmul_all_threads_flops_per_s": 48e9}
@@ -39,6 +51,43 @@ def test_fit_recovers_alpha_and_beta_of_the_cost_model(n):
     assert beta == pytest.approx(1.5e9, rel=1e-6)
 
 
+@pytest.mark.parametrize("rate, call_s, bytes_per_s", [(40e9, 3e-6, 50e9), (90e9, 0.0, 0.0), (60e9, 5e-6, 0.0)])
+def test_gemm_fit_recovers_the_model_and_the_profile_reads_it(rate, call_s, bytes_per_s):
+    got_rate, got_call, got_bw, error = cal.fit_gemm(_gemm_grid(rate, call_s, bytes_per_s))
+    assert got_rate == pytest.approx(rate, rel=1e-6) and got_call == pytest.approx(call_s, abs=1e-12)
+    inverse = (1 / got_bw if got_bw else 0.0), (1 / bytes_per_s if bytes_per_s else 0.0)  # seconds per byte
+    assert inverse[0] == pytest.approx(inverse[1], rel=1e-6, abs=1e-18) and error < 1e-9
+    assert len(cal.gemm_grid(quick=False)) > len(cal.gemm_grid(quick=True)) > 40
+    assert {16, 2048} <= {side for shape in cal.gemm_grid(quick=True) for side in shape}
+
+
+def test_small_gemms_run_below_the_calibration_s_efficiency():
+    """Efficiency by shape: by the fitted grid a 64-wide model at 32 tokens reaches less of the rate
+    than the calibration's own GEMMs (factor < 1), a 512-wide one at 1,024 tokens more (> 1); a
+    profile without a grid reads 1 everywhere."""
+    import dataclasses
+
+    from meshwise.cost.host import gemm_shape_factor
+    from meshwise.spec import load_model
+
+    fields = cal.gemm_fields({"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9),
+                              "gemm_reference_shapes": cal_reference("small", 128)})
+    accel = dataclasses.replace(load_cluster("cpu", 2, 2).accelerator,
+                                **{k: v for k, v in fields.items() if k != "note"})
+    tiny, small = load_model("tiny"), load_model("small")
+    wide = dataclasses.replace(small, hidden=512, ffn_hidden=1408, heads=8, kv_heads=4)
+    assert gemm_shape_factor(small, accel, 128, 1) == pytest.approx(1.0)
+    assert gemm_shape_factor(tiny, accel, 32, 1) < 0.9 < 1.0 < gemm_shape_factor(wide, accel, 1024, 1)
+    assert gemm_shape_factor(tiny, load_cluster("cpu", 2, 2).accelerator, 32, 1) == 1.0
+
+
+def cal_reference(model: str, seq: int) -> list:
+    from meshwise.cost.host import linear_gemm_shapes
+    from meshwise.spec import load_model
+
+    return linear_gemm_shapes(load_model(model), seq, 1, False)
+
+
 def test_fit_never_returns_a_negative_latency():
     samples = [("all_reduce", 2, s, s / 1e9) for s in (1e3, 1e6)]  # pure bandwidth, noise-free
     samples[0] = ("all_reduce", 2, 1e3, 0.5e3 / 1e9)  # faster than bandwidth allows: alpha would be < 0
@@ -46,9 +95,60 @@ def test_fit_never_returns_a_negative_latency():
     assert alpha == 0.0 and beta > 0
 
 
+def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, units: int,
+                 copy_per_s: float) -> dict[str, list[float]]:
+    """The FSDP2 benchmark's figures as cost/host.py's model makes them (calls: ZeRO-3 per unit, two
+    gathers and a reduction each, the root once each; ``units`` - 1 blocks, wrapped one or two a unit)."""
+    out = {}
+    pairs = -(-(units - 1) // 2)
+    for mode, calls, n_units, moved in (("blocks", 3 * (units - 1) + 2, units, 3e6),
+                                        ("pairs", 3 * pairs + 2, pairs + 1, 3e6)):
+        out[mode] = [plain_s + 2 * moved / copy_per_s + calls * (call_s + tensors / n_units * param_s), calls, moved]
+    return out
+
+
+@pytest.mark.parametrize("call_s, param_s", [(150e-6, 8e-6), (0.0, 12e-6), (300e-6, 0.0)])
+def test_fsdp_constants_recover_the_per_call_and_per_tensor_costs(call_s, param_s):
+    fake = _fsdp_result(call_s, param_s, plain_s=0.02, tensors=57, units=7, copy_per_s=20e9)
+    got = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
+    assert got == pytest.approx((call_s, param_s), abs=1e-9)
+
+
+def test_fsdp_constants_are_never_negative():
+    """Noise that makes fewer calls cost more gives no negative cost."""
+    fake = {"blocks": [0.025, 20, 0.0], "pairs": [0.03, 11, 0.0]}  # fewer calls, more time
+    call_s, param_s = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
+    assert call_s >= 0 and param_s >= 0 and call_s + param_s > 0
+
+
+def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
+    """The cost model charges FSDP2's work per collective call: ZeRO-3 (two gathers and a reduction
+    per unit per micro-batch) pays more than ZeRO-1 (one of each per step), replication its
+    all-reduces, one process nothing; the seconds land in compute, where measure times them."""
+    from meshwise.cost.estimate import estimate
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+    import dataclasses
+
+    cluster = load_cluster("cpu", 2, 2)
+    costly = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, fsdp_call_s=200e-6,
+                                                                          fsdp_param_s=10e-6))
+    model, train = load_model("tiny"), TrainSpec(8, 64, precision="fp32")
+    extra = {}
+    for text in ("dp=2,zero=0", "dp=2,zero=1", "dp=2,zero=3", "tp=2"):
+        a, b = (estimate(model, c, train, parse(text, 2)).time for c in (cluster, costly))
+        extra[text] = b.compute_s - a.compute_s
+        assert b.step_s - a.step_s == pytest.approx(extra[text])
+    calls = {"dp=2,zero=0": 5, "dp=2,zero=1": 10, "dp=2,zero=3": 4 * 15}  # 5 units, m = 4 micro-batches
+    for text, n in calls.items():
+        assert extra[text] == pytest.approx(n * (200e-6 + 39 / 5 * 10e-6))
+    assert extra["tp=2"] == 0
+
+
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
-    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS  # a CPU profile: the flat path, no GPU op model
+    # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
+    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - set(PROBE_KEYS)
     assert set(table) == catalog_keys
     assert table["efficiency_max"] == pytest.approx(9e9 / ((0.5 - 1000 * 1e-5) * 30e9))  # host time taken out
     assert table["op_overhead_s"] == pytest.approx(1e-5)
@@ -67,7 +167,8 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
 
 def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     """The efficiency is solved net of host time and the memory-bound term, so the cost model,
-    adding both back, predicts the measured forward + backward of the calibration's model."""
+    adding both back, predicts the measured forward + backward of the calibration's model; the GEMM
+    grid's shape factor is 1 at the calibration's own GEMMs."""
     from meshwise.cost.estimate import compute_seconds
     from meshwise.cost.host import ops_per_microbatch
     from meshwise.cost.memory import rank_shapes
@@ -78,7 +179,8 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     model, seq = load_model("small"), 128
     moved = cal.calibration_memory_bound_bytes(model, seq)
     result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
-              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2}
+              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2,
+              "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
     assert moved > 0
     path = tmp_path / "cpu.toml"
@@ -128,9 +230,12 @@ def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
     out = tmp_path / "p.toml"
     table = once_more_on_transport_error(lambda: cal.calibrate(2, "tiny", str(out), seq_len=32, quick=True))
     assert out.is_file()
-    for key in ("peak_fp32_flops_per_s", "hbm_bytes_per_s", "intra_bytes_per_s"):
-        assert table[key] > 0
+    for key in ("peak_fp32_flops_per_s", "hbm_bytes_per_s", "intra_bytes_per_s", "dram_bytes_per_s",
+                "cpu_gemm_flops_per_s", "probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s"):
+        assert table[key] > 0, key
+    assert table["fsdp_call_s"] >= 0 and table["fsdp_param_s"] >= 0 and 0 < table["gemm_reference_efficiency"] <= 1
     assert 0 < table["efficiency_max"] <= 1
+    assert "GEMM grid of 57 shapes" in table["source"] and table["source"].count("mean |error|") == 2
     assert main(["plan", "--gpu", str(out), "--gpus", "2", "--model", "tiny", "--global-batch", "8",
                  "--precision", "fp32", "--json"]) == 0
 
@@ -150,3 +255,12 @@ def test_host_constants_recover_what_the_cost_model_would_predict():
     times = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
     op, call, sel = cal.host_constants(times, host.ops_per_microbatch(blocks, True, True), blocks)
     assert (op, call, sel) == pytest.approx((7e-6, 3e-4, 2e-5))
+
+
+def test_the_cli_prints_each_component_and_each_fit_s_own_error(monkeypatch, capsys, tmp_path):
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    monkeypatch.setattr(cal, "calibrate", lambda *args, **kwargs: table)
+    assert main(["calibrate", "--out", str(tmp_path / "p.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2" in out and "GFLOP/s + 3.0 us" in out  # the GEMM grid's fit: 40 GFLOP/s + 3 us per call
+    assert "GEMM grid of 118 shapes" in out and "fitted over gloo with mean |error| 0%" in out

@@ -135,5 +135,5 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(trained, tmp_pa
 
 
 def test_readme_counts_these_cases() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert f"{len(DAMAGE) * len(COMMANDS)} cases (`tests/test_checkpoint_damage.py`" in readme
+    readme = (Path(__file__).parents[2] / "docs/reliability.md").read_text()
+    assert f"{len(DAMAGE) * len(COMMANDS)} cases (`tests/unit/test_checkpoint_damage.py`" in readme

@@ -16,7 +16,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def test_memory_wall_acceptance():
     r = run("plan", "--params", "70e9", "--precision", "bf16", "--gpu", "a100-80gb", "--gpus", "1")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # nothing fits: its own status
     out = r.stdout
     assert "840.0 GB" in out and "does not fit" in out and "Nothing fits" in out
     assert "What would: More devices" in out
@@ -90,3 +90,19 @@ def test_plan_never_imports_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_nothing_fits_has_its_own_status_and_the_json_says_why(capsys):
+    """A script tells "nothing fits" from a plan (0) and from bad input (2): status 3, and the JSON's
+    status and why_nothing_fits."""
+    from meshwise.errors import NOTHING_FITS
+
+    assert NOTHING_FITS not in (0, 1, 2)
+    assert main(["plan", "--params", "70e9", "--gpu", "a100-80gb", "--gpus", "1", "--json"]) == NOTHING_FITS
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "nothing fits" and data["candidates"] == []
+    why = data["why_nothing_fits"]
+    assert why["reason"].startswith("Nothing fits") and any(w.startswith("More devices") for w in why["what_would"])
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--top", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "fits" and "why_nothing_fits" not in data

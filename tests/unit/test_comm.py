@@ -72,10 +72,10 @@ def test_tp_across_nodes_is_slower_than_inside():
     train = TrainSpec(64, 4096, "bf16-mixed")
     inside = estimate(model, load_cluster("h100", 16, 8), train, parse("tp=8,zero=3", 16))
     across = estimate(model, load_cluster("h100", 16, 4), train, parse("tp=8,zero=3", 16))
-    # 4 NICs of 50 GB/s (200 GB/s for the group) instead of NVLink's 450 GB/s
+    # 4 NICs of 47 GB/s (188 GB/s for the group) instead of NVLink's 300 GB/s bus bandwidth
     def tp_seconds(e):
         return sum(c.seconds_per_step for c in e.comm if c.dim == "tp")
-    assert tp_seconds(across) > 2 * tp_seconds(inside)
+    assert tp_seconds(across) > 1.5 * tp_seconds(inside)
 
 
 def test_pipeline_messages():

@@ -210,3 +210,13 @@ def test_checkpoint_of_another_architecture_is_refused():
     checkpoint.check_shape({"model": old}, tiny, "ck/step-1")  # saved before the family fields: same model
     with pytest.raises(MeshwiseError, match="family='llama'.*has family='qwen3'"):
         checkpoint.check_shape({"model": checkpoint.model_meta(tiny)}, load_model("tiny-qwen3"), "ck/step-1")
+
+
+@pytest.mark.parametrize("name", ["gemma-7b", "gemma2-9b"])
+@pytest.mark.parametrize("gpu", ["h100", "h200", "a100-80gb", "h100-hbm2e", "b200"])
+def test_gemma_plans(tmp_path, capsys, name, gpu):
+    """Gemma's gated GeLU MLP (geglu) is timed on every accelerator (it was a KeyError on h100, a100)."""
+    cfg, folder = hf_folder(tmp_path, name)
+    assert main(["plan", "--model", str(folder), "--gpu", gpu, "--gpus", "16", "--top", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["params"] == hf_count(cfg) and out["candidates"]

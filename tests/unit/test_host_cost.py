@@ -61,6 +61,35 @@ def test_optimizer_operators_and_tensors_are_the_runtimes():
     assert count.ops == pytest.approx(host.ADAMW_OPS_PER_TENSOR * len(params), rel=0.05)
 
 
+class _Elements(TorchDispatchMode):
+    """Elements of parameter-sized tensors each aten operator reads (its tensor arguments) and
+    writes (its tensor results; an in-place result is the argument it wrote, counted as a write)."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.passes = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        results = out if isinstance(out, (tuple, list)) else [out]
+        self.passes += len({id(a) for a in flat if a.numel() == self.numel})  # a tensor read twice: once
+        self.passes += sum(1 for r in results if isinstance(r, torch.Tensor) and r.numel() == self.numel)
+        return out
+
+
+def test_adamw_element_passes_are_torch_s():
+    """The optimizer's memory term counts torch's own single-tensor AdamW: each parameter's elements
+    read and written ADAMW_ELEMENT_PASSES times (counted here operator by operator)."""
+    p = torch.nn.Parameter(torch.ones(4096))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW([p])
+    opt.step()
+    with _Elements(4096) as count:
+        opt.step()
+    assert count.passes == host.ADAMW_ELEMENT_PASSES
+
+
 def test_more_microbatches_cost_more_host_time_at_equal_flops():
     model, cluster = load_model("small"), load_cluster("cpu", 1, 1)
     train = TrainSpec(8, 128, "fp32")

@@ -150,8 +150,8 @@ def test_refused_in_one_line_exit_2_nothing_written(tmp_path, capsys, make_args,
 
 
 def test_matrix_has_every_documented_case() -> None:
-    """The README's reliability section counts these cases; keep the two in step."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    """docs/reliability.md counts these cases; keep the two in step."""
+    readme = (Path(__file__).parents[2] / "docs/reliability.md").read_text()
     assert f"{len(CASES)} hostile inputs" in readme
 
 

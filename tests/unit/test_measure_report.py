@@ -32,7 +32,7 @@ def synthetic_records(text: str = "pp=2,schedule=1f1b") -> list[dict]:
             "comm": [{"kind": "send", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072},
                      {"kind": "recv", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072}],
             "time": {"step_s": 0.03, "compute_s": 0.022, "comm_s": 0.002, "idle_s": 0.004, "optimizer_s": 0.001,
-                     "other_s": 0.001, "steps_s": [0.03, 0.031, 0.029]},
+                     "fixed_s": 0.001, "untimed_s": 0.0, "steps_s": [0.03, 0.031, 0.029]},
             "timeline": [{"kind": o.kind, "chunk": o.chunk, "microbatch": o.microbatch, "start": o.start, "end": o.end}
                          for o in ops if o.rank == rank],
         })
@@ -84,10 +84,12 @@ def test_pp_report_is_self_contained_with_bars_and_both_timelines(tmp_path, text
 def test_report_without_pipeline_has_no_timeline(tmp_path, text):
     model, cluster, train, layout, rows, records = _setup(text)
     out = tmp_path / "dp.html"
-    write_measure_report(out, rows, records, model, layout, cluster, train)
+    from meshwise.measure.compare import time_verdicts
+    write_measure_report(out, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
     text = out.read_text()
     assert len(re.findall(r"data:image/png;base64,", text)) == 3
     assert "Pipeline timeline" not in text
+    assert "Step split" in text and "largest residual" in text and "add up to the step" in text
 
 
 @pytest.mark.parametrize("text,backward_over_forward", [("pp=2,schedule=1f1b", 2.0), ("pp=2,schedule=1f1b,ac=full", 3.0)])

@@ -110,3 +110,40 @@ def test_layout_refusal_is_the_same_text_everywhere(tmp_path, capsys) -> None:
                  ["measure", "--nproc-per-node", "2", "--seq-len", "16", "--global-batch", "8"]):
         assert main([*args, "--model", model_file, "--layout", "pp=2"]) == 2
         assert capsys.readouterr().err.strip() == f"meshwise: error: {err.value}"
+
+
+MESHWISE_ONLY = [  # meshwise's own runtime limits: Megatron-LM runs these
+    ("tied embeddings with pp", "pp=2", 16, "tied_embeddings = true\n"),
+    ("zero-bubble with selective AC", "pp=2,vpp=1,schedule=zero-bubble,ac=selective", 16, ""),
+    ("sp with learned positions", "tp=2,sp=on", 16, 'position = "learned"\n'),
+]
+
+
+@pytest.mark.parametrize("name,text,seq,extra", MESHWISE_ONLY, ids=[r[0] for r in MESHWISE_ONLY])
+def test_megatron_runtime_answers_what_megatron_runs(tmp_path, capsys, name, text, seq, extra) -> None:
+    """plan --runtime megatron evaluates the layout (exit 0); the same plan for meshwise's runtime, and
+    train, refuse it in one line."""
+    model = _model_file(tmp_path, extra)
+    args = ["plan", "--model", model, "--gpu", "h100", "--gpus", "2", "--layout", text, "--seq-len", str(seq),
+            "--global-batch", str(GLOBAL_BATCH)]
+    assert main(args + ["--runtime", "megatron"]) == 0
+    assert "Evaluated:" in capsys.readouterr().out
+    assert main(args + ["--runtime", "meshwise"]) == 2
+    _one_line(capsys, "not supported by the runtime")
+
+
+def test_megatron_runtime_keeps_the_sequence_splits(tmp_path, capsys) -> None:
+    """Megatron-LM splits the sequence over cp and sp too: an indivisible one is refused for it as well."""
+    args = ["plan", "--model", micro_model(tmp_path), "--gpu", "h100", "--gpus", "2", "--layout", "tp=2,sp=on",
+            "--seq-len", "15", "--global-batch", str(GLOBAL_BATCH), "--runtime", "megatron"]
+    assert main(args) == 2
+    _one_line(capsys, "divisible by tp=2")
+
+
+def test_published_megatron_gpt_layout_with_tied_embeddings_and_pp(capsys) -> None:
+    """Narayanan et al. 2021's GPT 39.1B layout (tied embeddings, TP 8, PP 2) from the command line."""
+    args = ["plan", "--model", "gpt-39.1b", "--gpu", "a100-80gb", "--gpus", "512", "--global-batch", "1536",
+            "--seq-len", "2048", "--runtime", "megatron",
+            "--layout", "dp=32,tp=8,pp=2,vpp=6,schedule=interleaved-1f1b,mbs=16,ac=full"]
+    assert main(args) == 0
+    assert "Evaluated:" in capsys.readouterr().out

@@ -80,3 +80,28 @@ def test_bad_specs_name_the_field():
 def test_precision_conventions():
     # docs/design.md: bf16 = 2+2+8 = 12, bf16-mixed = 2+2+12 = 16, fp32 = 4+4+8 = 16 bytes per parameter.
     assert [TrainSpec(1, 1, p).state_bytes_per_param for p in ("bf16", "bf16-mixed", "fp32")] == [12, 16, 16]
+
+
+@pytest.mark.parametrize("given, name", [("H100", "h100"), ("h100-sxm", "h100"), ("h100-80gb", "h100"),
+                                         ("H100 SXM", "h100"), ("A100-80GB", "a100-80gb"), ("B200", "b200"),
+                                         ("h200_sxm", "h200"), ("MI300X", "mi300x")])
+def test_gpu_names_resolve_with_any_case_and_aliases(given, name):
+    assert load_cluster(given, 8).accelerator.name == name
+
+
+def test_every_alias_names_one_entry():
+    """accelerators.toml's aliases: no alias is another entry's name or alias (each resolves to its own)."""
+    from meshwise.catalog import read_catalog
+    from meshwise.spec.cluster import catalog_accelerator
+
+    for entry, table in read_catalog("accelerators.toml").items():
+        for alias in table.get("aliases", ()):
+            assert catalog_accelerator(alias) == entry, alias
+
+
+@pytest.mark.parametrize("given, guess", [("a100", "a100-40gb or a100-80gb"), ("mi300", "mi300x"),
+                                          ("h10", "h100")])
+def test_unknown_gpu_says_did_you_mean(given, guess):
+    with pytest.raises(MeshwiseError) as e:
+        load_cluster(given, 8)
+    assert f"did you mean {guess}" in str(e.value) and "\n" not in str(e.value)

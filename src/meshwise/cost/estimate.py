@@ -45,7 +45,7 @@ from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
-from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
 
@@ -57,10 +57,11 @@ class StepTime:
     comm_exposed_s: float
     bubble_s: float
     optimizer_s: float
+    fixed_s: float = 0.0  # per step, outside the other parts: zeroing, gradient norm, loss (CPU ranks)
 
     def as_json(self) -> dict[str, float]:
         return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
-                "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s}
+                "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,13 @@ class Estimate:
     hardware_tflops_per_gpu: float
     mfu: float
     hfu: float
+    rank_pp: tuple[tuple[int, ...], ...] = ()  # the pipeline ranks each of rank_memory stands for
 
     def as_json(self) -> dict:
+        ranks = [{"pp_ranks": list(p), **mm.as_json()} for p, mm in zip(self.rank_pp, self.rank_memory)]
         return {"layout": self.layout.to_json(self.global_batch), "fits": self.fits,
-                "memory": self.memory.as_json(), "time": self.time.as_json(),
+                "memory": self.memory.as_json(), **({"rank_memory": ranks} if ranks else {}),
+                "time": self.time.as_json(),
                 "comm": [c.as_json() for c in self.comm], "tokens_per_s": self.tokens_per_s,
                 "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu}
@@ -410,7 +414,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
                                              layout.sp, layout.ac, shape.blocks, shape.has_embedding,
                                              shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    return share * (flops / (peak * _efficiency(model, cluster, layout)) + launch_s + memory_s)
+    efficiency = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
+    return share * (flops / (peak * efficiency) + launch_s + memory_s)
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
@@ -530,10 +535,37 @@ def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
                            else memory.held(s.params, s.expert_params, layout) for s in shapes)
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
+    if host.is_host_bound(accel) and accel.dram_bytes_per_s:  # CPU ranks: DRAM, then the cache (cost/host.py)
+        optimizer_s = host.optimizer_memory_seconds(accel, local_opt_params, train.weight_bytes)
     if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
         optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
     return optimizer_s * host.core_share(accel, cluster.gpus_per_node)
+
+
+def _fsdp_host_s(model: ModelSpec, accel: AcceleratorSpec, dp_ops: list[Collective], shape: RankShape) -> float:
+    """FSDP2's work on a CPU rank's own core per step (cost/host.py): its copies in and out of the
+    flat buffers where nothing overlaps them (``comm_overlap = false``), and on host-bound ranks its
+    per-call and per-tensor host work. 0 on GPU profiles."""
+    copies = host.fsdp_copy_seconds(dp_ops, accel.hbm_bytes_per_s) if not accel.comm_overlap else 0.0
+    if model.states_only or not host.is_host_bound(accel):
+        return copies
+    tensors = host.parameter_tensors(model, shape.blocks, shape.has_embedding, shape.has_head)
+    return copies + host.fsdp_host_seconds(accel, dp_ops, tensors, shape.units)
+
+
+def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                  shapes: tuple[RankShape, ...]) -> float:
+    """The step's fixed work on the busiest rank, times the ranks per core: on CPU ranks
+    cost/host.py ``fixed_host_seconds``; 0 on GPU profiles."""
+    accel = cluster.accelerator
+    if model.states_only or not host.is_host_bound(accel):
+        return 0.0
+    tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
+    params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2  # the local gradients
+                 else memory.held(s.params, s.expert_params, layout) for s in shapes)
+    return host.fixed_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1, params, train.grad_bytes) \
+        * host.core_share(accel, cluster.gpus_per_node)
 
 
 _COUNTS: dict[tuple, tuple[int, ...]] = {}
@@ -593,12 +625,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                 dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
-        if not accel.comm_overlap:
-            dp_s += share * host.fsdp_copy_seconds(dp_mb_ops + dp_step_ops, accel.hbm_bytes_per_s)
-        busy = compute_s + tp_s + pp_s + dp_s + cp_s
+        fsdp_s = share * _fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+        busy = compute_s + fsdp_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s, tp_s, pp_s + dp_s + cp_s, shape,
+            worst = (busy, compute_s + fsdp_s, tp_s, pp_s + dp_s + cp_s, shape,
                      _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(model, layout))
@@ -612,8 +643,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
 
     optimizer_s = optimizer_seconds(model, cluster, train, layout, shapes)
+    fixed_s = fixed_seconds(model, cluster, train, layout, shapes)
 
-    step_s = busy + bubble_s + optimizer_s
+    step_s = busy + bubble_s + optimizer_s + fixed_s
     tokens = train.tokens_per_step
     world = layout.world_size
     model_flops = compute.model_flops(model, train.seq_len, tokens)
@@ -625,7 +657,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         layout=layout, global_batch=train.global_batch,
         fits=fits(largest.total, cluster, headroom),
         memory=largest, rank_memory=mems,
-        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s),
+        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s),
         comm=tuple(ops), tokens_per_s=tokens / step_s,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
-        mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak)
+        mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak, rank_pp=memory.rank_groups(model, layout))

@@ -45,6 +45,11 @@ the loss over the full vocabulary; with SP on the norms and residual adds run ov
 rest: FLOPs over the calibrated matmul rate x efficiency, the calibration having subtracted the
 same term from its measured forward + backward (measure/calibrate.py).
 
+Data parallelism (FSDP2's ``fully_shard`` and ``replicate``) adds its own host work around every
+collective of a unit, on the rank's main thread: ``fsdp_host_seconds`` per call and per parameter
+tensor, and ``fsdp_copy_seconds`` for the bytes copied in and out of its flat buffers; both are
+compute on the rank's core (measure's split times them inside the forward and backward).
+
 The constants are measured
 per machine by ``meshwise calibrate`` (0 in GPU profiles: there the launch queue runs ahead of the
 kernels, which the op model in cost/kernels.py costs instead).
@@ -97,6 +102,37 @@ def optimizer_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) 
     return tensors * ADAMW_OPS_PER_TENSOR * (accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
 
 
+# Elements read + written per parameter by torch's single-tensor AdamW (torch/optim/adamw.py, off CUDA):
+# weight decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div 2, add_ 2, addcdiv_ 4
+ADAMW_ELEMENT_PASSES = 20
+STATE_FIRST_PASS_ELEMENTS = 7  # read param, grad, both moments; write param, both moments: from DRAM once
+NORM_ELEMENT_PASSES = 3  # the gradient norm reads each gradient, the clipping mul_ reads and writes it
+
+
+def optimizer_memory_seconds(accel: AcceleratorSpec, params: float, elem_bytes: int) -> float:
+    """Memory seconds of one AdamW step over ``params`` local parameters on a CPU rank whose profile
+    states a DRAM bandwidth: the states' first pass streams from DRAM
+    (``STATE_FIRST_PASS_ELEMENTS``), the loop's operators then run on a tensor the cache holds
+    (``ADAMW_ELEMENT_PASSES`` at the cache bandwidth ``hbm_bytes_per_s``)."""
+    return params * elem_bytes * (STATE_FIRST_PASS_ELEMENTS / accel.dram_bytes_per_s
+                                  + ADAMW_ELEMENT_PASSES / accel.hbm_bytes_per_s)
+
+
+FIXED_OPS_PER_TENSOR = 2  # per step, per parameter tensor: its share of the gradient norm, the clipping mul_
+
+
+def fixed_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool, params: float = 0.0,
+                       elem_bytes: int = 4) -> float:
+    """Host seconds of a step's fixed work on one rank (runtime/parallelize.py ``step``): zeroing
+    gradients (set to None: no operator), the gradient norm and its clipping, ``FIXED_OPS_PER_TENSOR``
+    operators per parameter tensor, plus the ``to_local`` of a DTensor gradient (about one DTensor
+    operator, ``tp_op_s``): ``tensors * (FIXED_OPS_PER_TENSOR * op_overhead_s + [DTensor] tp_op_s)``,
+    plus the gradients' ``NORM_ELEMENT_PASSES`` over the copy bandwidth. Its two all-reduces (norm,
+    loss) are communication (cost/estimate.py)."""
+    launches = tensors * (FIXED_OPS_PER_TENSOR * accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
+    return launches + params * elem_bytes * NORM_ELEMENT_PASSES / accel.hbm_bytes_per_s
+
+
 def ops_per_microbatch(blocks: int, has_embedding: bool, has_head: bool) -> int:
     """aten operators one rank launches per micro-batch, forward + backward, without recompute."""
     return (blocks * (BLOCK_FORWARD_OPS + BLOCK_BACKWARD_OPS) + EMBEDDING_OPS * int(has_embedding)
@@ -132,6 +168,66 @@ def fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> fl
     CPU ranks), where they run on the same cores as everything else."""
     moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
     return 2.0 * moved / memory_bytes_per_s
+
+
+def fsdp_calls(dp_ops: list[Collective]) -> float:
+    """FSDP2's collective calls per step (one per unit per gather or reduction): its all-gathers and
+    reduce-scatters, and ``replicate``'s all-reduces (zero 0); not HSDP's all-reduce of the reduced
+    shards across replicas, which rides on the reduce-scatter's work."""
+    return float(sum(op.count_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter")
+                     or (op.kind == "all_reduce" and op.dim != "dp_replicate")))
+
+
+def fsdp_host_seconds(accel: AcceleratorSpec, dp_ops: list[Collective], tensors: int, units: int) -> float:
+    """FSDP2's own host work on one rank per step, outside its transfers: each all-gather and
+    reduce-scatter of a unit runs Python hooks and builds its flat buffer and the unsharded
+    parameters (or sharded gradients) tensor by tensor:
+    ``calls * (fsdp_call_s + tensors / units * fsdp_param_s)``, both measured by ``meshwise
+    calibrate`` (measure/calibrate.py ``fsdp_constants``; 0 in GPU profiles)."""
+    if not (accel.fsdp_call_s or accel.fsdp_param_s) or not dp_ops:
+        return 0.0
+    return fsdp_calls(dp_ops) * (accel.fsdp_call_s + tensors / max(units, 1) * accel.fsdp_param_s)
+
+
+def cpu_gemm_seconds(accel: AcceleratorSpec, m: float, n: float, k: float) -> float:
+    """One GEMM of (M, N, K) on a CPU rank as ``meshwise calibrate`` fits its grid (16 to 2,048 per
+    side): ``2 M N K / cpu_gemm_flops_per_s + cpu_gemm_call_s + 4 (M K + K N + M N) / cpu_gemm_bytes_per_s``
+    (the bandwidth term left out when 0): small GEMMs pay their fixed cost and their operands'
+    traffic over few FLOPs."""
+    moved = 4.0 * (m * k + k * n + m * n)
+    memory_s = moved / accel.cpu_gemm_bytes_per_s if accel.cpu_gemm_bytes_per_s else 0.0
+    return 2.0 * m * n * k / accel.cpu_gemm_flops_per_s + accel.cpu_gemm_call_s + memory_s
+
+
+def linear_gemm_shapes(model: ModelSpec, tokens: float, tp: int, has_head: bool) -> list[tuple[float, float, float]]:
+    """(M, N, K) of one block's linear layers on one TP rank for ``tokens`` tokens, forward
+    ``(T, N, K)`` and backward ``(T, K, N)`` (input gradient) and ``(K, N, T)`` (weight gradient),
+    as cost/kernels.py's ``block_seconds`` lays them out; with ``has_head`` the LM head's too."""
+    h = model.hidden
+    gated = 2 if model.mlp == "swiglu" else 1
+    layers = [((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (gated * model.ffn_hidden / tp, h),
+              (h, model.ffn_hidden / tp)]
+    if has_head:
+        layers.append((model.vocab / tp, h))
+    return [shape for n, k in layers for shape in ((tokens, n, k), (tokens, k, n), (k, n, tokens))]
+
+
+def gemm_grid_efficiency(accel: AcceleratorSpec, shapes: list[tuple[float, float, float]]) -> float:
+    """The fitted GEMM model's fraction of its own rate over ``shapes`` (FLOP-weighted):
+    ``sum(2 M N K) / rate / sum(cpu_gemm_seconds)``."""
+    flops = sum(2.0 * m * n * k for m, n, k in shapes)
+    return flops / accel.cpu_gemm_flops_per_s / sum(cpu_gemm_seconds(accel, *s) for s in shapes)
+
+
+def gemm_shape_factor(model: ModelSpec, accel: AcceleratorSpec, tokens: float, tp: int) -> float:
+    """How much better (> 1) or worse (< 1) than at the calibration's own GEMMs this rank's GEMMs
+    run, by the calibrated grid: ``gemm_grid_efficiency(these shapes) / gemm_reference_efficiency``.
+    The calibrated ``efficiency_max`` (the calibration model's whole forward + backward) times this
+    is the efficiency at these shapes, so the calibration still predicts its own forward + backward.
+    1 where no grid was measured (GPU profiles, older calibrations)."""
+    if not accel.cpu_gemm_flops_per_s or model.states_only:
+        return 1.0
+    return gemm_grid_efficiency(accel, linear_gemm_shapes(model, tokens, tp, False)) / accel.gemm_reference_efficiency
 
 
 def loss_vocab(model: ModelSpec, runtime: str, tp: int) -> float:

@@ -1,22 +1,32 @@
 """Compute time on a GPU, operation by operation (for accelerators that declare the GPU fields).
 
-One micro-batch of ``T = mbs * s`` tokens on one TP rank:
+Every constant below is fitted on its own component's published data (benchmarks/fit_components.py,
+src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One micro-batch of
+``T = mbs * s`` tokens on one TP rank:
 
-- **GEMMs by shape.** Each linear ``X (T x K) @ W (K x N)`` after dividing by TP runs forward as
-  ``(M, N, K) = (T, N, K)`` and backward as ``(T, K, N)`` (input gradient) and ``(K, N, T)`` (weight
+- **GEMMs by shape and dtype.** Each linear ``X (T x K) @ W (K x N)`` after dividing by TP runs forward
+  as ``(M, N, K) = (T, N, K)`` and backward as ``(T, K, N)`` (input gradient) and ``(K, N, T)`` (weight
   gradient). A GEMM of ``(M, N, K)`` covers ``ceil(M / tm) * ceil(N / tn)`` output tiles, run in
   ``ceil(tiles / SMs)`` waves; the fraction of the waves' tile slots doing useful work is
-  ``util = M N / (waves * SMs * tm * tn)`` (tile and wave quantization). Time =
-  ``max(2 M N K / (peak * gemm_efficiency * util), bytes moved / (HBM * hbm_efficiency))``.
-- **Attention.** Fused (flash / cuDNN): causal, so half the square: forward ``2 b s^2 h / t`` FLOPs,
-  backward 2.5 times that (five matmuls against two: Dao 2023, FlashAttention-2, Sec. 3), at
-  ``attention_efficiency``. Unfused (Megatron-LM 2021): the full square as batched GEMMs of head
-  width, plus the softmax's (scale, mask, dropout) bytes: 9 per score forward, 8 backward.
-- **Memory-bound operations** by bytes over HBM: norms, residual adds, rotary, the MLP's
-  activation, the embedding and the loss's softmax / cross-entropy. Bytes per element per runtime
-  (``PASSES``): eager torch moves each tensor several times (an RMSNorm upcasts to float32 and
-  runs five kernels); Megatron/NeMo's fused kernels read and write each once. Backward moves twice
-  the forward's bytes.
+  ``util = M N / (waves * SMs * tm * tn)`` (tile and wave quantization); when the tiles leave SMs idle,
+  K is split over up to ``SMs // tiles`` slices of at least ``SPLIT_K_MIN_DEPTH``. Each tile's main loop runs
+  ``K`` deep after a fixed prologue and epilogue worth ``k_half`` of depth, so a busy tile reaches
+  ``efficiency * K / (K + k_half)`` of peak, at the clock the GPU holds under sustained dense math
+  (``sustained_clock``: micro-benchmarks run at the peak's clock, training at the power limit).
+  Time = ``floor + max(2 M N K / (peak * efficiency * util)
+  * (1 + k_half / K), bytes moved / (HBM * hbm_efficiency))``; ``(efficiency, k_half)`` per dtype
+  (``gemm_row``), ``floor`` = ``kernel_floor_s`` (what the smallest GEMMs take however little they do).
+- **Attention.** Fused (flash / cuDNN): causal, so half the square: forward ``2 b s^2 d h / t`` FLOPs,
+  backward 2.5 times that (five matmuls against two: Dao 2023, FlashAttention-2, Sec. 3), each at the
+  runtime's kernel's throughput for the sequence and head width (``attention_efficiency``: the
+  FlashAttention-3 paper's figures for FlashAttention-2 and cuDNN on H100). Unfused (Megatron-LM 2021):
+  the full square as batched GEMMs of head width, plus the softmax's (scale, mask, dropout) bytes: 9
+  per score forward, 8 backward.
+- **Memory-bound operations** by bytes over HBM, plus ``floor`` per kernel (``KERNELS``): norms,
+  residual adds, rotary, the MLP's activation, the embedding and the loss's softmax / cross-entropy.
+  Bytes per element per runtime (``PASSES``): eager torch moves each tensor several times (an RMSNorm
+  upcasts to float32 and runs five kernels); Megatron/NeMo's fused kernels read and write each once.
+  Backward moves twice the forward's bytes.
 - **Recompute** as what is recomputed: ``full`` re-runs the block's forward; meshwise's ``selective``
   re-runs its memory-bound ops (runtime/activation_checkpointing.py keeps matmul and attention outputs);
   torchtitan's op-level selective (``selective_policy = "every-other-matmul"``) also re-runs every
@@ -35,26 +45,47 @@ from functools import lru_cache
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
+# geglu (Gemma's gated tanh-GeLU, act(gate) * up) moves the same tensors as swiglu.
 PASSES = {
-    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "gelu": 4.0, "loss_bytes": 28.0},
-    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "gelu": 2.0, "loss_bytes": 14.0},
+    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
+                 "loss_bytes": 28.0},
+    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "geglu": 3.0, "gelu": 2.0,
+                 "loss_bytes": 14.0},
 }
+# Memory-bound kernels a block's forward launches besides its GEMMs and attention (backward: twice as
+# many): eager torch runs each RMSNorm as ~6 kernels (casts, square, mean, rsqrt, two products), each
+# rotary as ~4 per tensor (Q, K), residual adds 1 each, SwiGLU 2; Megatron's fused norm, bias-dropout-add,
+# rotary and activation kernels run once each (2 + 2 + 2 + 1).
+KERNELS = {"meshwise": 24, "megatron": 7}
+SPLIT_K_MIN_DEPTH = 512  # a split-K slice's least depth (cuBLAS splits K only while each slice stays this deep)
 FLASH_BACKWARD = 2.5  # FlashAttention-2 backward / forward FLOPs
 SOFTMAX_FWD_BYTES = 9.0
 SOFTMAX_BWD_BYTES = 8.0
 
 
+def gemm_row(accel: AcceleratorSpec, dtype: str = "bf16") -> tuple[float, float]:
+    """``(efficiency, k_half)`` of ``dtype``'s GEMMs on ``accel``: its fitted row (``gemm.<dtype>`` in the
+    catalog), else the bf16 row, else a profile's flat ``gemm_efficiency`` with no depth term."""
+    rows = {row[0]: row[1:] for row in accel.gemm}
+    found = rows.get(dtype) or rows.get("bf16")
+    return (found[0], found[1]) if found else (accel.gemm_efficiency, 0.0)
+
+
 def gemm_seconds(m: float, n: float, k: float, accel: AcceleratorSpec, peak: float, elem_bytes: int,
-                 batch: int = 1) -> float:
-    """``batch`` GEMMs of (M, N, K): tile/wave-quantized compute or bytes over HBM, whichever is longer."""
+                 batch: int = 1, dtype: str = "bf16") -> float:
+    """``batch`` GEMMs of (M, N, K) in ``dtype``: the kernel floor plus tile/wave-quantized compute, slowed by
+    the tile's fixed depth ``k_half``, or bytes over HBM, whichever is longer (module docstring)."""
     m, n, k = max(1, math.ceil(m)), max(1, math.ceil(n)), max(1, math.ceil(k))
+    efficiency, k_half = gemm_row(accel, dtype)
     tm, tn, sms = accel.gemm_tile_m, accel.gemm_tile_n, accel.sm_count
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-    waves = math.ceil(tiles / sms)
-    util = batch * m * n / (waves * sms * tm * tn)
-    compute_s = 2.0 * batch * m * n * k / (peak * accel.gemm_efficiency * util)
+    splits = max(1, min(sms // tiles, k // SPLIT_K_MIN_DEPTH))  # split-K when the tiles leave SMs idle
+    waves = math.ceil(tiles * splits / sms)
+    util = batch * m * n * splits / (waves * sms * tm * tn)
+    rate = peak * accel.sustained_clock * efficiency * util
+    compute_s = 2.0 * batch * m * n * k / rate * (1.0 + k_half * splits / k)
     memory_s = batch * (m * k + k * n + m * n) * elem_bytes / _hbm(accel)
-    return max(compute_s, memory_s)
+    return accel.kernel_floor_s + max(compute_s, memory_s)
 
 
 def _hbm(accel: AcceleratorSpec) -> float:
@@ -68,14 +99,37 @@ def _linear_s(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e
     return fwd, bwd
 
 
+def _saturating(top: float, half: float, x: float) -> float:
+    return top * x / (x + half)
+
+
+def attention_efficiency(accel: AcceleratorSpec, runtime: str, seq: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) fraction of peak of the runtime's fused causal attention at ``seq`` tokens and
+    head width ``head_dim``: each direction ``top * s / (s + s_half)``, fitted on the FlashAttention-3
+    paper's H100 figures (benchmarks/fit_components.py). The backward figures are non-causal; causal
+    backward takes the forward's causal / non-causal ratio at the same length. Head width 64 reaches
+    ``head64`` of 128's, linear in between, 128's above. Without a row: the flat ``attention_efficiency``."""
+    rows = {row[0]: row[2:] for row in accel.attention}
+    row = rows.get(runtime) or next(iter(rows.values()), None)
+    if row is None:
+        return accel.attention_efficiency, accel.attention_efficiency
+    fwd, fwd_half, causal, causal_half, bwd, bwd_half, head64 = row
+    width = head64 + (1.0 - head64) * min(1.0, max(0.0, (head_dim - 64) / 64))
+    forward = _saturating(causal, causal_half, seq)
+    backward = _saturating(bwd, bwd_half, seq) * forward / _saturating(fwd, fwd_half, seq)
+    return width * forward, width * backward
+
+
 def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, mbs: int, seq: int, tp: int,
-                 fused: bool) -> tuple[float, float]:
+                 fused: bool, runtime: str = "meshwise") -> tuple[float, float]:
     """(forward, backward) seconds of the attention core of one block."""
     heads = model.heads // tp
     if fused:
         fwd_flops = 2.0 * mbs * seq * seq * model.head_dim * heads  # causal: half of 4 b s^2 h / t
-        fwd = fwd_flops / (peak * accel.attention_efficiency)
-        return fwd, FLASH_BACKWARD * fwd
+        fwd_eff, bwd_eff = attention_efficiency(accel, runtime, seq, model.head_dim)
+        floor = accel.kernel_floor_s
+        peak *= accel.sustained_clock
+        return floor + fwd_flops / (peak * fwd_eff), floor + FLASH_BACKWARD * fwd_flops / (peak * bwd_eff)
     d, batch = model.head_dim, mbs * heads
     scores = gemm_seconds(seq, seq, d, accel, peak, e, batch)   # Q K^T
     context = gemm_seconds(seq, d, seq, accel, peak, e, batch)  # P V
@@ -140,8 +194,9 @@ def rank_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: floa
 
 def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
                           sp: bool) -> float:
-    """Forward seconds of a block's norms, residual adds, rotary and MLP activation."""
-    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / _hbm(accel)
+    """Forward seconds of a block's norms, residual adds, rotary and MLP activation (``KERNELS`` of them)."""
+    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / _hbm(accel) \
+        + KERNELS[runtime] * accel.kernel_floor_s
 
 
 @lru_cache(maxsize=4096)
@@ -156,12 +211,13 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
     width = _mlp_width(model)
-    mlp_in = (2 if model.mlp == "swiglu" else 1) * width / tp
+    mlp_in = (1 if model.mlp == "gelu" else 2) * width / tp  # gated (swiglu, geglu): gate and up
     fwd = bwd = 0.0
     for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
         f, b = _linear_s(tokens, n, k, accel, peak, e)
         fwd, bwd = fwd + f, bwd + b
-    attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention))
+    attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention,
+                                                                 train.runtime))
     mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
     fwd += attn_f + mem_f
     bwd += attn_b + 2 * mem_f

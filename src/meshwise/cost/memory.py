@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 from itertools import accumulate
 
 from meshwise.cost import activations as act
@@ -115,11 +116,36 @@ def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
 
 @lru_cache(maxsize=4096)
 def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    return tuple(dict.fromkeys(_standing_for(model, t, pp, vpp, v_shape)))
+
+
+@lru_cache(maxsize=4096)
+def _standing_for(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
+    """Per pipeline rank, the distinct rank shape that stands for it (the lowest of the same blocks and ends)."""
     shapes: dict[tuple, RankShape] = {}
-    for s in _rank_shapes(model, t, pp, vpp, v_shape):
-        shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params, s.expert_params,
-                           s.last_blocks), s)
-    return tuple(shapes.values())
+    return tuple(shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params,
+                                    s.expert_params, s.last_blocks), s)
+                 for s in _rank_shapes(model, t, pp, vpp, v_shape))
+
+
+def plan_rank_shape(model: ModelSpec, layout: Layout, pp_rank: int) -> RankShape:
+    """The rank shape whose memory ``plan`` prints and decides fit by for pipeline rank ``pp_rank``
+    (one of rank_shapes: the lowest rank holding the same blocks and model ends)."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _standing_for(model, layout.tp, layout.pp, layout.vpp, v_shape)[pp_rank]
+
+
+def rank_groups(model: ModelSpec, layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """The pipeline ranks each of rank_shapes stands for, in its order."""
+    v_shape = layout.schedule == "zero-bubble" and layout.vpp == 2
+    return _rank_groups(model, layout.tp, layout.pp, layout.vpp, v_shape)
+
+
+@lru_cache(maxsize=4096)
+def _rank_groups(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[tuple[int, ...], ...]:
+    standing = _standing_for(model, t, pp, vpp, v_shape)
+    return tuple(tuple(p for p, s in enumerate(standing) if s == rep)
+                 for rep in _distinct_rank_shapes(model, t, pp, vpp, v_shape))
 
 
 def all_rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
@@ -745,14 +771,33 @@ def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, fre
     return out, top_f, top_b, low_b, smallest, fr[0], busiest, low_blocks
 
 
-def candidates_floor(static: tuple, per_mb: tuple) -> float:
+class FloorHalves(NamedTuple):
+    """The static halves of :func:`candidates_floor`'s two sums, added up once per rank shape."""
+
+    forward: float      # the forward's end: weights + optimizer states
+    backward: float     # the backward's start: weights + optimizer states
+    fixed_other: float  # the fixed buffers
+
+
+def floor_halves(static: tuple) -> FloorHalves:
+    """:class:`FloorHalves` of :func:`_static_parts`' answer, summed in :func:`candidates_floor`'s order."""
+    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
+    return FloorHalves(w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other)
+
+
+def candidates_floor(halves: FloorHalves, per_mb: tuple) -> float:
     """At most the largest total of :func:`_candidates`, for a tenth of its work: the forward's end
     and the backward's start without their gradients, strided copies and second backward (each
     term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
-    plan/search.py inlines it (its static halves added up once per structure): keep the two in step."""
-    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
+    The one fit floor: PeakCache.fits and the search both refuse by it."""
     act_fwd, act_bwd, *_ = per_mb
-    return max(w_fwd + 0.0 + o + act_fwd + fixed_other, w_bwd + 0.0 + o + act_bwd + fixed_other)
+    return max(halves.forward + act_fwd + halves.fixed_other, halves.backward + act_bwd + halves.fixed_other)
+
+
+def ceiling_activations(per_mb: tuple) -> float:
+    """The activations :func:`interleaved_ceiling` leaves out: the largest of the forward's end, a
+    backward's start, the loss's and the embedding's backward (of :func:`_per_micro_batch`)."""
+    return max(per_mb[0], per_mb[1], per_mb[2], per_mb[4])
 
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
@@ -783,7 +828,17 @@ def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     can depend on thread timing when two are close; measure compares against the nearest."""
     moments = dict(zip(MOMENTS, _all_moments(model, train, layout, shape, m)))
     if moments.get("ring") == moments.get("end"):  # no ring attention: the end stands in, not a moment of its own
-        moments.pop("ring")
+        moments.pop("ring", None)
     if moments.get("embed") == moments.get("backward"):  # no TP embedding: the backward stands in
-        moments.pop("embed")
+        moments.pop("embed", None)
     return {name: Memory(*c, capacity=capacity) for name, c in moments.items()}
+
+
+def kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout) -> float:
+    """What one block keeps for its backward, per micro-batch of ``layout.mbs``, on one rank (the
+    activations' per-block term of :func:`_activations`, MoE blocks averaged in): the explanation's
+    'activations of one block'."""
+    if model.states_only:
+        return 0.0
+    shape = rank_shapes(model, layout)[0]
+    return _activations(model, local_train(train, layout), layout, shape, 1)[6]

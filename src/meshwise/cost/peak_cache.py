@@ -3,12 +3,26 @@ that do not change between them)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from meshwise.cost import memory
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import (Memory, RankShape, _all_grads, _candidates, _fixed_other, _moments,
-                                  _per_micro_batch, _static_parts, _weights, candidates_floor, frees_gradients,
-                                  rank_memory, states)
+from meshwise.cost.memory import (FloorHalves, Memory, RankShape, _all_grads, _candidates, _fixed_other, _moments,
+                                  _per_micro_batch, _static_parts, _weights, candidates_floor, floor_halves,
+                                  frees_gradients, rank_memory, states)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
+
+
+class RankEntry(NamedTuple):
+    """What a search's inner loop reads of one rank shape of a structure, worked out once for every
+    mbs and ac: the shape, its static parts (None for a bare parameter count), the static halves of
+    the fit floor, and under the interleaved runtime the static part of memory.interleaved_ceiling."""
+
+    shape: RankShape
+    static: tuple | None
+    halves: FloorHalves | None
+    ceiling: float | None
 
 
 class PeakCache:
@@ -84,7 +98,7 @@ class PeakCache:
         per_mb = table.get(key)
         if per_mb is None:
             per_mb = table[key] = self.per_micro_batch(layout, shape, m, lt)
-        if candidates_floor(static, per_mb) > usable:
+        if candidates_floor(floor_halves(static), per_mb) > usable:
             return False
         return self.total_from(layout, shape, m, static, lt, per_mb) <= usable
 
@@ -108,6 +122,14 @@ class PeakCache:
         if table is None:
             table = self._tables[key] = {}
         return table
+
+    def rank_entry(self, layout: Layout, shape: RankShape, train: TrainSpec) -> RankEntry:
+        """The shape's :class:`RankEntry` for ``layout`` (``train``: the plan's own setting)."""
+        static = self.static_of(layout, shape)
+        if static is None:
+            return RankEntry(shape, None, None, None)
+        ceiling = memory.interleaved_ceiling(train, layout, shape, static) if memory.interleaved(layout) else None
+        return RankEntry(shape, static, floor_halves(static), ceiling)
 
     def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
         """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""

@@ -55,24 +55,6 @@ def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     return (p - 1) / (3 * v * m)
 
 
-def bubble_remedy(schedule: str, p: int, v: int, m: int, layers: int) -> str:
-    """The schedule (or micro-batch count) that would shrink this bubble, in words."""
-    if p == 1:
-        return ""
-    options = []
-    if schedule in ("gpipe", "1f1b") and m >= p and m % p == 0:
-        best_v = max((c for c in range(2, 9) if p * c <= layers), default=0)
-        if best_v:
-            options.append(f"schedule=interleaved-1f1b,vpp={best_v} cuts it to "
-                           f"{bubble_fraction('interleaved-1f1b', p, best_v, m):.0%} of compute")
-    if schedule != "zero-bubble" and m >= p:
-        zb_v = 2 if 2 * p <= layers else 1
-        options.append(f"schedule=zero-bubble,vpp={zb_v} to "
-                       f"{bubble_fraction('zero-bubble', p, zb_v, m):.0%}")
-    options.append(f"more micro-batches (a smaller mbs or a larger global batch: m >= {4 * p})")
-    return "; ".join(options)
-
-
 # ------------------------------------------------------------------------ timeline simulation
 @dataclass(frozen=True)
 class Op:
@@ -268,6 +250,24 @@ class Moment(NamedTuple):
     flight: tuple = ()  # chunk-micro-batches in flight, by chunk
 
 
+WALK_ROUNDS = 8  # rounds of p micro-batches an interleaved walk takes at most (walked_microbatches)
+
+
+def walked_microbatches(p: int, m: int) -> int:
+    """The micro-batch count whose interleaved walk stands for ``m``'s: ``m`` itself up to
+    ``WALK_ROUNDS`` rounds of ``p``, else ``WALK_ROUNDS * p``. Past ``p (p + 1)`` micro-batches every
+    count the schedule admits is a multiple of ``p`` (layout.check_microbatches), each round of ``p``
+    micro-batches visits the chunks in the same order, and the steady state between warm-up and
+    cool-down repeats round after round: the moments a walk finds (what is in flight, gathered,
+    accumulating or reduced) are the same for any number of middle rounds, and a chunk's gathers
+    grow by the same count each round (:func:`interleaved_gathers`). So a step of a million
+    micro-batches is walked in the time of eight rounds (tests/unit/test_pipeline_schedule.py
+    checks the equality against the full walk)."""
+    if m % p or m <= WALK_ROUNDS * p or m < p * (p + 1):
+        return m
+    return WALK_ROUNDS * p
+
+
 @lru_cache(maxsize=1024)
 def _local_order(p: int, v: int, m: int, rank: int) -> tuple[tuple[str, int], ...]:
     """Rank ``rank``'s interleaved order (_rank_order) as (kind, local chunk index)."""
@@ -310,7 +310,9 @@ def interleaved_moments(p: int, v: int, m: int, rank: int, evict: bool, reduce_f
     shard (``reduce_frees``). Without FSDP every
     chunk stays whole and gradients accumulate to the end. Found by meshwise verify on Llama 3 405B
     (16,384 H100, tp=8, pp=8 and 16): three chunks' weights and one chunk's gradients at the peak,
-    and 26 all-gathers on dp where gathering each chunk once would make 16."""
+    and 26 all-gathers on dp where gathering each chunk once would make 16. A long step is walked
+    as :func:`walked_microbatches`' shorter one, which has the same moments."""
+    m = walked_microbatches(p, m)
     order = _local_order(p, v, m, rank)
     held, done, flight = 0, [0] * v, [0] * v
     gathered: frozenset = frozenset() if evict else frozenset(range(v))  # a step starts with every chunk resharded
@@ -366,7 +368,17 @@ def interleaved_gathers(p: int, v: int, m: int, rank: int) -> tuple[int, ...]:
     """How many times rank ``rank``'s interleaved runtime gathers each local chunk in a step where
     FSDP would keep it gathered (ZeRO-1/2; interleaved_moments' ``evict``): once when it first
     comes among the next ACTIVE_CHUNKS chunks to compute, and again each time it comes back after
-    being resharded (torch 2.13's ``_add_unshard_reshard``)."""
+    being resharded (torch 2.13's ``_add_unshard_reshard``). A long step: the walk of
+    :func:`walked_microbatches` and one round more, and the difference per round for the rest."""
+    walked = walked_microbatches(p, m)
+    if walked != m:
+        short, longer = _gathers(p, v, walked, rank), _gathers(p, v, walked + p, rank)
+        rounds = (m - walked) // p
+        return tuple(a + rounds * (b - a) for a, b in zip(short, longer))
+    return _gathers(p, v, m, rank)
+
+
+def _gathers(p: int, v: int, m: int, rank: int) -> tuple[int, ...]:
     active: set[int] = set()
     counts = [0] * v
     for ahead in _lookahead_of(p, v, m, rank):
@@ -383,7 +395,8 @@ def busiest_blocks(p: int, v: int, m: int, rank: int, chunk_blocks: tuple[int, .
     interleaved-1F1B step (the most chunk-micro-batches, then the most blocks): where a rank's chunks
     hold unequal block counts, the warm-up fills the early chunks (meshwise verify, Llama 3 405B,
     pp=16, vpp=4, the last rank: 48 micro-batches of its 2-block chunks and one of its 1-block last)."""
-    return max(sum(n * b for n, b in zip(flight, chunk_blocks)) for flight in _busiest_flights(p, v, m, rank))
+    flights = _busiest_flights(p, v, walked_microbatches(p, m), rank)
+    return max(sum(n * b for n, b in zip(flight, chunk_blocks)) for flight in flights)
 
 
 @lru_cache(maxsize=1024)

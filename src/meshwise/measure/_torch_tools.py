@@ -9,6 +9,12 @@ snapshot at the peak of the tracked region. ``FSDPMemTracker`` adds FSDP2's own 
 temporary), so FSDP2's gathered weights and its float32 gradient accumulators land among
 activations and temporaries. :class:`RoleMemTracker` also splits its peak by what each storage
 is, read from the objects that hold it at that moment (``runtime._torch_private.fsdp_held``).
+
+Failing loudly: ``PRIVATE_NAMES`` lists the private names read or overridden here,
+``TRACKER_NAMES`` the private attributes of a tracker instance read here, and every override
+counts its calls in ``runtime._torch_private.OVERRIDE_CALLS``: tests/unit/test_torch_canary.py
+asserts that each exists and that each override runs during a traced step (a renamed hook in torch
+would otherwise never be called, and the peak would be read without it).
 """
 
 from __future__ import annotations
@@ -25,6 +31,23 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._pytree import tree_flatten
 
+from meshwise.runtime._torch_private import OVERRIDE_CALLS
+
+PRIVATE_NAMES = (
+    ("torch.distributed._tools.common_utils", "get_untyped_storages"),
+    ("torch.distributed._tools.mem_tracker", "_TOTAL_KEY"),
+    ("torch.distributed._tools.mem_tracker", "MemTracker._update_peak_stats"),
+    ("torch.distributed._tools.mem_tracker", "MemTracker._pre_fw_hook"),
+    ("torch.distributed._tools.mem_tracker", "MemTracker.track_external"),
+    ("torch.distributed._tools.mod_tracker", "ModTracker._fw_pre_hook"),
+    ("torch.distributed._tools.mod_tracker", "ModTracker.get_known_fqn"),
+    ("torch.distributed._tools.mod_tracker", "ModTracker.is_bw"),
+    ("torch.distributed.tensor._sharding_prop", "ShardingPropagator._propagate_tensor_meta_non_cached"),
+)
+# private attributes of a MemTracker (and its ModTracker) read here, set when it is made or entered
+TRACKER_NAMES = ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_WINFO", "_mod_tracker", "memory_tracking", "_depth")
+MOD_TRACKER_NAMES = ("parents",)
+
 
 class _LeafSafeModTracker(ModTracker):
     """ModTracker that does not hook the backward of leaf inputs: a pipeline stage's received
@@ -32,6 +55,7 @@ class _LeafSafeModTracker(ModTracker):
     which refuses grad hooks on leaves. Only the per-module backward nesting is lost."""
 
     def _fw_pre_hook(self, mod, input):  # type: ignore[override]
+        OVERRIDE_CALLS["ModTracker._fw_pre_hook"] += 1
         args, _ = tree_flatten(input)
         kept = tuple(a for a in args if not (isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is None))
         return super()._fw_pre_hook(mod, kept)
@@ -42,6 +66,7 @@ _PROPAGATING = [0]  # depth of DTensor sharding propagations running now (see St
 
 def _untracked_propagation(propagate: Callable) -> Callable:
     def wrapped(self, op_schema):  # type: ignore[no-untyped-def]
+        OVERRIDE_CALLS["ShardingPropagator._propagate_tensor_meta_non_cached"] += 1
         _PROPAGATING[0] += 1
         try:
             return propagate(self, op_schema)
@@ -97,6 +122,7 @@ class StepMemTracker(MemTracker):
         MemTracker's own also walks every tracked module on every operator for the per-module
         peaks, which meshwise does not read: that walk was 19 of every 20 seconds of a traced step
         of the tiny model (cProfile, 2026-12-04)."""
+        OVERRIDE_CALLS["MemTracker._update_peak_stats"] += 1
         for dev, snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
@@ -118,6 +144,7 @@ class StepMemTracker(MemTracker):
         self.peak_in_attention = any(name.rpartition(".")[2] == "attention" for name in parents)
 
     def _pre_fw_hook(self, module, inputs) -> None:  # type: ignore[override]
+        OVERRIDE_CALLS["MemTracker._pre_fw_hook"] += 1
         if module in self.memory_tracking and not self._mod_tracker.is_bw:
             name = self._mod_tracker.get_known_fqn(module)
             if set(self._mod_tracker.parents) - {name} <= {"Global"}:
@@ -162,6 +189,7 @@ class RoleMemTracker(StepMemTracker):
                 if self._device_type is None or dev.type == self._device_type}
 
     def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
+        OVERRIDE_CALLS["MemTracker._update_peak_stats"] += 1
         counted = self._counted()
         total = sum(snap[_TOTAL_KEY] for snap in counted.values())
         if total > self._peak_total:

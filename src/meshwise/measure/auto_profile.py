@@ -18,6 +18,13 @@ With more processes than cores, the per-rank figures (a rank's speed on a core o
 the links those of the run's own process count: a machine has one speed per rank, and two
 calibrations minutes apart on a shared machine read it differently (docs/fidelity.md, run E).
 
+A calibration knows its age. Shared and cloud hosts drift (this 2-core machine read the same step
+at 45 ms, then 87 ms, within the hour), so before a cached profile is used, ``ensure`` re-checks it
+(measure/probe.py: a few GEMMs and an operator-overhead chain, about a second once torch is
+loaded) against the probe the calibration recorded: beyond ``DRIFT_BOUND`` either way the machine
+is calibrated again; within it, one line says how old the calibration is and how far the machine
+moved. ``MESHWISE_RECHECK=0`` skips the re-check; a profile without a probe is used as it is.
+
 Workers started by ``train`` find the file through ``$MESHWISE_AUTO_PROFILE`` (set by the
 launching process); workers under a plain ``torchrun`` read the cache but never calibrate (that
 would start a calibration per rank): without a cached file they use the catalog's ``cpu``.
@@ -38,10 +45,13 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 5  # 5: the efficiency net of the memory-bound term (cost/host.py);
+CALIBRATION_VERSION = 6  # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
+                         # 5: the efficiency net of the memory-bound term (cost/host.py);
                          # 4: more ranks than cores take the cores-process profile's per-rank figures;
                          # 3: per-rank figures with one rank per core; 2: best of single timed calls
                          # (1: averaged over 50 ms windows)
+RECHECK_ENV = "MESHWISE_RECHECK"
+DRIFT_BOUND = 0.25  # a machine this much slower or faster than at its calibration is calibrated again
 MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`
 SEQ_LEN = 128     # the default `--data.seq_len`
 
@@ -93,10 +103,12 @@ def cached(nproc: int) -> Path | None:
 
 
 def ensure(nproc: int, say=None) -> Path:
-    """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing or
-    invalid. ``say``: where the one line about a calibration goes (default: stderr)."""
+    """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing,
+    invalid or no longer this machine's (:func:`still_holds`). ``say``: where the one line about a
+    calibration goes (default: stderr)."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     found = cached(nproc)
-    if found:
+    if found and still_holds(found, say):
         return found
     from meshwise.measure.calibrate import calibrate
 
@@ -106,8 +118,7 @@ def ensure(nproc: int, say=None) -> Path:
     except OSError as e:
         raise MeshwiseError(f"{CACHE_ENV}: cannot create the cache folder {path.parent} ({e.strerror}); "
                             "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    say(f"Calibrating this machine for {nproc} process(es) (first use; cached in {path}) ...")
+    say(f"Calibrating this machine for {nproc} process(es) ({'again' if found else 'first use'}; cached in {path}) ...")
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     start = time.perf_counter()
     table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
@@ -120,6 +131,35 @@ def ensure(nproc: int, say=None) -> Path:
         say(f"meshwise: warning: the machine was busy while calibrating (load average {load:.1f} on {cores} "
             f"cores): its figures are slower than the machine; delete {path} to measure again when it is quiet")
     return path
+
+
+def age_text(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def still_holds(path: Path, say) -> bool:
+    """Whether the cached profile at ``path`` still describes this machine: its probe read again
+    within ``DRIFT_BOUND`` (module docstring); says the calibration's age and the drift either way."""
+    import tomllib
+
+    from meshwise.measure import probe
+
+    if os.environ.get(RECHECK_ENV, "1") == "0":
+        return True
+    table = tomllib.loads(path.read_text())
+    if not all(k in table for k in probe.PROBE_KEYS):
+        return True
+    start = time.perf_counter()
+    now = probe.probe()
+    moved = probe.drift(table, now)
+    age = age_text(max(0.0, now["calibrated_unix_s"] - table["calibrated_unix_s"]))
+    if abs(moved) <= DRIFT_BOUND:
+        say(f"Calibration {age} old, re-checked in {time.perf_counter() - start:.1f} s: the machine reads "
+            f"{moved:+.0%} against it (recalibrated beyond ±{DRIFT_BOUND:.0%})")
+        return True
+    say(f"The machine reads {moved:+.0%} against its calibration of {age} ago (bound ±{DRIFT_BOUND:.0%}): "
+        "calibrating again")
+    return False
 
 
 def share_per_rank_figures(path: Path, base: Path, cores: int) -> None:

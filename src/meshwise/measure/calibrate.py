@@ -32,8 +32,9 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
   wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
   with all cores against one process per core;
-- **memory bandwidth** ``hbm_bytes_per_s``: a large tensor copy, ``2 * bytes / time`` (read +
-  write, as the cost model's optimizer term counts its bytes);
+- **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
+  (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
+  128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
 - **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce, all-gather and
   reduce-scatter at a few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring
   all-reduce ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather and reduce-scatter
@@ -65,13 +66,18 @@ from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
-COLLECTIVE_SIZES_BYTES = (4 << 10, 256 << 10, 4 << 20)
-COPY_BYTES = 128 << 20
+COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)  # quick: every other one
+COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
+DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "thread_efficiency", "cores_per_node", "source")
+                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
+                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "thread_efficiency",
+                "cores_per_node",
+                "probe_gemm_flops_per_s",
+                "probe_op_s", "calibrated_unix_s", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -83,6 +89,49 @@ def collective_coefficients(kind: str, n: int, payload_bytes: float) -> tuple[fl
     if kind in ("all_gather", "reduce_scatter"):
         return float(n - 1), (n - 1) / n * payload_bytes
     raise ValueError(f"unknown collective kind {kind!r}")
+
+
+GEMM_SIDES = (16, 64, 256, 1024, 2048)
+GEMM_SIDES_QUICK = (16, 128, 1024, 2048)
+GEMM_MAX_MNK = 1 << 30  # the grid's largest GEMM: 2 GFLOP (about 20 ms at 100 GFLOP/s)
+
+
+def gemm_grid(quick: bool) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the GEMM benchmark: every combination of ``GEMM_SIDES`` up to ``GEMM_MAX_MNK``."""
+    sides = GEMM_SIDES_QUICK if quick else GEMM_SIDES
+    return [(m, n, k) for m in sides for n in sides for k in sides if m * n * k <= GEMM_MAX_MNK]
+
+
+def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
+    """(flops_per_s, call_s, bytes_per_s, mean |relative error|) of cost/host.py's
+    ``cpu_gemm_seconds`` fitted to ``(M, N, K, seconds)`` samples by least squares on relative
+    error (each sample's equation divided by its time). Terms whose coefficient comes out negative
+    are left out (bandwidth first, then the fixed cost) and the rest refitted; ``bytes_per_s`` 0
+    means no bandwidth term."""
+    def solve(cols: list[int]) -> list[float] | None:
+        rows = [[(2 * m * n * k, 1.0, 4.0 * (m * k + k * n + m * n))[c] / t for c in cols] for m, n, k, t in samples]
+        size = len(cols)
+        a = [[sum(r[i] * r[j] for r in rows) for j in range(size)] + [sum(r[i] for r in rows)] for i in range(size)]
+        for i in range(size):  # Gauss-Jordan on the normal equations
+            pivot = max(range(i, size), key=lambda j: abs(a[j][i]))
+            a[i], a[pivot] = a[pivot], a[i]
+            if a[i][i] == 0:
+                return None
+            a[i] = [x / a[i][i] for x in a[i]]
+            for j in range(size):
+                if j != i:
+                    a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
+        return [a[i][size] for i in range(size)]
+
+    for cols in ([0, 1, 2], [0, 1], [0]):
+        coef = solve(cols)
+        if coef and all(c >= 0 for c in coef) and coef[0] > 0:
+            full = dict(zip(cols, coef))
+            g, call, inv_bw = full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
+            errors = [abs((2 * m * n * k * g + call + 4.0 * (m * k + k * n + m * n) * inv_bw) / t - 1)
+                      for m, n, k, t in samples]
+            return 1.0 / g, call, (1.0 / inv_bw if inv_bw else 0.0), sum(errors) / len(errors)
+    raise ValueError("no GEMM samples to fit")
 
 
 def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float, float]:
@@ -113,14 +162,27 @@ def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float,
     return alpha, 1.0 / g
 
 
+def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s: float,
+                         bytes_per_s: float) -> float:
+    """Mean |relative error| of the fitted latency and bandwidth on the samples they were fitted to."""
+    errors = []
+    for kind, n, payload, seconds in samples:
+        steps, moved = collective_coefficients(kind, n, payload)
+        errors.append(abs((steps * latency_s + moved / bytes_per_s) / seconds - 1))
+    return sum(errors) / len(errors)
+
+
 def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated",
                   note: str = "") -> dict[str, Any]:
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
     if nproc > 1:
-        latency_s, link_bytes_per_s = fit_alpha_beta([tuple(s) for s in result["collectives"]])
-        link_note = "collectives (all-reduce, all-gather, reduce-scatter between compute slices) fitted over gloo"
+        samples = [tuple(s) for s in result["collectives"]]
+        latency_s, link_bytes_per_s = fit_alpha_beta(samples)
+        link_note = (f"collectives (all-reduce, all-gather, reduce-scatter between compute slices, {len(samples)} "
+                     f"by kind and size) fitted over gloo with mean |error| "
+                     f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}")
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
@@ -136,6 +198,12 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         alone = result.get("tp_collectives_alone")
         tp_latency_s = fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s
         tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * tp_latency_s) / model_ops)
+    fsdp_call_s, fsdp_param_s = 0.0, 0.0
+    if result.get("fsdp_host_s") and nproc > 1:
+        fsdp_call_s, fsdp_param_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
+                                                   int(result["model_tensors"]), int(result["blocks"]),
+                                                   float(result["copy_bytes_per_s"]))
+    gemm = gemm_fields(result)
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
@@ -146,6 +214,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "peak_bf16_flops_per_s": peak,
         "peak_fp32_flops_per_s": peak,
         "hbm_bytes_per_s": float(result["copy_bytes_per_s"]),
+        **({"dram_bytes_per_s": float(result["dram_copy_bytes_per_s"])} if result.get("dram_copy_bytes_per_s") else {}),
         "gpus_per_node": nproc,
         "intra_bytes_per_s": link_bytes_per_s,
         "intra_latency_s": latency_s,
@@ -158,11 +227,58 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "checkpoint_call_s": call_s,
         "selective_op_s": sel_s,
         "tp_op_s": tp_s,
+        "fsdp_call_s": fsdp_call_s,
+        "fsdp_param_s": fsdp_param_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
-        "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; "
+        **{k: v for k, v in gemm.items() if k != "note"},
+        "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
+
+
+def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The GEMM grid's profile keys (cost/host.py ``cpu_gemm_seconds``, ``gemm_shape_factor``) and
+    a note on the fit's own error, from ``gemm_grid`` (``[M, N, K, seconds]``) and
+    ``gemm_reference_shapes`` (the calibration model's GEMMs); {} without a grid."""
+    from meshwise.cost.host import gemm_grid_efficiency
+    from meshwise.spec import AcceleratorSpec
+
+    if not result.get("gemm_grid"):
+        return {}
+    rate, call_s, bytes_per_s, error = fit_gemm([tuple(x) for x in result["gemm_grid"]])
+    fitted = AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=call_s,
+                             cpu_gemm_bytes_per_s=bytes_per_s)
+    reference = gemm_grid_efficiency(fitted, [tuple(x) for x in result["gemm_reference_shapes"]])
+    return {"cpu_gemm_flops_per_s": rate, "cpu_gemm_call_s": call_s, "cpu_gemm_bytes_per_s": bytes_per_s,
+            "gemm_reference_efficiency": min(1.0, reference),
+            "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
+                    f"{error:.0%}; "}
+
+
+def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
+                   copy_bytes_per_s: float) -> tuple[float, float]:
+    """(fsdp_call_s, fsdp_param_s) from the FSDP2 benchmark (calibrate_worker.bench_fsdp_host):
+    per wrapping ``[seconds, calls, bytes]`` of a forward + backward net of its waits. By
+    cost/host.py's model, each wrapping's seconds less the plain forward + backward (``plain_s``)
+    and its copies (``2 * bytes / copy bandwidth``, cost/host.py ``fsdp_copy_seconds``) are
+    ``calls * (call + tensors / units * param)``, with ``units`` = blocks + 1 wrapped per block
+    and ceil(blocks / 2) + 1 wrapped per pair. Two equations, two unknowns, each at least 0 (one of
+    them negative: the other refitted alone, by least squares)."""
+    rows = []
+    for mode, n_units in (("blocks", blocks + 1), ("pairs", -(-blocks // 2) + 1)):
+        seconds, calls, moved = (list(fsdp_host_s[mode]) + [0.0])[:3]
+        extra = seconds - plain_s - 2.0 * moved / copy_bytes_per_s
+        rows.append((calls, calls * tensors / n_units, extra))
+    (a1, b1, y1), (a2, b2, y2) = rows
+    det = a1 * b2 - a2 * b1
+    call = (y1 * b2 - y2 * b1) / det if det else -1.0
+    param = (a1 * y2 - a2 * y1) / det if det else -1.0
+    if call >= 0 and param >= 0:
+        return call, param
+    if call < 0:  # per tensor alone
+        return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2))
+    return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0
 
 
 def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s: float) -> tuple[float, float]:
@@ -198,7 +314,9 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+                 "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
+                 "dram_bytes_per_s")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:
@@ -276,6 +394,8 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
         if not result_file.is_file():
             raise RuntimeError("calibration workers wrote no result")
         result = json.loads(result_file.read_text())
-    table = profile_table(result, nproc, physical_memory_bytes(), note=note)
+    from meshwise.measure.probe import probe
+
+    table = profile_table(result, nproc, physical_memory_bytes(), note=note) | probe()
     write_profile(out, table)
     return {**table, "phase_s": result.get("phase_s", {})}  # seconds per benchmark (not written)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from meshwise.files import write_atomically
-from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, HOST_TOKENS
+from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
 from meshwise.spec import ModelSpec, load_model
 
 
@@ -55,6 +55,23 @@ def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
 
     run()
     return flops / _best_time(run, 10 * repeats)
+
+
+def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
+    """``[M, N, K, seconds]`` of one fp32 GEMM ``X (M x K) @ W^T`` (``torch.nn.functional.linear``,
+    as the model calls it) per shape of ``calibrate.gemm_grid``: the best of several timings."""
+    import torch
+
+    from meshwise.measure.calibrate import gemm_grid
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for m, n, k in gemm_grid(quick):
+        x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+        torch.nn.functional.linear(x, w)
+        best_s = _best_time(lambda: torch.nn.functional.linear(x, w), (2 if quick else 3) * repeats, 0.002)
+        out.append([m, n, k, best_s])
+    return out
 
 
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
@@ -140,6 +157,55 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
 
 
+def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
+    """FSDP2's own host cost on every rank at once (``fully_shard`` over all ranks, parameters
+    resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls, bytes]`` of
+    one forward + backward on ``HOST_TOKENS`` tokens with every blocking wait on a collective taken
+    out (``timed_waits``: the transfer is communication, not FSDP2's work). Two wrappings of the
+    same parameters: ``blocks`` (one unit per block, then the root, as the runtime wraps) and
+    ``pairs`` (one unit per two consecutive blocks, then the root): every parameter tensor is
+    gathered and reduced as often in both, the calls differ, so the cost per call and the cost per
+    tensor per call can be told apart (calibrate.fsdp_constants). (The whole model as one unit
+    would not do: its one large buffer pays page faults per byte that the runtime's units do not.)"""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from meshwise.measure.comm_trace import CollectiveTrace
+    from meshwise.runtime._torch_private import timed_waits
+    from meshwise.runtime.model import build_model, loss_sum
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    out: dict[str, list[float]] = {}
+    for mode, per_unit in (("blocks", 1), ("pairs", 2)):
+        net = build_model(model, seed=0)
+        blocks = list(net.layers.values())
+        for i in range(0, len(blocks), per_unit):
+            fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
+        fully_shard(net, mesh=mesh, reshard_after_forward=True)
+        waited = [0.0]
+
+        def run() -> None:
+            net.zero_grad(set_to_none=True)
+            loss_sum(net(x), y).backward()
+
+        with CollectiveTrace(mesh) as trace:
+            run()
+        keys = [key for key in trace.calls if key.kind in ("all_gather", "reduce_scatter")]
+        best = math.inf
+        with timed_waits(lambda kind, seconds: waited.__setitem__(0, waited[0] + seconds)):
+            for _ in range(5 * repeats):
+                dist.barrier()
+                waited[0], start = 0.0, time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - start - waited[0])
+        out[mode] = [best, float(sum(trace.calls[k] for k in keys)), float(sum(trace.bytes[k] for k in keys))]
+    return out
+
+
 def _lockstep_time(fn, repeats: int, calls: int, group=None) -> float:
     """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank of
     ``group`` (default: all) starting each run at a barrier (a fixed count: ranks must issue the
@@ -204,6 +270,22 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
     return out
 
 
+def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: bool, phase) -> dict:
+    """The per-rank benchmarks (on ``active`` ranks; every rank passes each ``phase`` barrier)."""
+    benches = (("matmul", lambda: {"matmul_flops_per_s": bench_matmul(model, seq, repeats)}),
+               ("gemm_grid", lambda: {"gemm_grid": bench_gemm_grid(quick, repeats)}),
+               ("forward_backward", lambda: {"fwd_bwd_s": bench_forward_backward(model, seq, repeats)}),
+               ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
+                                 "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
+               ("host", lambda: {"host_s": bench_host(model, repeats)}))
+    mine: dict = {}
+    for name, bench in benches:
+        if active:
+            mine |= bench()
+        phase(name)
+    return mine
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
     slowest rank's figures (lowest rates, longest times)."""
@@ -242,22 +324,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     alone = min(n, cores)
     active = rank < alone
-    mine: dict = {}
-    if active:
-        mine["matmul_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
-    phase("matmul")
-    if active:
-        mine["fwd_bwd_s"] = bench_forward_backward(model, args.seq_len, repeats)
-    phase("forward_backward")
-    if active:
-        mine["copy_bytes_per_s"] = bench_copy(COPY_BYTES // (16 if args.quick else 1), repeats)
-    phase("copy")
-    if active:
-        mine["host_s"] = bench_host(model, repeats)
-    phase("host")
+    mine = _per_rank(model, args.seq_len, args.quick, repeats, active, phase)
     pairs = max(1, alone // 2)
     tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
     phase("tp_host")
+    fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
+    phase("fsdp_host")
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         torch.set_num_threads(cores)
         mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
@@ -277,6 +349,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
+        result["fsdp_host_s"] = fsdp
         if alone_collectives:
             result["tp_collectives_alone"] = alone_collectives
         result["phase_s"] = phases
@@ -294,7 +367,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
     import torch
 
     from meshwise.cost.compute import model_flops
-    from meshwise.cost.host import ops_per_microbatch
+    from meshwise.cost.host import linear_gemm_shapes, ops_per_microbatch, parameter_tensors
     from meshwise.measure.calibrate import calibration_memory_bound_bytes
 
     n = len(everyone)
@@ -303,10 +376,15 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
         "fwd_bwd_s": max(r["fwd_bwd_s"] for r in everyone),
         "copy_bytes_per_s": min(r["copy_bytes_per_s"] for r in everyone),
+        "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "blocks": model.layers,
+        "model_tensors": parameter_tensors(model, model.layers, True, True),
+        "gemm_grid": [[*shape[:3], max(r["gemm_grid"][i][3] for r in everyone)]
+                      for i, shape in enumerate(everyone[0]["gemm_grid"])],
+        "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
         "cores": cores,
         "tp_host_s": tp[0],

@@ -8,7 +8,7 @@ import sys
 from meshwise.errors import MeshwiseError
 from meshwise.launch import check_nproc
 from meshwise.layout import check_runnable, parse
-from meshwise.measure.compare import Row, rows_for
+from meshwise.measure.compare import Row, rows_for, time_verdicts
 from meshwise.measure.run import run_workers
 from meshwise.spec import load_cluster, load_model, TrainSpec
 
@@ -34,6 +34,9 @@ def print_rows(rows: list[Row], title: str) -> None:
         shown = "-" if err == float("inf") else f"{err:+.1%}"
         table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
     console.print(table)
+    for rank, moment in sorted({(r.rank, r.figure.split(".")[1]) for r in rows if r.figure.startswith("peak_moved.")}):
+        console.print(f"rank {rank}: the peak moved: it fell at the '{moment}' moment, not where the plan puts it "
+                      f"(memory.* rows: the plan's prediction; peak_moved.{moment}.*: that moment's)")
 
 
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
@@ -64,9 +67,11 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     else:
         print_rows(rows, f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
                          f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}")
+        for line in time_verdicts(rows):
+            print(line)
     if report:
         from meshwise.report.measure_report import write_measure_report
-        write_measure_report(report, rows, records, model, layout, cluster, train)
+        write_measure_report(report, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
         if not as_json:
             print(f"report: {report}")
     return 0

@@ -2,31 +2,35 @@
 
 Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 ``comm.<kind>.<dim>.bytes_per_step`` and ``.count_per_step``, and ``time.<part>_s``: the median
-step, then its parts, which add up to it on both sides (measure/timing.py): compute (operators'
-arithmetic and launch), exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, and
-other (the measured remainder: zeroing gradients, the gradient norm, the loss; predicted 0). Measured memory categories are MemTracker's at the step's peak: Parameter -> params,
-Gradient -> grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and
-(``verify``'s, FSDP2's collective buffers) Comm buffer -> other. The prediction for a rank is the cost model's for its pipeline rank (memory.all_rank_shapes),
-at the predicted peak moment, or at another moment within 10% of it that is nearer the measured
-total (nearest_moment); for a run or trace that saw where its peak fell (``peak_moments``: measure's workers and
-``verify`` record it, measure/_torch_tools.peak_moments), at the nearest of those moments.
+step, then its parts, each timed (measure/timing.py): compute (operators' arithmetic and launch),
+exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, fixed (zeroing gradients,
+the gradient norm, the loss), and untimed (the step less the timed parts; predicted 0), which
+:func:`time_verdicts` checks against the step and reads for the largest residual.
+Measured memory categories are MemTracker's at the step's peak: Parameter -> params, Gradient ->
+grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
+FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
+
+The prediction is fixed before the measurement: for a rank it is the plan's own, what ``plan --json``
+prints in ``rank_memory`` for the entry whose ``pp_ranks`` hold the rank's pipeline rank (the lowest
+rank of the same blocks and model ends stands for the others: memory.plan_rank_shape), at the
+moment ``plan`` decides fit at, the largest (plan_peak). Where a run or trace saw its peak fall at
+another moment (``peak_moments``: measure's workers and ``verify`` record it,
+measure/_torch_tools.peak_moments), the rows ``peak_moved.<moment>.<category>`` add that moment's
+prediction beside the same measurement; the ``memory.*`` rows keep the plan's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from meshwise.cost.estimate import estimate, rank_collectives
-from meshwise.cost.memory import Memory, all_rank_shapes, moment_memories, receive_buffers_idle
+from meshwise.cost.memory import Memory, moment_memories, plan_rank_shape
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
                      "Temp": "other", "Buffer": "other", "Other": "other", "Comm buffer": "other"}
 MEMORY = ("params", "grads", "optimizer", "activations", "other")
-NEAR_PEAK = 0.10  # moments whose predicted totals lie this close to the peak's can each be the peak
-TIED = 0.01  # inside a module's backward, moments this close to the largest are a tie the plan cannot break
 
 
 @dataclass(frozen=True)
@@ -57,54 +61,57 @@ def measured_memory(record: dict) -> dict[str, float]:
     return out
 
 
-def nearest_moment(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float,
-                   measured_total: float, names: list[str] | None = None, by_role: bool = False) -> Memory:
-    """The predicted peak (the largest moment), unless another moment's total is within
-    ``NEAR_PEAK`` of it and nearer the measured total: a run's peak can fall on either of two
-    nearly equal moments depending on thread timing, and their categories differ. With ``names``
-    (a run or trace that saw where its peak fell), the nearest of those moments; with ``names``
-    empty, of all; without, of all but the loss's backward. Memory categorised by MemTracker
-    (``by_role`` False: measure's runs) files a block's unsharded gradients late in its backward,
-    the table's gradient in a TP embedding's backward (and, where the run did not see where its
-    peak fell, the loss's backward's tensors) as temporaries, so those moments are left out;
-    categorised by role (``verify``'s traces), a peak inside a module's backward is the largest of
-    its start, late in a block and the embedding's backward, or of those within TIED of it the
-    nearest the measured total (Llama 3 70B pp=4,dp=2,zero=1,tp=8 rank 0: the backward's start and
-    the embedding's backward lie 0.1% apart, their gradients 3.6%)."""
+def plan_peak(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float
+              ) -> tuple[str, Memory, dict[str, Memory]]:
+    """(the moment ``plan`` decides fit at, its memory, every moment's): the largest of the rank's
+    moments (memory.rank_memory, what ``plan --json`` prints for the rank), fixed before anything
+    is measured."""
     moments = moment_memories(model, train, layout, shape, m, capacity)
-    if not by_role and layout.pp > 1:  # measure's tracker starts after the first step (memory.receive_buffers_idle)
-        idle = receive_buffers_idle(model, train, layout, shape, m)
-        moments = {k: dataclasses.replace(mm, activations=max(mm.activations - idle, 0.0)) for k, mm in moments.items()}
-    if names is None:
-        moments.pop("loss", None)
-    if not by_role:
-        moments.pop("block", None)
-        moments.pop("embed", None)
-    elif names and "backward" in names:  # inside a module's backward: its start, late in a block, the embedding's
-        inside = (moments["backward"], moments.pop("block"), moments.pop("embed", moments["backward"]))
-        top = max(inside, key=lambda mm: mm.total)
-        tied = [mm for mm in inside if mm.total >= (1 - TIED) * top.total]
-        moments["backward"] = min(tied, key=lambda mm: abs(mm.total - measured_total))
-    if names and "ring" in names and "ring" not in moments:  # no ring moment of its own: the backward stands in
-        names = [n for n in names if n != "ring"] + ["backward"]
-    if names and any(n in moments for n in names):
-        return min((moments[n] for n in names if n in moments), key=lambda mm: abs(mm.total - measured_total))
-    peak = max(moments.values(), key=lambda mm: mm.total)
-    close = [mm for mm in moments.values() if mm.total >= (1 - NEAR_PEAK) * peak.total]
-    return min(close, key=lambda mm: abs(mm.total - measured_total))
+    name = max(moments, key=lambda k: moments[k].total)
+    return name, moments[name], moments
+
+
+def moments_seen(names: list[str] | None, moments: dict[str, Memory], pp: int = 1) -> list[str]:
+    """The plan's moments a run's or trace's ``peak_moments`` can stand for: "forward" the end of a
+    forward; "backward" (inside a module's backward) its start, late in a block or the embedding's
+    backward; "ring" inside a ring attention's backward (without a ring moment of its own, the
+    backward's start); [] (in a backward outside any module) without PP the loss's backward or the
+    end of the step, under PP any. None (not known) gives []."""
+    seen: list[str] = []
+    if names is not None and not names and pp == 1:
+        seen = ["loss", "end"]
+    for n in names or ():
+        if n == "backward":
+            seen += ["backward", "block", "embed"]
+        else:
+            seen.append(n if n != "ring" or "ring" in moments else "backward")
+    return [n for n in dict.fromkeys(seen) if n in moments]
+
+
+def peak_moved(names: list[str] | None, moments: dict[str, Memory], planned: str, pp: int = 1) -> str | None:
+    """Where the measured peak fell, when that is known and is not the plan's peak moment: the
+    largest predicted of the moments it can stand for (chosen by prediction alone), else None."""
+    seen = moments_seen(names, moments, pp)
+    if not seen or planned in seen:
+        return None
+    return max(seen, key=lambda k: moments[k].total)
 
 
 def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> list[Row]:
     """Every figure of one rank's record, predicted beside measured."""
     layout: Layout = parse(record["layout"])
     rank = record["rank"]
-    shape = all_rank_shapes(model, layout)[record["pp_rank"]]
+    shape = plan_rank_shape(model, layout, record["pp_rank"])
     m = layout.accum(train.global_batch)
     meas_mem = measured_memory(record)
-    pred_mem = nearest_moment(model, train, layout, shape, m, cluster.accelerator.memory_bytes,
-                              sum(meas_mem[c] for c in MEMORY), record.get("peak_moments"),
-                              by_role="memory_by_creation" in record)  # verify's records keep MemTracker's split too
+    planned, pred_mem, moments = plan_peak(model, train, layout, shape, m, cluster.accelerator.memory_bytes)
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
+    rows.append(Row("memory.total", rank, pred_mem.total, sum(meas_mem.values())))
+    moved = peak_moved(record.get("peak_moments"), moments, planned, layout.pp)
+    if moved:  # the measured peak fell at another moment: its prediction beside, the plan's row unchanged
+        at = moments[moved]
+        rows += [Row(f"peak_moved.{moved}.{c}", rank, getattr(at, c), meas_mem[c]) for c in MEMORY]
+        rows.append(Row(f"peak_moved.{moved}.total", rank, at.total, sum(meas_mem.values())))
 
     predicted = {(c.kind, c.dim): c for c in rank_collectives(model, cluster, train, layout, shape)}
     measured = {(c["kind"], c["dim"]): c for c in record["comm"]}
@@ -119,7 +126,34 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
         return rows
     e = estimate(model, cluster, train, layout)
     predicted_parts = {"compute_s": e.time.compute_s, "comm_s": e.time.comm_exposed_s, "idle_s": e.time.bubble_s,
-                       "optimizer_s": e.time.optimizer_s, "other_s": 0.0}
+                       "optimizer_s": e.time.optimizer_s, "fixed_s": e.time.fixed_s, "untimed_s": 0.0}
     rows.append(Row("time.step_s", rank, e.time.step_s, t["step_s"]))
     rows += [Row(f"time.{part}", rank, value, t[part]) for part, value in predicted_parts.items() if part in t]
     return rows
+
+
+TIME_PARTS = {"compute_s": "compute (arithmetic, operator launches, FSDP2's per-parameter work)",
+              "comm_s": "exposed communication", "idle_s": "pipeline idle", "optimizer_s": "the optimizer step",
+              "fixed_s": "the step's fixed work (zeroing, gradient norm, loss)"}
+
+
+def time_verdicts(rows: list[Row]) -> list[str]:
+    """Per rank with timed parts: whether they add up to the step timed on its own
+    (measure/timing.py ``check_sum``), and the part with the largest residual (measured less
+    predicted), named as the component the model misses (or over-counts)."""
+    from meshwise.measure.timing import check_sum
+
+    out = []
+    for rank in sorted({r.rank for r in rows}):
+        t = {r.figure[5:]: r for r in rows if r.rank == rank and r.figure.startswith("time.")}
+        if not all(p in t for p in (*TIME_PARTS, "step_s")):
+            continue
+        missed = check_sum(t["step_s"].measured, {p: t[p].measured for p in TIME_PARTS})
+        out.append(f"rank {rank}: " + (f"the split does not hold: {missed}" if missed else
+                                       "the timed parts add up to the step (within 5%)"))
+        part = max(TIME_PARTS, key=lambda p: abs(t[p].measured - t[p].predicted))
+        gap = t[part].measured - t[part].predicted
+        share = gap / t["step_s"].measured if t["step_s"].measured else 0.0
+        out.append(f"rank {rank}: largest residual {part[:-2]} {gap * 1e3:+.1f} ms ({share:+.0%} of the step): "
+                   f"{TIME_PARTS[part]} is {'missing from' if gap > 0 else 'over-counted by'} the model")
+    return out

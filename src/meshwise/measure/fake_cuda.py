@@ -64,14 +64,15 @@ def build() -> Path:
     if cxx is None:
         raise MeshwiseError("verify: tracing a GPU profile on this CPU build of torch needs a C++ compiler (g++) "
                             "to build its fake CUDA device; install it (Debian: apt-get install g++) or set $CXX")
-    import torch
     from torch.utils import cpp_extension
+
+    from meshwise.runtime._torch_private import cxx11_abi
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     lib = _torch_dir() / "lib"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cxx, "-shared", "-fPIC", "-O1", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    cmd = [cxx, "-shared", "-fPIC", "-O1", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi()}",
            *includes, str(SOURCE), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -179,11 +180,12 @@ def _register_cuda_kernels() -> None:
         return
     import torch
 
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    from meshwise.runtime._torch_private import aten_op_names, has_kernel
+
     lib = torch.library.Library("aten", "IMPL")
-    for name in torch._C._dispatch_get_all_op_names():
-        if name.startswith("aten::") and has(name, "CompositeImplicitAutograd") and has(name, "CPU") \
-                and not has(name, "CUDA"):
+    for name in aten_op_names():
+        if name.startswith("aten::") and has_kernel(name, "CompositeImplicitAutograd") and has_kernel(name, "CPU") \
+                and not has_kernel(name, "CUDA"):
             lib.impl(name.removeprefix("aten::"), _no_kernel, "CUDA")
     _KERNELS.append(lib)
 

@@ -77,6 +77,14 @@ def trace_precision(precision: str, kind: str) -> str:
     return float8.resolve(precision, kind) or runtime_precision(kind)
 
 
+def verify_train(cluster: ClusterSpec, global_batch: int, seq: int, precision: str = "auto") -> TrainSpec:
+    """The step ``verify`` traces and predicts: the runtime's precision on the cluster's device (or
+    the float8 format asked for, :func:`trace_precision`), the rest ``plan``'s defaults (so its
+    predicted column is ``plan --json``'s for the same layout)."""
+    return TrainSpec(global_batch=global_batch, seq_len=seq,
+                     precision=trace_precision(precision, device_type(cluster)))
+
+
 def auto_ranks(layout: Layout) -> list[int]:
     """One rank per distinct shape: the first, a middle and the last pipeline stage (coordinate 0
     on every other dimension); one rank without PP."""
@@ -201,14 +209,13 @@ def fake_device(kind: str) -> tuple[str, str | None]:
 
 
 def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record: dict) -> list[Row]:
+    """compare.rows_for's rows with ``memory.states`` (params + grads + optimizer) before the total."""
     rows = rows_for(record, model, cluster, train)
     pred = {r.figure: r.predicted for r in rows}
     meas = measured_memory(record)
     states = ("params", "grads", "optimizer")
     rows.insert(len(MEMORY), Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states),
                                  sum(meas[c] for c in states)))
-    rows.insert(len(MEMORY) + 1, Row("memory.total", record["rank"], sum(pred[f"memory.{c}"] for c in MEMORY),
-                                     sum(meas.values())))
     return rows
 
 
@@ -240,7 +247,7 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
         raise MeshwiseError(f"--depth: {depth!r} must be one of {', '.join(DEPTHS)}")
     ranks = parse_ranks(ranks_text, layout)
     kind = device_type(cluster)
-    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision=trace_precision(precision, kind))
+    train = verify_train(cluster, global_batch, seq, precision)
     rows, records = verify(model, cluster, train, layout, ranks, depth)
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],

@@ -75,7 +75,9 @@ class LayoutRun:
             with StageTimeline(self.model.stages, enabled=last) as timeline:
                 clock.reset()
                 start = time.perf_counter()
-                self.model.step(self.x, self.y)[0].item()  # the loss read, as the trainer does: the step's one host sync
+                loss = self.model.step(self.x, self.y)[0]
+                with clock.window("fixed"):
+                    loss.item()  # the loss read, as the trainer does: the step's one host sync
                 step_s = time.perf_counter() - start
         self.times.append((step_s, clock.parts(step_s)))
         if last:
@@ -129,7 +131,7 @@ def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
 def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
                        trace: CollectiveTrace, ep_group, moments: list[str] | None = None) -> dict:
     """This rank's record of memory and collectives, without timing (``time`` None, no timeline);
-    ``peak_moments`` where the peak fell (compare.nearest_moment), if known."""
+    ``peak_moments`` where the peak fell (compare.peak_moved), if known."""
     comm: dict[tuple[str, str], list[int]] = {}
     for key, calls in trace.calls.items():
         if key.dim == "group1":  # a one-rank group (the experts' DP group when dp = ep) moves nothing

@@ -28,6 +28,12 @@ def expert_degrees(model: ModelSpec, ranks: int) -> list[int]:
 def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:
     """Expert parallelism: are the experts too many for one rank's memory, or is moving the tokens to
     them (all-to-all) cheaper than gathering them (ZeRO) to every rank?"""
+    return step_experts_with_figures(model, cluster, train, winner, usable)[0]
+
+
+def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
+                              usable: float) -> tuple[str, dict]:
+    """:func:`step_experts`, with the figures it quotes (bytes by name)."""
     win = winner.layout
     experts_gb = model.expert_params * train.state_bytes_per_param
     a2a = [c for c in winner.comm if c.kind == "all_to_all"]
@@ -38,12 +44,15 @@ def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winne
     head = (f"E. Experts: {model.experts} x {model.moe_layers} blocks hold {model.expert_params / 1e9:,.3g}B of the "
             f"{model.params / 1e9:,.3g}B params ({_gb(experts_gb)} of states), {model.experts_per_token} active per token "
             f"({model.active_params / 1e9:,.3g}B active params). ")
+    figures = {"experts_states_bytes": experts_gb, "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes,
+               "usable_bytes": usable}
     if win.ep == 1:
         return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({_gb(gather_bytes)} per rank per "
-                       "step) was not slower than any layout with ep > 1 that fits.")
+                       "step) was not slower than any layout with ep > 1 that fits."), figures
     why = []
     if experts_gb / win.tp > usable:
         why.append(f"too many for one rank's memory ({_gb(experts_gb)} > {_gb(usable)})")
     why.append(f"all-to-all moves {_gb(a2a_bytes)} per rank per step where gathering the experts would move "
                f"{_gb(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
-    return head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why) + "."
+    return (head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why)
+            + "."), figures

@@ -4,13 +4,14 @@ docs/design.md with the numbers, and warn of the known anti-patterns. Pure Pytho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from meshwise.cost import pipeline
-from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate, rank_memories
+from meshwise.cost import memory
+from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
+from meshwise.cost.memory import Memory
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout, validate
-from meshwise.plan.experts import step_experts
+from meshwise.layout import Layout, check_runnable, runs_here, validate
+from meshwise.plan.experts import expert_degrees, step_experts_with_figures
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
     break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
@@ -19,10 +20,18 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 # ------------------------------------------------------------------------------- explanation
 GB = 1e9
+# DeepSeek-V3 (arXiv 2412.19437, Sec. 4.2): batch ramped to 15,360 sequences of 4,096 tokens (docs/sources.md)
+LARGEST_PUBLISHED_BATCH_TOKENS = 15360 * 4096
 
 
 def _gb(x: float) -> str:
-    return f"{x / GB:,.1f} GB"
+    """Bytes as GB to one decimal; below 0.1 GB as MB (a small model's figures are not all 0.0 GB)."""
+    return f"{x / GB:,.1f} GB" if abs(x) >= 0.1 * GB or x == 0 else f"{x / 1e6:,.1f} MB"
+
+
+ORDER = (f"fastest step first; layouts within {TIE:.0%} of the fastest are a tie within the time model's accuracy "
+         "and come first, simplest first (no recompute, fewer micro-batches, fewer parallel dimensions), or least "
+         "memory first when the fastest leaves little free")
 
 
 @dataclass(frozen=True)
@@ -34,15 +43,71 @@ class Plan:
     warnings: tuple[str, ...]
     enumerated: int
     fitting: int
+    why_nothing_fits: tuple[str, ...] = ()  # when the search found none: why, then what would fit
+    figures: dict = field(default_factory=dict)  # Explained.figures: what each step's line quotes
+
+    @property
+    def nothing_fits(self) -> bool:
+        """No candidate fits: ``meshwise plan`` exits with errors.NOTHING_FITS (not 0, not 2)."""
+        return not any(e.fits for e in self.candidates)
 
     def as_json(self) -> dict:
-        return {"candidates": [e.as_json() for e in self.candidates], "explanation": list(self.explanation),
-                "warnings": list(self.warnings), "enumerated": self.enumerated, "fitting": self.fitting}
+        status = "fits" if not self.nothing_fits else "nothing fits" if not self.candidates else "does not fit"
+        out = {"status": status, "candidates": [e.as_json() for e in self.candidates],
+               "explanation": list(self.explanation), "warnings": list(self.warnings), "enumerated": self.enumerated,
+               "fitting": self.fitting}
+        out["order"] = ORDER
+        out["explanation_figures"] = self.figures
+        if self.why_nothing_fits:
+            reason, *would = self.why_nothing_fits
+            out["why_nothing_fits"] = {"reason": reason, "what_would": would}
+        return out
 
 
-def _one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, ac: str):
-    layout = Layout(ac=ac)
-    return max(rank_memories(model, cluster, replace(train, global_batch=1), layout), key=lambda m: m.total)
+MOMENT_WORDS = {"forward": "at the end of its forward", "backward": "at the start of its backward",
+                "end": "at the end of the step", "loss": "in the loss's backward",
+                "block": "late in a block's backward", "ring": "in the ring attention's backward",
+                "embed": "in the embedding's backward"}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A layout the explanation speaks of, estimated as the table's rows are (``estimate``) on
+    ``devices`` devices with ``global_batch`` sequences: ``meshwise plan --gpus devices --global-batch
+    global_batch --layout layout`` prints the same memory. ``moment``: where its activations peak."""
+
+    layout: Layout
+    devices: int
+    global_batch: int
+    memory: Memory             # at the step's peak, the largest rank (the table's columns)
+    peak_moment: str
+    activations_peak: float    # the largest activations of any moment (they may peak elsewhere)
+    activations_moment: str
+
+    def as_json(self) -> dict:
+        return {"layout": self.layout.short(), "devices": self.devices, "global_batch": self.global_batch,
+                "memory": self.memory.as_json(), "peak_moment": self.peak_moment,
+                "activations_peak_bytes": int(round(self.activations_peak)),
+                "activations_moment": self.activations_moment}
+
+
+def reference(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> Reference:
+    """``layout`` on its own world size (dp x cp x tp x pp devices) at ``train``'s batch, when it
+    divides, else one sequence per replica; its peak, and its activations' own peak (the moment
+    named). Pure bookkeeping over memory.moment_memories: the same numbers as the table's row."""
+    gb = train.global_batch if train.global_batch % (layout.dp * layout.mbs) == 0 else layout.dp * layout.mbs
+    local = replace(train, global_batch=gb)
+    m = layout.accum(gb)
+    peak, peak_at, act, act_at = None, "", -1.0, ""
+    for shape in memory.rank_shapes(model, layout):
+        moments = memory.moment_memories(model, local, layout, shape, m, cluster.accelerator.memory_bytes)
+        name, mem = max(moments.items(), key=lambda kv: kv[1].total)
+        if peak is None or mem.total > peak.total:
+            peak, peak_at = mem, name
+        name, mem = max(moments.items(), key=lambda kv: kv[1].activations)
+        if mem.activations > act:
+            act, act_at = mem.activations, name
+    return Reference(layout, layout.dp * layout.cp * layout.tp * layout.pp, gb, peak, peak_at, act, act_at)
 
 
 def _precision_note(train: TrainSpec) -> str:
@@ -50,38 +115,65 @@ def _precision_note(train: TrainSpec) -> str:
             f"{train.grad_bytes} grads + {train.optimizer_bytes} {train.optimizer} states)")
 
 
+@dataclass
+class Explained:
+    """The explanation's lines and, by step label ("1", "2", "3", "3b", "4", "5", "E", "chosen"), the
+    figures each quotes: bytes, seconds and fractions by name, and the reference layouts it speaks of."""
+
+    lines: list[str]
+    figures: dict[str, dict]
+
+    def add(self, step: str, line: str, **figures) -> None:
+        self.lines.append(line)
+        self.figures[step] = {k: (v.as_json() if isinstance(v, Reference) else v) for k, v in figures.items()}
+
+
 def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
-            headroom: float = DEFAULT_HEADROOM) -> list[str]:
-    """Walk the decision order of docs/design.md with the numbers, then compare the winner to the runner-up."""
+            headroom: float = DEFAULT_HEADROOM, shown: int | None = None) -> list[str]:
+    """Walk the decision order of docs/design.md with the numbers, then compare the winner to row #2
+    and to the best layout of another kind (``shown``: the rows the table shows)."""
+    return explain_with_figures(model, cluster, train, best, headroom, shown).lines
+
+
+def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
+                         headroom: float = DEFAULT_HEADROOM, shown: int | None = None) -> Explained:
+    """:func:`explain`, with the figures of each line (Plan.as_json's ``explanation_figures``)."""
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
-    one = _one_device(model, cluster, train, "none")
-    lines = [_step_one_device(model, cluster, train, one, usable, headroom)]
-    if one.total > usable:
-        lines += _steps_capacity(model, cluster, train, one, usable)
-    if best and one.total > usable:
-        lines += _step_context(model, cluster, train, best[0], usable)
+    out = Explained([], {})
+    one = reference(model, cluster, replace(train, global_batch=1), Layout())
+    _step_one_device(out, model, cluster, train, one, usable, headroom)
+    if one.memory.total > usable:
+        _steps_capacity(out, model, cluster, train, usable, best[0] if best else None)
+    if best and one.memory.total > usable:
+        _step_context(out, model, cluster, train, best[0], usable)
     if best:
-        lines += _steps_shape(model, cluster, train, best[0])
+        _steps_shape(out, model, cluster, train, best[0])
         if model.moe and not model.states_only:
-            lines.append(step_experts(model, cluster, train, best[0], usable))
-        lines.append(_why_winner(best))
-    return lines
+            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable)
+            out.add("E", line, **figures)
+        _why_winner(out, best, len(best) if shown is None else shown)
+    return out
 
 
-def _step_one_device(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one, usable: float,
-                     headroom: float) -> str:
-    """Step 1: do the model states (+ activations at micro-batch 1) fit on one device?"""
+def _step_one_device(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one: Reference,
+                     usable: float, headroom: float) -> None:
+    """Step 1: do the model states (+ the activations of one sequence) fit on one device?"""
     accel = cluster.accelerator
     states = model.params * train.state_bytes_per_param
     cap = f"one {accel.name} holds {_gb(accel.memory_bytes)} ({_gb(usable)} usable with {headroom:.0%} headroom)"
-    act = "" if model.states_only else f" + activations at micro-batch 1 {_gb(one.activations + one.other)}"
-    return (f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
-            f"{_gb(states)}{act}; {cap} -> " +
-            ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
-             if one.total <= usable else "does not fit: plain DDP cannot run this model."))
+    act = "" if model.states_only else (
+        f"; one sequence's activations reach {_gb(one.activations_peak)} "
+        f"{MOMENT_WORDS[one.activations_moment]}, and the device's peak is {_gb(one.memory.total)} "
+        f"{MOMENT_WORDS[one.peak_moment]} (dp=1, mbs=1, no recompute)")
+    out.add("1", f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
+                 f"{_gb(states)}{act}; {cap} -> " +
+                 ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
+                  if one.memory.total <= usable else "does not fit: plain DDP cannot run this model."),
+            states_bytes=states, capacity_bytes=accel.memory_bytes, usable_bytes=usable, one_device=one)
 
 
-def _steps_capacity(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one, usable: float) -> list[str]:
+def _steps_capacity(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, usable: float,
+                    winner: Estimate | None) -> None:
     """Steps 2 and 3, when one device is not enough: shard the states; is one layer too large?"""
     n = cluster.world_size
     sharded = model.params * train.state_bytes_per_param / n
@@ -89,60 +181,95 @@ def _steps_capacity(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, on
     line = (f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
             f"{_gb(sharded)} of states per device -> {verdict}" +
             (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
-    if sharded <= usable and not model.states_only and sharded + one.activations + one.other > usable:
-        full = _one_device(model, cluster, train, "full")
-        line += (f" But the activations ({_gb(one.activations + one.other)} at micro-batch 1) do not fit beside "
-                 f"them: checkpointing (full: {_gb(full.activations + full.other)}) or TP+SP, which splits them, is needed too.")
+    refs: dict[str, Reference] = {}
+    if sharded <= usable and not model.states_only:
+        plain = reference(model, cluster, train, Layout(dp=n, zero=3, shard=n))
+        if plain.memory.total > usable:
+            full = reference(model, cluster, train, Layout(dp=n, zero=3, shard=n, ac="full"))
+            refs = {"zero3": plain, "zero3_full": full}
+            batch = f" (at a global batch of {plain.global_batch})" if plain.global_batch != train.global_batch else ""
+            line += (f" But the activations do not fit beside them: {plain.layout.short()}{batch} peaks at "
+                     f"{_gb(plain.memory.total)} with {_gb(plain.memory.activations)} of activations; with full "
+                     f"recompute ({full.layout.short()}) {_gb(full.memory.activations)} of activations, a peak of "
+                     f"{_gb(full.memory.total)} -> " +
+                     ("checkpointing or TP+SP, which splits them, is needed too." if full.memory.total <= usable else
+                      "checkpointing alone is not enough: TP+SP (or PP, CP) must split them too."))
+    out.add("2", line, sharded_states_bytes=sharded, usable_bytes=usable, **refs)
     if model.states_only:
-        return [line, "3. One layer too large? Unknown for a bare parameter count: give --model for the "
-                      "shape-aware answer (TP, PP and activations)."]
-    layer_states = model.layer_params * train.state_bytes_per_param
-    layer_act = one.activations / max(model.layers, 1)
-    large = layer_states + layer_act > usable
-    return [line, f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params "
-                  f"({_gb(layer_states)} of states) and {_gb(layer_act)} of activations at micro-batch 1 -> " +
-                  ("too large for one device: tensor parallelism must split its matrices inside a node."
-                   if large else "a layer fits; TP is needed only if sharded states plus activations still overflow.")]
+        out.add("3", "3. One layer too large? Unknown for a bare parameter count: give --model for the "
+                     "shape-aware answer (TP, PP and activations).")
+        return
+    _step_layer(out, model, cluster, train, usable, winner)
 
 
-def _step_context(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
-                  usable: float) -> list[str]:
-    """Step 3b: is one sequence too long for one rank's activations? The least a rank can keep
-    without context parallelism: full recompute, TP + SP across a node (cost/context.py for cp)."""
-    if model.states_only:
-        return []
-    t = max((d for d in tp_degrees(model, cluster.gpus_per_node)), default=1)
-    least = Layout(tp=t, sp=t > 1, ac="full")
-    mem = max(rank_memories(model, cluster, replace(train, global_batch=1), least), key=lambda m: m.total)
-    acts = mem.activations + mem.other
-    win = winner.layout
-    head = (f"3b. Sequence too long? {train.seq_len:,} tokens keep {_gb(acts)} of activations per rank even with "
-            f"TP={t}{'+SP' if t > 1 else ''} and full recompute")
-    if acts + mem.states / (cluster.world_size // t) > usable:
-        tail = (f" -> too long for one rank's activations: context parallelism cp={win.cp} splits the sequence "
-                f"({train.seq_len // win.cp:,} tokens per rank, {_gb(winner.memory.activations)} of activations)."
-                if win.cp > 1 else " -> too long for one rank's activations, and no cp degree fits it either.")
-    elif win.cp > 1:
-        tail = f" -> a sequence fits one rank; cp={win.cp} is chosen for speed (less recompute or TP), not for memory."
+def _step_layer(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, usable: float,
+                winner: Estimate | None) -> None:
+    """Step 3: one block must be whole on a rank while it computes (FSDP gathers one at a time): its
+    weights and gradients, unsharded, and its activations of one sequence. Routed experts are split
+    by expert parallelism (up to the largest ep the search tries), not by TP."""
+    max_ep = max(expert_degrees(model, cluster.world_size))
+    per_block_experts = model.expert_params / model.layers
+    unsplit = model.layer_params - per_block_experts * (1 - 1 / max_ep)
+    whole = unsplit * (train.weight_bytes + train.grad_bytes)
+    kept = memory.kept_per_block(model, train, Layout())
+    large = whole + kept > usable
+    experts = (f", {per_block_experts / 1e6:,.0f}M of them in routed experts, which expert parallelism splits "
+               f"(up to ep={max_ep}: {unsplit / 1e6:,.0f}M left on a rank)") if model.moe else ""
+    tp = winner.layout.tp if winner else 1
+    if large:
+        verdict = ("too large for one device: tensor parallelism must split its matrices inside a node"
+                   + (f" (the chosen layout has tp={tp})." if winner else "."))
     else:
-        return []  # short enough: nothing to say
-    return [head + tail]
+        verdict = ("a layer fits; TP is needed only if sharded states plus activations still overflow" +
+                   (f" (the chosen layout has tp={tp})." if winner else "."))
+    out.add("3", f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params{experts}; "
+                 f"whole while it computes, its weights and gradients take {_gb(whole)} and its activations of one "
+                 f"sequence {_gb(kept)} -> {verdict}",
+            block_whole_bytes=whole, block_activations_bytes=kept, usable_bytes=usable)
 
 
-def _steps_shape(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate) -> list[str]:
+def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
+                  usable: float) -> None:
+    """Step 3b: is one sequence too long for one rank? Said only where the chosen layout splits the
+    sequence (cp > 1); whether it had to is the search's own answer without context parallelism."""
+    win = winner.layout
+    if model.states_only or win.cp == 1:
+        return  # the chosen layout holds whole sequences: they fit
+    runs = runs_here(model, train.seq_len) if train.runtime == "meshwise" else (lambda layout: True)
+
+    def without_cp(layout: Layout) -> bool:
+        return layout.cp == 1 and runs(layout)
+    without_cp.reads = runs_here(model, train.seq_len).reads  # type: ignore[attr-defined]  # the search's cache key
+    alone = search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=without_cp)
+    head = f"3b. Sequence too long? {train.seq_len:,} tokens"
+    split = (f"context parallelism cp={win.cp} splits the sequence ({train.seq_len // win.cp:,} tokens per rank, "
+             f"{_gb(winner.memory.activations)} of activations)")
+    if not alone.best:
+        out.add("3b", f"{head}: none of the {alone.enumerated:,} layouts without context parallelism fits (even TP+SP "
+                      f"and full recompute leave one sequence's activations too large) -> too long for one rank's "
+                      f"activations: {split}.", chosen_activations_bytes=winner.memory.activations)
+        return
+    b = alone.best[0]
+    slower = b.time.step_s / winner.time.step_s - 1
+    out.add("3b", f"{head} fit one rank: the best layout without context parallelism, {b.layout.short()}, takes "
+                  f"{b.time.step_s:.3g} s/step ({slower:+.1%}) -> {split}, for speed, not for memory.",
+            chosen_activations_bytes=winner.memory.activations, best_without_cp_step_s=b.time.step_s)
+
+
+def _steps_shape(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate) -> None:
     """Steps 4 and 5 for the chosen layout: the pipeline's depth and bubble; placement across nodes."""
-    win, lines = winner.layout, []
+    win = winner.layout
     if win.pp > 1:
         m = win.accum(train.global_batch)
-        lines.append(f"4. Depth: {model.layers} layers in {win.pp} stages x {win.vpp} chunk(s), {m} micro-batches "
-                     f"per step -> bubble {winner.time.bubble_s / winner.time.step_s:.1%} of the step ({win.schedule}).")
+        share = winner.time.bubble_s / winner.time.step_s
+        out.add("4", f"4. Depth: {model.layers} layers in {win.pp} stages x {win.vpp} chunk(s), {m} micro-batches "
+                     f"per step -> bubble {share:.1%} of the step ({win.schedule}).", bubble_share=share)
     elif not model.states_only:
-        lines.append(f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
+        out.add("4", f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
     if cluster.nodes > 1:
         tp_span = "inside a node (NVLink)" if win.tp <= cluster.gpus_per_node else "ACROSS nodes"
-        lines.append(f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
+        out.add("5", f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
                      f"DP={win.dp} outermost over the scale-out link.")
-    return lines
 
 
 def _kind(layout: Layout) -> tuple:
@@ -150,36 +277,65 @@ def _kind(layout: Layout) -> tuple:
     return (layout.tp, layout.cp, layout.pp, layout.zero, layout.ac, layout.schedule, layout.ep)
 
 
-def _why_winner(best: list[Estimate]) -> str:
-    w = best[0]
-    head = (f"Chosen: {w.layout.short()} - {w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, "
-            f"MFU {w.mfu:.1%}, {_gb(w.memory.total)} on the largest rank.")
-    if len(best) < 2:
-        return head + " It is the only layout that fits."
-    r = next((e for e in best[1:] if _kind(e.layout) != _kind(w.layout)), best[1])
+def _versus(w: Estimate, r: Estimate, global_batch: int) -> str:
+    """Why ``w`` comes before ``r``: a tie won by less machinery or memory, or the part of the step
+    that makes ``r`` slower."""
+    slower = r.time.step_s / w.time.step_s - 1
+    if slower < TIE:
+        simpler = simpler_in(w.layout, r.layout, global_batch)  # only what actually differs between the two
+        needs = [f"less machinery: {simpler}"] if simpler else []
+        if w.memory.total < r.memory.total:
+            needs.append(f"less memory ({_gb(w.memory.total)}, not {_gb(r.memory.total)})")
+        why = f"the chosen one needs {' and '.join(needs)}" if needs else "the chosen one is as simple and faster"
+        return f"within {TIE:.0%} ({slower:+.1%}): a tie within the time model's accuracy; {why}"
     parts = {"compute": r.time.compute_s - w.time.compute_s,
              "exposed communication": r.time.comm_exposed_s - w.time.comm_exposed_s,
              "pipeline bubble": r.time.bubble_s - w.time.bubble_s,
              "optimizer step": r.time.optimizer_s - w.time.optimizer_s}
     reason, delta = max(parts.items(), key=lambda kv: kv[1])
-    slower = r.time.step_s / w.time.step_s - 1
-    if slower < TIE:
-        simpler = simpler_in(w.layout, r.layout)  # only what actually differs between the two
-        needs = ([f"less machinery: {simpler}"] if simpler else []) + \
-            ([f"less memory ({_gb(w.memory.total)}, not {_gb(r.memory.total)})"] if w.memory.total < r.memory.total else [])
-        return head + (f" Runner-up {r.layout.short()} is within {TIE:.0%} ({slower:+.1%}): a tie within the time "
-                       f"model's accuracy; the chosen one needs {' and '.join(needs) or 'no more'}.")
-    return head + (f" Runner-up of another kind, {r.layout.short()}, is {slower:.1%} slower: its {reason} costs "
-                   f"{delta:.3g} s more per step (the binding constraint).")
+    return f"{slower:.1%} slower: its {reason} costs {delta:.3g} s more per step (the binding constraint)"
 
 
-def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None) -> list[str]:
+def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
+    """The chosen layout (row #1), row #2 and, when row #2 is of the same kind, the best of another kind
+    (with its row, or where to find it). With ``shown`` 0 (``--layout``: the table is that layout's
+    row alone) the search's ranks are named as such."""
+    def rank(k: int) -> str:
+        return f"row #{k}" if k <= shown else (f"#{k} of those that fit" + (f": --top {k} shows it" if shown else ""))
+
+    w = best[0]
+    first = rank(1) if shown else "the search's #1"
+    head = (f"Chosen: {w.layout.short()} ({first}) - "
+            f"{w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, MFU {w.mfu:.1%}, {_gb(w.memory.total)} on "
+            "the largest rank.")
+    if len(best) < 2:
+        out.add("chosen", head + " It is the only layout that fits.", rows={"1": w.layout.short()},
+                row_1_total_bytes=w.memory.total)
+        return
+    gb = w.global_batch
+    rows = {"1": w.layout.short(), "2": best[1].layout.short()}
+    second = f"Row #2, {best[1].layout.short()}," if shown >= 2 else f"The search's #2, {best[1].layout.short()},"
+    text = head + f" {second} is {_versus(w, best[1], gb)}."
+    k, r = 0, None
+    if _kind(best[1].layout) == _kind(w.layout):
+        k, r = next(((i, e) for i, e in enumerate(best[2:], 3) if _kind(e.layout) != _kind(w.layout)), (0, None))
+        if r is not None:
+            rows[str(k)] = r.layout.short()
+            text += f" The best of another kind, {r.layout.short()} ({rank(k)}), is {_versus(w, r, gb)}."
+    totals = {f"row_{k}_total_bytes": e.memory.total for k, e in ((1, w), (2, best[1]), (k, r)) if e is not None}
+    out.add("chosen", text, rows=rows, **totals)
+
+
+def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None,
+                 headroom: float = DEFAULT_HEADROOM) -> list[str]:
     """The anti-patterns of docs/design.md, for the chosen (or evaluated) layout."""
     out: list[str] = []
     tokens = train.tokens_per_step
-    if tokens > 16 * 2**20:
-        out.append(f"Global batch of {tokens / 2**20:,.1f}M tokens per step is past what optimisation usually "
-                   "tolerates (Llama 3 405B ramped to 16M); a larger batch buys throughput, not convergence.")
+    if tokens > LARGEST_PUBLISHED_BATCH_TOKENS:
+        out.append(f"Global batch of {tokens / 1e6:,.1f}M tokens per step is past the largest published pretraining "
+                   f"batch we know of (DeepSeek-V3: 15,360 x 4,096 = {LARGEST_PUBLISHED_BATCH_TOKENS / 1e6:,.1f}M "
+                   "tokens; Llama 3 405B: 16M); a larger batch buys throughput, not necessarily convergence. "
+                   f"--global-batch counts sequences of {train.seq_len:,} tokens, not tokens.")
     if e is None:
         return out
     lay = e.layout
@@ -193,12 +349,46 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
         m = lay.accum(train.global_batch)
         if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
             out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
-                       f"{e.time.bubble_s / e.time.step_s:.0%} of the step; aim for at least {4 * lay.pp}. "
-                       f"What would remove it: {pipeline.bubble_remedy(lay.schedule, lay.pp, lay.vpp, m, model.layers)}.")
+                       f"{e.time.bubble_s / e.time.step_s:.1%} of the step; aim for at least {4 * lay.pp}. "
+                       f"What would shrink it: {bubble_remedy(model, cluster, train, e, headroom)}.")
     if cluster.nodes > 1:
         out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
                    "failure costs minutes, not the run.")
     return out
+
+
+def _other_schedules(model: ModelSpec, layout: Layout) -> list[Layout]:
+    """The chosen layout under each other pipeline schedule the search tries (pipeline_options)."""
+    return [replace(layout, schedule=sch, vpp=v) for sch, v in pipeline_options(layout.pp, model.layers)
+            if (sch, v) != (layout.schedule, layout.vpp)]
+
+
+def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
+                  headroom: float = DEFAULT_HEADROOM) -> str:
+    """Per other schedule kind (interleaved-1F1B, zero-bubble), its vpp that shrinks the chosen layout's
+    bubble to the smallest step, one that fits first; each estimated as the table's rows are (the same
+    share of the step, so never a 'remedy' that predicts worse); then more micro-batches."""
+    share = e.time.bubble_s / e.time.step_s
+    best: dict[str, Estimate] = {}
+    for layout in _other_schedules(model, e.layout):
+        try:
+            check_runnable(layout, model, cluster.world_size, train.global_batch, train.seq_len)
+        except MeshwiseError:
+            continue
+        alt = estimate(model, cluster, train, layout, headroom)
+        now = best.get(layout.schedule)
+        if alt.time.bubble_s / alt.time.step_s < share and (
+                now is None or (not alt.fits, alt.time.step_s) < (not now.fits, now.time.step_s)):
+            best[layout.schedule] = alt
+    out = []
+    for alt in sorted(best.values(), key=lambda a: (not a.fits, a.time.step_s)):
+        lay = alt.layout
+        fits = "" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits"
+        out.append(f"schedule={lay.schedule}" + (f",vpp={lay.vpp}" if lay.vpp > 1 else "") +
+                   f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.3g} s step "
+                   f"(now {e.time.step_s:.3g} s){fits}")
+    out.append(f"more micro-batches (a smaller mbs or a larger global batch: m >= {4 * e.layout.pp})")
+    return "; ".join(out)
 
 
 def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[str]:
@@ -229,11 +419,14 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
     else:
         out.append("More devices: not even 2^14 times as many would fit it.")
     if not model.states_only:
-        seq = train.seq_len // 2
+        # powers of two, longest first: they split evenly over the context-parallel ranks a long
+        # sequence needs (halving 10,000,000 gave 19,531, where 1,048,576 fits)
+        seq = 1 << (train.seq_len - 1).bit_length() - 1
         while seq >= 128:
             r = search(model, cluster, replace(train, seq_len=seq), 1, headroom)
             if r.best:
-                out.append(f"A shorter sequence: --seq-len {seq} fits with {r.best[0].layout.short()}.")
+                out.append(f"A shorter sequence: --seq-len {seq} (the longest power of two that fits) with "
+                           f"{r.best[0].layout.short()}.")
                 break
             seq //= 2
     return out
@@ -246,21 +439,25 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
         validate(layout, model, cluster.world_size, train.global_batch)
         e = estimate(model, cluster, train, layout, headroom)
         result = search(model, cluster, train, 2, headroom)
-        lines = explain(model, cluster, train, result.pool, headroom)
+        said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=0)
+        lines = said.lines
         verdict = "fits" if e.fits else "does NOT fit"
         lines.append(f"Evaluated: {layout.short()} {verdict} ({_gb(e.memory.total)} on the largest rank), "
                      f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}" +
                      (f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
                       if result.best and e.fits and result.best[0].layout != layout else "."))
-        return Plan((e,), tuple(lines), tuple(warnings_for(model, cluster, train, e)), result.enumerated, result.fitting)
+        return Plan((e,), tuple(lines), tuple(warnings_for(model, cluster, train, e, headroom)), result.enumerated,
+                    result.fitting, figures=said.figures)
     result = search(model, cluster, train, top, headroom)
-    lines = explain(model, cluster, train, result.pool, headroom)
+    said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top)
+    lines = said.lines
     if not result.best:
         if result.enumerated == 0:
             raise MeshwiseError(f"--global-batch: {train.global_batch} leaves no valid layout on {cluster.world_size} "
                                 f"devices; use a multiple of the data-parallel degree (e.g. {cluster.world_size})")
-        lines.append(f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.")
-        lines += ["What would: " + s for s in what_would_fit(model, cluster, train, headroom)]
+        why = [f"Nothing fits: none of the {result.enumerated:,} layouts of {cluster.world_size} device(s) does.",
+               *what_would_fit(model, cluster, train, headroom)]
+        lines += [why[0]] + ["What would: " + s for s in why[1:]]
     best = result.best[0] if result.best else None
-    return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best)),
-                result.enumerated, result.fitting)
+    return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom)),
+                result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures)

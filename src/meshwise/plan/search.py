@@ -15,17 +15,18 @@ from __future__ import annotations
 import bisect
 import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from meshwise.cost import memory
-from meshwise.cost.memory import RankShape, _candidates
 from meshwise.cost.context import local_train
-from meshwise.cost.peak_cache import PeakCache
+from meshwise.cost.memory import RankShape
+from meshwise.cost.peak_cache import PeakCache, RankEntry
 from meshwise.cost.estimate import (DEFAULT_HEADROOM, Estimate, estimate, lower_bound_experts_s, lower_bound_step_s,
                                     optimizer_seconds)
 from meshwise.errors import MeshwiseError
-from meshwise.layout import AC_MODES, Layout, check_microbatches, runs_here
+from meshwise.layout import AC_MODES, Layout, check_microbatches, layout_from_fields, runs_here
 from meshwise.plan.experts import expert_degrees
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -106,18 +107,9 @@ def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: 
 
 def _layout(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, mbs: int,
             ac: str, ep: int) -> Layout:
-    """``Layout(dp=dp, ...)`` built as :func:`_from_fields` does (the fields in their declared order)."""
-    return _from_fields({"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
-                         "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
-
-
-def _from_fields(fields: dict) -> Layout:
-    """A Layout holding ``fields``, equal to ``Layout(**fields)``, without the frozen ``__init__``'s
-    setattr per field (Layout has no ``__post_init__``): ``dataclasses.replace``, and even the frozen
-    ``__init__``, is several times slower, and the search builds tens of thousands."""
-    new = object.__new__(Layout)
-    object.__setattr__(new, "__dict__", fields)
-    return new
+    """``Layout(dp=dp, ...)`` through layout.layout_from_fields (the fields in their declared order)."""
+    return layout_from_fields({"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp, "pp": pp,
+                               "vpp": vpp, "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
@@ -156,20 +148,23 @@ def _simplicity(layout: Layout) -> tuple:
             layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
 
 
-def _simplicity_words(w: Layout, r: Layout) -> tuple[str, ...]:
+def _simplicity_words(w: Layout, r: Layout, global_batch: int | None = None) -> tuple[str, ...]:
     """How ``w`` reads at each place of :func:`_simplicity` where it is simpler than ``r``."""
-    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})",
-            f"fewer micro-batches per step (mbs x dp = {w.mbs * w.dp}, not {r.mbs * r.dp})",
+    fewer = (f"fewer micro-batches per step ({w.accum(global_batch)} per replica, not {r.accum(global_batch)})"
+             if global_batch else f"fewer micro-batches per step (larger mbs x dp: {w.mbs * w.dp} sequences at once, "
+                                  f"not {r.mbs * r.dp})")
+    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})", fewer,
             "no pipeline", "no context parallelism", "no tensor parallelism",
             f"a lower ZeRO stage ({w.zero}, not {r.zero})", "no HSDP replication",
             f"fewer chunks per pipeline rank (vpp={w.vpp}, not {r.vpp})", "sequence parallelism on",
             f"less expert parallelism (ep={w.ep}, not {r.ep})")
 
 
-def simpler_in(w: Layout, r: Layout) -> str | None:
+def simpler_in(w: Layout, r: Layout, global_batch: int | None = None) -> str | None:
     """What decides :func:`_simplicity` between ``w`` and ``r`` (its first place where they differ),
-    in words, when ``w`` is the simpler; None when it is not (or they are alike)."""
-    for a, b, words in zip(_simplicity(w), _simplicity(r), _simplicity_words(w, r)):
+    in words, when ``w`` is the simpler; None when it is not (or they are alike). With the global
+    batch, micro-batches are counted per replica."""
+    for a, b, words in zip(_simplicity(w), _simplicity(r), _simplicity_words(w, r, global_batch)):
         if a != b:
             return words if a < b else None
     return None
@@ -210,278 +205,313 @@ class SearchResult:
 
 
 def _with(base: Layout, mbs: int, ac: str) -> Layout:
-    """``base`` with another mbs and ac (:func:`_from_fields`)."""
+    """``base`` with another mbs and ac (layout.layout_from_fields)."""
     fields = base.__dict__.copy()
     fields["mbs"], fields["ac"] = mbs, ac
-    return _from_fields(fields)
+    return layout_from_fields(fields)
 
 
-def _static_entry(shape: RankShape, static: tuple | None, layout: Layout, train: TrainSpec) -> tuple:
-    """(shape, its static parts, and of memory.candidates_floor's two sums the static halves: the
-    forward's end's and the backward's start's weights + 0.0 + optimizer, the fixed buffers, and
-    under the interleaved runtime the static part of memory.interleaved_ceiling, else None)."""
-    if static is None:  # a bare parameter count: no floor of that form
-        return shape, static, 0.0, 0.0, 0.0, None
-    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
-    ceiling = memory.interleaved_ceiling(train, layout, shape, static) if memory.interleaved(layout) else None
-    return shape, static, w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other, ceiling
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for one search. The search allocates hundreds of thousands
+    of small tuples, dicts and layouts that reference counting frees (it makes no cycles), and the
+    collector's passes over them took about 7% of a Mixtral 8x22B plan. The pause is process-wide
+    (the collector has no other switch), so it lasts only while the search runs."""
+    resume = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if resume:
+            gc.enable()
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
     timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
-    is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where`` restricts the search (it sees each layout with mbs=1); by default,
-    for meshwise's own runtime, to what that runtime runs (:func:`meshwise.layout.runs_here`).
-
-    The cyclic garbage collector is paused while it runs: the search allocates hundreds of thousands
-    of small tuples, dicts and layouts that reference counting frees (the only cycles are its own
-    nested functions, collected once it is resumed), and the collector's passes over them took
-    about 7% of a Mixtral 8x22B plan.
-    """
-    resume = gc.isenabled()
-    gc.disable()
-    try:
-        return _search(model, cluster, train, top, headroom, where)
-    finally:
-        if resume:
-            gc.enable()
+    is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where``
+    restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
+    to what that runtime runs (:func:`meshwise.layout.runs_here`)."""
+    with _collector_paused():
+        return _Search(model, cluster, train, top, headroom, where).run()
 
 
-def _search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int,
-            headroom: float, where: Callable[[Layout], bool] | None) -> SearchResult:
-    if where is None and train.runtime == "meshwise" and not model.states_only:
-        where = runs_here(model, train.seq_len)
+_Found = list[tuple[Layout, int, tuple[RankShape, ...]]]  # (layout, mbs, its rank shapes) of one structure
 
-    keep = max(top, RUNNER_UP_POOL)
-    result = SearchResult()
-    capacity = cluster.accelerator.memory_bytes
-    usable = capacity * (1 - headroom)
-    bounds: dict[tuple, float] = {}
-    optimizers: dict[tuple, float] = {}
-    keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
-    fitting: list[tuple[float, int, Layout, tuple]] = []  # (lower bound of the step, enumeration index, layout, its rank shapes)
-    peaks = PeakCache(model, train)
-    states_only = model.states_only
-    # The micro-batch sizes and checkpointing modes of a structure depend only on these fields (the
-    # default filter, runs_here, reads no others), so each is worked out once; a custom ``where``
-    # may read any field and is asked for every structure.
-    options: dict[tuple, tuple[list[int], list[str]]] = {}
-    shared_where = where is None or getattr(where, "reads", None) == _RUNS_HERE_FIELDS
-    # Whether any mbs or ac of a structure fits: the floor reads only these fields (the rank shapes
-    # come from tp, pp, vpp and the V schedule; cost/peak_cache.py), not sp nor the schedule otherwise.
-    floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, [_static_entry of each])
-    widest_fits: dict[tuple, bool] = {}
-    local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
-    rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}
-    widest_found: dict[tuple, list] = {}  # structure_fits of a whole-dp sharding group, by the rest
-    sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
-    # (ep, the (ac, mbs) that fit) of a structure's last ep > 1, by the structure less ep
-    fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}
-    # estimate._stage_of's cache, shared by the bounds and the estimates (with compute_seconds' answers)
-    stages: dict[tuple, tuple | float] = {}
-    narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower sharding group, by the rest  # memory.rank_shapes by what it reads, without hashing the model
 
-    def shapes_of(layout: Layout) -> tuple[RankShape, ...]:
-        key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
-        shapes = rank_shapes.get(key)
-        if shapes is None:
-            shapes = rank_shapes[key] = memory.rank_shapes(model, layout)
-        return shapes
+class _Search:
+    """One search: its memo tables are the fields, its prunings the methods. Every memo is keyed by a
+    plain tuple of the fields its answer reads (cheaper to hash than a spec), so one answer serves
+    every layout that shares them. Each pruning below says why it drops nothing that could fit or
+    make the top: the result equals the brute force's (tests/unit/test_planner.py holds it)."""
 
-    def structure_fits(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                       schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset = frozenset(),
-                       possible: frozenset | None = None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
-        """The layouts of one structure that fit, as (layout, mbs, its rank shapes), in the order of
-        the mbs and ac loop; the (ac, mbs) in ``known`` fit without being worked out (they fit a
-        narrower sharding group of the same structure), and so do those that fit the same structure
-        with a smaller ep > 1; those not in ``possible`` (when given: what fits the whole dp group) do not."""
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int, headroom: float,
+                 where: Callable[[Layout], bool] | None) -> None:
+        if where is None and train.runtime == "meshwise" and not model.states_only:
+            where = runs_here(model, train.seq_len)
+        self.model, self.cluster, self.train, self.top, self.headroom, self.where = (
+            model, cluster, train, top, headroom, where)
+        self.keep = max(top, RUNNER_UP_POOL)
+        self.capacity = cluster.accelerator.memory_bytes
+        self.usable = self.capacity * (1 - headroom)
+        self.peaks = PeakCache(model, train)
+        self.result = SearchResult()
+        # The micro-batch sizes and checkpointing modes of a structure depend only on these fields
+        # when the filter is runs_here (it reads no others); a custom ``where`` is asked every time.
+        self.shared_where = where is None or getattr(where, "reads", None) == _RUNS_HERE_FIELDS
+        self.options: dict[tuple, tuple[list[int], list[str]]] = {}
+        self.floor_fits: dict[tuple, bool | tuple] = {}  # False, or (rank shapes, their RankEntry)
+        self.widest_fits: dict[tuple, bool] = {}  # the floor of a whole-dp sharding group
+        self.local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
+        self.rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}  # memory.rank_shapes by what it reads
+        self.widest_found: dict[tuple, _Found] = {}  # what fits a whole-dp sharding group, by the rest
+        self.narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower group, by the rest
+        self.sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
+        self.fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, (ac, mbs) that fit) by the rest
+        self.stages: dict[tuple, tuple | float] = {}  # estimate._stage_of's cache, bounds and estimates alike
+        self.bounds: dict[tuple, float] = {}  # the compute-only bound
+        self.optimizers: dict[tuple, float] = {}  # estimate.optimizer_seconds
+        self.with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s
+        self.tight: dict[tuple, float] = {}  # the tighter bound: everything but the DP collectives
+        self.fitting: list[tuple[float, int, Layout, tuple[RankShape, ...]]] = []  # (bound, index, layout, shapes)
+
+    def run(self) -> SearchResult:
+        for fields in _structure_fields(self.model, self.cluster.world_size, self.train.global_batch,
+                                        self.train.seq_len):
+            self._collect(*fields)
+        return self._rank()
+
+    # ------------------------------------------------------------------ what fits
+    def _options(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                 schedule: str, ep: int, all_mbs: list[int]) -> tuple[list[int], list[str]]:
+        """The structure's micro-batch sizes the schedule admits and the checkpointing modes ``where``
+        admits (shared by every structure with the same fields runs_here reads and dp)."""
+        okey = (dp, cp, tp, sp, pp, schedule)
+        opts = self.options.get(okey) if self.shared_where else None
+        if opts is None:
+            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            mbs_options = [b for b in all_mbs if _schedule_ok(base, self.train.global_batch // (dp * b))]
+            acs = [ac for ac in _ac_modes(self.model) if self.where is None or self.where(_with(base, base.mbs, ac))]
+            opts = self.options[okey] = (mbs_options, acs)
+        return opts
+
+    def _collect(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str,
+                 ep: int, all_mbs: list[int]) -> None:
+        """Add the structure's fitting layouts, each with the compute-only lower bound of its step."""
+        opts = self._options(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs)
+        mbs_options, acs = opts
+        if not acs:
+            return
+        self.result.enumerated += len(acs) * len(mbs_options)
+        # With SP off a rank holds more activations than with it on and nothing less (checked over every
+        # layout of 4 cases): where SP on fits at no mbs or ac, SP off does not (SP on comes first).
+        skey = (dp, zero, shard, cp, tp, pp, vpp, schedule, ep) if tp > 1 else None
+        if skey is not None and not sp and self.sp_on_empty.get(skey) == opts:
+            return
+        found = self._found(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        if not found and sp and skey is not None:
+            self.sp_on_empty[skey] = opts
+        for layout, mbs, shapes in found:
+            self.result.fitting += 1
+            # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, layout.ac, layout.sp)
+            bound = self.bounds.get(key)
+            if bound is None:
+                bound = self.bounds[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
+                                                              compute_only=True, stage_cache=self.stages)
+            self.fitting.append((bound, len(self.fitting), layout, shapes))
+
+    def _found(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str,
+               ep: int, mbs_options: list[int], acs: list[str]) -> _Found:
+        """What fits the structure. Whether a layout fits only improves as the sharding group grows
+        (every state is divided by it or does not read it; FSDP2's padded shard, ceil(rows / shard),
+        shrinks too): a narrower group tries only what fits the whole dp group, and what fits it fits
+        every wider one."""
+        fields = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
+        wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
+        if zero and 1 < shard < dp:
+            if wkey not in self.widest_found:
+                self.widest_found[wkey] = self._structure_fits(dp, zero, dp, *fields[3:])
+            widest = self.widest_found[wkey]
+            found = widest and self._structure_fits(*fields, self.narrower_fit.get(wkey, frozenset()),
+                                                    frozenset((lay.ac, mbs) for lay, mbs, _ in widest))
+            if found:
+                self.narrower_fit[wkey] = self.narrower_fit.get(wkey, frozenset()) | {
+                    (lay.ac, mbs) for lay, mbs, _ in found}
+            return found
+        if zero and shard == dp > 1:
+            found = self.widest_found.pop(wkey, None)
+            if found is not None:
+                return found
+        return self._structure_fits(*fields)
+
+    def _structure_fits(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                        schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset = frozenset(),
+                        possible: frozenset | None = None) -> _Found:
+        """The layouts of one structure that fit, in the order of the mbs and ac loop; the (ac, mbs) in
+        ``known`` fit without being worked out, and so do those that fit the same structure with a
+        smaller ep > 1 (a rank's states only shrink as ep grows, and its per-micro-batch parts read
+        ep only as ep > 1); those not in ``possible`` (when given) do not."""
         ekey = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule) if ep > 1 else None
         if ekey is not None:
-            # what fits with fewer experts per rank (a smaller ep > 1) fits here: a rank's states only
-            # shrink as ep grows, and its per-micro-batch parts read ep only as ep > 1
-            narrower_ep = fewer_experts_fit.get(ekey)
+            narrower_ep = self.fewer_experts_fit.get(ekey)
             if narrower_ep is not None and narrower_ep[0] < ep:
                 known = known | narrower_ep[1]
-        found = structure_fits_at(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs, known, possible)
+        found: _Found = []
+        fit = self._floor_fit(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep)
+        if fit:
+            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+            found = self._fitting_mbs(base, fit, mbs_options, acs, known, possible)
         if ekey is not None:  # the eps of a structure come in ascending order (_structure_fields)
-            fewer_experts_fit[ekey] = (ep, frozenset((lay.ac, mbs) for lay, mbs, _ in found))
+            self.fewer_experts_fit[ekey] = (ep, frozenset((lay.ac, mbs) for lay, mbs, _ in found))
         return found
 
-    def structure_fits_at(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                          schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset,
-                          possible: frozenset | None) -> list[tuple[Layout, int, tuple[RankShape, ...]]]:
-        found: list[tuple[Layout, int, tuple[RankShape, ...]]] = []
+    def _shapes_of(self, layout: Layout) -> tuple[RankShape, ...]:
+        key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
+        shapes = self.rank_shapes.get(key)
+        if shapes is None:
+            shapes = self.rank_shapes[key] = memory.rank_shapes(self.model, layout)
+        return shapes
+
+    def _floor_fit(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                   schedule: str, ep: int) -> bool | tuple:
+        """False when the structure fits at no mbs or ac (most do not), else (its rank shapes, their
+        RankEntry). The floor (PeakCache.floor) reads only these fields: the rank shapes come from tp,
+        pp, vpp and the V schedule, not from sp nor the schedule otherwise."""
         fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
-        fit = floor_fits.get(fkey)
-        if fit is False:  # known to fit at no mbs or ac (most structures): no layout built
-            return found
+        fit = self.floor_fits.get(fkey)
+        if fit is not None:
+            return fit
+        if zero and 1 < shard < dp:
+            # the floor only shrinks as the sharding group grows (every term is divided by it or does
+            # not read it, for shard > 1): if the whole dp group's fails, this one's does too
+            widest = fkey[:3] + (dp,) + fkey[4:]
+            if widest not in self.widest_fits:
+                whole = _layout(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+                self.widest_fits[widest] = all(self.peaks.floor(whole, sh) <= self.usable
+                                               for sh in self._shapes_of(whole))
+            if not self.widest_fits[widest]:
+                self.floor_fits[fkey] = False
+                return False
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-        if fit is None:
-            if zero and 1 < shard < dp:
-                # the floor only shrinks as the sharding group grows (every term is divided by it or
-                # does not read it, for shard > 1): if the whole dp group's fails, this one does too
-                widest = fkey[:3] + (dp,) + fkey[4:]
-                if widest not in widest_fits:
-                    whole = _layout(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-                    widest_fits[widest] = all(peaks.floor(whole, sh) <= usable for sh in shapes_of(whole))
-                if not widest_fits[widest]:
-                    fit = floor_fits[fkey] = False
-            if fit is None:
-                shapes = shapes_of(base)
-                fit = all(peaks.floor(base, sh) <= usable for sh in shapes)  # max(...) <= usable
-                # what the mbs and ac loop reads of the rank shapes, shared by the structures of this key
-                floor_fits[fkey] = fit = fit and (shapes, [_static_entry(sh, peaks.static_of(base, sh), base, train)
-                                                           for sh in shapes])
-        if not fit:  # no mbs or ac fits this structure
-            return found
-        shapes, statics = fit
-        lt = local_trains.get(base.cp)
+        shapes = self._shapes_of(base)
+        fit = all(self.peaks.floor(base, sh) <= self.usable for sh in shapes)
+        self.floor_fits[fkey] = fit = fit and (shapes, [self.peaks.rank_entry(base, sh, self.train) for sh in shapes])
+        return fit
+
+    def _fitting_mbs(self, base: Layout, fit: tuple, mbs_options: list[int], acs: list[str], known: frozenset,
+                     possible: frozenset | None) -> _Found:
+        """The (ac, mbs) of a structure whose floor fits that fit in full. Memory grows with mbs while
+        earlier micro-batches leave gradients (m > 1), so after one overflows a larger mbs is not
+        tried, unless it is a single micro-batch (no gradients at the forward's end) or the
+        interleaved runtime reduces each chunk's gradients after its last backward (fewer
+        micro-batches can then hold fewer chunks' gradients at once)."""
+        shapes, entries = fit
+        lt = self.local_trains.get(base.cp)
         if lt is None:
-            lt = local_trains[base.cp] = local_train(train, base)
-        table = peaks.table_of(base)
-        # where the interleaved runtime reduces each chunk's gradients after its last backward, fewer
-        # micro-batches (a larger mbs) can hold fewer chunks' gradients at once: no shortcut there
+            lt = self.local_trains[base.cp] = local_train(self.train, base)
+        table = self.peaks.table_of(base)
         monotone = not memory.frees_gradients(base)
+        found: _Found = []
         for ac in acs:
             overflowed = False
             for mbs in mbs_options:
-                m = train.global_batch // (base.dp * mbs)
-                # Memory grows with mbs while earlier micro-batches leave gradients (m > 1); with a
-                # single micro-batch there are none at the forward's end, so that one is tried anyway.
+                m = self.train.global_batch // (base.dp * mbs)
                 if overflowed and m > 1 and monotone:
                     continue
                 if (ac, mbs) in known:
                     layout, fits = None, True
                 elif possible is not None and (ac, mbs) not in possible:
                     layout, fits = None, False
-                elif states_only:
-                    layout = _with(base, mbs, ac)
-                    fits = all(peaks.fits(layout, sh, m, st, lt, usable, table) for sh, st, *_ in statics)
-                else:  # PeakCache.fits, inlined: most tries are refused before a layout is built
-                    layout, fits, per_mbs = None, True, []
-                    # every rank's floor first (memory.candidates_floor, inlined: the static half of
-                    # each sum is added up in advance, in the same order), then the full peaks
-                    for sh, st, fwd_static, bwd_static, fixed_other, ceiling in statics:
-                        per_mb = table.get((ac, mbs, sh.pp_rank))
-                        if per_mb is None:
-                            layout = layout or _with(base, mbs, ac)
-                            per_mb = table[ac, mbs, sh.pp_rank] = peaks.per_micro_batch(layout, sh, m, lt)
-                        if fwd_static + per_mb[0] + fixed_other > usable or bwd_static + per_mb[1] + fixed_other > usable:
-                            fits = False
-                            break
-                        # under the interleaved runtime, a rank below its ceiling fits without its moments
-                        if ceiling is not None and ceiling + max(per_mb[0], per_mb[1], per_mb[2], per_mb[4]) <= usable:
-                            continue
-                        per_mbs.append((sh, st, per_mb))
-                    if fits:
-                        layout = layout or _with(base, mbs, ac)
-                        for sh, st, per_mb in per_mbs:
-                            if max(map(sum, _candidates(lt, layout, sh, m, st, per_mb))) > usable:  # total_from
-                                fits = False
-                                break
+                else:
+                    layout, fits = self._fits(base, entries, table, lt, m, ac, mbs)
                 if not fits:
                     overflowed = True
                     continue
                 found.append((layout or _with(base, mbs, ac), mbs, shapes))
         return found
 
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs in _structure_fields(
-            model, cluster.world_size, train.global_batch, train.seq_len):
-        base = None  # the structure's layout (mbs=1, ac=none), built once something needs it
-        okey = (dp, cp, tp, sp, pp, schedule)
-        opts = options.get(okey) if shared_where else None
-        if opts is None:
-            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-            mbs_options = [b for b in all_mbs if _schedule_ok(base, train.global_batch // (dp * b))]
-            acs = [ac for ac in _ac_modes(model) if where is None or where(_with(base, base.mbs, ac))]
-            opts = options[okey] = (mbs_options, acs)
-        mbs_options, acs = opts
-        if not acs:
-            continue
-        result.enumerated += len(acs) * len(mbs_options)
-        # with SP off a rank holds more activations than with it on and nothing less (checked over
-        # every layout of 4 cases with no exception): where SP on fits at no mbs or ac, SP off does not
-        # (SP on comes first in the enumeration, with the same options where the filter allows it)
-        skey = (dp, zero, shard, cp, tp, pp, vpp, schedule, ep) if tp > 1 else None
-        if skey is not None and not sp and sp_on_empty.get(skey) == opts:
-            continue
-        if zero and 1 < shard < dp:
-            # whether a layout fits only improves as the sharding group grows (every state is divided
-            # by it or does not read it; FSDP2's padded shard, ceil(rows / shard), shrinks too): if no
-            # mbs or ac of the whole dp group's structure fits, none of this one's does
-            wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
-            if wkey not in widest_found:
-                widest_found[wkey] = structure_fits(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-            widest = widest_found[wkey]
-            found = widest and structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs,
-                                              narrower_fit.get(wkey, frozenset()),
-                                              frozenset((lay.ac, mbs) for lay, mbs, _ in widest))
-            if found:  # ... and what fits this group fits every wider one
-                narrower_fit[wkey] = narrower_fit.get(wkey, frozenset()) | {(lay.ac, mbs) for lay, mbs, _ in found}
-        elif zero and shard == dp > 1:
-            wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
-            found = widest_found.pop(wkey, None)
-            if found is None:
-                found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-        else:
-            found = structure_fits(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-        if not found and sp and skey is not None:
-            sp_on_empty[skey] = opts
-        for layout, mbs, shapes in found:
-            ac = layout.ac
-            result.fitting += 1
-            # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, ac, layout.sp)
-            bound = bounds.get(key)
-            if bound is None:
-                bound = bounds[key] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
-                                                         stage_cache=stages)
-            fitting.append((bound, len(fitting), layout, shapes))
-    # Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
-    # the first whose bound is slower than the worst of them ends the search, and one whose tighter
-    # bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact ties
-    # between rank keys go to the earlier enumerated layout, as if estimated in enumeration order.
-    fitting.sort()  # by (bound, enumeration index): the index is unique, so no layout is ever compared
-    tight: dict[tuple, float] = {}
-    with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s by what it reads
-    moe = model.moe and not model.states_only
-    for bound, index, layout, shapes in fitting:
-        if len(result.best) >= keep:
-            worst = result.best[-1].time.step_s
-            if bound > worst:
-                break
-            # the tighter bound's two parts, each cached by the fields it reads (cost/estimate.py)
-            okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
-                    layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
-            opt_s = optimizers.get(okey)
-            if opt_s is None:
-                opt_s = optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
-            if moe:
-                # first a cheaper one, compute + the expert all-to-alls (most tighter bounds of a
-                # mixture of experts that refuse a layout refuse it for those)
-                key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                       layout.sp)
-                busy = with_experts.get(key)
-                if busy is None:
-                    busy = with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, stages)
-                if busy + opt_s > worst:
-                    continue
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                   layout.sp, layout.zero >= 2)
-            busy = tight.get(key)
-            if busy is None:
-                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
-            if busy + opt_s > worst:
+    def _fits(self, base: Layout, entries: list[RankEntry], table: dict, lt: TrainSpec, m: int, ac: str,
+              mbs: int) -> tuple[Layout | None, bool]:
+        """Whether ``base`` at (ac, mbs) fits on every rank, and its layout when one was built: every
+        rank's fit floor first (memory.candidates_floor), then the full peaks (PeakCache.total_from);
+        under the interleaved runtime a rank below its ceiling fits without its moments. Most tries
+        are refused before a layout is built."""
+        layout = None
+        if self.model.states_only:
+            layout = _with(base, mbs, ac)
+            return layout, all(self.peaks.fits(layout, e.shape, m, e.static, lt, self.usable, table) for e in entries)
+        usable = self.usable
+        full: list[tuple[RankEntry, tuple]] = []
+        for e in entries:
+            per_mb = table.get((ac, mbs, e.shape.pp_rank))
+            if per_mb is None:
+                layout = layout or _with(base, mbs, ac)
+                per_mb = table[ac, mbs, e.shape.pp_rank] = self.peaks.per_micro_batch(layout, e.shape, m, lt)
+            if memory.candidates_floor(e.halves, per_mb) > usable:
+                return layout, False
+            if e.ceiling is not None and e.ceiling + memory.ceiling_activations(per_mb) <= usable:
                 continue
-        e = estimate(model, cluster, train, layout, headroom, stages, peaks.memories(layout, shapes, capacity))
-        key_e = (_rank_key(e), index)
-        at = bisect.bisect_right(keys, key_e)
-        if at < keep:
-            keys.insert(at, key_e)
-            result.best.insert(at, e)
-            del keys[keep:], result.best[keep:]
-    result.best = break_ties(result.best, usable)
-    result.pool = result.best[:]
-    del result.best[top:]
-    return result
+            full.append((e, per_mb))
+        if full:
+            layout = layout or _with(base, mbs, ac)
+            for e, per_mb in full:
+                if self.peaks.total_from(layout, e.shape, m, e.static, lt, per_mb) > usable:
+                    return layout, False
+        return layout, True
+
+    # ------------------------------------------------------------------ ranking
+    def _rank(self) -> SearchResult:
+        """Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
+        the first whose bound is slower than the worst of them ends the search, and one whose tighter
+        bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact
+        ties between rank keys go to the earlier enumerated layout, as if estimated in that order."""
+        result, keep = self.result, self.keep
+        keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
+        self.fitting.sort()  # by (bound, enumeration index): the index is unique, no layout is compared
+        for bound, index, layout, shapes in self.fitting:
+            if len(result.best) >= keep:
+                worst = result.best[-1].time.step_s
+                if bound > worst:
+                    break
+                if self._slower_than(layout, shapes, worst):
+                    continue
+            e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
+                         self.peaks.memories(layout, shapes, self.capacity))
+            key_e = (_rank_key(e), index)
+            at = bisect.bisect_right(keys, key_e)
+            if at < keep:
+                keys.insert(at, key_e)
+                result.best.insert(at, e)
+                del keys[keep:], result.best[keep:]
+        result.best = break_ties(result.best, self.usable)
+        result.pool = result.best[:]
+        del result.best[self.top:]
+        return result
+
+    def _slower_than(self, layout: Layout, shapes: tuple[RankShape, ...], worst: float) -> bool:
+        """Whether a lower bound of the layout's step is above ``worst``: the optimizer plus, for a
+        mixture of experts, compute and the expert all-to-alls first (cheaper; most refusals of a
+        mixture of experts are for those), then the tighter bound. Each part is cached by the fields
+        it reads (cost/estimate.py)."""
+        model, cluster, train = self.model, self.cluster, self.train
+        okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
+                layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
+        opt_s = self.optimizers.get(okey)
+        if opt_s is None:
+            opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
+        if model.moe and not model.states_only:
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                   layout.sp)
+            busy = self.with_experts.get(key)
+            if busy is None:
+                busy = self.with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, self.stages)
+            if busy + opt_s > worst:
+                return True
+        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+               layout.sp, layout.zero >= 2)
+        busy = self.tight.get(key)
+        if busy is None:
+            busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
+        return busy + opt_s > worst

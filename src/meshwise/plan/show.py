@@ -1,36 +1,51 @@
-"""Terminal output of a plan: a rich table of the top layouts, then the explanation and warnings."""
+"""Terminal output of a plan: a rich table of the top (or the given) layouts, then the explanation and
+warnings. With a token budget, each row adds its wall-clock days, GPU-hours and cost (plan/budget.py)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from meshwise.plan.planner import Plan
+from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.compare import binding
+from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+COLUMNS = ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits",
+           "binds")
 
 
 def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f}"
 
 
-def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan, console: Console | None = None) -> None:
+def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan, console: Console | None = None,
+               budgets: list[Budget] | None = None) -> None:
     if console is None:
         console = Console(highlight=False)
         if not console.is_terminal:
-            console = Console(highlight=False, width=200)
+            console = Console(highlight=False, width=240)
     console.print(f"[bold]{model.describe()}[/bold]")
     console.print(f"{cluster.world_size} x {cluster.accelerator.name} ({cluster.nodes} node(s) of {cluster.gpus_per_node}); "
                   f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
                   f"{plan.enumerated:,} layouts searched, {plan.fitting:,} fit")
     if plan.candidates:
-        table = Table(title="memory per rank in GB (largest rank)")
-        for col in ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits"):
-            table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+        title = (f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
+                 "simplest first")
+        columns = list(COLUMNS)
+        if budgets:
+            columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
+            title += f"; {fmt_tokens(budgets[0].tokens)}" + (
+                f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
         for i, e in enumerate(plan.candidates, 1):
             mem = e.memory
-            table.add_row(str(i), e.layout.short(), _gb(mem.params), _gb(mem.grads), _gb(mem.optimizer),
-                          _gb(mem.activations), _gb(mem.other), _gb(mem.total), f"{e.time.step_s:.3g}",
-                          f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]")
+            row = [str(i), e.layout.short(), _gb(mem.params), _gb(mem.grads), _gb(mem.optimizer),
+                   _gb(mem.activations), _gb(mem.other), _gb(mem.total), f"{e.time.step_s:.3g}",
+                   f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
+            table.add_row(*(row + (budget_cells(budgets[i - 1]) if budgets else [])))
         console.print(table)
     for line in plan.explanation:
         console.print(line, soft_wrap=True)

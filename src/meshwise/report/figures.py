@@ -9,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from meshwise.cost.pipeline import Op  # noqa: E402
 
@@ -25,31 +27,64 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _wrapped(label: str, width: int = 36) -> str:
+    """A layout's text on lines of at most ``width`` characters, broken after its commas."""
+    lines, line = [], ""
+    for part in label.split(","):
+        piece = part if not line else "," + part
+        if line and len(line) + len(piece) > width:
+            lines.append(line + ",")
+            line = part
+        else:
+            line += piece
+    return "\n".join(lines + [line])
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of visible, non-empty texts of ``fig`` whose drawn boxes overlap (what makes labels
+    unreadable), from matplotlib's own extents at the figure's dpi."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()
+             and t.figure is fig]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    out = []
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1:]:
+            if box_a.overlaps(box_b) and box_a.width > 0 and box_b.width > 0:
+                inter_w = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+                inter_h = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+                if inter_w > 1 and inter_h > 1:  # more than a pixel: touching edges are not overlap
+                    out.append((a, b))
+    return out
+
+
 def memory_bars(labels: Sequence[str], memories: Sequence[dict[str, float]], capacity_bytes: float,
                 usable_bytes: float, title: str = "memory per rank (largest rank)") -> bytes:
-    """Stacked bars of the memory categories per layout, against the device capacity."""
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels) + 2), 4.2))
-    xs = range(len(labels))
-    bottom = [0.0] * len(labels)
+    """Stacked horizontal bars of the memory categories per layout, against the device capacity; each
+    layout's text on its own row beside its bar (wrapped after commas), so no two labels share a line."""
+    wrapped = [f"#{i + 1} {_wrapped(label)}" for i, label in enumerate(labels)]
+    rows = [w.count("\n") + 1 for w in wrapped]
+    fig, ax = plt.subplots(figsize=(5.5, 1.0 + 0.32 * sum(max(r, 2) for r in rows)))
+    ys = list(range(len(labels)))
+    left = [0.0] * len(labels)
     for cat in CATEGORIES:
         vals = [m[cat] / GB for m in memories]
-        ax.bar(xs, vals, bottom=bottom, color=COLORS[cat], label=cat, width=0.6)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.axhline(capacity_bytes / GB, color="black", linewidth=1.2, label="capacity")
-    ax.axhline(usable_bytes / GB, color="black", linewidth=0.8, linestyle="--", label="usable (headroom)")
-    ax.set_xticks(list(xs), [f"#{i + 1}" for i in xs])
-    ax.set_ylabel("GB")
+        ax.barh(ys, vals, left=left, color=COLORS[cat], label=cat, height=0.6)
+        left = [a + v for a, v in zip(left, vals)]
+    ax.axvline(capacity_bytes / GB, color="black", linewidth=1.2, label="capacity")
+    ax.axvline(usable_bytes / GB, color="black", linewidth=0.8, linestyle="--", label="usable (headroom)")
+    ax.set_yticks(ys, wrapped, fontsize=8, family="monospace")
+    ax.invert_yaxis()
+    ax.set_xlabel("GB per rank")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for i, label in enumerate(labels):
-        ax.annotate(label, (i, 0), xytext=(0, -28), textcoords="offset points", ha="center", fontsize=6, rotation=0,
-                    wrap=True)
     return _png(fig)
 
 
 def pipeline_timeline(ops: Sequence[Op], ranks: int, title: str, unit: str = "s") -> bytes:
     """Ranks x time: forward, backward (and weight-gradient) boxes per micro-batch; gaps are the bubble."""
-    fig, ax = plt.subplots(figsize=(10, 0.45 * ranks + 1.6))
+    fig, ax = plt.subplots(figsize=(8.2, 0.45 * ranks + 1.6))
     for op in ops:
         ax.barh(op.rank, op.end - op.start, left=op.start, height=0.8, color=COLORS[op.kind], edgecolor="white",
                 linewidth=0.4)
@@ -68,15 +103,23 @@ def pipeline_timeline(ops: Sequence[Op], ranks: int, title: str, unit: str = "s"
     return _png(fig)
 
 
-def scaling_curve(gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Sequence[float], title: str) -> bytes:
-    """Predicted throughput and MFU as the GPU count grows (the layouts go in a table beside it)."""
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+def scaling_curve(gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Sequence[float], title: str,
+                  requested: int | None = None) -> bytes:
+    """Predicted throughput and MFU as the GPU count grows (the layouts go in a table beside it), the
+    requested count marked."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    if requested:
+        ax.axvline(requested, color="grey", linewidth=0.8, linestyle="--", label=f"requested: {requested}")
     ax.plot(gpus, tokens_per_s, marker="o", color=COLORS["params"], label="tokens/s")
     if gpus:
         ideal = [tokens_per_s[0] * g / gpus[0] for g in gpus]
         ax.plot(gpus, ideal, linestyle=":", color="grey", label="linear from the first point")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(list(gpus), [f"{g:,}" for g in gpus], fontsize=8)
+    ax.minorticks_off()
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s")
     ax2 = ax.twinx()

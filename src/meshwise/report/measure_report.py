@@ -52,9 +52,11 @@ def _error(row: Any) -> str:
 
 
 def write_measure_report(path: str | Path, rows: Sequence[Any], records: Sequence[dict[str, Any]], model: ModelSpec,
-                         layout: Layout, cluster: ClusterSpec, train: TrainSpec, title: str | None = None) -> None:
+                         layout: Layout, cluster: ClusterSpec, train: TrainSpec, title: str | None = None,
+                         verdicts: Sequence[str] = ()) -> None:
     """Write the page atomically. ``rows``: ``measure.compare.Row`` (figure, rank, predicted,
-    measured) of every rank; ``records``: the workers' rank records (``timeline`` read for PP)."""
+    measured) of every rank; ``records``: the workers' rank records (``timeline`` read for PP);
+    ``verdicts``: lines on the step split (``measure.compare.time_verdicts``)."""
     title = title or f"meshwise measure: {model.name}, {layout.short()}"
     sections: list[tuple[str, str]] = []
     world = max((int(r["world"]) for r in records), default=layout.world_size)
@@ -73,6 +75,9 @@ def write_measure_report(path: str | Path, rows: Sequence[Any], records: Sequenc
                                                 f"{caption}: measured / predicted")
             body.append(image(png, f"{prefix}: predicted vs measured"))
     sections.append(("Predicted vs measured", "\n".join(body)))
+    if verdicts:  # each part timed on its own; the sum checked against the step; the largest residual named
+        sections.append(("Step split: compute, exposed comm, pipeline idle, optimizer, fixed",
+                         paragraphs(list(verdicts))))
     if layout.pp > 1:
         ops, ranks = measured_ops(records)
         parts = []

@@ -1,6 +1,7 @@
 """``meshwise plan --report plan.html``: memory bars of the top layouts, the chosen layout's pipeline
-timeline (cost.pipeline.simulate, the schedule model whose closed forms the search uses), the
-predicted scaling from 8 GPUs to the requested count, the explanation and the warnings."""
+timeline when it has a pipeline (cost.pipeline.simulate, the schedule model whose closed forms the
+search uses), the predicted scaling from the fewest GPUs that fit to SCALE_UP times the request, the
+explanation and the warnings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
+from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
@@ -23,26 +26,63 @@ def timeline_png(e: Estimate, train: TrainSpec) -> bytes:
                                      f"{lay.short()}: {lay.accum(train.global_batch)} micro-batches")
 
 
-def scaling_points(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[tuple[int, Estimate]]:
-    """The best layout at 8, 16, 32, ... GPUs up to the cluster's count (same node size and batch)."""
-    counts = []
-    n = min(8, cluster.world_size)
-    while n < cluster.world_size:
-        counts.append(n)
-        n *= 2
-    counts.append(cluster.world_size)
-    points = []
-    for gpus in counts:
+SCALE_UP = 4  # the scaling chart reaches this many times the requested count
+TIMELINE_MAX_OPS = 20_000  # passes drawn at most in a pipeline timeline (beyond, a line says so)
+
+
+def scaling_counts(cluster: ClusterSpec) -> tuple[list[int], list[int]]:
+    """The GPU counts the scaling chart weighs: halving from the request down (until nothing fits,
+    tried in that order), and doubling up to SCALE_UP times it."""
+    down, n = [], cluster.world_size
+    while n > 1 and n % 2 == 0:
+        n //= 2
+        down.append(n)
+    up = [cluster.world_size * 2**k for k in range(1, SCALE_UP.bit_length())]
+    return down, [cluster.world_size] + up
+
+
+def scaling_points(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float
+                   ) -> list[tuple[int, Estimate]]:
+    """The best layout at each count from the smallest power-of-two fraction of the request that fits
+    up to SCALE_UP times the request (same node size and batch): one search of one layout each, the
+    way down stopping at the first count where nothing fits."""
+    def best_at(gpus: int) -> Estimate | None:
         per_node = min(cluster.gpus_per_node, gpus)
-        sized = replace(cluster, gpus_per_node=per_node, nodes=gpus // per_node)
-        result = search(model, sized, train, 1, headroom)
-        if result.best:
-            points.append((gpus, result.best[0]))
+        if gpus % per_node:
+            return None
+        result = search(model, replace(cluster, gpus_per_node=per_node, nodes=gpus // per_node), train, 1, headroom)
+        return result.best[0] if result.best else None
+
+    down, up = scaling_counts(cluster)
+    points = []
+    for gpus in down:
+        e = best_at(gpus)
+        if e is None:
+            break
+        points.append((gpus, e))
+    points.reverse()
+    points += [(gpus, e) for gpus, e in ((g, best_at(g)) for g in up) if e is not None]
     return points
 
 
+def _timeline_section(e: Estimate, train: TrainSpec) -> tuple[str, str] | None:
+    """The chosen layout's pipeline schedule: none without a pipeline, a line where too long to draw."""
+    lay = e.layout
+    if lay.pp == 1:
+        return None
+    m = lay.accum(train.global_batch)
+    title = "Pipeline schedule of the chosen layout"
+    if m * lay.pp * lay.vpp * 3 > TIMELINE_MAX_OPS:
+        return title, (f"<p>{m:,} micro-batches per step over {lay.pp} stages: too many passes to draw "
+                       f"(over {TIMELINE_MAX_OPS:,}); the bubble is {e.time.bubble_s / e.time.step_s:.1%} "
+                       "of the step.</p>")
+    return title, image(timeline_png(e, train),
+                        "stages x time: forward, backward and idle per micro-batch (the bubble is the white space)")
+
+
 def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan,
-                      headroom: float) -> None:
+                      headroom: float, budgets: list[Budget] | None = None) -> None:
+    """The page; ``budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost columns."""
     accel = cluster.accelerator
     sections: list[tuple[str, str]] = []
     setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
@@ -52,21 +92,29 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:
         rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", f"{e.time.step_s:.3g}",
-                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no"]
+                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no", binding(e)]
+                + (budget_cells(budgets[i - 1]) if budgets else [])
                 for i, e in enumerate(plan.candidates, 1)]
+        head = ["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits", "binds"]
+        if budgets:
+            head += ["days", "GPU-hours"] + (["cost"] if budgets[0].cost is not None else [])
         mem = figures.memory_bars([e.layout.short() for e in plan.candidates],
                                   [e.memory.as_json() for e in plan.candidates], accel.memory_bytes,
                                   accel.memory_bytes * (1 - headroom))
-        sections.append(("Top layouts", table(["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits"], rows)
+        budget_note = (f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
+                       + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None
+                          else "") + ".</p>") if budgets else ""
+        sections.append(("Top layouts", budget_note + table(head, rows)
                          + image(mem, "memory per rank of the top layouts against the device capacity")))
-        sections.append(("Pipeline schedule of the chosen layout",
-                         image(timeline_png(plan.candidates[0], train),
-                               "stages x time: forward, backward and idle per micro-batch (the bubble is the white space)")))
+        timeline = _timeline_section(plan.candidates[0], train)
+        if timeline:
+            sections.append(timeline)
     points = scaling_points(model, cluster, train, headroom)
     if points:
         png = figures.scaling_curve([g for g, _ in points], [e.tokens_per_s for _, e in points],
                                     [e.mfu for _, e in points],
-                                    f"predicted throughput as the GPU count grows (global batch {train.global_batch})")
+                                    f"predicted throughput as the GPU count grows (global batch {train.global_batch})",
+                                    requested=cluster.world_size)
         rows = [[str(g), e.layout.short(), f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}"] for g, e in points]
         sections.append(("Scaling", image(png, "tokens/s and MFU with the best layout at each GPU count")
                          + table(["GPUs", "chosen layout", "tokens/s", "MFU"], rows)))

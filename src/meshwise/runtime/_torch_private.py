@@ -32,6 +32,10 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   is: the sharded parameter, its gathered copies, the sharded, unsharded and accumulated
   gradients, and the all-gather, reduce-scatter and all-reduce buffers (``meshwise verify``
   categorises memory by it).
+- ``flash_attention``: ``aten._scaled_dot_product_flash_attention``, called directly on fake cuda
+  tensors (runtime/model.causal_attention).
+- ``cxx11_abi``, ``has_kernel`` and ``aten_op_names``: ``torch._C``'s ABI flag and dispatcher
+  queries, with which ``measure/fake_cuda.py`` builds and registers its fake CUDA device.
 - ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
   collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
   ``measure/timing.py`` can time every blocking wait on a collective.
@@ -40,11 +44,20 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   (:mod:`meshwise.runtime.float8`); ``float8_weight_plain``: the high-precision tensor inside
   torchao's ``WeightWithDynamicFloat8CastTensor`` (its ``_tensor``), the form FSDP2's float8
   all-gather keeps a weight in, for checkpoints.
+
+Failing loudly: ``PRIVATE_NAMES`` lists every private torch name meshwise reads or patches here
+(``measure/_torch_tools.PRIVATE_NAMES`` the trackers'), ``FSDP_LAZY_NAMES`` the FSDP2 attributes
+that exist only after FSDP2's lazy initialisation or first gather (read with defaults for the step
+before), and each replacement of a torch function counts its calls in ``OVERRIDE_CALLS``.
+tests/unit/test_torch_canary.py asserts that every name resolves and every replacement is called
+during a traced step; launch/torch_release.py names the torch the suite has run on (pyproject's
+range) and warns in one line on any other.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable
@@ -57,9 +70,71 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "fake_process_group", "fake_tensor_mode",
-           "flatten_mesh", "float8_linear_type", "float8_weight_plain", "fsdp_held", "fsdp_param_groups", "unflatten_mesh", "forward_only_schedule", "meshes_outside_fake", "replicate",
-           "static_pipeline_warmup", "resolve_process_group", "timed_waits", "unbox_process_group"]
+__all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "aten_op_names", "cxx11_abi",
+           "fake_process_group", "fake_tensor_mode", "flash_attention", "flatten_mesh", "float8_linear_type",
+           "float8_weight_plain", "fsdp_held",
+           "fsdp_param_groups",
+           "forward_only_schedule", "has_kernel", "meshes_outside_fake", "replicate", "resolve_process_group",
+           "static_pipeline_warmup", "timed_waits", "unbox_process_group", "unflatten_mesh"]
+
+# (module, attribute path): every private torch name read or patched in this module
+PRIVATE_NAMES = (
+    ("torch.distributed._composable.replicate_with_fsdp", "replicate"),
+    ("torch.distributed.device_mesh", "DeviceMesh._flatten"),
+    ("torch.distributed.device_mesh", "DeviceMesh._unflatten"),
+    ("torch.distributed._functional_collectives", "all_to_all_single_autograd"),
+    ("torch.distributed._functional_collectives", "wait_tensor"),
+    ("torch.distributed.pipelining.schedules", "_PipelineSchedule"),
+    ("torch.distributed.pipelining.schedules", "_PipelineSchedule._warmup_p2p"),
+    ("torch.distributed.pipelining.schedules", "_PipelineScheduleRuntime"),
+    ("torch.distributed.pipelining.schedules", "_wait_batch_p2p"),
+    *(("torch.distributed.pipelining.schedules", f"_ComputationType.{t}")
+      for t in ("FORWARD", "SEND_F", "RECV_F", "UNSHARD", "RESHARD")),
+    ("torch.distributed.pipelining._utils", "InferenceMode.STATIC"),
+    ("torch.utils._python_dispatch", "TorchDispatchMode"),
+    ("torch._C._distributed_c10d", "ProcessGroup.unbox"),
+    ("torch._C._distributed_c10d", "Work.wait"),
+    ("torch.distributed.distributed_c10d", "_resolve_process_group"),
+    ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
+    ("torch._subclasses.fake_tensor", "FakeTensorMode"),
+    ("torch._subclasses.fake_tensor", "unset_fake_temporarily"),
+    ("torch.distributed.fsdp", "FSDPModule._get_fsdp_state"),
+    ("torch.ops.aten", "_scaled_dot_product_flash_attention"),
+    ("torch._C", "_GLIBCXX_USE_CXX11_ABI"),
+    ("torch._C", "_dispatch_has_kernel_for_dispatch_key"),
+    ("torch._C", "_dispatch_get_all_op_names"),
+)
+# FSDP2's per-unit state as fsdp_held reads it: (what holds them, attribute names); those marked
+# lazy exist only after FSDP2's lazy initialisation or a unit's first all-gather
+FSDP_NAMES = {
+    "FSDPState": ("_fsdp_param_groups",),
+    "FSDPParamGroup": ("fsdp_params", "comm_ctx", "_all_gather_result", "_partial_reduce_output",
+                       "_all_reduce_state"),
+    "FSDPParam": ("mp_policy", "sharded_param", "_sharded_param_data", "all_gather_outputs",
+                  "_unsharded_inner_tensors", "unsharded_accumulated_grad"),
+}
+FSDP_LAZY_NAMES = {"FSDPParam": ("_unsharded_param",), "FSDPCommContext": ("all_gather_state", "reduce_scatter_states")}
+OVERRIDE_CALLS: Counter = Counter()  # calls of each torch function meshwise replaced (the canary reads it)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal flash attention's output on (b, heads, s, d), called as the aten op itself."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+
+
+def cxx11_abi() -> int:
+    """Whether torch was built with the C++11 ABI (for compiling against its libraries)."""
+    return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+def has_kernel(op_name: str, dispatch_key: str) -> bool:
+    """Whether the dispatcher has a kernel for ``op_name`` (``aten::...``) at ``dispatch_key``."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op_name, dispatch_key)
+
+
+def aten_op_names() -> list[str]:
+    """Every operator name the dispatcher knows (``namespace::name``)."""
+    return list(torch._C._dispatch_get_all_op_names())
 
 
 def replicate(module: nn.Module, mesh: DeviceMesh, **kwargs) -> nn.Module:
@@ -164,6 +239,7 @@ def static_pipeline_warmup() -> Iterator[None]:
     vote = schedules._PipelineSchedule._warmup_p2p
 
     def static(self, stages, has_backward, p2p_done) -> None:
+        OVERRIDE_CALLS["_PipelineSchedule._warmup_p2p"] += 1
         for stage in stages:
             stage._inference_mode = InferenceMode.STATIC
 
@@ -236,8 +312,9 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
     state = {"pipeline": 0, "depth": 0}
     originals = (Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p)
 
-    def timed(fn: Callable) -> Callable:
+    def timed(fn: Callable, name: str) -> Callable:
         def run(*args, **kwargs):
+            OVERRIDE_CALLS[name] += 1
             if state["depth"]:
                 return fn(*args, **kwargs)
             state["depth"] += 1
@@ -250,13 +327,15 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
         return run
 
     def pipeline_wait(*args, **kwargs):
+        OVERRIDE_CALLS["_wait_batch_p2p"] += 1
         state["pipeline"] += 1
         try:
             return originals[2](*args, **kwargs)
         finally:
             state["pipeline"] -= 1
 
-    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = timed(originals[0]), timed(originals[1]), pipeline_wait
+    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = (timed(originals[0], "Work.wait"),
+                                                                 timed(originals[1], "wait_tensor"), pipeline_wait)
     try:
         yield
     finally:

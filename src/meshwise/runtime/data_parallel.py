@@ -30,6 +30,8 @@ grouped experts are wrapped first, over the expert data-parallel ranks
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -92,6 +94,18 @@ def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: Mix
     return alone
 
 
+def ignore_logits_view_warning() -> None:
+    """Silence torch 2.13's FSDP2 warning that a wrapped module "returned a view tensor", for meshwise's
+    own model only (the one place it is filtered). FSDP2 registers its pre-backward hook on a root's
+    output, and an in-place op on a view of it would drop the hook (``_fsdp_state.
+    _register_pre_backward_hook``). Under TP the model's logits are such a view (the vocabulary-parallel
+    head's output gathered by DTensor); their one consumer, ``model.loss_sum``, reads them out of place
+    (flatten, float, cross entropy), so the hook runs and gradients are exact (the TP parity tests).
+    A hand-written loop on ``meshwise.parallelize`` must not modify the logits in place either."""
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTransformer\) returned a view tensor",
+                            category=UserWarning)
+
+
 def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None,
                         emesh: DeviceMesh | None = None) -> None:
     """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``,
@@ -99,6 +113,7 @@ def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, pr
     expert parallelism (``emesh`` from expert_parallel.expert_mesh) the experts first."""
     if layout.dp * layout.cp == 1:
         return
+    ignore_logits_view_warning()
     mp = mixed_precision(precision_of or mesh.device_type)
     ignored = _wrap_experts(model, emesh, layout, mp) if layout.ep > 1 else set()
     units = list(model.layers.values())

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshwise.runtime._torch_private import flash_attention
 from meshwise.runtime.context_parallel import RingGroup, ring_attention
 from meshwise.runtime.moe import MoE
 from meshwise.spec import ModelSpec
@@ -124,7 +125,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     where a GPU picks flash for half-precision GQA (it keeps the output, the float32 log-sum-exp
     and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same)."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available():
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+        return flash_attention(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 

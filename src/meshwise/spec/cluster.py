@@ -49,15 +49,28 @@ class AcceleratorSpec:
     sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
     gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
     gemm_tile_n: int = 256
-    gemm_efficiency: float = 0.0       # fraction of peak a GEMM's busy tiles reach (fitted: benchmarks/fidelity.py)
-    attention_efficiency: float = 0.0  # fraction of peak of the fused (flash) attention kernel, forward + backward
+    gemm_efficiency: float = 0.0       # a profile's flat GEMM fraction of peak (used when ``gemm`` has no row)
+    attention_efficiency: float = 0.0  # a profile's flat fused-attention fraction (used when ``attention`` is empty)
     hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
+    # Component fits (benchmarks/fit_components.py, each on its own published data; docs/cost-model.md):
+    gemm: tuple = ()                   # (dtype, efficiency, k_half) rows: GEMM throughput by shape
+    attention: tuple = ()              # (kernel, fields...) rows: fused attention by sequence and head width
+    kernel_floor_s: float = 0.0        # a kernel's fixed time (launch, fill and drain), however small its work
+    sustained_clock: float = 1.0       # clock held under sustained dense math at the power limit / the peak's clock
     runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
     # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.
     op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
     checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
     selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
+    fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
+    fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
+    # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
+    cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
+    cpu_gemm_call_s: float = 0.0
+    cpu_gemm_bytes_per_s: float = 0.0  # 0: no bandwidth term
+    gemm_reference_efficiency: float = 1.0  # the grid's efficiency at the calibration's own GEMMs
+    dram_bytes_per_s: float = 0.0      # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
     cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
 
@@ -66,7 +79,7 @@ class AcceleratorSpec:
     @cached_property
     def has_op_model(self) -> bool:
         """True when the profile declares the GPU fields: compute is costed per operation."""
-        return self.sm_count > 0 and self.gemm_efficiency > 0
+        return self.sm_count > 0 and (self.gemm_efficiency > 0 or bool(self.gemm))
 
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
@@ -120,16 +133,46 @@ _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s",
                "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS | HOST_KEYS
 
 
-def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
+def _spelling(name: str) -> str:
+    """How a GPU name is compared: case, spaces and underscores aside (``H100 SXM`` = ``h100-sxm``)."""
+    return "-".join(name.lower().replace("_", " ").replace("-", " ").split())
+
+
+def catalog_accelerator(ref: str) -> str | None:
+    """The catalog entry ``ref`` names: its own name or one of its ``aliases`` (accelerators.toml),
+    compared case-insensitively; None when it names none."""
+    wanted = _spelling(ref)
+    for name, table in read_catalog("accelerators.toml").items():
+        if wanted in {_spelling(n) for n in (name, *table.get("aliases", ()))}:
+            return name
+    return None
+
+
+def _unknown_accelerator(ref: str) -> MeshwiseError:
+    """One line: the closest catalog names and aliases ("did you mean"), then every entry."""
+    import difflib
+
     catalog = read_catalog("accelerators.toml")
-    if ref in catalog:
-        return ref, catalog[ref]
+    spellings = {_spelling(n): name for name, table in catalog.items() for n in (name, *table.get("aliases", ()))}
+    # a prefix such as "a100" names every entry it begins, then the nearest spellings
+    close = [name for name in catalog if name.startswith(_spelling(ref)) and len(_spelling(ref)) >= 2]
+    close += [spellings[s] for s in difflib.get_close_matches(_spelling(ref), list(spellings), n=6, cutoff=0.5)]
+    guess = list(dict.fromkeys(close))[:3]
+    hint = f"; did you mean {' or '.join(guess)}?" if guess else ""
+    return MeshwiseError(f"--gpu: unknown accelerator {ref!r}{hint} Choose one of {', '.join(catalog)} (any case, "
+                         "or an alias listed in catalog/accelerators.toml), or give a profile .toml")
+
+
+def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
     path = Path(ref)
     if path.suffix == ".toml":
         table = read_toml(path, "--gpu")
         table = table.get("accelerator", table)
         return str(table.get("name", path.stem)), table
-    raise MeshwiseError(f"--gpu: unknown accelerator {ref!r}; choose one of {', '.join(catalog)}, or give a profile .toml")
+    name = catalog_accelerator(ref)
+    if name is None:
+        raise _unknown_accelerator(ref)
+    return name, read_catalog("accelerators.toml")[name]
 
 
 def _flag(value: Any, where: str) -> bool:
@@ -152,7 +195,7 @@ def _profile_number(gpu: str, table: dict[str, Any], key: str, default: Any, zer
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
-    unknown = sorted(set(table) - _ACCEL_KEYS)
+    unknown = sorted(set(table) - _ACCEL_KEYS - {"aliases"})  # aliases: other names of a catalog entry
     if unknown:
         raise MeshwiseError(f"--gpu {gpu}: unknown key {unknown[0]!r}")
     try:

@@ -13,7 +13,10 @@ from meshwise.errors import MeshwiseError
 RUNTIMES = ("meshwise", "megatron")
 SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
 GPU_KEYS = {"sm_count", "gemm_tile_m", "gemm_tile_n", "gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-            "runtime"}
+            "runtime", "gemm", "attention", "kernel_floor_s", "sustained_clock"}
+GEMM_FIELDS = ("efficiency", "k_half")
+ATTENTION_FIELDS = ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half", "backward",
+                    "backward_seq_half", "head64")
 
 
 def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
@@ -25,17 +28,61 @@ def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be a positive integer, got {value!r}")
             out[key] = value
-    for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency"):
+    for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "sustained_clock"):
         if key in table:
             value = table[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be a fraction in (0, 1], got {value!r}")
             out[key] = float(value)
+    out.update(_component_rows(table, gpu))
+    if "kernel_floor_s" in table:
+        value = table["kernel_floor_s"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise MeshwiseError(f"--gpu {gpu}: kernel_floor_s must be seconds in [0, 1), got {value!r}")
+        out["kernel_floor_s"] = float(value)
     if "runtime" in table:
         if table["runtime"] not in RUNTIMES:
             raise MeshwiseError(f"--gpu {gpu}: runtime must be one of {', '.join(RUNTIMES)}, got {table['runtime']!r}")
         out["runtime"] = table["runtime"]
-    if out.get("sm_count") and out.get("gemm_efficiency"):
-        out.setdefault("attention_efficiency", out["gemm_efficiency"] / 2)
+    if out.get("sm_count") and (out.get("gemm_efficiency") or out.get("gemm")):
+        out.setdefault("attention_efficiency", out.get("gemm_efficiency", out.get("gemm", ((0, 0.6),))[0][1]) / 2)
         out.setdefault("hbm_efficiency", 0.8)
+    return out
+
+
+def _number(value: Any, where: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise MeshwiseError(f"{where} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _component_rows(table: dict[str, Any], gpu: str) -> dict[str, tuple]:
+    """``gemm.<dtype> = {efficiency, k_half}`` and ``attention.<runtime> = {kernel, forward, ...}`` as
+    hashable rows: ``(dtype, efficiency, k_half)`` and ``(runtime, kernel, *ATTENTION_FIELDS)``."""
+    out: dict[str, tuple] = {}
+    gemm = table.get("gemm", {})
+    if not isinstance(gemm, dict):
+        raise MeshwiseError(f"--gpu {gpu}: gemm must be a table of dtypes, e.g. gemm.bf16.efficiency = 0.8")
+    rows = []
+    for dtype, fit in sorted(gemm.items()):
+        where = f"--gpu {gpu}: gemm.{dtype}"
+        if not isinstance(fit, dict) or set(fit) - set(GEMM_FIELDS) or "efficiency" not in fit:
+            raise MeshwiseError(f"{where} must give efficiency (and optionally k_half), got {fit!r}")
+        rows.append((dtype, _number(fit["efficiency"], f"{where}.efficiency", 1e-3, 1.0),
+                     _number(fit.get("k_half", 0.0), f"{where}.k_half", 0.0, 1e6)))
+    if rows:
+        out["gemm"] = tuple(rows)
+    attention = table.get("attention", {})
+    if not isinstance(attention, dict):
+        raise MeshwiseError(f"--gpu {gpu}: attention must be a table of runtimes, e.g. attention.meshwise = {{...}}")
+    rows = []
+    for runtime, fit in sorted(attention.items()):
+        where = f"--gpu {gpu}: attention.{runtime}"
+        if runtime not in RUNTIMES or not isinstance(fit, dict) or set(fit) != set(ATTENTION_FIELDS) | {"kernel"}:
+            raise MeshwiseError(f"{where}: a runtime of {', '.join(RUNTIMES)} with kernel and "
+                                f"{', '.join(ATTENTION_FIELDS)}")
+        values = [_number(fit[f], f"{where}.{f}", 0.0, 1e6 if f.endswith("half") else 1.0) for f in ATTENTION_FIELDS]
+        rows.append((runtime, str(fit["kernel"]), *values))
+    if rows:
+        out["attention"] = tuple(rows)
     return out

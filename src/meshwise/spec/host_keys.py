@@ -12,8 +12,13 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s")
-HOST_KEYS = set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node"}
+HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+                     "cpu_gemm_call_s")
+GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s")  # 0 or more
+# when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
+PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
+HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
+             | set(PROBE_KEYS) | set(GEMM_RATE_KEYS))
 
 
 def _number(table: dict[str, Any], key: str, gpu: str) -> float:
@@ -37,6 +42,19 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
         if not 0 < value <= 1:
             raise MeshwiseError(f"--gpu {gpu}: thread_efficiency must be a fraction in (0, 1], got {value!r}")
         out["thread_efficiency"] = value
+    for key in GEMM_RATE_KEYS:
+        if key in table:
+            if not _number(table, key, gpu) >= 0:
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be 0 or more, got {table[key]!r}")
+            out[key] = float(table[key])
+    if "gemm_reference_efficiency" in table:
+        value = _number(table, "gemm_reference_efficiency", gpu)
+        if not 0 < value <= 1:
+            raise MeshwiseError(f"--gpu {gpu}: gemm_reference_efficiency must be a fraction in (0, 1], got {value!r}")
+        out["gemm_reference_efficiency"] = value
+    for key in PROBE_KEYS:
+        if key in table and not _number(table, key, gpu) > 0:
+            raise MeshwiseError(f"--gpu {gpu}: {key} must be a positive number, got {table[key]!r}")
     if "cores_per_node" in table:
         value = table["cores_per_node"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

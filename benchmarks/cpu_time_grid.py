@@ -1,0 +1,227 @@
+"""Step time on this CPU over a grid: predicted (this machine's calibration) against measured, for
+66 points: 3 model widths (hidden 64, 192, 512), sequences 32 to 1,024, micro-batches 1 to 16, at 1,
+2 and 4 processes, over the parity suite's layout kinds (tests/_parity_cases.py: ZeRO 0-3, TP with
+SP off and on, PP under GPipe, 1F1B, interleaved 1F1B and zero-bubble, activation checkpointing,
+context parallelism, and their 4-process combinations).
+
+Measured in interleaved rounds: each round is one launch per process count (1, then 2, then 4),
+which builds all of that count's points, warms each up, then times ``--steps`` steps round robin
+over them (benchmarks/_cpu_grid_worker.py). A point's measured step is the median over every
+round of the slowest rank's step. Predicted: ``meshwise.cost.estimate`` with the profile ``train``
+and ``measure`` use (measure/auto_profile.py: measured at first use, cached, re-checked).
+
+Prints per point predicted and measured step, the error and the parts (predicted / measured:
+compute, exposed comm, pipeline idle, optimizer, fixed), then the acceptance counts of issue 31:
+at least 90% of points within 25%, none beyond 50%, Spearman >= 0.9 within each process count.
+
+    flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_grid.py \
+        --report benchmarks/results/cpu-time-grid-$(hostname)-$(date +%F).txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from rank_cpu_layouts import spearman  # noqa: E402
+
+from meshwise.cost.estimate import estimate  # noqa: E402
+from meshwise.launch import launch_logged  # noqa: E402
+from meshwise.layout import check_runnable, parse  # noqa: E402
+from meshwise.measure import auto_profile, probe  # noqa: E402
+from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
+
+MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
+    64: (4, 4, 2, 176), 192: (4, 6, 2, 512), 512: (4, 8, 4, 1408),
+}
+# (processes, hidden, layout, global batch, sequence length)
+POINTS = [
+    (1, 64, "mbs=1", 4, 256), (1, 64, "mbs=4", 8, 128), (1, 64, "mbs=16", 16, 32), (1, 64, "mbs=8,ac=full", 8, 64),
+    (1, 64, "mbs=2,ac=selective", 4, 1024), (1, 64, "mbs=4", 8, 512), (1, 64, "mbs=1", 8, 32),
+    (1, 192, "mbs=1", 2, 512), (1, 192, "mbs=2", 4, 128), (1, 192, "mbs=8", 8, 64), (1, 192, "mbs=16", 16, 32),
+    (1, 192, "mbs=4,ac=full", 4, 128), (1, 192, "mbs=1,ac=selective", 1, 1024),
+    (1, 512, "mbs=1", 1, 256), (1, 512, "mbs=1", 2, 64), (1, 512, "mbs=4", 4, 32), (1, 512, "mbs=2,ac=full", 2, 64),
+    (1, 512, "mbs=8", 8, 32), (1, 512, "mbs=1,ac=selective", 1, 256), (1, 192, "mbs=1", 1, 1024),
+    (2, 64, "dp=2,zero=0,mbs=4", 8, 64), (2, 192, "dp=2,zero=1,mbs=2", 8, 128), (2, 512, "dp=2,zero=2,mbs=1", 4, 64),
+    (2, 64, "dp=2,zero=3,mbs=1", 8, 128), (2, 192, "dp=2,zero=3,mbs=4", 8, 64), (2, 512, "dp=2,zero=3,mbs=2", 4, 32),
+    (2, 64, "tp=2,sp=off,mbs=8", 16, 32), (2, 192, "tp=2,sp=on,mbs=2", 4, 256), (2, 512, "tp=2,sp=off,mbs=1", 2, 128),
+    (2, 192, "tp=2,sp=off,mbs=1", 1, 1024), (2, 64, "pp=2,schedule=gpipe,mbs=2", 8, 128),
+    (2, 192, "pp=2,schedule=1f1b,mbs=1", 4, 256), (2, 512, "pp=2,schedule=1f1b,mbs=1", 4, 32),
+    (2, 64, "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=1", 4, 512),
+    (2, 192, "pp=2,vpp=2,schedule=zero-bubble,mbs=2", 8, 64), (2, 64, "dp=2,zero=3,ac=selective,mbs=2", 8, 256),
+    (2, 192, "tp=2,sp=on,ac=selective,mbs=4", 8, 64), (2, 64, "dp=2,zero=0,ac=full,mbs=16", 32, 32),
+    (2, 192, "pp=2,schedule=1f1b,ac=full,mbs=2", 8, 64), (2, 64, "cp=2,mbs=1", 2, 1024), (2, 192, "cp=2,mbs=2", 4, 256),
+    (2, 512, "dp=2,zero=0,mbs=1", 2, 256), (2, 64, "dp=2,zero=1,mbs=8", 16, 64), (2, 192, "dp=2,zero=2,mbs=1", 4, 512),
+    (4, 64, "dp=2,tp=2,mbs=2", 8, 64), (4, 192, "dp=2,tp=2,mbs=1", 4, 128), (4, 512, "dp=2,tp=2,mbs=1", 2, 64),
+    (4, 64, "dp=2,zero=3,tp=2,mbs=2", 8, 128), (4, 192, "dp=2,zero=3,tp=2,mbs=1", 2, 256),
+    (4, 64, "pp=2,tp=2,mbs=2", 8, 64), (4, 192, "pp=2,tp=2,mbs=1", 4, 128), (4, 64, "pp=2,dp=2,zero=1,mbs=1", 8, 128),
+    (4, 192, "pp=2,dp=2,zero=1,mbs=2", 8, 64), (4, 512, "pp=2,dp=2,zero=1,mbs=1", 4, 32),
+    (4, 64, "pp=2,dp=2,zero=3,mbs=4", 16, 32), (4, 192, "pp=2,dp=2,zero=3,mbs=1", 4, 256),
+    (4, 64, "dp=4,zero=3,shard=2,mbs=2", 8, 256), (4, 192, "dp=4,zero=3,shard=2,mbs=1", 4, 128),
+    (4, 64, "dp=2,zero=3,tp=2,ac=full,mbs=4", 8, 64), (4, 192, "pp=2,dp=2,zero=1,ac=selective,mbs=1", 4, 128),
+    (4, 64, "dp=2,zero=1,tp=2,sp=off,mbs=8", 16, 32), (4, 64, "cp=2,dp=2,zero=3,mbs=1", 2, 1024),
+    (4, 192, "cp=2,dp=2,zero=1,mbs=1", 2, 512), (4, 64, "cp=2,tp=2,mbs=4", 4, 256), (4, 64, "cp=2,pp=2,mbs=1", 4, 512),
+    (4, 64, "dp=4,zero=1,mbs=16", 64, 32),
+]
+WITHIN, NONE_BEYOND, SHARE_WITHIN, SPEARMAN_BOUND = 0.25, 0.50, 0.90, 0.9
+PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
+         ("optimizer_s", "optimizer_s"), ("fixed_s", "fixed_s"))
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def model_toml(hidden: int) -> str:
+    layers, heads, kv, ffn = MODELS[hidden]
+    return (f'name = "grid-h{hidden}"\nlayers = {layers}\nhidden = {hidden}\nheads = {heads}\nkv_heads = {kv}\n'
+            f'ffn_hidden = {ffn}\nmlp = "swiglu"\nvocab = 256\ntied_embeddings = false\nmax_seq = 1024\n'
+            f'source = "benchmarks/cpu_time_grid.py"\n')
+
+
+def measure_round(n: int, points: list[tuple], files: dict[int, str], steps: int, tmp: Path) -> list[list[dict]]:
+    """One launch of ``n`` processes timing ``points``: per point, the slowest rank's (step, parts) per step."""
+    out = tmp / f"round-{n}-{time.monotonic_ns()}"
+    argv = ["--out", str(out), "--steps", str(steps)]
+    for _, hidden, layout, gb, seq in points:
+        argv += ["--point", f"{files[hidden]}|{layout}|{gb}|{seq}"]
+    launch_logged("_cpu_grid_worker", argv, n, out / "logs", f"grid round at {n} processes", 20)
+    result = []
+    for i in range(len(points)):
+        ranks = [json.loads(f.read_text())["steps"] for f in sorted((out / str(i)).glob("rank*.json"))]
+        result.append([{"step_s": s, **parts} for s, parts in (max(k, key=lambda t: t[0]) for k in zip(*ranks))])
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per point per round (default 3)")
+    ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 1, 2 and 4)")
+    ap.add_argument("--every", type=int, default=1, help="keep every k-th point of each count (a short subset)")
+    ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's calibration)")
+    ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
+    ap.add_argument("--replay", help="predict again for the measurements of a --save file (no measuring)")
+    ap.add_argument("--report", help="also write the report, with the command and the load, to this file")
+    args = ap.parse_args()
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say("$ " + " ".join([Path(sys.executable).name, *sys.argv]))
+    say(f"{platform.node()}, {os.cpu_count()} cores, load average at the start {load()}")
+    with tempfile.TemporaryDirectory(prefix="meshwise-cpu-grid-") as tmp_name:
+        tmp = Path(tmp_name)
+        files = {}
+        for hidden in MODELS:
+            files[hidden] = str(tmp / f"grid-h{hidden}.toml")
+            Path(files[hidden]).write_text(model_toml(hidden))
+        if args.replay:
+            saved = json.loads(Path(args.replay).read_text())
+        else:
+            saved = measure(args, files, tmp, say)
+        rows = predict(saved, files, tmp)
+    code = report(rows, say)
+    say(f"load average at the end {load()}")
+    if args.save and not args.replay:
+        Path(args.save).write_text(json.dumps(saved))
+    if args.report:
+        Path(args.report).write_text("\n".join(lines) + "\n")
+    return code
+
+
+def drift(profile: str) -> float:
+    """How far the machine now reads from the profile's probe (measure/probe.py)."""
+    table = tomllib.loads(Path(profile).read_text())
+    return probe.drift(table, probe.probe()) if all(k in table for k in probe.PROBE_KEYS) else 0.0
+
+
+def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
+    """Profiles and measurements of every point: ``{"profiles": {n: toml}, "points": [...]}``."""
+    counts = args.nproc or [1, 2, 4]
+    by_n = {n: [p for p in POINTS if p[0] == n][::args.every] for n in counts}
+    for n, points in by_n.items():  # refuse a bad point before measuring anything
+        for _, hidden, layout, gb, seq in points:
+            check_runnable(parse(layout, n), load_model(files[hidden]), n, gb, seq)
+    profiles = {}
+    for n in counts:
+        start = time.perf_counter()
+        profiles[n] = str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir else str(auto_profile.ensure(n))
+        say(f"[{n} processes] profile {profiles[n]} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
+    steps: dict[tuple, list[dict]] = {p: [] for n in counts for p in by_n[n]}
+    start = time.perf_counter()
+    for r in range(args.rounds):
+        for n in counts:
+            t0 = time.perf_counter()
+            for p, measured in zip(by_n[n], measure_round(n, by_n[n], files, args.steps, tmp)):
+                steps[p] += measured
+            say(f"round {r + 1}, {n} processes: {len(by_n[n])} points in {time.perf_counter() - t0:.0f} s, "
+                f"load {load()}, the machine reads {drift(profiles[n]):+.0%} against its calibration")
+    say(f"measured in {time.perf_counter() - start:.0f} s")
+    return {"profiles": {str(n): Path(f).read_text() for n, f in profiles.items()},
+            "points": [{"point": list(p), "steps": s} for p, s in steps.items()]}
+
+
+def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
+    clusters = {}
+    for n, text in saved["profiles"].items():
+        (tmp / f"{n}.toml").write_text(text)
+        clusters[int(n)] = load_cluster(str(tmp / f"{n}.toml"), int(n), int(n))
+    rows = []
+    for entry in saved["points"]:
+        n, hidden, layout, gb, seq = entry["point"]
+        median = sorted(entry["steps"], key=lambda s: s["step_s"])[len(entry["steps"]) // 2]
+        est = estimate(load_model(files[hidden]), clusters[n], TrainSpec(gb, seq, precision="fp32"), parse(layout, n))
+        rows.append({"point": entry["point"], "pred": est.time, "meas": median,
+                     "all": [s["step_s"] for s in entry["steps"]]})
+    return rows
+
+
+def report(rows: list[dict], say) -> int:
+    say(f"\n{'n':>1} {'h':>3} {'layout':<44} {'gb':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'error':>7}  "
+        "predicted/measured: compute, comm, idle, optimizer, fixed; spread of the measured steps")
+    errors = []
+    for r in rows:
+        n, hidden, layout, gb, seq = r["point"]
+        p, m = r["pred"], r["meas"]
+        err = p.step_s / m["step_s"] - 1
+        errors.append(err)
+        parts = ", ".join(f"{getattr(p, a, 0.0):.3f}/{m.get(b, 0.0):.3f}" for a, b in PARTS)
+        spread = (max(r["all"]) - min(r["all"])) / statistics.median(r["all"])
+        flag = "" if abs(err) <= WITHIN else (" x" if abs(err) <= NONE_BEYOND else " X")
+        say(f"{n:>1} {hidden:>3} {layout:<44} {gb:>3} {seq:>4} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{flag:2}"
+            f" {parts}; {spread:.0%}")
+    within = sum(abs(e) <= WITHIN for e in errors)
+    beyond = sum(abs(e) > NONE_BEYOND for e in errors)
+    ok = within >= SHARE_WITHIN * len(rows) and beyond == 0
+    say(f"\nwithin {WITHIN:.0%}: {within} of {len(rows)} ({within / len(rows):.0%}; bound {SHARE_WITHIN:.0%}); "
+        f"beyond {NONE_BEYOND:.0%}: {beyond} (bound 0); mean |error| "
+        f"{sum(abs(e) for e in errors) / len(errors):.1%}")
+    for n in sorted({r["point"][0] for r in rows}):
+        idx = [i for i, r in enumerate(rows) if r["point"][0] == n]
+        rho = spearman([rows[i]["pred"].step_s for i in idx], [rows[i]["meas"]["step_s"] for i in idx])
+        ok &= rho >= SPEARMAN_BOUND
+        say(f"Spearman ({n} process(es), {len(idx)} points): {rho:.3f} (bound {SPEARMAN_BOUND})")
+    say(f"SUMMARY {'pass' if ok else 'FAIL'}: {within}/{len(rows)} within {WITHIN:.0%}, "
+        f"{beyond} beyond {NONE_BEYOND:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Fit the GPU time model's components, each on its own published data, and report each one's error.
+
+Nothing here reads an end-to-end training run: the published runs (benchmarks/fidelity.py) are the
+test set. The data, one source per row, lie in src/meshwise/catalog/components_*.csv:
+
+- GEMMs by shape and dtype (components_gemm_xla.csv: OpenXLA's H100 table; components_gemm.csv: A100
+  cuBLAS squares, DeepGEMM's FP8 table): ``efficiency``, ``k_half`` and ``kernel_floor_s`` of
+  cost/kernels.py ``gemm_seconds``, fitted by minimising the mean |log(predicted / published time)|;
+- fused attention by sequence, head width and causality (components_attention.csv: FlashAttention-3
+  paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
+- collectives by payload and group size (components_collectives.csv: OpenXLA's H100 NVLink table):
+  the intra-node ``latency_s`` and ``bytes_per_s`` of cost/comm.py ``collective_seconds``;
+- memory-bound kernels and scale-out links (components_links.csv), and the clock held under sustained
+  dense math (components_clocks.csv, ``sustained_clock``): single published figures, no fit.
+
+    python benchmarks/fit_components.py           # fitted values and each component's error
+    python benchmarks/fit_components.py --check   # also: the catalog's values are these fits (exit 1 if not)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from meshwise.cost import comm, kernels
+from meshwise.spec import LinkSpec, load_cluster
+
+CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
+GPUS = {"h100": "h100", "a100": "a100-80gb"}
+TILES = ((128, 128), (128, 256), (256, 128))
+
+
+def read(name: str) -> list[dict[str, str]]:
+    with open(CATALOG / name, encoding="utf-8") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def golden(f, lo: float, hi: float, steps: int = 40) -> float:
+    """The argument in [lo, hi] minimising ``f`` (golden-section search)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = f(b)
+    return (lo + hi) / 2
+
+
+def coordinate_fit(loss, start: list[float], bounds: list[tuple[float, float]], sweeps: int = 6) -> list[float]:
+    """Minimise ``loss(params)`` one parameter at a time (golden sections), ``sweeps`` times over."""
+    params = list(start)
+    for _ in range(sweeps):
+        for i, (lo, hi) in enumerate(bounds):
+            params[i] = golden(lambda v: loss(params[:i] + [v] + params[i + 1:]), lo, hi)
+    return params
+
+
+def log_errors(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """(mean, worst) |predicted / measured - 1| over (predicted, measured) pairs."""
+    errs = [abs(p / m - 1) for p, m in pairs]
+    return sum(errs) / len(errs), max(errs)
+
+
+def _mean_log(pairs) -> float:
+    return sum(abs(math.log(p / m)) for p, m in pairs) / len(pairs)
+
+
+# ------------------------------------------------------------------------------------------- GEMM
+def gemm_points(gpu: str, dtype: str) -> list[tuple[int, int, int, int, float]]:
+    rows = [r for r in read("components_gemm_xla.csv") + read("components_gemm.csv")
+            if r["gpu"] == gpu and r["dtype"] == dtype]
+    return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r["tflops"]) * 1e12) for r in rows]
+
+
+def _gemm_pairs(accel, points, dtype: str, peak: float, elem: int):
+    out = []
+    for b, m, n, k, flops in points:
+        seconds = kernels.gemm_seconds(m, n, k, accel, peak, elem, b, dtype)
+        out.append((seconds, 2.0 * b * m * n * k / flops))
+    return out
+
+
+def fit_gemm(gpu: str, dtype: str = "bf16", floor: float | None = None, tile: tuple | None = None) -> dict:
+    """(efficiency, k_half, kernel_floor_s, tile) minimising the mean |log error| on ``gpu``'s ``dtype`` points."""
+    base = replace(load_cluster(GPUS[gpu], 8).accelerator, sustained_clock=1.0)  # the tables: short kernels
+    peak = base.peak_bf16_flops_per_s * (2 if dtype.startswith("fp8") else 1)
+    elem = 1 if dtype.startswith("fp8") else 2
+    points = gemm_points(gpu, dtype)
+    best = None
+    for tm, tn in [tile] if tile else TILES:
+        def accel_of(p):
+            return replace(base, gemm=((dtype, p[0], p[1]),), gemm_tile_m=tm, gemm_tile_n=tn,
+                           kernel_floor_s=p[2] if floor is None else floor)
+        loss = lambda p: _mean_log(_gemm_pairs(accel_of(p), points, dtype, peak, elem))  # noqa: E731
+        p = coordinate_fit(loss, [0.8, 100.0, 4e-6], [(0.3, 1.0), (0.0, 2000.0), (0.0, 2e-5)])
+        if best is None or loss(p) < best[0]:
+            best = (loss(p), p, (tm, tn), _gemm_pairs(accel_of(p), points, dtype, peak, elem))
+    _, p, tile, pairs = best
+    return {"efficiency": p[0], "k_half": p[1], "kernel_floor_s": p[2] if floor is None else floor,
+            "tile": tile, "errors": log_errors(pairs), "points": len(points)}
+
+
+# -------------------------------------------------------------------------------------- attention
+def attention_points(kernel: str) -> list[dict]:
+    return [r for r in read("components_attention.csv") if r["gpu"] == "h100" and r["kernel"] == kernel]
+
+
+def _curve(rows: list[dict], peak: float) -> tuple[float, float, tuple[float, float]]:
+    """(top, seq_half) of ``top * s / (s + s_half)`` (fractions of peak) over ``rows``, and its errors."""
+    pts = [(int(r["seq"]), float(r["tflops"]) * 1e12 / peak) for r in rows]
+    loss = lambda p: _mean_log([(kernels._saturating(p[0], p[1], s), y) for s, y in pts])  # noqa: E731
+    top, half = coordinate_fit(loss, [0.5, 300.0], [(0.05, 1.0), (0.0, 5000.0)])
+    return top, half, log_errors([(kernels._saturating(top, half, s), y) for s, y in pts])
+
+
+def fit_attention(kernel: str) -> dict:
+    """The runtime kernel's curves on head width 128; ``head64`` = the mean ratio of width 64 to 128."""
+    peak = load_cluster("h100", 8).accelerator.peak_bf16_flops_per_s
+    rows = attention_points(kernel)
+    def pick(direction: str, causal: str, width: str) -> list[dict]:
+        return [r for r in rows if (r["direction"], r["causal"], r["head_dim"]) == (direction, causal, width)]
+    fwd = _curve(pick("forward", "false", "128"), peak)
+    causal = _curve(pick("forward", "true", "128"), peak)
+    bwd = _curve(pick("backward", "false", "128"), peak)
+    by_key = {(r["direction"], r["causal"], r["seq"], r["head_dim"]): float(r["tflops"]) for r in rows}
+    ratios = [v / by_key[(d, c, s, "128")] for (d, c, s, h), v in by_key.items() if h == "64"]
+    head64 = sum(ratios) / len(ratios)
+    curves = {"false": fwd, "true": causal}
+    pairs = []  # every row, width 64 included, against the fitted curves (backward: non-causal rows)
+    for r in rows:
+        top, half, _ = bwd if r["direction"] == "backward" else curves[r["causal"]]
+        width = head64 if r["head_dim"] == "64" else 1.0
+        pairs.append((width * kernels._saturating(top, half, int(r["seq"])), float(r["tflops"]) * 1e12 / peak))
+    return {"kernel": kernel, "forward": fwd[0], "forward_seq_half": fwd[1], "forward_causal": causal[0],
+            "forward_causal_seq_half": causal[1], "backward": bwd[0], "backward_seq_half": bwd[1],
+            "head64": head64, "errors": log_errors(pairs), "points": len(rows)}
+
+
+def a100_attention_scale(fa2: dict) -> tuple[float, float]:
+    """The A100's FlashAttention-2 as the H100 curves' shape scaled to its one published point (Azure:
+    forward + backward, width 64, seq 8192, taken as non-causal): (scale, that point's throughput)."""
+    row = next(r for r in read("components_attention.csv") if r["gpu"] == "a100")
+    peak = load_cluster("a100-80gb", 8).accelerator.peak_bf16_flops_per_s
+    seq, width = int(row["seq"]), fa2["head64"]
+    f = width * kernels._saturating(fa2["forward"], fa2["forward_seq_half"], seq)
+    b = width * kernels._saturating(fa2["backward"], fa2["backward_seq_half"], seq)
+    both = (1 + kernels.FLASH_BACKWARD) / (1 / f + kernels.FLASH_BACKWARD / b)  # fraction of peak
+    return float(row["tflops"]) * 1e12 / peak / both, float(row["tflops"])
+
+
+# ------------------------------------------------------------------------------------ collectives
+def collective_points() -> list[tuple[str, int, float, float]]:
+    """(meshwise kind, ranks, meshwise payload bytes, seconds) for all-reduce, all-gather (XLA's result
+    size: the gathered tensor, as meshwise's payload) and all-to-all; XLA's reduce-scatter rows imply
+    rates beyond the NVLink link itself (2.1 GB over 8 ranks in 0.71 ms) and are left out."""
+    out = []
+    for r in read("components_collectives.csv"):
+        if r["op"] == "reduce_scatter":  # the table's rates exceed NVLink's 450 GB/s per direction 3-7x: left out
+            continue
+        n, size = int(r["ranks"]), float(r["bytes"])
+        out.append((r["op"], n, size, float(r["seconds"])))
+    return out
+
+
+def fit_collectives() -> dict:
+    points = collective_points()
+    def pairs_of(latency_s: float, bytes_per_s: float) -> list[tuple[float, float]]:
+        link = LinkSpec(bytes_per_s, latency_s)
+        return [(comm.collective_seconds(k, n, b, link), s) for k, n, b, s in points]
+    latency, busbw = coordinate_fit(lambda p: _mean_log(pairs_of(p[0] * 1e-6, p[1] * 1e9)), [5.0, 300.0],
+                                    [(0.1, 50.0), (50.0, 900.0)])
+    large = [(k, n, b, s) for k, n, b, s in points if b >= 64e6]
+    big = [(comm.collective_seconds(k, n, b, LinkSpec(busbw * 1e9, latency * 1e-6)), s) for k, n, b, s in large]
+    return {"latency_s": latency * 1e-6, "bytes_per_s": busbw * 1e9,
+            "errors": log_errors(pairs_of(latency * 1e-6, busbw * 1e9)), "errors_large": log_errors(big),
+            "points": len(points)}
+
+
+# -------------------------------------------------------------------------------------- the report
+def fits() -> dict:
+    h100 = fit_gemm("h100")
+    a100 = fit_gemm("a100", tile=h100["tile"])
+    fp8 = fit_gemm("h100", "fp8", floor=h100["kernel_floor_s"], tile=h100["tile"])
+    fa2, cudnn = fit_attention("fa2"), fit_attention("cudnn")
+    return {"gemm_h100_bf16": h100, "gemm_a100_bf16": a100, "gemm_h100_fp8": fp8, "attention_fa2": fa2,
+            "attention_cudnn": cudnn, "attention_a100": a100_attention_scale(fa2), "nvlink_h100": fit_collectives()}
+
+
+def links_report() -> list[str]:
+    out = []
+    for r in read("components_links.csv"):
+        out.append(f"  {r['gpu']:5s} {r['kind']:6s} {r['what']:38s} {float(r['gb_per_s']):7.1f} GB/s = "
+                   f"{float(r['gb_per_s']) / float(r['peak_gb_per_s']):.3f} of {r['peak_gb_per_s']} ({r['source']})")
+    return out
+
+
+def clocks() -> dict[str, float]:
+    """{gpu: sustained / table clock} (components_clocks.csv)."""
+    return {r["gpu"]: float(r["sustained_mhz"]) / float(r["table_mhz"]) for r in read("components_clocks.csv")}
+
+
+def check_catalog(f: dict) -> list[str]:
+    """Where the catalog's values differ from these fits by more than rounding (1%)."""
+    bad = []
+    for gpu, ratio in clocks().items():
+        for name in [n for n in ("a100-40gb", "a100-80gb") if gpu == "a100"] or ["h100", "h200", "h100-hbm2e"]:
+            got = load_cluster(name, 8).accelerator.sustained_clock
+            if abs(got - ratio) > 0.001:
+                bad.append(f"{name} sustained_clock: catalog {got}, components_clocks.csv {ratio:.3f}")
+    close = lambda a, b: abs(a - b) <= 0.01 * max(abs(b), 1e-9) + 1e-9  # noqa: E731
+    for gpu, key, dtype in (("h100", "gemm_h100_bf16", "bf16"), ("a100-80gb", "gemm_a100_bf16", "bf16"),
+                            ("h100", "gemm_h100_fp8", "fp8")):
+        accel = load_cluster(gpu, 8).accelerator
+        eff, k_half = kernels.gemm_row(accel, dtype)
+        want = f[key]
+        if not (close(eff, want["efficiency"]) and abs(k_half - want["k_half"]) <= 2
+                and close(accel.kernel_floor_s, want["kernel_floor_s"])):
+            bad.append(f"{gpu} gemm.{dtype}: catalog {eff:.3f}, {k_half:.0f}, {accel.kernel_floor_s:.2e}; fit "
+                       f"{want['efficiency']:.3f}, {want['k_half']:.0f}, {want['kernel_floor_s']:.2e}")
+    accel = load_cluster("h100", 8).accelerator
+    rows = {r[0]: r for r in accel.attention}
+    for runtime, key in (("meshwise", "attention_fa2"), ("megatron", "attention_cudnn")):
+        got = rows[runtime][2:]
+        want = [f[key][k] for k in ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half",
+                                    "backward", "backward_seq_half", "head64")]
+        if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
+            bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
+    link = load_cluster("h100", 8).intra
+    nv = f["nvlink_h100"]
+    if not (close(link.bytes_per_s, nv["bytes_per_s"]) and abs(link.latency_s - nv["latency_s"]) <= 0.05e-6):
+        bad.append(f"h100 intra link: catalog {link}, fit {nv['bytes_per_s']:.3e} B/s, {nv['latency_s']:.2e} s")
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    f = fits()
+    print("Component fits (each on its own published data; mean / worst |error| against that data):")
+    for key in ("gemm_h100_bf16", "gemm_a100_bf16", "gemm_h100_fp8"):
+        g = f[key]
+        print(f"  {key:16s} efficiency {g['efficiency']:.3f}, k_half {g['k_half']:.0f}, kernel_floor_s "
+              f"{g['kernel_floor_s']:.2e}, tile {g['tile'][0]}x{g['tile'][1]}: {g['points']} points, time error "
+              f"mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}")
+    for key in ("attention_fa2", "attention_cudnn"):
+        a = f[key]
+        print(f"  {key:16s} forward {a['forward']:.3f}/{a['forward_seq_half']:.0f}, causal {a['forward_causal']:.3f}/"
+              f"{a['forward_causal_seq_half']:.0f}, backward {a['backward']:.3f}/{a['backward_seq_half']:.0f}, "
+              f"head64 {a['head64']:.3f}: {a['points']} points, error mean {a['errors'][0]:.1%}, "
+              f"worst {a['errors'][1]:.1%}")
+    scale, point = f["attention_a100"]
+    print(f"  attention_a100   the H100 FlashAttention-2 curves x {scale:.3f} (one point: {point} TFLOP/s; exact by "
+          f"construction)")
+    nv = f["nvlink_h100"]
+    print(f"  nvlink_h100      latency {nv['latency_s'] * 1e6:.2f} us, bandwidth {nv['bytes_per_s'] / 1e9:.0f} GB/s: "
+          f"{nv['points']} points, error mean {nv['errors'][0]:.1%}, worst {nv['errors'][1]:.1%}; payloads >= 64 MB: "
+          f"mean {nv['errors_large'][0]:.1%}, worst {nv['errors_large'][1]:.1%}")
+    print("Single published figures (no fit):")
+    print("\n".join(links_report()))
+    for gpu, ratio in clocks().items():
+        print(f"  {gpu:5s} sustained clock {ratio:.3f} of the tables' clock (components_clocks.csv)")
+    if "--check" in argv:
+        bad = check_catalog(f)
+        print("catalog matches the fits" if not bad else "catalog differs from the fits:\n  " + "\n  ".join(bad))
+        return 1 if bad else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

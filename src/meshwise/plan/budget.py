@@ -1,0 +1,85 @@
+"""Time and cost to train on a token budget (``plan --tokens N --price-per-gpu-hour P``).
+
+wall-clock seconds = tokens / (tokens per second of the layout); GPU-hours = seconds x devices / 3600;
+cost = GPU-hours x price. Pure arithmetic on the estimate's tokens/s, so the figures agree with it
+to the rounding shown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshwise.errors import MeshwiseError
+
+SECONDS_PER_DAY = 86_400
+SECONDS_PER_HOUR = 3_600
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A training run of ``tokens`` at ``tokens_per_s`` on ``devices``; ``price_per_gpu_hour`` may be None."""
+
+    tokens: float
+    tokens_per_s: float
+    devices: int
+    price_per_gpu_hour: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.tokens / self.tokens_per_s
+
+    @property
+    def days(self) -> float:
+        return self.seconds / SECONDS_PER_DAY
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.devices / SECONDS_PER_HOUR
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.price_per_gpu_hour is None else self.gpu_hours * self.price_per_gpu_hour
+
+    def as_json(self) -> dict:
+        out = {"tokens": self.tokens, "days": self.days, "gpu_hours": self.gpu_hours}
+        if self.cost is not None:
+            out.update(price_per_gpu_hour=self.price_per_gpu_hour, cost=self.cost)
+        return out
+
+
+def check_budget(tokens: float | None, price: float | None) -> None:
+    """Refuse a budget that cannot be one, before any work starts."""
+    if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):
+        raise MeshwiseError(f"--tokens: {tokens!r} must be a finite number of tokens, at least 1 (e.g. 15e12)")
+    if price is not None:
+        if tokens is None:
+            raise MeshwiseError("--price-per-gpu-hour: needs --tokens (the budget the cost is for)")
+        if not (math.isfinite(price) and price >= 0):
+            raise MeshwiseError(f"--price-per-gpu-hour: {price!r} must be a finite number, 0 or more")
+
+
+def fmt_tokens(tokens: float) -> str:
+    """15e12 -> '15T tokens'."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if tokens >= scale:
+            return f"{tokens / scale:,.4g}{unit} tokens"
+    return f"{tokens:,.0f} tokens"
+
+
+def fmt_days(days: float) -> str:
+    return f"{days:,.1f}" if days >= 1 else f"{days:.3g}"
+
+
+def fmt_gpu_hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.3g}"
+
+
+def fmt_cost(cost: float) -> str:
+    return f"{cost:,.0f}"
+
+
+def budget_cells(b: Budget) -> list[str]:
+    """The table cells: days, GPU-hours and, with a price, the cost."""
+    cells = [fmt_days(b.days), fmt_gpu_hours(b.gpu_hours)]
+    return cells + ([fmt_cost(b.cost)] if b.cost is not None else [])
