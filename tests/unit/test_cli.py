@@ -70,7 +70,7 @@ def test_human_output_has_the_table(capsys):
     (["--params", "1e9", "--gpus", "8", "--global-batch", "7"], "--global-batch"),
     (["--gpus", "zero"], "--gpus"),
     (["--params", "0"], "--params: '0' must be a finite number above 0"),
-    (["--precision", "fp8"], "--precision"),
+    (["--precision", "fp4"], "--precision"),
     (["--model", "x.json"], "does not exist"),
     (["--bogus"], "unrecognized"),
 ])

@@ -70,7 +70,7 @@ def test_bad_specs_name_the_field():
     with pytest.raises(MeshwiseError, match="unknown accelerator"):
         load_cluster("tpu-v9", 8)
     with pytest.raises(MeshwiseError, match="--precision"):
-        TrainSpec(8, 128, precision="fp8")
+        TrainSpec(8, 128, precision="fp4")
     with pytest.raises(MeshwiseError, match="--gpus"):
         load_cluster("h100", 12, 8)
     with pytest.raises(MeshwiseError, match="heads"):

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -127,7 +127,8 @@ class Conversion:
     def line(self) -> str:
         recipe = RECIPES[self.precision]
         total = len(self.converted) + len(self.skipped)
-        text = f"Precision: {self.precision} (torchao {recipe} float8 GEMMs) in {len(self.converted)} of {total} linears"
+        text = (f"Precision: {self.precision} (torchao {recipe} float8 GEMMs) in {len(self.converted)} of {total} "
+                "linears")
         if self.skipped:
             shown = ", ".join(f"{name} ({why})" for name, why in self.skipped[:4])
             more = f" and {len(self.skipped) - 4} more" if len(self.skipped) > 4 else ""

@@ -44,7 +44,7 @@ class LayoutConfig:
     choice: str = "auto"  # "auto" (the planner decides for the live cluster) or a layout text, e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
     compile: bool = False  # torch.compile each block (pp=1, tp=1 layouts); compile time is reported apart
-    precision: str = "auto"  # auto: the device's (fp32 on CPU, bf16 + fp32 master on GPU); fp8, fp8-rowwise: torchao float8
+    precision: str = "auto"  # auto: the device's (CPU fp32, GPU bf16 + fp32 master); fp8, fp8-rowwise: torchao float8
 
 
 @dataclass(frozen=True)
