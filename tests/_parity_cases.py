@@ -51,8 +51,11 @@ MODEL_CASES: dict[int, list[Case]] = {
         # record that the peak fell in a backward, so both ranks are compared there (2026-12-03:
         # params -0.1%, grads -4.3%, activations +2.9% and +6.6%)
         Case("dp=2,zero=3,ep=2", "tiny-moe"),
-        Case("dp=2,ep=2", "tiny-moe", corrupt="same-data")],
-    4: [Case("dp=2,zero=3,tp=2,mbs=2", "tiny-tied"),
+        Case("dp=2,ep=2", "tiny-moe", corrupt="same-data"),
+        # Gemma 3's and OLMo 2's blocks (catalog tiny-gemma3, tiny-olmo2), parity only
+        Case("tp=2,sp=on,mbs=4", "tiny-gemma3"), Case("pp=2,schedule=1f1b,ac=selective", "tiny-gemma3"),
+        Case("dp=2,zero=3,ac=full", "tiny-olmo2"), Case("pp=2,schedule=1f1b", "tiny-olmo2")],
+    4: [Case("dp=2,zero=3,tp=2,mbs=2", "tiny-tied"), Case("dp=2,zero=3,tp=2,mbs=2", "tiny-gemma3"),
         Case("dp=4,zero=3,ep=2", "tiny-moe"), Case("dp=2,ep=2,tp=2,mbs=2", "tiny-moe"), Case("pp=2,dp=2,ep=2", "tiny-moe")],
     # ep with cp: the peak falls inside the ring attention's backward of the last block (a MoE
     # block's tensors outweigh its weights) or, on a rank or step whose routing keeps more, inside

@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
     _add_cluster_arguments(p, "number of devices",
                            f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
-    p.add_argument("--precision", default="bf16-mixed", help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); default bf16-mixed")
+    p.add_argument("--precision", default="bf16-mixed",
+                   help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); float8 GEMMs over bf16-mixed: "
+                   "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
     p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "

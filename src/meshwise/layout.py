@@ -54,6 +54,20 @@ class Layout:
         return {"pp": self.pp, "dp_replicate": self.replicate, "dp_shard": self.shard, "cp": self.cp, "tp": self.tp}
 
     @property
+    def ep_folds_tp(self) -> bool:
+        """Expert parallelism folded over the tensor-parallel ranks (Megatron-Core's MoE parallel
+        folding with expert-TP 1, torchtitan's expert TP = 1): an ``ep`` that does not divide
+        dp_shard x cp is carved from dp_shard x cp x tp, ``tp`` consecutive ranks at a time, each
+        TP rank routing its own share of the sequence (:func:`check_shape`)."""
+        return self.ep > 1 and (self.shard * self.cp) % self.ep != 0
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel ranks: those of the ep group's ranks' dp_shard x cp (x tp when folded)
+        that hold the same experts, over which ZeRO shards them."""
+        return self.shard * self.cp * (self.tp if self.ep_folds_tp else 1) // self.ep
+
+    @property
     def stages(self) -> int:
         """Pipeline chunks in all: pp * vpp."""
         return self.pp * self.vpp
@@ -178,16 +192,24 @@ def check_shape(layout: Layout) -> None:
     if layout.dp % layout.shard:
         raise MeshwiseError(f"layout: shard={layout.shard} must divide dp={layout.dp}")
     carved = layout.shard * layout.cp
-    if carved % layout.ep:
+    if carved % layout.ep and (layout.ep % layout.tp or (carved * layout.tp) % layout.ep):
         source = f"dp_shard x cp = {layout.shard} x {layout.cp} = {carved}" if layout.cp > 1 else f"dp_shard = {carved}"
-        raise MeshwiseError(f"layout: ep={layout.ep} must divide the ranks it is carved from ({source}); valid ep: "
-                            f"{', '.join(str(e) for e in range(1, carved + 1) if carved % e == 0)}")
+        fold = f", or be folded over tp={layout.tp} (a multiple of tp dividing {carved * layout.tp})" \
+            if layout.tp > 1 else ""
+        raise MeshwiseError(f"layout: ep={layout.ep} must divide the ranks it is carved from ({source}){fold}; "
+                            f"valid ep: {', '.join(map(str, _valid_ep(layout)))}")
     if layout.vpp > 1 and layout.pp == 1:
         raise MeshwiseError(f"layout: vpp={layout.vpp} needs pp > 1")
     if layout.vpp > 1 and layout.schedule in ("gpipe", "1f1b"):
         raise MeshwiseError(f"layout: vpp={layout.vpp} needs schedule=interleaved-1f1b or zero-bubble, not {layout.schedule}")
     if layout.schedule == "interleaved-1f1b" and layout.pp > 1 and layout.vpp < 2:
         raise MeshwiseError("layout: schedule=interleaved-1f1b needs vpp >= 2")
+
+
+def _valid_ep(layout: Layout) -> list[int]:
+    carved = layout.shard * layout.cp
+    return [e for e in range(1, carved * layout.tp + 1)
+            if carved % e == 0 or (e % layout.tp == 0 and (carved * layout.tp) % e == 0)]
 
 
 def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: int) -> None:
@@ -209,8 +231,7 @@ def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: in
         raise MeshwiseError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, "
                             "use ep=1")
     if layout.ep > 1 and model.experts % layout.ep:
-        carved = layout.shard * layout.cp
-        valid = [e for e in range(1, carved + 1) if model.experts % e == 0 and carved % e == 0]
+        valid = [e for e in _valid_ep(layout) if model.experts % e == 0]
         raise MeshwiseError(f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
                             f"{', '.join(map(str, valid))}")
     if global_batch % (layout.mbs * layout.dp):
@@ -237,6 +258,9 @@ def check_microbatches(layout: Layout, m: int) -> None:
 def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str = "meshwise") -> str | None:
     """Why ``runtime`` cannot run ``layout`` for ``model`` at ``seq_len`` tokens (None: it can).
 
+    Expert parallelism folded over the TP ranks (:attr:`Layout.ep_folds_tp`) is Megatron-Core's: it
+    is planned under ``--runtime megatron`` and refused for meshwise's runtime.
+
     Both runtimes split the sequence: context parallelism into 2*cp chunks (rank i holds chunks i and
     2*cp-1-i), sequence parallelism each rank's part over tp, so both need it divisible. The rest is
     meshwise's own runtime (``train``, ``verify``, ``plan --runtime meshwise``): it keeps one embedding
@@ -253,12 +277,24 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
         return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if runtime != "meshwise":
         return None
+    if layout.ep_folds_tp:
+        return (f"layout: ep={layout.ep} folded over tp={layout.tp} (it does not divide dp_shard x cp = "
+                f"{layout.shard * layout.cp}) is planned for --runtime megatron only; meshwise's runtime carves ep "
+                f"from dp_shard x cp: use an ep dividing {layout.shard * layout.cp}")
     if model.tied_embeddings and layout.pp > 1:
         return (f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
                 "runtime; use pp=1")
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
         return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
                 "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
+    if layout.tp > 1 and not model.states_only and model.qk_norm and model.qk_norm_scope == "projection":
+        return (f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
+                "supported by the runtime; use tp=1")
+    if layout.cp > 1 and not model.states_only and (
+            (model.sliding_window and model.sliding_window < seq_len) or model.attn_sinks
+            or (model.query_scale and model.query_scale != model.head_dim)):
+        return (f"layout: cp > 1 with {model.family}'s sliding-window attention or query scaling is not supported by "
+                "the runtime's ring attention; use cp=1")
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
     if layout.sp and not model.states_only and model.position == "learned":
@@ -299,6 +335,8 @@ def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
     answers: dict[tuple, bool] = {}
 
     def runs(layout: Layout) -> bool:
+        if layout.ep > 1 and layout.ep_folds_tp:  # the one refusal that reads ep (never among the search's eps)
+            return False
         key = (layout.pp, layout.schedule, layout.ac, layout.cp, layout.sp, layout.tp)
         if key not in answers:
             answers[key] = runtime_refusal(layout, model, seq_len) is None

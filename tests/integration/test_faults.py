@@ -229,3 +229,24 @@ def test_a_second_sigterm_stops_at_once_without_saving(tmp_path, nproc) -> None:
     err = r.stderr.strip()
     assert err == "meshwise: error: second SIGTERM: stopped at once, without saving", err
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
+def test_a_save_slower_than_the_grace_ends_in_one_line_naming_the_latest_complete(tmp_path) -> None:
+    """SIGTERM before step 4 with a 3 s grace (``--stop-grace 3``, the launcher's SIGKILL 3 s later),
+    and the save of step 4 stalls in its writer (faults ``term+slowsave@4``, a slow file system): the
+    workers give the save up before the SIGKILL and the run ends in one line that says the grace was
+    too short and names step-3, which stays complete and loadable."""
+    (tmp_path / "micro.toml").write_text(MICRO)
+    r = _run(tmp_path, "--steps", "1000", "--checkpoint-every", "3", "--stop-grace", "3",
+             env={"MESHWISE_FAULTS": "term+slowsave@4"})
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert re.fullmatch(r"meshwise: error: stopped by SIGTERM after step 4: the 3 s grace \(--stop-grace\) was too "
+                        r"short for the save of step 4 \(still writing after [\d.]+ s; step-4\.tmp is partial\); the "
+                        r"latest complete checkpoint is ck/step-3; --resume auto continues from it", lines[0]), lines[0]
+    assert (tmp_path / "ck" / "step-3" / "meshwise.json").is_file()
+    assert not (tmp_path / "ck" / "step-4").exists()
+    from meshwise.train.checkpoint import resolve_resume
+
+    assert resolve_resume("auto", str(tmp_path / "ck"))[0] == tmp_path / "ck" / "step-3"

@@ -77,7 +77,8 @@ def test_reference_exercises_clipping(reference: dp.Run) -> None:
 @pytest.mark.parametrize("world,case", GOOD, ids=[f"{w}:{c.name}" for w, c in GOOD])
 def test_layout_matches_reference(world: int, case: Case) -> None:
     problems = dp.mismatch(result(world, case), reference_of(case.model),
-                           dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL))
+                           dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL),
+                           dp.LOSS_RTOL_BY_MODEL.get(case.model, dp.LOSS_RTOL))
     assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
 
 

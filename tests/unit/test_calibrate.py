@@ -13,7 +13,7 @@ from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
 from meshwise.measure import calibrate as cal
 from meshwise.spec import LinkSpec, load_cluster
-from meshwise.spec.cluster import _ACCEL_KEYS
+from meshwise.spec.cluster import _ACCEL_KEYS, ACCEL_GPU_KEYS
 from meshwise.spec.gpu_keys import GPU_KEYS
 from meshwise.spec.host_keys import PROBE_KEYS
 
@@ -148,7 +148,7 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
     # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
-    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - set(PROBE_KEYS)
+    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
     assert set(table) == catalog_keys
     assert table["efficiency_max"] == pytest.approx(9e9 / ((0.5 - 1000 * 1e-5) * 30e9))  # host time taken out
     assert table["op_overhead_s"] == pytest.approx(1e-5)

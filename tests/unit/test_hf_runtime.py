@@ -20,6 +20,8 @@ FAMILIES = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16})),
     "llama3.2-tied": ("LlamaConfig", dict(TINY, tie_word_embeddings=True, head_dim=32)),
+    "llama-linear-rope": ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "mistral-window": ("MistralConfig", dict(TINY, sliding_window=6)),
     "llama-bias": ("LlamaConfig", dict(TINY, attention_bias=True, mlp_bias=True)),
     "mistral": ("MistralConfig", dict(TINY, sliding_window=None, rope_theta=1e6)),
     "qwen2": ("Qwen2Config", dict(TINY, tie_word_embeddings=True)),
@@ -27,6 +29,18 @@ FAMILIES = {
     "gemma": ("GemmaConfig", dict(TINY, head_dim=32)),
     "phi3": ("Phi3Config", dict(TINY, pad_token_id=0)),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=97, n_positions=64)),
+    "olmo2": ("Olmo2Config", dict(TINY, rope_theta=500000.0)),
+    # Gemma 3: a window shorter than the test's 16 tokens on blocks 0 and 2, full attention on 1 and 3,
+    # the global blocks' linear rope scaling, query_pre_attn_scalar unlike head_dim, final soft-capping
+    "gemma3": ("Gemma3TextConfig", dict(TINY, num_hidden_layers=4, head_dim=16, sliding_window=5,
+                                        layer_types=["sliding_attention", "full_attention"] * 2,
+                                        query_pre_attn_scalar=24, final_logit_softcapping=3.0,
+                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                            "rope_theta": 1e6},
+                                                         "sliding_attention": {"rope_type": "default",
+                                                                               "rope_theta": 10000.0}})),
+    "gemma2-no-attn-cap": ("Gemma2Config", dict(TINY, head_dim=32, sliding_window=6, attn_logit_softcapping=None,
+                                                query_pre_attn_scalar=16)),
 }
 
 
@@ -130,12 +144,13 @@ def test_sharded_export_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("cls, kw, words", [
-    ("Gemma2Config", dict(TINY, head_dim=32), "four norms"),
+    ("Gemma2Config", dict(TINY, head_dim=32), "attention logit soft-capping"),
+    ("Llama4TextConfig", dict(TINY, num_local_experts=4, intermediate_size_mlp=128), "chunked attention"),
+    ("GptOssConfig", dict(TINY, num_local_experts=4), "attention sinks, clamped SwiGLU"),
     ("DeepseekV3Config", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                               kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
                               v_head_dim=16, first_k_dense_replace=1), "multi-head latent attention"),
-    ("MistralConfig", dict(TINY, sliding_window=8), "sliding-window"),
-    ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
+    ("LlamaConfig", dict(TINY, rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope scaling 'dynamic'"),
 ])
 def test_what_the_runtime_cannot_build_is_refused(cls, kw, words):
     spec = model_from_hf_config(json.loads(getattr(transformers, cls)(**kw).to_json_string()), "x")

@@ -205,3 +205,26 @@ def test_plan_does_not_import_torch_with_train_commands_registered() -> None:
             "import meshwise.train, meshwise.train.config, meshwise.train.command\n"
             "assert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_stop_grace_reaches_the_launcher_and_bad_values_are_one_line(monkeypatch) -> None:
+    """``--stop-grace`` is the elastic agent's shutdown timeout (its SIGKILL after a forwarded SIGTERM)."""
+    from torch.distributed.launcher import api
+
+    from meshwise import launch
+    from meshwise.train.command import resolve
+
+    assert resolve(["--stop-grace", "90"])[1].checkpoint.stop_grace == 90.0
+    assert resolve([])[1].checkpoint.stop_grace == 30.0  # torch's own default, and Slurm's KillWait
+    for bad in ("0", "nan", "-5"):
+        with pytest.raises(MeshwiseError, match="stop_grace"):
+            resolve(["--stop-grace", bad])
+    seen = {}
+
+    def fake_launch(cfg, entrypoint):
+        seen["timeout"] = cfg.shutdown_timeout
+        return lambda *args: None
+
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    launch.launch_local("meshwise.train", [], 2, stop_grace_s=7.5)
+    assert seen["timeout"] == 8

@@ -141,8 +141,11 @@ def test_verify_refuses_what_the_runtime_refuses(args: list[str], field: str, ca
 
 def test_verify_refuses_a_model_the_runtime_does_not_build() -> None:
     windowed = dataclasses.replace(load_model("mistral-7b"), sliding_window=4096)
-    with pytest.raises(MeshwiseError, match="sliding-window"):
+    with pytest.raises(MeshwiseError, match="sliding window runs SDPA with a mask"):
         v.check_model_runs(windowed, 8192)
+    v.check_model_runs(windowed, 4096)
+    with pytest.raises(MeshwiseError, match="attention sinks"):
+        v.check_model_runs(dataclasses.replace(load_model("mistral-7b"), attn_sinks=True), 4096)
 
 
 def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypatch) -> None:

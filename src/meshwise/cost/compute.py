@@ -25,10 +25,11 @@ def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     return 2.0 * matmul_params + 4.0 * seq * model.hidden
 
 
-def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int) -> float:
+def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int, moe_split: bool = False) -> float:
     """A block's forward FLOPs on one TP rank: TP divides all of them except a MoE block's MLP,
-    which every TP rank runs whole (runtime/moe.py)."""
-    moe = 2.0 * (model.active_mlp_params - model.dense_mlp_params)
+    which every TP rank runs whole (runtime/moe.py), unless expert parallelism is folded over the
+    TP ranks (``moe_split``: each routes its 1/tp of the tokens)."""
+    moe = 0.0 if moe_split else 2.0 * (model.active_mlp_params - model.dense_mlp_params)
     return (block_forward_flops_per_token(model, seq) - moe) / tp + moe
 
 

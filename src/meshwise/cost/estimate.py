@@ -40,7 +40,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshwise.cost import comm, compute, experts, host, kernels, memory, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
 from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import Memory, RankShape
@@ -123,7 +123,12 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     if layout.sp:
         gathers = 4 * blocks + last + first + colwise + (2 * blocks if recompute else 0)
         scatters = 4 * blocks - 2 * moe_blocks + rowwise + last + (blocks if recompute else 0)
-        out.append(comm.collective("all_gather", "tp", t, payload, gathers * m, link))
+        # under per-tensor float8 the inputs gathered into the QKV and first MLP projections (forward and
+        # recompute) travel in float8 (cost/fp8.py tp_float8_gathers)
+        in_fp8 = fp8.tp_float8_gathers(train, blocks, moe_blocks, recompute)
+        out.append(comm.collective("all_gather", "tp", t, payload, (gathers - in_fp8) * m, link))
+        if in_fp8:
+            out.append(comm.collective("all_gather", "tp", t, tokens * model.hidden, in_fp8 * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
         per_mb = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
@@ -173,12 +178,20 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     # torch's interleaved runtime (not Megatron's, whose published runs the time model is fitted on)
     torch_evicts = memory.evicts_chunks(layout) and train.runtime != "megatron"
     regathered = _regathered(model, layout, shape, m) if torch_evicts else (0.0, 0)
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered)
+    # per-tensor float8 gathers the linear layers (all but the model's ends) in float8 (cost/fp8.py)
+    gather = fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0) \
+        if train.fp8 else None
+    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered,
+                               gather)
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
+    # over the expert data-parallel ranks (layout: the weights' one, cp folded into shard): shard / ep,
+    # folded over tp shard * tp / ep, ep apart (consecutive EP groups)
+    folded = layout.ep_folds_tp
     e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
-                           layout.shard // layout.ep, "edp", layout.tp * layout.ep)
+                           layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
+                           gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None)
     return per_mb + e_mb, per_step + e_step
 
 
@@ -254,14 +267,17 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
 
 
 def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
-            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0)) -> tuple[list[Collective], list[Collective]]:
+            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0), gather_bytes: float | None = None
+            ) -> tuple[list[Collective], list[Collective]]:
     """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
-    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered)."""
+    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered);
+    ``gather_bytes``: bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
+    gather_bytes = train.weight_bytes if gather_bytes is None else gather_bytes
     grad = params * memory.reduce_bytes(train) / units
-    weight = params * train.weight_bytes / units
+    weight = params * gather_bytes / units
     if layout.zero == 0:
         link = cluster.link_for(n * replicas, stride)
         return [], [comm.collective("all_reduce", "dp" if dim != "edp" else dim, n * replicas, grad, units, link)]
@@ -269,7 +285,7 @@ def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, para
     if layout.pp > 1:
         gathers_step = units * (m + 1) if layout.zero == 3 else units
         if regathered[1]:
-            weight = (params + regathered[0]) * train.weight_bytes / (units + regathered[1])
+            weight = (params + regathered[0]) * gather_bytes / (units + regathered[1])
             gathers_step = units + regathered[1]
         per_mb: list[Collective] = []
         per_step = [comm.collective("all_gather", dim, n, weight, gathers_step, link),
@@ -370,7 +386,8 @@ def rank_memories(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
     """Memory of each distinct pipeline rank (memory.rank_shapes order)."""
     m = layout.accum(train.global_batch)
     capacity = cluster.accelerator.memory_bytes
-    return tuple(memory.rank_memory(model, train, layout, s, m, capacity) for s in memory.rank_shapes(model, layout))
+    per_rank = megatron_memory.rank_memory if train.runtime == "megatron" else memory.rank_memory
+    return tuple(per_rank(model, train, layout, s, m, capacity) for s in memory.rank_shapes(model, layout))
 
 
 def fits(total_bytes: float, cluster: ClusterSpec, headroom: float = DEFAULT_HEADROOM) -> bool:
@@ -402,7 +419,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp)
+        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
@@ -414,8 +431,30 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
                                              layout.sp, layout.ac, shape.blocks, shape.has_embedding,
                                              shape.has_head, m)
     share = host.core_share(accel, cluster.gpus_per_node)
-    efficiency = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
-    return share * (flops / (peak * efficiency) + launch_s + memory_s)
+    eff = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
+    fp8_s = 0.0
+    if train.fp8 and not model.states_only:
+        # the linear layers' FLOPs at the float8 GEMM peak, their casts over HBM (cost/fp8.py)
+        linear_flops, cast_bytes = _linear_work(model, local_train(train, layout), layout, shape, m)
+        flops -= linear_flops
+        rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
+        fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s)
+
+
+def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
+    """(FLOPs, cast bytes) of the rank's linear layers in a step (the flat path's float8 part): 6 FLOPs
+    per matmul parameter and token (8 with full recompute), casts as cost/fp8.py counts them."""
+    tokens = local.seq_len * layout.mbs
+    t, h = layout.tp, model.hidden
+    width = kernels._mlp_width(model)
+    mlp_in = (2 if model.mlp == "swiglu" else 1) * width / t
+    flops = casts = 0.0
+    for n, k in (((h + 2 * model.kv_dim) / t, h), (h, h / t), (mlp_in, h), (h, width / t)):
+        flops += 2 * tokens * n * k * compute.recompute_factor(layout.ac)
+        f, b = fp8.linear_cast_bytes(local, tokens, n, k)
+        casts += f * (2 if layout.ac == "full" else 1) + b
+    return m * shape.blocks * flops, m * shape.blocks * casts
 
 
 def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
@@ -493,7 +532,7 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
-           shape.has_embedding, shape.has_head, shape.params)
+           shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)

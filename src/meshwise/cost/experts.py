@@ -15,7 +15,8 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
     """Per micro-batch and MoE block, as runtime/moe.py issues them (``train`` is the rank's own
     setting, a sequence of s/cp tokens under context parallelism):
 
-    - on the EP group (``ep`` ranks, ``tp`` apart, carved from dp_shard x cp: layout.expert_mesh_shape),
+    - on the EP group (``ep`` ranks, ``tp`` apart, carved from dp_shard x cp: layout.expert_mesh_shape;
+      folded over tp, Layout.ep_folds_tp: ``ep`` consecutive ranks, each with ``T / tp`` of the tokens),
       in forward an all-to-all of the expert counts (E int64) and two of the token copies, dispatch
       and combine (``T k h e`` each: every copy of the micro-batch's T = mbs * s/cp local tokens,
       the whole local sequence under TP), in backward the two in reverse;
@@ -30,8 +31,11 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
     calls = moe_blocks * m
     out: list[Collective] = []
     if layout.ep > 1:
-        link = cluster.link_for(layout.ep, layout.tp)
-        payload = train.seq_len * layout.mbs * model.experts_per_token * model.hidden * train.activation_bytes
+        # folded over tp (layout.ep_folds_tp): ep consecutive ranks, each routing its 1/tp of the sequence
+        folded = layout.ep_folds_tp
+        link = cluster.link_for(layout.ep, 1 if folded else layout.tp)
+        tokens = train.seq_len * layout.mbs / (layout.tp if folded else 1)
+        payload = tokens * model.experts_per_token * model.hidden * train.activation_bytes
         out += [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
                 comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
     if layout.cp > 1 and calls:

@@ -34,6 +34,10 @@ src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One m
   Megatron's ``selective`` re-runs the attention core (free under flash attention, which recomputes
   inside its own backward).
 
+Under a float8 precision the linear layers' GEMMs run at the format's peak with the ``fp8`` row and
+their casts are memory-bound work (cost/fp8.py); attention, the head, the embedding and the norms stay
+in bf16.
+
 Everything is cached per shape, so the planner's search pays each distinct shape once.
 """
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from meshwise.cost import fp8
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
@@ -92,10 +97,11 @@ def _hbm(accel: AcceleratorSpec) -> float:
     return accel.hbm_bytes_per_s * accel.hbm_efficiency
 
 
-def _linear_s(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int) -> tuple[float, float]:
-    """(forward, backward) seconds of ``X (t x k) @ W (k x n)``."""
-    fwd = gemm_seconds(t, n, k, accel, peak, e)
-    bwd = gemm_seconds(t, k, n, accel, peak, e) + gemm_seconds(k, n, t, accel, peak, e)
+def _linear_s(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int,
+              dtype: str = "bf16") -> tuple[float, float]:
+    """(forward, backward) seconds of ``X (t x k) @ W (k x n)`` in ``dtype``."""
+    fwd = gemm_seconds(t, n, k, accel, peak, e, dtype=dtype)
+    bwd = gemm_seconds(t, k, n, accel, peak, e, dtype=dtype) + gemm_seconds(k, n, t, accel, peak, e, dtype=dtype)
     return fwd, bwd
 
 
@@ -213,9 +219,13 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     width = _mlp_width(model)
     mlp_in = (1 if model.mlp == "gelu" else 2) * width / tp  # gated (swiglu, geglu): gate and up
     fwd = bwd = 0.0
+    # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes), the
+    # casts around them memory-bound
+    gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
-        f, b = _linear_s(tokens, n, k, accel, peak, e)
-        fwd, bwd = fwd + f, bwd + b
+        f, b = _linear_s(tokens, n, k, accel, gemm_peak, ge, dtype)
+        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k)
+        fwd, bwd = fwd + f + cf / _hbm(accel), bwd + b + cb / _hbm(accel)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention,
                                                                  train.runtime))
     mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
@@ -229,7 +239,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
         recompute = mem_f
         if train.selective_policy == "every-other-matmul":
             up = width / tp
-            recompute += sum(gemm_seconds(tokens, n, k, accel, peak, e)
+            recompute += sum(gemm_seconds(tokens, n, k, accel, gemm_peak, ge, dtype=dtype)
                              for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
     else:
         recompute = 0.0

@@ -259,13 +259,13 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
     if layout.dp == 1:
         return w
     if layout.zero == 3:
-        if train.precision == "bf16-mixed" and runtime:
+        if train.mixed and runtime:
             w = 0.0  # FSDP2 keeps only the fp32 shard (the master, counted as optimizer state)
         w += shape.root_params * train.weight_bytes
         if moment == "backward":
             w += _gathered_blocks(layout, shape) * train.weight_bytes
         return w
-    if train.precision != "bf16-mixed":
+    if not train.mixed:
         # replicate keeps no second copy of experts that no other rank shares (dp = ep; measured)
         alone = shape.expert_params / layout.ep if layout.dp == layout.ep else 0.0
         w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
@@ -379,7 +379,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         dense_mlp = 0.0 if layout.ac == "full" else seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
         moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, layout.ac)
         kept += model.moe_layers / model.layers * (moe - dense_mlp)
-    if model.position == "rope" and train.precision == "bf16-mixed" and layout.dp * layout.cp > 1 \
+    if model.position == "rope" and train.mixed and layout.dp * layout.cp > 1 \
             and layout.ac != "none":
         # FSDP2's policy casts each block's inputs: the float32 rotary cos and sin tables (s x head_dim)
         # become a bf16 copy per block and micro-batch, which a checkpointed block keeps as its inputs
@@ -522,6 +522,13 @@ def receive_buffers_idle(model: ModelSpec, train: TrainSpec, layout: Layout, sha
     return max(buffers - held * receiving * message, 0.0)
 
 
+def _fp8_casts(train: TrainSpec, shape: RankShape) -> float:
+    """Under a float8 precision, the float8 copies of the block being computed: its weights cast
+    rowwise and columnwise (1 B each per parameter; torchao saves the bf16 input and weight and
+    casts again in backward, cost/fp8.py), beside the bf16 weights."""
+    return 2.0 * shape.block_params if train.fp8 else 0.0
+
+
 def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
     """The rotary cos and sin tables each chunk's module keeps as float32 buffers (max_seq x
     head_dim; runtime/model.py; meshwise verify, Llama 3 405B: 2 x 4.2 MB per chunk)."""
@@ -540,7 +547,8 @@ def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ran
     block's shared expert's gradients)."""
     return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
             states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape), _fixed_other(train, layout, shape) + _rope_tables(model, shape),
+            _first_grad(model, train, layout, shape),
+            _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
             _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
             _block_grads_after_mlp(model, train, layout, shape),
             _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes)
@@ -610,7 +618,7 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
     # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
     fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
-                                                     or train.precision == "bf16-mixed")
+                                                     or train.mixed)
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = fixed_other
     backward = (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -152,10 +153,13 @@ def launch_logged(module: str, argv: list[str], nproc: int, log_dir: Path, what:
 
 
 def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0,
-                 env: dict[str, str] | None = None, log_dir: str | None = None) -> None:
+                 env: dict[str, str] | None = None, log_dir: str | None = None, stop_grace_s: float = 30.0) -> None:
     """Run ``python -m module ARGV`` as ``nproc`` workers on this machine and wait for them.
 
-    ``log_dir``: the workers' stdout/stderr go to files there instead of this terminal. Raises
+    ``log_dir``: the workers' stdout/stderr go to files there instead of this terminal.
+    ``stop_grace_s``: on SIGTERM the elastic agent forwards it to the workers and SIGKILLs those
+    still running this many seconds later (``LaunchConfig.shutdown_timeout``, torchrun's
+    ``--shutdown-timeout``; torch's default 30 s), whole seconds rounded up. Raises
     :class:`MeshwiseError` / :class:`RunStopped` for a failed run (see the module docstring).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -173,7 +177,8 @@ def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                               rdzv_backend="c10d", rdzv_endpoint=str(Path(run_dir) / "rendezvous"),
                               rdzv_configs={"store_type": "file"}, local_addr="127.0.0.1",
-                              max_restarts=max_restarts, monitor_interval=0.1, logs_specs=logs)
+                              max_restarts=max_restarts, monitor_interval=0.1, logs_specs=logs,
+                              shutdown_timeout=math.ceil(stop_grace_s))
         try:
             elastic_launch(config, sys.executable)("-m", module, *argv)
         except SignalException as e:

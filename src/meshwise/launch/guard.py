@@ -61,6 +61,10 @@ class Guard:
         for s, h in self._saved.items():
             signal.signal(s, h)
 
+    def signal_age_s(self) -> float:
+        """Seconds since the first stop request (0 while none): what is spent of the launcher's grace."""
+        return time.monotonic() - self._first_at if self.signal else 0.0
+
     def _request(self, signum: int) -> None:
         now = time.monotonic()
         if not self.signal:

@@ -77,7 +77,7 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "thread_efficiency",
                 "cores_per_node",
                 "probe_gemm_flops_per_s",
-                "probe_op_s", "calibrated_unix_s", "source")
+                "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -231,6 +231,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "fsdp_param_s": fsdp_param_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
+        "calibrated_on": f"meshwise calibrate, {when}",
         **{k: v for k, v in gemm.items() if k != "note"},
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),

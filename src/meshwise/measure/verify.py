@@ -50,6 +50,10 @@ def check_model_runs(model: ModelSpec, seq: int) -> None:
     refusal = runtime_refusal(model, seq)
     if refusal:
         raise MeshwiseError(refusal)
+    if not model.states_only and model.sliding_window and model.sliding_window < seq:
+        raise MeshwiseError(f"model {model.name!r}: its {model.sliding_window}-token sliding window runs SDPA with a "
+                            "mask, which on fake devices is the math kernel (it keeps the s x s scores a GPU's "
+                            f"kernel does not): not traced; use --seq-len {model.sliding_window} or less")
 
 
 def device_type(cluster: ClusterSpec) -> str:

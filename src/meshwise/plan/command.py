@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from meshwise.errors import NOTHING_FITS, MeshwiseError
+
+if TYPE_CHECKING:
+    from meshwise.spec import ClusterSpec, TrainSpec
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -45,6 +49,8 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                            runtime=runtime)
+    from meshwise.cost.fp8 import check_supported
+    check_supported(cluster.accelerator, precision)
     if top < 1:
         raise MeshwiseError(f"--top: {top} must be at least 1")
     if verify < 0:
@@ -114,7 +120,8 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
                    for e in result.candidates]
     emitted = _emitted(model, cluster, train, result, extras.emit, given) if extras.emit else None
     if as_json:
-        out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime}
+        out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
+               "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
                 c["train_time"] = b.as_json()
@@ -130,6 +137,8 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     else:
         from meshwise.plan.show import print_plan
         print_plan(model, cluster, train, result, budgets=budgets)
+        for line in plan_notes(cluster, train):
+            print(f"note: {line}")
     if report:
         from meshwise.report.plan_report import write_plan_report
         write_plan_report(report, model, cluster, train, result, headroom, budgets=budgets)
@@ -157,3 +166,14 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
             f"({other[1].tokens_per_s:,.0f} tokens/s; --layout to emit it)" if other else
             f"; none of the top {len(targets)} can be expressed (try --top 30)")
     raise MeshwiseError(why + tail)
+
+
+def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
+    """What every plan on this device and setting must say beside its numbers: a time model never
+    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty)."""
+    accel = cluster.accelerator
+    if accel.calibrated_on:
+        return []
+    return [f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
+            f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
+            f"treat its times as a first-order estimate"]

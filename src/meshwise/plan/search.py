@@ -234,6 +234,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
     to what that runtime runs (:func:`meshwise.layout.runs_here`)."""
     with _collector_paused():
+        if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
+            from meshwise.plan.megatron_search import search_megatron
+            return search_megatron(model, cluster, train, top, headroom, where)
         return _Search(model, cluster, train, top, headroom, where).run()
 
 

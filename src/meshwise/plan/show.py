@@ -26,6 +26,8 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
         if not console.is_terminal:
             console = Console(highlight=False, width=240)
     console.print(f"[bold]{model.describe()}[/bold]")
+    if not model.states_only and model.exclusion_note:
+        console.print(model.exclusion_note, soft_wrap=True)
     console.print(f"{cluster.world_size} x {cluster.accelerator.name} ({cluster.nodes} node(s) of {cluster.gpus_per_node}); "
                   f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
                   f"{plan.enumerated:,} layouts searched, {plan.fitting:,} fit")

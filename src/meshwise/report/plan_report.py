@@ -11,6 +11,7 @@ from dataclasses import replace
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.command import plan_notes
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan, search
 from meshwise.report import figures
@@ -88,6 +89,7 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
     setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
                f"{cluster.gpus_per_node}); global batch {train.global_batch} x {train.seq_len} tokens; "
                f"{train.precision}, {train.optimizer}; {plan.enumerated:,} layouts searched, {plan.fitting:,} fit.")
+    setting += "".join(f" Note: {line}." for line in plan_notes(cluster, train))
     # model and accelerator names come from user files: escaped like every other string of the page
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:

@@ -117,9 +117,10 @@ FSDP_LAZY_NAMES = {"FSDPParam": ("_unsharded_param",), "FSDPCommContext": ("all_
 OVERRIDE_CALLS: Counter = Counter()  # calls of each torch function meshwise replaced (the canary reads it)
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal flash attention's output on (b, heads, s, d), called as the aten op itself."""
-    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Causal flash attention's output on (b, heads, s, d), called as the aten op itself (``scale``:
+    the scores' factor, None for 1/sqrt(d))."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=scale)[0]
 
 
 def cxx11_abi() -> int:

@@ -3,8 +3,10 @@
 Token embedding -> ``layers`` x [RMSNorm -> GQA attention (rotary, causal SDPA) -> residual,
 RMSNorm -> SwiGLU (or GeLU) MLP -> residual] -> RMSNorm -> LM head (tied or untied), with the
 family's variations: rope theta and Llama 3.1 scaling, norm eps, explicit head_dim, q/k/v/o and
-MLP biases, q/k RMSNorm (Qwen3), Gemma's (1 + w) norms, sqrt(h) embedding scale and GeGLU, GPT-2's
-LayerNorm and learned positions. No dropout. tests/test_hf_runtime.py checks the logits against
+MLP biases, q/k RMSNorm (Qwen3, Gemma 3 per head; OLMo 2 over the whole projection), Gemma's (1 + w)
+norms, sqrt(h) embedding scale and GeGLU, GPT-2's LayerNorm and learned positions; Gemma 3's norms
+on both sides of each sublayer, query scaling, interleaved sliding-window blocks with their own rope
+base, and final logit soft-capping; OLMo 2's norms on the sublayer outputs only. No dropout. tests/test_hf_runtime.py checks the logits against
 transformers, family by family. Built on the meta device; :func:`init_weights` then fills every parameter
 from ``(seed, fully-qualified name)`` alone, so every layout starts from bit-identical weights.
 
@@ -43,7 +45,7 @@ from meshwise.runtime.context_parallel import RingGroup, ring_attention
 from meshwise.runtime.moe import MoE
 from meshwise.spec import ModelSpec
 
-GEMMA = ("gemma", "gemma2")
+GEMMA = ("gemma", "gemma2", "gemma3_text")
 
 INIT_STD = 0.02
 
@@ -81,24 +83,31 @@ class Attention(nn.Module):
     rotation (Qwen3), no rotation at all for learned positions (GPT-2).
     """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, window: int = 0) -> None:
         super().__init__()
         self.head_dim = spec.head_dim
         q = spec.heads * spec.head_dim
         self.rotary = spec.position == "rope"
+        self.window = window  # sliding window in tokens (0: full causal attention)
+        self.scale = spec.query_scale ** -0.5 if spec.query_scale else None  # None: SDPA's 1/sqrt(head_dim)
         self.wq = nn.Linear(spec.hidden, q, bias=spec.qkv_bias)
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
         self.wo = nn.Linear(q, spec.hidden, bias=spec.o_bias)
-        self.q_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
-        self.k_norm = Norm(spec.head_dim, spec) if spec.qk_norm else None
+        whole = spec.qk_norm_scope == "projection"  # OLMo 2: one norm over all heads of Q (and of K)
+        self.qk_norm_whole = whole
+        self.q_norm = Norm(q if whole else spec.head_dim, spec) if spec.qk_norm else None
+        self.k_norm = Norm(spec.kv_dim if whole else spec.head_dim, spec) if spec.qk_norm else None
         self.ring: RingGroup | None = None  # context parallelism: set by runtime.parallelize
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
-        if self.q_norm is not None:
+        q, k = self.wq(x), self.wk(x)
+        if self.q_norm is not None and self.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, -1, self.head_dim)
+        k = k.view(b, s, -1, self.head_dim)
+        if self.q_norm is not None and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -113,20 +122,35 @@ class Attention(nn.Module):
             q, k = rotate(q, cos[:s], sin[:s]), rotate(k, cos[:s], sin[:s])
         if self.ring is not None:
             o = ring_attention(q, k, v, self.ring)
+        elif self.window and self.window < q.shape[2]:
+            o = windowed_attention(q, k, v, self.window, self.scale)
         else:
-            o = causal_attention(q, k, v)
+            o = causal_attention(q, k, v, self.scale)
         return o.transpose(1, 2).flatten(2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                       scale: float | None) -> torch.Tensor:
+    """Causal GQA SDPA where query i sees keys j with i - window < j <= i (``window`` 0: all j <= i;
+    transformers' ``sliding_window_overlay``), scores scaled by ``scale`` (None: 1/sqrt(d))."""
+    s = q.shape[2]
+    i = torch.arange(s, device=q.device)
+    mask = i[None, :] <= i[:, None]
+    if window:
+        mask &= i[None, :] > i[:, None] - window
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Causal GQA SDPA on (b, heads, s, d). On ``cuda`` tensors in bf16/fp16 without a real CUDA
     device (``meshwise verify``'s fake cuda tensors on the CPU build) the flash kernel is called
     directly: SDPA's dispatcher there can only pick the math kernel, which keeps the s x s scores,
     where a GPU picks flash for half-precision GQA (it keeps the output, the float32 log-sum-exp
-    and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same)."""
+    and Q, K, V). Everywhere else SDPA picks as it does (on CPU its flash kernel keeps the same).
+    ``scale``: the scores' factor (None: 1/sqrt(d); Gemma's query_pre_attn_scalar^-1/2)."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available():
-        return flash_attention(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return flash_attention(q, k, v, scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
 class MLP(nn.Module):
@@ -151,13 +175,23 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Attention and an MLP, or for a MoE model's sparse blocks (not in ``dense_layers``) a
-    mixture of experts (:mod:`meshwise.runtime.moe`)."""
+    mixture of experts (:mod:`meshwise.runtime.moe`).
+
+    Norms: on each sublayer's input (``attention_norm``, ``mlp_norm``), and with four per block
+    (Gemma 2/3) also on its output (``attention_out_norm``, ``mlp_out_norm``); OLMo 2
+    (``post_norm``) has the output ones only: h = x + out_norm(sublayer(x)). A block outside
+    ``full_attention_layers`` of a model with a ``sliding_window`` attends within it (with the
+    local rope tables where the model has them: :func:`local_rope_layers`)."""
 
     def __init__(self, spec: ModelSpec, index: int = 0) -> None:
         super().__init__()
-        self.attention_norm = Norm(spec.hidden, spec)
-        self.attention = Attention(spec)
-        self.mlp_norm = Norm(spec.hidden, spec)
+        windowed = bool(spec.sliding_window) and index not in spec.full_attention_layers
+        self.attention_norm = None if spec.post_norm else Norm(spec.hidden, spec)
+        self.attention = Attention(spec, spec.sliding_window if windowed else 0)
+        self.mlp_norm = None if spec.post_norm else Norm(spec.hidden, spec)
+        outputs = spec.post_norm or spec.norms_per_layer == 4
+        self.attention_out_norm = Norm(spec.hidden, spec) if outputs else None
+        self.mlp_out_norm = Norm(spec.hidden, spec) if outputs else None
         if spec.moe and index not in spec.dense_layers:
             shared = MLP(spec, spec.shared_ffn_hidden) if spec.shared_ffn_hidden else None
             self.mlp: nn.Module = MoE(spec, shared)
@@ -165,8 +199,10 @@ class Block(nn.Module):
             self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.mlp(self.mlp_norm(h))
+        a = self.attention(x if self.attention_norm is None else self.attention_norm(x), cos, sin)
+        h = x + (a if self.attention_out_norm is None else self.attention_out_norm(a))
+        m = self.mlp(h if self.mlp_norm is None else self.mlp_norm(h))
+        return h + (m if self.mlp_out_norm is None else self.mlp_out_norm(m))
 
 
 class Transformer(nn.Module):
@@ -191,6 +227,9 @@ class Transformer(nn.Module):
         self.tie_weights()
         self.register_buffer("rope_cos", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(spec.max_seq, spec.head_dim), persistent=False)
+        local = (spec.max_seq, spec.head_dim) if spec.rope_local_theta else (0, spec.head_dim)
+        self.register_buffer("rope_local_cos", torch.empty(local), persistent=False)  # Gemma 3's windowed blocks
+        self.register_buffer("rope_local_sin", torch.empty(local), persistent=False)
         self.positions: torch.Tensor | None = None  # context parallelism: the local tokens' positions
 
     def tie_weights(self) -> None:
@@ -223,27 +262,45 @@ class Transformer(nn.Module):
                 h = h * torch.tensor(self.spec.hidden ** 0.5, dtype=h.dtype)
             if self.pos_embeddings is not None:
                 h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
-        cos, sin = self.rope_cos, self.rope_sin
+        tables = {False: (self.rope_cos, self.rope_sin), True: (self.rope_local_cos, self.rope_local_sin)}
         if self.positions is not None:
-            cos, sin = cos[self.positions], sin[self.positions]
-        for block in self.layers.values():
-            h = block(h, cos, sin)
+            tables = {key: (cos[self.positions], sin[self.positions]) if cos.numel() else (cos, sin)
+                      for key, (cos, sin) in tables.items()}
+        local = local_rope_layers(self.spec)
+        for key, block in self.layers.items():
+            h = block(h, *tables[int(key) in local])
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
+            if self.spec.final_softcap:  # Gemma 2/3: cap * tanh(logits / cap)
+                h = torch.tanh(h / self.spec.final_softcap) * self.spec.final_softcap
         return h
 
 
-def inv_frequencies(spec: ModelSpec) -> torch.Tensor:
-    """theta^(-2i/d) for i < d/2, with Llama 3.1's rescaling when ``rope_scaling == "llama3"``.
+def local_rope_layers(spec: ModelSpec) -> frozenset[int]:
+    """The blocks that rotate with the local rope tables: Gemma 3's sliding-window blocks."""
+    if not (spec.rope_local_theta and spec.sliding_window):
+        return frozenset()
+    return frozenset(range(spec.layers)) - frozenset(spec.full_attention_layers)
+
+
+def inv_frequencies(spec: ModelSpec, local: bool = False) -> torch.Tensor:
+    """theta^(-2i/d) for i < d/2, with Llama 3.1's rescaling when ``rope_scaling == "llama3"``, all
+    divided by ``rope_factor`` when it is "linear" (position interpolation). ``local``: Gemma 3's
+    windowed blocks, theta ``rope_local_theta`` and no scaling.
 
     llama3 (Llama Team 2024; transformers' ``_compute_llama3_parameters``): wavelengths longer than
     L/low_freq_factor are divided by ``factor``, shorter than L/high_freq_factor kept, and those
     between interpolated with s = (L/wavelength - low) / (high - low), L the original context.
     """
     d = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    theta = spec.rope_local_theta if local else spec.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if local:
+        return inv
+    if spec.rope_scaling == "linear":
+        return inv / spec.rope_factor
     if spec.rope_scaling != "llama3":
         return inv
     old, low, high, factor = (spec.rope_original_max_seq, spec.rope_low_freq_factor, spec.rope_high_freq_factor,
@@ -256,10 +313,11 @@ def inv_frequencies(spec: ModelSpec) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
+                local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (max_seq, head_dim): angle(p, i) = p * inv_freq_i, each half repeated (fp32,
     as transformers computes them)."""
-    angles = torch.outer(torch.arange(spec.max_seq, dtype=torch.float32), inv_frequencies(spec))
+    angles = torch.outer(torch.arange(spec.max_seq, dtype=torch.float32), inv_frequencies(spec, local))
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(device), angles.sin().to(device)
 
@@ -270,19 +328,24 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
         return "a bare parameter count has no shape to build"
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
+    if spec.family == "llama4_text":
+        return (f"model {spec.name!r}: Llama 4's chunked attention, NoPE blocks, attention temperature tuning, "
+                f"weightless L2 q/k norms and sigmoid-gated top-1 experts are not built by the runtime (plan only)")
+    if spec.attn_sinks or spec.swiglu_limit or spec.router_bias:
+        return (f"model {spec.name!r}: GPT-OSS's attention sinks, clamped SwiGLU experts with biases and router bias "
+                f"are not built by the runtime (plan only)")
     if spec.moe and spec.mlp != "swiglu":
         return f"model {spec.name!r}: experts with a {spec.mlp} MLP are not built by the runtime (swiglu)"
-    if spec.family == "gemma2" or spec.norms_per_layer != 2:
-        return (f"model {spec.name!r}: {spec.family}'s four norms per block and query scaling are not built by the "
-                f"runtime yet (plan only)")
-    if spec.attn_softcap or spec.final_softcap:
-        return f"model {spec.name!r}: logit soft-capping ({spec.family}) is not built by the runtime yet (plan only)"
-    if spec.rope_scaling not in ("", "llama3"):
-        return f"model {spec.name!r}: rope scaling {spec.rope_scaling!r} is not built by the runtime (default or llama3)"
-    seq = seq_len or spec.max_seq
-    if spec.sliding_window and spec.sliding_window < seq:
-        return (f"model {spec.name!r}: sliding-window attention ({spec.sliding_window} tokens) is not built by the "
-                f"runtime; use --seq-len {spec.sliding_window} or less")
+    if spec.norms_per_layer not in (2, 4) or spec.norms_per_layer == 4 and spec.post_norm:
+        return f"model {spec.name!r}: {spec.norms_per_layer} norms per block are not built by the runtime (2 or 4)"
+    if spec.attn_softcap:
+        return (f"model {spec.name!r}: attention logit soft-capping ({spec.family}) is not built by the runtime "
+                f"(plan only)")
+    if spec.rope_scaling not in ("", "llama3", "linear"):
+        return (f"model {spec.name!r}: rope scaling {spec.rope_scaling!r} is not built by the runtime "
+                f"(default, llama3 or linear)")
+    if spec.attention_chunk:
+        return f"model {spec.name!r}: chunked attention is not built by the runtime (plan only)"
     return None
 
 
@@ -334,6 +397,10 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
             cos, sin = rope_tables(module.spec, module.rope_cos.device)
             module.rope_cos.copy_(cos)
             module.rope_sin.copy_(sin)
+            if module.rope_local_cos.numel():
+                cos, sin = rope_tables(module.spec, module.rope_cos.device, local=True)
+                module.rope_local_cos.copy_(cos)
+                module.rope_local_sin.copy_(sin)
 
 
 def build_model(spec: ModelSpec, seed: int, device: torch.device | str = "cpu") -> Transformer:

@@ -79,9 +79,13 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, pre
             # over the head-sharded input (dim 2), so each weight gradient is summed over all heads.
             block_plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
             block_plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-        if sp:
-            block_plan["attention_norm"] = SequenceParallel()
-            block_plan["mlp_norm"] = SequenceParallel()
+        if sp:  # every norm of the residual stream: on the input and (Gemma 2/3, OLMo 2) the output side
+            for norm in ("attention_norm", "mlp_norm"):
+                if getattr(block, norm, None) is not None:
+                    block_plan[norm] = SequenceParallel()
+            for norm in ("attention_out_norm", "mlp_out_norm"):  # their output joins the local residual stream
+                if getattr(block, norm, None) is not None:
+                    block_plan[norm] = SequenceParallel(use_local_output=True)
         # One DTensor input per parallel region: Q/K/V (and gate/up) share it, so backward reduces
         # the input gradient once per region (all-reduce, or reduce-scatter under SP), not per matmul.
         block_plan["attention"] = regions["attention"](input_layouts=(stream, None, None),

@@ -45,6 +45,13 @@ class AcceleratorSpec:
     efficiency_half_width: float = 0.0
     comm_overlap: bool = True
     source: str = ""
+    # float8 (cost/fp8.py): dense peaks of the e4m3 tensor cores with per-tensor/row/block scales, and
+    # of the MX formats (32-element blocks, e8m0 scales; Blackwell, CDNA4); 0 = the device has none
+    peak_fp8_flops_per_s: float = 0.0
+    peak_mxfp8_flops_per_s: float = 0.0
+    nvlink_domain_gpus: int = 0        # GPUs one NVLink (scale-up) domain joins; 0 = a node (NVL72: 72)
+    calibrated_on: str = ""            # what its predictions were checked against ("" = nothing): published runs
+                                       # (a test set, nothing fitted to them) or a meshwise calibrate of the machine
     # The GPU op model (cost/kernels.py); a profile without sm_count keeps the flat curve above.
     sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
     gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
@@ -82,6 +89,9 @@ class AcceleratorSpec:
         return self.sm_count > 0 and (self.gemm_efficiency > 0 or bool(self.gemm))
 
     def peak_flops_per_s(self, precision: str) -> float:
+        """The peak MFU and the non-GEMM work are reckoned against: fp32's, else bf16's (the float8
+        formats' too, as torchtitan and NeMo report MFU against the bf16 peak); cost/fp8.py prices
+        the float8 GEMMs at their own peak."""
         return self.peak_fp32_flops_per_s if precision == "fp32" else self.peak_bf16_flops_per_s
 
     def efficiency(self, hidden: float) -> float:
@@ -107,16 +117,29 @@ class ClusterSpec:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @cached_property
+    def domain_gpus(self) -> int:
+        """GPUs one scale-up (NVLink) domain joins: the node, or under a profile's ``nvlink_domain_gpus``
+        (GB200/GB300 NVL72: 72 GPUs over 18 trays of 4) the largest whole number of nodes, at most
+        that many, that divides the world (64 of a 72-GPU rack's GPUs where the world is 128)."""
+        domain = self.accelerator.nvlink_domain_gpus
+        if domain <= self.gpus_per_node:
+            return self.gpus_per_node
+        nodes = max(n for n in range(1, domain // self.gpus_per_node + 1) if self.nodes % n == 0)
+        return nodes * self.gpus_per_node
+
     def link_for(self, group_size: int, stride: int) -> LinkSpec:
         """The link a group of ``group_size`` ranks, ``stride`` apart in rank order, communicates over.
 
-        Inside a node: the intra-node link. Across nodes: every rank has its own NIC and a collective
-        splits its data over channels, one per rank of the group in a node (NCCL's rings), so the
-        group's bandwidth is the per-GPU scale-out bandwidth times its ranks per node.
+        Inside a node (an NVLink domain: ``domain_gpus``): the intra-node link. Across nodes: every rank
+        has its own NIC and a collective splits its data over channels, one per rank of the group in a
+        node (NCCL's rings), so the group's bandwidth is the per-GPU scale-out bandwidth times its
+        ranks per node.
         """
-        if group_size == 1 or group_size * stride <= self.gpus_per_node:
+        domain = self.domain_gpus
+        if group_size == 1 or group_size * stride <= domain:
             return self.intra
-        per_node = max(1, min(group_size, self.gpus_per_node // stride))
+        per_node = max(1, min(group_size, domain // stride))
         link = self._scale_out_links.get(per_node)
         if link is None:
             link = self._scale_out_links[per_node] = LinkSpec(self.inter.bytes_per_s * per_node, self.inter.latency_s)
@@ -128,9 +151,12 @@ class ClusterSpec:
         return {}
 
 
+# a GPU's float8 tensor cores and NVLink domain (absent from CPU profiles, as the op model's keys)
+ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name"} | GPU_KEYS | HOST_KEYS
+               "efficiency_half_width", "comm_overlap", "source", "name", "calibrated_on"} \
+    | ACCEL_GPU_KEYS | GPU_KEYS | HOST_KEYS
 
 
 def _spelling(name: str) -> str:
@@ -192,6 +218,14 @@ def _profile_number(gpu: str, table: dict[str, Any], key: str, default: Any, zer
     return float(value)
 
 
+def _domain(table: dict[str, Any], gpu: str) -> int:
+    value = table.get("nvlink_domain_gpus", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MeshwiseError(f"--gpu {gpu}: nvlink_domain_gpus must be a whole number of GPUs (0: a node), "
+                            f"got {value!r}")
+    return value
+
+
 def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """``gpus`` accelerators of kind ``gpu``, ``gpus_per_node`` to a node (the catalog's default when None)."""
     name, table = _accelerator_table(gpu)
@@ -208,7 +242,10 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             efficiency_max=num("efficiency_max", DEFAULT_EFFICIENCY_MAX),
             efficiency_half_width=num("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH, zero_ok=True),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu))
+            source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu),
+            peak_fp8_flops_per_s=num("peak_fp8_flops_per_s", 0.0, zero_ok=True),
+            peak_mxfp8_flops_per_s=num("peak_mxfp8_flops_per_s", 0.0, zero_ok=True),
+            nvlink_domain_gpus=_domain(table, gpu), calibrated_on=str(table.get("calibrated_on", "")))
         intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True))
         inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True))
         if accel.efficiency_max > 1:

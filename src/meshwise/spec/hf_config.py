@@ -18,6 +18,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec.model import FAMILIES, ModelSpec
 from meshwise.catalog import read_catalog
 from meshwise.files import read_toml
+from meshwise.spec import hf_recent
 
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
 
@@ -31,6 +32,8 @@ _DEFAULTS = {
     "mixtral": (1e-5, 1e6, 131072, False), "qwen2_moe": (1e-6, 10000.0, 32768, False),
     "qwen3_moe": (1e-6, 10000.0, 32768, False), "deepseek_v2": (1e-6, 10000.0, 2048, False),
     "deepseek_v3": (1e-6, 10000.0, 4096, False),
+    "gemma3_text": (1e-6, 1e6, 131072, True), "olmo2": (1e-5, 10000.0, 2048, False),
+    "llama4_text": (1e-5, 500000.0, 131072, False), "gpt_oss": (1e-5, 150000.0, 131072, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -38,7 +41,12 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Qwen3ForCausalLM": "qwen3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                   "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
                   "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
-                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                  "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
+                  "Olmo2ForCausalLM": "olmo2", "Llama4ForCausalLM": "llama4_text",
+                  "Llama4ForConditionalGeneration": "llama4", "GptOssForCausalLM": "gpt_oss"}
+_TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
+               "docs/models.md) and pass --model that.toml")
 
 
 def _model_from_table(name: str, table: dict[str, Any], where: str) -> ModelSpec:
@@ -62,9 +70,11 @@ def hf_family(cfg: dict[str, Any], where: str) -> str:
         model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None) if isinstance(archs, list) else None
         if model_type is None:
             raise MeshwiseError(f"{where}: no model_type (or known architectures) in it; a Hugging Face config.json "
-                                f"of one of: {', '.join(HF_FAMILIES)} is expected")
+                                f"of one of: {', '.join(HF_FAMILIES)} is expected, {_TOML_ROUTE}")
+    model_type = hf_recent.WRAPPERS.get(model_type, model_type)
     if model_type not in _DEFAULTS:
-        raise MeshwiseError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(HF_FAMILIES)}")
+        raise MeshwiseError(f"{where}: model_type {model_type!r} is not supported; supported: "
+                            f"{', '.join(HF_FAMILIES)}; {_TOML_ROUTE}")
     return model_type
 
 
@@ -112,6 +122,9 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
     """A ModelSpec with every field the family's transformers model uses to build its weights."""
     family = hf_family(cfg, where)
     eps, theta, max_seq, tie = _DEFAULTS[family]
+    cfg, excluded = hf_recent.unwrap(cfg, family, where)
+    if family in hf_recent.CLASS_DEFAULTS:
+        cfg = hf_recent.with_defaults(cfg, family)
     try:
         if family == "gpt2":
             hidden = cfg["n_embd"]
@@ -131,14 +144,14 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
             vocab=cfg["vocab_size"], tied_embeddings=cfg.get("tie_word_embeddings", tie),
             max_seq=cfg.get("max_position_embeddings", max_seq), norm_eps=cfg.get("rms_norm_eps", eps),
             head_dim=cfg.get("head_dim") or 0, bos_id=cfg.get("bos_token_id"),
-            eos_ids=_ids(cfg.get("eos_token_id")), source=where, **_rope(cfg, theta))
+            eos_ids=_ids(cfg.get("eos_token_id")), source=where, excluded=excluded, **_rope(cfg, theta))
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
         if family.startswith("gemma"):
             fields_["mlp"] = "geglu"
         elif act != "silu":
             raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
         attn_bias = bool(cfg.get("attention_bias", False))
-        if family in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2"):
+        if family in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo2", "llama4_text"):
             fields_.update(qkv_bias=attn_bias, o_bias=attn_bias)
         if family in ("qwen2", "qwen2_moe"):
             fields_["qkv_bias"] = True
@@ -152,7 +165,16 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         fields_["sliding_window"] = window
         if family == "gemma2":
             fields_.update(norms_per_layer=4, attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-                           final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+                           final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+                           query_scale=float(cfg.get("query_pre_attn_scalar") or 256))
+            if window:
+                kinds = hf_recent.layer_types(cfg, family, layers)
+                fields_["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
+        if family == "gemma3_text":
+            rope_cfg, local_theta = hf_recent.gemma3_rope(cfg)
+            fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
+        if family in hf_recent.CLASS_DEFAULTS:
+            fields_.update(hf_recent.recent_fields(cfg, family, layers))
         if family == "mixtral":
             fields_.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
                            expert_ffn_hidden=cfg["intermediate_size"])
@@ -173,13 +195,28 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
                            dense_layers=_sparse_layers(cfg, layers, family), head_dim=rope + nope,
                            q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
                            qk_rope_head_dim=rope, v_head_dim=cfg["v_head_dim"], kv_heads=heads)
-        return ModelSpec(**fields_)
+        spec = ModelSpec(**fields_)
+        mtp = (cfg.get("num_nextn_predict_layers") or 0) if family == "deepseek_v3" else 0
+        return _with_mtp(spec, mtp) if mtp else spec
     except KeyError as missing:
         raise MeshwiseError(f"{where}: lacks {missing.args[0]!r}, which a {family} config needs") from None
     except (TypeError, ValueError) as e:
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+def _with_mtp(spec: ModelSpec, layers: int) -> ModelSpec:
+    """DeepSeek-V3's multi-token-prediction modules, left out of the count and the plan as transformers
+    leaves them out of the model it builds: each is (DeepSeek-V3 report, arXiv 2412.19437, sec. 2.2)
+    one more MoE block, a 2h x h projection and norms of the two inputs and the shared head (3h);
+    the embedding and output head are shared with the main model."""
+    from dataclasses import replace
+
+    block = spec.attention_params + spec.layer_norm_params + spec._moe_block(spec.experts)
+    size = layers * (block + 2 * spec.hidden * spec.hidden + 3 * spec.hidden)
+    what = f"{layers} multi-token-prediction layer{'s' if layers > 1 else ''} (num_nextn_predict_layers)"
+    return replace(spec, excluded=what, excluded_params=size)
 
 
 def _read_text(path: Path) -> str:

@@ -28,8 +28,9 @@ def cached_hash(self) -> int:
 
 
 # --------------------------------------------------------------------------------------- model
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2",
-            "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2",
+            "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss")
+QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
 
@@ -47,6 +48,17 @@ class ModelSpec:
     ``qk_rope_head_dim`` and ``v_head_dim`` (``head_dim`` = nope + rope width of a query head).
     The derived counts are ``cached_property``s: the fields never change, so each is worked out once
     (the planner's search reads them hundreds of thousands of times).
+
+    The families of 2026: ``qk_norm_scope`` "projection" normalises the whole Q (and K) projection
+    (OLMo 2; "head": each head, Qwen3 and Gemma 3); ``post_norm`` puts a block's two norms on its
+    sublayers' outputs (OLMo 2); ``full_attention_layers`` are the blocks exempt from
+    ``sliding_window`` or ``attention_chunk`` (Gemma 2/3, GPT-OSS, Llama 4; empty: every block is
+    windowed); ``query_scale`` scales scores by query_scale^-1/2 (Gemma's query_pre_attn_scalar; 0:
+    head_dim); ``rope_local_theta`` is the windowed blocks' unscaled rope base (Gemma 3);
+    ``attn_sinks`` adds one learned sink logit per head (GPT-OSS), ``router_bias`` a bias to the
+    router, ``swiglu_limit`` GPT-OSS's clamped SwiGLU. ``excluded`` names what the count leaves out
+    (DeepSeek-V3's multi-token-prediction layers, a multimodal model's vision encoder) and
+    ``excluded_params`` its size, where known.
     """
 
     name: str
@@ -92,6 +104,17 @@ class ModelSpec:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    qk_norm_scope: str = "head"
+    post_norm: bool = False
+    full_attention_layers: tuple[int, ...] = ()
+    attention_chunk: int = 0
+    query_scale: float = 0.0
+    rope_local_theta: float = 0.0
+    attn_sinks: bool = False
+    router_bias: bool = False
+    swiglu_limit: float = 0.0
+    excluded: str = ""
+    excluded_params: int = 0
 
     __hash__ = cached_hash
 
@@ -104,17 +127,19 @@ class ModelSpec:
             _positive_int(self, name, getattr(self, name))
         for name in ("head_dim", "experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
                      "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
-                     "rope_original_max_seq"):
+                     "rope_original_max_seq", "attention_chunk", "excluded_params"):
             _positive_int(self, name, getattr(self, name), zero_ok=True)
-        for name in ("tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "shared_expert_gate"):
+        for name in ("tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "shared_expert_gate",
+                     "post_norm", "attn_sinks", "router_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise MeshwiseError(f"model {self.name!r}: {name} must be true or false, got {getattr(self, name)!r}")
         for name in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                     "attn_softcap", "final_softcap"):
+                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise MeshwiseError(f"model {self.name!r}: {name} must be a finite non-negative number, got {value!r}")
-        for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS)):
+        for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS),
+                            ("qk_norm_scope", QK_NORM_SCOPES)):
             if getattr(self, name) not in valid:
                 raise MeshwiseError(f"model {self.name!r}: {name} must be one of {', '.join(valid)}, "
                                     f"got {getattr(self, name)!r}")
@@ -126,6 +151,12 @@ class ModelSpec:
             raise MeshwiseError(f"model {self.name!r}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        object.__setattr__(self, "full_attention_layers", tuple(self.full_attention_layers))
+        for name in ("dense_layers", "full_attention_layers"):
+            bad = [i for i in getattr(self, name) if not isinstance(i, int) or not 0 <= i < self.layers]
+            if bad:
+                raise MeshwiseError(f"model {self.name!r}: {name} must hold block indices in 0..{self.layers - 1}, "
+                                    f"got {bad[0]!r}")
         if self.experts and not 0 < self.experts_per_token <= self.experts:
             raise MeshwiseError(f"model {self.name!r}: experts_per_token must be in 1..{self.experts}, "
                                 f"got {self.experts_per_token}")
@@ -153,6 +184,7 @@ class ModelSpec:
 
         MLA: q (h x heads*d, or the LoRA pair h x r_q + r_q x heads*d with its norm), the joint KV
         down-projection h x (r_kv + rope), its norm, the up-projection r_kv x heads*(nope + v), O.
+        Attention sinks (GPT-OSS): one learned logit per head.
         """
         h, q = self.hidden, self.heads * self.head_dim
         if self.mla:
@@ -162,7 +194,7 @@ class ModelSpec:
                 + self.kv_lora_rank * self.heads * (nope + self.v_head_dim)
             return q_proj + kv + self.heads * self.v_head_dim * h
         bias = (q + 2 * self.kv_dim if self.qkv_bias else 0) + (h if self.o_bias else 0)
-        return 2 * h * q + 2 * h * self.kv_dim + bias
+        return 2 * h * q + 2 * h * self.kv_dim + bias + (self.heads if self.attn_sinks else 0)
 
     def _mlp(self, width: int) -> int:
         """A dense MLP of ``width``: gated (SwiGLU/GeGLU) three h x f matrices, plain two; biases if any."""
@@ -175,10 +207,11 @@ class ModelSpec:
         return self.layers - len(self.dense_layers) if self.moe else 0
 
     def _moe_block(self, experts: int) -> int:
-        """``experts`` routed experts + the router (h x E) + the shared expert and its gate (h x 1)."""
+        """``experts`` routed experts + the router (h x E, its bias E) + the shared expert and its gate (h x 1)."""
         shared = self._mlp(self.shared_ffn_hidden) if self.shared_ffn_hidden else 0
         gate = self.hidden if self.shared_expert_gate else 0
-        return experts * self._mlp(self.expert_ffn_hidden) + self.hidden * self.experts + shared + gate
+        router = (self.hidden + (1 if self.router_bias else 0)) * self.experts
+        return experts * self._mlp(self.expert_ffn_hidden) + router + shared + gate
 
     @cached_property
     def total_mlp_params(self) -> int:
@@ -211,9 +244,16 @@ class ModelSpec:
 
     @cached_property
     def layer_norm_params(self) -> int:
-        """A block's norms: ``norms_per_layer`` of width h (LayerNorm: weight and bias), q/k norms of d."""
+        """A block's norms: ``norms_per_layer`` of width h (LayerNorm: weight and bias), q/k norms of d
+        each (per head) or of the whole Q and K widths (``qk_norm_scope`` "projection", OLMo 2)."""
         per = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        return self.norms_per_layer * per + (2 * self.head_dim if self.qk_norm else 0)
+        if not self.qk_norm:
+            qk = 0
+        elif self.qk_norm_scope == "projection":
+            qk = self.heads * self.head_dim + self.kv_dim
+        else:
+            qk = 2 * self.head_dim
+        return self.norms_per_layer * per + qk
 
     @cached_property
     def layer_params(self) -> float:
@@ -260,12 +300,22 @@ class ModelSpec:
         used = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("param_count", "family")}
         used["eos_ids"] = list(self.eos_ids)
         used["dense_layers"] = list(self.dense_layers)
+        used["full_attention_layers"] = list(self.full_attention_layers)
         return {"family": self.family, "params": self.params, "active_params": self.active_params, **used}
 
     @classmethod
     def from_param_count(cls, count: float) -> "ModelSpec":
         n = int(count)
         return cls(name=f"{_human_count(n)} parameters", param_count=n, source="bare parameter count")
+
+    @cached_property
+    def exclusion_note(self) -> str:
+        """One line saying what the parameter count leaves out, or ""."""
+        if not self.excluded:
+            return ""
+        size = f" ({_human_count(self.excluded_params)} parameters)" if self.excluded_params else ""
+        return (f"not counted or planned: {self.excluded}{size}; the plan covers the {_human_count(self.params)} "
+                f"parameters transformers builds for {self.family}")
 
     def describe(self) -> str:
         if self.states_only:

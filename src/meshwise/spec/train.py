@@ -14,6 +14,9 @@ from meshwise.spec.gpu_keys import RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
+# The float8 formats: the linear layers' GEMMs in float8 (e4m3), everything else as bf16-mixed
+# (embedding, head, router, softmax/attention, norms in bf16; fp32 master weights): cost/fp8.py.
+FP8_FORMATS = ("fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_SEQ_CAP = 4096         # tokens: the default sequence is the model's max_seq, capped here
 DEFAULT_SEQ_STATES_ONLY = 2048  # tokens: the default for a model given only by its parameter count
@@ -65,6 +68,17 @@ class TrainSpec:
         return self.global_batch * self.seq_len
 
     @cached_property
+    def fp8(self) -> bool:
+        """Whether the linear layers' GEMMs run in a float8 format (FP8_FORMATS)."""
+        return self.precision in FP8_FORMATS
+
+    @cached_property
+    def mixed(self) -> bool:
+        """bf16 compute over fp32 master weights: bf16-mixed, and every float8 format (which keeps
+        bf16 weights beside the fp32 master and casts them to float8 at each GEMM)."""
+        return self.precision == "bf16-mixed" or self.fp8
+
+    @cached_property
     def weight_bytes(self) -> int:
         """Bytes per parameter of the weights the forward uses: 4 for fp32, 2 otherwise."""
         return 4 if self.precision == "fp32" else 2
@@ -75,14 +89,18 @@ class TrainSpec:
 
     @cached_property
     def optimizer_bytes(self) -> int:
-        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed adds a 4-byte fp32 master."""
+        """Optimizer bytes per parameter (docs/design.md): Adam moments 8, SGD momentum 4; bf16-mixed and
+        the float8 formats add a 4-byte fp32 master; fp8-blockwise keeps DeepSeek-V3's bf16 moments
+        (arXiv 2412.19437 Sec. 3.3: AdamW's two moments in bf16, master weights in fp32)."""
         moments = 8 if self.optimizer == "adamw" else 4
-        master = 4 if self.precision == "bf16-mixed" else 0
+        if self.precision == "fp8-blockwise":
+            moments //= 2
+        master = 4 if self.mixed else 0
         return moments + master
 
     @cached_property
     def state_bytes_per_param(self) -> int:
-        """12 for bf16, 16 for bf16-mixed and fp32 (with AdamW)."""
+        """12 for bf16, 16 for bf16-mixed, fp32 and fp8/fp8-rowwise/mxfp8, 12 for fp8-blockwise (with AdamW)."""
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
 
     @cached_property

@@ -9,7 +9,14 @@ Commit protocol (folders and trust: :mod:`meshwise.train.checkpoint_files`):
 3. rank 0 renames ``step-N.tmp`` to ``step-N`` (atomic on one file system) and fsyncs ``DIR``.
 
 Only folders named ``step-N`` that hold ``meshwise.json`` count as complete, so a crash at any
-point before step 3 leaves the previous checkpoint as the latest one. The last ``keep`` complete
+point before step 3 leaves the previous checkpoint as the latest one.
+
+Writing is DCP's ``async_save``: the state is first staged to host memory, then written by a
+thread while the caller waits for it. A save asked for by a stop signal has a budget, what is left
+of the launcher's grace (``--stop-grace``) less a margin to report and exit: it is not started
+when the previous save took longer than that, and it is abandoned when the write outlasts it
+(:class:`OutOfGrace`: the run ends in one line naming the latest complete checkpoint, before the
+launcher's SIGKILL); its partial folder is never counted as complete. The last ``keep`` complete
 checkpoints are kept. A save that runs out of space removes its partial folder and stops the run
 in one line naming the folder and the space it needed.
 
@@ -23,10 +30,12 @@ reshards on load, so a run resumes under any layout or world size.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import os
 import shutil
+import time
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -231,6 +240,33 @@ def load_full_model(path: str | Path, model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------- checkpointer
+class OutOfGrace(Exception):
+    """A stop save that does not fit the grace: not started (``in_flight`` False) or abandoned while
+    DCP's thread still writes (``in_flight`` True: the process must exit without collectives)."""
+
+    def __init__(self, message: str, in_flight: bool) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight
+
+
+def grace_margin_s(grace_s: float) -> float:
+    """What a stop save leaves of the grace to report and exit: a tenth, between 0.5 and 3 s."""
+    return min(3.0, max(0.5, 0.1 * grace_s))
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, calling ``before_write(step)`` first in the writing thread (test faults)."""
+
+    def __init__(self, path: str, step: int, before_write: Callable[[int], None] | None) -> None:
+        super().__init__(path)
+        self._step, self._before_write = step, before_write
+
+    def write_data(self, *args: Any, **kwargs: Any) -> Any:
+        if self._before_write is not None:
+            self._before_write(self._step)
+        return super().write_data(*args, **kwargs)
+
+
 def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
@@ -255,15 +291,29 @@ class Checkpointer:
     optimizer: torch.optim.Optimizer
     meta: dict[str, Any]
     before_commit: Callable[[int], None] | None = None
+    before_write: Callable[[int], None] | None = None
+    grace_s: float = 30.0  # the launcher's grace after a stop signal (--stop-grace)
     last_saved: int = 0
+    last_save_s: float = 0.0  # the slowest rank's time for the previous save (0: none yet)
+    _cpu_group: Any = None  # async_save's process group: the default one if it has a CPU backend, else gloo
 
     def due(self, step: int, last: bool) -> bool:
         return bool(self.root) and (last or bool(self.every) and step % self.every == 0)
 
-    def save(self, step: int, last: bool, run_state: dict[str, Any], force: bool = False) -> Path | None:
-        """Save ``step`` if it is due (or ``force``); returns the committed folder or None."""
+    def save(self, step: int, last: bool, run_state: dict[str, Any], force: bool = False,
+             stop_age_s: float | None = None) -> Path | None:
+        """Save ``step`` if it is due (or ``force``); returns the committed folder or None.
+        ``stop_age_s``: a stop save, that many seconds (the same on every rank) into the grace."""
         if not (self.due(step, last) or force and self.root):
             return None
+        budget_s = None
+        if stop_age_s is not None:
+            budget_s = self.grace_s - stop_age_s - grace_margin_s(self.grace_s)
+            if self.last_save_s > budget_s:
+                raise OutOfGrace(f"the save of step {step} was not started: the previous save took "
+                                 f"{self.last_save_s:.1f} s, more than the {max(0.0, budget_s):.1f} s left of the "
+                                 f"{self.grace_s:g} s grace (--stop-grace); {self._latest_line()}", in_flight=False)
+        started = time.monotonic()
         root, rank = Path(self.root), dist.get_rank()
         tmp, final = root / f"step-{step}.tmp", step_dir(root, step)
         _, model_sd, optim_sd = _states(self.modules, self.optimizer)
@@ -279,7 +329,7 @@ class Checkpointer:
                 tmp.mkdir()
                 (tmp / PARTIAL_FILE).write_text("")
             dist.barrier()
-            dcp.save(state, checkpoint_id=str(tmp))
+            self._write(state, tmp, step, budget_s, started)
             dist.barrier()
             if self.before_commit is not None:
                 self.before_commit(step)
@@ -301,9 +351,31 @@ class Checkpointer:
             raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
                              f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
                              1) from None
-        dist.barrier()
-        self.last_saved = step
+        took = torch.tensor([time.monotonic() - started], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the barrier, and every rank's slowest time
+        self.last_saved, self.last_save_s = step, float(took.item())
         return final
+
+    def _write(self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float) -> None:
+        """Stage ``state`` to host memory and write it (DCP ``async_save``), waiting for the write at
+        most what is left of ``budget_s`` (None: as long as it takes)."""
+        if self._cpu_group is None:  # DCP's async_save coordinates over a CPU backend (NCCL has none)
+            self._cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        future = dcp.async_save(state, storage_writer=_Writer(str(tmp), step, self.before_write),
+                                process_group=self._cpu_group)
+        left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
+        try:
+            future.result(timeout=left)
+        except concurrent.futures.TimeoutError:
+            raise OutOfGrace(f"the {self.grace_s:g} s grace (--stop-grace) was too short for the save of step "
+                             f"{step} (still writing after {time.monotonic() - started:.1f} s; {tmp.name} is "
+                             f"partial); {self._latest_line()}", in_flight=True) from None
+
+    def _latest_line(self) -> str:
+        previous = latest(self.root)
+        if previous is None:
+            return "no checkpoint is complete"
+        return f"the latest complete checkpoint is {previous}; --resume auto continues from it"
 
     def _commit(self, tmp: Path, final: Path, step: int) -> None:
         marker = tmp / COMMIT_FILE

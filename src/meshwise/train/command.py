@@ -126,7 +126,7 @@ def train_main(argv: list[str]) -> int:
     if nproc == 1:
         with launch.single_process_env():
             return _worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=False)
-    launch.launch_local("meshwise.train", argv, nproc, restarts)
+    launch.launch_local("meshwise.train", argv, nproc, restarts, stop_grace_s=cfg.checkpoint.stop_grace)
     return 0
 
 

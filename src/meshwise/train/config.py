@@ -63,6 +63,7 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints kept (oldest removed first)
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
     overwrite: bool = False  # a fresh run into a dir holding checkpoints: remove meshwise's own folders there
+    stop_grace: float = 30.0  # seconds from a stop signal (SIGTERM) to the launcher's SIGKILL (torch's default 30)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ ALIASES: dict[str, str] = {
     "--checkpoint-every": "checkpoint.every",
     "--keep": "checkpoint.keep",
     "--resume": "checkpoint.resume",
+    "--stop-grace": "checkpoint.stop_grace",
     "--metrics": "metrics.file",
     "--prompt": "generate.prompt",
 }
@@ -211,6 +213,8 @@ def check(config: TrainConfig) -> None:
                         "generate.temperature": g.temperature}.items():
         if not math.isfinite(value):
             raise MeshwiseError(f"--{name}: {value} must be a finite number")
+    if not (math.isfinite(c.stop_grace) and 1 <= c.stop_grace <= 86400):
+        raise MeshwiseError(f"--checkpoint.stop_grace: {c.stop_grace} must be a number of seconds in [1, 86400]")
     if not 0 < d.eval_fraction < 1:
         raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
     if d.bin_dtype not in ("uint16", "uint32"):

@@ -22,6 +22,9 @@ _LLAMA_BLOCK = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k
                 "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
                 "mlp.w1": "mlp.gate_proj", "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj",
                 "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+# Gemma 2/3 and OLMo 2: norms on the sublayers' outputs (OLMo 2 has those only)
+_SANDWICH_BLOCK = {**_LLAMA_BLOCK, "mlp_norm": "pre_feedforward_layernorm",
+                   "attention_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 _LLAMA_ROOT = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                "output.weight": "lm_head.weight"}
 _GPT2_BLOCK = {"attention.wo": "attn.c_proj", "mlp.w1": "mlp.c_fc", "mlp.w2": "mlp.c_proj",
@@ -32,7 +35,14 @@ _GPT2_ROOT = {"tok_embeddings.weight": "transformer.wte.weight", "pos_embeddings
 _BLOCK = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM",
-         "gpt2": "GPT2LMHeadModel"}
+         "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
+         "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+
+
+def _block_names(spec: ModelSpec) -> dict[str, str]:
+    if spec.family == "gpt2":
+        return _GPT2_BLOCK
+    return _SANDWICH_BLOCK if spec.post_norm or spec.norms_per_layer == 4 else _LLAMA_BLOCK
 
 
 def _hf_name(spec: ModelSpec, name: str) -> str:
@@ -41,7 +51,7 @@ def _hf_name(spec: ModelSpec, name: str) -> str:
     if name in root:
         return root[name]
     m = _BLOCK.fullmatch(name)
-    block = _GPT2_BLOCK if gpt2 else _LLAMA_BLOCK
+    block = _block_names(spec)
     if not m or m.group(2) not in block:
         raise KeyError(name)
     prefix = "transformer.h" if gpt2 else "model.layers"
@@ -87,7 +97,7 @@ def from_hf(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     names = ["tok_embeddings.weight", "norm.weight"]
     names += [] if spec.tied_embeddings else ["output.weight"]
     names += ["pos_embeddings.weight", "norm.bias"] if spec.family == "gpt2" else []
-    block = _GPT2_BLOCK if spec.family == "gpt2" else _LLAMA_BLOCK
+    block = _block_names(spec)
     for i in range(spec.layers):
         names += [f"layers.{i}.{part}.{kind}" for part in block for kind in ("weight", "bias")]
     for name in names:
@@ -149,4 +159,16 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
            "sliding_window": spec.sliding_window or None}
     if spec.family == "gemma":
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    if spec.family in ("gemma2", "gemma3_text"):
+        scalar = int(spec.query_scale) if spec.query_scale == int(spec.query_scale) else spec.query_scale
+        cfg.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar or spec.head_dim,
+                   final_logit_softcapping=spec.final_softcap or None, attn_logit_softcapping=None,
+                   layer_types=["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
+                                else "sliding_attention" for i in range(spec.layers)],
+                   sliding_window=spec.sliding_window or spec.max_seq)
+    if spec.family == "gemma3_text":
+        local = {"rope_type": "default", "rope_theta": spec.rope_local_theta}
+        cfg.update(rope_scaling=None, rope_parameters={"full_attention": rope, "sliding_attention": local})
+    if rope["rope_type"] == "linear":
+        rope["factor"] = spec.rope_factor
     return cfg

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,12 +227,24 @@ def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: 
         end_process_group()
 
 
-def _stop_requested(guard: Any, device_type: str) -> int:
-    """The signal that asked this run to stop, agreed over all ranks (MAX); 0 when none did."""
-    mine = guard.signal if guard is not None else 0
-    t = torch.tensor([mine], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+def _stop_requested(guard: Any, device_type: str) -> tuple[int, float]:
+    """The signal that asked this run to stop and the seconds since the first rank saw it, agreed over
+    all ranks (MAX of each); (0, 0.0) when none did."""
+    mine = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
+    t = torch.tensor(mine, dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(t[0].item()), int(t[1].item()) / 1000
+
+
+def _exit_now(status: int, message: str) -> None:
+    """End this process at once (a checkpoint write is still running in DCP's thread, so no collective
+    can be trusted): the one line to the launcher, or on rank 0 to stderr, then ``os._exit``."""
+    from meshwise.launch import report
+
+    if not report(status, message) and int(os.environ.get("RANK", "0")) == 0:
+        print(f"meshwise: error: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list[str]) -> None:
@@ -267,7 +280,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
             "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer}}
     ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
-                                   before_commit=lambda s: faults.before_commit(s, rank))
+                                   before_commit=lambda s: faults.before_commit(s, rank),
+                                   before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace)
     run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
     if prep.resume is not None:
         run_state = ckpt.restore(prep.resume, run_state)
@@ -314,9 +328,16 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
         log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss,
                  compile_s if step == start + 1 else None)
-        stop = _stop_requested(guard, device_type)
+        stop, stop_age_s = _stop_requested(guard, device_type)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
-        saved = ckpt.save(step, step == steps, state, force=bool(stop))
+        try:
+            saved = ckpt.save(step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None)
+        except checkpoint.OutOfGrace as e:
+            log.close()
+            line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
+            if e.in_flight:
+                _exit_now(128 + stop, line)
+            raise RunStopped(line, 128 + stop) from None
         if saved is not None:
             log.print(f"checkpoint: {saved}")
         if stop and step < steps:

@@ -1,0 +1,113 @@
+"""The search under ``--runtime megatron``: the same layouts as plan/search.py under Megatron-Core's
+schedules (1F1B and interleaved 1F1B) plus expert
+parallelism folded over the TP ranks (Megatron-Core's MoE parallel folding), judged by Megatron-Core's
+memory (cost/megatron_memory.py) rather than meshwise's runtime's. Pure Python, no torch.
+
+Plain where the main search is clever: every layout's memory is worked out (cached by what it reads),
+the fitting ones are timed fastest lower bound first, and the first whose compute-only bound is slower
+than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Iterator
+
+from meshwise.cost.context import local_train
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
+from meshwise.cost.megatron_memory import states_of, transient
+from meshwise.cost.memory import Memory, rank_shapes
+from meshwise.layout import Layout
+from meshwise.plan.search import (RUNNER_UP_POOL, SearchResult, _ac_modes, _divisors, _layout, _rank_key,
+                                  _schedule_ok, _structure_fields, _with, break_ties)
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline schedules
+
+
+def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int) -> Iterator[tuple]:
+    """plan/search.py's structures, and after each one with ep=1 and tp > 1 of a mixture of experts
+    the same with ep folded over tp (a multiple of tp dividing dp_shard x cp x tp, not dp_shard x cp)."""
+    for fields in _structure_fields(model, world, global_batch, seq_len):
+        dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options = fields
+        if schedule not in MEGATRON_SCHEDULES:
+            continue
+        yield fields
+        if ep != 1 or tp == 1 or not model.moe or model.states_only:
+            continue
+        for folded in _divisors(shard * cp * tp):
+            if folded % tp == 0 and (shard * cp) % folded and model.experts % folded == 0:
+                yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, folded, mbs_options
+
+
+def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
+                    headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
+    keep = max(top, RUNNER_UP_POOL)
+    capacity = cluster.accelerator.memory_bytes
+    usable = capacity * (1 - headroom)
+    result = SearchResult()
+    stages: dict = {}
+    bounds: dict[tuple, float] = {}
+    fitting: list[tuple[float, int, Layout, tuple]] = []
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
+            model, cluster.world_size, train.global_batch, train.seq_len):
+        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+        shapes = rank_shapes(model, base)
+        states = [states_of(model, train, base, sh) for sh in shapes]
+        if any(sum(st) > usable for st in states):  # the states alone overflow: no mbs or ac fits
+            result.enumerated += sum(_schedule_ok(base, train.global_batch // (dp * b)) for b in mbs_options) \
+                * len(_ac_modes(model))
+            continue
+        local = local_train(train, base)
+        folded = base.ep_folds_tp
+        for ac in _ac_modes(model):
+            for mbs in mbs_options:
+                m = train.global_batch // (dp * mbs)
+                if not _schedule_ok(base, m):
+                    continue
+                layout = _with(base, mbs, ac)
+                if where is not None and not where(layout):
+                    continue
+                result.enumerated += 1
+                # megatron_memory.rank_memory, its two parts cached apart
+                key = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp)
+                parts = [transient(model, local, key, m, sh) for sh in shapes]
+                if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > usable:
+                    continue
+                mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity)
+                             for st, (a, o) in zip(states, parts))
+                result.fitting += 1
+                bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded)
+                bound = bounds.get(bkey)
+                if bound is None:
+                    bound = bounds[bkey] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
+                                                              stage_cache=stages)
+                fitting.append((bound, len(fitting), layout, mems))
+    fitting.sort(key=lambda f: (f[0], f[1]))
+    keys: list[tuple] = []
+    tight: dict[tuple, float] = {}
+    for bound, index, layout, mems in fitting:
+        if len(result.best) >= keep:
+            worst = result.best[-1].time.step_s
+            if bound > worst:
+                break
+            # every part of the step but the data-parallel collectives (estimate.lower_bound_step_s)
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+                   layout.sp, layout.zero >= 2)
+            busy = tight.get(key)
+            if busy is None:
+                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
+            if busy > worst:
+                continue
+        e = estimate(model, cluster, train, layout, headroom, stages, mems)
+        key_e = (_rank_key(e), index)
+        at = bisect.bisect_right(keys, key_e)
+        if at < keep:
+            keys.insert(at, key_e)
+            result.best.insert(at, e)
+            del keys[keep:], result.best[keep:]
+    result.best = break_ties(result.best, usable)
+    result.pool = result.best[:]
+    del result.best[top:]
+    return result

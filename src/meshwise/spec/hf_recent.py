@@ -1,0 +1,131 @@
+"""Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS and OLMo 2.
+
+Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
+compares this table with the classes themselves) fill the keys a published config.json leaves out:
+Gemma 3's published ``text_config`` holds little more than the widths. The multimodal wrappers
+(``gemma3``, ``llama4``) are read through their ``text_config``: the plan covers the language model,
+and the vision encoder and projector are named as left out. Pure Python, no transformers import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+
+# The config class defaults of the keys meshwise reads.
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
+                        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, query_pre_attn_scalar=256,
+                        sliding_window=4096, final_logit_softcapping=None, attn_logit_softcapping=None,
+                        hidden_activation="gelu_pytorch_tanh", bos_token_id=2, eos_token_id=1),
+    "llama4_text": dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+                        num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        num_experts_per_tok=1, num_local_experts=16, interleave_moe_layer_step=1,
+                        no_rope_layer_interval=4, attention_chunk_size=8192, attention_bias=False,
+                        hidden_act="silu", bos_token_id=1, eos_token_id=2, use_qk_norm=True),
+    "gpt_oss": dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
+                    intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                    sliding_window=128, tie_word_embeddings=False, max_position_embeddings=131072,
+                    rms_norm_eps=1e-5, num_experts_per_tok=4, swiglu_limit=7.0, attention_bias=True,
+                    hidden_act="silu"),
+    "olmo2": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                  tie_word_embeddings=False, attention_bias=False, hidden_act="silu", eos_token_id=50279),
+}
+ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+VISION = "the vision encoder and multimodal projector (images are not planned)"
+
+
+def unwrap(cfg: dict[str, Any], family: str, where: str) -> tuple[dict[str, Any], str]:
+    """A multimodal config's text model (its ``text_config``, with the wrapper's tie and token ids),
+    and what is left out; a text config as it is. ``family``: the text family the config resolved to
+    (by ``model_type`` or ``architectures``)."""
+    wrapped = cfg.get("model_type") in WRAPPERS or (family in WRAPPERS.values() and "text_config" in cfg)
+    if not wrapped:
+        return cfg, ""
+    text = cfg.get("text_config")
+    if text is None:
+        text = {}
+    if not isinstance(text, dict):
+        raise MeshwiseError(f"{where}: text_config must be an object")
+    outer = {k: cfg[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id") if k in cfg}
+    return {**outer, **text, "model_type": family}, VISION
+
+
+def with_defaults(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """``cfg`` with its class defaults under the keys it leaves out."""
+    out = {**CLASS_DEFAULTS[family], **cfg}
+    if family == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+        out["rope_parameters"] = dict(GPT_OSS_ROPE)
+    return out
+
+
+def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
+    """Each block's attention kind, as the config class derives it when ``layer_types`` is absent."""
+    given = cfg.get("layer_types")
+    if given:
+        if not isinstance(given, list) or len(given) != layers:
+            raise MeshwiseError(f"config.json: layer_types must list {layers} attention kinds, one per layer")
+        return [str(t) for t in given]
+    if family == "gemma3_text":
+        pattern = cfg.get("sliding_window_pattern", 6) or 6
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if family in ("gpt_oss", "gemma2"):
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if family == "llama4_text":
+        interval = cfg.get("no_rope_layer_interval", 4) or 4
+        nope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        chunked = cfg.get("attention_chunk_size") is not None
+        return ["chunked_attention" if n and chunked else "full_attention" for n in nope]
+    return ["sliding_attention"] * layers
+
+
+def gemma3_rope(cfg: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """(the global blocks' rope, as ``_rope`` reads it; the windowed blocks' theta): transformers 5
+    nests ``rope_parameters`` by layer kind, transformers 4 wrote rope_theta, rope_local_base_freq and
+    a rope_scaling of the global blocks."""
+    params = cfg.get("rope_parameters") or {}
+    if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
+        full = dict(params.get("full_attention") or {})
+        local = params.get("sliding_attention") or {}
+        full.setdefault("rope_theta", 1e6)
+        return {"rope_parameters": full}, float(local.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or {}
+    full = {**scaling, **(params if isinstance(params, dict) else {})}
+    full.setdefault("rope_theta", cfg.get("rope_theta", 1e6))
+    return {"rope_parameters": full}, float(cfg.get("rope_local_base_freq", 10000.0))
+
+
+def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, Any]:
+    """The ModelSpec fields particular to each family of 2026 (widths and rope are read by the caller)."""
+    kinds = layer_types(cfg, family, layers)
+    full = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
+    window = {"sliding_window": 0, "full_attention_layers": full}
+    if any(t == "sliding_attention" for t in kinds):
+        window["sliding_window"] = int(cfg.get("sliding_window") or 0)
+    if family == "gemma3_text":
+        return dict(window, norms_per_layer=4, qk_norm=True, query_scale=float(cfg["query_pre_attn_scalar"]),
+                    attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                    final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+    if family == "olmo2":
+        return dict(qk_norm=True, qk_norm_scope="projection", post_norm=True)
+    if family == "gpt_oss":
+        return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                    expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,
+                    attn_sinks=True, router_bias=True, swiglu_limit=float(cfg.get("swiglu_limit") or 0.0))
+    if family == "llama4_text":
+        step = cfg.get("interleave_moe_layer_step", 1) or 1
+        moe = cfg.get("moe_layers")
+        moe = set(range(step - 1, layers, step) if moe is None else moe)
+        chunk = int(cfg.get("attention_chunk_size") or 0) if any(t == "chunked_attention" for t in kinds) else 0
+        return dict(full_attention_layers=full if chunk else (), attention_chunk=chunk,
+                    experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                    expert_ffn_hidden=cfg["intermediate_size"], shared_ffn_hidden=cfg["intermediate_size"],
+                    ffn_hidden=cfg["intermediate_size_mlp"], dense_layers=tuple(i for i in range(layers) if i not in moe))
+    return {}

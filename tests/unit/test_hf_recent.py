@@ -1,0 +1,162 @@
+"""The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2): meshwise's parameter counts against
+the models transformers builds on the meta device from each published shape, the class defaults
+meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from meshwise.spec import load_model
+from meshwise.spec import hf_recent
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+GEMMA3_4B_TEXT = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, sliding_window=1024,
+                      rope_scaling={"factor": 8.0, "rope_type": "linear"})
+SCOUT_ROPE = {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+              "original_max_position_embeddings": 8192}
+# name: (config class, published shape (the model card's config.json), published total and active params)
+CASES = {
+    "gemma3-1b": ("Gemma3TextConfig", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                                           num_attention_heads=4, num_key_value_heads=1, sliding_window=512,
+                                           vocab_size=262144, max_position_embeddings=32768), None),
+    "gemma3-4b": ("Gemma3Config", dict(text_config=GEMMA3_4B_TEXT), None),
+    "gemma3-27b": ("Gemma3Config", dict(text_config=dict(
+        hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
+        num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168, sliding_window=1024,
+        rope_scaling={"factor": 8.0, "rope_type": "linear"})), None),
+    "llama4-scout": ("Llama4Config", dict(text_config=dict(
+        num_local_experts=16, interleave_moe_layer_step=1, max_position_embeddings=10485760,
+        rope_scaling=SCOUT_ROPE)), (109e9, 17e9)),
+    "llama4-maverick": ("Llama4Config", dict(text_config=dict(
+        num_local_experts=128, interleave_moe_layer_step=2, max_position_embeddings=1048576)), (400e9, 17e9)),
+    "gpt-oss-120b": ("GptOssConfig", dict(num_hidden_layers=36, num_local_experts=128), (116.8e9, 5.1e9)),
+    "gpt-oss-20b": ("GptOssConfig", dict(num_hidden_layers=24, num_local_experts=32), (20.9e9, 3.6e9)),
+    "olmo2-7b": ("Olmo2Config", dict(vocab_size=100352, max_position_embeddings=4096, rope_theta=500000.0), None),
+    "olmo2-32b": ("Olmo2Config", dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                                      num_attention_heads=40, num_key_value_heads=8, vocab_size=100352,
+                                      max_position_embeddings=4096, rope_theta=500000.0), None),
+}
+TEXT_CLASS = {"Gemma3Config": "Gemma3ForCausalLM", "Llama4Config": "Llama4ForCausalLM"}
+
+
+def hf_folder(tmp_path, name):
+    cls, kw, _ = CASES[name]
+    cfg = getattr(transformers, cls)(**kw)
+    folder = tmp_path / name
+    cfg.save_pretrained(folder)
+    return cfg, folder
+
+
+def text_count(cfg) -> int:
+    """transformers' language model of ``cfg`` on the meta device: the whole model of a text config,
+    the text decoder and head of a multimodal one (what meshwise plans)."""
+    with torch.device("meta"):
+        if type(cfg).__name__ in TEXT_CLASS:
+            model = getattr(transformers, TEXT_CLASS[type(cfg).__name__])(cfg.text_config)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_count_equals_transformers(tmp_path, name):
+    cfg, folder = hf_folder(tmp_path, name)
+    spec = load_model(str(folder))
+    assert spec.params == text_count(cfg)
+    published = CASES[name][2]
+    multimodal = type(cfg).__name__ in TEXT_CLASS
+    if published:  # a multimodal model card's total counts its vision encoder too (Llama 4: about 1%)
+        assert spec.params == pytest.approx(published[0], rel=0.02 if multimodal else 0.005)
+        # OpenAI's model card counts GPT-OSS's active parameters without the unembedding
+        active = spec.active_params - (spec.head_params if spec.family == "gpt_oss" else 0)
+        assert active == pytest.approx(published[1], rel=0.03)
+    assert ("vision encoder" in spec.exclusion_note) == multimodal
+
+
+def test_published_gemma3_file_as_written(tmp_path):
+    """Gemma 3 4B's config.json as published (transformers 4.50: the text_config holds the widths
+    only, rope_scaling in the old layout) reads as the class-built one does."""
+    raw = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "eos_token_id": [1, 106],
+           "text_config": {**GEMMA3_4B_TEXT, "model_type": "gemma3_text"},
+           "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    spec = load_model(str(tmp_path))
+    cfg, folder = hf_folder(tmp_path, "gemma3-4b")
+    assert spec.params == text_count(cfg) == load_model(str(folder)).params
+    assert (spec.rope_scaling, spec.rope_factor, spec.rope_theta, spec.rope_local_theta) == ("linear", 8.0, 1e6, 1e4)
+    assert spec.full_attention_layers == tuple(range(5, 34, 6)) and spec.sliding_window == 1024
+    del raw["model_type"]  # read by its architectures alone: the same text model
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert load_model(str(tmp_path)).params == spec.params
+
+
+@pytest.mark.parametrize("family, cls", [("gemma3_text", "Gemma3TextConfig"), ("llama4_text", "Llama4TextConfig"),
+                                         ("gpt_oss", "GptOssConfig"), ("olmo2", "Olmo2Config")])
+def test_class_defaults_are_the_config_classes(family, cls):
+    want = getattr(transformers, cls)().to_dict()
+    for key, value in hf_recent.CLASS_DEFAULTS[family].items():
+        assert want[key] == value, key
+
+
+def test_fields_are_read(tmp_path):
+    s = load_model(str(hf_folder(tmp_path, "llama4-maverick")[1]))
+    assert s.dense_layers == tuple(range(0, 48, 2)) and s.ffn_hidden == 16384 and s.shared_ffn_hidden == 8192
+    assert s.attention_chunk == 8192 and s.full_attention_layers == tuple(range(3, 48, 4))
+    s = load_model(str(hf_folder(tmp_path, "gpt-oss-20b")[1]))
+    assert s.attn_sinks and s.router_bias and s.swiglu_limit == 7.0 and s.full_attention_layers == tuple(range(1, 24, 2))
+    assert s.rope_scaling == "yarn" and s.sliding_window == 128
+    s = load_model(str(hf_folder(tmp_path, "olmo2-7b")[1]))
+    assert s.post_norm and s.qk_norm_scope == "projection" and s.rope_theta == 500000.0
+
+
+def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
+    cfg = transformers.DeepseekV3Config()
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["num_nextn_predict_layers"] = 1  # as DeepSeek-V3's published config.json has it
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    spec = load_model(str(tmp_path))
+    assert spec.params == text_count(cfg)  # transformers builds no MTP layer: neither does the count
+    assert "1 multi-token-prediction layer" in spec.exclusion_note
+    # the report's 685B on the Hub = 671B main model + 14B MTP module (embedding and head copies included)
+    assert 11e9 < spec.excluded_params < 14e9
+    catalog = load_model("deepseek-v3")  # the catalog's shape says the same
+    assert (catalog.params, catalog.exclusion_note) == (spec.params, spec.exclusion_note)
+    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(tmp_path), "--gpus", "2048",
+                        "--top", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sum("multi-token-prediction" in line for line in r.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b"])
+@pytest.mark.parametrize("gpu", ["h100", "b200"])
+def test_plan_exits_0(tmp_path, name, gpu):
+    _, folder = hf_folder(tmp_path, name)
+    gpus = "512" if "maverick" in name else "64"
+    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(folder), "--gpus", gpus,
+                        "--gpu", gpu, "--seq-len", "4096", "--top", "1", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["model"]["params"] == load_model(str(folder)).params
+    assert out["candidates"]
+
+
+@pytest.mark.parametrize("cls, model_type", [("BertConfig", "bert")])
+def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
+    getattr(transformers, cls)().save_pretrained(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(tmp_path)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model TOML" in r.stderr
+
+
+@pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention")])
+def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
+    _, folder = hf_folder(tmp_path, name)
+    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",
+                        "--nproc-per-node", "1", "--checkpoint-dir", ""], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and piece in r.stderr, r.stderr
