@@ -20,8 +20,9 @@ What changes, in the order :mod:`meshwise.runtime.parallelize` composes:
   TP styles (torchtitan enables float8 TP for tensorwise only).
 - FSDP2 (tensorwise, ``zero`` >= 1): weights are all-gathered in float8
   (``enable_fsdp_float8_all_gather``), with their scales computed for all weights in one
-  all-reduce after each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``,
-  :func:`after_optimizer_step`).
+  all-reduce before each step and evaluation (``precompute_float8_dynamic_scale_for_fsdp``,
+  :func:`after_optimizer_step`; torchtitan calls it after the optimizer step, which is the same
+  moment except after a checkpoint restore or a weight load).
 
 Master weights, gradients and optimizer states keep the precision the runtime keeps without fp8
 (fp32 on CPU; fp32 master with bf16 compute under FSDP2 on GPU): float8 is the GEMM inputs only.

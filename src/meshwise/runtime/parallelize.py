@@ -67,8 +67,7 @@ class ParallelModel:
     stages: list = field(default_factory=list)
     eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
     float8_conversions: list[float8.Conversion] = field(default_factory=list)  # per chunk, under fp8 precisions
-    float8_scales: bool = False  # FSDP2 all-gathers float8 weights: their scales are set after each step
-                                 # (not under verify's fake tensors: see parallelize)
+    float8_scales: bool = False  # FSDP2 all-gathers float8 weights: scales set before each step (_float8_scales)
 
     @property
     def accum(self) -> int:
@@ -107,20 +106,29 @@ class ParallelModel:
         rank, as 0-dim float64 tensors: nothing here synchronises with the host.
         """
         self.optimizer.zero_grad(set_to_none=True)
+        self._float8_scales()
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
         grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
                                    self.layout.dp * self.layout.cp * self.layout.tp)
         self.optimizer.step()
+        return self._global_mean(local), grad_norm
+
+    def _float8_scales(self) -> None:
+        """FSDP2's float8 weights' scales from the weights as they are now, in one all-reduce: at the
+        start of each step and evaluation, so weights restored or loaded since are scaled right.
+        Not under verify's fake tensors: torchao's flatten of a weight holding a scale tests the
+        scale's truth, which a fake tensor cannot answer, and the memory tracker flattens every
+        weight; the traced step then all-reduces each weight's amax as FSDP2 gathers it."""
         if self.float8_scales:
             float8.after_optimizer_step(self.modules)
-        return self._global_mean(local), grad_norm
 
     @torch.no_grad()
     def eval_loss(self, batches: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> float:
         """Global token-mean loss over held-out ``batches`` (each as :meth:`step` takes it), forward
         only, one all-reduce for all of them; FSDP2 parameters are resharded afterwards."""
+        self._float8_scales()
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         count = 0
         for inputs, targets in batches:
@@ -245,12 +253,6 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
         set_aux_sequences(m, layout.mbs * layout.accum(global_batch), cp_group)
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
-    if _float8_all_gather(layout, precision) and tensor_mode is None:
-        # the first step's weight scales in one all-reduce, as every later step's. Not under verify's
-        # fake tensors: torchao's flatten of a weight holding a scale tests the scale's truth, which a
-        # fake tensor cannot answer, and the memory tracker flattens every weight; so the traced step
-        # is a first step without them: each weight's amax is all-reduced as FSDP2 gathers it
-        float8.after_optimizer_step(modules)
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
         with tensor_mode or nullcontext():
