@@ -71,22 +71,35 @@ class Run:
     eval_loss: float | None = None  # on ``held_out`` after the last step
 
 
-def reference(seed: int = SEED, model: str = MODEL) -> Run:
-    """Plain single-process training: whole global batch at once, torch's own clipping and AdamW."""
+def reference(seed: int = SEED, model: str = MODEL, precision: str = "", steps: int = STEPS, tp: int = 1,
+              micro_rows: int = GLOBAL_BATCH) -> Run:
+    """Plain single-process training: whole global batch at once, torch's own clipping and AdamW.
+    ``precision`` fp8 / fp8-rowwise: the same model with torchao's float8 linears, converted as the
+    runtime converts them under ``tp`` (the same linears kept in high precision). ``micro_rows``:
+    the batch runs as micro-batches of that many rows, accumulated (float8's dynamic scales are
+    per GEMM call, so a layout's micro-batches quantise as the reference's do)."""
     from meshwise.runtime import build_model, loss_sum
 
     model_spec = spec(model)
     cfg = optim_config()
     model = build_model(model_spec, seed)
+    if precision:
+        from meshwise.runtime import float8
+
+        float8.convert(model, precision, tp)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             weight_decay=cfg.weight_decay)
-    data = batches(model_spec)
+    data = batches(model_spec, steps)
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = data[step, :, :-1], data[step, :, 1:]
         opt.zero_grad(set_to_none=True)
-        loss = loss_sum(model(x), y) / y.numel()
-        loss.backward()
+        loss = 0.0
+        for first in range(0, GLOBAL_BATCH, micro_rows):
+            rows = slice(first, first + micro_rows)
+            part = loss_sum(model(x[rows]), y[rows]) / y.numel()
+            part.backward()
+            loss = loss + part.detach()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         opt.step()
         losses.append(loss.item())
@@ -109,12 +122,14 @@ class Case:
     corrupt: str = ""
     compile: bool = False  # torch.compile per block, and a warm-up forward/backward before step 1
     measured: bool = True  # False: parity only, left out of tests/test_measure.py (a known memory-model gap)
+    precision: str = ""  # "" the device's; fp8 / fp8-rowwise: torchao float8 linears (meshwise.runtime.float8)
+    steps: int = STEPS
 
     @property
     def name(self) -> str:
         model = "" if self.model == MODEL else f"{self.model}:"
         return (model + self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
-                + ("[compile]" if self.compile else ""))
+                + ("[compile]" if self.compile else "") + (f"[{self.precision}]" if self.precision else ""))
 
 
 def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
@@ -131,13 +146,13 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     layout = parse(case.layout, world)
     mesh = build_mesh(layout, model_spec, GLOBAL_BATCH)
     pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
-                     optim=optim_config(), compile=case.compile)
+                     optim=optim_config(), compile=case.compile, precision=case.precision or None)
     if case.corrupt == "cp-local":
         from meshwise.runtime.model import Attention
 
         for module in (m for chunk in pm.modules for m in chunk.modules() if isinstance(m, Attention)):
             module.ring = None
-    data = batches(model_spec)
+    data = batches(model_spec, case.steps)
     if case.compile:  # the warm-up the trainer runs must leave training unchanged
         from meshwise.runtime.compile import warm_up
 
@@ -151,7 +166,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
             return x[:pm.replica_rows], y[:pm.replica_rows]
         return pm.local_batch(x), pm.local_batch(y)
 
-    for step in range(STEPS):
+    for step in range(case.steps):
         loss, norm = pm.step(*rows(data[step, :, :-1], data[step, :, 1:]))
         assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor)  # step never syncs with the host
         losses.append(loss.item())

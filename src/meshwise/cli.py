@@ -144,6 +144,8 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
+    v.add_argument("--precision", default="auto", help="auto (the runtime's: bf16-mixed on GPU, fp32 on CPU), "
+                                                       "fp8 or fp8-rowwise (torchao float8 linears)")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -152,7 +154,7 @@ def _verify(args: argparse.Namespace) -> int:
     warn_untested_torch()
 
     return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
-                       args.layout, args.ranks, args.depth, args.json)
+                       args.layout, args.ranks, args.depth, args.json, args.precision)
 
 
 def _add_measure_command(sub: argparse._SubParsersAction) -> None:

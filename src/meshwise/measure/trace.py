@@ -61,7 +61,7 @@ def trace_device(precision_of: str) -> str:
 
 
 def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
-               precision_of: str, device: str | None = None) -> dict:
+               precision_of: str, device: str | None = None, precision: str | None = None) -> dict:
     """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
     plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` and
     ``activation_devices`` (what the step's matrix multiplies computed in and on) and
@@ -82,7 +82,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             mesh = init_device_mesh(device, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
             fake = _torch_private.fake_tensor_mode()
             pm = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0, tensor_mode=fake,
-                             precision_of=precision_of)
+                             precision_of=precision_of, precision=precision)
             with fake:
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
@@ -105,6 +105,7 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                      for (k, d), (c, b) in sorted(comm.items())],
             "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
             "activation_dtypes": sorted(seen.dtypes), "activation_devices": sorted(seen.devices),
+            "float8_inputs": sorted(seen.float8_inputs),
             "step_returns": [type(loss).__name__, type(grad_norm).__name__],
             **({"device_note": note} if note else {}),
         }
@@ -130,18 +131,24 @@ def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
 
 class _ActivationDtypes(_torch_private.TorchDispatchMode):
     """The dtypes and devices of the matrix multiplies' outputs in the step: what the precision
-    policy computes in, and where."""
+    policy computes in, and where; and the float8 data types of their inputs (torchao's float8
+    tensors, which carry their data in ``_data``) under an fp8 precision."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dtypes: set[str] = set()
         self.devices: set[str] = set()
+        self.float8_inputs: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and isinstance(out, torch.Tensor):
             self.dtypes.add(str(out.dtype).removeprefix("torch."))
             self.devices.add(str(out.device))
+            for a in args:
+                data = getattr(a, "_data", None)
+                if isinstance(data, torch.Tensor) and data.dtype.is_floating_point and data.element_size() == 1:
+                    self.float8_inputs.add(str(data.dtype).removeprefix("torch."))
         return out
 
 

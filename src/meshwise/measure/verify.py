@@ -66,10 +66,27 @@ def runtime_precision(kind: str) -> str:
     return "bf16-mixed" if kind == "cuda" else "fp32"
 
 
-def verify_train(cluster: ClusterSpec, global_batch: int, seq: int) -> TrainSpec:
-    """The step ``verify`` traces and predicts: the runtime's precision on the cluster's device, the
-    rest ``plan``'s defaults (so its predicted column is ``plan --json``'s for the same layout)."""
-    return TrainSpec(global_batch=global_batch, seq_len=seq, precision=runtime_precision(device_type(cluster)))
+def float8_precision(train: TrainSpec) -> str | None:
+    """The float8 format the trace runs (meshwise.runtime.float8), or None for the device's own."""
+    from meshwise.runtime.float8 import RECIPES
+
+    return train.precision if train.precision in RECIPES else None
+
+
+def trace_precision(precision: str, kind: str) -> str:
+    """The precision a trace on ``kind`` runs for a requested one: the runtime's own for ``auto``;
+    a float8 format the runtime trains (refused in one line otherwise, never traced in another)."""
+    from meshwise.runtime import float8
+
+    return float8.resolve(precision, kind) or runtime_precision(kind)
+
+
+def verify_train(cluster: ClusterSpec, global_batch: int, seq: int, precision: str = "auto") -> TrainSpec:
+    """The step ``verify`` traces and predicts: the runtime's precision on the cluster's device (or
+    the float8 format asked for, :func:`trace_precision`), the rest ``plan``'s defaults (so its
+    predicted column is ``plan --json``'s for the same layout)."""
+    return TrainSpec(global_batch=global_batch, seq_len=seq,
+                     precision=trace_precision(precision, device_type(cluster)))
 
 
 def auto_ranks(layout: Layout) -> list[int]:
@@ -129,16 +146,18 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
 
 
 def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
-                 depth: str) -> dict:
-    """One rank's traced record at the model's real depth (traced, or extrapolated; see above)."""
+                 depth: str, precision: str | None = None) -> dict:
+    """One rank's traced record at the model's real depth (traced, or extrapolated; see above);
+    ``precision`` fp8 / fp8-rowwise traces torchao's float8 linears (None: the device's own)."""
     pp_rank = rank // (layout.world_size // layout.pp)
     n = rank_blocks(model, layout, pp_rank)
     if depth == "full" or n <= REDUCED[1] * layout.vpp:
-        record = trace_rank(model, layout, rank, global_batch, seq, kind)
+        record = trace_rank(model, layout, rank, global_batch, seq, kind, precision)
         record["blocks"] = n
         return record
     def at(k: int) -> dict:
-        return trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind)
+        return trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind,
+                          precision)
 
     k1, k2 = REDUCED
     a, b = at(k1), at(k2)
@@ -155,7 +174,8 @@ def _peak_moved(a: dict, b: dict) -> bool:
         any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
 
 
-def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str) -> dict:
+def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
+               precision: str | None = None) -> dict:
     """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
@@ -171,7 +191,7 @@ def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, s
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["meshwise.measure._trace_preload"])  # by name: never loaded here
     with context.Pool(1) as pool:
-        record = pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind, device))
+        record = pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind, device, precision))
     if note:
         record.setdefault("device_note", note)
     return record
@@ -210,7 +230,8 @@ def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Lay
     records = []
     for rank in ranks:
         start = time.perf_counter()
-        record = trace_record(model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth)
+        record = trace_record(model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth,
+                              float8_precision(train))
         record["trace_s"] = time.perf_counter() - start
         records.append(record)
         rows += verify_rows(model, cluster, train, record)
@@ -218,11 +239,12 @@ def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Lay
 
 
 def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
-                global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool) -> int:
+                global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool,
+                precision: str = "auto") -> int:
     model = load_model(model_name)
     cluster = load_cluster(gpu, gpus, gpus_per_node)
     seq = seq_len if seq_len is not None else default_seq_len(model)  # --seq-len 0 is refused, not the default
-    train = verify_train(cluster, global_batch, seq)
+    train = verify_train(cluster, global_batch, seq, precision)
     layout = parse(layout_text, cluster.world_size, explicit=True)
     check_runnable(layout, model, cluster.world_size, global_batch, seq, seq_field="--seq-len")
     check_model_runs(model, seq)
@@ -234,7 +256,7 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
                           "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device", "activation_dtypes",
-                                                        "activation_devices", "device_note") if k in r}
+                                                        "activation_devices", "float8_inputs", "device_note") if k in r}
                                      for r in records]}))
         return 0
     from meshwise.measure.command import print_rows
@@ -244,7 +266,8 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
                      f"predicted with --gpu {gpu}")
     for r in records:
         print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
-              f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}")
+              f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}"
+              + (f" from float8 inputs ({', '.join(r['float8_inputs'])})" if r.get("float8_inputs") else ""))
     for note in sorted({r["device_note"] for r in records if "device_note" in r}):
         print(f"note: {note}")
     return 0
@@ -256,7 +279,7 @@ def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, 
     model said fits but the trace says does not is dropped with a warning naming the category that
     outgrew its prediction most. Returns the plan with those candidates, lines and warnings."""
     kind = device_type(cluster)
-    if train.precision != runtime_precision(kind):
+    if train.precision != runtime_precision(kind) and not float8_precision(train):
         raise MeshwiseError(f"--verify: the runtime trains in {runtime_precision(kind)} on {kind}; "
                             f"use --precision {runtime_precision(kind)}")
     if train.runtime != "meshwise":

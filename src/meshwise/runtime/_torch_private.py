@@ -39,6 +39,11 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
 - ``timed_waits``: wraps ``Work.wait`` (``torch._C._distributed_c10d``), the functional
   collectives' module-level ``wait_tensor`` and pipelining's ``schedules._wait_batch_p2p``, so that
   ``measure/timing.py`` can time every blocking wait on a collective.
+- ``float8_linear_type``: torchao's ``Float8Linear`` (``torchao.float8.float8_linear``; torchao
+  calls the class not public), to recognise the linears ``convert_to_float8_training`` swapped in
+  (:mod:`meshwise.runtime.float8`); ``float8_weight_plain``: the high-precision tensor inside
+  torchao's ``WeightWithDynamicFloat8CastTensor`` (its ``_tensor``), the form FSDP2's float8
+  all-gather keeps a weight in, for checkpoints.
 
 Failing loudly: ``PRIVATE_NAMES`` lists every private torch name meshwise reads or patches here
 (``measure/_torch_tools.PRIVATE_NAMES`` the trackers'), ``FSDP_LAZY_NAMES`` the FSDP2 attributes
@@ -66,7 +71,8 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule as Pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "aten_op_names", "cxx11_abi",
-           "fake_process_group", "fake_tensor_mode", "flash_attention", "flatten_mesh", "fsdp_held",
+           "fake_process_group", "fake_tensor_mode", "flash_attention", "flatten_mesh", "float8_linear_type",
+           "float8_weight_plain", "fsdp_held",
            "fsdp_param_groups",
            "forward_only_schedule", "has_kernel", "meshes_outside_fake", "replicate", "resolve_process_group",
            "static_pipeline_warmup", "timed_waits", "unbox_process_group", "unflatten_mesh"]
@@ -335,3 +341,24 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
         yield
     finally:
         Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = originals
+
+
+def float8_linear_type() -> type:
+    """torchao's ``Float8Linear`` class (imported on first use: torchao is the ``fp8`` extra)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    return Float8Linear
+
+
+def float8_weight_plain(value: object) -> object:
+    """``value`` with a float8-cast weight (a DTensor of one, or one) replaced by the tensor it wraps;
+    anything else unchanged. Nothing is imported: without torchao no such weight exists."""
+    from torch.distributed.tensor import DTensor
+
+    local = value.to_local() if isinstance(value, DTensor) else value
+    if type(local).__name__ != "WeightWithDynamicFloat8CastTensor":
+        return value
+    if isinstance(value, DTensor):
+        return DTensor.from_local(local._tensor, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())
+    return local._tensor

@@ -27,6 +27,7 @@ from meshwise.runtime.model import Transformer
 # SDPA kernels are alternatives (one per backend), so a build has some of them, not all.
 SELECTIVE_SAVE_OPS = (
     "mm",
+    "_scaled_mm",  # float8 GEMMs (torchao), kept like mm: same output, see meshwise.runtime.float8
     "addmm",
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable
+from meshwise.runtime import float8
 from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
 from meshwise.runtime.compile import check as check_compile
 from meshwise.runtime.compile import compile_blocks
@@ -65,6 +66,8 @@ class ParallelModel:
     optim_config: OptimConfig
     stages: list = field(default_factory=list)
     eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
+    float8_conversions: list[float8.Conversion] = field(default_factory=list)  # per chunk, under fp8 precisions
+    float8_scales: bool = False  # FSDP2 all-gathers float8 weights: scales set before each step (_float8_scales)
 
     @property
     def accum(self) -> int:
@@ -103,6 +106,7 @@ class ParallelModel:
         rank, as 0-dim float64 tensors: nothing here synchronises with the host.
         """
         self.optimizer.zero_grad(set_to_none=True)
+        self._float8_scales()
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
@@ -111,10 +115,20 @@ class ParallelModel:
         self.optimizer.step()
         return self._global_mean(local), grad_norm
 
+    def _float8_scales(self) -> None:
+        """FSDP2's float8 weights' scales from the weights as they are now, in one all-reduce: at the
+        start of each step and evaluation, so weights restored or loaded since are scaled right.
+        Not under verify's fake tensors: torchao's flatten of a weight holding a scale tests the
+        scale's truth, which a fake tensor cannot answer, and the memory tracker flattens every
+        weight; the traced step then all-reduces each weight's amax as FSDP2 gathers it."""
+        if self.float8_scales:
+            float8.after_optimizer_step(self.modules)
+
     @torch.no_grad()
     def eval_loss(self, batches: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> float:
         """Global token-mean loss over held-out ``batches`` (each as :meth:`step` takes it), forward
         only, one all-reduce for all of them; FSDP2 parameters are resharded afterwards."""
+        self._float8_scales()
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         count = 0
         for inputs, targets in batches:
@@ -169,14 +183,18 @@ class ParallelModel:
 
 def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
                  device: torch.device, seq_len: int, compile: bool = False, emesh: DeviceMesh | None = None,
-                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> Transformer:
+                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
+                 precision: str | None = None) -> tuple[Transformer, float8.Conversion | None]:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
         first, count = chunk_bounds(spec, layout, chunk)
         model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
+    conversion = None
+    if float8.is_float8(precision):  # on the meta model, before TP (torchtitan's order)
+        conversion = float8.convert(model, precision, layout.tp, _float8_all_gather(layout, precision))
     if layout.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], layout.sp)
+        apply_tensor_parallel(model, mesh["tp"], layout.sp, precision)
     if layout.ep > 1:
         apply_expert_parallel(model, emesh["ep"])
     apply_activation_checkpointing(model, layout.ac)
@@ -194,21 +212,30 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         for module in model.modules():
             if isinstance(module, Attention):
                 module.ring = ring
-    return model
+    return model, conversion
+
+
+def _float8_all_gather(layout: Layout, precision: str | None) -> bool:
+    """FSDP2 all-gathers float8 weights (see meshwise.runtime.float8)."""
+    return float8.fsdp_float8_all_gather(precision, layout.zero, layout.shard * layout.cp)
 
 
 def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
                 seq_len: int | None = None, seed: int = 0,
                 optim: OptimConfig = OptimConfig(), compile: bool = False,
-                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None) -> ParallelModel:
+                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
+                precision: str | None = None) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
     ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`).
     ``tensor_mode`` (``meshwise verify``'s FakeTensorMode) is entered where tensors are created:
     materialisation, FSDP2's wrapping, initialisation and the pipeline stages (TP and recompute
     wrap the meta model outside it). ``precision_of`` names the device type whose precision
-    policy applies (default: the mesh's): verify traces a GPU rank's bf16 policy on CPU tensors."""
+    policy applies (default: the mesh's): verify traces a GPU rank's bf16 policy on CPU tensors.
+    ``precision`` ``fp8`` or ``fp8-rowwise`` trains the blocks' linears in float8 with torchao
+    (:mod:`meshwise.runtime.float8`); None or any other name: the device's own precision."""
     seq_len = seq_len or model_spec.max_seq
     check_runnable(layout, model_spec, mesh.size(), global_batch, seq_len)
+    float8.check(precision, precision_of or mesh.device_type)
     if compile:
         check_compile(layout)
     refusal = runtime_refusal(model_spec, seq_len)
@@ -218,8 +245,9 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     precision_of = precision_of or mesh.device_type
     emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
-    modules = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
-                            precision_of) for c in chunk_ids]
+    built = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
+                          precision_of, precision) for c in chunk_ids]
+    modules = [m for m, _ in built]
     cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
     for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
         set_aux_sequences(m, layout.mbs * layout.accum(global_batch), cp_group)
@@ -232,7 +260,9 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
                                                         global_batch, precision_of)
     return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
                          chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
-                         optim_config=optim, stages=stages, eval_schedule=eval_schedule)
+                         optim_config=optim, stages=stages, eval_schedule=eval_schedule,
+                         float8_conversions=[c for _, c in built if c is not None],
+                         float8_scales=_float8_all_gather(layout, precision) and tensor_mode is None)
 
 
 def _pipeline(modules: list[nn.Module], chunk_ids: list[int], model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh,

@@ -32,13 +32,16 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from meshwise.runtime import float8
 from meshwise.runtime.model import Transformer
 from meshwise.runtime.moe import MoE
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
-    """Shard ``model`` (a whole model or a pipeline chunk) over ``tp_mesh`` in place."""
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, precision: str | None = None) -> None:
+    """Shard ``model`` (a whole model or a pipeline chunk) over ``tp_mesh`` in place; under ``fp8``
+    its float8 linears take torchao's float8 styles (:func:`meshwise.runtime.float8.tp_styles`)."""
     stream = Shard(1) if sp else Replicate()  # layout of the residual stream between modules
+    device = tp_mesh.device_type
     plan: dict[str, object] = {}
     if model.tok_embeddings is not None:
         if model.spec.tied_embeddings:  # shares the head's vocabulary shards (Shard(0))
@@ -59,16 +62,18 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
         parallelize_module(model.tok_embeddings, tp_mesh,
                            PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=stream))
     for block in model.layers.values():
-        block_plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=stream),
-            "mlp.w1": ColwiseParallel(),
-            "mlp.w2": RowwiseParallel(output_layouts=stream),
-        }
-        if getattr(block.mlp, "w3", None) is not None:
-            block_plan["mlp.w3"] = ColwiseParallel()
+        block_plan: dict[str, object] = {}
+        regions: dict[str, type] = {"attention": PrepareModuleInput, "mlp": PrepareModuleInput}
+        for region, column, row in (("attention", ("wq", "wk", "wv"), "wo"), ("mlp", ("w1", "w3"), "w2")):
+            module = getattr(block, region)
+            if isinstance(module, MoE):
+                continue
+            column_linears = {n: getattr(module, n) for n in column if getattr(module, n, None) is not None}
+            for name, linear in column_linears.items():
+                block_plan[f"{region}.{name}"] = float8.tp_style(precision, linear, "colwise", sp, device)()
+            block_plan[f"{region}.{row}"] = float8.tp_style(precision, getattr(module, row), "rowwise", sp,
+                                                            device)(output_layouts=stream)
+            regions[region] = float8.region_input_style(precision, list(column_linears.values()), sp, device)
         if block.attention.q_norm is not None:
             # Qwen3's per-head norms see only this rank's heads: their weights are Replicate DTensors
             # over the head-sharded input (dim 2), so each weight gradient is summed over all heads.
@@ -83,9 +88,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
                     block_plan[norm] = SequenceParallel(use_local_output=True)
         # One DTensor input per parallel region: Q/K/V (and gate/up) share it, so backward reduces
         # the input gradient once per region (all-reduce, or reduce-scatter under SP), not per matmul.
-        block_plan["attention"] = PrepareModuleInput(input_layouts=(stream, None, None),
-                                                     desired_input_layouts=(Replicate(), None, None))
-        block_plan["mlp"] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),))
+        block_plan["attention"] = regions["attention"](input_layouts=(stream, None, None),
+                                                       desired_input_layouts=(Replicate(), None, None))
+        block_plan["mlp"] = regions["mlp"](input_layouts=(stream,), desired_input_layouts=(Replicate(),))
         if isinstance(block.mlp, MoE):
             for key in ("mlp.w1", "mlp.w2", "mlp.w3", "mlp"):
                 block_plan.pop(key, None)
@@ -97,4 +102,5 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
     if model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
         # Both are Shard(0) on the vocab dimension: re-tie the two DTensor parameters.
         model.output.weight = model.tok_embeddings.weight
+
 

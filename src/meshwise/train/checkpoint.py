@@ -48,6 +48,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.runtime import float8
 from meshwise.runtime.model import canonical_name
 from meshwise.spec import ModelSpec
 from meshwise.train.checkpoint_files import (COMMIT_FILE, PARTIAL_FILE, complete_checkpoints, latest,  # noqa: F401
@@ -316,7 +317,8 @@ class Checkpointer:
         root, rank = Path(self.root), dist.get_rank()
         tmp, final = root / f"step-{step}.tmp", step_dir(root, step)
         _, model_sd, optim_sd = _states(self.modules, self.optimizer)
-        state = {"model": _canonical(model_sd), "optim": _canonical(optim_sd), "run": run_state}
+        state = {"model": _canonical(float8.plain_state(model_sd)), "optim": _canonical(float8.plain_state(optim_sd)),
+                 "run": run_state}
         needed = torch.tensor([_local_bytes(state)], dtype=torch.int64)
         dist.all_reduce(needed)
         try:

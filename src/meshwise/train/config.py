@@ -44,6 +44,7 @@ class LayoutConfig:
     choice: str = "auto"  # "auto" (the planner decides for the live cluster) or a layout text, e.g. "dp=2,tp=2"
     profile: str = ""  # "" = the catalog profile of the device; else a `meshwise calibrate` .toml for auto
     compile: bool = False  # torch.compile each block (pp=1, tp=1 layouts); compile time is reported apart
+    precision: str = "auto"  # auto: the device's (CPU fp32, GPU bf16 + fp32 master); fp8, fp8-rowwise: torchao float8
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ ALIASES: dict[str, str] = {
     "--data": "data.path",
     "--seq-len": "data.seq_len",
     "--layout": "layout.choice",
+    "--precision": "layout.precision",
     "--lr": "optimizer.lr",
     "--steps": "schedule.steps",
     "--global-batch": "schedule.global_batch",
@@ -238,6 +240,15 @@ def check(config: TrainConfig) -> None:
     for name, seed in {"model.seed": config.model.seed, "data.seed": d.seed, "generate.seed": g.seed}.items():
         check_seed(f"--{name}", seed)
     check_text("--generate.prompt", g.prompt)
+    check_precision(config.layout.precision)
+
+
+def check_precision(precision: str) -> None:
+    """A known precision name (whether this device runs it is the runtime's check, at start)."""
+    from meshwise.spec.train import PRECISIONS
+
+    if precision != "auto" and precision not in PRECISIONS:
+        raise MeshwiseError(f"--layout.precision: {precision!r} is not one of auto, {', '.join(PRECISIONS)}")
 
 
 def check_seed(field: str, seed: int) -> None:

@@ -91,6 +91,9 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     check_seq_len(model, cfg.data.seq_len, "--data.seq_len")
+    from meshwise.runtime import float8
+
+    float8.resolve(cfg.layout.precision, "cuda" if torch.cuda.is_available() else "cpu", "--layout.precision")
     from meshwise.runtime.model import runtime_refusal
 
     if refusal := runtime_refusal(model, cfg.data.seq_len):
@@ -274,9 +277,12 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     model, corpus = prep.model, prep.corpus
     B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
     o, c = cfg.optimizer, cfg.checkpoint
+    from meshwise.runtime import float8
+
+    precision = float8.resolve(cfg.layout.precision, device_type, "--layout.precision")
     pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o,
-                     compile=cfg.layout.compile)
-    lines = [*lines, _placement_line(layout, world), *prep.notes]
+                     compile=cfg.layout.compile, precision=precision)
+    lines = [*lines, _placement_line(layout, world), *prep.notes, *(c.line() for c in pm.float8_conversions[:1])]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
     _print_header(log, cfg, prep, lines)
