@@ -2,11 +2,11 @@
 that start worker processes (every test there is marked ``integration`` by its folder).
 
 ``bash scripts/test.sh`` runs both; ``bash scripts/test.sh -m "not integration"`` only the fast
-ones. A few single tests in ``tests/unit`` still start workers: they are marked by name below or
-with ``@pytest.mark.integration`` in their file.
+ones. The folder alone decides: a test that starts processes, or trains end to end, or traces for
+minutes, lives in ``tests/integration``.
 
 Helpers that several test modules share live in ``_models.py``, ``_transport.py``,
-``_dist_parity.py`` and ``_cli.py`` beside this file, never in another ``test_*.py``.
+``_dist_parity.py``, ``_tokenizer.py`` and ``_cli.py`` beside this file, never in another ``test_*.py``.
 """
 
 from __future__ import annotations
@@ -21,27 +21,11 @@ import pytest
 
 # The shared helpers (_models.py, _cli.py, ...) sit beside this file, above both test folders.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# Single tests elsewhere that start workers, or train, export and generate end to end (some in this process:
-# tests/_cli.py).
-INTEGRATION_TESTS = {
-    "test_calibrate.py::test_a_tiny_calibration_writes_a_plannable_profile",
-    "test_train.py::test_non_finite_loss_stops_before_saving_that_state",
-    "test_train.py::test_export_and_generate",
-    "test_tokenizer.py::test_train_generate_export_with_a_tokenizer",
-    # one process, but minutes of tracing (meshwise verify at 64 ranks): run with the heavy ones
-    "test_verify.py::test_70b_collectives_are_exact_and_memory_close",
-    "test_verify.py::test_the_gpu_precision_path_ran",
-    "test_verify.py::test_reduced_depth_matches_full_depth_on_a_small_model",
-    # compiles the fake CUDA device (g++, seconds) and starts Python twice
-    "test_fake_cuda.py::test_a_backward_runs_on_fake_cuda_tensors",
-    "test_fake_cuda.py::test_without_the_library_the_cpu_build_cannot",
-}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.path.name
-        if item.path.parent.name == "integration" or f"{module}::{item.originalname}" in INTEGRATION_TESTS:
+        if item.path.parent.name == "integration":
             item.add_marker(pytest.mark.integration)
 
 

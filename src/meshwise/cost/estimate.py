@@ -39,15 +39,30 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
-from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.comm import Collective
+from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
+
+
+class StageParts(NamedTuple):
+    """One pipeline rank's step, less its data-parallel collectives (:func:`_stage_seconds`)."""
+
+    compute_s: float
+    tp_s: float  # exposed TP seconds
+    pp_s: float  # pipeline and expert-parallel sends
+    cp_s: float  # exposed cp ring seconds
+    tp_ops: list[Collective]
+    pp_ops: list[Collective]
+    ep_ops: list[Collective]
+    kv_ops: list[Collective]      # cp K/V
+    cp_grad_ops: list[Collective]  # cp dK/dV
 
 
 @dataclass(frozen=True)
@@ -469,7 +484,7 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     compute up), it is compute plus bubble of the slowest rank."""
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(model, layout)
+    counts = _shape_counts(stage_cache, model, layout)
     if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
         mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
@@ -477,9 +492,9 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, *_ = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
-        busy_s.append(compute_s + tp_s + pp_s + cp_s)
-        stages.append(compute_s + tp_s + cp_s)
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
+        stages.append(st.compute_s + st.tp_s + st.cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
 
 
@@ -494,7 +509,7 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     (where the tighter bound is compute plus bubble) it is the compute-only bound."""
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(model, layout)
+    counts = _shape_counts(stage_cache, model, layout)
     times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
     mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
     bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
@@ -507,7 +522,7 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
 
 
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
-              layout: Layout, shape: RankShape, m: int) -> tuple:
+              layout: Layout, shape: RankShape, m: int) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
     as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`),
     so a structure's sharding groups mostly share it."""
@@ -540,9 +555,8 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
 
 
 def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
-                   shape: RankShape, m: int, cache: dict | None = None) -> tuple:
-    """One rank's (compute, exposed TP, pipeline + expert sends, exposed cp ring) seconds, then its
-    TP, pipeline, expert, cp K/V and cp dK/dV collectives (``cache``: :func:`_compute_of`'s)."""
+                   shape: RankShape, m: int, cache: dict | None = None) -> StageParts:
+    """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s)."""
     compute_s = _compute_of(cache, model, cluster, train, layout, shape)
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
@@ -551,7 +565,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     cp_s = cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
-    return compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops
+    return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
 
 def _bubble_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, m: int,
@@ -607,20 +621,21 @@ def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
         * host.core_share(accel, cluster.gpus_per_node)
 
 
-_COUNTS: dict[tuple, tuple[int, ...]] = {}
-
-
-def _shape_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage)."""
-    key = (model, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    if key not in _COUNTS:
+def _shape_counts(cache: dict | None, model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage), kept in
+    ``cache`` (when given: a plan's, cost/cache.py) by the fields it reads."""
+    key = ("counts", layout.tp, layout.pp, layout.vpp, layout.schedule)
+    counts = cache.get(key) if cache is not None else None
+    if counts is None:
         distinct = memory.rank_shapes(model, layout)
         ident = [(s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb) for s in distinct]
-        counts = [0] * len(distinct)
+        tally = [0] * len(distinct)
         for s in memory.all_rank_shapes(model, layout):
-            counts[ident.index((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb))] += 1
-        _COUNTS[key] = tuple(counts)
-    return _COUNTS[key]
+            tally[ident.index((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb))] += 1
+        counts = tuple(tally)
+        if cache is not None:
+            cache[key] = counts
+    return counts
 
 
 def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout) -> float:
@@ -634,9 +649,10 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
              headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
              memories: tuple[Memory, ...] | None = None) -> Estimate:
-    """Estimate one (already validated) layout (``stage_cache``: :func:`_stage_of`'s cache, shared with
-    :func:`lower_bound_step_s` over one model, cluster and setting; ``memories``: :func:`rank_memories`'
-    answer for the layout where the caller has it, as the search does from its peak cache)."""
+    """Estimate one (already validated) layout (``stage_cache``: a plan's per-rank memo, cost/cache.py's
+    ``PlanCache.stages``, shared with :func:`lower_bound_step_s` over one model, cluster and setting;
+    ``memories``: :func:`rank_memories`' answer for the layout where the caller has it, as the search
+    does from its peak cache)."""
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
@@ -649,8 +665,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = _stage_of(
-            stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
+        tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
         dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
@@ -671,7 +688,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
             worst = (busy, compute_s + fsdp_s, tp_s, pp_s + dp_s + cp_s, shape,
                      _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
-    bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(model, layout))
+    bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
     if share > 1 and bubble_s > 0:
         # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble

@@ -106,6 +106,69 @@ class Memory:
         return {k: int(round(getattr(self, k))) for k in keys}
 
 
+class Moment(NamedTuple):
+    """One moment of the step (MOMENTS) on one rank, in bytes by category (``Memory``'s)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+
+class StaticParts(NamedTuple):
+    """What does not depend on mbs or ac, in bytes (:func:`_static_parts`)."""
+
+    weights_forward: float   # weights at a forward's end
+    weights_backward: float  # weights at a backward's start
+    optimizer: float
+    all_grads: float         # gradients after a backward
+    first_grad: float        # the first gradient of a backward
+    fixed_other: float       # fixed buffers
+    copies: tuple[float, float]  # FSDP2's strided copies (root, block)
+    embed_gap: float         # the embedding's accumulated gradient less its fresh one
+    block_grads: float       # a block's gradients once its MLP is differentiated
+    last_block: float        # the last block gathered (ZeRO-3's prefetch of the one before it)
+    shared_grads: float      # the last block's shared expert's gradients
+
+
+class Activations(NamedTuple):
+    """Activations at the moments of a micro-batch, in bytes (:func:`_activations` tells each)."""
+
+    forward: float   # at the end of a forward
+    backward: float  # at the start of a backward
+    loss: float      # in the loss's backward (last chunk)
+    second: float    # at the start of the second backward
+    embed: float     # in the embedding's backward (TP)
+    late: float      # late in the second block a backward differentiates
+    kept: float      # what one block keeps per micro-batch
+    extras: float    # what one more chunk-micro-batch in flight adds beside its blocks
+
+
+class PerMicroBatch(NamedTuple):
+    """What depends on the micro-batch and the schedule, not on DP or ZeRO, in bytes
+    (:func:`_per_micro_batch`): :class:`Activations`' moments, the ring attention's
+    (:func:`_ring_backward`) and what the last block's shared expert keeps for its backward."""
+
+    forward: float
+    backward: float
+    loss: float
+    second: float
+    embed: float
+    late: float
+    ring_last: float   # inside the ring attention's backward of the last block
+    ring: float        # of the last block but one
+    ring_temps: float  # its temporaries
+    shared_kept: float
+    kept_block: float
+    extras: float
+
+
+# NamedTuples made once per layout part skip their class's argument parsing (a plain tuple's cost):
+# ``_new(Moment, (params, grads, ...))`` with every field, in the class's order
+_new = tuple.__new__
+
+
 def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
     """The distinct pipeline ranks: ranks that hold the same blocks and model ends cost the same,
     and of those the lowest rank keeps the most micro-batches in flight (pipeline.in_flight), so it
@@ -351,28 +414,62 @@ def _first_grad(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
     return model.hidden * model.ffn_hidden / layout.tp * train.grad_bytes
 
 
-def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                 ) -> tuple[float, float, float, float, float, float]:
+def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> Activations:
     """Activations (at the end of a forward, at the start of a backward): the schedule's
     chunk-micro-batches in flight (pipeline.in_flight) of the rank's average chunk and the token
     ids; at the end of a forward, on the last chunk, the head's saved tensors (``m`` micro-batches
     of them under GPipe, else one). At the start of a backward the head's are gone except the logits
     a pipeline stage caches as its output, and a checkpointed block is recomputed: what it did not
     keep (none - kept) is alive again.
-    On the last chunk, the loss's backward (the third value): the loss's three float32 tensors
+    On the last chunk, the loss's backward (``loss``): the loss's three float32 tensors
     over the logits (act.loss_backward_bytes) and, under PP, the cached logits, beside what the
     blocks keep; the head's other saved tensors are gone by then.
-    The fourth value: at the start of the second backward, one chunk-micro-batch fewer than at the
+    ``second``: at the start of the second backward, one chunk-micro-batch fewer than at the
     first (base / held of them), where every micro-batch of the step is in flight at once (the
     warm-up holds them all, so no gradient of the step exists before the first backward).
-    The fifth, under TP on the embedding's chunk: the end of a micro-batch's backward, in the
+    ``embed``, under TP on the embedding's chunk: the end of a micro-batch's backward, in the
     embedding's backward, where the rank's shard of the table's gradient is made in the compute
     dtype beside the other micro-batches' activations (meshwise verify, Llama 3 70B pp=4,dp=2,
     zero=1,tp=8 rank 0 peaks there; the whole table in two dtypes once traced here was DTensor's
     sharding propagation, which the tracker now skips: measure/_torch_tools.StepMemTracker).
-    The sixth: late in the second block a backward differentiates, the first one's activations
+    ``late``: late in the second block a backward differentiates, the first one's activations
     freed (one block's kept tensors fewer than at the start of the backward)."""
     shapes = act.Shapes.of(model)
+    seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
+    kept = _kept_per_block(model, train, layout, shapes)
+    held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
+    base, blocks_part, buffers = _in_flight(model, train, layout, shape, m, shapes, kept, held)
+    forward = backward = base + buffers
+    loss = 0.0
+    if shape.has_head:
+        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+        loss = base + buffers + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
+            + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
+    if shape.has_head:
+        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+        forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
+        if layout.pp > 1:
+            # the stage caches its output (the logits) until the micro-batch's backward ends, and
+            # with checkpointing the loss gradient over them is still alive while blocks recompute
+            backward += act.logits_bytes(model, seq, mbs, e)
+            if layout.ac != "none":
+                backward += act.loss_grad_bytes(model, seq, mbs)
+    if layout.ac != "none" and shape.blocks:
+        backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
+    if layout.cp > 1 and shape.blocks:
+        backward += ring_bytes(model, train, layout)
+    embed = 0.0
+    if shape.has_embedding and t > 1:
+        embed = backward - base / held + model.vocab * model.hidden / t * e
+    # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
+    # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
+    extras = (base - blocks_part) / held
+    return _new(Activations, (forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras))
+
+
+def _kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout, shapes: act.Shapes) -> float:
+    """What one block keeps for its backward per micro-batch (act.block_bytes; MoE blocks' experts
+    averaged in, and the rotary tables' bf16 copies a checkpointed block keeps as its inputs)."""
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     kept = act.block_bytes(shapes, seq, mbs, e, t, sp, layout.ac)
     if model.moe:  # MoE blocks keep their experts' tensors instead of a dense MLP's (the mean over blocks)
@@ -386,7 +483,14 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         # (meshwise verify, Llama 3 405B under ac=full and selective: 2 x 2.1 MB per block and
         # micro-batch in flight; Llama 3 70B dp=8,zero=3,tp=8 without checkpointing: none)
         kept += 2 * seq * model.head_dim * e
-    held = pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank)
+    return kept
+
+
+def _in_flight(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, shapes: act.Shapes,
+               kept: float, held: int) -> tuple[float, float, float]:
+    """What the ``held`` chunk-micro-batches in flight keep (the schedule's), without the head's:
+    (all of it, their blocks' part, the pipeline's receive buffers)."""
+    seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     per_chunk = shape.blocks / len(shape.chunk_blocks)
     # the chunks in flight at the busiest moment (interleaved: those chunks' own, not the rank's average)
     blocks_part = kept * (pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks)
@@ -415,32 +519,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
         sending = (chunks - int(shape.has_head)) / chunks
         # a received chunk input is its receive buffer (_receive_buffers), not a tensor of its own
         base += held * (sending - receiving) * message
-    forward = backward = base + buffers
-    loss = 0.0
-    if shape.has_head:
-        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-        loss = base + buffers + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
-            + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
-    if shape.has_head:
-        gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-        forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
-        if layout.pp > 1:
-            # the stage caches its output (the logits) until the micro-batch's backward ends, and
-            # with checkpointing the loss gradient over them is still alive while blocks recompute
-            backward += act.logits_bytes(model, seq, mbs, e)
-            if layout.ac != "none":
-                backward += act.loss_grad_bytes(model, seq, mbs)
-    if layout.ac != "none" and shape.blocks:
-        backward += act.block_bytes(shapes, seq, mbs, e, t, sp, "none") - kept
-    if layout.cp > 1 and shape.blocks:
-        backward += ring_bytes(model, train, layout)
-    embed = 0.0
-    if shape.has_embedding and t > 1:
-        embed = backward - base / held + model.vocab * model.hidden / t * e
-    # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
-    # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
-    extras = (base - blocks_part) / held
-    return forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras
+    return base, blocks_part, buffers
 
 
 def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
@@ -537,21 +616,16 @@ def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
     return 2 * model.max_seq * model.head_dim * 4 * len(shape.chunk_blocks)
 
 
-def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
-                  ) -> tuple[float, float, float, float, float, float, tuple[float, float], float, float, float,
-                             float]:
-    """What does not depend on mbs or ac: (weights forward, weights backward, optimizer,
-    gradients after a backward, the first gradient of a backward, fixed buffers, strided copies,
-    the embedding's accumulated gradient less its fresh one, a block's gradients once its MLP is
-    differentiated, the last block gathered (ZeRO-3's prefetch of the one before it), the last
-    block's shared expert's gradients)."""
-    return (_weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
-            states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape),
-            _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
-            _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
-            _block_grads_after_mlp(model, train, layout, shape),
-            _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes)
+def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> StaticParts:
+    """What does not depend on mbs or ac (:class:`StaticParts`)."""
+    return _new(StaticParts, (
+        _weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
+        states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
+        _first_grad(model, train, layout, shape),
+        _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
+        _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
+        _block_grads_after_mlp(model, train, layout, shape),
+        _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes))
 
 
 def _embedding_grad_gap(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -574,26 +648,23 @@ def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple
 
 
 def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                     ) -> tuple[float, ...]:
-    """What depends on the micro-batch and the schedule, not on DP or ZeRO: (activations at the end
-    of a forward, at the start of a backward, in the loss's backward, at the start of a second
-    backward, in the embedding's backward, late in a block's backward; activations inside the ring attention's backward of the last block and of the last but one,
-    and its temporaries; what the last block's shared expert keeps for its backward; a block's
-    kept bytes per micro-batch and what a chunk-micro-batch in flight adds beside its blocks)."""
+                     ) -> PerMicroBatch:
+    """What depends on the micro-batch and the schedule, not on DP or ZeRO (:class:`PerMicroBatch`)."""
     shared = 0.0
     if _shared_expert(model, shape):  # act.moe_mlp_bytes: its four SwiGLU tensors and its gated output
         shared = train.seq_len * layout.mbs * train.activation_bytes * \
             (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
     acts = _activations(model, train, layout, shape, m)
-    return (*acts[:6], *_ring_backward(model, train, layout, shape), shared, *acts[6:])
+    return _new(PerMicroBatch, (acts.forward, acts.backward, acts.loss, acts.second, acts.embed, acts.late,
+                                *_ring_backward(model, train, layout, shape), shared, acts.kept, acts.extras))
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
 
 
-def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple, per_mb: tuple
-                ) -> tuple[tuple[float, float, float, float, float], ...]:
-    """(params, grads, optimizer, activations, other) at each of the MOMENTS: the end of the
+def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts,
+                per_mb: PerMicroBatch) -> tuple[Moment, ...]:
+    """:class:`Moment` at each of the MOMENTS: the end of the
     busiest forward, its backward (the larger of: its start; where the warm-up holds every
     micro-batch, the start of the second backward), the end of
     the step's last backward (every gradient, no activations), the loss's backward, under
@@ -601,75 +672,42 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
     the end of the step), and under TP on the embedding's chunk its embedding's backward (else
     the backward)."""
-    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, embed_gap, block_grads, last_block, shared_grads = static
-    act_fwd, act_bwd, act_loss, act_second, act_embed, act_late, act_ring_last, act_ring, ring_temps, \
-        shared_kept, kept_block, extras = per_mb
-    root_copy, block_copy = copies
+    w_fwd, w_bwd, o, all_grads, first = (static.weights_forward, static.weights_backward, static.optimizer,
+                                         static.all_grads, static.first_grad)
+    root_copy, block_copy = static.copies
+    act_fwd = per_mb.forward
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
-    gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-    # every micro-batch of the step in flight at once (1F1B's warm-up holds them all, as on the first
-    # stages with m <= pp): the busiest forward and the first backward come before any gradient of
-    # the step, the second backward after one (found by meshwise verify, pp=4,dp=2,zero=1,tp=8 rank 0)
-    warm_up_only = layout.schedule in ("1f1b", "interleaved-1f1b") and layout.pp > 1 and \
-        pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank) >= m * layout.vpp
-    grads = 0.0 if (m == 1 or gpipe or warm_up_only) else all_grads  # what earlier backwards of the step left
+    warm_up_only, grads, fresh_unsharded = _step_gradients(train, layout, shape, m, all_grads)
     root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
-    # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
-    # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
-    # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
-    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
-                                                     or train.mixed)
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
-    other = fixed_other
-    backward = (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, act_bwd, other)
-    late = backward
-    if layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1:
-        # late in a block's backward (the second the backward differentiates; the first one's
-        # activations freed): all of the block's weight gradients exist unsharded in the compute
-        # dtype before its reduce-scatter, the block after it is reduced (its sharded gradient and its
-        # reduce-scatter input, fixed_other, alive), and ZeRO-3 has prefetched the gather of the block
-        # before it (found by meshwise verify, Llama 3 70B dp=64,zero=3)
-        # a block's parameters this rank holds: its routed experts are split ep ways
-        block = shape.block_params - shape.expert_params / shape.blocks * (1 - 1 / layout.ep)
-        late_grads = backward[1] + block * train.grad_bytes
-        if grads == 0:
-            late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
-        late_other = other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
-        late = (w_bwd, late_grads, o, act_late, late_other)
-    if shared_grads and shape.has_head:
+    other = static.fixed_other
+    backward = _new(Moment, (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward,
+                             other))
+    late = _late_moment(train, layout, shape, backward, grads, per_mb.late)
+    if static.shared_grads and shape.has_head:
         # the last block is a MoE block with a shared expert, added last in its forward: its backward
         # differentiates the shared expert first, whose fresh gradients then exist beside the
         # head's, its own tensors freed (measured: tiny-moe dp=4,zero=3,cp=2,ep=4 peaks there)
-        fresh = shared_grads if (grads == 0 or fresh_unsharded) else 0.0
-        backward = max(backward, (backward[0], backward[1] + fresh, o, act_bwd - shared_kept, other), key=sum)
+        fresh = static.shared_grads if (grads == 0 or fresh_unsharded) else 0.0
+        backward = max(backward, _new(Moment, (backward.params, backward.grads + fresh, o,
+                                               per_mb.backward - per_mb.shared_kept, other)), key=sum)
     if warm_up_only and m > 1:
-        second = (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, act_second, other)
+        second = _new(Moment, (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, per_mb.second, other))
         backward = max(backward, second, key=sum)
     embed = backward  # without TP on the embedding's chunk the backward's start stands in
-    if act_embed:
+    if per_mb.embed:
         # the embedding's backward: the gradients of every block (this micro-batch's included); in
         # the step's first backward the embedding's own one is its fresh gradient, not yet accumulated
-        embed_grads = all_grads - (embed_gap if grads == 0 else 0.0)
-        embed = (w_bwd, embed_grads, o, act_embed, other)
-    ring = (w_fwd, all_grads, o, ids, other)  # without a ring attention: the end of the step stands in
-    if act_ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1:
-        # inside a ring attention's backward, of the last block or the last block but one, whichever
-        # holds more (meshwise verify: under cp with ZeRO-3 the peak falls in the last but one; meshwise
-        # measure, tiny-moe dp=4,zero=3,cp=2,ep=4: in the last, where a MoE block's tensors
-        # outweigh its weights): the head's unsharded gradient (the root reduces at the end of the
-        # backward) and the block's own beside the shards; the block before it gathered ahead
-        # (FSDP2's prefetch) among the temporaries, and in the last block but one also the last
-        # block's reduce-scatter input
-        grads_in = grads + first + block_grads
-        ring = max((w_bwd, grads_in, o, act_ring_last, other - fixed_other + last_block + ring_temps),
-                   (w_bwd, grads_in, o, act_ring, other + last_block + ring_temps), key=sum)
-    forward, end = (w_fwd, grads, o, act_fwd, other), (w_fwd, all_grads, o, ids, other)
-    loss_moment = (w_fwd - root_gathered, grads, o, act_loss, other) if act_loss else end
+        embed_grads = all_grads - (static.embed_gap if grads == 0 else 0.0)
+        embed = _new(Moment, (w_bwd, embed_grads, o, per_mb.embed, other))
+    end = _new(Moment, (w_fwd, all_grads, o, ids, other))
+    ring = _ring_moment(layout, shape, static, per_mb, grads, end)
+    forward = _new(Moment, (w_fwd, grads, o, act_fwd, other))
+    loss_moment = _new(Moment, (w_fwd - root_gathered, grads, o, per_mb.loss, other)) if per_mb.loss else end
     if interleaved(layout):
         standing_in = ring == end
         forward, backward, end, loss_moment, embed = _interleaved_peaks(
-            train, layout, shape, m, static, act_fwd, act_bwd, kept_block, extras, act_loss, act_embed, ids, other,
-            fresh_unsharded)
+            train, layout, shape, m, static, act_fwd, per_mb, ids, other, fresh_unsharded)
         late = backward  # late in a block's backward is a moment of its own only without PP
         if standing_in:
             ring = end
@@ -686,18 +724,78 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     )
 
 
-def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: tuple,
-                       act_fwd: float, act_bwd: float, kept_block: float, extras: float, act_loss: float,
-                       act_embed: float, ids: float, other: float, fresh_unsharded: bool
-                       ) -> tuple[tuple[float, float, float, float, float], ...]:
+def _step_gradients(train: TrainSpec, layout: Layout, shape: RankShape, m: int, all_grads: float
+                    ) -> tuple[bool, float, bool]:
+    """(whether every micro-batch of the step is in flight at once, the gradients earlier backwards of
+    the step left, whether the first gradient of a backward is a tensor of its own beside them)."""
+    gpipe = layout.pp > 1 and layout.schedule == "gpipe"
+    # every micro-batch of the step in flight at once (1F1B's warm-up holds them all, as on the first
+    # stages with m <= pp): the busiest forward and the first backward come before any gradient of
+    # the step, the second backward after one (found by meshwise verify, pp=4,dp=2,zero=1,tp=8 rank 0)
+    warm_up_only = layout.schedule in ("1f1b", "interleaved-1f1b") and layout.pp > 1 and \
+        pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank) >= m * layout.vpp
+    grads = 0.0 if (m == 1 or gpipe or warm_up_only) else all_grads  # what earlier backwards of the step left
+    # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
+    # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
+    # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
+    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
+                                                     or train.mixed)
+    return warm_up_only, grads, fresh_unsharded
+
+
+def _late_moment(train: TrainSpec, layout: Layout, shape: RankShape, backward: Moment, grads: float,
+                 act_late: float) -> Moment:
+    """Late in a block's backward under ZeRO-2/3 without PP (else the backward's start stands in)."""
+    if not (layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1):
+        return backward
+    # late in a block's backward (the second the backward differentiates; the first one's
+    # activations freed): all of the block's weight gradients exist unsharded in the compute
+    # dtype before its reduce-scatter, the block after it is reduced (its sharded gradient and its
+    # reduce-scatter input, fixed_other, alive), and ZeRO-3 has prefetched the gather of the block
+    # before it (found by meshwise verify, Llama 3 70B dp=64,zero=3)
+    # a block's parameters this rank holds: its routed experts are split ep ways
+    block = shape.block_params - shape.expert_params / shape.blocks * (1 - 1 / layout.ep)
+    late_grads = backward.grads + block * train.grad_bytes
+    if grads == 0:
+        late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
+    late_other = backward.other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
+    return _new(Moment, (backward.params, late_grads, backward.optimizer, act_late, late_other))
+
+
+def _ring_moment(layout: Layout, shape: RankShape, static: StaticParts, per_mb: PerMicroBatch, grads: float,
+                 end: Moment) -> Moment:
+    """Inside a ring attention's backward under cp with ZeRO-3 (else the end of the step stands in)."""
+    if not (per_mb.ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1):
+        return end
+    # inside a ring attention's backward, of the last block or the last block but one, whichever
+    # holds more (meshwise verify: under cp with ZeRO-3 the peak falls in the last but one; meshwise
+    # measure, tiny-moe dp=4,zero=3,cp=2,ep=4: in the last, where a MoE block's tensors
+    # outweigh its weights): the head's unsharded gradient (the root reduces at the end of the
+    # backward) and the block's own beside the shards; the block before it gathered ahead
+    # (FSDP2's prefetch) among the temporaries, and in the last block but one also the last
+    # block's reduce-scatter input
+    w_bwd, o, other = static.weights_backward, static.optimizer, static.fixed_other
+    grads_in = grads + static.first_grad + static.block_grads
+    last_block, temps = static.last_block, per_mb.ring_temps
+    return max(_new(Moment, (w_bwd, grads_in, o, per_mb.ring_last, other - static.fixed_other + last_block + temps)),
+               _new(Moment, (w_bwd, grads_in, o, per_mb.ring, other + last_block + temps)), key=sum)
+
+
+def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts,
+                       act_fwd: float, per_mb: PerMicroBatch, ids: float, other: float, fresh_unsharded: bool
+                       ) -> tuple[Moment, Moment, Moment, Moment, Moment]:
     """(forward, backward, end of the step, loss's backward, embedding's backward) under the
     interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
     weights of the chunks gathered, the gradients of the chunks accumulating (their share of every
     gradient), and the activations: fewer than at the busiest forward (``act_fwd``) or backward
-    (``act_bwd``) by ``kept_block`` per block and ``extras`` per chunk-micro-batch fewer in flight, and the
+    (``per_mb.backward``) by ``per_mb.kept_block`` per block and ``per_mb.extras`` per chunk-micro-batch
+    fewer in flight, and the
     float32 shards of the chunks whose gradients were reduced; at the end of the step only the
     shards remain (every chunk resharded, every gradient reduced)."""
-    w_fwd, w_bwd, o, all_grads, first, *_ = static
+    w_fwd, w_bwd, o, all_grads, first = (static.weights_forward, static.weights_backward, static.optimizer,
+                                         static.all_grads, static.first_grad)
+    act_bwd, kept_block, extras, act_loss, act_embed = (per_mb.backward, per_mb.kept_block, per_mb.extras,
+                                                        per_mb.loss, per_mb.embed)
     evict, frees = evicts_chunks(layout), frees_gradients(layout)
     sharding = layout.shard * layout.cp
     # a block's backward peaks in its MLP's, with the down projection's and the gate's fresh gradients
@@ -710,8 +808,9 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     forward = backward = loss = None
     best_f = best_b = best_loss = -1.0
     for is_f, in_flight, blocks, gathered, pending, accumulating, reduced in fractions:
-        # the total first (most moments lose); the categories of the best: a chunk gathered ahead of
-        # its use is FSDP2's all-gather output until then (a buffer: other)
+        # the total first (most moments lose); the categories of the best (plain tuples here, made
+        # Moments once the best are known): a chunk gathered ahead of its use is FSDP2's all-gather
+        # output until then (a buffer: other)
         g = all_grads * (accumulating + reduced / sharding)  # reduced: their float32 shards
         w = unsharded * (gathered - smallest)
         if is_f:
@@ -731,29 +830,30 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
                     backward, best_b = cand, total
                 if in_flight == top_b and total > best_loss:
                     loss, best_loss = (cand, g), total
+    forward, backward = _new(Moment, forward), _new(Moment, backward)
     shards = all_grads / sharding if frees else all_grads
-    end = (w_fwd - unsharded * smallest, shards, o, ids, other)
-    loss_moment = (loss[0][0], loss[1], o, act_loss, other) if act_loss else end
+    end = _new(Moment, (w_fwd - unsharded * smallest, shards, o, ids, other))
+    loss_moment = _new(Moment, (loss[0][0], loss[1], o, act_loss, other)) if act_loss else end
     embed = backward
     if act_embed:
         # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
         g0 = all_grads * first_chunk
-        embed = (w_bwd + unsharded * (first_chunk - smallest), g0, o,
-                 act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras, other)
+        embed = _new(Moment, (w_bwd + unsharded * (first_chunk - smallest), g0, o,
+                              act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras, other))
     return forward, backward, end, loss_moment, embed
 
 
-def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, static: tuple) -> float:
+def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, static: StaticParts) -> float:
     """Under the interleaved runtime, what no moment of :func:`_candidates` exceeds but the
     activations (their largest: the forward's end, a backward's start, the
     loss's and the embedding's backward): every chunk gathered, every unsharded gradient and its
     shard, two fresh gradients, the optimizer states and the fixed buffers. The search's shortcut
     for layouts that fit with room to spare (``layout``: context.weights_layout's or the layout)."""
-    w_fwd, w_bwd, o, all_grads, first, fixed_other, copies, *_ = static
+    s = static
     evict = evicts_chunks(layout)
     gathered = _gathered_weights(train, layout, shape) * (1 - _fewest_gathered(shape)) if evict else 0.0
-    return max(w_fwd, w_bwd) + gathered + all_grads * (1 + 1 / (layout.shard * layout.cp)) + 2 * first + o \
-        + fixed_other + sum(copies)
+    return max(s.weights_forward, s.weights_backward) + gathered + s.all_grads * (1 + 1 / (layout.shard * layout.cp)) \
+        + 2 * s.first_grad + s.optimizer + s.fixed_other + sum(s.copies)
 
 
 @lru_cache(maxsize=16384)
@@ -787,39 +887,38 @@ class FloorHalves(NamedTuple):
     fixed_other: float  # the fixed buffers
 
 
-def floor_halves(static: tuple) -> FloorHalves:
+def floor_halves(static: StaticParts) -> FloorHalves:
     """:class:`FloorHalves` of :func:`_static_parts`' answer, summed in :func:`candidates_floor`'s order."""
-    w_fwd, w_bwd, o, _, _, fixed_other, *_ = static
-    return FloorHalves(w_fwd + 0.0 + o, w_bwd + 0.0 + o, fixed_other)
+    o = static.optimizer
+    return FloorHalves(static.weights_forward + 0.0 + o, static.weights_backward + 0.0 + o, static.fixed_other)
 
 
-def candidates_floor(halves: FloorHalves, per_mb: tuple) -> float:
+def candidates_floor(halves: FloorHalves, per_mb: PerMicroBatch) -> float:
     """At most the largest total of :func:`_candidates`, for a tenth of its work: the forward's end
     and the backward's start without their gradients, strided copies and second backward (each
     term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
     The one fit floor: PeakCache.fits and the search both refuse by it."""
-    act_fwd, act_bwd, *_ = per_mb
-    return max(halves.forward + act_fwd + halves.fixed_other, halves.backward + act_bwd + halves.fixed_other)
+    return max(halves.forward + per_mb.forward + halves.fixed_other,
+               halves.backward + per_mb.backward + halves.fixed_other)
 
 
-def ceiling_activations(per_mb: tuple) -> float:
+def ceiling_activations(per_mb: PerMicroBatch) -> float:
     """The activations :func:`interleaved_ceiling` leaves out: the largest of the forward's end, a
     backward's start, the loss's and the embedding's backward (of :func:`_per_micro_batch`)."""
-    return max(per_mb[0], per_mb[1], per_mb[2], per_mb[4])
+    return max(per_mb.forward, per_mb.backward, per_mb.loss, per_mb.embed)
 
 
 def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                 ) -> tuple[tuple[float, float, float, float, float], ...]:
+                 ) -> tuple[Moment, ...]:
     wl, lt = weights_layout(layout), local_train(train, layout)
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
         w, g, o = states(shape.params, train, wl)
-        return ((_weights(train, wl, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
+        return (Moment(_weights(train, wl, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
     return _candidates(lt, layout, shape, m, _static_parts(model, train, wl, shape),
                        _per_micro_batch(model, lt, layout, shape, m))
 
 
-def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-             ) -> tuple[float, float, float, float, float]:
+def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> Moment:
     """The peak: the largest of the moments."""
     return max(_all_moments(model, train, layout, shape, m), key=sum)
 
@@ -849,4 +948,4 @@ def kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout) -> float:
     if model.states_only:
         return 0.0
     shape = rank_shapes(model, layout)[0]
-    return _activations(model, local_train(train, layout), layout, shape, 1)[6]
+    return _activations(model, local_train(train, layout), layout, shape, 1).kept

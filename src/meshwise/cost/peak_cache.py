@@ -7,9 +7,25 @@ from typing import NamedTuple
 
 from meshwise.cost import memory
 from meshwise.cost.context import local_train, weights_layout
-from meshwise.cost.memory import (FloorHalves, Memory, RankShape, _all_grads, _candidates, _fixed_other, _moments,
-                                  _per_micro_batch, _static_parts, _weights, candidates_floor, floor_halves,
-                                  frees_gradients, rank_memory, states)
+from meshwise.cost.memory import (
+    FloorHalves,
+    Memory,
+    PerMicroBatch,
+    RankShape,
+    StaticParts,
+    _all_grads,
+    _candidates,
+    _fixed_other,
+    _moments,
+    _per_micro_batch,
+    _static_parts,
+    _weights,
+    candidates_floor,
+    floor_halves,
+    frees_gradients,
+    rank_memory,
+    states,
+)
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
@@ -20,7 +36,7 @@ class RankEntry(NamedTuple):
     the fit floor, and under the interleaved runtime the static part of memory.interleaved_ceiling."""
 
     shape: RankShape
-    static: tuple | None
+    static: StaticParts | None
     halves: FloorHalves | None
     ceiling: float | None
 
@@ -32,8 +48,8 @@ class PeakCache:
 
     def __init__(self, model: ModelSpec, train: TrainSpec) -> None:
         self.model, self.train = model, train
-        self._static: dict[tuple, tuple] = {}
-        self._per_mb: dict[tuple, tuple] = {}
+        self._static: dict[tuple, StaticParts] = {}
+        self._per_mb: dict[tuple, PerMicroBatch] = {}
         self._tables: dict[tuple, dict] = {}
 
     @staticmethod
@@ -45,7 +61,7 @@ class PeakCache:
         return (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep,
                 layout.schedule == "zero-bubble" and layout.vpp == 2, shape.pp_rank)
 
-    def _static_of(self, layout: Layout, shape: RankShape) -> tuple:
+    def _static_of(self, layout: Layout, shape: RankShape) -> StaticParts:
         skey = self._skey(layout, shape)
         static = self._static.get(skey)
         if static is None:
@@ -63,8 +79,7 @@ class PeakCache:
         kept = not frees_gradients(layout)  # else every moment with gradients has fewer weights gathered
         static = self._static.get(self._skey(layout, shape))
         if static is not None:
-            w_fwd, _, o, all_grads, _, fixed_other, *_ = static
-            return w_fwd + (all_grads if kept else 0.0) + o + fixed_other
+            return static.weights_forward + (static.all_grads if kept else 0.0) + static.optimizer + static.fixed_other
         # most structures fail here: compute only the four parts the floor reads (as _static_parts does)
         wl = weights_layout(layout)
         return (_weights(self.train, wl, shape, "forward") + states(shape.params, self.train, wl, shape.expert_params)[2]
@@ -75,7 +90,7 @@ class PeakCache:
             return sum(_moments(self.model, self.train, layout, shape, m))
         return self.total_of(layout, shape, m, self._static_of(layout, shape), local_train(self.train, layout))
 
-    def total_of(self, layout: Layout, shape: RankShape, m: int, static: tuple, lt: TrainSpec) -> float:
+    def total_of(self, layout: Layout, shape: RankShape, m: int, static: StaticParts, lt: TrainSpec) -> float:
         """:meth:`total` with the parts that do not change with mbs and ac given (``static``, from
         :meth:`static_of`, and ``lt``, context.local_train's setting), as the search's inner loop has them."""
         if self.model.states_only:
@@ -87,7 +102,7 @@ class PeakCache:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
         return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
 
-    def fits(self, layout: Layout, shape: RankShape, m: int, static: tuple | None, lt: TrainSpec,
+    def fits(self, layout: Layout, shape: RankShape, m: int, static: StaticParts | None, lt: TrainSpec,
              usable: float, table: dict) -> bool:
         """``total_of(...) <= usable``, with ``table`` from :meth:`table_of` for the layout. Most
         layouts a search tries do not fit, and most of those are refused by
@@ -102,12 +117,12 @@ class PeakCache:
             return False
         return self.total_from(layout, shape, m, static, lt, per_mb) <= usable
 
-    def per_micro_batch(self, layout: Layout, shape: RankShape, m: int, lt: TrainSpec) -> tuple:
+    def per_micro_batch(self, layout: Layout, shape: RankShape, m: int, lt: TrainSpec) -> PerMicroBatch:
         """memory._per_micro_batch for the rank's setting ``lt`` (context.local_train's)."""
         return _per_micro_batch(self.model, lt, layout, shape, m)
 
-    def total_from(self, layout: Layout, shape: RankShape, m: int, static: tuple, lt: TrainSpec,
-                   per_mb: tuple) -> float:
+    def total_from(self, layout: Layout, shape: RankShape, m: int, static: StaticParts, lt: TrainSpec,
+                   per_mb: PerMicroBatch) -> float:
         """The peak total from its two halves (:meth:`static_of` and :meth:`per_micro_batch`)."""
         return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
 
@@ -131,7 +146,7 @@ class PeakCache:
         ceiling = memory.interleaved_ceiling(train, layout, shape, static) if memory.interleaved(layout) else None
         return RankEntry(shape, static, floor_halves(static), ceiling)
 
-    def static_of(self, layout: Layout, shape: RankShape) -> tuple | None:
+    def static_of(self, layout: Layout, shape: RankShape) -> StaticParts | None:
         """The parts of :meth:`total` shared by every mbs and ac (None for a bare parameter count)."""
         return None if self.model.states_only else self._static_of(layout, shape)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshwise.cost import memory
+from meshwise.cost.cache import PlanCache
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
 from meshwise.cost.memory import Memory
 from meshwise.errors import MeshwiseError
@@ -138,8 +139,10 @@ def explain(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list
 
 
 def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: list[Estimate],
-                         headroom: float = DEFAULT_HEADROOM, shown: int | None = None) -> Explained:
-    """:func:`explain`, with the figures of each line (Plan.as_json's ``explanation_figures``)."""
+                         headroom: float = DEFAULT_HEADROOM, shown: int | None = None,
+                         cache: PlanCache | None = None) -> Explained:
+    """:func:`explain`, with the figures of each line (Plan.as_json's ``explanation_figures``; ``cache``:
+    the plan's, cost/cache.py)."""
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     out = Explained([], {})
     one = reference(model, cluster, replace(train, global_batch=1), Layout())
@@ -147,7 +150,7 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
     if one.memory.total > usable:
         _steps_capacity(out, model, cluster, train, usable, best[0] if best else None)
     if best and (one.memory.total > usable or best[0].layout.cp > 1):
-        _step_context(out, model, cluster, train, best[0], usable)
+        _step_context(out, model, cluster, train, best[0], usable, cache)
     if best:
         _steps_shape(out, model, cluster, train, best[0])
         if model.moe and not model.states_only:
@@ -231,7 +234,7 @@ def _step_layer(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: T
 
 
 def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
-                  usable: float) -> None:
+                  usable: float, cache: PlanCache | None = None) -> None:
     """Step 3b: is one sequence too long for one rank? Said only where the chosen layout splits the
     sequence (cp > 1); whether it had to is the search's own answer without context parallelism."""
     win = winner.layout
@@ -242,7 +245,8 @@ def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train:
     def without_cp(layout: Layout) -> bool:
         return layout.cp == 1 and runs(layout)
     without_cp.reads = runs_here(model, train.seq_len).reads  # type: ignore[attr-defined]  # the search's cache key
-    alone = search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=without_cp)
+    alone = search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=without_cp,
+                   cache=cache)
     head = f"3b. Sequence too long? {train.seq_len:,} tokens"
     split = (f"context parallelism cp={win.cp} splits the sequence ({train.seq_len // win.cp:,} tokens per rank, "
              f"{_gb(winner.memory.activations)} of activations)")
@@ -332,8 +336,8 @@ def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
 
 
 def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate | None,
-                 headroom: float = DEFAULT_HEADROOM) -> list[str]:
-    """The anti-patterns of docs/design.md, for the chosen (or evaluated) layout."""
+                 headroom: float = DEFAULT_HEADROOM, cache: PlanCache | None = None) -> list[str]:
+    """The anti-patterns of docs/design.md, for the chosen (or evaluated) layout (``cache``: the plan's)."""
     out: list[str] = []
     tokens = train.tokens_per_step
     if tokens > LARGEST_PUBLISHED_BATCH_TOKENS:
@@ -355,7 +359,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
         if m < 4 * lay.pp or e.time.bubble_s > 0.2 * e.time.step_s:
             out.append(f"PP={lay.pp} with only {m} micro-batches per step: the bubble is "
                        f"{e.time.bubble_s / e.time.step_s:.1%} of the step; aim for at least {4 * lay.pp}. "
-                       f"What shrinks it and predicts faster: {bubble_remedy(model, cluster, train, e, headroom)}.")
+                       "What shrinks it and predicts faster: "
+                       f"{bubble_remedy(model, cluster, train, e, headroom, cache)}.")
     if cluster.nodes > 1:
         out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
                    "failure costs minutes, not the run.")
@@ -378,7 +383,7 @@ def _check_here(layout: Layout, model: ModelSpec, cluster: ClusterSpec, train: T
 
 
 def _faster_schedules(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
-                      headroom: float) -> list[Estimate]:
+                      headroom: float, cache: PlanCache | None = None) -> list[Estimate]:
     """Per other schedule kind, the vpp whose layout runs here, fits (when ``e`` does), cuts the bubble's
     share and predicts the fastest step, kept only when that step is faster than ``e``'s; fastest first."""
     share = e.time.bubble_s / e.time.step_s
@@ -388,7 +393,7 @@ def _faster_schedules(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
             _check_here(layout, model, cluster, train, train.global_batch)
         except MeshwiseError:
             continue
-        alt = estimate(model, cluster, train, layout, headroom)
+        alt = estimate(model, cluster, train, layout, headroom, cache.stages if cache else None)
         now = best.get(layout.schedule)
         if ((alt.fits or not e.fits) and alt.time.step_s < e.time.step_s and alt.time.bubble_s / alt.time.step_s < share
                 and (now is None or alt.time.step_s < now.time.step_s)):
@@ -426,7 +431,7 @@ def _more_micro_batches(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec
 
 
 def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate,
-                  headroom: float = DEFAULT_HEADROOM) -> str:
+                  headroom: float = DEFAULT_HEADROOM, cache: PlanCache | None = None) -> str:
     """What shrinks the chosen layout's bubble AND predicts a faster step, each estimated as the table's
     rows are: another schedule (:func:`_faster_schedules`, step_s compared) or more micro-batches
     (:func:`_more_micro_batches`); or that none does. A smaller bubble share alone is no remedy: a
@@ -435,7 +440,7 @@ def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: E
            f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.4g} s step "
            f"({alt.time.step_s / e.time.step_s - 1:+.1%})" +
            ("" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits")
-           for alt in _faster_schedules(model, cluster, train, e, headroom)]
+           for alt in _faster_schedules(model, cluster, train, e, headroom, cache)]
     out += _more_micro_batches(model, cluster, train, e, headroom)
     if not out:
         return (f"none of what meshwise tries predicts better than now ({e.time.step_s:.4g} s/step): another "
@@ -513,22 +518,23 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
 
 def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
          headroom: float = DEFAULT_HEADROOM, layout: Layout | None = None) -> Plan:
-    """Search (or evaluate ``layout`` alone), explain and warn."""
+    """Search (or evaluate ``layout`` alone), explain and warn, with one set of caches (cost/cache.py)."""
+    cache = PlanCache(model, cluster, train)
     if layout is not None:
         validate(layout, model, cluster.world_size, train.global_batch)
-        e = estimate(model, cluster, train, layout, headroom)
-        result = search(model, cluster, train, 2, headroom)
-        said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=0)
+        e = estimate(model, cluster, train, layout, headroom, cache.stages)
+        result = search(model, cluster, train, 2, headroom, cache=cache)
+        said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
         lines = said.lines
         verdict = "fits" if e.fits else "does NOT fit"
         lines.append(f"Evaluated: {layout.short()} {verdict} ({_gb(e.memory.total)} on the largest rank), "
                      f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}" +
                      (f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
                       if result.best and e.fits and result.best[0].layout != layout else "."))
-        return Plan((e,), tuple(lines), tuple(warnings_for(model, cluster, train, e, headroom)), result.enumerated,
-                    result.fitting, figures=said.figures)
-    result = search(model, cluster, train, top, headroom)
-    said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top)
+        warnings = warnings_for(model, cluster, train, e, headroom, cache)
+        return Plan((e,), tuple(lines), tuple(warnings), result.enumerated, result.fitting, figures=said.figures)
+    result = search(model, cluster, train, top, headroom, cache=cache)
+    said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
     lines = said.lines
     if not result.best:
         if result.enumerated == 0:
@@ -537,5 +543,5 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                *what_would_fit(model, cluster, train, headroom)]
         lines += [why[0]] + ["What would: " + s for s in why[1:]]
     best = result.best[0] if result.best else None
-    return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom)),
+    return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom, cache)),
                 result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures)

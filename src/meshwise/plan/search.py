@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 from meshwise.cost import memory
 from meshwise.cost.context import local_train
 from meshwise.cost.memory import RankShape
-from meshwise.cost.peak_cache import PeakCache, RankEntry
+from meshwise.cost.cache import PlanCache, plan_cache
+from meshwise.cost.peak_cache import RankEntry
 from meshwise.cost.estimate import (DEFAULT_HEADROOM, Estimate, estimate, lower_bound_experts_s, lower_bound_step_s,
                                     optimizer_seconds)
 from meshwise.errors import MeshwiseError
@@ -247,20 +248,33 @@ def _collector_paused() -> Iterator[None]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
-           headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None) -> SearchResult:
+           headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
+           cache: PlanCache | None = None) -> SearchResult:
     """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
     timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
     is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where``
     restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
-    to what that runtime runs (:func:`meshwise.layout.runs_here`)."""
+    to what that runtime runs (:func:`meshwise.layout.runs_here`). ``cache``: the plan's caches
+    (cost/cache.py), where it serves this model, cluster and setting; else the search makes its own."""
     with _collector_paused():
         if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
             from meshwise.plan.megatron_search import search_megatron
             return search_megatron(model, cluster, train, top, headroom, where)
-        return _Search(model, cluster, train, top, headroom, where).run()
+        return _Search(model, cluster, train, top, headroom, where, plan_cache(model, cluster, train, cache)).run()
 
 
 _Found = list[tuple[Layout, int, tuple[RankShape, ...]]]  # (layout, mbs, its rank shapes) of one structure
+
+
+def keep_ranked(best: list[Estimate], keys: list[tuple], e: Estimate, index: int, keep: int) -> None:
+    """Insert ``e`` (enumerated ``index``-th) into ``best``, the ``keep`` best so far in order, with
+    ``keys`` their (_rank_key, index): exact ties go to the earlier enumerated layout."""
+    key_e = (_rank_key(e), index)
+    at = bisect.bisect_right(keys, key_e)
+    if at < keep:
+        keys.insert(at, key_e)
+        best.insert(at, e)
+        del keys[keep:], best[keep:]
 
 
 class _Search:
@@ -270,7 +284,7 @@ class _Search:
     make the top: the result equals the brute force's (tests/unit/test_planner.py holds it)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int, headroom: float,
-                 where: Callable[[Layout], bool] | None) -> None:
+                 where: Callable[[Layout], bool] | None, cache: PlanCache) -> None:
         if where is None and train.runtime == "meshwise" and not model.states_only:
             where = runs_here(model, train.seq_len)
         self.model, self.cluster, self.train, self.top, self.headroom, self.where = (
@@ -278,7 +292,7 @@ class _Search:
         self.keep = max(top, RUNNER_UP_POOL)
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
-        self.peaks = PeakCache(model, train)
+        self.peaks = cache.peaks  # the memory's parts
         self.result = SearchResult()
         # The micro-batch sizes and checkpointing modes of a structure depend only on these fields
         # when the filter is runs_here (it reads no others); a custom ``where`` is asked every time.
@@ -292,7 +306,7 @@ class _Search:
         self.narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower group, by the rest
         self.sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
         self.fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, (ac, mbs) that fit) by the rest
-        self.stages: dict[tuple, tuple | float] = {}  # estimate._stage_of's cache, bounds and estimates alike
+        self.stages = cache.stages  # estimate's per-rank memo, bounds and estimates alike
         self.bounds: dict[tuple, float] = {}  # the compute-only bound
         self.optimizers: dict[tuple, float] = {}  # estimate.optimizer_seconds
         self.with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s
@@ -505,12 +519,7 @@ class _Search:
                     continue
             e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
                          self.peaks.memories(layout, shapes, self.capacity))
-            key_e = (_rank_key(e), index)
-            at = bisect.bisect_right(keys, key_e)
-            if at < keep:
-                keys.insert(at, key_e)
-                result.best.insert(at, e)
-                del keys[keep:], result.best[keep:]
+            keep_ranked(result.best, keys, e, index, keep)
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
         del result.best[self.top:]

@@ -56,28 +56,28 @@ def _number(value: Any, where: str, low: float, high: float) -> float:
     return float(value)
 
 
+def _entries(table: dict[str, Any], name: str, gpu: str, kinds: str) -> list[tuple[str, Any, str]]:
+    """The entries of the profile's table ``name`` (of ``kinds``), sorted, with where each is named."""
+    entries = table.get(name, {})
+    if not isinstance(entries, dict):
+        raise MeshwiseError(f"--gpu {gpu}: {name} must be a table of {kinds}")
+    return [(key, fit, f"--gpu {gpu}: {name}.{key}") for key, fit in sorted(entries.items())]
+
+
 def _component_rows(table: dict[str, Any], gpu: str) -> dict[str, tuple]:
     """``gemm.<dtype> = {efficiency, k_half}`` and ``attention.<runtime> = {kernel, forward, ...}`` as
     hashable rows: ``(dtype, efficiency, k_half)`` and ``(runtime, kernel, *ATTENTION_FIELDS)``."""
     out: dict[str, tuple] = {}
-    gemm = table.get("gemm", {})
-    if not isinstance(gemm, dict):
-        raise MeshwiseError(f"--gpu {gpu}: gemm must be a table of dtypes, e.g. gemm.bf16.efficiency = 0.8")
     rows = []
-    for dtype, fit in sorted(gemm.items()):
-        where = f"--gpu {gpu}: gemm.{dtype}"
+    for dtype, fit, where in _entries(table, "gemm", gpu, "dtypes, e.g. gemm.bf16.efficiency = 0.8"):
         if not isinstance(fit, dict) or set(fit) - set(GEMM_FIELDS) or "efficiency" not in fit:
             raise MeshwiseError(f"{where} must give efficiency (and optionally k_half), got {fit!r}")
         rows.append((dtype, _number(fit["efficiency"], f"{where}.efficiency", 1e-3, 1.0),
                      _number(fit.get("k_half", 0.0), f"{where}.k_half", 0.0, 1e6)))
     if rows:
         out["gemm"] = tuple(rows)
-    attention = table.get("attention", {})
-    if not isinstance(attention, dict):
-        raise MeshwiseError(f"--gpu {gpu}: attention must be a table of runtimes, e.g. attention.meshwise = {{...}}")
     rows = []
-    for runtime, fit in sorted(attention.items()):
-        where = f"--gpu {gpu}: attention.{runtime}"
+    for runtime, fit, where in _entries(table, "attention", gpu, "runtimes, e.g. attention.meshwise = {...}"):
         if runtime not in RUNTIMES or not isinstance(fit, dict) or set(fit) != set(ATTENTION_FIELDS) | {"kernel"}:
             raise MeshwiseError(f"{where}: a runtime of {', '.join(RUNTIMES)} with kernel and "
                                 f"{', '.join(ATTENTION_FIELDS)}")

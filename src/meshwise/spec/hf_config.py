@@ -175,26 +175,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
             fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
         if family in hf_recent.CLASS_DEFAULTS:
             fields_.update(hf_recent.recent_fields(cfg, family, layers))
-        if family == "mixtral":
-            fields_.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
-                           expert_ffn_hidden=cfg["intermediate_size"])
-        if family in ("qwen2_moe", "qwen3_moe"):
-            experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # transformers 4 | 5
-            fields_.update(experts=experts, experts_per_token=cfg["num_experts_per_tok"],
-                           expert_ffn_hidden=cfg["moe_intermediate_size"],
-                           dense_layers=_sparse_layers(cfg, layers, family))
-            if family == "qwen2_moe":
-                fields_.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
-        if family.startswith("deepseek"):
-            if attn_bias:
-                raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
-            rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
-            fields_.update(experts=cfg["n_routed_experts"], experts_per_token=cfg["num_experts_per_tok"],
-                           expert_ffn_hidden=cfg["moe_intermediate_size"],
-                           shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
-                           dense_layers=_sparse_layers(cfg, layers, family), head_dim=rope + nope,
-                           q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
-                           qk_rope_head_dim=rope, v_head_dim=cfg["v_head_dim"], kv_heads=heads)
+        fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
         spec = ModelSpec(**fields_)
         mtp = (cfg.get("num_nextn_predict_layers") or 0) if family == "deepseek_v3" else 0
         return _with_mtp(spec, mtp) if mtp else spec
@@ -204,6 +185,34 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, attn_bias: bool, where: str
+                   ) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral, Qwen MoE or DeepSeek config (and DeepSeek's MLA
+    attention); none for another family."""
+    out: dict[str, Any] = {}
+    if family == "mixtral":
+        out.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
+                   expert_ffn_hidden=cfg["intermediate_size"])
+    if family in ("qwen2_moe", "qwen3_moe"):
+        experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # transformers 4 | 5
+        out.update(experts=experts, experts_per_token=cfg["num_experts_per_tok"],
+                   expert_ffn_hidden=cfg["moe_intermediate_size"],
+                   dense_layers=_sparse_layers(cfg, layers, family))
+        if family == "qwen2_moe":
+            out.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
+    if family.startswith("deepseek"):
+        if attn_bias:
+            raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
+        rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
+        out.update(experts=cfg["n_routed_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                   expert_ffn_hidden=cfg["moe_intermediate_size"],
+                   shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+                   dense_layers=_sparse_layers(cfg, layers, family), head_dim=rope + nope,
+                   q_lora_rank=cfg.get("q_lora_rank") or 0, kv_lora_rank=cfg["kv_lora_rank"],
+                   qk_rope_head_dim=rope, v_head_dim=cfg["v_head_dim"], kv_heads=heads)
+    return out
 
 
 def _with_mtp(spec: ModelSpec, layers: int) -> ModelSpec:

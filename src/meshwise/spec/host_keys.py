@@ -28,6 +28,15 @@ def _number(table: dict[str, Any], key: str, gpu: str) -> float:
     return float(value)
 
 
+def _fraction(table: dict[str, Any], key: str, gpu: str, out: dict[str, Any]) -> None:
+    """``out[key]``: the table's ``key``, where it has one, checked to be a fraction in (0, 1]."""
+    if key in table:
+        value = _number(table, key, gpu)
+        if not 0 < value <= 1:
+            raise MeshwiseError(f"--gpu {gpu}: {key} must be a fraction in (0, 1], got {value!r}")
+        out[key] = value
+
+
 def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
     """Seconds in [0, 1); thread_efficiency in (0, 1]; cores_per_node a whole number, 0 or more."""
     out: dict[str, Any] = {}
@@ -37,21 +46,13 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
             if not 0 <= value < 1:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be seconds in [0, 1), got {value!r}")
             out[key] = value
-    if "thread_efficiency" in table:
-        value = _number(table, "thread_efficiency", gpu)
-        if not 0 < value <= 1:
-            raise MeshwiseError(f"--gpu {gpu}: thread_efficiency must be a fraction in (0, 1], got {value!r}")
-        out["thread_efficiency"] = value
+    _fraction(table, "thread_efficiency", gpu, out)
     for key in GEMM_RATE_KEYS:
         if key in table:
             if not _number(table, key, gpu) >= 0:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be 0 or more, got {table[key]!r}")
             out[key] = float(table[key])
-    if "gemm_reference_efficiency" in table:
-        value = _number(table, "gemm_reference_efficiency", gpu)
-        if not 0 < value <= 1:
-            raise MeshwiseError(f"--gpu {gpu}: gemm_reference_efficiency must be a fraction in (0, 1], got {value!r}")
-        out["gemm_reference_efficiency"] = value
+    _fraction(table, "gemm_reference_efficiency", gpu, out)
     for key in PROBE_KEYS:
         if key in table and not _number(table, key, gpu) > 0:
             raise MeshwiseError(f"--gpu {gpu}: {key} must be a positive number, got {table[key]!r}")

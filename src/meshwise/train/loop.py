@@ -292,22 +292,7 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
                                    before_commit=lambda s: faults.before_commit(s, rank),
                                    before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace)
-    run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
-    if prep.resume is not None:
-        run_state = ckpt.restore(prep.resume, run_state)
-        torch.set_rng_state(run_state["rng"])
-        log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
-                  f"now under {layout.short()} on {world} rank(s)")
-    elif cfg.model.pretrained:
-        from meshwise.train import pretrained
-
-        pretrained.load(pm.modules, model, cfg.model.pretrained)
-        log.print(f"Weights: {cfg.model.pretrained} (fine-tuning from step 0 with a fresh optimizer)")
-    if prep.resume is None and c.dir and c.overwrite:
-        if rank == 0 and checkpoint.own_folders(c.dir):
-            log.print(f"Fresh run (--checkpoint.overwrite): removing meshwise's checkpoint folders in {c.dir}")
-            checkpoint.refuse_or_clear(c.dir, overwrite=True, clear=True)
-        dist.barrier()
+    run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
@@ -356,6 +341,14 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             kept = f"checkpoint {saved} written; --resume auto continues from it" if saved else \
                 "no checkpoint (--checkpoint.dir is empty)"
             raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
+    _finish(cfg, ckpt, log, rank)
+    return 0
+
+
+def _finish(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log: MetricsLog, rank: int) -> None:
+    """After the last step: under --steps 0 the loaded weights saved as a checkpoint, the metrics
+    closed, and a sample from the last checkpoint."""
+    c, steps = cfg.checkpoint, cfg.schedule.steps
     if steps == 0 and c.dir:  # --model.from with --steps 0: the loaded weights as a checkpoint
         saved = ckpt.save(0, True, {"step": 0, "samples": 0, "rng": torch.get_rng_state()})
         log.print(f"checkpoint: {saved}")
@@ -365,7 +358,30 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         final = checkpoint.latest(c.dir)
         if final is not None:
             print(f"Sample from {final}:\n{sample_from_checkpoint(final, cfg)}", flush=True)
-    return 0
+
+
+def _start_state(cfg: TrainConfig, prep: Prepared, layout: Layout, pm: Any, ckpt: checkpoint.Checkpointer,
+                 log: MetricsLog, rank: int, world: int) -> dict[str, Any]:
+    """Where the run starts: the resumed checkpoint's state (weights and optimizer restored), or step 0
+    from the pretrained weights or the seed's, after clearing the checkpoint folders under --overwrite."""
+    c = cfg.checkpoint
+    run_state: dict[str, Any] = {"step": 0, "samples": 0, "rng": torch.get_rng_state()}
+    if prep.resume is not None:
+        run_state = ckpt.restore(prep.resume, run_state)
+        torch.set_rng_state(run_state["rng"])
+        log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
+                  f"now under {layout.short()} on {world} rank(s)")
+    elif cfg.model.pretrained:
+        from meshwise.train import pretrained
+
+        pretrained.load(pm.modules, prep.model, cfg.model.pretrained)
+        log.print(f"Weights: {cfg.model.pretrained} (fine-tuning from step 0 with a fresh optimizer)")
+    if prep.resume is None and c.dir and c.overwrite:
+        if rank == 0 and checkpoint.own_folders(c.dir):
+            log.print(f"Fresh run (--checkpoint.overwrite): removing meshwise's checkpoint folders in {c.dir}")
+            checkpoint.refuse_or_clear(c.dir, overwrite=True, clear=True)
+        dist.barrier()
+    return run_state
 
 
 def _compile(pm: Any, corpus: Corpus, first: int, rows: range, log: MetricsLog) -> float:

@@ -1,6 +1,7 @@
 """The fake CUDA device for torch's CPU build (meshwise.measure.fake_cuda): with it loaded before
 torch, a backward runs on FakeTensorMode ``cuda`` tensors, which the CPU build alone aborts on.
-``meshwise verify`` traces GPU profiles with it (tests/test_verify.py::test_the_gpu_precision_path_ran)."""
+``meshwise verify`` traces GPU profiles with it
+(tests/integration/test_verify_traces.py::test_the_gpu_precision_path_ran)."""
 
 from __future__ import annotations
 
