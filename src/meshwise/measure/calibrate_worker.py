@@ -11,26 +11,9 @@ import time
 from pathlib import Path
 
 from meshwise.files import write_atomically
+from meshwise.measure.probe import best_time as _best_time
 from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
 from meshwise.spec import ModelSpec, load_model
-
-
-def _best_time(fn, repeats: int, min_s: float = 0.0) -> float:
-    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``).
-    The benchmarks time single calls, many times: the shortest is the call no other process
-    interrupted, so a busy machine changes the figures little (the machine's own speed is what a
-    profile holds)."""
-    best = math.inf
-    for _ in range(repeats):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_s:
-                break
-        best = min(best, elapsed / calls)
-    return best
 
 
 def block_gemm_shapes(model: ModelSpec) -> list[tuple[int, int]]:

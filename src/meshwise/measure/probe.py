@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 PROBE_GEMM_SIDES = (64, 384)
@@ -19,11 +20,27 @@ PROBE_OPS = 32
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 
 
+def best_time(fn, repeats: int, min_s: float = 0.0) -> float:
+    """Shortest of ``repeats`` timings of ``fn`` (each run at least once, repeated to ``min_s``).
+    The benchmarks time single calls, many times: the shortest is the call no other process
+    interrupted, so a busy machine changes the figures little (the machine's own speed is what a
+    profile holds)."""
+    best = math.inf
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / calls)
+    return best
+
+
 def probe(repeats: int = 15) -> dict[str, float]:
     """The probe figures now (``calibrated_unix_s``: this moment)."""
     import torch
-
-    from meshwise.measure.calibrate_worker import _best_time
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -31,7 +48,7 @@ def probe(repeats: int = 15) -> dict[str, float]:
         gen = torch.Generator().manual_seed(0)
         pairs = [(torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)) for n in PROBE_GEMM_SIDES]
         flops = sum(2.0 * n ** 3 for n in PROBE_GEMM_SIDES)
-        gemm_s = sum(_best_time(lambda a=a, b=b: torch.mm(a, b), repeats, 0.002) for a, b in pairs)
+        gemm_s = sum(best_time(lambda a=a, b=b: torch.mm(a, b), repeats, 0.002) for a, b in pairs)
         x = torch.ones(4, requires_grad=True)
 
         def chain() -> None:
@@ -40,7 +57,7 @@ def probe(repeats: int = 15) -> dict[str, float]:
                 y = y * 1.0001
             y.sum().backward()
 
-        op_s = _best_time(chain, repeats, 0.002) / PROBE_OPS
+        op_s = best_time(chain, repeats, 0.002) / PROBE_OPS
     finally:
         torch.set_num_threads(threads)
     return {"probe_gemm_flops_per_s": flops / gemm_s, "probe_op_s": op_s, "calibrated_unix_s": int(time.time())}

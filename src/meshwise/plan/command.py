@@ -120,6 +120,7 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
 def _output(model, cluster, train, result, headroom: float, as_json: bool, report: str | None, extras: Extras,
             given: bool) -> None:
     from meshwise.plan.budget import Budget
+    from meshwise.plan.planner import plan_notes
 
     budgets = None
     if extras.tokens is not None:
@@ -173,14 +174,3 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
             f"({other[1].tokens_per_s:,.0f} tokens/s; --layout to emit it)" if other else
             f"; none of the top {len(targets)} can be expressed (try --top 30)")
     raise MeshwiseError(why + tail)
-
-
-def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
-    """What every plan on this device and setting must say beside its numbers: a time model never
-    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty)."""
-    accel = cluster.accelerator
-    if accel.calibrated_on:
-        return []
-    return [f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
-            f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
-            f"treat its times as a first-order estimate"]

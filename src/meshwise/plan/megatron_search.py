@@ -10,16 +10,16 @@ than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
 
 from __future__ import annotations
 
-import bisect
 from typing import Callable, Iterator
 
+from meshwise.cost.cache import PlanCache, plan_cache
 from meshwise.cost.context import local_train
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.layout import Layout
-from meshwise.plan.search import (RUNNER_UP_POOL, SearchResult, _ac_modes, _divisors, _layout, _rank_key,
-                                  _schedule_ok, _structure_fields, _with, break_ties)
+from meshwise.plan.layouts import (RUNNER_UP_POOL, SearchResult, _ac_modes, _divisors, _layout, _schedule_ok,
+                                  _structure_fields, _with, break_ties, keep_ranked)
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
@@ -43,14 +43,15 @@ def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bo
 
 def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                     headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
-                    cp_bound: bool = True) -> SearchResult:
+                    cp_bound: bool = True, cache: PlanCache | None = None) -> SearchResult:
     """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
-    only when no layout within it is valid (search._structure_fields)."""
+    only when no layout within it is valid (search._structure_fields). ``cache``: the plan's."""
     keep = max(top, RUNNER_UP_POOL)
     capacity = cluster.accelerator.memory_bytes
     usable = capacity * (1 - headroom)
     result = SearchResult()
-    stages: dict = {}
+    cache = plan_cache(model, cluster, train, cache)
+    stages = cache.stages
     bounds: dict[tuple, float] = {}
     fitting: list[tuple[float, int, Layout, tuple]] = []
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
@@ -88,7 +89,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                                                               stage_cache=stages)
                 fitting.append((bound, len(fitting), layout, mems))
     if cp_bound and not result.enumerated:
-        return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False)
+        return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
     fitting.sort(key=lambda f: (f[0], f[1]))
     keys: list[tuple] = []
     tight: dict[tuple, float] = {}
@@ -105,13 +106,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                 busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
             if busy > worst:
                 continue
-        e = estimate(model, cluster, train, layout, headroom, stages, mems)
-        key_e = (_rank_key(e), index)
-        at = bisect.bisect_right(keys, key_e)
-        if at < keep:
-            keys.insert(at, key_e)
-            result.best.insert(at, e)
-            del keys[keep:], result.best[keep:]
+        keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]

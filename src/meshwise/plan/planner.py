@@ -545,3 +545,14 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
     best = result.best[0] if result.best else None
     return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom, cache)),
                 result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures)
+
+
+def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
+    """What every plan on this device and setting must say beside its numbers: a time model never
+    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty)."""
+    accel = cluster.accelerator
+    if accel.calibrated_on:
+        return []
+    return [f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
+            f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
+            f"treat its times as a first-order estimate"]

@@ -11,9 +11,8 @@ from dataclasses import replace
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
-from meshwise.plan.command import plan_notes
 from meshwise.plan.compare import binding
-from meshwise.plan.planner import Plan, search
+from meshwise.plan.planner import Plan, plan_notes, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
 from meshwise.report.schedule import predicted_timeline
