@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from table1 import ROWS, predict
-
 from meshwise.spec import load_cluster
+from table1 import ROWS, predict
 
 
 def rows_error(e_max: float, half: float) -> list[tuple[str, float, float]]:

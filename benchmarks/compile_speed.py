@@ -21,11 +21,11 @@ import time
 
 import torch
 
+from meshwise.launch import free_port
 from meshwise.layout import parse
 from meshwise.runtime import build_mesh, end_process_group, parallelize
 from meshwise.runtime.compile import warm_up
 from meshwise.spec import load_model
-from meshwise.launch import free_port
 
 
 def main() -> None:

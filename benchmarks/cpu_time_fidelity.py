@@ -34,15 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
-
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
 from meshwise.measure import auto_profile  # noqa: E402
-from meshwise.measure.calibrate import (calibrate, format_toml, with_memory_bound_term,  # noqa: E402
-                                       with_per_rank_of)
+from meshwise.measure.calibrate import calibrate, format_toml, with_memory_bound_term, with_per_rank_of  # noqa: E402
 from meshwise.measure.run import run_workers  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
+from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
 
 GLOBAL_BATCH, SEQ_LEN = 8, 256
 LAYOUTS = {

@@ -34,13 +34,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rank_cpu_layouts import spearman  # noqa: E402
-
 from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.launch import launch_logged  # noqa: E402
 from meshwise.layout import check_runnable, parse  # noqa: E402
 from meshwise.measure import auto_profile, probe  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
+from rank_cpu_layouts import spearman  # noqa: E402
 
 MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
     64: (4, 4, 2, 176), 192: (4, 6, 2, 512), 512: (4, 8, 4, 1408),

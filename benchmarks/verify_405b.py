@@ -15,9 +15,9 @@ import argparse
 import json
 import time
 
-from meshwise.plan import planner
 from meshwise.layout import parse
 from meshwise.measure.verify import verify
+from meshwise.plan import planner
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 PAPER = "dp=128,zero=2,tp=8,sp=on,pp=16,vpp=4,schedule=interleaved-1f1b,ac=selective"

@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from meshwise.launch import free_port
 from meshwise.layout import parse
 from meshwise.runtime import OptimConfig, build_mesh, build_model, loss_sum, parallelize
 from meshwise.spec import load_model
-from meshwise.launch import free_port
 
 CORES = os.cpu_count() or 1
 

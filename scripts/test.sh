@@ -31,4 +31,7 @@ if ! command -v g++ >/dev/null 2>&1 && [ -z "${CXX:-}" ]; then
     echo "scripts/test.sh: the fake CUDA device test needs a C++ compiler; run: sudo apt-get install g++" >&2
   fi
 fi
+# Lint first: ruff (errors, import order, likely bugs) and the layer contracts of docs/design.md.
+ruff check --quiet .
+lint-imports --no-cache >/dev/null || lint-imports --no-cache
 exec python -m pytest "$@"

@@ -19,9 +19,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Iterator
 
 
 def meshwise_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:

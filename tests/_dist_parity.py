@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from meshwise.launch import free_port
 from meshwise.runtime.mesh import end_process_group, exit_worker
 from meshwise.spec import ModelSpec, load_model
-from meshwise.launch import free_port
 
 SEED = 0
 DATA_SEED = 1234
@@ -183,7 +183,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     return losses, norms, weights, eval_loss
 
 
-def _worker(rank: int, world: int, port: int, cases: list[Case], out: "mp.Queue") -> None:
+def _worker(rank: int, world: int, port: int, cases: list[Case], out: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -218,7 +218,7 @@ class GroupResult:
     error: str = ""  # the first failure (case name, rank, traceback), or a timeout
 
 
-def _zygote(world: int, preload: tuple[str, ...], target, args: tuple, out: "mp.Queue") -> None:
+def _zygote(world: int, preload: tuple[str, ...], target, args: tuple, out: mp.Queue) -> None:
     """The group's one spawned process: leads a new process group (so that its parent can kill it
     and its workers at once), imports ``preload``, forks ``world`` workers running
     ``target(rank, world, *args, out)``, and reports their exit codes: ``died`` as soon as one
@@ -243,7 +243,7 @@ def _zygote(world: int, preload: tuple[str, ...], target, args: tuple, out: "mp.
     out.join_thread()
 
 
-def _start_zygote(world: int, preload: tuple[str, ...], target, args: tuple) -> tuple["mp.Process", "mp.Queue"]:
+def _start_zygote(world: int, preload: tuple[str, ...], target, args: tuple) -> tuple[mp.Process, mp.Queue]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     zygote = ctx.Process(target=_zygote, args=(world, preload, target, args, out))  # not daemonic: it has children
@@ -251,7 +251,7 @@ def _start_zygote(world: int, preload: tuple[str, ...], target, args: tuple) -> 
     return zygote, out
 
 
-def _end_zygote(zygote: "mp.Process") -> None:
+def _end_zygote(zygote: mp.Process) -> None:
     try:  # whatever is left of the zygote and its workers, which share the process group it leads
         os.killpg(zygote.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # it ended, or had not made the group yet
@@ -300,7 +300,7 @@ def run_group(world: int, cases: list[Case], timeout_s: float) -> GroupResult:
     return GroupResult(runs, seconds, error)
 
 
-def _next_report(out: "mp.Queue", zygote, deadline: float, timeout_s: float) -> tuple | str:
+def _next_report(out: mp.Queue, zygote, deadline: float, timeout_s: float) -> tuple | str:
     """The next report the workers put on ``out``; else why none will come (past the deadline, or
     their parent ended), or "" while one may still come (polled each second)."""
     try:
@@ -314,7 +314,7 @@ def _next_report(out: "mp.Queue", zygote, deadline: float, timeout_s: float) -> 
 
 
 def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str], run_dir: str, log_dir: str,
-                   out: "mp.Queue") -> None:
+                   out: mp.Queue) -> None:
     """One rank of ``python -m module ARGV`` as meshwise's launcher starts it (the environment of
     ``launch._loopback_env``: a FileStore in ``run_dir``), its stdout and stderr in
     ``log_dir/<rank>/``; ends with ``module.main``'s exit status."""

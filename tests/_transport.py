@@ -9,7 +9,8 @@ can still do to local TCP, which says nothing about what a test checks."""
 from __future__ import annotations
 
 import warnings
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 TRANSPORT_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Signal 6 (SIGABRT)")
 

@@ -33,9 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """No test calibrates this machine: the profile cache (measure/auto_profile.py) points at a
     temporary folder holding the catalog's ``cpu`` values under this machine's keys, so a run
     without a profile predicts as it did with the catalog (and subprocesses inherit it)."""
+    from meshwise.catalog import read_catalog
     from meshwise.measure import auto_profile
     from meshwise.measure.calibrate import format_toml
-    from meshwise.catalog import read_catalog
 
     folder = tempfile.mkdtemp(prefix="meshwise-test-cache-")
     os.environ[auto_profile.CACHE_ENV] = folder

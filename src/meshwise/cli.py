@@ -6,7 +6,6 @@ Bad input prints one line ``meshwise: error: ...`` and exits with status 2, with
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys

@@ -4,8 +4,7 @@ and the one wrapper that does it."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
-
+from collections.abc import Callable
 
 NOTHING_FITS = 3  # `meshwise plan`'s exit status when no layout fits the devices (the plan says what would)
 

@@ -7,8 +7,8 @@ and the pipeline stage split, which the cost model and the runtime both read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from meshwise.errors import MeshwiseError
 from meshwise.spec import ModelSpec

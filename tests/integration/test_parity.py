@@ -14,9 +14,9 @@ import warnings
 import pytest
 
 import _dist_parity as dp
-from _transport import is_transport_error
 from _dist_parity import Case
 from _parity_cases import PARITY_CASES as CASES
+from _transport import is_transport_error
 
 GROUP_TIMEOUT_S = {2: 360, 4: 330, 8: 300}  # hang guards (26, 17 and 3 cases), not timing assertions
 # torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few

@@ -25,7 +25,6 @@ import pytest
 
 from _cli import meshwise_here, meshwise_launch
 from _models import micro_model
-
 from meshwise.launch import free_port
 
 STEPS = 20

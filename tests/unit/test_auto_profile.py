@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from meshwise.measure import auto_profile, calibrate as calibrate_mod
-from meshwise.measure.calibrate import format_toml
 from meshwise.catalog import read_catalog
+from meshwise.measure import auto_profile
+from meshwise.measure import calibrate as calibrate_mod
+from meshwise.measure.calibrate import format_toml
 
 
 def _catalog_profile(name: str = "cpu-test") -> str:

@@ -6,7 +6,6 @@ import tomllib
 
 import pytest
 
-
 from meshwise.cli import main
 from meshwise.cost import comm
 from meshwise.errors import MeshwiseError
@@ -15,6 +14,7 @@ from meshwise.spec import LinkSpec, load_cluster
 from meshwise.spec.cluster import _ACCEL_KEYS, ACCEL_GPU_KEYS
 from meshwise.spec.gpu_keys import GPU_KEYS
 from meshwise.spec.host_keys import PROBE_KEYS
+
 
 def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[float]]:
     """The GEMM benchmark's figures as cost/host.py's model makes them, over calibrate's grid."""
@@ -124,10 +124,11 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
     """The cost model charges FSDP2's work per collective call: ZeRO-3 (two gathers and a reduction
     per unit per micro-batch) pays more than ZeRO-1 (one of each per step), replication its
     all-reduces, one process nothing; the seconds land in compute, where measure times them."""
+    import dataclasses
+
     from meshwise.cost.estimate import estimate
     from meshwise.layout import parse
     from meshwise.spec import TrainSpec, load_model
-    import dataclasses
 
     cluster = load_cluster("cpu", 2, 2)
     costly = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, fsdp_call_s=200e-6,
@@ -168,12 +169,12 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     """The efficiency is solved net of host time and the memory-bound term, so the cost model,
     adding both back, predicts the measured forward + backward of the calibration's model; the GEMM
     grid's shape factor is 1 at the calibration's own GEMMs."""
+    from meshwise.cost.compute import model_flops
     from meshwise.cost.estimate import compute_seconds
     from meshwise.cost.host import ops_per_microbatch
     from meshwise.cost.memory import rank_shapes
     from meshwise.layout import parse
     from meshwise.spec import TrainSpec, load_model
-    from meshwise.cost.compute import model_flops
 
     model, seq = load_model("small"), 128
     moved = cal.calibration_memory_bound_bytes(model, seq)

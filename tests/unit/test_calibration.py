@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from table1 import ROWS, predict  # noqa: E402
-
 from meshwise.cost.compute import hardware_flops, narayanan_eq3  # noqa: E402
 from meshwise.spec import load_model  # noqa: E402
+from table1 import ROWS, predict  # noqa: E402
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from _cli import meshwise_here
-
 from meshwise.cli import main
 
 MICRO = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nkv_heads = 2\nffn_hidden = 64\nvocab = 256\nmax_seq = 32\n"

@@ -11,7 +11,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from fidelity import load_runs, report  # noqa: E402
 from fit_components import check_catalog, fits  # noqa: E402
-
 from meshwise import cli  # noqa: E402
 from meshwise.cost import estimate as est  # noqa: E402
 from meshwise.cost import kernels  # noqa: E402

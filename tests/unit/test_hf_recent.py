@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from meshwise.spec import load_model
-from meshwise.spec import hf_recent
+from meshwise.spec import hf_recent, load_model
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -8,8 +8,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from meshwise.spec.hf_config import model_from_hf_config  # noqa: E402
 from meshwise.runtime.model import build_model, runtime_refusal  # noqa: E402
+from meshwise.spec.hf_config import model_from_hf_config  # noqa: E402
 from meshwise.train.hf_weights import from_hf, to_hf  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -179,9 +179,9 @@ def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token(
 
 
 def test_cores_per_node_is_checked(tmp_path):
+    from meshwise.catalog import read_catalog
     from meshwise.errors import MeshwiseError
     from meshwise.measure.calibrate import format_toml
-    from meshwise.catalog import read_catalog
 
     f = tmp_path / "p.toml"
     f.write_text(format_toml({"name": "x", **read_catalog("accelerators.toml")["cpu"], "cores_per_node": 4}))

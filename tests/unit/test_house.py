@@ -31,3 +31,20 @@ def test_the_check_sees_a_long_function(tmp_path: Path) -> None:
     body = "".join(f"        x{i} = {i}\n" for i in range(MOST_LINES))
     (tmp_path / "long.py").write_text(f"def short():\n    pass\n\n\nclass C:\n    def long(self):\n{body}")
     assert long_functions(tmp_path) == [f"{tmp_path.name}/long.py:6 long ({MOST_LINES + 1})"]
+
+
+def test_no_import_cycle() -> None:
+    """No module of meshwise imports, directly or through others, a module that imports it back
+    (imports inside functions included: grimp reads them all)."""
+    import grimp
+
+    graph = grimp.build_graph("meshwise")
+    cycles = sorted(
+        {
+            tuple(sorted((a, b)))
+            for a in graph.modules
+            for b in graph.find_modules_directly_imported_by(a)
+            if graph.chain_exists(importer=b, imported=a)
+        }
+    )
+    assert cycles == []

@@ -200,8 +200,8 @@ def test_long_sequence_gets_context_parallelism():
 
 def test_tie_explanation_names_only_what_differs():
     """Both recompute (ac=full): the reason is the lower ZeRO stage, never 'no recompute'."""
-    from meshwise.plan.search import simpler_in
     from meshwise.layout import Layout
+    from meshwise.plan.search import simpler_in
     w = Layout(dp=256, zero=1, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     r = Layout(dp=256, zero=2, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     assert simpler_in(w, r) == "a lower ZeRO stage (1, not 2)"

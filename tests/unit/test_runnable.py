@@ -5,8 +5,8 @@ measure and plan --layout commands (one line, exit status 2, nothing written or 
 from __future__ import annotations
 
 import pytest
-from _models import micro_model
 
+from _models import micro_model
 from meshwise.cli import main
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, parse, runs_here

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from meshwise.errors import MeshwiseError
 from meshwise.catalog import accelerator_names, model_names
+from meshwise.errors import MeshwiseError
 from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 

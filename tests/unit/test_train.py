@@ -16,12 +16,12 @@ import torch
 
 from _cli import meshwise_here
 from _models import micro_model
-
 from meshwise.cli import main
 from meshwise.errors import MeshwiseError
 from meshwise.train import checkpoint, config, embedded_corpus
 from meshwise.train.data import build_corpus
 from meshwise.train.loop import lr_at
+
 
 def meshwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """One-process commands: in this process (tests/_cli.py)."""

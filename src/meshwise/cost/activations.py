@@ -59,7 +59,7 @@ class Shapes:
 
     @classmethod
     @lru_cache(maxsize=64)
-    def of(cls, model: ModelSpec) -> "Shapes":
+    def of(cls, model: ModelSpec) -> Shapes:
         return cls(h=model.hidden, q=model.heads * model.head_dim, kv=model.kv_dim, f=model.ffn_hidden,
                    a=model.heads, swiglu=model.mlp == "swiglu")
 

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import NamedTuple
 from itertools import accumulate
+from typing import NamedTuple
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline

@@ -25,10 +25,10 @@ import socket
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 from meshwise.errors import MeshwiseError, RunStopped
 

@@ -42,7 +42,7 @@ class Guard:
         run_dir = os.environ.get(RUN_DIR_ENV)
         self._beat = Path(run_dir) / f"alive-{os.environ.get('RANK', '0')}" if run_dir else None
 
-    def start(self) -> "Guard":
+    def start(self) -> Guard:
         self._saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:  # a thread started before the mask still hands the signal over
             signal.signal(s, lambda signum, frame: self._request(signum))

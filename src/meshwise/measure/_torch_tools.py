@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-
 from torch.distributed._tools.common_utils import get_untyped_storages
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed._tools.mod_tracker import ModTracker
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._pytree import tree_flatten
 
 from meshwise.runtime._torch_private import OVERRIDE_CALLS
@@ -91,7 +90,7 @@ class StepMemTracker(MemTracker):
     that mode): a tensor-parallel matmul's global output then counted at the peak (5.3 GB on Llama 3
     405B's rank 8192 under tp=8, ac=full). Ops run during a propagation are not tracked here."""
 
-    def __enter__(self) -> "StepMemTracker":
+    def __enter__(self) -> StepMemTracker:
         if not hasattr(ShardingPropagator._propagate_tensor_meta_non_cached, "_meshwise_original"):
             ShardingPropagator._propagate_tensor_meta_non_cached = _untracked_propagation(
                 ShardingPropagator._propagate_tensor_meta_non_cached)
@@ -178,7 +177,7 @@ class RoleMemTracker(StepMemTracker):
         self._peak_total = 0
         self.peak_by_role: dict[str, int] = {}
 
-    def __enter__(self) -> "RoleMemTracker":
+    def __enter__(self) -> RoleMemTracker:
         super().__enter__()
         if self._depth == 1:
             self.peak_by_role = self._split_by_role(self._counted())

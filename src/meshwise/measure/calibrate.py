@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +207,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "name": name,
         "memory_bytes": int(MEMORY_SHARE * ram_bytes / nproc),

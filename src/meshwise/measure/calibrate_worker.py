@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from meshwise.files import write_atomically
-from meshwise.measure.probe import best_time as _best_time
 from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
+from meshwise.measure.probe import best_time as _best_time
 from meshwise.spec import ModelSpec, load_model
 
 

@@ -10,7 +10,7 @@ from meshwise.launch import check_nproc
 from meshwise.layout import check_runnable, parse
 from meshwise.measure.compare import Row, rows_for, time_verdicts
 from meshwise.measure.run import run_workers
-from meshwise.spec import load_cluster, load_model, TrainSpec
+from meshwise.spec import TrainSpec, load_cluster, load_model
 
 
 def _fmt(figure: str, value: float) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _METHODS = {"forward_one_chunk": "F", "backward_one_chunk": "B", "backward_weight_one_chunk": "W"}
 
@@ -38,7 +39,7 @@ class StageTimeline:
                                     "start": start - self.t0, "end": time.perf_counter() - self.t0})
         return timed
 
-    def __enter__(self) -> "StageTimeline":
+    def __enter__(self) -> StageTimeline:
         for stage in self.stages:
             for name, kind in _METHODS.items():
                 if hasattr(stage, name):

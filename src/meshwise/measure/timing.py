@@ -29,7 +29,8 @@ import functools
 import importlib
 import math
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from meshwise.runtime._torch_private import timed_waits
 
@@ -90,7 +91,7 @@ class StepClock:
                 return fn(*args, **kwargs)
         return run
 
-    def __enter__(self) -> "StepClock":
+    def __enter__(self) -> StepClock:
         # by its full name: the package meshwise.runtime re-exports a function called parallelize
         module = importlib.import_module("meshwise.runtime.parallelize")
 

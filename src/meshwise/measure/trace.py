@@ -34,8 +34,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 
 from meshwise.layout import MESH_DIMS, Layout
 from meshwise.measure import fake_cuda

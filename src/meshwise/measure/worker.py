@@ -23,17 +23,16 @@ import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
+from meshwise.launch import init_process_group, report
 from meshwise.layout import Layout, expert_group_ranks, parse
 from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
+from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.measure.timeline import StageTimeline
 from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.runtime.expert_parallel import grouped_experts
-from meshwise.launch import init_process_group, report
-from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.runtime.mesh import default_backend, end_process_group, exit_worker
 from meshwise.spec import load_model
-
 
 MEMORY_STEPS = 2
 

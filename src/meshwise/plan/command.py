@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from meshwise.errors import NOTHING_FITS, MeshwiseError
 
 if TYPE_CHECKING:
-    from meshwise.spec import ClusterSpec, TrainSpec
+    pass
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -41,9 +41,8 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     (meshwise.measure.verify.verify_plan; imports torch)."""
     from meshwise import spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
-    from meshwise.plan.budget import check_budget
-
     from meshwise.layout import check_seq_len
+    from meshwise.plan.budget import check_budget
 
     if params is not None and params > MAX_PARAMS:
         raise MeshwiseError(f"--params: {params:g} is past meshwise's bound of {MAX_PARAMS:g} parameters "

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from meshwise.cost.estimate import Estimate
 from meshwise.errors import MeshwiseError

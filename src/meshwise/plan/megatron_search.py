@@ -10,7 +10,7 @@ than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from meshwise.cost.cache import PlanCache, plan_cache
 from meshwise.cost.context import local_train
@@ -18,10 +18,19 @@ from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.layout import Layout
-from meshwise.plan.layouts import (RUNNER_UP_POOL, SearchResult, _ac_modes, _divisors, _layout, _schedule_ok,
-                                  _structure_fields, _with, break_ties, keep_ranked)
+from meshwise.plan.layouts import (
+    RUNNER_UP_POOL,
+    SearchResult,
+    _ac_modes,
+    _divisors,
+    _layout,
+    _schedule_ok,
+    _structure_fields,
+    _with,
+    break_ties,
+    keep_ranked,
+)
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
-
 
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline schedules
 

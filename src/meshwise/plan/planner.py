@@ -14,12 +14,26 @@ from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
 from meshwise.plan.compare import binding, costlier_part
 from meshwise.plan.experts import expert_degrees, step_experts_with_figures
-from meshwise.plan.search import _divisors as _divisors_of
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
-    CP_MIN_TOKENS, MAX_MBS, MAX_VPP, RUNNER_UP_POOL, TIE, SearchResult, _divisors, _rank_key, _simplicity,
-    break_ties, cp_degrees, enumerate_layouts, pipeline_options, search, simpler_in, tp_degrees)
+    CP_MIN_TOKENS,
+    MAX_MBS,
+    MAX_VPP,
+    RUNNER_UP_POOL,
+    TIE,
+    SearchResult,
+    _divisors,
+    _rank_key,
+    _simplicity,
+    break_ties,
+    cp_degrees,
+    enumerate_layouts,
+    pipeline_options,
+    search,
+    simpler_in,
+    tp_degrees,
+)
+from meshwise.plan.search import _divisors as _divisors_of
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
-
 
 # ------------------------------------------------------------------------------- explanation
 GB = 1e9
@@ -481,7 +495,7 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
     if train.state_bytes_per_param > 12 and train.precision != "bf16":
         lighter = replace(train, precision="bf16")
         r = search(model, cluster, lighter, 1, headroom)
-        out.append(f"Fewer bytes per parameter: with --precision bf16 (12 B/param) " +
+        out.append("Fewer bytes per parameter: with --precision bf16 (12 B/param) " +
                    (f"{r.best[0].layout.short()} fits." if r.best else "it still does not fit."))
     else:
         weights = model.params * train.weight_bytes / cluster.world_size

@@ -13,26 +13,31 @@ activation-checkpointing modes. Ties go to less machinery (:func:`break_ties`).
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from meshwise.cost import memory
 from meshwise.cost.cache import PlanCache, plan_cache
 from meshwise.cost.context import local_train
-from meshwise.cost.estimate import (DEFAULT_HEADROOM, estimate, lower_bound_experts_s, lower_bound_step_s,
-                                    optimizer_seconds)
+from meshwise.cost.estimate import (
+    DEFAULT_HEADROOM,
+    estimate,
+    lower_bound_experts_s,
+    lower_bound_step_s,
+    optimizer_seconds,
+)
 from meshwise.cost.memory import RankShape
 from meshwise.cost.peak_cache import RankEntry
 from meshwise.layout import Layout, runs_here
 from meshwise.plan.layouts import (  # noqa: F401  (re-exported: the search's names, as before)
+    _RUNS_HERE_FIELDS,
     CP_MIN_TOKENS,
     MAX_MBS,
     MAX_VPP,
     RUNNER_UP_POOL,
     SHORT,
-    SearchResult,
     TIE,
-    _RUNS_HERE_FIELDS,
+    SearchResult,
     _ac_modes,
     _cp_choices,
     _divisors,

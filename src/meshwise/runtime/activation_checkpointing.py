@@ -14,8 +14,9 @@ Each block is replaced by a :class:`Recomputed` wrapper whose child is named ``_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -240,7 +240,7 @@ class Transformer(nn.Module):
             if self.output.weight is not self.tok_embeddings.weight:
                 self.output.weight = self.tok_embeddings.weight
 
-    def keep_only(self, first_layer: int, num_layers: int, first: bool, last: bool) -> "Transformer":
+    def keep_only(self, first_layer: int, num_layers: int, first: bool, last: bool) -> Transformer:
         """Drop everything outside one pipeline chunk: blocks [first_layer, first_layer+num_layers)."""
         keep = {str(i) for i in range(first_layer, first_layer + num_layers)}
         for name in list(self.layers):

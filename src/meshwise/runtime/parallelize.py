@@ -41,8 +41,8 @@ from meshwise.runtime.context_parallel import positions, ring_group, shard_seque
 from meshwise.runtime.data_parallel import apply_data_parallel, before_microbatch, reshard_after_forward_only
 from meshwise.runtime.expert_parallel import apply_expert_parallel, expert_mesh
 from meshwise.runtime.mesh import dp_rank, mesh_device
-from meshwise.runtime.moe import set_aux_sequences
 from meshwise.runtime.model import Attention, Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
+from meshwise.runtime.moe import set_aux_sequences
 from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel

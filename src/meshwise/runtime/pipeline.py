@@ -18,7 +18,7 @@ micro-batch's summed cross-entropy divided by the replica's tokens per step, wit
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh

@@ -10,9 +10,9 @@
 Pure Python (no torch). The names below are the public face, ``meshwise.spec.X`` as before.
 """
 
-from meshwise.spec.model import MLP_KINDS, ModelSpec, cached_hash
-from meshwise.spec.hf_config import load_model
 from meshwise.spec.cluster import AcceleratorSpec, ClusterSpec, LinkSpec, load_cluster
+from meshwise.spec.hf_config import load_model
+from meshwise.spec.model import MLP_KINDS, ModelSpec, cached_hash
 from meshwise.spec.train import OPTIMIZERS, PRECISIONS, TrainSpec, default_seq_len
 
 __all__ = ["MLP_KINDS", "ModelSpec", "cached_hash", "load_model", "AcceleratorSpec", "ClusterSpec", "LinkSpec",

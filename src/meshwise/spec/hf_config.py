@@ -14,11 +14,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from meshwise.errors import MeshwiseError
-from meshwise.spec.model import FAMILIES, ModelSpec
 from meshwise.catalog import read_catalog
+from meshwise.errors import MeshwiseError
 from meshwise.files import read_toml
 from meshwise.spec import hf_recent
+from meshwise.spec.model import FAMILIES, ModelSpec
 
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
 

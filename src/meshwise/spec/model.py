@@ -304,7 +304,7 @@ class ModelSpec:
         return {"family": self.family, "params": self.params, "active_params": self.active_params, **used}
 
     @classmethod
-    def from_param_count(cls, count: float) -> "ModelSpec":
+    def from_param_count(cls, count: float) -> ModelSpec:
         n = int(count)
         return cls(name=f"{_human_count(n)} parameters", param_count=n, source="bare parameter count")
 

@@ -37,9 +37,10 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,8 +52,17 @@ from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.runtime import float8
 from meshwise.runtime.model import canonical_name
 from meshwise.spec import ModelSpec
-from meshwise.train.checkpoint_files import (COMMIT_FILE, PARTIAL_FILE, complete_checkpoints, latest,  # noqa: F401
-                                             own_folders, read_meta, remove_own, step_dir, verify)
+from meshwise.train.checkpoint_files import (  # noqa: F401
+    COMMIT_FILE,
+    PARTIAL_FILE,
+    complete_checkpoints,
+    latest,
+    own_folders,
+    read_meta,
+    remove_own,
+    step_dir,
+    verify,
+)
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings",
                 "family", "head_dim", "norm", "position", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from meshwise.errors import MeshwiseError
-from meshwise.spec.optimizer import OptimizerConfig
 from meshwise.files import read_toml
+from meshwise.spec.optimizer import OptimizerConfig
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from meshwise.plan import planner
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, check_seq_len, parse, runs_here
+from meshwise.plan import planner
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
 
 THREADS_ENV = "MESHWISE_THREADS"  # threads per CPU rank, set by the launcher for its workers

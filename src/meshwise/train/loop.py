@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from meshwise import files
 from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.layout import Layout, check_seq_len
 from meshwise.spec import ModelSpec, load_model
-from meshwise import files
 from meshwise.train import checkpoint, faults, layout_choice
 from meshwise.train.config import OptimizerConfig, ScheduleConfig, TrainConfig, check
 from meshwise.train.data import Corpus, build_corpus, describe_source
