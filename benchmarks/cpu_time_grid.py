@@ -11,7 +11,7 @@ round of the slowest rank's step. Predicted: ``meshwise.cost.estimate`` with the
 and ``measure`` use (measure/auto_profile.py: measured at first use, cached, re-checked).
 
 Prints per point predicted and measured step, the error and the parts (predicted / measured:
-compute, exposed comm, pipeline idle, optimizer, fixed), then the acceptance counts of issue 31:
+compute, exposed comm, pipeline idle, optimizer, fixed), then the acceptance counts:
 at least 90% of points within 25%, none beyond 50%, Spearman >= 0.9 within each process count.
 
     flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_grid.py \

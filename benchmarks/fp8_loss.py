@@ -3,7 +3,7 @@ steps (the embedded corpus, seeds 0; global batch 4 x 64 tokens by default, a qu
 preset's 8 x 128: float8 GEMMs are slow on CPU), once in the runtime's own precision (fp32 on CPU)
 and once with ``--precision fp8`` (torchao tensorwise), and in ``--also`` precisions. Printed per
 precision: the mean training loss of the last 10 steps and the final eval loss, each with its
-difference from the default (issue 27 asks for within 5%).
+difference from the default (the target is within 5%).
 
     python benchmarks/fp8_loss.py [--steps 100] [--global-batch 4] [--seq-len 64] [--also fp8-rowwise]
         > benchmarks/results/fp8-loss-cpu-DATE.txt

@@ -53,7 +53,7 @@ def main(extra: list[str]) -> int:
     predicted, measured = float(chosen.group(1)), statistics.median(times)
     print(f"steps 5-14: {', '.join(f'{t:.3f}' for t in times)}")
     print(f"predicted {predicted:.3f} s/step, measured median {measured:.3f} s/step: error {predicted / measured - 1:+.1%}"
-          f" (bound 15%, issue 31)")
+          f" (bound 15%)")
     return 0
 
 

@@ -7,7 +7,7 @@ dynamic scales are taken per GEMM call, so a reference on the whole batch at onc
 differently (measured: 7.7e-4 relative loss at step 5 under dp=2,zero=3, against 2.7e-5 with
 matched micro-batches).
 
-Checked: every step's loss within 1e-3 relative (the acceptance bound of issue 27), the first
+Checked: every step's loss within 1e-3 relative (the acceptance bound), the first
 loss within 1e-6 and the first two gradient norms within 1e-4 (the same quantisation gives the
 same numbers up to summation order), and the eval loss after the last step within 1e-3. A run
 that silently trained in fp32 fails the first-step checks (:func:`test_checks_tell_fp8_from_fp32`),
@@ -28,7 +28,7 @@ from _dist_parity import Case
 pytest.importorskip("torchao")
 
 STEPS = 6
-LOSS_RTOL = 1e-3  # issue 27: relative loss, 6 steps
+LOSS_RTOL = 1e-3  # relative loss, 6 steps
 FIRST_LOSS_RTOL = 1e-6
 FIRST_NORMS = 2
 NORM_RTOL = 1e-4

@@ -149,7 +149,7 @@ def test_a_cached_calibration_is_rechecked_and_used_while_the_machine_holds(
 @pytest.mark.parametrize("gemm, op", [(40e9, 5e-6), (80e9, 3.5e-6)])
 def test_a_machine_that_moved_is_calibrated_again(empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch,
                                                   gemm: float, op: float) -> None:
-    """Twice as slow at GEMMs (the 2x drift of issue 31), or operators 30% faster: measured again."""
+    """Twice as slow at GEMMs (the 2x drift seen on shared hosts), or operators 30% faster: measured again."""
     now = _probed(empty_cache, monkeypatch, THEN)
     auto_profile.ensure(2, say=lambda _: None)
     now.append({"probe_gemm_flops_per_s": gemm, "probe_op_s": op, "calibrated_unix_s": 1_800_000_600})

@@ -2,7 +2,7 @@
 the table's own: a dozen plans (dense, MoE, long context, pipelines, one that fits one device, nothing
 fits, an evaluated layout), each line's GB figures against its ``explanation_figures``, each layout a
 line speaks of against ``estimate`` of that layout (what ``plan --layout`` prints), the chosen line
-against candidate #1 and the rows it names against the table (issue 32)."""
+against candidate #1 and the rows it names against the table."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ PLANS = {
     "405b-nothing": ["--model", "llama3-405b", "--gpus", "8"],
     "params-nothing": ["--params", "70e9", "--gpu", "a100-80gb", "--gpus", "1"],
     "evaluated": ["--gpus", "64", "--layout", "dp=64,zero=3,mbs=1,ac=full"],
-    # issue 32 QA F5: bubble advice once offered slower steps on these
+    # bubble advice once offered slower steps on these
     "qwen7b-b200-1024": ["--model", "QWEN25_7B", "--gpu", "b200", "--gpus", "1024"],
     "8b-16k": ["--model", "llama3-8b", "--gpus", "16384"],
     # QA F3: batch 512 on 16,384 devices has no layout without cp (dp <= 512, tied embeddings: no pp)
@@ -158,7 +158,7 @@ def test_every_explanation_figure_is_the_tables(name, tmp_path, capsys):
     if "--layout" in args:  # the table is the evaluated layout's row alone: the search's ranks are named so
         assert any(line.startswith("Chosen:") and "(the search's #1)" in line for line in data["explanation"])
     if data["status"] == "fits":
-        # the steps agree with the pick (issue 32: "TP must split" with tp=1; "no cp fits" with cp=1)
+        # the steps agree with the pick (they once said "TP must split" with tp=1, "no cp fits" with cp=1)
         chosen = candidates[0]["layout"]
         text = "\n".join(data["explanation"])
         if "tensor parallelism must split its matrices" in text:

@@ -174,7 +174,7 @@ def test_anti_pattern_warnings():
     assert any("checkpoint interval" in w for w in few.warnings)
     huge = plan(model, load_cluster("h100", 64), TrainSpec(16384, 4096, "bf16-mixed"), top=1)
     assert any("past the largest published pretraining batch" in w for w in huge.warnings)
-    # DeepSeek-V3's own batch (15,360 x 4,096 tokens) is published practice: no warning (issue 32, item 5)
+    # DeepSeek-V3's own batch (15,360 x 4,096 tokens) is published practice: no warning
     published = plan(model, load_cluster("h100", 64), TrainSpec(15360, 4096, "bf16-mixed"), top=1)
     assert not any("published pretraining batch" in w for w in published.warnings)
 
@@ -206,14 +206,14 @@ def test_tie_explanation_names_only_what_differs():
     r = Layout(dp=256, zero=2, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     assert simpler_in(w, r) == "a lower ZeRO stage (1, not 2)"
     assert simpler_in(r, w) is None
-    # fewer micro-batches per step, counted (item 8 of issue 32: "fewer ... (mbs x dp = 128, not 64)" read as more)
+    # fewer micro-batches per step, counted (once "fewer ... (mbs x dp = 128, not 64)" read as more)
     fewer = simpler_in(Layout(dp=8, mbs=2), Layout(dp=8, mbs=1), 64)
     assert fewer == "fewer micro-batches per step (4 per replica, not 8)"
     assert simpler_in(Layout(dp=8), Layout(dp=8, ac="full")) == "no recompute"
 
 
 def test_bubble_remedy_never_predicts_a_larger_bubble():
-    """Llama 3 405B on 16,384 H100 (issue 32, item 6): the warning read 'the bubble is 10% ... What would
+    """Llama 3 405B on 16,384 H100: the warning read 'the bubble is 10% ... What would
     remove it: schedule=zero-bubble,vpp=2 to 15%'. Each schedule offered now shrinks the bubble, as
     the table's estimate of that layout says."""
     import re
@@ -226,7 +226,7 @@ def test_bubble_remedy_never_predicts_a_larger_bubble():
 
 
 def test_a_shorter_sequence_is_the_longest_power_of_two_that_fits():
-    """10M tokens of Llama 3 8B on 64 H100 (issue 32, item 7): halving gave --seq-len 19531, where
+    """10M tokens of Llama 3 8B on 64 H100: halving gave --seq-len 19531, where
     1,048,576 (split over cp ranks) fits."""
     p = plan(load_model("llama3-8b"), load_cluster("h100", 64), TrainSpec(64, 10_000_000, "bf16-mixed"), top=1)
     assert not p.candidates

@@ -1,4 +1,4 @@
-"""The canary for torch's private names (issues 28 and 30): every private torch name meshwise reads
+"""The canary for torch's private names: every private torch name meshwise reads
 or patches exists in the installed torch, every replacement meshwise makes of a torch function is
 called during a traced step, and a name renamed in a sandbox fails the check.
 

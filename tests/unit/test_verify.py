@@ -79,7 +79,7 @@ def test_without_a_compiler_a_gpu_profile_is_traced_on_the_cpu_device(monkeypatc
 
 
 def test_fsdp2_logits_view_warning_is_filtered_for_meshwise_model_only(capfd) -> None:
-    """torch's FSDP2 warns that the TP model's root "returned a view tensor" (issue 32: printed by
+    """torch's FSDP2 warns that the TP model's root "returned a view tensor" (once printed by
     every verify with tp > 1); meshwise's loss reads the logits out of place, so that one warning is
     filtered, in one place (runtime/data_parallel.py), and the same warning about another module is not.
     The trace runs in its own process: its stderr is read at the descriptor."""

@@ -1,4 +1,4 @@
-"""``verify``'s predicted memory is ``plan --json``'s for the same layout and rank (issue 30): the
+"""``verify``'s predicted memory is ``plan --json``'s for the same layout and rank: the
 prediction is fixed before anything is traced. Single process, no tracing: a record with the
 measured side left empty is compared, so only the predicted column is read."""
 
