@@ -43,7 +43,15 @@ from typing import NamedTuple
 
 from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
 from meshwise.cost.comm import Collective
-from meshwise.cost.context import cp_collectives, cp_exposed, cp_named, cp_world_dim, local_train, weights_layout
+from meshwise.cost.context import (
+    cp_collectives,
+    cp_exposed,
+    cp_named,
+    cp_world_dim,
+    local_train,
+    ring_kernel_seconds,
+    weights_layout,
+)
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
@@ -437,6 +445,10 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
+    ring_s = ring_kernel_seconds(model, accel, local_train(train, layout), layout, shape.blocks, m)
+    if ring_s:  # the ring's timed kernels hold its attention core (cost/context.py)
+        flops -= (tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks
+                  * 4.0 * train.seq_len * model.hidden / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:
@@ -454,7 +466,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         flops -= linear_flops
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
-    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:

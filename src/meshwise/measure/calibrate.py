@@ -66,7 +66,9 @@ from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
-COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)  # quick: every other one
+# quick: every other one (4 KiB to 16 MiB); up to the FSDP2 units of a 512-wide block (12 MB), whose transfers
+# leave the cache: gloo's cost per byte there is not its cost at 4 MiB
+COLLECTIVE_SIZES_BYTES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
 DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
@@ -74,8 +76,8 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
-                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "thread_efficiency",
-                "cores_per_node",
+                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
+                "cp_score_dim_s", "thread_efficiency", "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
 
@@ -102,6 +104,24 @@ def gemm_grid(quick: bool) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in sides for n in sides for k in sides if m * n * k <= GEMM_MAX_MNK]
 
 
+def _relative_least_squares(rows: list[list[float]]) -> list[float] | None:
+    """Coefficients ``c`` minimising ``sum((row . c - 1)^2)``: each row a sample's features divided by
+    its measured time (least squares on relative error); Gauss-Jordan on the normal equations, None
+    when they are singular."""
+    size = len(rows[0]) if rows else 0
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(size)] + [sum(r[i] for r in rows)] for i in range(size)]
+    for i in range(size):
+        pivot = max(range(i, size), key=lambda j: abs(a[j][i]))
+        a[i], a[pivot] = a[pivot], a[i]
+        if a[i][i] == 0:
+            return None
+        a[i] = [x / a[i][i] for x in a[i]]
+        for j in range(size):
+            if j != i:
+                a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
+    return [a[i][size] for i in range(size)]
+
+
 def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
     """(flops_per_s, call_s, bytes_per_s, mean |relative error|) of cost/host.py's
     ``cpu_gemm_seconds`` fitted to ``(M, N, K, seconds)`` samples by least squares on relative
@@ -110,18 +130,7 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
     means no bandwidth term."""
     def solve(cols: list[int]) -> list[float] | None:
         rows = [[(2 * m * n * k, 1.0, 4.0 * (m * k + k * n + m * n))[c] / t for c in cols] for m, n, k, t in samples]
-        size = len(cols)
-        a = [[sum(r[i] * r[j] for r in rows) for j in range(size)] + [sum(r[i] for r in rows)] for i in range(size)]
-        for i in range(size):  # Gauss-Jordan on the normal equations
-            pivot = max(range(i, size), key=lambda j: abs(a[j][i]))
-            a[i], a[pivot] = a[pivot], a[i]
-            if a[i][i] == 0:
-                return None
-            a[i] = [x / a[i][i] for x in a[i]]
-            for j in range(size):
-                if j != i:
-                    a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
-        return [a[i][size] for i in range(size)]
+        return _relative_least_squares(rows)
 
     for cols in ([0, 1, 2], [0, 1], [0]):
         coef = solve(cols)
@@ -132,6 +141,30 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
                       for m, n, k, t in samples]
             return 1.0 / g, call, (1.0 / inv_bw if inv_bw else 0.0), sum(errors) / len(errors)
     raise ValueError("no GEMM samples to fit")
+
+
+RING_SHAPES = ((64, 16), (128, 16), (256, 16), (512, 16), (64, 64), (128, 64), (256, 64), (512, 64))
+RING_HEADS, RING_KV_HEADS = 4, 2  # (local sequence, head width) above; GQA as the grid's models
+
+
+def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:
+    """(cp_step_s, cp_score_s, cp_score_dim_s, mean |relative error|) of cost/context.py's
+    ``ring_kernel_seconds`` per ring step, ``t = step + E * (score + d * dim)``, fitted to
+    ``(score elements E, head width d, seconds of one forward + backward block)`` samples by least
+    squares on relative error; a term whose coefficient comes out negative is left out (the
+    per-width one first, then the fixed one) and the rest refitted."""
+    def solve(cols: list[int]) -> list[float] | None:
+        rows = [[(1.0, e, e * d)[c] / t for c in cols] for e, d, t in samples]
+        return _relative_least_squares(rows)
+
+    for cols in ([0, 1, 2], [0, 1], [1]):
+        coef = solve(cols)
+        if coef and all(c >= 0 for c in coef):
+            full = dict(zip(cols, coef))
+            step, score, dim = full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
+            errors = [abs((step + e * (score + d * dim)) / t - 1) for e, d, t in samples]
+            return step, score, dim, sum(errors) / len(errors)
+    raise ValueError("no ring-attention samples to fit")
 
 
 def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float, float]:
@@ -204,6 +237,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     gemm = gemm_fields(result)
+    ring = ring_fields(result)
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
@@ -233,7 +267,9 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "cores_per_node": cores,
         "calibrated_on": f"meshwise calibrate, {when}",
         **{k: v for k, v in gemm.items() if k != "note"},
+        **{k: v for k, v in ring.items() if k != "note"},
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
+                  f"{ring.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
 
@@ -255,6 +291,16 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
             "gemm_reference_efficiency": min(1.0, reference),
             "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
                     f"{error:.0%}; "}
+
+
+def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The ring-attention keys (cost/context.py ``ring_kernel_seconds``) and a note on the fit's own
+    error, from ``ring`` (``[score elements, head width, seconds]`` per shape); {} without them."""
+    if not result.get("ring"):
+        return {}
+    step, score, dim, error = fit_ring([tuple(x) for x in result["ring"]])
+    return {"cp_step_s": step, "cp_score_s": score, "cp_score_dim_s": dim,
+            "note": f"ring-attention blocks ({len(result['ring'])} shapes) fitted with mean |error| {error:.0%}; "}
 
 
 def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
@@ -317,7 +363,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
-                 "dram_bytes_per_s")
+                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

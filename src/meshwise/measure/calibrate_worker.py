@@ -57,6 +57,35 @@ def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     return out
 
 
+def bench_ring(repeats: int) -> list[list[float]]:
+    """``[score elements, head width, seconds]`` of one ring step of context parallelism's attention
+    (meshwise.runtime.context_parallel ``forward_block`` then ``backward_block``, the runtime's own
+    functions, fp32, no transfer) per (local sequence, head width) of ``calibrate.RING_SHAPES``,
+    ``RING_HEADS`` query heads over ``RING_KV_HEADS`` K/V heads: the best of several timings."""
+    import torch
+
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for seq, d in RING_SHAPES:
+        q, dout = (torch.randn(1, RING_HEADS, seq, d, generator=gen) for _ in range(2))
+        kb, vb = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen) for _ in range(2))
+        q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
+        stats = torch.full((1, RING_HEADS, seq, 1), float("-inf")), torch.zeros(1, RING_HEADS, seq, 1)
+        acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+        def step() -> None:
+            forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+            backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+
+        step()
+        out.append([float(RING_HEADS * seq * seq), float(d), _best_time(step, 3 * repeats, 0.002)])
+    return out
+
+
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
     """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens."""
     import torch
@@ -260,7 +289,8 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
                ("forward_backward", lambda: {"fwd_bwd_s": bench_forward_backward(model, seq, repeats)}),
                ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
                                  "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
-               ("host", lambda: {"host_s": bench_host(model, repeats)}))
+               ("host", lambda: {"host_s": bench_host(model, repeats)}),
+               ("ring", lambda: {"ring": bench_ring(repeats)}))
     mine: dict = {}
     for name, bench in benches:
         if active:
@@ -369,6 +399,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
                       for i, shape in enumerate(everyone[0]["gemm_grid"])],
         "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
+        "ring": [[*shape[:2], max(r["ring"][i][2] for r in everyone)] for i, shape in enumerate(everyone[0]["ring"])],
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],
