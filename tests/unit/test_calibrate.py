@@ -31,7 +31,8 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
           "matmul_all_threads_flops_per_s": 48e9,
-          "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))]}
+          "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+          "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))]}
 
 
 def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
@@ -102,6 +103,37 @@ def test_ring_kernels_replace_the_attention_core_under_cp():
         extra[ac] = b - a
         assert b - a == pytest.approx(core_share(accel, 2) * (charged - core_s), rel=1e-9)
     assert extra["full"] > extra["none"]
+
+
+def test_sdpa_kernel_replaces_the_attention_core_without_cp():
+    """Without cp a profile with SDPA constants charges ``m * blocks * (1 + [full] / 3) * (call + E *
+    (score + d * dim))`` instead of the attention core's FLOPs; the profile reads them from its
+    calibration result; the selective policy keeps the attention output (no recompute)."""
+    import dataclasses
+
+    from meshwise.cost import compute
+    from meshwise.cost.estimate import _efficiency, estimate
+    from meshwise.cost.host import core_share, gemm_shape_factor
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    fitted = (table["sdpa_call_s"], table["sdpa_score_s"], table["sdpa_score_dim_s"])
+    assert fitted == pytest.approx((5e-5, 3e-9, 1e-10), rel=1e-6)
+    base = load_cluster("cpu", 1, 1)
+    timed = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, sdpa_call_s=5e-5,
+                                                                      sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10))
+    model, train = load_model("tiny"), TrainSpec(4, 256, precision="fp32")
+    for ac, again in (("none", 0), ("selective", 0), ("full", 1)):
+        layout = parse(f"mbs=2,ac={ac}", 1)
+        a, b = (estimate(model, c, train, layout).time.compute_s for c in (base, timed))
+        m, blocks, e = 2, model.layers, 2 * model.heads * 256.0 ** 2
+        charged = m * blocks * (1 + again / 3) * (5e-5 + e * (3e-9 + model.head_dim * 1e-10))
+        accel = base.accelerator
+        rate = (accel.peak_fp32_flops_per_s * _efficiency(model, base, layout)
+                * gemm_shape_factor(model, accel, 512, 1))
+        core_s = 512 * m * compute.recompute_factor(ac) * blocks * 4.0 * 256 * model.hidden / rate
+        assert b - a == pytest.approx(core_share(accel, 1) * (charged - core_s), rel=1e-9)
 
 
 def test_small_gemms_run_below_the_calibration_s_efficiency():
@@ -224,6 +256,7 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     moved = cal.calibration_memory_bound_bytes(model, seq)
     result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
               "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2,
+              "sdpa_model": [model.heads * seq * seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
               "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
     assert moved > 0
@@ -233,11 +266,13 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     layout = parse("dp=1,mbs=1", 1)
     seconds = compute_seconds(model, cluster, TrainSpec(1, seq, precision="fp32"), layout, rank_shapes(model, layout)[0])
     assert seconds == pytest.approx(0.2, rel=1e-4)
-    # a profile from before the term, converted as replay does, gives the same efficiency
-    old = cal.profile_table({**result, "memory_bound_bytes": 0.0}, nproc=1, ram_bytes=16 << 30)
-    assert old["efficiency_max"] < table["efficiency_max"]
+    # a profile from before the term (and before SDPA's constants), converted as replay does, gives
+    # the same efficiency as one calibrated now without the SDPA grid
+    plain = cal.profile_table({**result, "sdpa": []}, nproc=1, ram_bytes=16 << 30)
+    old = cal.profile_table({**result, "sdpa": [], "memory_bound_bytes": 0.0}, nproc=1, ram_bytes=16 << 30)
+    assert old["efficiency_max"] < plain["efficiency_max"]
     converted = cal.with_memory_bound_term(old, model, seq)
-    assert converted["efficiency_max"] == pytest.approx(table["efficiency_max"], rel=1e-4)
+    assert converted["efficiency_max"] == pytest.approx(plain["efficiency_max"], rel=1e-4)
 
 
 def test_one_process_profile_has_no_measured_links():

@@ -77,7 +77,8 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
-                "cp_score_dim_s", "thread_efficiency", "cores_per_node",
+                "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
+                "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
 
@@ -145,12 +146,14 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
 
 RING_SHAPES = ((64, 16), (128, 16), (256, 16), (512, 16), (64, 64), (128, 64), (256, 64), (512, 64))
 RING_HEADS, RING_KV_HEADS = 4, 2  # (local sequence, head width) above; GQA as the grid's models
+SDPA_SHAPES = ((64, 16), (256, 16), (512, 16), (1024, 16), (64, 64), (256, 64), (512, 64), (1024, 64))
 
 
 def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:
-    """(cp_step_s, cp_score_s, cp_score_dim_s, mean |relative error|) of cost/context.py's
-    ``ring_kernel_seconds`` per ring step, ``t = step + E * (score + d * dim)``, fitted to
-    ``(score elements E, head width d, seconds of one forward + backward block)`` samples by least
+    """(call, per score element, per score element and head width, mean |relative error|) of a
+    score-sized attention kernel, ``t = call + E * (score + d * dim)``: cost/context.py's
+    ``ring_kernel_seconds`` per ring step (cp_*) and cost/host.py's ``sdpa_seconds`` per call
+    (sdpa_*), fitted to ``(score elements E, head width d, seconds of a forward + backward)`` samples by least
     squares on relative error; a term whose coefficient comes out negative is left out (the
     per-width one first, then the fixed one) and the rest refitted."""
     def solve(cols: list[int]) -> list[float] | None:
@@ -222,8 +225,12 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     model_ops = int(result["model_ops"])
     op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
     memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
-    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s, 0.5 * float(result["fwd_bwd_s"]))
-    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]), float(result["model_flops"]), arithmetic_s)
+    ring = ring_fields(result)
+    attention_s, attention_flops = calibration_attention(result, ring)
+    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s,
+                       0.5 * float(result["fwd_bwd_s"]))
+    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]),
+                                       float(result["model_flops"]) - attention_flops, arithmetic_s)
     tp_s = 0.0
     if result.get("tp_host_s") and nproc > 1:
         tp_calls = int(result["tp_collectives"])
@@ -237,7 +244,6 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     gemm = gemm_fields(result)
-    ring = ring_fields(result)
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
@@ -294,13 +300,29 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
-    """The ring-attention keys (cost/context.py ``ring_kernel_seconds``) and a note on the fit's own
-    error, from ``ring`` (``[score elements, head width, seconds]`` per shape); {} without them."""
-    if not result.get("ring"):
-        return {}
-    step, score, dim, error = fit_ring([tuple(x) for x in result["ring"]])
-    return {"cp_step_s": step, "cp_score_s": score, "cp_score_dim_s": dim,
-            "note": f"ring-attention blocks ({len(result['ring'])} shapes) fitted with mean |error| {error:.0%}; "}
+    """The attention kernels' keys, ring attention's (cost/context.py ``ring_kernel_seconds``) and
+    SDPA's (cost/host.py ``sdpa_seconds``), and a note on each fit's own error, from ``ring`` and
+    ``sdpa`` (``[score elements, head width, seconds]`` per shape); {} without them."""
+    out: dict[str, Any] = {"note": ""}
+    for key, prefix, what in (("ring", "cp", "ring-attention blocks"), ("sdpa", "sdpa", "SDPA calls")):
+        if result.get(key):
+            call, score, dim, error = fit_ring([tuple(x) for x in result[key]])
+            out |= {f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call, f"{prefix}_score_s": score,
+                    f"{prefix}_score_dim_s": dim}
+            out["note"] += f"{what} ({len(result[key])} shapes) fitted with mean |error| {error:.0%}; "
+    return out if len(out) > 1 else {}
+
+
+def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tuple[float, float]:
+    """(seconds, FLOPs) of the calibration forward + backward's attention core when the SDPA
+    constants were fitted (cost/host.py ``sdpa_seconds``), from ``sdpa_model`` (``[score elements
+    per block, head width, attention-core FLOPs of the forward + backward]``): the efficiency is then
+    solved over the rest, as the cost model charges the two apart. (0, 0) without them."""
+    if "sdpa_score_s" not in fields or not result.get("sdpa_model"):
+        return 0.0, 0.0
+    scores, head_dim, flops = (float(x) for x in result["sdpa_model"])
+    per_call = fields["sdpa_call_s"] + scores * (fields["sdpa_score_s"] + head_dim * fields["sdpa_score_dim_s"])
+    return int(result["blocks"]) * per_call, flops
 
 
 def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
@@ -363,7 +385,8 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
-                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s")
+                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s",
+                 "sdpa_score_dim_s")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

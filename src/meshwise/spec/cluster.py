@@ -76,6 +76,10 @@ class AcceleratorSpec:
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0
+    # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_seconds``): call + E * (score + d * dim)
+    sdpa_call_s: float = 0.0
+    sdpa_score_s: float = 0.0
+    sdpa_score_dim_s: float = 0.0
     # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
     cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
     cpu_gemm_call_s: float = 0.0
