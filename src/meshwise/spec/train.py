@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from meshwise.errors import MeshwiseError
-from meshwise.spec.gpu_keys import RUNTIMES, SELECTIVE_POLICIES
+from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
@@ -41,6 +41,8 @@ class TrainSpec:
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
     selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
+    model_code: str = "meshwise"  # whose model code's memory-bound operators run under the meshwise runtime
+                                  # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
 
     __hash__ = cached_hash
 
@@ -60,6 +62,11 @@ class TrainSpec:
                                 "setting; add --runtime megatron")
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.model_code not in MODEL_CODES:
+            raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
+        if self.model_code != "meshwise" and self.runtime != "meshwise":
+            raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
+                                f"not {self.runtime!r}")
 
     @cached_property
     def tp_overlap(self) -> bool:
