@@ -105,11 +105,14 @@ def test_recompute_costs_what_is_recomputed():
 
 
 def test_megatron_hides_tp_collectives_that_meshwise_exposes():
+    """Only with TP communication overlap turned on (Megatron-LM's --tp-comm-overlap, off by default)."""
     model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
     layout = parse("dp=8,zero=1,tp=8,mbs=1", 64)
-    exposed = {rt: est.estimate(model, cluster, TrainSpec(512, 4096, runtime=rt), layout).time.comm_exposed_s
-               for rt in ("meshwise", "megatron")}
-    assert exposed["megatron"] < 0.5 * exposed["meshwise"]
+    trains = {"meshwise": TrainSpec(512, 4096), "megatron": TrainSpec(512, 4096, runtime="megatron"),
+              "overlap": TrainSpec(512, 4096, runtime="megatron", overlap_tp_comm=True)}
+    exposed = {k: est.estimate(model, cluster, t, layout).time.comm_exposed_s for k, t in trains.items()}
+    assert exposed["overlap"] < 0.5 * exposed["meshwise"]
+    assert exposed["overlap"] < 0.5 * exposed["megatron"]
 
 
 def test_bubble_warning_names_the_schedule_that_removes_it():
