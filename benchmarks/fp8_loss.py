@@ -1,8 +1,7 @@
 """Does float8 training follow the default precision's loss? ``meshwise train --model small`` for 100
-steps (the embedded corpus; global batch 4 x 64 tokens by default, a quarter of the preset's
-8 x 128), once per weight seed (``--seeds``, default 0 1 2) in the runtime's own precision (fp32 on
-CPU), once with ``--precision fp8`` (torchao tensorwise), and in ``--also`` precisions. Every run
-of one seed starts from the same weights and reads the same batches.
+steps (the embedded corpus; the preset's global batch of 8 x 128 tokens by default), once per
+weight seed (``--seeds``, default 0 1 2) in the runtime's own precision (fp32 on CPU), once with
+``--precision fp8`` (torchao tensorwise), and in ``--also`` precisions. Every run of one seed starts from the same weights and reads the same batches.
 
 Printed per seed and precision: the mean training loss of the last 10 steps and the final eval
 loss, each with its difference from the same seed's default; the largest relative loss difference
@@ -103,8 +102,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--layout", default="auto")
-    p.add_argument("--global-batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="weight seeds (--model.seed)")
     p.add_argument("--early", type=int, default=8, help="steps over which the early per-step gap is taken")
     p.add_argument("--also", nargs="*", default=[], help="more precisions, e.g. fp8-rowwise")
