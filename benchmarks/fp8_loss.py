@@ -1,7 +1,8 @@
 """Does float8 training follow the default precision's loss? ``meshwise train --model small`` for 100
 steps (the embedded corpus; the preset's global batch of 8 x 128 tokens by default), once per
 weight seed (``--seeds``, default 0 1 2) in the runtime's own precision (fp32 on CPU), once with
-``--precision fp8`` (torchao tensorwise), and in ``--also`` precisions. Every run of one seed starts from the same weights and reads the same batches.
+``--precision fp8`` (torchao tensorwise), and in ``--also`` precisions. Every run of one seed
+starts from the same weights and reads the same batches.
 
 Printed per seed and precision: the mean training loss of the last 10 steps and the final eval
 loss, each with its difference from the same seed's default; the largest relative loss difference
