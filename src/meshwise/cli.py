@@ -83,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
     p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
                    help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
-                        "(Megatron-LM/NeMo: TP overlap, distributed optimizer, fused kernels); default: the profile's "
-                        "runtime key, else meshwise")
+                        "(Megatron-LM/NeMo: distributed optimizer, fused kernels, Megatron-Core's memory); default: the "
+                        "profile's runtime key, else meshwise")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="with --runtime megatron: the run turns on Transformer Engine's TP communication overlap "
+                        "(Megatron-LM's --tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives "
+                        "hidden behind GEMMs, its userbuffers counted in memory; needs sp=on")
     p.add_argument("--layout", action="append", type=_given(LAYOUT_WHAT),
                    help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
                         "separate layouts with ';', to compare several in one table, best first")
@@ -283,7 +287,7 @@ def _plan(args: argparse.Namespace) -> int:
     extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour)
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime, args.verify, extras)
+                     args.runtime, args.verify, extras, tp_comm_overlap=args.tp_comm_overlap)
 
 
 def main(argv: list[str] | None = None) -> int:

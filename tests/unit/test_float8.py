@@ -3,6 +3,8 @@ what is refused, the config field, and that a float8 step really quantises (torc
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -91,3 +93,37 @@ def test_a_float8_step_quantises() -> None:
     want = loss_sum(plain(x[:, :-1]), x[:, 1:])
     assert len(seen) == 2 * 3 * 28 and set(seen) == {torch.float8_e4m3fn, torch.float8_e5m2}
     assert 0 < abs(loss.item() - want.item()) < 1e-3 * want.item()
+
+
+def test_cpu_float8_gemms_equal_torchaos_emulation() -> None:
+    """The float8 GEMMs this CPU runs (``torch._scaled_mm``) give what torchao's emulation gives (its
+    reference: float8 values and scales multiplied in fp32), forward and both gradients: the loss
+    difference float8 makes on CPU is float8's rounding, not the CPU kernel's."""
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(192, 512, bias=False))
+    x = torch.randn(256, 192)
+    grad_out = torch.randn(256, 512)
+    outputs = []
+    for emulate in (False, True):
+        m = copy.deepcopy(plain)
+        config = float8.linear_config("fp8")
+        float8._torchao().convert_to_float8_training(m, config=replace(config, emulate=emulate))
+        xx = x.clone().requires_grad_()
+        y = m(xx)
+        y.backward(grad_out)
+        outputs.append((y.detach(), xx.grad, m[0].weight.grad))
+    hp = plain(x)
+    for got, want in zip(*outputs):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert (outputs[0][0] - hp).norm() > 1e-2 * hp.norm()  # float8 really rounded (e4m3: ~4%)
+
+
+def test_tied_head_stays_the_embedding_in_high_precision() -> None:
+    """``small`` ties its head to the embedding: after conversion the head is still a plain
+    ``nn.Linear`` sharing the embedding's fp32 weight, so the logits never go through float8."""
+    model = build_model(load_model("tiny-tied"), 0)
+    float8.convert(model, "fp8")
+    assert type(model.output) is torch.nn.Linear and model.output.weight is model.tok_embeddings.weight
+    assert model.output.weight.dtype == torch.float32

@@ -42,6 +42,14 @@ def weights_layout(layout: Layout) -> Layout:
     return wl
 
 
+def tp_overlap_on(train: TrainSpec, layout: Layout) -> bool:
+    """Whether the layout's TP collectives overlap its GEMMs: asked for (TrainSpec.tp_overlap) and possible,
+    which needs tp > 1 and sequence parallelism (Megatron-LM's validate_args refuses --tp-comm-overlap
+    without --sequence-parallel). Time (cost/estimate.py) and memory (the userbuffers,
+    cost/megatron_memory.py) both read it, so they agree."""
+    return train.tp_overlap and layout.tp > 1 and layout.sp
+
+
 def local_train(train: TrainSpec, layout: Layout) -> TrainSpec:
     """The training setting one rank sees: a sequence of seq_len / cp tokens."""
     return train if layout.cp == 1 else _local_train(train, layout.cp)

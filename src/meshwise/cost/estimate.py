@@ -7,9 +7,9 @@ efficiency curve, plus on CPU ranks the operator launches and the memory-bound b
 (cost/host.py). Overlap assumed per collective kind and runtime (``TrainSpec.runtime``;
 docs/cost-model.md has the table):
 
-- TP collectives: exposed under ``meshwise`` (DTensor issues them between the GEMMs that need
-  them); under ``megatron`` (TP communication overlap) hidden behind the block's compute except a
-  ``1 / tp`` share (the first chunk of each ring pipeline), unless ``overlap_tp_comm`` is off.
+- TP collectives: exposed (DTensor, and Megatron-LM by default, issue them between the GEMMs that
+  need them); under ``megatron`` with ``overlap_tp_comm`` (``--tp-comm-overlap``, with SP) hidden
+  behind the block's compute except a ``1 / tp`` share (the first chunk of each ring pipeline).
 - Pipeline sends: exposed (receives wait inside the bubble or behind the matching send).
 - The cp ring's K/V sends hide behind attention compute, its dK/dV sends do not (cost/context.py).
 - DP gradient reduction (zero 0/1) overlaps with the backward of the last micro-batch (unless
@@ -50,6 +50,7 @@ from meshwise.cost.context import (
     cp_world_dim,
     local_train,
     ring_kernel_seconds,
+    tp_overlap_on,
     weights_layout,
 )
 from meshwise.cost.memory import Memory, RankShape
@@ -656,7 +657,7 @@ def _shape_counts(cache: dict | None, model: ModelSpec, layout: Layout) -> tuple
 def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout) -> float:
     """TP seconds on the critical path: all of them, or under TP overlap what the compute cannot hide
     and never less than the first of ``tp`` ring chunks."""
-    if not train.tp_overlap or layout.tp == 1:
+    if not tp_overlap_on(train, layout):
         return tp_s
     return max(tp_s - compute_s, tp_s / layout.tp)
 

@@ -240,8 +240,8 @@ def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainS
                          ac: str, blocks: int, has_embedding: bool, has_head: bool, microbatches: int) -> float:
     """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
     per sequence): ``m * kernels.rank_memory_bound_bytes / hbm_bytes_per_s`` (module docstring)."""
-    moved = kernels.rank_memory_bound_bytes(model, train.runtime, train.activation_bytes, mbs * train.seq_len, tp, sp,
-                                            ac, blocks, has_embedding, has_head, loss_vocab(model, train.runtime, tp))
+    moved = kernels.rank_memory_bound_bytes(model, kernels.ops_key(train), train.activation_bytes, mbs * train.seq_len,
+                                            tp, sp, ac, blocks, has_embedding, has_head, loss_vocab(model, train.runtime, tp))
     return microbatches * moved / accel.hbm_bytes_per_s
 
 

@@ -25,7 +25,8 @@ src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One m
 - **Memory-bound operations** by bytes over HBM, plus ``floor`` per kernel (``KERNELS``): norms,
   residual adds, rotary, the MLP's activation, the embedding and the loss's softmax / cross-entropy.
   Bytes per element per runtime (``PASSES``): eager torch moves each tensor several times (an RMSNorm
-  upcasts to float32 and runs five kernels); Megatron/NeMo's fused kernels read and write each once.
+  upcasts to float32 and runs five kernels), by the model code it runs (``ops_key``: meshwise's own, or
+  torchtitan's Llama); Megatron/NeMo's fused kernels read and write each once.
   Backward moves twice the forward's bytes.
 - **Recompute** as what is recomputed: ``full`` re-runs the block's forward; meshwise's ``selective``
   re-runs its memory-bound ops (runtime/activation_checkpointing.py keeps matmul and attention outputs);
@@ -49,23 +50,41 @@ from functools import lru_cache
 from meshwise.cost import fp8
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
-# Bytes moved per element (read + write, in units of the activation element) per forward, per runtime.
-# geglu (Gemma's gated tanh-GeLU, act(gate) * up) moves the same tensors as swiglu.
+# Bytes moved per element (read + write, in units of the activation element) per forward, per model code
+# (``ops_key``): the meshwise runtime's own model, torchtitan's Llama, or Megatron/NeMo's fused kernels.
+# geglu (Gemma's gated tanh-GeLU, act(gate) * up) moves the same tensors as swiglu. ``repeat_kv``: the
+# expanded K and V copies a model materialises under grouped-query attention (read kv, write h per token).
+# torchtitan's Llama (models/llama/model.py and models/norms.py at its commits 0413364 of 2024-04 and
+# 9dec370 of 2024-12), op by op in bf16 units: its eager RMSNorm upcasts, squares, takes the mean, scales,
+# casts back and multiplies by the weight: 3 + 4 + 2 + 4 + 3 + 2 = 18; its rotary upcasts Q and K to float32,
+# multiplies them as complex64 and casts back: 3 + 4 + 3 = 10; repeat_kv expands K and V by copy; its
+# Triton fused RMSNorm (norm_type "fused_rmsnorm") reads and writes once: 2.
 PASSES = {
     "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
-                 "loss_bytes": 28.0},
+                 "loss_bytes": 28.0, "repeat_kv": 0.0},
+    "torchtitan": {"norm": 18.0, "residual": 3.0, "rotary": 10.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
+                   "loss_bytes": 28.0, "repeat_kv": 1.0},
+    "torchtitan-fused-norm": {"norm": 2.0, "residual": 3.0, "rotary": 10.0, "swiglu": 5.0, "geglu": 5.0,
+                              "gelu": 4.0, "loss_bytes": 28.0, "repeat_kv": 1.0},
     "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "geglu": 3.0, "gelu": 2.0,
-                 "loss_bytes": 14.0},
+                 "loss_bytes": 14.0, "repeat_kv": 0.0},
 }
 # Memory-bound kernels a block's forward launches besides its GEMMs and attention (backward: twice as
 # many): eager torch runs each RMSNorm as ~6 kernels (casts, square, mean, rsqrt, two products), each
 # rotary as ~4 per tensor (Q, K), residual adds 1 each, SwiGLU 2; Megatron's fused norm, bias-dropout-add,
-# rotary and activation kernels run once each (2 + 2 + 2 + 1).
-KERNELS = {"meshwise": 24, "megatron": 7}
+# rotary and activation kernels run once each (2 + 2 + 2 + 1). torchtitan: 8 per eager norm (1 fused),
+# 3 per rotary tensor, 2 repeat_kv copies, 2 residual adds, 2 for SwiGLU.
+KERNELS = {"meshwise": 24, "torchtitan": 28, "torchtitan-fused-norm": 14, "megatron": 7}
 SPLIT_K_MIN_DEPTH = 512  # a split-K slice's least depth (cuBLAS splits K only while each slice stays this deep)
 FLASH_BACKWARD = 2.5  # FlashAttention-2 backward / forward FLOPs
 SOFTMAX_FWD_BYTES = 9.0
 SOFTMAX_BWD_BYTES = 8.0
+
+
+def ops_key(train: TrainSpec) -> str:
+    """Whose memory-bound operators run (the key of ``PASSES`` and ``KERNELS``): the meshwise runtime's
+    model code (``train.model_code``), else the runtime's own (Megatron's fused kernels)."""
+    return train.model_code if train.runtime == "meshwise" else train.runtime
 
 
 def gemm_row(accel: AcceleratorSpec, dtype: str = "bf16") -> tuple[float, float]:
@@ -163,6 +182,8 @@ def block_memory_bound_elements(model: ModelSpec, runtime: str, tokens: float, t
     t_norm = tokens / tp if sp else tokens
     elems = (2 * p["norm"] + 2 * p["residual"]) * t_norm * model.hidden
     elems += p["rotary"] * tokens * (model.hidden + model.kv_dim) / tp
+    if model.kv_heads < model.heads:  # K and V expanded to every query head by copy (read kv, write h each)
+        elems += p["repeat_kv"] * 2 * tokens * (model.heads * model.head_dim + model.kv_dim) / tp
     elems += p[model.mlp] * tokens * _mlp_width(model) / tp
     return elems
 
@@ -228,7 +249,7 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
         fwd, bwd = fwd + f + cf / _hbm(accel), bwd + b + cb / _hbm(accel)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention,
                                                                  train.runtime))
-    mem_f = _block_memory_bound_s(model, accel, train.runtime, e, tokens, tp, sp)
+    mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
     fwd += attn_f + mem_f
     bwd += attn_b + 2 * mem_f
     if ac == "full":
@@ -253,7 +274,7 @@ def head_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs
     e = train.activation_bytes
     tokens = mbs * train.seq_len
     f, b = _linear_s(tokens, model.vocab / tp, model.hidden, accel, peak, e)
-    return f + b + head_memory_bound_bytes(model, train.runtime, e, tokens, tp, sp, model.vocab / tp) / _hbm(accel)
+    return f + b + head_memory_bound_bytes(model, ops_key(train), e, tokens, tp, sp, model.vocab / tp) / _hbm(accel)
 
 
 def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:

@@ -34,9 +34,10 @@ argument_utils.py, moe/README.md; Transformer Engine's docs and base.py (docs/so
   copy of what it sent beyond the next block's input counted above. A checkpointed block being
   recomputed and the head's tensors of one micro-batch (the vocabulary-parallel logits and the
   cross-entropy's float32 softmax, ``V/t`` per token each) come on top.
-- **TP communication overlap** (``tp_comm_overlap``, the megatron runtime's default): Transformer
-  Engine's userbuffers, one ``[s b / cp, h]`` buffer per overlapped GEMM (8 all-gather ones, in float8
-  under a float8 precision, and 4 reduce-scatter ones in bf16).
+- **TP communication overlap**, only where the run asks for it (``overlap_tp_comm``: Megatron-LM's
+  ``--tp-comm-overlap``, off by default, and only with sequence parallelism; context.tp_overlap_on, which
+  the time model reads too): Transformer Engine's userbuffers, one ``[s b / cp, h]`` buffer per overlapped
+  GEMM (8 all-gather ones, in float8 under a float8 precision, and 4 reduce-scatter ones in bf16).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from functools import lru_cache
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
-from meshwise.cost.context import local_train, weights_layout
+from meshwise.cost.context import local_train, tp_overlap_on, weights_layout
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
@@ -191,8 +192,9 @@ def _blocks_in_flight(schedule: str, p: int, v: int, m: int, shape: RankShape) -
 
 @lru_cache(maxsize=65536)
 def transient(model: ModelSpec, local: TrainSpec, layout_key: tuple, m: int, shape: RankShape) -> tuple[float, float]:
-    """(activations, userbuffers) of the rank: ``layout_key`` = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp)."""
-    tp, sp, mbs, ac, ep, folded, schedule, pp, vpp = layout_key
+    """(activations, userbuffers) of the rank: ``layout_key`` = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp,
+    overlap), ``overlap`` = context.tp_overlap_on."""
+    tp, sp, mbs, ac, ep, folded, schedule, pp, vpp, overlap = layout_key
     kept, recomputing = _block_kept(model, local, tp, sp, mbs, ac, ep, folded)
     a = _blocks_in_flight(schedule, pp, vpp, m, shape) * kept + recomputing
     seq, e, t = local.seq_len, local.activation_bytes, tp
@@ -202,7 +204,7 @@ def transient(model: ModelSpec, local: TrainSpec, layout_key: tuple, m: int, sha
         rep = 1 / t if sp else 1.0
         a += seq * mbs * (2 * model.hidden * e * rep + model.vocab / t * (e + 4))
     other = 0.0
-    if local.tp_overlap and t > 1:
+    if overlap:
         tile = seq * mbs * model.hidden
         other = tile * (UB_ALL_GATHERS * (1 if local.fp8 else 2) + UB_REDUCE_SCATTERS * 2)
     return a, other
@@ -215,6 +217,6 @@ def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankS
     if model.states_only:
         return Memory(params=w, grads=g, optimizer=o, activations=0.0, other=0.0, capacity=capacity)
     key = (layout.tp, layout.sp, layout.mbs, layout.ac, layout.ep, layout.ep_folds_tp, layout.schedule, layout.pp,
-           layout.vpp)
+           layout.vpp, tp_overlap_on(train, layout))
     a, other = transient(model, local_train(train, layout), key, m, shape)
     return Memory(params=w, grads=g, optimizer=o, activations=a, other=other, capacity=capacity)

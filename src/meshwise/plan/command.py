@@ -34,10 +34,12 @@ class Extras:
 def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int, gpus_per_node: int | None,
               seq_len: int | None, global_batch: int, precision: str, optimizer: str,
               layout_text: str | list[str] | None, top: int, headroom: float | None, as_json: bool,
-              report: str | None, runtime: str | None = None, verify: int = 0, extras: Extras = Extras()) -> int:
+              report: str | None, runtime: str | None = None, verify: int = 0, extras: Extras = Extras(),
+              tp_comm_overlap: bool = False) -> int:
     """Check every input, then plan and print; ``layout_text`` (one or several, ``;``-separated too)
     evaluates those layouts side by side; ``runtime`` (meshwise or megatron) defaults to the profile's
-    ``runtime`` key, else meshwise; ``verify`` K > 0 traces the top K candidates
+    ``runtime`` key, else meshwise; ``tp_comm_overlap``: the run turns on Megatron-LM's ``--tp-comm-overlap``
+    (TrainSpec.overlap_tp_comm); ``verify`` K > 0 traces the top K candidates
     (meshwise.measure.verify.verify_plan; imports torch)."""
     from meshwise import spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
@@ -54,7 +56,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                           runtime=runtime)
+                           runtime=runtime, overlap_tp_comm=tp_comm_overlap or None)
     from meshwise.cost.fp8 import check_supported
     check_supported(cluster.accelerator, precision)
     if top < 1:
@@ -128,6 +130,7 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     emitted = _emitted(model, cluster, train, result, extras.emit, given) if extras.emit else None
     if as_json:
         out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
+               "tp_comm_overlap": train.tp_overlap,
                "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
@@ -161,7 +164,7 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [emit.Target(model, e.layout, train.global_batch, train.seq_len, train.precision, cluster.world_size,
-                           cluster.gpus_per_node) for e in result.candidates]
+                           cluster.gpus_per_node, tp_comm_overlap=train.tp_overlap) for e in result.candidates]
     if given:
         return emit.emit_many(framework, targets)
     why = emit.refusal(framework, targets[0])

@@ -40,6 +40,7 @@ class Target:
     precision: str
     world_size: int
     gpus_per_node: int
+    tp_comm_overlap: bool = False  # plan --tp-comm-overlap: emitted for Megatron-LM where the layout allows it (SP)
 
     @property
     def accum(self) -> int:
@@ -301,6 +302,8 @@ def _megatron_parallel(target: Target) -> list[str]:
             "--context-parallel-size", str(lay.cp), "--expert-model-parallel-size", str(lay.ep)]
     if lay.sp:
         args.append("--sequence-parallel")
+        if target.tp_comm_overlap:
+            args.append("--tp-comm-overlap")
     if lay.pp > 1:
         args += ["--pipeline-model-parallel-layout", megatron_layout(target.model, lay)]
     args += ["--micro-batch-size", str(lay.mbs), "--global-batch-size", str(target.global_batch)]

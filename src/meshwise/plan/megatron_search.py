@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.cache import PlanCache, plan_cache
-from meshwise.cost.context import local_train
+from meshwise.cost.context import local_train, tp_overlap_on
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
@@ -73,7 +73,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                 * len(_ac_modes(model))
             continue
         local = local_train(train, base)
-        folded = base.ep_folds_tp
+        folded, overlap = base.ep_folds_tp, tp_overlap_on(train, base)
         for ac in _ac_modes(model):
             for mbs in mbs_options:
                 m = train.global_batch // (dp * mbs)
@@ -84,7 +84,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                     continue
                 result.enumerated += 1
                 # megatron_memory.rank_memory, its two parts cached apart
-                key = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp)
+                key = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp, overlap)
                 parts = [transient(model, local, key, m, sh) for sh in shapes]
                 if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > usable:
                     continue

@@ -12,6 +12,9 @@ from meshwise.errors import MeshwiseError
 
 RUNTIMES = ("meshwise", "megatron")
 SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
+# Whose model code runs the memory-bound operators under the meshwise (torch eager) runtime: meshwise's
+# own, or torchtitan's Llama of 2024 with its eager RMSNorm or its Triton fused one (cost/kernels.py PASSES).
+MODEL_CODES = ("meshwise", "torchtitan", "torchtitan-fused-norm")
 GPU_KEYS = {"sm_count", "gemm_tile_m", "gemm_tile_n", "gemm_efficiency", "attention_efficiency", "hbm_efficiency",
             "runtime", "gemm", "attention", "kernel_floor_s", "sustained_clock"}
 GEMM_FIELDS = ("efficiency", "k_half")

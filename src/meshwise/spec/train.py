@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from meshwise.errors import MeshwiseError
-from meshwise.spec.gpu_keys import RUNTIMES, SELECTIVE_POLICIES
+from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
@@ -37,10 +37,12 @@ class TrainSpec:
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
     runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
-    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs; None = the runtime's default (megatron: yes)
+    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs (--tp-comm-overlap); None = off
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
     selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
+    model_code: str = "meshwise"  # whose model code's memory-bound operators run under the meshwise runtime
+                                  # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
 
     __hash__ = cached_hash
 
@@ -55,13 +57,23 @@ class TrainSpec:
             raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.runtime not in RUNTIMES:
             raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.overlap_tp_comm and self.runtime != "megatron":
+            raise MeshwiseError("--tp-comm-overlap: Transformer Engine's TP communication overlap is a Megatron-LM "
+                                "setting; add --runtime megatron")
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.model_code not in MODEL_CODES:
+            raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
+        if self.model_code != "meshwise" and self.runtime != "meshwise":
+            raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
+                                f"not {self.runtime!r}")
 
     @cached_property
     def tp_overlap(self) -> bool:
-        """Whether TP collectives overlap GEMMs: the explicit setting, else the runtime's default."""
-        return self.runtime == "megatron" if self.overlap_tp_comm is None else self.overlap_tp_comm
+        """Whether TP collectives overlap GEMMs (Transformer Engine's userbuffers): the explicit setting, else
+        off, the default of both runtimes (Megatron-LM's ``--tp-comm-overlap`` is a store_true flag,
+        megatron/training/arguments.py; NeMo's recipes turn it on, and published runs that used it say so)."""
+        return bool(self.overlap_tp_comm)
 
     @cached_property
     def tokens_per_step(self) -> int:
