@@ -30,7 +30,9 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
           "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
-          "matmul_all_threads_flops_per_s": 48e9}
+          "matmul_all_threads_flops_per_s": 48e9,
+          "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+          "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))]}
 
 
 def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
@@ -58,6 +60,80 @@ def test_gemm_fit_recovers_the_model_and_the_profile_reads_it(rate, call_s, byte
     assert inverse[0] == pytest.approx(inverse[1], rel=1e-6, abs=1e-18) and error < 1e-9
     assert len(cal.gemm_grid(quick=False)) > len(cal.gemm_grid(quick=True)) > 40
     assert {16, 2048} <= {side for shape in cal.gemm_grid(quick=True) for side in shape}
+
+
+@pytest.mark.parametrize("step_s,score_s,dim_s", [(1e-4, 8e-9, 2e-10), (0.0, 5e-9, 0.0), (2e-4, 1e-8, 0.0)])
+def test_ring_fit_recovers_its_model(step_s, score_s, dim_s):
+    """cost/context.py's per-step ring model, fitted to exact samples over the calibration's shapes,
+    gives back its constants (a term whose true value is 0 is left out, not fitted negative)."""
+    samples = [(4.0 * s * s, d, step_s + 4.0 * s * s * (score_s + d * dim_s)) for s, d in cal.RING_SHAPES]
+    got = cal.fit_ring(samples)
+    assert got[:3] == pytest.approx((step_s, score_s, dim_s), rel=1e-6, abs=1e-14) and got[3] < 1e-9
+
+
+def test_ring_kernels_replace_the_attention_core_under_cp():
+    """Under cp the ring's timed kernels (per step: fixed + per score element) are charged instead of
+    the attention core's FLOPs: a profile with ring constants adds exactly
+    ``m * blocks * cp * (step + E * (score + d * dim))`` less those FLOPs' seconds; cp=1, and a
+    profile without the constants, are unchanged; full recompute runs the ring's forward again."""
+    import dataclasses
+
+    from meshwise.cost import compute
+    from meshwise.cost.estimate import _efficiency, estimate
+    from meshwise.cost.host import core_share, gemm_shape_factor
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    base = load_cluster("cpu", 2, 2)
+    ring = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, cp_step_s=1e-4,
+                                                                     cp_score_s=8e-9, cp_score_dim_s=2e-10))
+    model, train = load_model("tiny"), TrainSpec(4, 256, precision="fp32")
+    for text in ("dp=2", "tp=2"):
+        assert estimate(model, ring, train, parse(text, 2)).time == estimate(model, base, train, parse(text, 2)).time
+    extra = {}
+    for ac in ("none", "full"):
+        layout = parse(f"cp=2,ac={ac}", 2)
+        a, b = (estimate(model, c, train, layout).time.compute_s for c in (base, ring))
+        m, blocks, e = 4, model.layers, model.heads * 128.0 ** 2  # mbs 1, 128 local tokens
+        charged = m * blocks * 2 * (1 + (ac != "none") / 3) * (1e-4 + e * (8e-9 + model.head_dim * 2e-10))
+        accel = base.accelerator
+        rate = (accel.peak_fp32_flops_per_s * _efficiency(model, base, layout)
+                * gemm_shape_factor(model, accel, 128, 1))
+        core_s = 128 * m * compute.recompute_factor(ac) * blocks * 4.0 * 256 * model.hidden / rate
+        extra[ac] = b - a
+        assert b - a == pytest.approx(core_share(accel, 2) * (charged - core_s), rel=1e-9)
+    assert extra["full"] > extra["none"]
+
+
+def test_sdpa_kernel_replaces_the_attention_core_without_cp():
+    """Without cp a profile with SDPA constants charges ``m * blocks * (1 + [full] / 3) * (call + E *
+    (score + d * dim))`` instead of the attention core's FLOPs; the profile reads them from its
+    calibration result; the selective policy keeps the attention output (no recompute)."""
+    import dataclasses
+
+    from meshwise.cost import compute
+    from meshwise.cost.estimate import _efficiency, estimate
+    from meshwise.cost.host import core_share, gemm_shape_factor
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    fitted = (table["sdpa_call_s"], table["sdpa_score_s"], table["sdpa_score_dim_s"])
+    assert fitted == pytest.approx((5e-5, 3e-9, 1e-10), rel=1e-6)
+    base = load_cluster("cpu", 1, 1)
+    timed = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, sdpa_call_s=5e-5,
+                                                                      sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10))
+    model, train = load_model("tiny"), TrainSpec(4, 256, precision="fp32")
+    for ac, again in (("none", 0), ("selective", 0), ("full", 1)):
+        layout = parse(f"mbs=2,ac={ac}", 1)
+        a, b = (estimate(model, c, train, layout).time.compute_s for c in (base, timed))
+        m, blocks, e = 2, model.layers, 2 * model.heads * 256.0 ** 2
+        charged = m * blocks * (1 + again / 3) * (5e-5 + e * (3e-9 + model.head_dim * 1e-10))
+        accel = base.accelerator
+        rate = (accel.peak_fp32_flops_per_s * _efficiency(model, base, layout)
+                * gemm_shape_factor(model, accel, 512, 1))
+        core_s = 512 * m * compute.recompute_factor(ac) * blocks * 4.0 * 256 * model.hidden / rate
+        assert b - a == pytest.approx(core_share(accel, 1) * (charged - core_s), rel=1e-9)
 
 
 def test_small_gemms_run_below_the_calibration_s_efficiency():
@@ -180,6 +256,7 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     moved = cal.calibration_memory_bound_bytes(model, seq)
     result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
               "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2,
+              "sdpa_model": [model.heads * seq * seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
               "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
     assert moved > 0
@@ -189,11 +266,13 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     layout = parse("dp=1,mbs=1", 1)
     seconds = compute_seconds(model, cluster, TrainSpec(1, seq, precision="fp32"), layout, rank_shapes(model, layout)[0])
     assert seconds == pytest.approx(0.2, rel=1e-4)
-    # a profile from before the term, converted as replay does, gives the same efficiency
-    old = cal.profile_table({**result, "memory_bound_bytes": 0.0}, nproc=1, ram_bytes=16 << 30)
-    assert old["efficiency_max"] < table["efficiency_max"]
+    # a profile from before the term (and before SDPA's constants), converted as replay does, gives
+    # the same efficiency as one calibrated now without the SDPA grid
+    plain = cal.profile_table({**result, "sdpa": []}, nproc=1, ram_bytes=16 << 30)
+    old = cal.profile_table({**result, "sdpa": [], "memory_bound_bytes": 0.0}, nproc=1, ram_bytes=16 << 30)
+    assert old["efficiency_max"] < plain["efficiency_max"]
     converted = cal.with_memory_bound_term(old, model, seq)
-    assert converted["efficiency_max"] == pytest.approx(table["efficiency_max"], rel=1e-4)
+    assert converted["efficiency_max"] == pytest.approx(plain["efficiency_max"], rel=1e-4)
 
 
 def test_one_process_profile_has_no_measured_links():

@@ -1,6 +1,8 @@
 """Host time (cost/host.py): the operator counts it uses are the runtime's own, and the CPU
 choices it drives (micro-batch, processes x threads) follow from it."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -128,6 +130,11 @@ def test_threads_scale_a_rank_s_flops_by_the_profile_s_efficiency():
     k = 1 + cluster.accelerator.thread_efficiency
     assert two.peak_fp32_flops_per_s == pytest.approx(cluster.accelerator.peak_fp32_flops_per_s * k)
     assert two.op_overhead_s == cluster.accelerator.op_overhead_s  # launching does not parallelise
+    timed = dataclasses.replace(cluster, accelerator=dataclasses.replace(
+        cluster.accelerator, sdpa_call_s=5e-5, sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10, cp_score_s=8e-9))
+    two = layout_choice.with_threads(timed, 2).accelerator  # the attention kernels' rows split over threads
+    assert (two.sdpa_score_s, two.sdpa_score_dim_s, two.cp_score_s) == pytest.approx((3e-9 / k, 1e-10 / k, 8e-9 / k))
+    assert two.sdpa_call_s == 5e-5
 
 
 def test_processes_are_chosen_among_the_splits_of_the_cores():

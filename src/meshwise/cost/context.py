@@ -125,3 +125,28 @@ def cp_exposed(model: ModelSpec, train: TrainSpec, kv_ops: list[Collective], gra
     share = attention / compute.block_forward_flops_per_token(model, train.seq_len)
     kv_s = sum(op.seconds_per_step for op in kv_ops if op.kind == "send")
     return max(kv_s - share * compute_s, 0.0) + sum(op.seconds_per_step for op in grad_ops if op.kind == "send")
+
+
+def ring_scores_per_step(model: ModelSpec, local: TrainSpec, layout: Layout) -> float:
+    """Score elements one ring step computes on one rank: ``mbs * heads / tp * (s/cp)^2``, the local
+    queries of every local head against one K/V block (``local`` is :func:`local_train`'s)."""
+    return layout.mbs * model.heads / layout.tp * local.seq_len ** 2
+
+
+def ring_kernel_seconds(model: ModelSpec, accel, local: TrainSpec, layout: Layout, blocks: int, m: int) -> float:
+    """Seconds of one rank's ring-attention kernels in a step (meshwise.runtime.context_parallel
+    ``forward_block`` and ``backward_block``, which materialise the scores, unlike a fused kernel):
+
+        m * blocks * cp * (1 + [ac != none] / 3) * (cp_step_s + E * (cp_score_s + head_dim * cp_score_dim_s))
+
+    for ``E`` = :func:`ring_scores_per_step` (cp ring steps per attention, each a forward and a
+    backward block; recompute runs the forward again, a third by the FLOP convention of
+    compute.recompute_factor). The three constants are fitted by ``meshwise calibrate`` to the
+    runtime's own block functions timed over a grid of (local sequence, head width)
+    (measure/calibrate.py ``fit_ring``). 0 when the profile has none (GPU profiles): the attention
+    core then stays in the FLOP term."""
+    if layout.cp == 1 or model.states_only or not (accel.cp_score_s or accel.cp_score_dim_s):
+        return 0.0
+    per_step = accel.cp_step_s + ring_scores_per_step(model, local, layout) * (
+        accel.cp_score_s + model.head_dim * accel.cp_score_dim_s)
+    return m * blocks * layout.cp * (1.0 + (layout.ac != "none") / 3.0) * per_step

@@ -49,6 +49,7 @@ from meshwise.cost.context import (
     cp_named,
     cp_world_dim,
     local_train,
+    ring_kernel_seconds,
     tp_overlap_on,
     weights_layout,
 )
@@ -445,6 +446,13 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
+    # the attention kernels timed on their own (cost/context.py, cost/host.py) hold the attention core
+    ring_s = ring_kernel_seconds(model, accel, local_train(train, layout), layout, shape.blocks, m)
+    if layout.cp == 1:
+        ring_s = host.sdpa_seconds(model, accel, train.seq_len, layout.mbs, layout.tp, layout.ac, shape.blocks, m)
+    if ring_s:
+        flops -= (tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks
+                  * 4.0 * train.seq_len * model.hidden / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:
@@ -462,7 +470,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         flops -= linear_flops
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
-    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:

@@ -243,3 +243,23 @@ def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainS
     moved = kernels.rank_memory_bound_bytes(model, kernels.ops_key(train), train.activation_bytes, mbs * train.seq_len,
                                             tp, sp, ac, blocks, has_embedding, has_head, loss_vocab(model, train.runtime, tp))
     return microbatches * moved / accel.hbm_bytes_per_s
+
+
+def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, tp: int, ac: str, blocks: int,
+                 microbatches: int) -> float:
+    """Seconds of one rank's fused causal attention calls in a step (torch's SDPA, runtime/model.py
+    ``causal_attention``) on a CPU profile that measured them:
+
+        m * blocks * (1 + [ac == full] / 3) * (sdpa_call_s + E * (sdpa_score_s + head_dim * sdpa_score_dim_s))
+
+    for ``E = mbs * heads / tp * s^2`` score elements per call (forward + backward; full recompute
+    runs the forward again, a third by the FLOP convention; the selective policy keeps its output).
+    Fitted by ``meshwise calibrate`` to the runtime's own call timed over a grid of (sequence, head
+    width) (measure/calibrate.py ``fit_ring``): on one core its rate falls well below the GEMMs' for
+    narrow heads, which the FLOP term cannot see. 0 (the attention core stays in the FLOP term) for
+    profiles without the constants (GPU profiles), and for windowed or latent attention."""
+    if not (accel.sdpa_score_s or accel.sdpa_score_dim_s) or model.states_only or model.sliding_window or model.mla:
+        return 0.0
+    scores = mbs * model.heads / tp * float(seq) ** 2
+    per_call = accel.sdpa_call_s + scores * (accel.sdpa_score_s + model.head_dim * accel.sdpa_score_dim_s)
+    return microbatches * blocks * (1.0 + (ac == "full") / 3.0) * per_call

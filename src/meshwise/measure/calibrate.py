@@ -66,7 +66,9 @@ from meshwise.spec import ModelSpec, load_model
 
 DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
-COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)  # quick: every other one
+# quick: every other one (4 KiB to 16 MiB); up to the FSDP2 units of a 512-wide block (12 MB), whose transfers
+# leave the cache: gloo's cost per byte there is not its cost at 4 MiB
+COLLECTIVE_SIZES_BYTES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
 DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
@@ -74,7 +76,8 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
-                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "thread_efficiency",
+                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
+                "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
                 "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
@@ -102,6 +105,24 @@ def gemm_grid(quick: bool) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in sides for n in sides for k in sides if m * n * k <= GEMM_MAX_MNK]
 
 
+def _relative_least_squares(rows: list[list[float]]) -> list[float] | None:
+    """Coefficients ``c`` minimising ``sum((row . c - 1)^2)``: each row a sample's features divided by
+    its measured time (least squares on relative error); Gauss-Jordan on the normal equations, None
+    when they are singular."""
+    size = len(rows[0]) if rows else 0
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(size)] + [sum(r[i] for r in rows)] for i in range(size)]
+    for i in range(size):
+        pivot = max(range(i, size), key=lambda j: abs(a[j][i]))
+        a[i], a[pivot] = a[pivot], a[i]
+        if a[i][i] == 0:
+            return None
+        a[i] = [x / a[i][i] for x in a[i]]
+        for j in range(size):
+            if j != i:
+                a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
+    return [a[i][size] for i in range(size)]
+
+
 def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
     """(flops_per_s, call_s, bytes_per_s, mean |relative error|) of cost/host.py's
     ``cpu_gemm_seconds`` fitted to ``(M, N, K, seconds)`` samples by least squares on relative
@@ -110,18 +131,7 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
     means no bandwidth term."""
     def solve(cols: list[int]) -> list[float] | None:
         rows = [[(2 * m * n * k, 1.0, 4.0 * (m * k + k * n + m * n))[c] / t for c in cols] for m, n, k, t in samples]
-        size = len(cols)
-        a = [[sum(r[i] * r[j] for r in rows) for j in range(size)] + [sum(r[i] for r in rows)] for i in range(size)]
-        for i in range(size):  # Gauss-Jordan on the normal equations
-            pivot = max(range(i, size), key=lambda j: abs(a[j][i]))
-            a[i], a[pivot] = a[pivot], a[i]
-            if a[i][i] == 0:
-                return None
-            a[i] = [x / a[i][i] for x in a[i]]
-            for j in range(size):
-                if j != i:
-                    a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
-        return [a[i][size] for i in range(size)]
+        return _relative_least_squares(rows)
 
     for cols in ([0, 1, 2], [0, 1], [0]):
         coef = solve(cols)
@@ -132,6 +142,32 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
                       for m, n, k, t in samples]
             return 1.0 / g, call, (1.0 / inv_bw if inv_bw else 0.0), sum(errors) / len(errors)
     raise ValueError("no GEMM samples to fit")
+
+
+RING_SHAPES = ((64, 16), (128, 16), (256, 16), (512, 16), (64, 64), (128, 64), (256, 64), (512, 64))
+RING_HEADS, RING_KV_HEADS = 4, 2  # (local sequence, head width) above; GQA as the grid's models
+SDPA_SHAPES = ((64, 16), (256, 16), (512, 16), (1024, 16), (64, 64), (256, 64), (512, 64), (1024, 64))
+
+
+def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:
+    """(call, per score element, per score element and head width, mean |relative error|) of a
+    score-sized attention kernel, ``t = call + E * (score + d * dim)``: cost/context.py's
+    ``ring_kernel_seconds`` per ring step (cp_*) and cost/host.py's ``sdpa_seconds`` per call
+    (sdpa_*), fitted to ``(score elements E, head width d, seconds of a forward + backward)`` samples by least
+    squares on relative error; a term whose coefficient comes out negative is left out (the
+    per-width one first, then the fixed one) and the rest refitted."""
+    def solve(cols: list[int]) -> list[float] | None:
+        rows = [[(1.0, e, e * d)[c] / t for c in cols] for e, d, t in samples]
+        return _relative_least_squares(rows)
+
+    for cols in ([0, 1, 2], [0, 1], [1]):
+        coef = solve(cols)
+        if coef and all(c >= 0 for c in coef):
+            full = dict(zip(cols, coef))
+            step, score, dim = full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
+            errors = [abs((step + e * (score + d * dim)) / t - 1) for e, d, t in samples]
+            return step, score, dim, sum(errors) / len(errors)
+    raise ValueError("no ring-attention samples to fit")
 
 
 def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float, float]:
@@ -189,8 +225,12 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     model_ops = int(result["model_ops"])
     op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
     memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
-    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s, 0.5 * float(result["fwd_bwd_s"]))
-    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]), float(result["model_flops"]), arithmetic_s)
+    ring = ring_fields(result)
+    attention_s, attention_flops = calibration_attention(result, ring)
+    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s,
+                       0.5 * float(result["fwd_bwd_s"]))
+    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]),
+                                       float(result["model_flops"]) - attention_flops, arithmetic_s)
     tp_s = 0.0
     if result.get("tp_host_s") and nproc > 1:
         tp_calls = int(result["tp_collectives"])
@@ -233,7 +273,9 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "cores_per_node": cores,
         "calibrated_on": f"meshwise calibrate, {when}",
         **{k: v for k, v in gemm.items() if k != "note"},
+        **{k: v for k, v in ring.items() if k != "note"},
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
+                  f"{ring.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
 
@@ -255,6 +297,32 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
             "gemm_reference_efficiency": min(1.0, reference),
             "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
                     f"{error:.0%}; "}
+
+
+def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The attention kernels' keys, ring attention's (cost/context.py ``ring_kernel_seconds``) and
+    SDPA's (cost/host.py ``sdpa_seconds``), and a note on each fit's own error, from ``ring`` and
+    ``sdpa`` (``[score elements, head width, seconds]`` per shape); {} without them."""
+    out: dict[str, Any] = {"note": ""}
+    for key, prefix, what in (("ring", "cp", "ring-attention blocks"), ("sdpa", "sdpa", "SDPA calls")):
+        if result.get(key):
+            call, score, dim, error = fit_ring([tuple(x) for x in result[key]])
+            out |= {f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call, f"{prefix}_score_s": score,
+                    f"{prefix}_score_dim_s": dim}
+            out["note"] += f"{what} ({len(result[key])} shapes) fitted with mean |error| {error:.0%}; "
+    return out if len(out) > 1 else {}
+
+
+def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tuple[float, float]:
+    """(seconds, FLOPs) of the calibration forward + backward's attention core when the SDPA
+    constants were fitted (cost/host.py ``sdpa_seconds``), from ``sdpa_model`` (``[score elements
+    per block, head width, attention-core FLOPs of the forward + backward]``): the efficiency is then
+    solved over the rest, as the cost model charges the two apart. (0, 0) without them."""
+    if "sdpa_score_s" not in fields or not result.get("sdpa_model"):
+        return 0.0, 0.0
+    scores, head_dim, flops = (float(x) for x in result["sdpa_model"])
+    per_call = fields["sdpa_call_s"] + scores * (fields["sdpa_score_s"] + head_dim * fields["sdpa_score_dim_s"])
+    return int(result["blocks"]) * per_call, flops
 
 
 def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
@@ -317,7 +385,8 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
-                 "dram_bytes_per_s")
+                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s",
+                 "sdpa_score_dim_s")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

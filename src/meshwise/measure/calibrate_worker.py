@@ -57,6 +57,60 @@ def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     return out
 
 
+def bench_ring(repeats: int) -> list[list[float]]:
+    """``[score elements, head width, seconds]`` of one ring step of context parallelism's attention
+    (meshwise.runtime.context_parallel ``forward_block`` then ``backward_block``, the runtime's own
+    functions, fp32, no transfer) per (local sequence, head width) of ``calibrate.RING_SHAPES``,
+    ``RING_HEADS`` query heads over ``RING_KV_HEADS`` K/V heads: the best of several timings."""
+    import torch
+
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for seq, d in RING_SHAPES:
+        q, dout = (torch.randn(1, RING_HEADS, seq, d, generator=gen) for _ in range(2))
+        kb, vb = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen) for _ in range(2))
+        q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
+        stats = torch.full((1, RING_HEADS, seq, 1), float("-inf")), torch.zeros(1, RING_HEADS, seq, 1)
+        acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+        def step() -> None:
+            forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+            backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+
+        step()
+        out.append([float(RING_HEADS * seq * seq), float(d), _best_time(step, 3 * repeats, 0.002)])
+    return out
+
+
+def bench_sdpa(repeats: int) -> list[list[float]]:
+    """``[score elements, head width, seconds]`` of one causal attention call forward + backward
+    (meshwise.runtime.model ``causal_attention``: torch's SDPA, as a block calls it; fp32) per
+    (sequence, head width) of ``calibrate.SDPA_SHAPES``, ``RING_HEADS`` query heads over
+    ``RING_KV_HEADS`` K/V heads, one sequence: the best of several timings."""
+    import torch
+
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, SDPA_SHAPES
+    from meshwise.runtime.model import causal_attention
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for seq, d in SDPA_SHAPES:
+        q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
+        k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
+        grad = torch.randn(1, RING_HEADS, seq, d, generator=gen)
+
+        def call() -> None:
+            causal_attention(q, k, v).backward(grad)
+
+        call()
+        out.append([float(RING_HEADS * seq * seq), float(d), _best_time(call, 3 * repeats, 0.002)])
+    return out
+
+
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
     """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens."""
     import torch
@@ -260,7 +314,8 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
                ("forward_backward", lambda: {"fwd_bwd_s": bench_forward_backward(model, seq, repeats)}),
                ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
                                  "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
-               ("host", lambda: {"host_s": bench_host(model, repeats)}))
+               ("host", lambda: {"host_s": bench_host(model, repeats)}),
+               ("ring", lambda: {"ring": bench_ring(repeats), "sdpa": bench_sdpa(repeats)}))
     mine: dict = {}
     for name, bench in benches:
         if active:
@@ -362,6 +417,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
+        "sdpa_model": [model.heads * seq * seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "blocks": model.layers,
         "model_tensors": parameter_tensors(model, model.layers, True, True),
@@ -369,6 +425,8 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
                       for i, shape in enumerate(everyone[0]["gemm_grid"])],
         "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
+        **{key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
+           for key in ("ring", "sdpa")},
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],

@@ -103,13 +103,42 @@ def _expand(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.repeat_interleave(groups, dim=1) if groups > 1 else t
 
 
+def forward_block(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                  acc: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor):
+    """One ring step of the forward: the local Q (b, heads, sq, d) against one K/V block (b, kv heads,
+    sk, d), merged into the running (output accumulator, row max, row sum) by online softmax; returns
+    them updated. ``meshwise calibrate`` times this on its own (cost/context.py ``ring_kernel_seconds``)."""
+    scale, groups, f = 1.0 / math.sqrt(q.shape[-1]), q.shape[1] // kb.shape[1], acc.dtype
+    s = _scores(q, _expand(kb, groups), q_pos, k_pos, scale).to(f)
+    new_max = torch.maximum(row_max, s.amax(-1, keepdim=True))
+    p = torch.exp(s - new_max)
+    fix = torch.exp(row_max - new_max)
+    row_sum = row_sum * fix + p.sum(-1, keepdim=True)
+    acc = acc * fix + torch.matmul(p.to(vb.dtype), _expand(vb, groups)).to(f)
+    return acc, new_max, row_sum
+
+
+def backward_block(qf: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dout: torch.Tensor, delta: torch.Tensor,
+                   lse: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ring step of the backward (flash attention's formulas with the saved log-sum-exp): this
+    block's share of dQ and its dK/dV (b, kv heads, sk, 2d), in the accumulators' dtype (``qf``'s)."""
+    d, groups, f = kb.shape[-1], qf.shape[1] // kb.shape[1], qf.dtype
+    scale = 1.0 / math.sqrt(qf.shape[-1])
+    ke, ve = _expand(kb, groups), _expand(vb, groups)
+    p = torch.exp(_scores(qf, ke.to(f), q_pos, k_pos, scale) - lse)
+    dv = torch.matmul(p.transpose(-1, -2), dout)
+    ds = p * (torch.matmul(dout, ve.to(f).transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, ke.to(f)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qf) * scale
+    b, a, sk, _ = dk.shape
+    return dq, torch.cat((dk, dv), dim=-1).view(b, a // groups, groups, sk, 2 * d).sum(2)
+
+
 class RingAttention(torch.autograd.Function):
     """Causal attention of the local Q over the K/V of every cp rank; inputs (b, heads, s/cp, d)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingGroup) -> torch.Tensor:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        groups = q.shape[1] // k.shape[1]
         q_pos = positions(q.shape[2], ring.size, ring.rank, q.device)
         kv = torch.cat((k, v), dim=-1).contiguous()
         f = _acc_dtype(q)
@@ -120,13 +149,7 @@ class RingAttention(torch.autograd.Function):
             pending = _start(ring, kv, KV_TAG) if t < ring.size - 1 else None
             kb, vb = kv.split(k.shape[-1], dim=-1)
             k_pos = positions(q.shape[2], ring.size, (ring.rank - t) % ring.size, q.device)
-            s = _scores(q, _expand(kb, groups), q_pos, k_pos, scale).to(f)
-            new_max = torch.maximum(row_max, s.amax(-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            fix = torch.exp(row_max - new_max)
-            row_sum = row_sum * fix + p.sum(-1, keepdim=True)
-            acc = acc * fix + torch.matmul(p.to(v.dtype), _expand(vb, groups)).to(f)
-            row_max = new_max
+            acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, acc, row_max, row_sum)
             if pending is not None:
                 _finish(pending[0])
                 kv = pending[1]
@@ -140,8 +163,6 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         ring: RingGroup = ctx.ring
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        groups = q.shape[1] // k.shape[1]
         d = k.shape[-1]
         q_pos = positions(q.shape[2], ring.size, ring.rank, q.device)
         f = _acc_dtype(q)
@@ -153,15 +174,10 @@ class RingAttention(torch.autograd.Function):
         for t in range(ring.size):
             pending = _start(ring, kv, KV_TAG) if t < ring.size - 1 else None
             kb, vb = kv.split(d, dim=-1)
-            ke, ve = _expand(kb, groups), _expand(vb, groups)
             k_pos = positions(q.shape[2], ring.size, (ring.rank - t) % ring.size, q.device)
-            p = torch.exp(_scores(qf, ke.to(f), q_pos, k_pos, scale) - lse)
-            dv = torch.matmul(p.transpose(-1, -2), dout)
-            ds = p * (torch.matmul(dout, ve.to(f).transpose(-1, -2)) - delta)
-            dq += torch.matmul(ds, ke.to(f)) * scale
-            dk = torch.matmul(ds.transpose(-1, -2), qf) * scale
-            b, a, sk, _ = dk.shape
-            dkv += torch.cat((dk, dv), dim=-1).view(b, a // groups, groups, sk, 2 * d).sum(2)
+            dq_part, dkv_part = backward_block(qf, kb, vb, dout, delta, lse, q_pos, k_pos)
+            dq += dq_part
+            dkv += dkv_part
             works, dkv = _start(ring, dkv, GRAD_TAG)  # the accumulator moves on with its block
             _finish(works)
             if pending is not None:

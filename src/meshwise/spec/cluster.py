@@ -72,6 +72,14 @@ class AcceleratorSpec:
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
     fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
     fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
+    # ring attention's kernels per ring step (cost/context.py ``ring_kernel_seconds``): step + E * (score + d * dim)
+    cp_step_s: float = 0.0
+    cp_score_s: float = 0.0
+    cp_score_dim_s: float = 0.0
+    # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_seconds``): call + E * (score + d * dim)
+    sdpa_call_s: float = 0.0
+    sdpa_score_s: float = 0.0
+    sdpa_score_dim_s: float = 0.0
     # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
     cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
     cpu_gemm_call_s: float = 0.0

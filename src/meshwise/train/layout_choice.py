@@ -76,12 +76,16 @@ def threads_per_rank(local_world: int) -> int:
 def with_threads(cluster: ClusterSpec, threads: int) -> ClusterSpec:
     """The cluster whose ranks each compute with ``threads`` threads: a profile's FLOP/s are one
     thread's (``meshwise calibrate`` measures one thread per core), and ``t`` threads reach
-    ``1 + (t - 1) * thread_efficiency`` times that. Host time per operator does not scale."""
+    ``1 + (t - 1) * thread_efficiency`` times that; so do the attention kernels' per-score-element
+    costs (SDPA and the ring's tensor operations split their rows over the threads as the GEMMs do).
+    Host time per operator and per call does not scale."""
     if threads <= 1:
         return cluster
     a = cluster.accelerator
     k = 1 + (threads - 1) * a.thread_efficiency
-    faster = replace(a, peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k, peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k)
+    faster = replace(a, peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k, peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k,
+                     sdpa_score_s=a.sdpa_score_s / k, sdpa_score_dim_s=a.sdpa_score_dim_s / k,
+                     cp_score_s=a.cp_score_s / k, cp_score_dim_s=a.cp_score_dim_s / k)
     return replace(cluster, accelerator=faster)
 
 
