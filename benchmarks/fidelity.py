@@ -73,7 +73,7 @@ def load_runs(prefix: str = "") -> list[Run]:
         cluster = load_cluster(rec["gpu"], rec["gpus"])
         train = TrainSpec(global_batch=rec["global_batch"], seq_len=rec["seq_len"], precision="bf16-mixed",
                           runtime=rec["runtime"], overlap_dp_comm=rec.get("overlap_dp_comm", True),
-                          overlap_tp_comm=rec.get("overlap_tp_comm"), fused_attention=rec.get("fused_attention", True),
+                          overlap_tp_comm=rec.get("overlap_tp_comm", False), fused_attention=rec.get("fused_attention", True),
                           selective_policy=rec.get("selective_policy", "meshwise"),
                           model_code=rec.get("model_code", "meshwise"))
         if "layout" in rec:

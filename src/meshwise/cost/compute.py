@@ -18,11 +18,17 @@ from __future__ import annotations
 from meshwise.spec import ModelSpec
 
 
+def attention_core_flops_per_token(model: ModelSpec, seq: int) -> float:
+    """A block's attention core (scores and their weighted sum) per token, forward: ``4 s h``
+    (Narayanan et al. 2021, the convention of the whole model: no causal halving)."""
+    return 4.0 * seq * model.hidden
+
+
 def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     """Mixture of experts: the parameters a token passes through (its k experts, the shared expert
     and the router; ``active_mlp_params``), the mean over the blocks."""
     matmul_params = model.attention_params + model.active_mlp_params
-    return 2.0 * matmul_params + 4.0 * seq * model.hidden
+    return 2.0 * matmul_params + attention_core_flops_per_token(model, seq)
 
 
 def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int, moe_split: bool = False) -> float:

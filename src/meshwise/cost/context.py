@@ -121,7 +121,7 @@ def cp_exposed(model: ModelSpec, train: TrainSpec, kv_ops: list[Collective], gra
     rank's compute (``4sh / (2 P_block + 4sh)`` of a block's FLOPs), and every dK/dV send."""
     if not kv_ops:
         return 0.0
-    attention = 4.0 * train.seq_len * model.hidden
+    attention = compute.attention_core_flops_per_token(model, train.seq_len)
     share = attention / compute.block_forward_flops_per_token(model, train.seq_len)
     kv_s = sum(op.seconds_per_step for op in kv_ops if op.kind == "send")
     return max(kv_s - share * compute_s, 0.0) + sum(op.seconds_per_step for op in grad_ops if op.kind == "send")

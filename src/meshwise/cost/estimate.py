@@ -447,12 +447,13 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     # the attention kernels timed on their own (cost/context.py, cost/host.py) hold the attention core
-    ring_s = ring_kernel_seconds(model, accel, local_train(train, layout), layout, shape.blocks, m)
-    if layout.cp == 1:
+    if layout.cp > 1:
+        ring_s = ring_kernel_seconds(model, accel, local_train(train, layout), layout, shape.blocks, m)
+    else:
         ring_s = host.sdpa_seconds(model, accel, train.seq_len, layout.mbs, layout.tp, layout.ac, shape.blocks, m)
     if ring_s:
         flops -= (tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks
-                  * 4.0 * train.seq_len * model.hidden / layout.tp)
+                  * compute.attention_core_flops_per_token(model, train.seq_len) / layout.tp)
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:

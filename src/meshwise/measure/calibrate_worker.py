@@ -10,6 +10,7 @@ import platform
 import time
 from pathlib import Path
 
+from meshwise.cost.compute import attention_core_flops_per_token
 from meshwise.files import write_atomically
 from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
 from meshwise.measure.probe import best_time as _best_time
@@ -417,7 +418,8 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
-        "sdpa_model": [model.heads * seq * seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
+        "sdpa_model": [model.heads * seq * seq, model.head_dim,
+                       3 * model.layers * seq * attention_core_flops_per_token(model, seq)],
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "blocks": model.layers,
         "model_tensors": parameter_tensors(model, model.layers, True, True),

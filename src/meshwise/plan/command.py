@@ -56,7 +56,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                           runtime=runtime, overlap_tp_comm=tp_comm_overlap or None)
+                           runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap))
     from meshwise.cost.fp8 import check_supported
     check_supported(cluster.accelerator, precision)
     if top < 1:

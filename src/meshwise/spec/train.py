@@ -37,7 +37,7 @@ class TrainSpec:
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
     runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
-    overlap_tp_comm: bool | None = None  # TP collectives hidden behind GEMMs (--tp-comm-overlap); None = off
+    overlap_tp_comm: bool = False  # TP collectives hidden behind GEMMs (Megatron-LM's --tp-comm-overlap)
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
     selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
@@ -70,10 +70,10 @@ class TrainSpec:
 
     @cached_property
     def tp_overlap(self) -> bool:
-        """Whether TP collectives overlap GEMMs (Transformer Engine's userbuffers): the explicit setting, else
-        off, the default of both runtimes (Megatron-LM's ``--tp-comm-overlap`` is a store_true flag,
+        """Whether TP collectives overlap GEMMs (Transformer Engine's userbuffers): the setting, off by default
+        in both runtimes (Megatron-LM's ``--tp-comm-overlap`` is a store_true flag,
         megatron/training/arguments.py; NeMo's recipes turn it on, and published runs that used it say so)."""
-        return bool(self.overlap_tp_comm)
+        return self.overlap_tp_comm
 
     @cached_property
     def tokens_per_step(self) -> int:
