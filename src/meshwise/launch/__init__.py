@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.launch.allocator import keep_freed_host_memory
 
 RUN_DIR_ENV = "MESHWISE_RUN_DIR"  # the run folder: FileStores, heartbeats, reports
 LAUNCHER_ENV = "MESHWISE_LAUNCHER"  # "1" when meshwise's launcher reads the workers' reports
@@ -225,6 +226,8 @@ def init_process_group(backend: str, timeout_s: float = 600.0) -> None:
         store = dist.PrefixStore(f"meshwise/attempt-{attempt}", store)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:  # a CPU rank: its step's temporaries are reused, not faulted in again (launch/allocator.py)
+        keep_freed_host_memory()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
