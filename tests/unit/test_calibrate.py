@@ -32,7 +32,8 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
           "matmul_all_threads_flops_per_s": 48e9,
           "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
-          "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))]}
+          "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+          "ring_includes_sends": True}
 
 
 def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
@@ -103,6 +104,34 @@ def test_ring_kernels_replace_the_attention_core_under_cp():
         extra[ac] = b - a
         assert b - a == pytest.approx(core_share(accel, 2) * (charged - core_s), rel=1e-9)
     assert extra["full"] > extra["none"]
+
+
+def test_ring_steps_timed_with_their_sends_expose_no_ring_transfer_again(tmp_path):
+    """A profile whose ring steps were timed as whole calls (``cp_step_includes_sends``) holds the
+    sends in compute: the ring's exposed seconds go, the compute and the collectives counted stay;
+    the flag is read from a profile file, and anything but true or false is refused by name."""
+    import dataclasses
+
+    from meshwise.cost.estimate import estimate
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    base = load_cluster("cpu", 2, 2)
+    timed = dataclasses.replace(base.accelerator, cp_step_s=1e-4, cp_score_s=8e-9, cp_score_dim_s=2e-10)
+    model, train, layout = load_model("tiny"), TrainSpec(4, 256, precision="fp32"), parse("cp=2", 2)
+    bare, whole = (estimate(model, dataclasses.replace(base, accelerator=a), train, layout)
+                   for a in (timed, dataclasses.replace(timed, cp_step_includes_sends=True)))
+    assert bare.time.comm_exposed_s > whole.time.comm_exposed_s
+    assert whole.time.compute_s == bare.time.compute_s
+    assert whole.time.step_s < bare.time.step_s
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    assert table["cp_step_includes_sends"] is True
+    path = tmp_path / "p.toml"
+    cal.write_profile(path, table)
+    assert load_cluster(str(path), 2, 2).accelerator.cp_step_includes_sends is True
+    path.write_text(path.read_text().replace("cp_step_includes_sends = true", "cp_step_includes_sends = 1"))
+    with pytest.raises(MeshwiseError, match="cp_step_includes_sends must be true or false"):
+        load_cluster(str(path), 2, 2)
 
 
 def test_sdpa_kernel_replaces_the_attention_core_without_cp():
@@ -320,6 +349,33 @@ def test_host_constants_recover_what_the_cost_model_would_predict():
     times = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
     op, call, sel = cal.host_constants(times, host.ops_per_microbatch(blocks, True, True), blocks)
     assert (op, call, sel) == pytest.approx((7e-6, 3e-4, 2e-5))
+
+
+def test_host_constants_are_net_of_the_host_benchmark_s_own_gemms_and_attention():
+    """The four-token pass still runs its GEMMs and SDPA calls: times made of cost/host.py's launches
+    plus those kernels by the fitted GEMM grid and SDPA constants give back the launch constants."""
+    from meshwise.cost import host
+    from meshwise.measure.calibrate_worker import HOST_TOKENS
+    from meshwise.spec import AcceleratorSpec, load_model
+
+    model, blocks = load_model("small"), load_model("small").layers
+    gemm, ring = cal.gemm_fields(RESULT), cal.ring_fields(RESULT)
+    result = {**RESULT, "blocks": blocks,
+              "host_gemms": [[*s, float(blocks)] for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, False)]
+              + [[*s, 1.0] for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:]],
+              "host_sdpa": [model.heads * HOST_TOKENS ** 2, model.head_dim, float(blocks)]}
+    whole_s, block_forward_s = cal.host_arithmetic_seconds(result, gemm, ring)
+    fitted = AcceleratorSpec("fit", 1, 40e9, 40e9, 1.0, cpu_gemm_flops_per_s=gemm["cpu_gemm_flops_per_s"],
+                             cpu_gemm_call_s=gemm["cpu_gemm_call_s"], cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])
+    gemms_s = sum(host.cpu_gemm_seconds(fitted, *s) for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:])
+    assert whole_s > gemms_s > 0 and 0 < block_forward_s < whole_s / blocks
+    accel = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=4e-6, checkpoint_call_s=3e-4, selective_op_s=2e-5)
+    launches = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
+    times = {"none": launches["none"] + whole_s, "full": launches["full"] + whole_s + blocks * block_forward_s,
+             "selective": launches["selective"] + whole_s + blocks * block_forward_s}
+    ops = host.ops_per_microbatch(blocks, True, True)
+    assert cal.host_constants(times, ops, blocks, (whole_s, block_forward_s)) == pytest.approx((4e-6, 3e-4, 2e-5))
+    assert cal.host_constants(times, ops, blocks)[0] > 4e-6 * 1.1  # the kernels left in: a per-op cost too high
 
 
 def test_the_cli_prints_each_component_and_each_fit_s_own_error(monkeypatch, capsys, tmp_path):

@@ -142,9 +142,11 @@ def ring_kernel_seconds(model: ModelSpec, accel, local: TrainSpec, layout: Layou
     for ``E`` = :func:`ring_scores_per_step` (cp ring steps per attention, each a forward and a
     backward block; recompute runs the forward again, a third by the FLOP convention of
     compute.recompute_factor). The three constants are fitted by ``meshwise calibrate`` to the
-    runtime's own block functions timed over a grid of (local sequence, head width)
-    (measure/calibrate.py ``fit_ring``). 0 when the profile has none (GPU profiles): the attention
-    core then stays in the FLOP term."""
+    runtime's own code timed over a grid of (local sequence, head width) (measure/calibrate.py
+    ``fit_ring``): with two processes or more, its whole ring call over two ranks, sends and
+    bookkeeping included (``cp_step_includes_sends``: cost/estimate.py then exposes no ring transfer
+    apart); with one, the bare block functions. 0 when the profile has none (GPU profiles): the
+    attention core then stays in the FLOP term."""
     if layout.cp == 1 or model.states_only or not (accel.cp_score_s or accel.cp_score_dim_s):
         return 0.0
     per_step = accel.cp_step_s + ring_scores_per_step(model, local, layout) * (

@@ -16,9 +16,12 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   ``efficiency_half_width = 0`` so the cost model reads ``efficiency(h) = efficiency_max`` for
   every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
 - **host time** ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one
-  forward + backward of the model on ``HOST_TOKENS`` tokens, where the arithmetic is negligible, under
-  each activation-checkpointing mode: ``t_none / ops``, then ``(t_full - t_none) / blocks - F * op``
-  and ``((t_sel - t_none) / blocks - F * op - call) / (2 F)``, never below 0;
+  forward + backward of the model on ``HOST_TOKENS`` tokens under each activation-checkpointing
+  mode, less that pass's own GEMMs and SDPA calls by their fits below (at four tokens they still pay
+  their fixed costs and move their weights: about a quarter of the pass here), ``A`` for the whole
+  pass and ``a`` for one block's forward: ``(t_none - A) / ops``, then
+  ``(t_full - t_none) / blocks - a - F * op`` and ``((t_sel - t_none) / blocks - a - F * op - call) / (2 F)``,
+  never below 0;
 - **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
   op_overhead_s - memory_bound_s) * matmul rate)``, where ``memory_bound_s`` is the cost model's
   memory-bound term for that forward + backward (cost/host.py ``memory_bound_seconds``: the bytes of
@@ -40,9 +43,16 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   all-reduce ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather and reduce-scatter
   ``(n-1) alpha + (n-1)/n B / beta``, by least squares on relative error. Each call is timed as
   training issues it, between two slices of compute: ``(time of compute + call) - (time of the
-  compute alone)``. Back-to-back calls in a tight loop read several times faster on CPU, because
+  compute alone)``, the median of five lock-step runs (a step pays a collective's typical time,
+  and on a shared CPU the best run is 1.3-1.9x faster than the median). Back-to-back calls in a tight loop read several times faster on CPU, because
   there gloo's threads and the peer process are already awake; in training they are not (and the
   ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
+- **ring attention** ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context.py): with two
+  processes or more and two cores or more, the runtime's whole ring-attention call (forward +
+  backward) over a ring of ranks 0 and 1, per ring step, at ``RING_SHAPES``: the K/V and dK/dV sends
+  and the bookkeeping around the blocks cost 1.1-2.3x the bare blocks on this host, and their CPU
+  work shares the rank's core, so the profile says ``cp_step_includes_sends = true`` and the cost
+  model charges no ring transfer apart; one process times the bare blocks (no ring to run);
 - **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
 - **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
   need those cores, so the cost model exposes data-parallel communication instead of hiding it.
@@ -77,7 +87,7 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
-                "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
+                "cp_score_dim_s", "cp_step_includes_sends", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
                 "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
@@ -223,9 +233,11 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
     model_ops = int(result["model_ops"])
-    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]))
-    memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
+    gemm = gemm_fields(result)
     ring = ring_fields(result)
+    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]),
+                                         host_arithmetic_seconds(result, gemm, ring))
+    memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
     attention_s, attention_flops = calibration_attention(result, ring)
     arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s,
                        0.5 * float(result["fwd_bwd_s"]))
@@ -243,7 +255,6 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         fsdp_call_s, fsdp_param_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
-    gemm = gemm_fields(result)
     cores = int(result.get("cores", 1))
     rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
     thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
@@ -274,6 +285,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "calibrated_on": f"meshwise calibrate, {when}",
         **{k: v for k, v in gemm.items() if k != "note"},
         **{k: v for k, v in ring.items() if k != "note"},
+        **({"cp_step_includes_sends": True} if result.get("ring_includes_sends") and "cp_step_s" in ring else {}),
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
                   f"{ring.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
@@ -385,7 +397,8 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
-                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "sdpa_call_s", "sdpa_score_s",
+                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
+                 "sdpa_call_s", "sdpa_score_s",
                  "sdpa_score_dim_s")
 
 
@@ -397,16 +410,45 @@ def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> d
     return merged
 
 
-def host_constants(host_s: dict[str, float], model_ops: int, blocks: int) -> tuple[float, float, float]:
+def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: dict[str, Any]) -> tuple[float, float]:
+    """(whole pass, one block's forward) seconds of the host benchmark's own GEMMs and attention
+    calls (``HOST_TOKENS`` tokens), by the GEMM grid's and the SDPA calls' fits (``host_gemms``:
+    ``[M, N, K, count]``; ``host_sdpa``: ``[score elements, head width, blocks]``): at four tokens
+    they still pay their fixed costs and move their weights, about a quarter of that pass on a
+    2-core x86 host, which the per-operator cost must not absorb. (0, 0) without the fits."""
+    from meshwise.cost.host import cpu_gemm_seconds
+    from meshwise.spec import AcceleratorSpec
+
+    if "cpu_gemm_flops_per_s" not in gemm or not result.get("host_gemms"):
+        return 0.0, 0.0
+    rate = gemm["cpu_gemm_flops_per_s"]
+    fitted = AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=gemm["cpu_gemm_call_s"],
+                             cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])
+    blocks = float(result["blocks"])
+    rows = [(cpu_gemm_seconds(fitted, m, n, k), count) for m, n, k, count in result["host_gemms"]]
+    block_s = sum(s for s, count in rows if count == blocks)  # one block's forward + backward GEMMs
+    head_s = sum(s * count for s, count in rows if count != blocks)
+    attention_s = 0.0
+    if "sdpa_call_s" in ring and result.get("host_sdpa"):
+        scores, head_dim, _ = (float(x) for x in result["host_sdpa"])
+        attention_s = ring["sdpa_call_s"] + scores * (ring["sdpa_score_s"] + head_dim * ring["sdpa_score_dim_s"])
+    return blocks * (block_s + attention_s) + head_s, (block_s + attention_s) / 3.0
+
+
+def host_constants(host_s: dict[str, float], model_ops: int, blocks: int,
+                   arithmetic_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float, float]:
     """(op_overhead_s, checkpoint_call_s, selective_op_s) from the forward + backward seconds of the
-    host benchmark under each mode (``{"none": t, "full": t, "selective": t}``), by cost/host.py's
-    model: none = ops * op; full adds blocks * (F * op + call); selective adds
-    blocks * (F * op + call + 2 F * sel). Each is at least 0."""
+    host benchmark under each mode (``{"none": t, "full": t, "selective": t}``) less its arithmetic
+    (``arithmetic_s``: :func:`host_arithmetic_seconds`, the whole pass's and one block forward's,
+    which a recompute runs again), by cost/host.py's model: none = ops * op; full adds
+    blocks * (F * op + call); selective adds blocks * (F * op + call + 2 F * sel). Each is at
+    least 0, and the per-operator cost at least half of ``none / ops``."""
     from meshwise.cost.host import BLOCK_FORWARD_OPS as F
 
-    op = host_s["none"] / model_ops
-    call = max(0.0, (host_s["full"] - host_s["none"]) / blocks - F * op)
-    sel = max(0.0, ((host_s["selective"] - host_s["none"]) / blocks - F * op - call) / (2 * F))
+    whole_s, block_forward_s = arithmetic_s
+    op = max(host_s["none"] - whole_s, 0.5 * host_s["none"]) / model_ops
+    call = max(0.0, (host_s["full"] - host_s["none"]) / blocks - block_forward_s - F * op)
+    sel = max(0.0, ((host_s["selective"] - host_s["none"]) / blocks - block_forward_s - F * op - call) / (2 * F))
     return op, call, sel
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -84,6 +85,38 @@ def bench_ring(repeats: int) -> list[list[float]]:
 
         step()
         out.append([float(RING_HEADS * seq * seq), float(d), _best_time(step, 3 * repeats, 0.002)])
+    return out
+
+
+def bench_ring_calls(repeats: int, group) -> list[list[float]]:
+    """``[score elements per ring step, head width, seconds per ring step]`` of the runtime's whole
+    ring-attention call (meshwise.runtime.context_parallel ``ring_attention``, forward + backward,
+    fp32) over a ring of the two ranks of ``group``, per (local sequence, head width) of
+    ``calibrate.RING_SHAPES``: the best of several lock-step timings, halved (two ring steps per
+    call). Unlike :func:`bench_ring` it holds what a step pays around the blocks: the K/V and dK/dV
+    sends and receives on this host's gloo (their CPU work shares the rank's core), the
+    accumulators, the positions and the concatenations."""
+    import torch
+    import torch.distributed as dist
+
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+    from meshwise.runtime.context_parallel import RingGroup, ring_attention
+
+    ranks = dist.get_process_group_ranks(group)
+    me = ranks.index(dist.get_rank())
+    ring = RingGroup(group, me, 2, ranks[(me + 1) % 2], ranks[(me - 1) % 2])
+    gen = torch.Generator().manual_seed(me)
+    out = []
+    for seq, d in RING_SHAPES:
+        q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
+        k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
+        grad = torch.randn(1, RING_HEADS, seq, d, generator=gen)
+
+        def call() -> None:
+            ring_attention(q, k, v, ring).backward(grad)
+
+        call()
+        out.append([float(RING_HEADS * seq * seq), float(d), _lockstep_time(call, 3 * repeats, 1, group) / 2])
     return out
 
 
@@ -244,20 +277,20 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     return out
 
 
-def _lockstep_time(fn, repeats: int, calls: int, group=None) -> float:
-    """Seconds per call of ``fn``: the best of ``repeats`` runs of ``calls`` calls, every rank of
-    ``group`` (default: all) starting each run at a barrier (a fixed count: ranks must issue the
-    same collectives)."""
+def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = False) -> float:
+    """Seconds per call of ``fn``: the best (``typical``: the median) of ``repeats`` runs of
+    ``calls`` calls, every rank of ``group`` (default: all) starting each run at a barrier (a fixed
+    count: ranks must issue the same collectives)."""
     import torch.distributed as dist
 
-    best = math.inf
+    runs = []
     for _ in range(repeats):
         dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        best = min(best, time.perf_counter() - start)
-    return best / calls
+        runs.append(time.perf_counter() - start)
+    return (statistics.median(runs) if typical else min(runs)) / calls
 
 
 def bench_copy(nbytes: int, repeats: int) -> float:
@@ -270,12 +303,18 @@ def bench_copy(nbytes: int, repeats: int) -> float:
     return 2.0 * nbytes / _best_time(lambda: dst.copy_(src), 5 * repeats)
 
 
+COLLECTIVE_RUNS = 5  # lock-step runs per collective and size: the median of five
+
+
 def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
                       repeats: int, group=None) -> list[list[float]]:
     """``[kind, n, payload_bytes, seconds]`` per kind and size over ``group`` (default: all ranks).
     Each call follows a slice of compute (one block's GEMMs at ``tokens`` tokens), as in training;
-    seconds per call = ``(min time of calls x (compute + call) - min time of calls x compute) /
-    calls``, at least the tight-loop time of the call alone."""
+    seconds per call = ``(median time of calls x (compute + call) - median time of calls x compute) /
+    calls``, at least the tight-loop time of the call alone, each over ``COLLECTIVE_RUNS`` runs or
+    more. The median, not the best: a collective's time on a shared CPU varies from run to run
+    (the best read 1.3-1.9x faster than the median on this 2-core host), and a step pays the
+    typical one, not its luckiest."""
     import torch
     import torch.distributed as dist
 
@@ -289,7 +328,7 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
             torch.nn.functional.linear(x, w)
 
     def loop(op) -> float:
-        return _lockstep_time(op, repeats, calls, group)
+        return _lockstep_time(op, max(COLLECTIVE_RUNS, repeats), calls, group, typical=True)
 
     compute_s = loop(compute)
     out: list[list[float]] = []
@@ -364,6 +403,11 @@ def worker_main(argv: list[str] | None = None) -> int:
     alone = min(n, cores)
     active = rank < alone
     mine = _per_rank(model, args.seq_len, args.quick, repeats, active, phase)
+    if n > 1 and cores > 1:  # context parallelism's whole ring call on a ring of two ranks, the others waiting
+        pair = dist.new_group([0, 1])
+        if rank < 2:
+            mine["ring_calls"] = bench_ring_calls(repeats, pair)
+    phase("ring_calls")
     pairs = max(1, alone // 2)
     tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
     phase("tp_host")
@@ -410,6 +454,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
     from meshwise.measure.calibrate import calibration_memory_bound_bytes
 
     n = len(everyone)
+    ring_calls = [r["ring_calls"] for r in everyone if r.get("ring_calls")]
     everyone = [r for r in everyone if "fwd_bwd_s" in r]
     return {
         "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
@@ -429,6 +474,12 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
         **{key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
            for key in ("ring", "sdpa")},
+        # the ring's whole calls with their sends replace its bare blocks where two ranks timed them
+        **({"ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
+            "ring_includes_sends": True} if ring_calls else {}),
+        "host_gemms": [[*s, float(model.layers)] for s in linear_gemm_shapes(model, HOST_TOKENS, 1, False)]
+                      + [[*s, 1.0] for s in linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:]],
+        "host_sdpa": [model.heads * HOST_TOKENS * HOST_TOKENS, model.head_dim, float(model.layers)],
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],

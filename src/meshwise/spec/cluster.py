@@ -76,6 +76,7 @@ class AcceleratorSpec:
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0
+    cp_step_includes_sends: bool = False  # the three timed as whole ring calls over a real ring: K/V and dK/dV sends in
     # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_seconds``): call + E * (score + d * dim)
     sdpa_call_s: float = 0.0
     sdpa_score_s: float = 0.0

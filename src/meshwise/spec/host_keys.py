@@ -18,7 +18,10 @@ HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp
 GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s")  # 0 or more
 # when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
+# true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
+HOST_FLAG_KEYS = ("cp_step_includes_sends",)
 HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
+             | set(HOST_FLAG_KEYS)
              | set(PROBE_KEYS) | set(GEMM_RATE_KEYS))
 
 
@@ -62,4 +65,9 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise MeshwiseError(f"--gpu {gpu}: cores_per_node must be a whole number of cores, 0 or more, got {value!r}")
         out["cores_per_node"] = value
+    for key in HOST_FLAG_KEYS:
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be true or false, got {table[key]!r}")
+            out[key] = table[key]
     return out
