@@ -35,13 +35,17 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))]}
 
 
-def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
+def _samples(alpha: float, beta: float, n: int, rs_ratio: float = 0.0) -> list[tuple[str, int, float, float]]:
+    """All-gathers and all-reduces by the ring formulas; with ``rs_ratio`` reduce-scatters timed as
+    gloo's, ``rs_ratio`` x the all-reduce of the same tensor (not the ring's half of one)."""
     link = LinkSpec(beta, alpha)
     out = []
     for size in (4e3, 256e3, 4e6, 32e6):
         out.append(("all_gather", n, size, comm.collective_seconds("all_gather", n, size, link)))
         ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta
         out.append(("all_reduce", n, size, ring))
+        if rs_ratio:
+            out.append(("reduce_scatter", n, size, rs_ratio * ring))
     return out
 
 
@@ -221,8 +225,33 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
     assert extra["tp=2"] == 0
 
 
+def test_reduce_scatter_is_charged_as_the_all_reduce_gloo_times_it_as(tmp_path):
+    """The ring fit is made on the all-reduces and all-gathers alone, and a reduce-scatter is then
+    priced at the measured share of an all-reduce: the profile predicts the samples it was made from
+    (2 ranks: the ring all-reduce is the cheaper), the ring formula (half an all-reduce) would not."""
+    n = 2
+    samples = _samples(80e-6, 1.5e9, n, rs_ratio=1.1)
+    table = cal.profile_table({**RESULT, "collectives": samples}, nproc=n, ram_bytes=16 << 30)
+    assert table["reduce_scatter_ratio"] == pytest.approx(1.1)
+    assert table["intra_latency_s"] == pytest.approx(80e-6, rel=1e-6)
+    path = tmp_path / "cpu.toml"
+    cal.write_profile(path, table)
+    link = load_cluster(str(path), n).intra
+    for kind, _, size, seconds in samples:
+        assert comm.collective_seconds(kind, n, size, link) == pytest.approx(seconds, rel=1e-4)
+    ring = comm.collective_seconds("reduce_scatter", n, 4e6, LinkSpec(1.5e9, 80e-6))
+    assert comm.collective_seconds("reduce_scatter", n, 4e6, link) > 1.9 * ring
+
+
+def test_no_reduce_scatter_samples_keep_the_ring_formula():
+    assert cal.reduce_scatter_ratio(_samples(80e-6, 1.5e9, 2)) == 0.0
+    table = cal.profile_table({**RESULT, "collectives": _samples(80e-6, 1.5e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    assert "reduce_scatter_ratio" not in table
+
+
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
-    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0)}, nproc=2,
+                              ram_bytes=16 << 30)
     # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
     catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
     assert set(table) == catalog_keys

@@ -45,7 +45,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 7  # 7: ring attention's kernels (cost/context.py);
+CALIBRATION_VERSION = 8  # 8: gloo's reduce-scatter timed as a share of an all-reduce (cost/comm.py);
+                         # 7: ring attention's kernels (cost/context.py);
                          # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
                          # 5: the efficiency net of the memory-bound term (cost/host.py);
                          # 4: more ranks than cores take the cores-process profile's per-rank figures;
