@@ -17,6 +17,6 @@ def test_a_tiny_calibration_writes_a_plannable_profile(tmp_path):
         assert table[key] > 0, key
     assert table["fsdp_call_s"] >= 0 and table["fsdp_param_s"] >= 0 and 0 < table["gemm_reference_efficiency"] <= 1
     assert 0 < table["efficiency_max"] <= 1
-    assert "GEMM grid of 57 shapes" in table["source"] and table["source"].count("mean |error|") == 2
+    assert "GEMM grid of 57 shapes" in table["source"] and table["source"].count("mean |error|") == 4
     assert main(["plan", "--gpu", str(out), "--gpus", "2", "--model", "tiny", "--global-batch", "8",
                  "--precision", "fp32", "--json"]) == 0
