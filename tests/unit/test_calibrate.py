@@ -36,13 +36,17 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "ring_includes_sends": True}
 
 
-def _samples(alpha: float, beta: float, n: int) -> list[tuple[str, int, float, float]]:
+def _samples(alpha: float, beta: float, n: int, rs_ratio: float = 0.0) -> list[tuple[str, int, float, float]]:
+    """All-gathers and all-reduces by the ring formulas; with ``rs_ratio`` reduce-scatters timed as
+    gloo's, ``rs_ratio`` x the all-reduce of the same tensor (not the ring's half of one)."""
     link = LinkSpec(beta, alpha)
     out = []
     for size in (4e3, 256e3, 4e6, 32e6):
         out.append(("all_gather", n, size, comm.collective_seconds("all_gather", n, size, link)))
         ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta
         out.append(("all_reduce", n, size, ring))
+        if rs_ratio:
+            out.append(("reduce_scatter", n, size, rs_ratio * ring))
     return out
 
 
@@ -250,8 +254,33 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
     assert extra["tp=2"] == 0
 
 
+def test_reduce_scatter_is_charged_as_the_all_reduce_gloo_times_it_as(tmp_path):
+    """The ring fit is made on the all-reduces and all-gathers alone, and a reduce-scatter is then
+    priced at the measured share of an all-reduce: the profile predicts the samples it was made from
+    (2 ranks: the ring all-reduce is the cheaper), the ring formula (half an all-reduce) would not."""
+    n = 2
+    samples = _samples(80e-6, 1.5e9, n, rs_ratio=1.1)
+    table = cal.profile_table({**RESULT, "collectives": samples}, nproc=n, ram_bytes=16 << 30)
+    assert table["reduce_scatter_ratio"] == pytest.approx(1.1)
+    assert table["intra_latency_s"] == pytest.approx(80e-6, rel=1e-6)
+    path = tmp_path / "cpu.toml"
+    cal.write_profile(path, table)
+    link = load_cluster(str(path), n).intra
+    for kind, _, size, seconds in samples:
+        assert comm.collective_seconds(kind, n, size, link) == pytest.approx(seconds, rel=1e-4)
+    ring = comm.collective_seconds("reduce_scatter", n, 4e6, LinkSpec(1.5e9, 80e-6))
+    assert comm.collective_seconds("reduce_scatter", n, 4e6, link) > 1.9 * ring
+
+
+def test_no_reduce_scatter_samples_keep_the_ring_formula():
+    assert cal.reduce_scatter_ratio(_samples(80e-6, 1.5e9, 2)) == 0.0
+    table = cal.profile_table({**RESULT, "collectives": _samples(80e-6, 1.5e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    assert "reduce_scatter_ratio" not in table
+
+
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
-    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0)}, nproc=2,
+                              ram_bytes=16 << 30)
     # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
     catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
     assert set(table) == catalog_keys
@@ -385,3 +414,38 @@ def test_the_cli_prints_each_component_and_each_fit_s_own_error(monkeypatch, cap
     out = capsys.readouterr().out
     assert "FSDP2" in out and "GFLOP/s + 3.0 us" in out  # the GEMM grid's fit: 40 GFLOP/s + 3 us per call
     assert "GEMM grid of 118 shapes" in out and "fitted over gloo with mean |error| 0%" in out
+
+
+def test_ring_steps_are_read_off_the_measured_table(tmp_path):
+    """A profile with ``cp_ring_table`` reads each measured ring step back exactly, interpolates
+    between (linearly in score elements, then head width), extends the end segments past the
+    table, and never goes below its fastest step; the table survives the profile file, and a
+    malformed one is refused by name."""
+    import dataclasses
+
+    from meshwise.cost.context import ring_step_seconds
+
+    rows = [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10) * (1.5 if s >= 512 else 1.0)]
+            for s, d in ((64, 16), (256, 16), (512, 16), (64, 64), (256, 64), (512, 64))]
+    accel = dataclasses.replace(load_cluster("cpu", 2, 2).accelerator, cp_step_s=1e-4, cp_score_s=8e-9,
+                                cp_ring_table=tuple(tuple(r) for r in rows))
+    for e, d, s in rows:
+        assert ring_step_seconds(accel, e, d) == pytest.approx(s)
+    e0, e1 = 4.0 * 256 ** 2, 4.0 * 512 ** 2
+    mid = ring_step_seconds(accel, (e0 + e1) / 2, 16)
+    assert mid == pytest.approx((rows[1][2] + rows[2][2]) / 2)
+    assert ring_step_seconds(accel, e1, 40) == pytest.approx((rows[2][2] + rows[5][2]) / 2)
+    beyond = ring_step_seconds(accel, 2 * e1, 16)
+    assert beyond == pytest.approx(rows[2][2] + (rows[2][2] - rows[1][2]) * e1 / (e1 - e0))
+    assert ring_step_seconds(accel, 1.0, 1.0) == pytest.approx(min(r[2] for r in rows))
+    line = dataclasses.replace(accel, cp_ring_table=())  # without a table, the fitted line
+    assert ring_step_seconds(line, e1, 16) == pytest.approx(1e-4 + e1 * (8e-9 + 16 * accel.cp_score_dim_s))
+    table = cal.profile_table({**RESULT, "ring": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2,
+                              ram_bytes=16 << 30)
+    path = tmp_path / "p.toml"
+    cal.write_profile(path, table)
+    read = load_cluster(str(path), 2, 2).accelerator.cp_ring_table
+    assert [x for r in read for x in r] == pytest.approx([x for r in rows for x in r], rel=1e-5)
+    path.write_text(path.read_text().replace("cp_ring_table = [[", "cp_ring_table = [[-"))
+    with pytest.raises(MeshwiseError, match="cp_ring_table must be two or more rows"):
+        load_cluster(str(path), 2, 2)

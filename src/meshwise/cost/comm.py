@@ -6,7 +6,10 @@ spans nodes rides the scale-out link. For ``n`` ranks and a payload of ``B`` byt
 
 - ring all-reduce ``2(n-1)*alpha + 2(n-1)/n * B/beta``; tree all-reduce ``2*ceil(log2 n)*alpha + 2*B/beta``;
   the cheaper one is taken (NCCL chooses per size);
-- ring all-gather and reduce-scatter ``(n-1)*alpha + (n-1)/n * B/beta``;
+- ring all-gather and reduce-scatter ``(n-1)*alpha + (n-1)/n * B/beta``; where the link states a
+  ``reduce_scatter_ratio`` r > 0 (gloo, measured by ``meshwise calibrate``), a reduce-scatter costs
+  ``r`` times the all-reduce of the same tensor instead: gloo's reduce-scatter of a tensor times like
+  an all-reduce of it (calibrate's micro-benchmarks: r about 1 at 2 and 4 processes), twice the ring's;
 - broadcast ``ceil(log2 n)*alpha + B/beta``; send/recv ``alpha + B/beta``;
 - all-to-all (pairwise exchange) ``(n-1)*alpha + (n-1)/n * B/beta``: each rank keeps 1/n of its
   ``B`` bytes and sends the rest, one message per peer (expert parallelism, uniform routing).
@@ -51,6 +54,8 @@ def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) 
         ring = 2 * (n - 1) * a + 2 * (n - 1) / n * payload_bytes / beta
         tree = 2 * math.ceil(math.log2(n)) * a + 2 * payload_bytes / beta
         return min(ring, tree)
+    if kind == "reduce_scatter" and link.reduce_scatter_ratio > 0:
+        return link.reduce_scatter_ratio * collective_seconds("all_reduce", n, payload_bytes, link)
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) * a + (n - 1) / n * payload_bytes / beta
     if kind == "broadcast":

@@ -147,8 +147,33 @@ def ring_kernel_seconds(model: ModelSpec, accel, local: TrainSpec, layout: Layou
     bookkeeping included (``cp_step_includes_sends``: cost/estimate.py then exposes no ring transfer
     apart); with one, the bare block functions. 0 when the profile has none (GPU profiles): the
     attention core then stays in the FLOP term."""
-    if layout.cp == 1 or model.states_only or not (accel.cp_score_s or accel.cp_score_dim_s):
+    if layout.cp == 1 or model.states_only or not (accel.cp_score_s or accel.cp_score_dim_s or accel.cp_ring_table):
         return 0.0
-    per_step = accel.cp_step_s + ring_scores_per_step(model, local, layout) * (
-        accel.cp_score_s + model.head_dim * accel.cp_score_dim_s)
+    per_step = ring_step_seconds(accel, ring_scores_per_step(model, local, layout), model.head_dim)
     return m * blocks * layout.cp * (1.0 + (layout.ac != "none") / 3.0) * per_step
+
+
+def ring_step_seconds(accel, scores: float, head_dim: float) -> float:
+    """One ring step (a forward and a backward block) of ``scores`` score elements at ``head_dim``:
+    read off the profile's measured table where it has one (``cp_ring_table``, ``meshwise
+    calibrate``'s own timings): piecewise linear in the score elements at each measured head width,
+    then in the head width, each extended past its ends by its end segment's slope, and never below
+    the table's fastest step; else ``cp_step_s + E * (cp_score_s + head_dim * cp_score_dim_s)``.
+    The table, not the fitted line: past the last-level cache (local sequences of 512 and more) a
+    score element costs more than at the small shapes, and the line, fitted on relative error over
+    both, read the 512-token step 20% fast."""
+    table = accel.cp_ring_table
+    if not table:
+        return accel.cp_step_s + scores * (accel.cp_score_s + head_dim * accel.cp_score_dim_s)
+    widths = sorted({d for _, d, _ in table})
+    by_width = [(d, _piecewise(sorted((e, s) for e, w, s in table if w == d), scores)) for d in widths]
+    return max(_piecewise(by_width, head_dim), min(s for _, _, s in table))
+
+
+def _piecewise(points: list[tuple[float, float]], x: float) -> float:
+    """The polyline through ``points`` (x ascending) at ``x``, its end segments extended."""
+    if len(points) == 1:
+        return points[0][1]
+    i = next((j for j in range(1, len(points) - 1) if x < points[j][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -38,10 +38,12 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
   (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
   128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
-- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce, all-gather and
-  reduce-scatter at a few sizes, fitted to the cost model's formulas (``cost/comm.py``): ring
-  all-reduce ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather and reduce-scatter
-  ``(n-1) alpha + (n-1)/n B / beta``, by least squares on relative error. Each call is timed as
+- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce and all-gather at a few
+  sizes, fitted to the cost model's formulas (``cost/comm.py``): ring all-reduce
+  ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather ``(n-1) alpha + (n-1)/n B / beta``, by least
+  squares on relative error; ``reduce_scatter_ratio``: the reduce-scatter timed at the same sizes,
+  over the all-reduce of the same tensor (geometric mean): gloo's reduce-scatter times like an
+  all-reduce (about 1x at 2 and 4 processes on a 2-core VM), twice the ring formula's. Each call is timed as
   training issues it, between two slices of compute: ``(time of compute + call) - (time of the
   compute alone)``, the median of five lock-step runs (a step pays a collective's typical time,
   and on a shared CPU the best run is 1.3-1.9x faster than the median). Back-to-back calls in a tight loop read several times faster on CPU, because
@@ -63,6 +65,7 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from datetime import UTC, datetime
@@ -84,10 +87,10 @@ DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass ov
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
-                "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
+                "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
                 "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
-                "cp_score_dim_s", "cp_step_includes_sends", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
+                "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
                 "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
@@ -208,6 +211,16 @@ def fit_alpha_beta(samples: list[tuple[str, int, float, float]]) -> tuple[float,
     return alpha, 1.0 / g
 
 
+def reduce_scatter_ratio(samples: list[tuple[str, int, float, float]]) -> float:
+    """A reduce-scatter's time over an all-reduce's of the same tensor, geometric mean over the sizes
+    both were timed at (cost/comm.py: gloo's reduce-scatter times like an all-reduce, not like the
+    ring's half of one); 0 when no size has both."""
+    times = {(kind, n, payload): seconds for kind, n, payload, seconds in samples}
+    ratios = [seconds / times[("all_reduce", n, payload)] for (kind, n, payload), seconds in times.items()
+              if kind == "reduce_scatter" and times.get(("all_reduce", n, payload), 0) > 0]
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 0.0
+
+
 def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s: float,
                          bytes_per_s: float) -> float:
     """Mean |relative error| of the fitted latency and bandwidth on the samples they were fitted to."""
@@ -224,13 +237,16 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
     if nproc > 1:
-        samples = [tuple(s) for s in result["collectives"]]
+        every = [tuple(s) for s in result["collectives"]]
+        rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
+        samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
         latency_s, link_bytes_per_s = fit_alpha_beta(samples)
-        link_note = (f"collectives (all-reduce, all-gather, reduce-scatter between compute slices, {len(samples)} "
+        link_note = (f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
                      f"by kind and size) fitted over gloo with mean |error| "
-                     f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}")
+                     f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
+                     f"{rs_ratio:.2f} x the all-reduce of its tensor")
     else:  # one process: nothing to measure; a copy through shared memory stands in
-        latency_s, link_bytes_per_s = 1e-6, float(result["copy_bytes_per_s"])
+        latency_s, link_bytes_per_s, rs_ratio = 1e-6, float(result["copy_bytes_per_s"]), 0.0
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
     model_ops = int(result["model_ops"])
     gemm = gemm_fields(result)
@@ -271,6 +287,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "intra_latency_s": latency_s,
         "inter_bytes_per_s": link_bytes_per_s,
         "inter_latency_s": latency_s,
+        **({"reduce_scatter_ratio": rs_ratio} if rs_ratio else {}),
         "efficiency_max": efficiency,
         "efficiency_half_width": 0.0,
         "comm_overlap": False,
@@ -321,6 +338,8 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
             call, score, dim, error = fit_ring([tuple(x) for x in result[key]])
             out |= {f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call, f"{prefix}_score_s": score,
                     f"{prefix}_score_dim_s": dim}
+            if prefix == "cp":  # the cost model reads the timings themselves (cost/context.py ring_step_seconds)
+                out["cp_ring_table"] = [[float(x) for x in row] for row in result[key]]
             out["note"] += f"{what} ({len(result[key])} shapes) fitted with mean |error| {error:.0%}; "
     return out if len(out) > 1 else {}
 
@@ -398,7 +417,7 @@ PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_pe
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
-                 "sdpa_call_s", "sdpa_score_s",
+                 "cp_ring_table", "sdpa_call_s", "sdpa_score_s",
                  "sdpa_score_dim_s")
 
 
@@ -463,6 +482,9 @@ def format_toml(table: dict[str, Any]) -> str:
             lines.append(f"{key} = {json.dumps(value)}")
         elif isinstance(value, int):
             lines.append(f"{key} = {value}")
+        elif isinstance(value, (list, tuple)):  # a measured table: rows of numbers
+            rows = ", ".join("[" + ", ".join(f"{x:.6g}" for x in row) + "]" for row in value)
+            lines.append(f"{key} = [{rows}]")
         else:
             lines.append(f"{key} = {value:.6g}" if value != 0 else f"{key} = 0.0")
     return "\n".join(lines) + "\n"

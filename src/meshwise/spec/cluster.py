@@ -21,10 +21,13 @@ from meshwise.spec.model import cached_hash
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """One link tier: per-GPU bandwidth (one direction) and per-message latency."""
+    """One link tier: per-GPU bandwidth (one direction) and per-message latency. ``reduce_scatter_ratio``
+    (0: none stated): a reduce-scatter costs this times an all-reduce of the same tensor instead of the
+    ring formula (gloo, measured by ``meshwise calibrate``; cost/comm.py)."""
 
     bytes_per_s: float
     latency_s: float
+    reduce_scatter_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class AcceleratorSpec:
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0
     cp_step_includes_sends: bool = False  # the three timed as whole ring calls over a real ring: K/V and dK/dV sends in
+    cp_ring_table: tuple = ()          # ((score elements, head width, seconds), ...) per ring step, as timed: read first
     # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_seconds``): call + E * (score + d * dim)
     sdpa_call_s: float = 0.0
     sdpa_score_s: float = 0.0
@@ -151,7 +155,8 @@ class ClusterSpec:
         per_node = max(1, min(group_size, domain // stride))
         link = self._scale_out_links.get(per_node)
         if link is None:
-            link = self._scale_out_links[per_node] = LinkSpec(self.inter.bytes_per_s * per_node, self.inter.latency_s)
+            link = self._scale_out_links[per_node] = LinkSpec(self.inter.bytes_per_s * per_node, self.inter.latency_s,
+                                                                  self.inter.reduce_scatter_ratio)
         return link
 
     @cached_property
@@ -166,7 +171,7 @@ MAX_GPUS = 2**20  # 1,048,576 devices: ten times the largest published training 
 ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
 _ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
                "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name", "calibrated_on"} \
+               "efficiency_half_width", "comm_overlap", "source", "name", "calibrated_on", "reduce_scatter_ratio"} \
     | ACCEL_GPU_KEYS | GPU_KEYS | HOST_KEYS
 
 
@@ -259,8 +264,9 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             peak_fp8_flops_per_s=num("peak_fp8_flops_per_s", 0.0, zero_ok=True),
             peak_mxfp8_flops_per_s=num("peak_mxfp8_flops_per_s", 0.0, zero_ok=True),
             nvlink_domain_gpus=_domain(table, gpu), calibrated_on=str(table.get("calibrated_on", "")))
-        intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True))
-        inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True))
+        rs_ratio = num("reduce_scatter_ratio", 0.0, zero_ok=True)
+        intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True), rs_ratio)
+        inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True), rs_ratio)
         if accel.efficiency_max > 1:
             raise MeshwiseError(f"--gpu {gpu}: efficiency_max {accel.efficiency_max} must be in (0, 1]")
     except KeyError as missing:

@@ -20,8 +20,9 @@ GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_pe
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 # true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
 HOST_FLAG_KEYS = ("cp_step_includes_sends",)
+TABLE_KEYS = ("cp_ring_table",)  # rows [score elements > 0, head width > 0, seconds in (0, 1)], 2 or more
 HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
-             | set(HOST_FLAG_KEYS)
+             | set(HOST_FLAG_KEYS) | set(TABLE_KEYS)
              | set(PROBE_KEYS) | set(GEMM_RATE_KEYS))
 
 
@@ -70,4 +71,19 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
             if not isinstance(table[key], bool):
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be true or false, got {table[key]!r}")
             out[key] = table[key]
+    for key in TABLE_KEYS:
+        if key in table:
+            out[key] = _rows(table[key], key, gpu)
     return out
+
+
+def _rows(value: Any, key: str, gpu: str) -> tuple:
+    """A measured table: two or more rows of three finite numbers, the first two above 0, the time in (0, 1)."""
+    ok = isinstance(value, list) and len(value) >= 2 and all(
+        isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    and math.isfinite(x) for x in r)
+        and r[0] > 0 and r[1] > 0 and 0 < r[2] < 1 for r in value)
+    if not ok:
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [score elements, head width, seconds] "
+                            f"of positive numbers, seconds below 1")
+    return tuple(tuple(float(x) for x in r) for r in value)

@@ -85,7 +85,9 @@ def with_threads(cluster: ClusterSpec, threads: int) -> ClusterSpec:
     k = 1 + (threads - 1) * a.thread_efficiency
     faster = replace(a, peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k, peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k,
                      sdpa_score_s=a.sdpa_score_s / k, sdpa_score_dim_s=a.sdpa_score_dim_s / k,
-                     cp_score_s=a.cp_score_s / k, cp_score_dim_s=a.cp_score_dim_s / k)
+                     cp_score_s=a.cp_score_s / k, cp_score_dim_s=a.cp_score_dim_s / k,
+                     cp_ring_table=tuple((e, d, min(a.cp_step_s, s) + max(s - a.cp_step_s, 0.0) / k)
+                                         for e, d, s in a.cp_ring_table))
     return replace(cluster, accelerator=faster)
 
 
