@@ -449,3 +449,14 @@ def test_ring_steps_are_read_off_the_measured_table(tmp_path):
     path.write_text(path.read_text().replace("cp_ring_table = [[", "cp_ring_table = [[-"))
     with pytest.raises(MeshwiseError, match="cp_ring_table must be two or more rows"):
         load_cluster(str(path), 2, 2)
+
+
+def test_thread_efficiency_is_the_median_of_paired_speedups():
+    """Five (one thread, every core) pairs: one disturbed pair does not move the efficiency; without
+    pairs (older results) the two rates are compared as before."""
+    speedups = [1.7, 1.68, 1.2, 1.72, 1.69]  # the third pair caught a busy moment
+    table = cal.profile_table({**RESULT, "thread_speedups": speedups, "collectives": _samples(50e-6, 2e9, 2)},
+                              nproc=2, ram_bytes=16 << 30)
+    assert table["thread_efficiency"] == pytest.approx(0.69)
+    old = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
+    assert old["thread_efficiency"] == pytest.approx(48e9 / old["peak_fp32_flops_per_s"] - 1)

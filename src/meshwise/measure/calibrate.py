@@ -33,8 +33,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   (``collectives * alpha``, the fitted latency; with more ranks than cores alpha as fitted on the
   pairs that ran, alone), per operator; 0 when not measured;
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
-  wait, ``(rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
-  with all cores against one process per core;
+  wait, over its rate with one thread timed just before, in five such pairs:
+  ``(median(rate_C / rate_1) - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
+  with all cores against one process per core (calibration 8; the two rates timed in different
+  phases read 0.25 to 0.70 on this host, five pairs 0.66-0.70);
 - **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
   (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
   128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
@@ -67,6 +69,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -272,8 +275,11 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     cores = int(result.get("cores", 1))
-    rate_all = float(result.get("matmul_all_threads_flops_per_s", peak))
-    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (rate_all / peak - 1) / (cores - 1)))
+    if result.get("thread_speedups"):  # paired timings (calibration 8): the median speed-up
+        speedup = statistics.median(float(x) for x in result["thread_speedups"])
+    else:
+        speedup = float(result.get("matmul_all_threads_flops_per_s", peak)) / peak
+    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (speedup - 1) / (cores - 1)))
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "name": name,

@@ -293,6 +293,25 @@ def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = Fal
     return (statistics.median(runs) if typical else min(runs)) / calls
 
 
+THREAD_PAIRS = 5  # (one thread, every core's threads) timings, back to back: the median speed-up of five
+
+
+def bench_thread_speedups(model: ModelSpec, tokens: int, repeats: int, cores: int) -> list[float]:
+    """The block GEMMs' rate with ``cores`` threads over one thread's, timed back to back in
+    ``THREAD_PAIRS`` pairs: each pair shares its moment, so a disturbance slows both or is one
+    pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host)."""
+    import torch
+
+    out = []
+    for _ in range(THREAD_PAIRS):
+        torch.set_num_threads(1)
+        one = bench_matmul(model, tokens, repeats)
+        torch.set_num_threads(cores)
+        out.append(bench_matmul(model, tokens, repeats) / one)
+    torch.set_num_threads(1)
+    return out
+
+
 def bench_copy(nbytes: int, repeats: int) -> float:
     """Bytes per second read + written by a tensor copy of ``nbytes``."""
     import torch
@@ -414,9 +433,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
     phase("fsdp_host")
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
-        torch.set_num_threads(cores)
-        mine["matmul_all_threads_flops_per_s"] = bench_matmul(model, args.seq_len, repeats)
-        torch.set_num_threads(1)
+        mine["thread_speedups"] = bench_thread_speedups(model, args.seq_len, repeats, cores)
+        mine["matmul_all_threads_flops_per_s"] = mine["matmul_flops_per_s"] * statistics.median(mine["thread_speedups"])
     phase("threads")
     sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
     calls = 4 if args.quick else 8
@@ -483,6 +501,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],
+        **({"thread_speedups": everyone[0]["thread_speedups"]} if everyone[0].get("thread_speedups") else {}),
         "matmul_all_threads_flops_per_s": everyone[0].get("matmul_all_threads_flops_per_s",
                                                          everyone[0]["matmul_flops_per_s"]),
         "collectives": collectives,
