@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from meshwise.cost import comm, compute
 from meshwise.cost.comm import Collective
+from meshwise.cost.host import score_kernel_seconds
 from meshwise.layout import Layout
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -164,7 +165,7 @@ def ring_step_seconds(accel, scores: float, head_dim: float) -> float:
     both, read the 512-token step 20% fast."""
     table = accel.cp_ring_table
     if not table:
-        return accel.cp_step_s + scores * (accel.cp_score_s + head_dim * accel.cp_score_dim_s)
+        return score_kernel_seconds(accel.cp_step_s, accel.cp_score_s, accel.cp_score_dim_s, scores, head_dim)
     widths = sorted({d for _, d, _ in table})
     by_width = [(d, _piecewise(sorted((e, s) for e, w, s in table if w == d), scores)) for d in widths]
     return max(_piecewise(by_width, head_dim), min(s for _, _, s in table))

@@ -245,6 +245,13 @@ def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainS
     return microbatches * moved / accel.hbm_bytes_per_s
 
 
+def score_kernel_seconds(call_s: float, score_s: float, score_dim_s: float, scores: float, head_dim: float) -> float:
+    """One score-sized attention kernel, as ``meshwise calibrate`` fits both the SDPA call and the
+    ring step (measure/calibrate.py ``fit_ring``): ``call + E * (score + head_dim * dim)`` for ``E``
+    score elements."""
+    return call_s + scores * (score_s + head_dim * score_dim_s)
+
+
 def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, tp: int, ac: str, blocks: int,
                  microbatches: int) -> float:
     """Seconds of one rank's fused causal attention calls in a step (torch's SDPA, runtime/model.py
@@ -261,5 +268,5 @@ def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, t
     if not (accel.sdpa_score_s or accel.sdpa_score_dim_s) or model.states_only or model.sliding_window or model.mla:
         return 0.0
     scores = mbs * model.heads / tp * float(seq) ** 2
-    per_call = accel.sdpa_call_s + scores * (accel.sdpa_score_s + model.head_dim * accel.sdpa_score_dim_s)
+    per_call = score_kernel_seconds(accel.sdpa_call_s, accel.sdpa_score_s, accel.sdpa_score_dim_s, scores, model.head_dim)
     return microbatches * blocks * (1.0 + (ac == "full") / 3.0) * per_call

@@ -172,6 +172,8 @@ def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, f
     (sdpa_*), fitted to ``(score elements E, head width d, seconds of a forward + backward)`` samples by least
     squares on relative error; a term whose coefficient comes out negative is left out (the
     per-width one first, then the fixed one) and the rest refitted."""
+    from meshwise.cost.host import score_kernel_seconds
+
     def solve(cols: list[int]) -> list[float] | None:
         rows = [[(1.0, e, e * d)[c] / t for c in cols] for e, d, t in samples]
         return _relative_least_squares(rows)
@@ -181,7 +183,7 @@ def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, f
         if coef and all(c >= 0 for c in coef):
             full = dict(zip(cols, coef))
             step, score, dim = full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
-            errors = [abs((step + e * (score + d * dim)) / t - 1) for e, d, t in samples]
+            errors = [abs(score_kernel_seconds(step, score, dim, e, d) / t - 1) for e, d, t in samples]
             return step, score, dim, sum(errors) / len(errors)
     raise ValueError("no ring-attention samples to fit")
 
@@ -350,6 +352,13 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
     return out if len(out) > 1 else {}
 
 
+def _sdpa_call_seconds(fields: dict[str, Any], scores: float, head_dim: float) -> float:
+    """One SDPA call of ``scores`` score elements by the fitted constants in ``fields``."""
+    from meshwise.cost.host import score_kernel_seconds
+
+    return score_kernel_seconds(fields["sdpa_call_s"], fields["sdpa_score_s"], fields["sdpa_score_dim_s"], scores, head_dim)
+
+
 def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tuple[float, float]:
     """(seconds, FLOPs) of the calibration forward + backward's attention core when the SDPA
     constants were fitted (cost/host.py ``sdpa_seconds``), from ``sdpa_model`` (``[score elements
@@ -358,7 +367,7 @@ def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tup
     if "sdpa_score_s" not in fields or not result.get("sdpa_model"):
         return 0.0, 0.0
     scores, head_dim, flops = (float(x) for x in result["sdpa_model"])
-    per_call = fields["sdpa_call_s"] + scores * (fields["sdpa_score_s"] + head_dim * fields["sdpa_score_dim_s"])
+    per_call = _sdpa_call_seconds(fields, scores, head_dim)
     return int(result["blocks"]) * per_call, flops
 
 
@@ -456,7 +465,7 @@ def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: 
     attention_s = 0.0
     if "sdpa_call_s" in ring and result.get("host_sdpa"):
         scores, head_dim, _ = (float(x) for x in result["host_sdpa"])
-        attention_s = ring["sdpa_call_s"] + scores * (ring["sdpa_score_s"] + head_dim * ring["sdpa_score_dim_s"])
+        attention_s = _sdpa_call_seconds(ring, scores, head_dim)
     return blocks * (block_s + attention_s) + head_s, (block_s + attention_s) / 3.0
 
 
