@@ -16,7 +16,10 @@ def test_glibc_accepts_both_thresholds():
     assert allocator.keep_freed_host_memory() is True
 
 
-def test_a_gloo_rank_sets_it_before_its_process_group(monkeypatch):
+@pytest.mark.parametrize("threads, expected", [(1, ["set", "group"]), (2, ["group"])])
+def test_a_one_thread_gloo_rank_sets_it_before_its_process_group(monkeypatch, threads, expected):
+    import torch
+
     import meshwise.launch as launch
 
     calls = []
@@ -26,5 +29,6 @@ def test_a_gloo_rank_sets_it_before_its_process_group(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv(launch.RUN_DIR_ENV, "/nonexistent-meshwise-test")
     monkeypatch.setattr("torch.distributed.FileStore", lambda *a, **k: type("S", (), {"set_timeout": lambda s, t: None})())
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     launch.init_process_group("gloo")
-    assert calls == ["set", "group"]
+    assert calls == expected

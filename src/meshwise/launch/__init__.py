@@ -226,7 +226,7 @@ def init_process_group(backend: str, timeout_s: float = 600.0) -> None:
         store = dist.PrefixStore(f"meshwise/attempt-{attempt}", store)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:  # a CPU rank: its step's temporaries are reused, not faulted in again (launch/allocator.py)
+    elif torch.get_num_threads() == 1:  # a one-thread CPU rank: temporaries reused, not faulted in (launch/allocator.py)
         keep_freed_host_memory()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 

@@ -13,8 +13,12 @@ suggests jemalloc or tcmalloc; meshwise adds no dependency and sets glibc's own 
     mallopt(M_TRIM_THRESHOLD, 2 GiB)   the heap is not trimmed back between steps
 
 The rank's resident memory then stays at its peak, which training reaches every step anyway.
-``meshwise calibrate`` runs under the same setting, so its component timings and the steps it
-predicts see one allocator. Not glibc (musl, macOS): nothing to do.
+Set on ranks of one thread only (every rank of a multi-process CPU run, where it was measured):
+one process of two threads (the default ``train`` of ``small`` on this host) ran 133 or 160 ms
+per step by launch with it, 135-137 ms without (five launches each way;
+benchmarks/results/regret-cpu2core-2026-12-05-v2.txt). ``meshwise calibrate``'s ranks (one thread)
+run under it, so its component timings and the steps it predicts see one allocator. Not glibc
+(musl, macOS): nothing to do.
 """
 
 from __future__ import annotations
