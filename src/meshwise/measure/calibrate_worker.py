@@ -88,6 +88,18 @@ def bench_ring(repeats: int) -> list[list[float]]:
     return out
 
 
+def _attention_inputs(seq: int, d: int, gen):
+    """(q, k, v, output gradient) of one sequence: ``RING_HEADS`` query heads over ``RING_KV_HEADS``
+    K/V heads of width ``d``, q, k, v requiring gradients."""
+    import torch
+
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS
+
+    q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
+    k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
+    return q, k, v, torch.randn(1, RING_HEADS, seq, d, generator=gen)
+
+
 def bench_ring_calls(repeats: int, group) -> list[list[float]]:
     """``[score elements per ring step, head width, seconds per ring step]`` of the runtime's whole
     ring-attention call (meshwise.runtime.context_parallel ``ring_attention``, forward + backward,
@@ -99,7 +111,7 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
     import torch
     import torch.distributed as dist
 
-    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+    from meshwise.measure.calibrate import RING_HEADS, RING_SHAPES
     from meshwise.runtime.context_parallel import RingGroup, ring_attention
 
     ranks = dist.get_process_group_ranks(group)
@@ -108,9 +120,7 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
     gen = torch.Generator().manual_seed(me)
     out = []
     for seq, d in RING_SHAPES:
-        q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
-        k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
-        grad = torch.randn(1, RING_HEADS, seq, d, generator=gen)
+        q, k, v, grad = _attention_inputs(seq, d, gen)
 
         def call() -> None:
             ring_attention(q, k, v, ring).backward(grad)
@@ -127,15 +137,13 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
     ``RING_KV_HEADS`` K/V heads, one sequence: the best of several timings."""
     import torch
 
-    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, SDPA_SHAPES
+    from meshwise.measure.calibrate import RING_HEADS, SDPA_SHAPES
     from meshwise.runtime.model import causal_attention
 
     gen = torch.Generator().manual_seed(0)
     out = []
     for seq, d in SDPA_SHAPES:
-        q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
-        k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
-        grad = torch.randn(1, RING_HEADS, seq, d, generator=gen)
+        q, k, v, grad = _attention_inputs(seq, d, gen)
 
         def call() -> None:
             causal_attention(q, k, v).backward(grad)
