@@ -390,9 +390,9 @@ def test_host_constants_are_net_of_the_host_benchmark_s_own_gemms_and_attention(
     model, blocks = load_model("small"), load_model("small").layers
     gemm, ring = cal.gemm_fields(RESULT), cal.ring_fields(RESULT)
     result = {**RESULT, "blocks": blocks,
-              "host_gemms": [[*s, float(blocks)] for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, False)]
-              + [[*s, 1.0] for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:]],
-              "host_sdpa": [model.heads * HOST_TOKENS ** 2, model.head_dim, float(blocks)]}
+              "host_block_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, False),
+              "host_head_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:],
+              "host_sdpa": [model.heads * HOST_TOKENS ** 2, model.head_dim]}
     whole_s, block_forward_s = cal.host_arithmetic_seconds(result, gemm, ring)
     fitted = AcceleratorSpec("fit", 1, 40e9, 40e9, 1.0, cpu_gemm_flops_per_s=gemm["cpu_gemm_flops_per_s"],
                              cpu_gemm_call_s=gemm["cpu_gemm_call_s"], cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])

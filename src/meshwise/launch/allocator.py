@@ -34,12 +34,11 @@ TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int
 def keep_freed_host_memory() -> bool:
     """Set glibc's thresholds above (once per process; idempotent); False where libc has no mallopt."""
     name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
+    if not name:
         return False
-    if mallopt is None:
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     mmap_ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)

@@ -322,18 +322,24 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
     a note on the fit's own error, from ``gemm_grid`` (``[M, N, K, seconds]``) and
     ``gemm_reference_shapes`` (the calibration model's GEMMs); {} without a grid."""
     from meshwise.cost.host import gemm_grid_efficiency
-    from meshwise.spec import AcceleratorSpec
 
     if not result.get("gemm_grid"):
         return {}
     rate, call_s, bytes_per_s, error = fit_gemm([tuple(x) for x in result["gemm_grid"]])
-    fitted = AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=call_s,
-                             cpu_gemm_bytes_per_s=bytes_per_s)
-    reference = gemm_grid_efficiency(fitted, [tuple(x) for x in result["gemm_reference_shapes"]])
+    reference = gemm_grid_efficiency(_gemm_model(rate, call_s, bytes_per_s),
+                                     [tuple(x) for x in result["gemm_reference_shapes"]])
     return {"cpu_gemm_flops_per_s": rate, "cpu_gemm_call_s": call_s, "cpu_gemm_bytes_per_s": bytes_per_s,
             "gemm_reference_efficiency": min(1.0, reference),
             "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
                     f"{error:.0%}; "}
+
+
+def _gemm_model(rate: float, call_s: float, bytes_per_s: float):
+    """An accelerator holding only the fitted GEMM model (cost/host.py ``cpu_gemm_seconds`` reads it)."""
+    from meshwise.spec import AcceleratorSpec
+
+    return AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=call_s,
+                           cpu_gemm_bytes_per_s=bytes_per_s)
 
 
 def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
@@ -446,25 +452,22 @@ def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> d
 
 def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: dict[str, Any]) -> tuple[float, float]:
     """(whole pass, one block's forward) seconds of the host benchmark's own GEMMs and attention
-    calls (``HOST_TOKENS`` tokens), by the GEMM grid's and the SDPA calls' fits (``host_gemms``:
-    ``[M, N, K, count]``; ``host_sdpa``: ``[score elements, head width, blocks]``): at four tokens
+    calls (``HOST_TOKENS`` tokens), by the GEMM grid's and the SDPA calls' fits (``host_block_gemms``
+    and ``host_head_gemms``: ``[M, N, K]`` of one block and of the head; ``host_sdpa``: ``[score
+    elements, head width]``): at four tokens
     they still pay their fixed costs and move their weights, about a quarter of that pass on a
     2-core x86 host, which the per-operator cost must not absorb. (0, 0) without the fits."""
     from meshwise.cost.host import cpu_gemm_seconds
-    from meshwise.spec import AcceleratorSpec
 
-    if "cpu_gemm_flops_per_s" not in gemm or not result.get("host_gemms"):
+    if "cpu_gemm_flops_per_s" not in gemm or not result.get("host_block_gemms"):
         return 0.0, 0.0
-    rate = gemm["cpu_gemm_flops_per_s"]
-    fitted = AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=gemm["cpu_gemm_call_s"],
-                             cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])
+    fitted = _gemm_model(gemm["cpu_gemm_flops_per_s"], gemm["cpu_gemm_call_s"], gemm["cpu_gemm_bytes_per_s"])
     blocks = float(result["blocks"])
-    rows = [(cpu_gemm_seconds(fitted, m, n, k), count) for m, n, k, count in result["host_gemms"]]
-    block_s = sum(s for s, count in rows if count == blocks)  # one block's forward + backward GEMMs
-    head_s = sum(s * count for s, count in rows if count != blocks)
+    block_s = sum(cpu_gemm_seconds(fitted, *s) for s in result["host_block_gemms"])  # forward + backward
+    head_s = sum(cpu_gemm_seconds(fitted, *s) for s in result.get("host_head_gemms", []))
     attention_s = 0.0
     if "sdpa_call_s" in ring and result.get("host_sdpa"):
-        scores, head_dim, _ = (float(x) for x in result["host_sdpa"])
+        scores, head_dim = (float(x) for x in result["host_sdpa"])
         attention_s = _sdpa_call_seconds(ring, scores, head_dim)
     return blocks * (block_s + attention_s) + head_s, (block_s + attention_s) / 3.0
 

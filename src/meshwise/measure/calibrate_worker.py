@@ -442,7 +442,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     phase("fsdp_host")
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         mine["thread_speedups"] = bench_thread_speedups(model, args.seq_len, repeats, cores)
-        mine["matmul_all_threads_flops_per_s"] = mine["matmul_flops_per_s"] * statistics.median(mine["thread_speedups"])
     phase("threads")
     sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
     calls = 4 if args.quick else 8
@@ -480,6 +479,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
     from meshwise.measure.calibrate import calibration_memory_bound_bytes
 
     n = len(everyone)
+    host_block = linear_gemm_shapes(model, HOST_TOKENS, 1, False)  # the host benchmark's GEMMs, one block
     ring_calls = [r["ring_calls"] for r in everyone if r.get("ring_calls")]
     everyone = [r for r in everyone if "fwd_bwd_s" in r]
     return {
@@ -503,15 +503,13 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         # the ring's whole calls with their sends replace its bare blocks where two ranks timed them
         **({"ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
             "ring_includes_sends": True} if ring_calls else {}),
-        "host_gemms": [[*s, float(model.layers)] for s in linear_gemm_shapes(model, HOST_TOKENS, 1, False)]
-                      + [[*s, 1.0] for s in linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:]],
-        "host_sdpa": [model.heads * HOST_TOKENS * HOST_TOKENS, model.head_dim, float(model.layers)],
+        "host_block_gemms": host_block,
+        "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block):],
+        "host_sdpa": [model.heads * HOST_TOKENS * HOST_TOKENS, model.head_dim],
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],
         **({"thread_speedups": everyone[0]["thread_speedups"]} if everyone[0].get("thread_speedups") else {}),
-        "matmul_all_threads_flops_per_s": everyone[0].get("matmul_all_threads_flops_per_s",
-                                                         everyone[0]["matmul_flops_per_s"]),
         "collectives": collectives,
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                  f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
