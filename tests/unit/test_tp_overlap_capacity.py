@@ -43,8 +43,8 @@ def test_megatron_default_is_no_tp_overlap():
     core_v0.16.1's arguments.py) and megatron-core's ModelParallelConfig.tp_comm_overlap defaults to False."""
     table = json.loads(ARGS_TABLE.read_text())["arguments"]["--tp-comm-overlap"]
     assert table["kind"] == "storetrue"
-    assert not TrainSpec(64, 4096, runtime="megatron").tp_overlap
-    assert TrainSpec(64, 4096, runtime="megatron", overlap_tp_comm=True).tp_overlap
+    assert not TrainSpec(64, 4096, runtime="megatron").overlap_tp_comm
+    assert TrainSpec(64, 4096, runtime="megatron", overlap_tp_comm=True).overlap_tp_comm
     with pytest.raises(MeshwiseError, match="--tp-comm-overlap"):
         TrainSpec(64, 4096, overlap_tp_comm=True)  # meshwise's runtime (DTensor) has no such overlap
 

@@ -44,11 +44,11 @@ def weights_layout(layout: Layout) -> Layout:
 
 
 def tp_overlap_on(train: TrainSpec, layout: Layout) -> bool:
-    """Whether the layout's TP collectives overlap its GEMMs: asked for (TrainSpec.tp_overlap) and possible,
+    """Whether the layout's TP collectives overlap its GEMMs: asked for (TrainSpec.overlap_tp_comm) and possible,
     which needs tp > 1 and sequence parallelism (Megatron-LM's validate_args refuses --tp-comm-overlap
     without --sequence-parallel). Time (cost/estimate.py) and memory (the userbuffers,
     cost/megatron_memory.py) both read it, so they agree."""
-    return train.tp_overlap and layout.tp > 1 and layout.sp
+    return train.overlap_tp_comm and layout.tp > 1 and layout.sp
 
 
 def local_train(train: TrainSpec, layout: Layout) -> TrainSpec:

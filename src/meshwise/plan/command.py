@@ -130,7 +130,7 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     emitted = _emitted(model, cluster, train, result, extras.emit, given) if extras.emit else None
     if as_json:
         out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
-               "tp_comm_overlap": train.tp_overlap,
+               "tp_comm_overlap": train.overlap_tp_comm,
                "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
@@ -164,7 +164,7 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [emit.Target(model, e.layout, train.global_batch, train.seq_len, train.precision, cluster.world_size,
-                           cluster.gpus_per_node, tp_comm_overlap=train.tp_overlap) for e in result.candidates]
+                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm) for e in result.candidates]
     if given:
         return emit.emit_many(framework, targets)
     why = emit.refusal(framework, targets[0])

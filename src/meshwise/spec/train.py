@@ -37,7 +37,9 @@ class TrainSpec:
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
     runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
-    overlap_tp_comm: bool = False  # TP collectives hidden behind GEMMs (Megatron-LM's --tp-comm-overlap)
+    overlap_tp_comm: bool = False  # TP collectives hidden behind GEMMs (Transformer Engine's userbuffers): off
+    # by default in both runtimes (Megatron-LM's --tp-comm-overlap is store_true, megatron/training/arguments.py;
+    # NeMo's recipes turn it on, and published runs that used it say so)
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
     selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
@@ -67,13 +69,6 @@ class TrainSpec:
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
                                 f"not {self.runtime!r}")
-
-    @cached_property
-    def tp_overlap(self) -> bool:
-        """Whether TP collectives overlap GEMMs (Transformer Engine's userbuffers): the setting, off by default
-        in both runtimes (Megatron-LM's ``--tp-comm-overlap`` is a store_true flag,
-        megatron/training/arguments.py; NeMo's recipes turn it on, and published runs that used it say so)."""
-        return self.overlap_tp_comm
 
     @cached_property
     def tokens_per_step(self) -> int:
