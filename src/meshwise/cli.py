@@ -224,7 +224,8 @@ def _calibrate(args: argparse.Namespace) -> int:
           f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "
           f"{table['memory_bytes'] / 1e9:.1f} GB per rank")
     print(f"  per operator {table['op_overhead_s'] * 1e6:.1f} us (DTensor +{table['tp_op_s'] * 1e6:.0f} us); FSDP2 "
-          f"{table['fsdp_call_s'] * 1e6:.0f} us per call + {table['fsdp_param_s'] * 1e6:.1f} us per tensor; GEMMs "
+          f"{table['fsdp_call_s'] * 1e6:.0f} us per call + {table['fsdp_param_s'] * 1e6:.1f} us per tensor + "
+          f"{table.get('fsdp_byte_s', 0) * 1e9:.2f} ms per MB; GEMMs "
           f"{table.get('cpu_gemm_flops_per_s', 0) / 1e9:.1f} GFLOP/s + {table.get('cpu_gemm_call_s', 0) * 1e6:.1f} us")
     for clause in table["source"].split("; "):  # each fitted component's own error on its own data
         if "error" in clause:

@@ -204,29 +204,43 @@ def test_fit_never_returns_a_negative_latency():
 
 
 def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, units: int,
-                 copy_per_s: float) -> dict[str, list[float]]:
+                 byte_s: float, wide: bool = True) -> dict[str, list[float]]:
     """The FSDP2 benchmark's figures as cost/host.py's model makes them (calls: ZeRO-3 per unit, two
-    gathers and a reduction each, the root once each; ``units`` - 1 blocks, wrapped one or two a unit)."""
+    gathers and a reduction each, the root once each; ``units`` - 1 blocks, wrapped one or two a unit;
+    ``wide``: the blocks wrapping again over five times the bytes, its own plain pass slower)."""
     out = {}
     pairs = -(-(units - 1) // 2)
-    for mode, calls, n_units, moved in (("blocks", 3 * (units - 1) + 2, units, 3e6),
-                                        ("pairs", 3 * pairs + 2, pairs + 1, 3e6)):
-        out[mode] = [plain_s + 2 * moved / copy_per_s + calls * (call_s + tensors / n_units * param_s), calls, moved]
+    rows = [("blocks", 3 * (units - 1) + 2, units, 3e6, plain_s), ("pairs", 3 * pairs + 2, pairs + 1, 3e6, plain_s)]
+    if wide:
+        rows.append(("wide", 3 * (units - 1) + 2, units, 15e6, 3 * plain_s))
+    for mode, calls, n_units, moved, plain in rows:
+        out[mode] = [plain + moved * byte_s + calls * (call_s + tensors / n_units * param_s), calls, moved, plain]
     return out
 
 
-@pytest.mark.parametrize("call_s, param_s", [(150e-6, 8e-6), (0.0, 12e-6), (300e-6, 0.0)])
-def test_fsdp_constants_recover_the_per_call_and_per_tensor_costs(call_s, param_s):
-    fake = _fsdp_result(call_s, param_s, plain_s=0.02, tensors=57, units=7, copy_per_s=20e9)
+@pytest.mark.parametrize("call_s, param_s, byte_s", [(150e-6, 8e-6, 3e-10), (0.0, 12e-6, 2e-10), (300e-6, 0.0, 4e-10),
+                                                     (150e-6, 8e-6, 0.0)])
+def test_fsdp_constants_recover_the_per_call_per_tensor_and_per_byte_costs(call_s, param_s, byte_s):
+    fake = _fsdp_result(call_s, param_s, plain_s=0.02, tensors=57, units=7, byte_s=byte_s)
     got = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
-    assert got == pytest.approx((call_s, param_s), abs=1e-9)
+    assert got == pytest.approx((call_s, param_s, byte_s), abs=1e-9, rel=1e-6)
+
+
+def test_fsdp_bytes_cost_their_copies_without_the_wide_wrapping():
+    """Results without the wide wrapping (or its plain pass) price a byte as its copy in and out."""
+    fake = _fsdp_result(150e-6, 8e-6, plain_s=0.02, tensors=57, units=7, byte_s=2 / 20e9, wide=False)
+    old = {mode: row[:3] for mode, row in fake.items()}  # before the plain pass was timed per wrapping
+    for result in (fake, old):
+        assert cal.fsdp_constants(result, 0.02, 57, 6, 20e9) == pytest.approx((150e-6, 8e-6, 2 / 20e9), rel=1e-6)
 
 
 def test_fsdp_constants_are_never_negative():
     """Noise that makes fewer calls cost more gives no negative cost."""
     fake = {"blocks": [0.025, 20, 0.0], "pairs": [0.03, 11, 0.0]}  # fewer calls, more time
-    call_s, param_s = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
-    assert call_s >= 0 and param_s >= 0 and call_s + param_s > 0
+    call_s, param_s, byte_s = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
+    assert call_s >= 0 and param_s >= 0 and call_s + param_s > 0 and byte_s > 0
+    fake["wide"] = [0.026, 20, 1e6, 0.03]  # a wide pass faster than its plain one: no per-byte fit
+    assert min(cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)) >= 0
 
 
 def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
@@ -252,6 +266,15 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
     for text, n in calls.items():
         assert extra[text] == pytest.approx(n * (200e-6 + 39 / 5 * 10e-6))
     assert extra["tp=2"] == 0
+    # a measured cost per byte replaces the copies' (twice the bytes over the copy bandwidth)
+    from meshwise.cost import host
+
+    per_byte = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, fsdp_byte_s=3e-10))
+    for text in ("dp=2,zero=0", "dp=2,zero=3"):
+        a, b = (estimate(model, c, train, parse(text, 2)) for c in (cluster, per_byte))
+        moved = sum(op.bytes_per_step for op in host.fsdp_ops(list(a.comm)))
+        assert moved > 0
+        assert b.time.compute_s - a.time.compute_s == pytest.approx(moved * (3e-10 - 2 / cluster.accelerator.hbm_bytes_per_s), rel=1e-4)
 
 
 def test_reduce_scatter_is_charged_as_the_all_reduce_gloo_times_it_as(tmp_path):
@@ -314,7 +337,7 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     moved = cal.calibration_memory_bound_bytes(model, seq)
     result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
               "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2,
-              "sdpa_model": [model.heads * seq * seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
+              "sdpa_model": [model.heads, seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
               "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
     assert moved > 0
@@ -392,7 +415,7 @@ def test_host_constants_are_net_of_the_host_benchmark_s_own_gemms_and_attention(
     result = {**RESULT, "blocks": blocks,
               "host_block_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, False),
               "host_head_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:],
-              "host_sdpa": [model.heads * HOST_TOKENS ** 2, model.head_dim]}
+              "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim]}
     whole_s, block_forward_s = cal.host_arithmetic_seconds(result, gemm, ring)
     fitted = AcceleratorSpec("fit", 1, 40e9, 40e9, 1.0, cpu_gemm_flops_per_s=gemm["cpu_gemm_flops_per_s"],
                              cpu_gemm_call_s=gemm["cpu_gemm_call_s"], cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])
@@ -460,3 +483,44 @@ def test_thread_efficiency_is_the_median_of_paired_speedups():
     assert table["thread_efficiency"] == pytest.approx(0.69)
     old = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30)
     assert old["thread_efficiency"] == pytest.approx(48e9 / old["peak_fp32_flops_per_s"] - 1)
+
+
+def test_sdpa_calls_are_read_off_their_measured_table(tmp_path):
+    """A profile with ``sdpa_head_table`` gives back each timed call at its shape, adds each query
+    head's share to one call cost (a batch of four sequences costs four sequences' heads, not the
+    fitted line's score elements), interpolates in the sequence's score elements and the head width,
+    scales down in proportion below the table, and survives the profile file; a malformed table is
+    refused by name."""
+    import dataclasses
+
+    from meshwise.cost.host import sdpa_call_seconds
+    from meshwise.measure.calibrate import RING_HEADS
+
+    def timed(s, d):  # a score element dearer at 512 tokens than at 1,024, as torch's CPU kernel on a 2-core host
+        return 5e-5 + RING_HEADS * s * s * (3e-9 + d * 1e-10) * (1.3 if s == 512 else 1.0)
+
+    rows = [[RING_HEADS * s * s, d, timed(s, d)] for s, d in ((64, 16), (256, 16), (512, 16), (1024, 16),
+                                                            (64, 64), (256, 64), (512, 64), (1024, 64))]
+    fields = cal.ring_fields({"sdpa": rows})
+    accel = dataclasses.replace(load_cluster("cpu", 1, 1).accelerator, sdpa_call_s=fields["sdpa_call_s"],
+                                sdpa_score_s=fields["sdpa_score_s"], sdpa_score_dim_s=fields["sdpa_score_dim_s"],
+                                sdpa_head_table=tuple(tuple(r) for r in fields["sdpa_head_table"]))
+    for s, d in ((256, 16), (512, 16), (1024, 64)):
+        assert sdpa_call_seconds(accel, RING_HEADS, s, d) == pytest.approx(timed(s, d))
+    four = sdpa_call_seconds(accel, 4 * RING_HEADS, 512, 16)
+    assert four == pytest.approx(accel.sdpa_call_s + 4 * (timed(512, 16) - accel.sdpa_call_s))
+    line = dataclasses.replace(accel, sdpa_head_table=())
+    assert sdpa_call_seconds(line, 4 * RING_HEADS, 512, 16) < 0.9 * four  # the line reads it fast
+    middle = sdpa_call_seconds(accel, RING_HEADS, 512, 40)
+    assert middle == pytest.approx((timed(512, 16) + timed(512, 64)) / 2)
+    short = sdpa_call_seconds(accel, RING_HEADS, 32, 16) - accel.sdpa_call_s
+    assert short == pytest.approx((sdpa_call_seconds(accel, RING_HEADS, 64, 16) - accel.sdpa_call_s) / 4)
+    table = cal.profile_table({**RESULT, "sdpa": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2,
+                              ram_bytes=16 << 30)
+    path = tmp_path / "p.toml"
+    cal.write_profile(path, table)
+    read = load_cluster(str(path), 2, 2).accelerator.sdpa_head_table
+    assert [x for r in read for x in r] == pytest.approx([x for r in fields["sdpa_head_table"] for x in r], rel=1e-5)
+    path.write_text(path.read_text().replace("sdpa_head_table = [[", "sdpa_head_table = [[-"))
+    with pytest.raises(MeshwiseError, match=r"sdpa_head_table must be two or more rows \[sequence"):
+        load_cluster(str(path), 2, 2)

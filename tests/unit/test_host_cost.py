@@ -131,9 +131,11 @@ def test_threads_scale_a_rank_s_flops_by_the_profile_s_efficiency():
     assert two.peak_fp32_flops_per_s == pytest.approx(cluster.accelerator.peak_fp32_flops_per_s * k)
     assert two.op_overhead_s == cluster.accelerator.op_overhead_s  # launching does not parallelise
     timed = dataclasses.replace(cluster, accelerator=dataclasses.replace(
-        cluster.accelerator, sdpa_call_s=5e-5, sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10, cp_score_s=8e-9))
+        cluster.accelerator, sdpa_call_s=5e-5, sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10, cp_score_s=8e-9,
+        sdpa_head_table=((64.0, 16.0, 2e-5), (512.0, 16.0, 1e-3))))
     two = layout_choice.with_threads(timed, 2).accelerator  # the attention kernels' rows split over threads
     assert (two.sdpa_score_s, two.sdpa_score_dim_s, two.cp_score_s) == pytest.approx((3e-9 / k, 1e-10 / k, 8e-9 / k))
+    assert [t for _, _, t in two.sdpa_head_table] == pytest.approx([2e-5 / k, 1e-3 / k])
     assert two.sdpa_call_s == 5e-5
 
 

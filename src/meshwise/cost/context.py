@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from meshwise.cost import comm, compute
 from meshwise.cost.comm import Collective
-from meshwise.cost.host import score_kernel_seconds
+from meshwise.cost.host import piecewise_linear, score_kernel_seconds
 from meshwise.layout import Layout
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -167,14 +167,5 @@ def ring_step_seconds(accel, scores: float, head_dim: float) -> float:
     if not table:
         return score_kernel_seconds(accel.cp_step_s, accel.cp_score_s, accel.cp_score_dim_s, scores, head_dim)
     widths = sorted({d for _, d, _ in table})
-    by_width = [(d, _piecewise(sorted((e, s) for e, w, s in table if w == d), scores)) for d in widths]
-    return max(_piecewise(by_width, head_dim), min(s for _, _, s in table))
-
-
-def _piecewise(points: list[tuple[float, float]], x: float) -> float:
-    """The polyline through ``points`` (x ascending) at ``x``, its end segments extended."""
-    if len(points) == 1:
-        return points[0][1]
-    i = next((j for j in range(1, len(points) - 1) if x < points[j][0]), len(points) - 1)
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    by_width = [(d, piecewise_linear(sorted((e, s) for e, w, s in table if w == d), scores)) for d in widths]
+    return max(piecewise_linear(by_width, head_dim), min(s for _, _, s in table))

@@ -618,7 +618,7 @@ def _fsdp_host_s(model: ModelSpec, accel: AcceleratorSpec, dp_ops: list[Collecti
     """FSDP2's work on a CPU rank's own core per step (cost/host.py): its copies in and out of the
     flat buffers where nothing overlaps them (``comm_overlap = false``), and on host-bound ranks its
     per-call and per-tensor host work. 0 on GPU profiles."""
-    copies = host.fsdp_copy_seconds(dp_ops, accel.hbm_bytes_per_s) if not accel.comm_overlap else 0.0
+    copies = host.fsdp_copy_seconds(dp_ops, accel) if not accel.comm_overlap else 0.0
     if model.states_only or not host.is_host_bound(accel):
         return copies
     tensors = host.parameter_tensors(model, shape.blocks, shape.has_embedding, shape.has_head)

@@ -161,21 +161,29 @@ def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_h
     return microbatches * per_mb
 
 
-def fsdp_copy_seconds(dp_ops: list[Collective], memory_bytes_per_s: float) -> float:
-    """FSDP2's copy-in and copy-out around each of its all-gathers and reduce-scatters: the
-    parameters (gradients) are copied into the flat communication buffer and back out, about twice
-    the gathered bytes through memory. Charged where nothing overlaps (``comm_overlap = false``,
-    CPU ranks), where they run on the same cores as everything else."""
-    moved = sum(op.bytes_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter"))
-    return 2.0 * moved / memory_bytes_per_s
+def fsdp_ops(dp_ops: list[Collective]) -> list[Collective]:
+    """The collectives FSDP2 issues per unit: its all-gathers and reduce-scatters, and ``replicate``'s
+    all-reduces (zero 0); not HSDP's all-reduce of the reduced shards across replicas, which rides on
+    the reduce-scatter's work."""
+    return [op for op in dp_ops if op.kind in ("all_gather", "reduce_scatter")
+            or (op.kind == "all_reduce" and op.dim != "dp_replicate")]
+
+
+def fsdp_copy_seconds(dp_ops: list[Collective], accel: AcceleratorSpec) -> float:
+    """FSDP2's work per byte around each of its collectives (:func:`fsdp_ops`): copying parameters
+    (gradients) into the flat communication buffer and back out, concatenating and dividing the
+    gradients, and touching fresh buffers. As ``meshwise calibrate`` measured it
+    (``fsdp_byte_s``, on the calibration model and on a wider one: measure/calibrate.py
+    ``fsdp_constants``; on a 2-core x86 host 0.2-0.3 ms per MB, ten times the copies alone), else
+    the copies alone, twice the bytes over the copy bandwidth (``hbm_bytes_per_s``). Charged where
+    nothing overlaps (``comm_overlap = false``, CPU ranks), on the same cores as everything else."""
+    moved = sum(op.bytes_per_step for op in fsdp_ops(dp_ops))
+    return moved * (accel.fsdp_byte_s or 2.0 / accel.hbm_bytes_per_s)
 
 
 def fsdp_calls(dp_ops: list[Collective]) -> float:
-    """FSDP2's collective calls per step (one per unit per gather or reduction): its all-gathers and
-    reduce-scatters, and ``replicate``'s all-reduces (zero 0); not HSDP's all-reduce of the reduced
-    shards across replicas, which rides on the reduce-scatter's work."""
-    return float(sum(op.count_per_step for op in dp_ops if op.kind in ("all_gather", "reduce_scatter")
-                     or (op.kind == "all_reduce" and op.dim != "dp_replicate")))
+    """FSDP2's collective calls per step (one per unit per gather or reduction, :func:`fsdp_ops`)."""
+    return float(sum(op.count_per_step for op in fsdp_ops(dp_ops)))
 
 
 def fsdp_host_seconds(accel: AcceleratorSpec, dp_ops: list[Collective], tensors: int, units: int) -> float:
@@ -252,21 +260,62 @@ def score_kernel_seconds(call_s: float, score_s: float, score_dim_s: float, scor
     return call_s + scores * (score_s + head_dim * score_dim_s)
 
 
+def piecewise_linear(points: list[tuple[float, float]], x: float) -> float:
+    """The polyline through ``points`` (x ascending) at ``x``, its end segments extended."""
+    if len(points) == 1:
+        return points[0][1]
+    i = next((j for j in range(1, len(points) - 1) if x < points[j][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _scaled_polyline(points: list[tuple[float, float]], x: float) -> float:
+    """:func:`piecewise_linear` above the first point; below it proportional to ``x`` (a kernel's
+    work per head scales with its score elements and its head width, down to nothing)."""
+    x0, y0 = points[0]
+    return y0 * x / x0 if x < x0 else piecewise_linear(points, x)
+
+
+def head_table_seconds(table: tuple, seq: float, head_dim: float) -> float:
+    """Seconds per query head of one sequence of ``seq`` tokens at ``head_dim``, read off a measured
+    table of rows ``(sequence, head width, seconds per head)``: at each measured head width
+    piecewise linear in ``seq**2`` (the score elements of one head), then in the head width; end
+    segments extended upward, and below the table's smallest sequence or width proportional to
+    it. Never below 0."""
+    widths = sorted({d for _, d, _ in table})
+    by_width = [(d, _scaled_polyline(sorted((s * s, t) for s, w, t in table if w == d), seq * seq)) for d in widths]
+    return max(_scaled_polyline(by_width, head_dim), 0.0)
+
+
+def sdpa_call_seconds(accel: AcceleratorSpec, heads: float, seq: float, head_dim: float) -> float:
+    """One fused causal attention call (forward + backward) over ``heads`` query heads (sequences x
+    heads per rank) of ``seq`` tokens at ``head_dim``. Where the profile holds its measured calls
+    (``sdpa_head_table``, ``meshwise calibrate``): ``sdpa_call_s + heads * head_table_seconds``; the
+    table, not the fitted line, because torch's CPU kernel tiles by sequence length and its cost
+    per score element is not one constant (on a 2-core x86 host the line read the 512-token call
+    20% fast and the 1,024-token one right). Else the fitted line :func:`score_kernel_seconds` over
+    ``E = heads * seq**2`` score elements."""
+    if accel.sdpa_head_table:
+        return accel.sdpa_call_s + heads * head_table_seconds(accel.sdpa_head_table, seq, head_dim)
+    return score_kernel_seconds(accel.sdpa_call_s, accel.sdpa_score_s, accel.sdpa_score_dim_s,
+                                heads * float(seq) ** 2, head_dim)
+
+
 def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, tp: int, ac: str, blocks: int,
                  microbatches: int) -> float:
     """Seconds of one rank's fused causal attention calls in a step (torch's SDPA, runtime/model.py
     ``causal_attention``) on a CPU profile that measured them:
 
-        m * blocks * (1 + [ac == full] / 3) * (sdpa_call_s + E * (sdpa_score_s + head_dim * sdpa_score_dim_s))
+        m * blocks * (1 + [ac == full] / 3) * sdpa_call_seconds(mbs * heads / tp, s, head_dim)
 
-    for ``E = mbs * heads / tp * s^2`` score elements per call (forward + backward; full recompute
-    runs the forward again, a third by the FLOP convention; the selective policy keeps its output).
-    Fitted by ``meshwise calibrate`` to the runtime's own call timed over a grid of (sequence, head
-    width) (measure/calibrate.py ``fit_ring``): on one core its rate falls well below the GEMMs' for
-    narrow heads, which the FLOP term cannot see. 0 (the attention core stays in the FLOP term) for
-    profiles without the constants (GPU profiles), and for windowed or latent attention."""
-    if not (accel.sdpa_score_s or accel.sdpa_score_dim_s) or model.states_only or model.sliding_window or model.mla:
+    (forward + backward; full recompute runs the forward again, a third by the FLOP convention;
+    the selective policy keeps its output). Timed by ``meshwise calibrate`` as the runtime's own
+    call over a grid of (sequence, head width) (measure/calibrate.py ``ring_fields``): on one core
+    its rate falls well below the GEMMs' for narrow heads, which the FLOP term cannot see. 0 (the
+    attention core stays in the FLOP term) for profiles without the constants (GPU profiles), and
+    for windowed or latent attention."""
+    if not (accel.sdpa_score_s or accel.sdpa_score_dim_s or accel.sdpa_head_table) or model.states_only \
+            or model.sliding_window or model.mla:
         return 0.0
-    scores = mbs * model.heads / tp * float(seq) ** 2
-    per_call = score_kernel_seconds(accel.sdpa_call_s, accel.sdpa_score_s, accel.sdpa_score_dim_s, scores, model.head_dim)
+    per_call = sdpa_call_seconds(accel, mbs * model.heads / tp, seq, model.head_dim)
     return microbatches * blocks * (1.0 + (ac == "full") / 3.0) * per_call

@@ -45,7 +45,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 8  # 8: whole ring calls with their sends; host time net of its GEMMs;
+CALIBRATION_VERSION = 9  # 9: SDPA's calls read off their measured table (cost/host.py);
+                         # 8: whole ring calls with their sends; host time net of its GEMMs;
                          #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
                          # 7: ring attention's kernels (cost/context.py);
                          # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;

@@ -91,9 +91,10 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
+                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
-                "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "thread_efficiency",
+                "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
+                "sdpa_head_table", "thread_efficiency",
                 "cores_per_node",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
@@ -271,9 +272,9 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         alone = result.get("tp_collectives_alone")
         tp_latency_s = fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s
         tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * tp_latency_s) / model_ops)
-    fsdp_call_s, fsdp_param_s = 0.0, 0.0
+    fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
-        fsdp_call_s, fsdp_param_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
+        fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     cores = int(result.get("cores", 1))
@@ -305,6 +306,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "tp_op_s": tp_s,
         "fsdp_call_s": fsdp_call_s,
         "fsdp_param_s": fsdp_param_s,
+        "fsdp_byte_s": fsdp_byte_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
         "calibrated_on": f"meshwise calibrate, {when}",
@@ -344,8 +346,12 @@ def _gemm_model(rate: float, call_s: float, bytes_per_s: float):
 
 def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
     """The attention kernels' keys, ring attention's (cost/context.py ``ring_kernel_seconds``) and
-    SDPA's (cost/host.py ``sdpa_seconds``), and a note on each fit's own error, from ``ring`` and
-    ``sdpa`` (``[score elements, head width, seconds]`` per shape); {} without them."""
+    SDPA's (cost/host.py ``sdpa_call_seconds``), and a note on each fit's own error, from ``ring`` and
+    ``sdpa`` (``[score elements, head width, seconds]`` per shape, ``RING_HEADS`` query heads of one
+    sequence); {} without them. The cost model reads the timings themselves where it can: the
+    ring's as timed (``cp_ring_table``), SDPA's per query head (``sdpa_head_table``: ``[sequence,
+    head width, max(t - call, t / 10) / RING_HEADS]``, ``call`` the fitted line's), so that a call
+    of any batch and head count adds its heads' share to one call cost."""
     out: dict[str, Any] = {"note": ""}
     for key, prefix, what in (("ring", "cp", "ring-attention blocks"), ("sdpa", "sdpa", "SDPA calls")):
         if result.get(key):
@@ -354,52 +360,71 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
                     f"{prefix}_score_dim_s": dim}
             if prefix == "cp":  # the cost model reads the timings themselves (cost/context.py ring_step_seconds)
                 out["cp_ring_table"] = [[float(x) for x in row] for row in result[key]]
+            elif len(result[key]) >= 2:
+                out["sdpa_head_table"] = [[math.sqrt(e / RING_HEADS), float(d), max(t - call, t / 10) / RING_HEADS]
+                                          for e, d, t in result[key]]
             out["note"] += f"{what} ({len(result[key])} shapes) fitted with mean |error| {error:.0%}; "
     return out if len(out) > 1 else {}
 
 
-def _sdpa_call_seconds(fields: dict[str, Any], scores: float, head_dim: float) -> float:
-    """One SDPA call of ``scores`` score elements by the fitted constants in ``fields``."""
-    from meshwise.cost.host import score_kernel_seconds
+def _sdpa_call_seconds(fields: dict[str, Any], heads: float, seq: float, head_dim: float) -> float:
+    """One SDPA call over ``heads`` query heads of ``seq`` tokens by ``fields`` (:func:`ring_fields`'
+    keys), as the cost model reads them (cost/host.py ``sdpa_call_seconds``)."""
+    from meshwise.cost.host import sdpa_call_seconds
+    from meshwise.spec import AcceleratorSpec
 
-    return score_kernel_seconds(fields["sdpa_call_s"], fields["sdpa_score_s"], fields["sdpa_score_dim_s"], scores, head_dim)
+    accel = AcceleratorSpec("fit", 1, 1.0, 1.0, 1.0, sdpa_call_s=fields["sdpa_call_s"], sdpa_score_s=fields["sdpa_score_s"],
+                            sdpa_score_dim_s=fields["sdpa_score_dim_s"],
+                            sdpa_head_table=tuple(tuple(r) for r in fields.get("sdpa_head_table", ())))
+    return sdpa_call_seconds(accel, heads, seq, head_dim)
 
 
 def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tuple[float, float]:
     """(seconds, FLOPs) of the calibration forward + backward's attention core when the SDPA
-    constants were fitted (cost/host.py ``sdpa_seconds``), from ``sdpa_model`` (``[score elements
-    per block, head width, attention-core FLOPs of the forward + backward]``): the efficiency is then
+    constants were fitted (cost/host.py ``sdpa_seconds``), from ``sdpa_model`` (``[query heads,
+    sequence, head width, attention-core FLOPs of the forward + backward]``): the efficiency is then
     solved over the rest, as the cost model charges the two apart. (0, 0) without them."""
     if "sdpa_score_s" not in fields or not result.get("sdpa_model"):
         return 0.0, 0.0
-    scores, head_dim, flops = (float(x) for x in result["sdpa_model"])
-    per_call = _sdpa_call_seconds(fields, scores, head_dim)
+    heads, seq, head_dim, flops = (float(x) for x in result["sdpa_model"])
+    per_call = _sdpa_call_seconds(fields, heads, seq, head_dim)
     return int(result["blocks"]) * per_call, flops
 
 
 def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
-                   copy_bytes_per_s: float) -> tuple[float, float]:
-    """(fsdp_call_s, fsdp_param_s) from the FSDP2 benchmark (calibrate_worker.bench_fsdp_host):
-    per wrapping ``[seconds, calls, bytes]`` of a forward + backward net of its waits. By
-    cost/host.py's model, each wrapping's seconds less the plain forward + backward (``plain_s``)
-    and its copies (``2 * bytes / copy bandwidth``, cost/host.py ``fsdp_copy_seconds``) are
-    ``calls * (call + tensors / units * param)``, with ``units`` = blocks + 1 wrapped per block
-    and ceil(blocks / 2) + 1 wrapped per pair. Two equations, two unknowns, each at least 0 (one of
-    them negative: the other refitted alone, by least squares)."""
+                   copy_bytes_per_s: float) -> tuple[float, float, float]:
+    """(fsdp_call_s, fsdp_param_s, fsdp_byte_s) from the FSDP2 benchmark (calibrate_worker.bench_fsdp_host):
+    per wrapping ``[seconds, calls, bytes, plain seconds]`` of a forward + backward net of its waits.
+    By cost/host.py's model each wrapping's seconds less its model's plain pass are
+    ``calls * (call + tensors / units * param) + bytes * byte``, with ``units`` = blocks + 1 wrapped
+    per block (``blocks``, ``wide``) and ceil(blocks / 2) + 1 per pair (``pairs``): three equations,
+    three unknowns, solved on relative error, each at least 0 (a negative one left out and the rest
+    refitted). Without the ``wide`` wrapping (or where no fit stays at or above 0) the bytes cost
+    their copy in and out, ``byte = 2 / copy bandwidth``, and the two calibration-model wrappings
+    give the other two (one of them negative: the other refitted alone)."""
+    units = {"blocks": blocks + 1, "pairs": -(-blocks // 2) + 1, "wide": blocks + 1}
     rows = []
-    for mode, n_units in (("blocks", blocks + 1), ("pairs", -(-blocks // 2) + 1)):
-        seconds, calls, moved = (list(fsdp_host_s[mode]) + [0.0])[:3]
-        extra = seconds - plain_s - 2.0 * moved / copy_bytes_per_s
-        rows.append((calls, calls * tensors / n_units, extra))
-    (a1, b1, y1), (a2, b2, y2) = rows
+    for mode in ("blocks", "pairs", "wide"):
+        if mode in fsdp_host_s:
+            seconds, calls, moved, plain = (list(fsdp_host_s[mode]) + [0.0, plain_s][len(fsdp_host_s[mode]) - 2:])[:4]
+            rows.append((calls, calls * tensors / units[mode], moved, seconds - plain))
+    if len(rows) == 3 and all(extra > 0 for *_, extra in rows):
+        for cols in ([0, 1, 2], [0, 2], [1, 2], [2]):
+            coef = _relative_least_squares([[row[c] / row[3] for c in cols] for row in rows])
+            if coef and all(c >= -1e-9 * max(map(abs, coef)) for c in coef):  # 0 within rounding
+                full = {col: max(c, 0.0) for col, c in zip(cols, coef)}
+                return full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
+    byte = 2.0 / copy_bytes_per_s
+    (a1, b1, m1, y1), (a2, b2, m2, y2) = rows[:2]
+    y1, y2 = y1 - m1 * byte, y2 - m2 * byte
     det = a1 * b2 - a2 * b1
     call = (y1 * b2 - y2 * b1) / det if det else -1.0
     param = (a1 * y2 - a2 * y1) / det if det else -1.0
     if call >= 0 and param >= 0:
-        return call, param
+        return call, param, byte
     if call < 0:  # per tensor alone
-        return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2))
-    return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0
+        return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2)), byte
+    return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0, byte
 
 
 def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s: float) -> tuple[float, float]:
@@ -435,11 +460,11 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
                  "cp_ring_table", "sdpa_call_s", "sdpa_score_s",
-                 "sdpa_score_dim_s")
+                 "sdpa_score_dim_s", "sdpa_head_table")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:
@@ -453,8 +478,8 @@ def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> d
 def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: dict[str, Any]) -> tuple[float, float]:
     """(whole pass, one block's forward) seconds of the host benchmark's own GEMMs and attention
     calls (``HOST_TOKENS`` tokens), by the GEMM grid's and the SDPA calls' fits (``host_block_gemms``
-    and ``host_head_gemms``: ``[M, N, K]`` of one block and of the head; ``host_sdpa``: ``[score
-    elements, head width]``): at four tokens
+    and ``host_head_gemms``: ``[M, N, K]`` of one block and of the head; ``host_sdpa``: ``[query
+    heads, sequence, head width]``): at four tokens
     they still pay their fixed costs and move their weights, about a quarter of that pass on a
     2-core x86 host, which the per-operator cost must not absorb. (0, 0) without the fits."""
     from meshwise.cost.host import cpu_gemm_seconds
@@ -467,8 +492,8 @@ def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: 
     head_s = sum(cpu_gemm_seconds(fitted, *s) for s in result.get("host_head_gemms", []))
     attention_s = 0.0
     if "sdpa_call_s" in ring and result.get("host_sdpa"):
-        scores, head_dim = (float(x) for x in result["host_sdpa"])
-        attention_s = _sdpa_call_seconds(ring, scores, head_dim)
+        heads, seq, head_dim = (float(x) for x in result["host_sdpa"])
+        attention_s = _sdpa_call_seconds(ring, heads, seq, head_dim)
     return blocks * (block_s + attention_s) + head_s, (block_s + attention_s) / 3.0
 
 

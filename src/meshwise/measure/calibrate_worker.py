@@ -236,16 +236,31 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
 
 
+FSDP_WIDE_HIDDEN = 512  # the wide wrapping's least hidden size: a block's unit of ~14 MB, past a core's L2
+
+
+def wide_model(model: ModelSpec) -> ModelSpec:
+    """The calibration model widened (hidden and MLP width by ``max(2, ceil(FSDP_WIDE_HIDDEN / hidden))``,
+    heads kept): the same parameter tensors and FSDP2 calls, several times the bytes."""
+    from dataclasses import replace
+
+    f = max(2, -(-FSDP_WIDE_HIDDEN // model.hidden))
+    return replace(model, name=f"{model.name}-wide", hidden=model.hidden * f, ffn_hidden=model.ffn_hidden * f,
+                   head_dim=model.head_dim * f if model.head_dim else 0, param_count=None)
+
+
 def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     """FSDP2's own host cost on every rank at once (``fully_shard`` over all ranks, parameters
-    resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls, bytes]`` of
-    one forward + backward on ``HOST_TOKENS`` tokens with every blocking wait on a collective taken
-    out (``timed_waits``: the transfer is communication, not FSDP2's work). Two wrappings of the
-    same parameters: ``blocks`` (one unit per block, then the root, as the runtime wraps) and
-    ``pairs`` (one unit per two consecutive blocks, then the root): every parameter tensor is
-    gathered and reduced as often in both, the calls differ, so the cost per call and the cost per
-    tensor per call can be told apart (calibrate.fsdp_constants). (The whole model as one unit
-    would not do: its one large buffer pays page faults per byte that the runtime's units do not.)"""
+    resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls, bytes, plain
+    seconds]``: one forward + backward on ``HOST_TOKENS`` tokens with every blocking wait on a
+    collective taken out (``timed_waits``: the transfer is communication, not FSDP2's work), and
+    the same pass of the same model unwrapped. Three wrappings: ``blocks`` (one unit per block,
+    then the root, as the runtime wraps) and ``pairs`` (one unit per two consecutive blocks, then
+    the root) of the calibration model: every parameter tensor is gathered and reduced as often in
+    both, the calls differ; ``wide``: ``blocks`` of :func:`wide_model`, the same tensors and calls
+    over several times the bytes. So the cost per call, per tensor per call and per byte can be told
+    apart (calibrate.fsdp_constants). (The whole model as one unit would not do: its one large
+    buffer pays page faults per byte that the runtime's units do not.)"""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -259,29 +274,34 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
     out: dict[str, list[float]] = {}
-    for mode, per_unit in (("blocks", 1), ("pairs", 2)):
-        net = build_model(model, seed=0)
-        blocks = list(net.layers.values())
-        for i in range(0, len(blocks), per_unit):
-            fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
-        fully_shard(net, mesh=mesh, reshard_after_forward=True)
+    for mode, spec, per_unit in (("blocks", model, 1), ("pairs", model, 2), ("wide", wide_model(model), 1)):
+        net = build_model(spec, seed=0)
         waited = [0.0]
 
         def run() -> None:
             net.zero_grad(set_to_none=True)
             loss_sum(net(x), y).backward()
 
+        def timed() -> float:
+            best = math.inf
+            with timed_waits(lambda kind, seconds: waited.__setitem__(0, waited[0] + seconds)):
+                for _ in range(5 * repeats):
+                    dist.barrier()
+                    waited[0], start = 0.0, time.perf_counter()
+                    run()
+                    best = min(best, time.perf_counter() - start - waited[0])
+            return best
+
+        run()
+        plain_s = timed()
+        blocks = list(net.layers.values())
+        for i in range(0, len(blocks), per_unit):
+            fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
+        fully_shard(net, mesh=mesh, reshard_after_forward=True)
         with CollectiveTrace(mesh) as trace:
             run()
         keys = [key for key in trace.calls if key.kind in ("all_gather", "reduce_scatter")]
-        best = math.inf
-        with timed_waits(lambda kind, seconds: waited.__setitem__(0, waited[0] + seconds)):
-            for _ in range(5 * repeats):
-                dist.barrier()
-                waited[0], start = 0.0, time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - start - waited[0])
-        out[mode] = [best, float(sum(trace.calls[k] for k in keys)), float(sum(trace.bytes[k] for k in keys))]
+        out[mode] = [timed(), float(sum(trace.calls[k] for k in keys)), float(sum(trace.bytes[k] for k in keys)), plain_s]
     return out
 
 
@@ -489,7 +509,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
-        "sdpa_model": [model.heads * seq * seq, model.head_dim,
+        "sdpa_model": [model.heads, seq, model.head_dim,
                        3 * model.layers * seq * attention_core_flops_per_token(model, seq)],
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "blocks": model.layers,
@@ -505,7 +525,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
             "ring_includes_sends": True} if ring_calls else {}),
         "host_block_gemms": host_block,
         "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block):],
-        "host_sdpa": [model.heads * HOST_TOKENS * HOST_TOKENS, model.head_dim],
+        "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim],
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],

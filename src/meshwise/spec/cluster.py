@@ -75,16 +75,18 @@ class AcceleratorSpec:
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
     fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
     fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
+    fsdp_byte_s: float = 0.0           # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)
     # ring attention's kernels per ring step (cost/context.py ``ring_kernel_seconds``): step + E * (score + d * dim)
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0
     cp_step_includes_sends: bool = False  # the three timed as whole ring calls over a real ring: K/V and dK/dV sends in
     cp_ring_table: tuple = ()          # ((score elements, head width, seconds), ...) per ring step, as timed: read first
-    # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_seconds``): call + E * (score + d * dim)
+    # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_call_seconds``): call + E * (score + d * dim)
     sdpa_call_s: float = 0.0
     sdpa_score_s: float = 0.0
     sdpa_score_dim_s: float = 0.0
+    sdpa_head_table: tuple = ()        # ((sequence, head width, seconds per query head), ...) as timed: read first
     # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
     cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
     cpu_gemm_call_s: float = 0.0

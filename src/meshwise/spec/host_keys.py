@@ -13,6 +13,7 @@ from typing import Any
 from meshwise.errors import MeshwiseError
 
 HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+                     "fsdp_byte_s",
                      "cpu_gemm_call_s", "cp_step_s", "cp_score_s", "cp_score_dim_s",
                      "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s")
 GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s")  # 0 or more
@@ -20,7 +21,9 @@ GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_pe
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 # true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
 HOST_FLAG_KEYS = ("cp_step_includes_sends",)
-TABLE_KEYS = ("cp_ring_table",)  # rows [score elements > 0, head width > 0, seconds in (0, 1)], 2 or more
+# measured tables, 2 rows or more: [score elements or sequence > 0, head width > 0, seconds in (0, 1)]
+TABLE_KEYS = ("cp_ring_table", "sdpa_head_table")
+TABLE_COLUMNS = {"cp_ring_table": "score elements", "sdpa_head_table": "sequence"}
 HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
              | set(HOST_FLAG_KEYS) | set(TABLE_KEYS)
              | set(PROBE_KEYS) | set(GEMM_RATE_KEYS))
@@ -84,6 +87,6 @@ def _rows(value: Any, key: str, gpu: str) -> tuple:
                                                     and math.isfinite(x) for x in r)
         and r[0] > 0 and r[1] > 0 and 0 < r[2] < 1 for r in value)
     if not ok:
-        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [score elements, head width, seconds] "
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [{TABLE_COLUMNS[key]}, head width, seconds] "
                             f"of positive numbers, seconds below 1")
     return tuple(tuple(float(x) for x in r) for r in value)

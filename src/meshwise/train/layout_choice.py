@@ -87,7 +87,8 @@ def with_threads(cluster: ClusterSpec, threads: int) -> ClusterSpec:
                      sdpa_score_s=a.sdpa_score_s / k, sdpa_score_dim_s=a.sdpa_score_dim_s / k,
                      cp_score_s=a.cp_score_s / k, cp_score_dim_s=a.cp_score_dim_s / k,
                      cp_ring_table=tuple((e, d, min(a.cp_step_s, s) + max(s - a.cp_step_s, 0.0) / k)
-                                         for e, d, s in a.cp_ring_table))
+                                         for e, d, s in a.cp_ring_table),
+                     sdpa_head_table=tuple((s, d, t / k) for s, d, t in a.sdpa_head_table))
     return replace(cluster, accelerator=faster)
 
 
