@@ -98,7 +98,12 @@ def test_more_microbatches_cost_more_host_time_at_equal_flops():
     one = estimate(model, cluster, train, parse("mbs=8", 1)).time
     eight = estimate(model, cluster, train, parse("mbs=1", 1)).time
     a = cluster.accelerator
-    assert eight.compute_s - one.compute_s == pytest.approx(7 * host.ops_per_microbatch(6, True, True) * a.op_overhead_s)
+    from meshwise.cost.memory import rank_shapes
+
+    sums = host.grad_accumulation_seconds(a, rank_shapes(model, parse("mbs=1", 1))[0].params, 4, 8)  # 7 gradient sums
+    assert sums > 0
+    assert eight.compute_s - one.compute_s == pytest.approx(7 * host.ops_per_microbatch(6, True, True) * a.op_overhead_s
+                                                            + sums)
 
 
 def test_recompute_host_time_per_mode():
@@ -198,3 +203,29 @@ def test_cores_per_node_is_checked(tmp_path):
     f.write_text(format_toml({"name": "x", **read_catalog("accelerators.toml")["cpu"]}) + "cores_per_node = 1.5\n")
     with pytest.raises(MeshwiseError, match="cores_per_node"):
         load_cluster(str(f), 2)
+
+
+def test_gradient_sums_over_micro_batches_are_charged_on_cpu_ranks():
+    """Every micro-batch after the first adds its gradients into the held ones: three passes over
+    the rank's gradients at the DRAM copy bandwidth, (m - 1) times; sharded where FSDP2 reduces each
+    micro-batch (ZeRO-2/3), none with one micro-batch, none on a GPU profile (Megatron fuses it)."""
+    from meshwise.cost import memory
+    from meshwise.cost.estimate import _accumulation_s, estimate
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    model, train = load_model("tiny"), TrainSpec(8, 64, precision="fp32")
+    slow = {}
+    for n, text in ((1, "mbs=2"), (2, "dp=2,zero=0,mbs=1"), (2, "dp=2,zero=3,mbs=1"), (1, "mbs=8")):
+        cluster = load_cluster("cpu", n, n)
+        fast = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, dram_bytes_per_s=20e9))
+        half = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, dram_bytes_per_s=10e9))
+        layout = parse(text, n)
+        m = layout.accum(train.global_batch)
+        slow[text] = estimate(model, half, train, layout).time.compute_s - estimate(model, fast, train, layout).time.compute_s
+        params = memory.rank_shapes(model, layout)[0].params / (2 if "zero=3" in text else 1)
+        assert slow[text] == pytest.approx((m - 1) * 3 * params * 4 * (1 / 10e9 - 1 / 20e9), rel=1e-6)
+    assert slow["mbs=8"] == 0 and slow["mbs=2"] > slow["dp=2,zero=3,mbs=1"] > 0
+    gpu = load_cluster("h100", 8, 8)
+    layout = parse("dp=8,mbs=1", 8)
+    assert _accumulation_s(model, gpu.accelerator, train, layout, memory.rank_shapes(model, layout)[0], 4) == 0

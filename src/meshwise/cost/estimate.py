@@ -625,6 +625,19 @@ def _fsdp_host_s(model: ModelSpec, accel: AcceleratorSpec, dp_ops: list[Collecti
     return copies + host.fsdp_host_seconds(accel, dp_ops, tensors, shape.units)
 
 
+def _accumulation_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape,
+                    m: int) -> float:
+    """The rank's gradient sums over its micro-batches on host-bound (CPU) ranks (cost/host.py
+    ``grad_accumulation_seconds``): of its gradient shards where FSDP2 reduces each micro-batch's
+    gradients as computed (ZeRO-2/3 without PP, _dp_collectives_of), else of the gradients it holds
+    unsharded. 0 on GPU profiles."""
+    if model.states_only or not host.is_host_bound(accel) or m < 2:
+        return 0.0
+    sharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+    grads = shape.params / (layout.shard * layout.cp) if sharded else memory.held(shape.params, shape.expert_params, layout)
+    return host.grad_accumulation_seconds(accel, grads, train.grad_bytes, m)
+
+
 def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
                   shapes: tuple[RankShape, ...]) -> float:
     """The step's fixed work on the busiest rank, times the ranks per core: on CPU ranks
@@ -699,7 +712,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                 dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
-        fsdp_s = share * _fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+        fsdp_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+                          + _accumulation_s(model, accel, train, layout, shape, m))
         busy = compute_s + fsdp_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:

@@ -118,6 +118,21 @@ def optimizer_memory_seconds(accel: AcceleratorSpec, params: float, elem_bytes: 
                                   + ADAMW_ELEMENT_PASSES / accel.hbm_bytes_per_s)
 
 
+GRAD_ACCUMULATION_PASSES = 3  # autograd's AccumulateGrad: grad += new reads both and writes the sum
+
+
+def grad_accumulation_seconds(accel: AcceleratorSpec, grad_params: float, elem_bytes: int, microbatches: int) -> float:
+    """Memory seconds of summing a rank's gradients over ``microbatches`` micro-batches in a step:
+    every micro-batch after the first adds its gradient into the one held (autograd's AccumulateGrad
+    ``grad += new``, ``GRAD_ACCUMULATION_PASSES`` passes over ``grad_params`` elements), at the DRAM
+    copy bandwidth where the profile states one (a model's gradients outgrow the cache first), else
+    ``hbm_bytes_per_s``: ``(m - 1) * 3 * grad_params * elem_bytes / bandwidth``. On CPU ranks only
+    (cost/estimate.py): Megatron-LM fuses the sum into the weight-gradient GEMM
+    (``--gradient-accumulation-fusion``)."""
+    bandwidth = accel.dram_bytes_per_s or accel.hbm_bytes_per_s
+    return max(microbatches - 1, 0) * GRAD_ACCUMULATION_PASSES * grad_params * elem_bytes / bandwidth
+
+
 FIXED_OPS_PER_TENSOR = 2  # per step, per parameter tensor: its share of the gradient norm, the clipping mul_
 
 
