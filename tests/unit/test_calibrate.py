@@ -524,3 +524,44 @@ def test_sdpa_calls_are_read_off_their_measured_table(tmp_path):
     path.write_text(path.read_text().replace("sdpa_head_table = [[", "sdpa_head_table = [[-"))
     with pytest.raises(MeshwiseError, match=r"sdpa_head_table must be two or more rows \[sequence"):
         load_cluster(str(path), 2, 2)
+
+
+def test_sync_skew_is_the_wait_beyond_the_slice_and_the_collective():
+    """The wait per second of own-core compute is fitted through the origin from the slices timed
+    with and without the all-reduce; the cap is the longest slice; no rows, no wait."""
+    rate = 100e9
+    rows = [[0.0, 0.0, 5e-3]] + [[f, 2 * f / rate, 2 * f / rate + 5e-3 + 0.6 * f / rate] for f in (1.3e8, 5e8)]
+    ratio, slice_s = cal.sync_skew(rows, rate)
+    assert ratio == pytest.approx(0.6) and slice_s == pytest.approx(5e8 / rate)
+    assert cal.sync_skew([], rate) == (0.0, 0.0)
+    faster = [[0.0, 0.0, 5e-3], [1e8, 2e-3, 6e-3]]  # quicker than apart: no negative wait
+    assert cal.sync_skew(faster, rate) == (0.0, pytest.approx(1e-3))
+
+
+def test_ranks_beyond_the_cores_wait_at_each_collective():
+    """With more ranks than cores the estimate adds ratio * min(own-core compute, collectives *
+    slice) to exposed communication; at one rank per core, nothing."""
+    import dataclasses
+
+    from meshwise.cost import host
+    from meshwise.cost.estimate import estimate
+    from meshwise.layout import parse
+    from meshwise.spec import TrainSpec, load_model
+
+    model, train = load_model("tiny"), TrainSpec(8, 64, precision="fp32")
+    for n, expect_wait in ((4, True), (2, False)):
+        cluster = load_cluster("cpu", n, n)
+        cores = dataclasses.replace(cluster.accelerator, cores_per_node=2)
+        plain = dataclasses.replace(cluster, accelerator=cores)
+        skewed = dataclasses.replace(cluster, accelerator=dataclasses.replace(cores, sync_skew_ratio=0.7,
+                                                                              sync_skew_slice_s=2e-3))
+        layout = parse("dp=2,tp=2" if n == 4 else "dp=2", n)
+        a, b = (estimate(model, c, train, layout) for c in (plain, skewed))
+        wait = b.time.comm_exposed_s - a.time.comm_exposed_s
+        assert b.time.step_s - a.time.step_s == pytest.approx(wait)
+        if not expect_wait:
+            assert wait == 0
+            continue
+        calls = sum(op.count_per_step for op in a.comm if op.kind != "recv")
+        own = a.time.compute_s / host.core_share(cores, n)
+        assert wait == pytest.approx(0.7 * min(own, calls * 2e-3)) and wait > 0

@@ -722,6 +722,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
+    if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
+        skew_s = host.sync_skew_seconds(accel, cluster.gpus_per_node, compute_s / share,
+                                        sum(op.count_per_step for op in ops if op.kind != "recv"))
+        busy, other_comm_s = busy + skew_s, other_comm_s + skew_s
     if share > 1 and bubble_s > 0:
         # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
         # sleeps and its core goes to the other ranks, which compute faster by 1 / (the busy

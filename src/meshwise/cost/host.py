@@ -85,6 +85,19 @@ def core_share(accel: AcceleratorSpec, ranks_per_node: int) -> float:
     return max(1.0, ranks_per_node / cores) if cores else 1.0
 
 
+def sync_skew_seconds(accel: AcceleratorSpec, ranks_per_node: int, own_compute_s: float, collectives: float) -> float:
+    """With more ranks than cores (:func:`core_share` > 1), what a rank waits at its collectives for
+    peers the scheduler has not run yet, beyond the collectives' calibrated time:
+    ``sync_skew_ratio * min(own_compute_s, collectives * sync_skew_slice_s)``, ``own_compute_s`` the
+    rank's compute per step on a core of its own. ``meshwise calibrate`` measures the ratio at the
+    profile's process count: every rank computing a slice then joining an all-reduce, against the
+    same slices and the all-reduce apart (measure/calibrate.py ``sync_skew``), for slices up to
+    ``sync_skew_slice_s`` of own-core compute; a longer slice is read as that one. 0 otherwise."""
+    if core_share(accel, ranks_per_node) <= 1 or not accel.sync_skew_ratio or collectives <= 0:
+        return 0.0
+    return accel.sync_skew_ratio * min(own_compute_s, collectives * accel.sync_skew_slice_s)
+
+
 def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -> int:
     """Parameter tensors one rank's optimizer steps over: per block the norms, Q/K/V/O (with their
     biases and q/k norms), the MLP's two or three matrices (biases), the routed experts' when the

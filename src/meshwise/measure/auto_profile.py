@@ -45,7 +45,9 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 9  # 9: SDPA's calls read off their measured table (cost/host.py);
+CALIBRATION_VERSION = 9  # 9: SDPA's calls read off their measured table (cost/host.py); FSDP2's
+                         #    cost per byte; the forward + backward's median pass; the wait for peers
+                         #    with more ranks than cores;
                          # 8: whole ring calls with their sends; host time net of its GEMMs;
                          #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
                          # 7: ring attention's kernels (cost/context.py);

@@ -11,8 +11,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **matmul rate** ``peak_*_flops_per_s``: the GEMMs of one block (Q, K, V, output projection,
   gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
   ``sum(2 T k n) / time``;
-- **achieved efficiency** ``efficiency_max``: one single-process forward + backward of the whole
-  model on ``T`` tokens, less its host time (below), over ``time * matmul rate``;
+- **achieved efficiency** ``efficiency_max``: one forward + backward of the whole model on ``T``
+  tokens on every rank at once (one per core), the slowest rank's median pass (calibration 9: a
+  step pays the typical pass beside the other ranks, not the luckiest), less its host time
+  (below), over ``time * matmul rate``;
   ``efficiency_half_width = 0`` so the cost model reads ``efficiency(h) = efficiency_max`` for
   every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
 - **host time** ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one
@@ -58,6 +60,11 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   work shares the rank's core, so the profile says ``cp_step_includes_sends = true`` and the cost
   model charges no ring transfer apart; one process times the bare blocks (no ring to run);
 - **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
+- **sync skew** ``sync_skew_ratio``, ``sync_skew_slice_s`` (more ranks than cores only, calibration
+  9): every rank computes a slice of ``SKEW_SLICE_GEMMS`` GEMMs then joins a 4 KiB all-reduce,
+  against the slices alone and the all-reduce after no slice (:func:`sync_skew`), the wait a rank
+  pays at a collective for peers the scheduler has not finished running (cost/host.py
+  ``sync_skew_seconds``);
 - **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
   need those cores, so the cost model exposes data-parallel communication instead of hiding it.
 
@@ -95,7 +102,7 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
                 "sdpa_head_table", "thread_efficiency",
-                "cores_per_node",
+                "cores_per_node", "sync_skew_ratio", "sync_skew_slice_s",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
 
@@ -278,11 +285,8 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
     cores = int(result.get("cores", 1))
-    if result.get("thread_speedups"):  # paired timings (calibration 8): the median speed-up
-        speedup = statistics.median(float(x) for x in result["thread_speedups"])
-    else:
-        speedup = float(result.get("matmul_all_threads_flops_per_s", peak)) / peak
-    thread_eff = 1.0 if cores < 2 else min(1.0, max(0.05, (speedup - 1) / (cores - 1)))
+    skew_ratio, skew_slice_s = sync_skew(result.get("sync_skew", []), float(result["matmul_flops_per_s"]))
+    thread_eff = thread_efficiency(result, peak, cores)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "name": name,
@@ -309,6 +313,8 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "fsdp_byte_s": fsdp_byte_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
+        "sync_skew_ratio": skew_ratio,
+        "sync_skew_slice_s": skew_slice_s,
         "calibrated_on": f"meshwise calibrate, {when}",
         **{k: v for k, v in gemm.items() if k != "note"},
         **{k: v for k, v in ring.items() if k != "note"},
@@ -317,6 +323,16 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                   f"{ring.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
+
+
+def thread_efficiency(result: dict[str, Any], peak: float, cores: int) -> float:
+    """``(speed-up - 1) / (cores - 1)`` in [0.05, 1]: the median of the paired timings (calibration
+    8), else the all-threads matmul rate over ``peak`` (older results); 1 on one core."""
+    if result.get("thread_speedups"):
+        speedup = statistics.median(float(x) for x in result["thread_speedups"])
+    else:
+        speedup = float(result.get("matmul_all_threads_flops_per_s", peak)) / peak
+    return 1.0 if cores < 2 else min(1.0, max(0.05, (speedup - 1) / (cores - 1)))
 
 
 def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
@@ -425,6 +441,21 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
     if call < 0:  # per tensor alone
         return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2)), byte
     return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0, byte
+
+
+def sync_skew(rows: list[list[float]], flops_per_s: float) -> tuple[float, float]:
+    """(sync_skew_ratio, sync_skew_slice_s) from calibrate_worker.bench_sync_skew's rows ``[slice
+    FLOPs, slice alone, slice then all-reduce]`` (seconds per iteration, every rank at once): the
+    wait beyond the slice and the all-reduce apart, ``(both - alone) - both at no slice``, against
+    the slice's own-core seconds ``FLOPs / flops_per_s`` (the rank's matmul rate on a core of its
+    own): least squares through the origin, at least 0; the slice cap is the longest slice timed.
+    (0, 0) without rows."""
+    base = next((both for flops, _, both in rows if flops == 0), None)
+    points = [(flops / flops_per_s, max(both - alone - base, 0.0)) for flops, alone, both in rows if flops > 0]
+    if base is None or not points:
+        return 0.0, 0.0
+    ratio = sum(own * wait for own, wait in points) / sum(own * own for own, _ in points)
+    return max(ratio, 0.0), max(own for own, _ in points)
 
 
 def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s: float) -> tuple[float, float]:

@@ -153,8 +153,15 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
     return out
 
 
+FORWARD_BACKWARD_RUNS = 7  # per repeat: the median of these single passes
+
+
 def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
-    """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens."""
+    """Seconds of one forward + backward of the whole model on one sequence of ``seq`` tokens: the
+    median of ``FORWARD_BACKWARD_RUNS * repeats`` passes, every active rank running its own at once
+    (the phase starts at a barrier). The median, not the best: a step pays a pass at its typical
+    speed beside the other ranks, and the slowest rank sets it (on a 2-core VM the slower rank's
+    median read 1.05-1.35x the best pass of one process alone, its best 1.0-1.2x)."""
     import torch
 
     from meshwise.runtime.model import build_model, loss_sum
@@ -168,7 +175,12 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
         loss_sum(net(x), y).backward()
 
     run()
-    return _best_time(run, 3 * repeats)
+    times = []
+    for _ in range(FORWARD_BACKWARD_RUNS * repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
@@ -394,6 +406,39 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
     return out
 
 
+SKEW_GEMM_SIDE = 256  # the slices' GEMM: 2 * 256^3 = 34 MFLOP, a third of a millisecond on one x86 core
+SKEW_SLICE_GEMMS = (0, 4, 16)  # GEMMs per slice: none, about 1.3 ms and 5 ms of one core's compute
+
+
+def bench_sync_skew(repeats: int, calls: int) -> list[list[float]]:
+    """``[slice FLOPs, seconds of the slice alone, seconds of the slice then a 4 KiB all-reduce]``
+    per slice of ``SKEW_SLICE_GEMMS`` GEMMs, every rank at once (lock-step, the median of
+    ``COLLECTIVE_RUNS`` runs of ``calls``): with more ranks than cores a rank that reaches the
+    all-reduce waits for peers the scheduler has not finished running, a wait that grows with the
+    compute before it (calibrate.sync_skew fits it)."""
+    import torch
+    import torch.distributed as dist
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(SKEW_GEMM_SIDE, SKEW_GEMM_SIDE, generator=gen) for _ in range(2))
+    small = torch.ones(1024)
+    out = []
+    for gemms in SKEW_SLICE_GEMMS:
+        def compute(k: int = gemms) -> None:
+            for _ in range(k):
+                torch.mm(a, b)
+
+        def both() -> None:
+            compute()
+            dist.all_reduce(small)
+
+        runs = max(COLLECTIVE_RUNS, repeats)
+        alone_s = _lockstep_time(compute, runs, calls, typical=True) if gemms else 0.0
+        both()
+        out.append([2.0 * gemms * SKEW_GEMM_SIDE ** 3, alone_s, _lockstep_time(both, runs, calls, typical=True)])
+    return out
+
+
 def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: bool, phase) -> dict:
     """The per-rank benchmarks (on ``active`` ranks; every rank passes each ``phase`` barrier)."""
     benches = (("matmul", lambda: {"matmul_flops_per_s": bench_matmul(model, seq, repeats)}),
@@ -473,6 +518,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         if rank < 2 * pairs:
             alone_collectives = bench_collectives(model, args.seq_len, sizes[:1], calls, repeats, group)
     phase("collectives_alone")
+    skew = bench_sync_skew(repeats, calls) if n > cores else []
+    phase("sync_skew")
     everyone: list[dict] = [{} for _ in range(n)]
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -480,6 +527,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         result["fsdp_host_s"] = fsdp
         if alone_collectives:
             result["tp_collectives_alone"] = alone_collectives
+        if skew:
+            result["sync_skew"] = skew
         result["phase_s"] = phases
         write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()

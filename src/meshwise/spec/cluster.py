@@ -95,6 +95,9 @@ class AcceleratorSpec:
     dram_bytes_per_s: float = 0.0      # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
     thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
     cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
+    # more ranks than cores: a collective waits for peers the scheduler has not run yet (cost/host.py ``sync_skew_seconds``)
+    sync_skew_ratio: float = 0.0       # seconds waited per second of a rank's own-core compute before the collective
+    sync_skew_slice_s: float = 0.0     # ... up to this much compute per collective (the longest slice measured)
 
     __hash__ = cached_hash
 

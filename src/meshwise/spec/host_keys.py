@@ -12,11 +12,12 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+HOST_SECONDS_KEYS = ("sync_skew_slice_s", "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                      "fsdp_byte_s",
                      "cpu_gemm_call_s", "cp_step_s", "cp_score_s", "cp_score_dim_s",
                      "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s")
-GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s")  # 0 or more
+GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s",  # 0 or more
+                  "sync_skew_ratio")
 # when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 # true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
