@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from meshwise.cost import comm, compute
 from meshwise.cost.comm import Collective
-from meshwise.cost.host import piecewise_linear, score_kernel_seconds
+from meshwise.cost.host import score_kernel_seconds, width_table_seconds
 from meshwise.layout import Layout
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -166,6 +166,4 @@ def ring_step_seconds(accel, scores: float, head_dim: float) -> float:
     table = accel.cp_ring_table
     if not table:
         return score_kernel_seconds(accel.cp_step_s, accel.cp_score_s, accel.cp_score_dim_s, scores, head_dim)
-    widths = sorted({d for _, d, _ in table})
-    by_width = [(d, piecewise_linear(sorted((e, s) for e, w, s in table if w == d), scores)) for d in widths]
-    return max(piecewise_linear(by_width, head_dim), min(s for _, _, s in table))
+    return max(width_table_seconds(table, scores, head_dim), min(s for _, _, s in table))

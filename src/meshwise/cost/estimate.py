@@ -712,12 +712,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
                 dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
             else:
                 dp_s += sum(op.seconds_per_step for op in gathers)
-        fsdp_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
-                          + _accumulation_s(model, accel, train, layout, shape, m))
-        busy = compute_s + fsdp_s + tp_s + pp_s + dp_s + cp_s
+        # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
+        beside_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+                            + _accumulation_s(model, accel, train, layout, shape, m))
+        busy = compute_s + beside_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s + fsdp_s, tp_s, pp_s + dp_s + cp_s, shape,
+            worst = (busy, compute_s + beside_s, tp_s, pp_s + dp_s + cp_s, shape,
                      _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))

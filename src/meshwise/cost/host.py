@@ -304,15 +304,23 @@ def _scaled_polyline(points: list[tuple[float, float]], x: float) -> float:
     return y0 * x / x0 if x < x0 else piecewise_linear(points, x)
 
 
+def width_table_seconds(rows, x: float, width: float, read=piecewise_linear) -> float:
+    """A measured table of rows ``(x, head width, seconds)`` read at (``x``, ``width``): ``read``
+    (a polyline through x-ascending points) along ``x`` at each measured width, then along the
+    widths. The one reading of cost/context.py's ring table and SDPA's per-head table."""
+    widths = sorted({w for _, w, _ in rows})
+    by_width = [(w, read(sorted((a, t) for a, v, t in rows if v == w), x)) for w in widths]
+    return read(by_width, width)
+
+
 def head_table_seconds(table: tuple, seq: float, head_dim: float) -> float:
     """Seconds per query head of one sequence of ``seq`` tokens at ``head_dim``, read off a measured
     table of rows ``(sequence, head width, seconds per head)``: at each measured head width
     piecewise linear in ``seq**2`` (the score elements of one head), then in the head width; end
     segments extended upward, and below the table's smallest sequence or width proportional to
     it. Never below 0."""
-    widths = sorted({d for _, d, _ in table})
-    by_width = [(d, _scaled_polyline(sorted((s * s, t) for s, w, t in table if w == d), seq * seq)) for d in widths]
-    return max(_scaled_polyline(by_width, head_dim), 0.0)
+    rows = [(s * s, d, t) for s, d, t in table]
+    return max(width_table_seconds(rows, seq * seq, head_dim, _scaled_polyline), 0.0)
 
 
 def sdpa_call_seconds(accel: AcceleratorSpec, heads: float, seq: float, head_dim: float) -> float:

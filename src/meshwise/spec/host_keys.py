@@ -12,12 +12,12 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("sync_skew_slice_s", "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
+HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s",
                      "fsdp_byte_s",
                      "cpu_gemm_call_s", "cp_step_s", "cp_score_s", "cp_score_dim_s",
-                     "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s")
-GEMM_RATE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s",  # 0 or more
-                  "sync_skew_ratio")
+                     "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "sync_skew_slice_s")
+# rates and ratios, 0 or more (0: not measured)
+NON_NEGATIVE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s", "sync_skew_ratio")
 # when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 # true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
@@ -27,7 +27,7 @@ TABLE_KEYS = ("cp_ring_table", "sdpa_head_table")
 TABLE_COLUMNS = {"cp_ring_table": "score elements", "sdpa_head_table": "sequence"}
 HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
              | set(HOST_FLAG_KEYS) | set(TABLE_KEYS)
-             | set(PROBE_KEYS) | set(GEMM_RATE_KEYS))
+             | set(PROBE_KEYS) | set(NON_NEGATIVE_KEYS))
 
 
 def _number(table: dict[str, Any], key: str, gpu: str) -> float:
@@ -56,7 +56,7 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be seconds in [0, 1), got {value!r}")
             out[key] = value
     _fraction(table, "thread_efficiency", gpu, out)
-    for key in GEMM_RATE_KEYS:
+    for key in NON_NEGATIVE_KEYS:
         if key in table:
             if not _number(table, key, gpu) >= 0:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be 0 or more, got {table[key]!r}")
