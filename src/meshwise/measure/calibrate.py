@@ -352,12 +352,17 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
                     f"{error:.0%}; "}
 
 
-def _gemm_model(rate: float, call_s: float, bytes_per_s: float):
-    """An accelerator holding only the fitted GEMM model (cost/host.py ``cpu_gemm_seconds`` reads it)."""
+def _fitted(**fields: Any):
+    """An accelerator holding only some fitted constants, for cost/host.py's readers of them
+    (``cpu_gemm_seconds``, ``sdpa_call_seconds``) on calibrate's own fits."""
     from meshwise.spec import AcceleratorSpec
 
-    return AcceleratorSpec("fit", 1, rate, rate, 1.0, cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=call_s,
-                           cpu_gemm_bytes_per_s=bytes_per_s)
+    return AcceleratorSpec("fit", 1, 1.0, 1.0, 1.0, **fields)
+
+
+def _gemm_model(rate: float, call_s: float, bytes_per_s: float):
+    """An accelerator holding only the fitted GEMM model (cost/host.py ``cpu_gemm_seconds`` reads it)."""
+    return _fitted(cpu_gemm_flops_per_s=rate, cpu_gemm_call_s=call_s, cpu_gemm_bytes_per_s=bytes_per_s)
 
 
 def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
@@ -387,11 +392,10 @@ def _sdpa_call_seconds(fields: dict[str, Any], heads: float, seq: float, head_di
     """One SDPA call over ``heads`` query heads of ``seq`` tokens by ``fields`` (:func:`ring_fields`'
     keys), as the cost model reads them (cost/host.py ``sdpa_call_seconds``)."""
     from meshwise.cost.host import sdpa_call_seconds
-    from meshwise.spec import AcceleratorSpec
 
-    accel = AcceleratorSpec("fit", 1, 1.0, 1.0, 1.0, sdpa_call_s=fields["sdpa_call_s"], sdpa_score_s=fields["sdpa_score_s"],
-                            sdpa_score_dim_s=fields["sdpa_score_dim_s"],
-                            sdpa_head_table=tuple(tuple(r) for r in fields.get("sdpa_head_table", ())))
+    accel = _fitted(sdpa_call_s=fields["sdpa_call_s"], sdpa_score_s=fields["sdpa_score_s"],
+                    sdpa_score_dim_s=fields["sdpa_score_dim_s"],
+                    sdpa_head_table=tuple(tuple(r) for r in fields.get("sdpa_head_table", ())))
     return sdpa_call_seconds(accel, heads, seq, head_dim)
 
 
@@ -422,7 +426,10 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
     rows = []
     for mode in ("blocks", "pairs", "wide"):
         if mode in fsdp_host_s:
-            seconds, calls, moved, plain = (list(fsdp_host_s[mode]) + [0.0, plain_s][len(fsdp_host_s[mode]) - 2:])[:4]
+            row = list(fsdp_host_s[mode])  # older results: no bytes, no plain pass of their own
+            seconds, calls = row[:2]
+            moved = row[2] if len(row) > 2 else 0.0
+            plain = row[3] if len(row) > 3 else plain_s
             rows.append((calls, calls * tensors / units[mode], moved, seconds - plain))
     if len(rows) == 3 and all(extra > 0 for *_, extra in rows):
         for cols in ([0, 1, 2], [0, 2], [1, 2], [2]):
