@@ -565,3 +565,20 @@ def test_ranks_beyond_the_cores_wait_at_each_collective():
         calls = sum(op.count_per_step for op in a.comm if op.kind != "recv")
         own = a.time.compute_s / host.core_share(cores, n)
         assert wait == pytest.approx(0.7 * min(own, calls * 2e-3)) and wait > 0
+
+
+def test_dtensor_costs_are_net_of_their_collectives_waits_and_the_optimizer_s_own():
+    """tp_op_s: the tp=2 pass less the plain one and the time blocked on its collectives, per operator
+    (the estimate charges the collectives themselves); optimizer_dtensor_s: the DTensor AdamW step
+    less the plain one, per tensor; neither below 0."""
+    base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2), "tp_collectives": 20}
+    table = cal.profile_table({**base, "tp_host_s": 0.05, "tp_waits_s": 0.01,
+                               "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=2, ram_bytes=16 << 30)
+    assert table["tp_op_s"] == pytest.approx((0.05 - 0.01 - 0.01) / 1000)
+    assert table["optimizer_dtensor_s"] == pytest.approx(0.004 / 40)
+    older = cal.profile_table({**base, "tp_host_s": 0.05}, nproc=2, ram_bytes=16 << 30)  # no waits timed
+    assert older["tp_op_s"] == pytest.approx((0.05 - 0.01 - 20 * 50e-6) / 1000, rel=1e-3)
+    assert older["optimizer_dtensor_s"] == 0.0
+    assert cal.optimizer_dtensor_seconds([0.001, 0.002, 40.0]) == 0.0
+    assert cal.profile_table({**base, "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=1,
+                             ram_bytes=16 << 30)["optimizer_dtensor_s"] == 0.0

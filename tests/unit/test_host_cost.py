@@ -115,6 +115,22 @@ def test_recompute_host_time_per_mode():
     assert sel == pytest.approx(full + 2 * host.BLOCK_FORWARD_OPS * 2e-5)
 
 
+def test_recompute_under_tp_runs_dtensor_operators_again():
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, checkpoint_call_s=1e-3, tp_op_s=4e-5)
+    plain = host.recompute_seconds_per_block(a, "full")
+    assert host.recompute_seconds_per_block(a, "full", tp=2) == pytest.approx(plain + host.BLOCK_FORWARD_OPS * 4e-5)
+    base = host.host_seconds(a, 4, True, True, "none", 2, tp=2)
+    assert host.host_seconds(a, 4, True, True, "full", 2, tp=2) - base == pytest.approx(
+        2 * 4 * host.recompute_seconds_per_block(a, "full", tp=2))
+
+
+def test_a_dtensor_optimizer_step_pays_its_own_per_tensor_cost():
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, tp_op_s=4e-5, optimizer_dtensor_s=1e-4)
+    plain = host.optimizer_host_seconds(a, 39, dtensor=False)
+    assert plain == pytest.approx(39 * host.ADAMW_OPS_PER_TENSOR * 1e-5)
+    assert host.optimizer_host_seconds(a, 39, dtensor=True) == pytest.approx(plain + 39 * 1e-4)  # not tp_op_s
+
+
 def test_gpu_profiles_have_no_host_time():
     a = load_cluster("h100", 8).accelerator
     assert host.host_seconds(a, 32, True, True, "full", 8) == 0

@@ -22,11 +22,17 @@ sharded as well).
 
 ``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``.
 
+Activation checkpointing's recomputed forward runs the same operators, DTensor ones under TP:
+``F * (op_overhead_s + [tp > 1] tp_op_s)`` per recomputed block.
+
 The optimizer step pays the same per-operator cost: off CUDA, torch's AdamW runs its single-tensor
 loop (``foreach`` defaults to on only for CUDA-like devices), ``ADAMW_OPS_PER_TENSOR`` aten
-operators per parameter tensor, each a DTensor operator (``tp_op_s`` more) when the parameters are
-DTensors (FSDP2's ``fully_shard``/``replicate`` under dp > 1, and tp > 1):
-``optimizer_host_seconds = tensors * ADAMW_OPS_PER_TENSOR * (op_overhead_s + [DTensor] tp_op_s)``.
+operators per parameter tensor, and when the parameters are DTensors (FSDP2's
+``fully_shard``/``replicate`` under dp > 1, and tp > 1) each of them is a DTensor dispatch:
+``optimizer_dtensor_s`` more per tensor, measured on an AdamW step over FSDP2's parameters
+(pointwise operators on one placement: about a quarter of a block operator's ``tp_op_s`` on a
+2-core x86 host):
+``optimizer_host_seconds = tensors * (ADAMW_OPS_PER_TENSOR * op_overhead_s + [DTensor] optimizer_dtensor_s)``.
 
 More ranks than cores (a CPU profile's ``cores_per_node``, from ``os.cpu_count()``): the profile
 holds a rank's speed on a core of its own (``calibrate`` runs its per-rank benchmarks on at most
@@ -112,7 +118,7 @@ def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -
 
 def optimizer_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) -> float:
     """Host seconds of one AdamW step over ``tensors`` parameter tensors (module docstring)."""
-    return tensors * ADAMW_OPS_PER_TENSOR * (accel.op_overhead_s + (accel.tp_op_s if dtensor else 0.0))
+    return tensors * (ADAMW_OPS_PER_TENSOR * accel.op_overhead_s + (accel.optimizer_dtensor_s if dtensor else 0.0))
 
 
 # Elements read + written per parameter by torch's single-tensor AdamW (torch/optim/adamw.py, off CUDA):
@@ -167,11 +173,13 @@ def ops_per_microbatch(blocks: int, has_embedding: bool, has_head: bool) -> int:
             + HEAD_OPS * int(has_head))
 
 
-def recompute_seconds_per_block(accel: AcceleratorSpec, ac: str) -> float:
-    """Host seconds activation checkpointing adds to one block call (forward + backward)."""
+def recompute_seconds_per_block(accel: AcceleratorSpec, ac: str, tp: int = 1) -> float:
+    """Host seconds activation checkpointing adds to one block call (forward + backward): the
+    forward's operators again (DTensor ones under ``tp > 1``), the wrapper, and under the selective
+    policy its dispatch mode on every operator of both forwards."""
     if ac == "none":
         return 0.0
-    extra = BLOCK_FORWARD_OPS * accel.op_overhead_s + accel.checkpoint_call_s
+    extra = BLOCK_FORWARD_OPS * (accel.op_overhead_s + (accel.tp_op_s if tp > 1 else 0.0)) + accel.checkpoint_call_s
     if ac == "selective":
         extra += 2 * BLOCK_FORWARD_OPS * accel.selective_op_s
     return extra
@@ -185,7 +193,7 @@ def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_h
     if per_op_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
         return 0.0
     per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
-              + blocks * recompute_seconds_per_block(accel, ac))
+              + blocks * recompute_seconds_per_block(accel, ac, tp))
     return microbatches * per_mb
 
 

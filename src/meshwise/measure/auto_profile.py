@@ -45,17 +45,19 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 9  # 9: SDPA's calls read off their measured table (cost/host.py); FSDP2's
-                         #    cost per byte; the forward + backward's median pass; the wait for peers
-                         #    with more ranks than cores;
-                         # 8: whole ring calls with their sends; host time net of its GEMMs;
-                         #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
-                         # 7: ring attention's kernels (cost/context.py);
-                         # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
-                         # 5: the efficiency net of the memory-bound term (cost/host.py);
-                         # 4: more ranks than cores take the cores-process profile's per-rank figures;
-                         # 3: per-rank figures with one rank per core; 2: best of single timed calls
-                         # (1: averaged over 50 ms windows)
+CALIBRATION_VERSION = 10  # 10: the optimizer's DTensor cost per tensor; DTensor's per-operator cost
+                          #     net of its collectives' measured waits;
+                          # 9: SDPA's calls read off their measured table (cost/host.py); FSDP2's
+                          #    cost per byte; the forward + backward's median pass; the wait for peers
+                          #    with more ranks than cores;
+                          # 8: whole ring calls with their sends; host time net of its GEMMs;
+                          #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
+                          # 7: ring attention's kernels (cost/context.py);
+                          # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
+                          # 5: the efficiency net of the memory-bound term (cost/host.py);
+                          # 4: more ranks than cores take the cores-process profile's per-rank figures;
+                          # 3: per-rank figures with one rank per core; 2: best of single timed calls
+                          # (1: averaged over 50 ms windows)
 RECHECK_ENV = "MESHWISE_RECHECK"
 DRIFT_BOUND = 0.25  # a machine this much slower or faster than at its calibration is calibrated again
 MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`

@@ -31,9 +31,12 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   so that the cost model, adding that term back, predicts the measured time; above 1 (the GEMM benchmark caught a busy moment) the matmul
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
-  (the runtime's own TP/SP plan), less the plain one and the TP collectives' latency
-  (``collectives * alpha``, the fitted latency; with more ranks than cores alpha as fitted on the
-  pairs that ran, alone), per operator; 0 when not measured;
+  (the runtime's own TP/SP plan), less the plain one and the time blocked on the TP collectives
+  (``timed_waits``, the median pass: the estimate charges the collectives themselves by the
+  fitted latency and bandwidth), per operator; 0 when not measured; ``optimizer_dtensor_s``: one
+  step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
+  less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
+  pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
   wait, over its rate with one thread timed just before, in five such pairs:
   ``(median(rate_C / rate_1) - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
@@ -98,8 +101,8 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s",
-                "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
+                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
+                "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
                 "sdpa_head_table", "thread_efficiency",
                 "cores_per_node", "sync_skew_ratio", "sync_skew_slice_s",
@@ -278,12 +281,15 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         # with more ranks than cores the TP pairs ran alone: their collectives' latency is theirs
         alone = result.get("tp_collectives_alone")
         tp_latency_s = fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s
-        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_calls * tp_latency_s) / model_ops)
+        # the collectives' own seconds: as blocked on them where timed, else their fitted latency
+        tp_comm_s = float(result["tp_waits_s"]) if "tp_waits_s" in result else tp_calls * tp_latency_s
+        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_comm_s) / model_ops)
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
                                                    int(result["model_tensors"]), int(result["blocks"]),
                                                    float(result["copy_bytes_per_s"]))
+    optimizer_dtensor_s = optimizer_dtensor_seconds(result.get("optimizer_host_s", [])) if nproc > 1 else 0.0
     cores = int(result.get("cores", 1))
     skew_ratio, skew_slice_s = sync_skew(result.get("sync_skew", []), float(result["matmul_flops_per_s"]))
     thread_eff = thread_efficiency(result, peak, cores)
@@ -311,6 +317,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "fsdp_call_s": fsdp_call_s,
         "fsdp_param_s": fsdp_param_s,
         "fsdp_byte_s": fsdp_byte_s,
+        "optimizer_dtensor_s": optimizer_dtensor_s,
         "thread_efficiency": thread_eff,
         "cores_per_node": cores,
         "sync_skew_ratio": skew_ratio,
@@ -450,6 +457,15 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
     return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0, byte
 
 
+def optimizer_dtensor_seconds(row: list[float]) -> float:
+    """``optimizer_dtensor_s`` from calibrate_worker.bench_optimizer_host's ``[DTensor step, plain
+    step, tensors]``: what an AdamW step costs more per parameter tensor when the parameters are
+    DTensors, ``(dtensor - plain) / tensors``, at least 0; 0 without the row."""
+    if len(row) < 3 or row[2] <= 0:
+        return 0.0
+    return max(0.0, (row[0] - row[1]) / row[2])
+
+
 def sync_skew(rows: list[list[float]], flops_per_s: float) -> tuple[float, float]:
     """(sync_skew_ratio, sync_skew_slice_s) from calibrate_worker.bench_sync_skew's rows ``[slice
     FLOPs, slice alone, slice then all-reduce]`` (seconds per iteration, every rank at once): the
@@ -499,6 +515,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
                  "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
+                 "optimizer_dtensor_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
                  "cp_ring_table", "sdpa_call_s", "sdpa_score_s",

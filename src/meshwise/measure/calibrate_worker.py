@@ -212,16 +212,19 @@ def runs_tp2(model: ModelSpec) -> bool:
     return all(x % 2 == 0 for x in (model.heads, model.kv_heads, model.ffn_hidden, model.vocab))
 
 
-def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> tuple[float, int]:
+def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> tuple[float, int, float]:
     """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
     runtime's TP/SP plan) on every ``active`` pair of ranks at once, the TP collectives one such
-    micro-batch issues). A fixed number of calls between barriers: the ranks must issue the same
-    collectives. Inactive ranks build the model (mesh creation is collective) and wait."""
+    micro-batch issues, the seconds of it spent blocked on them (``timed_waits``, the median pass:
+    the transfers are communication, not DTensor's work). A fixed number of calls between barriers:
+    the ranks must issue the same collectives. Inactive ranks build the model (mesh creation is
+    collective) and wait."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshwise.measure.comm_trace import CollectiveTrace
+    from meshwise.runtime._torch_private import timed_waits
     from meshwise.runtime.model import Transformer, init_weights, loss_sum
     from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -242,10 +245,21 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
 
     if not active:
         _lockstep_time(lambda: None, repeats, calls)
-        return 0.0, 0
+        _lockstep_time(lambda: None, repeats, calls)
+        return 0.0, 0, 0.0
     with CollectiveTrace(mesh) as trace:
         run()
-    return _lockstep_time(run, repeats, calls), sum(trace.calls.values())
+    waits: list[float] = []
+
+    def waited() -> None:
+        blocked = [0.0]
+        with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
+            run()
+        waits.append(blocked[0])
+
+    seconds = _lockstep_time(run, repeats, calls)
+    _lockstep_time(waited, repeats, calls)
+    return seconds, sum(trace.calls.values()), statistics.median(waits)
 
 
 FSDP_WIDE_HIDDEN = 512  # the wide wrapping's least hidden size: a block's unit of ~14 MB, past a core's L2
@@ -315,6 +329,38 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
         keys = [key for key in trace.calls if key.kind in ("all_gather", "reduce_scatter")]
         out[mode] = [timed(), float(sum(trace.calls[k] for k in keys)), float(sum(trace.bytes[k] for k in keys)), plain_s]
     return out
+
+
+def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
+    """``[seconds of a DTensor step, seconds of a plain step, parameter tensors]``: one step of the
+    runtime's AdamW (runtime/optim.py) over ``model``'s parameters as FSDP2 shards them over every
+    rank (``fully_shard`` per block, then the root: DTensor parameters), and over the same model's
+    plain parameters, every rank at once, the best of ``10 * repeats``. Off CUDA AdamW loops over the
+    tensors one by one, each of its operators a DTensor dispatch whose cost is the rank's core's,
+    not the operator's arithmetic (calibrate.profile_table: ``optimizer_dtensor_s``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from meshwise.runtime.model import build_model, loss_sum
+    from meshwise.runtime.optim import OptimConfig, build_optimizer
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+    tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    out = []
+    for sharded in (True, False):
+        net = build_model(model, seed=0)
+        if sharded:
+            for block in net.layers.values():
+                fully_shard(block, mesh=mesh)
+            fully_shard(net, mesh=mesh)
+        params = list(net.parameters())
+        optimizer = build_optimizer(params, OptimConfig())
+        loss_sum(net(tokens[:, :-1]), tokens[:, 1:]).backward()
+        optimizer.step()  # the states exist from here on
+        out.append(_lockstep_time(optimizer.step, 10 * repeats, 1))
+    return [*out, float(len(params))]
 
 
 def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = False) -> float:
@@ -501,10 +547,12 @@ def worker_main(argv: list[str] | None = None) -> int:
             mine["ring_calls"] = bench_ring_calls(repeats, pair)
     phase("ring_calls")
     pairs = max(1, alone // 2)
-    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0)
+    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0, 0.0)
     phase("tp_host")
     fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
     phase("fsdp_host")
+    optimizer = bench_optimizer_host(model, repeats) if n > 1 else []
+    phase("optimizer_host")
     if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
         mine["thread_speedups"] = bench_thread_speedups(model, args.seq_len, repeats, cores)
     phase("threads")
@@ -525,6 +573,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
         result["fsdp_host_s"] = fsdp
+        if optimizer:
+            result["optimizer_host_s"] = optimizer
         if alone_collectives:
             result["tp_collectives_alone"] = alone_collectives
         if skew:
@@ -536,7 +586,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: tuple[float, int],
+def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: tuple[float, int, float],
              collectives: list[list[float]]) -> dict:
     """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
     profile_table needs to read them. Per-rank figures come from the ranks that measured them (one
@@ -578,6 +628,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "cores": cores,
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],
+        "tp_waits_s": tp[2],
         **({"thread_speedups": everyone[0]["thread_speedups"]} if everyone[0].get("thread_speedups") else {}),
         "collectives": collectives,
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "

@@ -76,6 +76,7 @@ class AcceleratorSpec:
     fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
     fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
     fsdp_byte_s: float = 0.0           # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)
+    optimizer_dtensor_s: float = 0.0   # AdamW's extra per DTensor parameter tensor (FSDP2 or TP), per step
     # ring attention's kernels per ring step (cost/context.py ``ring_kernel_seconds``): step + E * (score + d * dim)
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
