@@ -8,7 +8,10 @@ Measured in interleaved rounds: each round is one launch per process count (1, t
 which builds all of that count's points, warms each up, then times ``--steps`` steps round robin
 over them (benchmarks/_cpu_grid_worker.py). A point's measured step is the median over every
 round of the slowest rank's step. Predicted: ``meshwise.cost.estimate`` with the profile ``train``
-and ``measure`` use (measure/auto_profile.py: measured at first use, cached, re-checked).
+and ``measure`` use (measure/auto_profile.py: measured at first use, cached), re-checked before
+every round as each ``measure`` run re-checks it (recalibrated where the machine moved beyond the
+bound): each round's steps are predicted with the profile in force for that round, and a point's
+prediction is the median of its steps' predictions.
 
 Prints per point predicted and measured step, the error and the parts (predicted / measured:
 compute, exposed comm, pipeline idle, optimizer, fixed), then the acceptance counts:
@@ -156,36 +159,51 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     for n, points in by_n.items():  # refuse a bad point before measuring anything
         for _, hidden, layout, gb, seq in points:
             check_runnable(parse(layout, n), load_model(files[hidden]), n, gb, seq)
-    profiles = {}
-    for n in counts:
+    profiles: dict[int, list[str]] = {n: [] for n in counts}  # per round, the profile's text
+
+    def profile(n: int) -> str:
         start = time.perf_counter()
-        profiles[n] = str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir else str(auto_profile.ensure(n))
-        say(f"[{n} processes] profile {profiles[n]} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
+        path = str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir else str(auto_profile.ensure(n, say))
+        say(f"[{n} processes] profile {path} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
+        profiles[n].append(Path(path).read_text())
+        return path
+
     steps: dict[tuple, list[dict]] = {p: [] for n in counts for p in by_n[n]}
     start = time.perf_counter()
     for r in range(args.rounds):
         for n in counts:
+            path = profile(n)  # as each `measure` run re-checks its calibration before it starts
             t0 = time.perf_counter()
             for p, measured in zip(by_n[n], measure_round(n, by_n[n], files, args.steps, tmp)):
-                steps[p] += measured
+                steps[p] += [{**m, "round": r} for m in measured]
             say(f"round {r + 1}, {n} processes: {len(by_n[n])} points in {time.perf_counter() - t0:.0f} s, "
-                f"load {load()}, the machine reads {drift(profiles[n]):+.0%} against its calibration")
+                f"load {load()}, the machine reads {drift(path):+.0%} against its calibration")
     say(f"measured in {time.perf_counter() - start:.0f} s")
-    return {"profiles": {str(n): Path(f).read_text() for n, f in profiles.items()},
+    return {"profiles": {str(n): texts for n, texts in profiles.items()},
             "points": [{"point": list(p), "steps": s} for p, s in steps.items()]}
 
 
 def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
-    clusters = {}
-    for n, text in saved["profiles"].items():
-        (tmp / f"{n}.toml").write_text(text)
-        clusters[int(n)] = load_cluster(str(tmp / f"{n}.toml"), int(n), int(n))
+    """Per point, the measured median step and the median of its steps' predictions, each step
+    predicted with the profile of its round (a save from before the per-round re-check holds one
+    profile per process count, for every round)."""
+    clusters: dict[int, list] = {}
+    for n, texts in saved["profiles"].items():
+        clusters[int(n)] = []
+        for r, text in enumerate([texts] if isinstance(texts, str) else texts):
+            (tmp / f"{n}-{r}.toml").write_text(text)
+            clusters[int(n)].append(load_cluster(str(tmp / f"{n}-{r}.toml"), int(n), int(n)))
     rows = []
     for entry in saved["points"]:
         n, hidden, layout, gb, seq = entry["point"]
         median = sorted(entry["steps"], key=lambda s: s["step_s"])[len(entry["steps"]) // 2]
-        est = estimate(load_model(files[hidden]), clusters[n], TrainSpec(gb, seq, precision="fp32"), parse(layout, n))
-        rows.append({"point": entry["point"], "pred": est.time, "meas": median,
+        by_round = {}
+        for r in sorted({min(s.get("round", 0), len(clusters[n]) - 1) for s in entry["steps"]}):
+            by_round[r] = estimate(load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"),
+                                   parse(layout, n)).time
+        each = sorted((by_round[min(s.get("round", 0), len(clusters[n]) - 1)] for s in entry["steps"]),
+                      key=lambda t: t.step_s)
+        rows.append({"point": entry["point"], "pred": each[len(each) // 2], "meas": median,
                      "all": [s["step_s"] for s in entry["steps"]]})
     return rows
 
