@@ -275,15 +275,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                        0.5 * float(result["fwd_bwd_s"]))
     peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]),
                                        float(result["model_flops"]) - attention_flops, arithmetic_s)
-    tp_s = 0.0
-    if result.get("tp_host_s") and nproc > 1:
-        tp_calls = int(result["tp_collectives"])
-        # with more ranks than cores the TP pairs ran alone: their collectives' latency is theirs
-        alone = result.get("tp_collectives_alone")
-        tp_latency_s = fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s
-        # the collectives' own seconds: as blocked on them where timed, else their fitted latency
-        tp_comm_s = float(result["tp_waits_s"]) if "tp_waits_s" in result else tp_calls * tp_latency_s
-        tp_s = max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - tp_comm_s) / model_ops)
+    tp_s = tp_op_seconds(result, latency_s, model_ops) if nproc > 1 else 0.0
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
@@ -455,6 +447,21 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
     if call < 0:  # per tensor alone
         return 0.0, max(0.0, (b1 * y1 + b2 * y2) / (b1 * b1 + b2 * b2)), byte
     return max(0.0, (a1 * y1 + a2 * y2) / (a1 * a1 + a2 * a2)), 0.0, byte
+
+
+def tp_op_seconds(result: dict[str, Any], latency_s: float, model_ops: int) -> float:
+    """``tp_op_s``: the tp=2 pass less the plain one and its collectives' own seconds, per operator
+    (at least 0; 0 where not measured). The collectives' seconds are the time blocked on them where
+    timed (``tp_waits_s``), else, in older results, their fitted latency once per call (with more
+    ranks than cores as fitted on the TP pairs, which ran alone)."""
+    if not result.get("tp_host_s"):
+        return 0.0
+    if "tp_waits_s" in result:
+        comm_s = float(result["tp_waits_s"])
+    else:
+        alone = result.get("tp_collectives_alone")
+        comm_s = int(result["tp_collectives"]) * (fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s)
+    return max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - comm_s) / model_ops)
 
 
 def optimizer_dtensor_seconds(row: list[float]) -> float:

@@ -572,14 +572,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         result = _slowest(everyone, model, args.seq_len, cores, tp, collectives)
-        result["fsdp_host_s"] = fsdp
-        if optimizer:
-            result["optimizer_host_s"] = optimizer
-        if alone_collectives:
-            result["tp_collectives_alone"] = alone_collectives
-        if skew:
-            result["sync_skew"] = skew
-        result["phase_s"] = phases
+        extras = {"optimizer_host_s": optimizer, "tp_collectives_alone": alone_collectives, "sync_skew": skew}
+        result |= {"fsdp_host_s": fsdp, **{k: v for k, v in extras.items() if v}, "phase_s": phases}
         write_atomically(Path(args.out) / "result.json", json.dumps(result))
     dist.barrier()
     end_process_group()
