@@ -197,12 +197,10 @@ def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
     for entry in saved["points"]:
         n, hidden, layout, gb, seq = entry["point"]
         median = sorted(entry["steps"], key=lambda s: s["step_s"])[len(entry["steps"]) // 2]
-        by_round = {}
-        for r in sorted({min(s.get("round", 0), len(clusters[n]) - 1) for s in entry["steps"]}):
-            by_round[r] = estimate(load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"),
-                                   parse(layout, n)).time
-        each = sorted((by_round[min(s.get("round", 0), len(clusters[n]) - 1)] for s in entry["steps"]),
-                      key=lambda t: t.step_s)
+        rounds = [min(s.get("round", 0), len(clusters[n]) - 1) for s in entry["steps"]]
+        by_round = {r: estimate(load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"),
+                                parse(layout, n)).time for r in set(rounds)}
+        each = sorted((by_round[r] for r in rounds), key=lambda t: t.step_s)
         rows.append({"point": entry["point"], "pred": each[len(each) // 2], "meas": median,
                      "all": [s["step_s"] for s in entry["steps"]]})
     return rows

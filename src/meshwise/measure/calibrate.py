@@ -32,8 +32,8 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
   (the runtime's own TP/SP plan), less the plain one and the time blocked on the TP collectives
-  (``timed_waits``, the median pass: the estimate charges the collectives themselves by the
-  fitted latency and bandwidth), per operator; 0 when not measured; ``optimizer_dtensor_s``: one
+  (``timed_waits``, pass by pass, the pass least net of them kept: the estimate charges the
+  collectives themselves by the fitted latency and bandwidth), per operator; 0 when not measured; ``optimizer_dtensor_s``: one
   step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);

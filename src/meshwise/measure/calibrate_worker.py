@@ -216,7 +216,7 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
     runtime's TP/SP plan) on every ``active`` pair of ranks at once, the TP collectives one such
     micro-batch issues, the seconds of it spent blocked on them (``timed_waits``: the transfers are
-    communication, not DTensor's work)), both of the pass whose time less its waits is the least
+    communication, not DTensor's work), both of the pass whose time less its waits is the least
     (the pass no other process interrupted, as the plain pass is timed). Every pass starts at a
     barrier: the ranks must issue the same collectives. Inactive ranks build the model (mesh
     creation is collective) and pass the same barriers."""
