@@ -8,8 +8,9 @@ also chooses the processes) and a fixed field of alternatives (pure DP at mbs = 
 recompute, ZeRO-1 and ZeRO-3, tp=2, pp=2, and in the default scenario, where meshwise also chooses
 the processes, one process with every core). Every layout runs ``--steps`` steps; its figure is the median step time of the
 steps after the first ``WARMUP_STEPS`` (from ``--metrics.file``). Rounds are interleaved (round 1
-runs every layout of every scenario, then round 2...) so a busy machine shifts them together; the
-median over rounds is reported with min and max. Where auto picked exactly a field entry in every
+runs every layout of every scenario, then round 2...) so a busy machine shifts them together, and
+each round starts its scenario's launches one place further along (the first launch of a scenario
+ran 1.2-1.3x slow in some rounds, 2026-12-06); the median over rounds is reported with min and max. Where auto picked exactly a field entry in every
 round (the same layout on the same processes: after the choice, the same command line), the two are
 one configuration and their runs are pooled; timing it twice and comparing auto's median with the
 field's would make regret the noise between two launches of one layout.
@@ -155,6 +156,7 @@ def main() -> int:
         for r in range(args.rounds):
             for s in chosen:
                 runs = [("auto", s.nproc)] + [(t, n) for t, n in s.field]
+                runs = runs[r % len(runs):] + runs[:r % len(runs)]  # auto is not always the first launch
                 for text, n in runs:
                     t, label = run_once(s, text, n, args.steps, profiles[s.name], folder)
                     key = "auto" if text == "auto" else f"{text} [{n}p]"
