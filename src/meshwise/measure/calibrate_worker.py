@@ -275,6 +275,17 @@ def wide_model(model: ModelSpec) -> ModelSpec:
                    head_dim=model.head_dim * f if model.head_dim else 0, param_count=None)
 
 
+def _shard_blocks(net, mesh, per_unit: int) -> None:
+    """``fully_shard`` over every ``per_unit`` consecutive blocks, then the root, parameters
+    resharded after forward (ZeRO-3), as the runtime wraps a model (runtime/data_parallel.py)."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = list(net.layers.values())
+    for i in range(0, len(blocks), per_unit):
+        fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
+    fully_shard(net, mesh=mesh, reshard_after_forward=True)
+
+
 def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     """FSDP2's own host cost on every rank at once (``fully_shard`` over all ranks, parameters
     resharded after forward, as ZeRO-3): per wrapping, ``[seconds, collective calls, bytes, plain
@@ -290,7 +301,6 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from meshwise.measure.comm_trace import CollectiveTrace
     from meshwise.runtime._torch_private import timed_waits
@@ -320,10 +330,7 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
 
         run()
         plain_s = timed()
-        blocks = list(net.layers.values())
-        for i in range(0, len(blocks), per_unit):
-            fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
-        fully_shard(net, mesh=mesh, reshard_after_forward=True)
+        _shard_blocks(net, mesh, per_unit)
         with CollectiveTrace(mesh) as trace:
             run()
         keys = [key for key in trace.calls if key.kind in ("all_gather", "reduce_scatter")]
@@ -341,7 +348,6 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from meshwise.runtime.model import build_model, loss_sum
     from meshwise.runtime.optim import OptimConfig, build_optimizer
@@ -352,9 +358,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     for sharded in (True, False):
         net = build_model(model, seed=0)
         if sharded:
-            for block in net.layers.values():
-                fully_shard(block, mesh=mesh)
-            fully_shard(net, mesh=mesh)
+            _shard_blocks(net, mesh, 1)
         params = list(net.parameters())
         optimizer = build_optimizer(params, OptimConfig())
         loss_sum(net(tokens[:, :-1]), tokens[:, 1:]).backward()
