@@ -10,10 +10,11 @@ the processes, one process with every core). Every layout runs ``--steps`` steps
 steps after the first ``WARMUP_STEPS`` (from ``--metrics.file``). Rounds are interleaved (round 1
 runs every layout of every scenario, then round 2...) so a busy machine shifts them together, and
 each round starts its scenario's launches one place further along (the first launch of a scenario
-ran 1.2-1.3x slow in some rounds, 2026-12-06); the median over rounds is reported with min and max. Where auto picked exactly a field entry in every
-round (the same layout on the same processes: after the choice, the same command line), the two are
-one configuration and their runs are pooled; timing it twice and comparing auto's median with the
-field's would make regret the noise between two launches of one layout.
+ran 1.2-1.3x slow in some rounds, 2026-12-06); the median over rounds is reported with min and max.
+Where auto picked exactly a field entry in every round (the same layout on the same processes:
+after the choice, the same command line), the two are one configuration and their runs are pooled;
+timing it twice and comparing auto's median with the field's would make regret the noise between
+two launches of one layout.
 
 The memory-tight scenario plans with a CPU profile of small memory (the catalog's ``cpu`` with
 ``memory_bytes`` cut), so the planner must trade time for memory; its field keeps only the layouts
@@ -118,6 +119,11 @@ def run_once(s: Scenario, layout_text: str, nproc: int | None, steps: int, profi
     return statistics.median(times[WARMUP_STEPS:]), label
 
 
+def field_key(layout_text: str, nproc: int) -> str:
+    """A field entry's row: its layout as given and its processes."""
+    return f"{layout_text} [{nproc}p]"
+
+
 def same_launch(s: Scenario) -> str | None:
     """The field's key for auto's pick when every round picked the same layout and process count as
     that field entry (after the choice both run one command line), else None. Timing it twice and
@@ -127,10 +133,10 @@ def same_launch(s: Scenario) -> str | None:
         return None
     pick = picks.pop()
     if not pick.endswith("p]"):  # no process line: the scenario fixed the processes
-        pick = f"{pick} [{s.nproc}p]"
+        pick = field_key(pick, s.nproc)
     for text, n in s.field:
-        if f"{s.labels.get((text, n), text)} [{n}p]" == pick:
-            return f"{text} [{n}p]"
+        if field_key(s.labels.get((text, n), text), n) == pick:
+            return field_key(text, n)
     return None
 
 
@@ -159,7 +165,7 @@ def main() -> int:
                 runs = runs[r % len(runs):] + runs[:r % len(runs)]  # auto is not always the first launch
                 for text, n in runs:
                     t, label = run_once(s, text, n, args.steps, profiles[s.name], folder)
-                    key = "auto" if text == "auto" else f"{text} [{n}p]"
+                    key = "auto" if text == "auto" else field_key(text, n)
                     if text == "auto":
                         s.picks.append(label)
                     else:

@@ -33,8 +33,8 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
   (the runtime's own TP/SP plan), less the plain one and the time blocked on the TP collectives
   (``timed_waits``, pass by pass, the pass least net of them kept: the estimate charges the
-  collectives themselves by the fitted latency and bandwidth), per operator; 0 when not measured; ``optimizer_dtensor_s``: one
-  step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
+  collectives themselves by the fitted latency and bandwidth), per operator; 0 when not measured;
+  ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
 - **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
@@ -332,7 +332,8 @@ def thread_efficiency(result: dict[str, Any], peak: float, cores: int) -> float:
     it rises only when the one-thread timing is the disturbed one, which the second best leaves out.
     The profile holds the machine's own speed, as its best-of rates do (probe.best_time)."""
     if result.get("thread_speedups"):
-        speedup = sorted(float(x) for x in result["thread_speedups"])[-2:][0]
+        speedups = sorted(float(x) for x in result["thread_speedups"])
+        speedup = speedups[-2] if len(speedups) > 1 else speedups[0]
     else:
         speedup = float(result.get("matmul_all_threads_flops_per_s", peak)) / peak
     return 1.0 if cores < 2 else min(1.0, max(0.05, (speedup - 1) / (cores - 1)))
