@@ -588,3 +588,20 @@ def test_dtensor_costs_are_net_of_their_collectives_waits_and_the_optimizer_s_ow
     assert cal.optimizer_dtensor_seconds([0.001, 0.002, 40.0]) == 0.0
     assert cal.profile_table({**base, "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=1,
                              ram_bytes=16 << 30)["optimizer_dtensor_s"] == 0.0
+
+
+def test_thread_speedups_are_timed_by_the_calibrating_process_alone(monkeypatch):
+    """Calibration 12: the calling process times the paired speed-ups itself, while no worker of
+    its own runs, and leaves its own thread count as it found it; one core has none to time."""
+    import torch
+
+    from meshwise.spec import load_model
+
+    model = load_model("tiny")
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cal.os, "cpu_count", lambda: 2)
+    got = cal.thread_speedups_alone(model, 8, quick=True)
+    assert torch.get_num_threads() == before
+    assert len(got) == 5 and all(x > 0 for x in got)
+    monkeypatch.setattr(cal.os, "cpu_count", lambda: 1)
+    assert cal.thread_speedups_alone(model, 8, quick=True) == []

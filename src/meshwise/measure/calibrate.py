@@ -37,11 +37,13 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
-- **threads** ``thread_efficiency``: rank 0's matmul rate with all cores' threads while the others
-  wait, over its rate with one thread timed just before, in five such pairs:
-  ``(median(rate_C / rate_1) - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process
-  with all cores against one process per core (calibration 8; the two rates timed in different
-  phases read 0.25 to 0.70 on this host, five pairs 0.66-0.70);
+- **threads** ``thread_efficiency``: the calibrating process's own matmul rate with all cores'
+  threads, over its rate with one thread timed just before, in five such pairs before the workers
+  start and five after they exit (calibration 12: no peer process takes a core from it; two
+  moments, as this host's cores are taken for a second at a time): ``(second best of
+  rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process with all
+  cores against one process per core (the two rates timed in different phases read 0.25 to 0.70
+  on this host);
 - **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
   (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
   128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
@@ -80,6 +82,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -631,6 +634,9 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
     if model.states_only:
         raise MeshwiseError("--model: calibration needs a model shape, not a bare parameter count")
     seq = check_args(nproc, out, seq_len, model)
+    start = time.perf_counter()  # the threads at two moments, before the workers start and after they exit:
+    speedups = thread_speedups_alone(model, seq, quick)  # a host busy for a second spoils one of them
+    threads_s = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="meshwise-calibrate-") as tmp:
         argv = ["--model", model_ref, "--seq-len", str(seq), "--out", tmp] + (["--quick"] if quick else [])
         launch_logged("meshwise.measure.calibrate_worker", argv, nproc, Path(tmp) / "logs", "calibration workers")
@@ -638,8 +644,23 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
         if not result_file.is_file():
             raise RuntimeError("calibration workers wrote no result")
         result = json.loads(result_file.read_text())
+    start = time.perf_counter()
+    speedups += thread_speedups_alone(model, seq, quick)
+    result |= {"thread_speedups": speedups, "phase_s": {**result.get("phase_s", {}),
+                                                         "threads": threads_s + time.perf_counter() - start}}
     from meshwise.measure.probe import probe
 
     table = profile_table(result, nproc, physical_memory_bytes(), note=note) | probe()
     write_profile(out, table)
     return {**table, "phase_s": result.get("phase_s", {})}  # seconds per benchmark (not written)
+
+
+def thread_speedups_alone(model: ModelSpec, seq: int, quick: bool) -> list[float]:
+    """The paired speed-ups of all cores' threads over one (calibrate_worker.bench_thread_speedups),
+    timed by this process while no worker of its own runs; [] on one core. Calibration 12: inside
+    the launch rank 0 timed them beside peers waiting on gloo, and read 0.05 per extra thread in
+    three of one day's two-process calibrations on a 2-core VM (1.57-1.73x alone)."""
+    from meshwise.measure.calibrate_worker import bench_thread_speedups
+
+    cores = os.cpu_count() or 1
+    return bench_thread_speedups(model, seq, 2 if quick else 3, cores) if cores > 1 else []

@@ -383,22 +383,28 @@ def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = Fal
     return (statistics.median(runs) if typical else min(runs)) / calls
 
 
-THREAD_PAIRS = 5  # (one thread, every core's threads) timings, back to back: the median speed-up of five
+THREAD_PAIRS = 5  # (one thread, every core's threads) timings, back to back: five pairs
 
 
 def bench_thread_speedups(model: ModelSpec, tokens: int, repeats: int, cores: int) -> list[float]:
     """The block GEMMs' rate with ``cores`` threads over one thread's, timed back to back in
     ``THREAD_PAIRS`` pairs: each pair shares its moment, so a disturbance slows both or is one
-    pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host)."""
+    pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host).
+    Run it in a process with no peer: a second process waiting on gloo or the store took a core
+    from the all-threads timing (1.57-1.73x alone, 0.77-1.93x beside a waiting peer, 2-core VM,
+    2026-12-06). The caller's thread count is restored."""
     import torch
 
+    threads = torch.get_num_threads()
     out = []
-    for _ in range(THREAD_PAIRS):
-        torch.set_num_threads(1)
-        one = bench_matmul(model, tokens, repeats)
-        torch.set_num_threads(cores)
-        out.append(bench_matmul(model, tokens, repeats) / one)
-    torch.set_num_threads(1)
+    try:
+        for _ in range(THREAD_PAIRS):
+            torch.set_num_threads(1)
+            one = bench_matmul(model, tokens, repeats)
+            torch.set_num_threads(cores)
+            out.append(bench_matmul(model, tokens, repeats) / one)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -557,9 +563,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     phase("fsdp_host")
     optimizer = bench_optimizer_host(model, repeats) if n > 1 else []
     phase("optimizer_host")
-    if rank == 0 and cores > 1:  # one process with every core's thread, the others waiting
-        mine["thread_speedups"] = bench_thread_speedups(model, args.seq_len, repeats, cores)
-    phase("threads")
     sizes = COLLECTIVE_SIZES_BYTES[::2] if args.quick else COLLECTIVE_SIZES_BYTES
     calls = 4 if args.quick else 8
     collectives = bench_collectives(model, args.seq_len, sizes, calls, repeats) if n > 1 else []
@@ -627,7 +630,6 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "tp_host_s": tp[0],
         "tp_collectives": tp[1],
         "tp_waits_s": tp[2],
-        **({"thread_speedups": everyone[0]["thread_speedups"]} if everyone[0].get("thread_speedups") else {}),
         "collectives": collectives,
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                  f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
