@@ -381,7 +381,7 @@ def test_block_gemms_are_the_models_matmul_parameters():
     from meshwise.spec import load_model
 
     model = load_model("small")
-    from meshwise.measure.calibrate_worker import block_gemm_shapes
+    from meshwise.measure.probe import block_gemm_shapes
 
     assert sum(k * n for k, n in block_gemm_shapes(model)) == model.attention_params + model.mlp_params
 

@@ -656,11 +656,11 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
 
 
 def thread_speedups_alone(model: ModelSpec, seq: int, quick: bool) -> list[float]:
-    """The paired speed-ups of all cores' threads over one (calibrate_worker.bench_thread_speedups),
+    """The paired speed-ups of all cores' threads over one (probe.bench_thread_speedups),
     timed by this process while no worker of its own runs; [] on one core. Calibration 12: inside
     the launch rank 0 timed them beside peers waiting on gloo, and read 0.05 per extra thread in
     three of one day's two-process calibrations on a 2-core VM (1.57-1.73x alone)."""
-    from meshwise.measure.calibrate_worker import bench_thread_speedups
+    from meshwise.measure.probe import bench_thread_speedups
 
     cores = os.cpu_count() or 1
     return bench_thread_speedups(model, seq, 2 if quick else 3, cores) if cores > 1 else []

@@ -14,32 +14,9 @@ from pathlib import Path
 from meshwise.cost.compute import attention_core_flops_per_token
 from meshwise.files import write_atomically
 from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
+from meshwise.measure.probe import bench_matmul, block_gemm_shapes
 from meshwise.measure.probe import best_time as _best_time
 from meshwise.spec import ModelSpec, load_model
-
-
-def block_gemm_shapes(model: ModelSpec) -> list[tuple[int, int]]:
-    """(in, out) of each matmul of one block: Q, K, V, output projection, then the MLP's."""
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
-    mlp = [(h, f), (h, f), (f, h)] if model.mlp == "swiglu" else [(h, f), (f, h)]
-    return [(h, h), (h, kv), (h, kv), (h, h)] + mlp
-
-
-def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
-    """FLOP/s of one block's GEMMs at ``tokens`` tokens, fp32."""
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen))
-             for k, n in block_gemm_shapes(model)]
-    flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
-
-    def run() -> None:
-        for x, w in pairs:
-            torch.nn.functional.linear(x, w)
-
-    run()
-    return flops / _best_time(run, 10 * repeats)
 
 
 def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
@@ -381,31 +358,6 @@ def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = Fal
             fn()
         runs.append(time.perf_counter() - start)
     return (statistics.median(runs) if typical else min(runs)) / calls
-
-
-THREAD_PAIRS = 5  # (one thread, every core's threads) timings, back to back: five pairs
-
-
-def bench_thread_speedups(model: ModelSpec, tokens: int, repeats: int, cores: int) -> list[float]:
-    """The block GEMMs' rate with ``cores`` threads over one thread's, timed back to back in
-    ``THREAD_PAIRS`` pairs: each pair shares its moment, so a disturbance slows both or is one
-    pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host).
-    Run it in a process with no peer: a second process waiting on gloo or the store took a core
-    from the all-threads timing (1.57-1.73x alone, 0.77-1.93x beside a waiting peer, 2-core VM,
-    2026-12-06). The caller's thread count is restored."""
-    import torch
-
-    threads = torch.get_num_threads()
-    out = []
-    try:
-        for _ in range(THREAD_PAIRS):
-            torch.set_num_threads(1)
-            one = bench_matmul(model, tokens, repeats)
-            torch.set_num_threads(cores)
-            out.append(bench_matmul(model, tokens, repeats) / one)
-    finally:
-        torch.set_num_threads(threads)
-    return out
 
 
 def bench_copy(nbytes: int, repeats: int) -> float:
