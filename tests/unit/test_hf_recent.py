@@ -1,4 +1,5 @@
-"""The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2): meshwise's parameter counts against
+"""The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, Mistral 3, GLM-4.5,
+Kimi K2 by its architecture): meshwise's parameter counts against
 the models transformers builds on the meta device from each published shape, the class defaults
 meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
 
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 
+from meshwise.errors import MeshwiseError
 from meshwise.spec import hf_recent, load_model
 
 transformers = pytest.importorskip("transformers")
@@ -38,8 +40,21 @@ CASES = {
     "olmo2-32b": ("Olmo2Config", dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
                                       num_attention_heads=40, num_key_value_heads=8, vocab_size=100352,
                                       max_position_embeddings=4096, rope_theta=500000.0), None),
+    "olmo3-7b": ("Olmo3Config", dict(vocab_size=100278, max_position_embeddings=65536, rope_theta=500000.0,
+                                     rms_norm_eps=1e-6), None),
+    "smollm3-3b": ("SmolLM3Config", dict(max_position_embeddings=65536, rope_theta=5e6), (3.08e9, 3.08e9)),
+    "ministral-8b": ("MinistralConfig", dict(vocab_size=131072, intermediate_size=12288, num_hidden_layers=36,
+                                             head_dim=128), (8.02e9, 8.02e9)),
+    "mistral-small-3.1": ("Mistral3Config", {}, None),  # its class defaults are Mistral Small 3.1's 24B shape
+    "glm-4.5-air": ("Glm4MoeConfig", dict(head_dim=128, attention_bias=True), None),
+    "glm-4.5": ("Glm4MoeConfig", dict(hidden_size=5120, num_hidden_layers=92, head_dim=128, intermediate_size=12288,
+                                      moe_intermediate_size=1536, n_routed_experts=160, first_k_dense_replace=3,
+                                      attention_bias=True, use_qk_norm=True, rope_theta=1e6), None),
 }
-TEXT_CLASS = {"Gemma3Config": "Gemma3ForCausalLM", "Llama4Config": "Llama4ForCausalLM"}
+TEXT_CLASS = {"Gemma3Config": "Gemma3ForCausalLM", "Llama4Config": "Llama4ForCausalLM",
+              "Mistral3Config": "MistralForCausalLM"}
+# published totals without the multi-token-prediction layer transformers leaves out (Z.ai's model cards)
+GLM_TOTAL = {"glm-4.5-air": 106e9, "glm-4.5": 355e9}
 
 
 def hf_folder(tmp_path, name):
@@ -74,6 +89,30 @@ def test_count_equals_transformers(tmp_path, name):
         active = spec.active_params - (spec.head_params if spec.family == "gpt_oss" else 0)
         assert active == pytest.approx(published[1], rel=0.03)
     assert ("vision encoder" in spec.exclusion_note) == multimodal
+    if name in GLM_TOTAL:
+        assert spec.params == pytest.approx(GLM_TOTAL[name], rel=0.01)
+        assert "1 multi-token-prediction layer" in spec.exclusion_note
+
+
+def test_kimi_k2_is_read_by_its_architecture(tmp_path):
+    """Kimi K2's config.json names model_type kimi_k2 and the DeepseekV3ForCausalLM class its weights
+    load into: read as DeepSeek-V3 (1.04T total, 32B active on Moonshot's model card)."""
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=7168, num_hidden_layers=61, n_routed_experts=384, num_experts_per_tok=8, first_k_dense_replace=1,
+        moe_intermediate_size=2048, intermediate_size=18432, vocab_size=163840, num_attention_heads=64,
+        num_key_value_heads=64, n_shared_experts=1, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+        qk_nope_head_dim=128, v_head_dim=128)
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    spec = load_model(str(tmp_path))
+    assert spec.family == "deepseek_v3" and spec.params == text_count(cfg)
+    assert spec.params == pytest.approx(1.04e12, rel=0.02) and spec.active_params == pytest.approx(32e9, rel=0.05)
+    data["architectures"] = ["KimiK2ForCausalLM"]  # neither known: refused, naming the model_type
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(MeshwiseError, match="'kimi_k2' is not supported"):
+        load_model(str(tmp_path))
 
 
 def test_published_gemma3_file_as_written(tmp_path):
@@ -94,7 +133,9 @@ def test_published_gemma3_file_as_written(tmp_path):
 
 
 @pytest.mark.parametrize("family, cls", [("gemma3_text", "Gemma3TextConfig"), ("llama4_text", "Llama4TextConfig"),
-                                         ("gpt_oss", "GptOssConfig"), ("olmo2", "Olmo2Config")])
+                                         ("gpt_oss", "GptOssConfig"), ("olmo2", "Olmo2Config"),
+                                         ("olmo3", "Olmo3Config"), ("smollm3", "SmolLM3Config"),
+                                         ("ministral", "MinistralConfig"), ("glm4_moe", "Glm4MoeConfig")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
     for key, value in hf_recent.CLASS_DEFAULTS[family].items():
@@ -110,6 +151,14 @@ def test_fields_are_read(tmp_path):
     assert s.rope_scaling == "yarn" and s.sliding_window == 128
     s = load_model(str(hf_folder(tmp_path, "olmo2-7b")[1]))
     assert s.post_norm and s.qk_norm_scope == "projection" and s.rope_theta == 500000.0
+    s = load_model(str(hf_folder(tmp_path, "olmo3-7b")[1]))
+    assert s.post_norm and s.sliding_window == 4096 and s.full_attention_layers == tuple(range(3, 32, 4))
+    assert s.rope_theta == s.rope_local_theta == 500000.0
+    s = load_model(str(hf_folder(tmp_path, "smollm3-3b")[1]))
+    assert s.nope_layers == tuple(range(3, 36, 4)) and s.sliding_window == 0 and s.tied_embeddings
+    s = load_model(str(hf_folder(tmp_path, "glm-4.5")[1]))
+    assert s.dense_layers == (0, 1, 2) and s.experts == 160 and s.shared_ffn_hidden == 1536
+    assert s.qkv_bias and not s.o_bias and s.qk_norm and s.rope_scaling == "partial_rotary_factor=0.5"
 
 
 def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
@@ -131,11 +180,11 @@ def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
     assert sum("multi-token-prediction" in line for line in r.stdout.splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b"])
+@pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b", "glm-4.5"])
 @pytest.mark.parametrize("gpu", ["h100", "b200"])
 def test_plan_exits_0(tmp_path, name, gpu):
     _, folder = hf_folder(tmp_path, name)
-    gpus = "512" if "maverick" in name else "64"
+    gpus = "512" if "maverick" in name or "glm" in name else "64"
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(folder), "--gpus", gpus,
                         "--gpu", gpu, "--seq-len", "4096", "--top", "1", "--json"],
                        capture_output=True, text=True, timeout=300)
@@ -153,7 +202,8 @@ def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model TOML" in r.stderr
 
 
-@pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention")])
+@pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention"),
+                                         ("glm-4.5-air", "bias-corrected expert routing")])
 def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
     _, folder = hf_folder(tmp_path, name)
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",

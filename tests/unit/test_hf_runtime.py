@@ -14,6 +14,7 @@ from meshwise.train.hf_weights import from_hf, to_hf  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=97, max_position_embeddings=64)
+SMOL_IDS = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)  # the class's own lie past a 97-token vocabulary
 FAMILIES = {
     "llama": ("LlamaConfig", dict(TINY, rms_norm_eps=1e-5)),
     "llama3.1": ("LlamaConfig", dict(TINY, rope_theta=500000.0, rope_scaling={
@@ -41,6 +42,17 @@ FAMILIES = {
                                                                                "rope_theta": 10000.0}})),
     "gemma2-no-attn-cap": ("Gemma2Config", dict(TINY, head_dim=32, sliding_window=6, attn_logit_softcapping=None,
                                                 query_pre_attn_scalar=16)),
+    # OLMo 3: OLMo 2's norms with a window on three blocks of four (block 3 global), the windowed
+    # blocks' own rope base
+    "olmo3": ("Olmo3Config", dict(TINY, num_hidden_layers=4, sliding_window=5, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}})),
+    # SmolLM3: blocks 1 and 3 without rotary positions (NoPE), tied; then with its window on them
+    "smollm3": ("SmolLM3Config", dict(TINY, num_hidden_layers=4, no_rope_layer_interval=2, **SMOL_IDS)),
+    "smollm3-window": ("SmolLM3Config", dict(TINY, num_hidden_layers=4, no_rope_layer_interval=2,
+                                             use_sliding_window=True, sliding_window=5, **SMOL_IDS)),
+    "ministral": ("MinistralConfig", dict(TINY, head_dim=16, sliding_window=6,
+                                          layer_types=["sliding_attention", "full_attention"])),
 }
 
 
@@ -145,6 +157,8 @@ def test_sharded_export_round_trips(tmp_path):
 
 @pytest.mark.parametrize("cls, kw, words", [
     ("Gemma2Config", dict(TINY, head_dim=32), "attention logit soft-capping"),
+    ("Glm4MoeConfig", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
+     "GLM-4.5's sigmoid-scored"),
     ("Llama4TextConfig", dict(TINY, num_local_experts=4, intermediate_size_mlp=128), "chunked attention"),
     ("GptOssConfig", dict(TINY, num_local_experts=4), "attention sinks, clamped SwiGLU"),
     ("DeepseekV3Config", dict(TINY, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,

@@ -83,11 +83,11 @@ class Attention(nn.Module):
     rotation (Qwen3), no rotation at all for learned positions (GPT-2).
     """
 
-    def __init__(self, spec: ModelSpec, window: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, window: int = 0, rotary: bool = True) -> None:
         super().__init__()
         self.head_dim = spec.head_dim
         q = spec.heads * spec.head_dim
-        self.rotary = spec.position == "rope"
+        self.rotary = spec.position == "rope" and rotary  # False: a NoPE block (SmolLM3)
         self.window = window  # sliding window in tokens (0: full causal attention)
         self.scale = spec.query_scale ** -0.5 if spec.query_scale else None  # None: SDPA's 1/sqrt(head_dim)
         self.wq = nn.Linear(spec.hidden, q, bias=spec.qkv_bias)
@@ -187,7 +187,7 @@ class Block(nn.Module):
         super().__init__()
         windowed = bool(spec.sliding_window) and index not in spec.full_attention_layers
         self.attention_norm = None if spec.post_norm else Norm(spec.hidden, spec)
-        self.attention = Attention(spec, spec.sliding_window if windowed else 0)
+        self.attention = Attention(spec, spec.sliding_window if windowed else 0, index not in spec.nope_layers)
         self.mlp_norm = None if spec.post_norm else Norm(spec.hidden, spec)
         outputs = spec.post_norm or spec.norms_per_layer == 4
         self.attention_out_norm = Norm(spec.hidden, spec) if outputs else None
@@ -331,6 +331,9 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
     if spec.family == "llama4_text":
         return (f"model {spec.name!r}: Llama 4's chunked attention, NoPE blocks, attention temperature tuning, "
                 f"weightless L2 q/k norms and sigmoid-gated top-1 experts are not built by the runtime (plan only)")
+    if spec.family == "glm4_moe":
+        return (f"model {spec.name!r}: GLM-4.5's sigmoid-scored, bias-corrected expert routing and partial rotary "
+                f"embedding are not built by the runtime (plan only)")
     if spec.attn_sinks or spec.swiglu_limit or spec.router_bias:
         return (f"model {spec.name!r}: GPT-OSS's attention sinks, clamped SwiGLU experts with biases and router bias "
                 f"are not built by the runtime (plan only)")

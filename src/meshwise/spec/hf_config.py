@@ -34,6 +34,8 @@ _DEFAULTS = {
     "deepseek_v3": (1e-6, 10000.0, 4096, False),
     "gemma3_text": (1e-6, 1e6, 131072, True), "olmo2": (1e-5, 10000.0, 2048, False),
     "llama4_text": (1e-5, 500000.0, 131072, False), "gpt_oss": (1e-5, 150000.0, 131072, False),
+    "olmo3": (1e-5, 500000.0, 2048, False), "smollm3": (1e-6, 2e6, 32768, True),
+    "ministral": (1e-6, 10000.0, 131072, False), "glm4_moe": (1e-5, 10000.0, 131072, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -44,7 +46,9 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                   "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
                   "Olmo2ForCausalLM": "olmo2", "Llama4ForCausalLM": "llama4_text",
-                  "Llama4ForConditionalGeneration": "llama4", "GptOssForCausalLM": "gpt_oss"}
+                  "Llama4ForConditionalGeneration": "llama4", "GptOssForCausalLM": "gpt_oss",
+                  "Olmo3ForCausalLM": "olmo3", "SmolLM3ForCausalLM": "smollm3", "MinistralForCausalLM": "ministral",
+                  "Mistral3ForConditionalGeneration": "mistral3", "Glm4MoeForCausalLM": "glm4_moe"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 
@@ -63,14 +67,17 @@ def _model_from_table(name: str, table: dict[str, Any], where: str) -> ModelSpec
 
 
 def hf_family(cfg: dict[str, Any], where: str) -> str:
-    """The family of a config: its ``model_type``, else its first known ``architectures`` entry."""
+    """The family of a config: its ``model_type``, else its first known ``architectures`` entry (also
+    for a ``model_type`` meshwise does not know whose architecture it does: Kimi K2's ``kimi_k2``
+    names ``DeepseekV3ForCausalLM``, the class its weights load into)."""
     model_type = cfg.get("model_type")
-    if model_type is None:
+    if model_type is None or hf_recent.WRAPPERS.get(model_type, model_type) not in _DEFAULTS:
         archs = cfg.get("architectures") or []
-        model_type = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None) if isinstance(archs, list) else None
-        if model_type is None:
+        known = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None) if isinstance(archs, list) else None
+        if known is None and model_type is None:
             raise MeshwiseError(f"{where}: no model_type (or known architectures) in it; a Hugging Face config.json "
                                 f"of one of: {', '.join(HF_FAMILIES)} is expected, {_TOML_ROUTE}")
+        model_type = known or model_type
     model_type = hf_recent.WRAPPERS.get(model_type, model_type)
     if model_type not in _DEFAULTS:
         raise MeshwiseError(f"{where}: model_type {model_type!r} is not supported; supported: "
@@ -111,6 +118,8 @@ def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, 
         step = cfg.get("decoder_sparse_step", 1) or 1
         only = set(cfg.get("mlp_only_layers") or [])
         return tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    if family == "glm4_moe":  # transformers: a MoE block from first_k_dense_replace on
+        return tuple(range(min(cfg.get("first_k_dense_replace", 0) or 0, layers)))
     if family.startswith("deepseek"):
         first = cfg.get("first_k_dense_replace", 0) or 0
         freq = cfg.get("moe_layer_freq", 1) or 1
@@ -151,11 +160,15 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         elif act != "silu":
             raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
         attn_bias = bool(cfg.get("attention_bias", False))
-        if family in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo2", "llama4_text"):
+        if family in ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo2", "llama4_text",
+                      "olmo3", "smollm3"):
             fields_.update(qkv_bias=attn_bias, o_bias=attn_bias)
+        if family == "glm4_moe":  # q, k and v biased; the output projection never is
+            fields_.update(qkv_bias=attn_bias, qk_norm=bool(cfg.get("use_qk_norm", False)),
+                           head_dim=cfg.get("head_dim") or hidden // heads)
         if family in ("qwen2", "qwen2_moe"):
             fields_["qkv_bias"] = True
-        if family == "llama":
+        if family in ("llama", "smollm3"):
             fields_["mlp_bias"] = bool(cfg.get("mlp_bias", False))
         if family in ("qwen3", "qwen3_moe"):
             fields_["qk_norm"] = True
@@ -170,14 +183,14 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
             if window:
                 kinds = hf_recent.layer_types(cfg, family, layers)
                 fields_["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
-        if family == "gemma3_text":
-            rope_cfg, local_theta = hf_recent.gemma3_rope(cfg)
+        if family in ("gemma3_text", "olmo3"):
+            rope_cfg, local_theta = hf_recent.layered_rope(cfg, family)
             fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
         if family in hf_recent.CLASS_DEFAULTS:
             fields_.update(hf_recent.recent_fields(cfg, family, layers))
         fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
         spec = ModelSpec(**fields_)
-        mtp = (cfg.get("num_nextn_predict_layers") or 0) if family == "deepseek_v3" else 0
+        mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
         return _with_mtp(spec, mtp) if mtp else spec
     except KeyError as missing:
         raise MeshwiseError(f"{where}: lacks {missing.args[0]!r}, which a {family} config needs") from None
@@ -189,8 +202,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
 
 def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, attn_bias: bool, where: str
                    ) -> dict[str, Any]:
-    """The mixture-of-experts fields of a Mixtral, Qwen MoE or DeepSeek config (and DeepSeek's MLA
-    attention); none for another family."""
+    """The mixture-of-experts fields of a Mixtral, Qwen MoE, GLM-4.5 or DeepSeek config (and DeepSeek's
+    MLA attention); none for another family."""
     out: dict[str, Any] = {}
     if family == "mixtral":
         out.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
@@ -202,6 +215,11 @@ def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, at
                    dense_layers=_sparse_layers(cfg, layers, family))
         if family == "qwen2_moe":
             out.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
+    if family == "glm4_moe":
+        out.update(experts=cfg["n_routed_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                   expert_ffn_hidden=cfg["moe_intermediate_size"],
+                   shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+                   dense_layers=_sparse_layers(cfg, layers, family))
     if family.startswith("deepseek"):
         if attn_bias:
             raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
@@ -216,8 +234,8 @@ def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, at
 
 
 def _with_mtp(spec: ModelSpec, layers: int) -> ModelSpec:
-    """DeepSeek-V3's multi-token-prediction modules, left out of the count and the plan as transformers
-    leaves them out of the model it builds: each is (DeepSeek-V3 report, arXiv 2412.19437, sec. 2.2)
+    """DeepSeek-V3's (and GLM-4.5's) multi-token-prediction modules, left out of the count and the plan
+    as transformers leaves them out of the model it builds: each is (DeepSeek-V3 report, arXiv 2412.19437, sec. 2.2)
     one more MoE block, a 2h x h projection and norms of the two inputs and the shared head (3h);
     the embedding and output head are shared with the main model."""
     from dataclasses import replace

@@ -1,9 +1,10 @@
-"""Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS and OLMo 2.
+"""Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
+Ministral, Mistral 3 and GLM-4.5.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
 Gemma 3's published ``text_config`` holds little more than the widths. The multimodal wrappers
-(``gemma3``, ``llama4``) are read through their ``text_config``: the plan covers the language model,
+(``gemma3``, ``llama4``, ``mistral3``) are read through their ``text_config``: the plan covers the language model,
 and the vision encoder and projector are named as left out. Pure Python, no transformers import.
 """
 
@@ -34,11 +35,28 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo2": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
                   tie_word_embeddings=False, attention_bias=False, hidden_act="silu", eos_token_id=50279),
+    "olmo3": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5, sliding_window=4096,
+                  tie_word_embeddings=False, attention_bias=False, hidden_act="silu", eos_token_id=50279),
+    "smollm3": dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                    num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, attention_bias=False, mlp_bias=False, hidden_act="silu",
+                    use_sliding_window=False, no_rope_layer_interval=4, bos_token_id=128000, eos_token_id=128001),
+    "ministral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, sliding_window=4096, hidden_act="silu",
+                      bos_token_id=1, eos_token_id=2),
+    "glm4_moe": dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
+                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
+                     moe_intermediate_size=1408, num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128,
+                     first_k_dense_replace=1, use_qk_norm=False, num_nextn_predict_layers=1),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
-WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+GLM4_MOE_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor: rope on half of each head
+WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 VISION = "the vision encoder and multimodal projector (images are not planned)"
 
 
@@ -63,6 +81,8 @@ def with_defaults(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     out = {**CLASS_DEFAULTS[family], **cfg}
     if family == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
         out["rope_parameters"] = dict(GPT_OSS_ROPE)
+    if family == "glm4_moe" and "partial_rotary_factor" not in {**(cfg.get("rope_parameters") or {}), **cfg}:
+        out["partial_rotary_factor"] = GLM4_MOE_ROTARY
     return out
 
 
@@ -78,6 +98,14 @@ def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     if family in ("gpt_oss", "gemma2"):
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if family == "olmo3":
+        return ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+    if family == "smollm3":  # windowed only where use_sliding_window is on, on the NoPE blocks
+        windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
+        return ["sliding_attention" if windowed and not rope else "full_attention"
+                for rope in no_rope_flags(cfg, layers)]
+    if family == "ministral":
+        return ["sliding_attention" if cfg.get("sliding_window") is not None else "full_attention"] * layers
     if family == "llama4_text":
         interval = cfg.get("no_rope_layer_interval", 4) or 4
         nope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
@@ -86,20 +114,37 @@ def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
     return ["sliding_attention"] * layers
 
 
-def gemma3_rope(cfg: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """(the global blocks' rope, as ``_rope`` reads it; the windowed blocks' theta): transformers 5
-    nests ``rope_parameters`` by layer kind, transformers 4 wrote rope_theta, rope_local_base_freq and
-    a rope_scaling of the global blocks."""
+def no_rope_flags(cfg: dict[str, Any], layers: int) -> list[int]:
+    """SmolLM3's ``no_rope_layers``: 1 where a block rotates, 0 where it attends without positions
+    (by default every ``no_rope_layer_interval``-th block)."""
+    given = cfg.get("no_rope_layers")
+    if given is None:
+        interval = cfg.get("no_rope_layer_interval", 4) or 4
+        return [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(given, list) or len(given) != layers:
+        raise MeshwiseError(f"config.json: no_rope_layers must list {layers} flags, one per layer")
+    return [int(bool(x)) for x in given]
+
+
+LOCAL_THETA = {"gemma3_text": 10000.0, "olmo3": 500000.0}  # the windowed blocks' base, absent from the file
+FULL_THETA = {"gemma3_text": 1e6, "olmo3": 500000.0}
+
+
+def layered_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], float]:
+    """(the global blocks' rope, as ``_rope`` reads it; the windowed blocks' theta) of Gemma 3 or OLMo 3:
+    transformers 5 nests ``rope_parameters`` by layer kind; transformers 4 wrote rope_theta, a
+    rope_scaling of the global blocks and (Gemma 3) rope_local_base_freq. OLMo 3's config class gives
+    the windowed blocks its default base whatever rope_theta says (transformers 5.x)."""
     params = cfg.get("rope_parameters") or {}
     if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
         full = dict(params.get("full_attention") or {})
         local = params.get("sliding_attention") or {}
-        full.setdefault("rope_theta", 1e6)
-        return {"rope_parameters": full}, float(local.get("rope_theta", 10000.0))
+        full.setdefault("rope_theta", FULL_THETA[family])
+        return {"rope_parameters": full}, float(local.get("rope_theta", LOCAL_THETA[family]))
     scaling = cfg.get("rope_scaling") or {}
     full = {**scaling, **(params if isinstance(params, dict) else {})}
-    full.setdefault("rope_theta", cfg.get("rope_theta", 1e6))
-    return {"rope_parameters": full}, float(cfg.get("rope_local_base_freq", 10000.0))
+    full.setdefault("rope_theta", cfg.get("rope_theta", FULL_THETA[family]))
+    return {"rope_parameters": full}, float(cfg.get("rope_local_base_freq", LOCAL_THETA[family]))
 
 
 def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, Any]:
@@ -113,8 +158,12 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         return dict(window, norms_per_layer=4, qk_norm=True, query_scale=float(cfg["query_pre_attn_scalar"]),
                     attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                     final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
-    if family == "olmo2":
-        return dict(qk_norm=True, qk_norm_scope="projection", post_norm=True)
+    if family in ("olmo2", "olmo3"):
+        return dict(window if family == "olmo3" else {}, qk_norm=True, qk_norm_scope="projection", post_norm=True)
+    if family == "smollm3":
+        return dict(window, nope_layers=tuple(i for i, rope in enumerate(no_rope_flags(cfg, layers)) if not rope))
+    if family == "ministral":
+        return window
     if family == "gpt_oss":
         return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
                     expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,

@@ -29,7 +29,8 @@ def cached_hash(self) -> int:
 
 # --------------------------------------------------------------------------------------- model
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2",
-            "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss")
+            "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss",
+            "olmo3", "smollm3", "ministral", "glm4_moe")
 QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
@@ -56,7 +57,8 @@ class ModelSpec:
     windowed); ``query_scale`` scales scores by query_scale^-1/2 (Gemma's query_pre_attn_scalar; 0:
     head_dim); ``rope_local_theta`` is the windowed blocks' unscaled rope base (Gemma 3);
     ``attn_sinks`` adds one learned sink logit per head (GPT-OSS), ``router_bias`` a bias to the
-    router, ``swiglu_limit`` GPT-OSS's clamped SwiGLU. ``excluded`` names what the count leaves out
+    router, ``swiglu_limit`` GPT-OSS's clamped SwiGLU; ``nope_layers`` are the blocks that attend
+    without rotary positions (SmolLM3's every fourth). ``excluded`` names what the count leaves out
     (DeepSeek-V3's multi-token-prediction layers, a multimodal model's vision encoder) and
     ``excluded_params`` its size, where known.
     """
@@ -113,6 +115,7 @@ class ModelSpec:
     attn_sinks: bool = False
     router_bias: bool = False
     swiglu_limit: float = 0.0
+    nope_layers: tuple[int, ...] = ()
     excluded: str = ""
     excluded_params: int = 0
 
@@ -152,7 +155,8 @@ class ModelSpec:
         object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         object.__setattr__(self, "full_attention_layers", tuple(self.full_attention_layers))
-        for name in ("dense_layers", "full_attention_layers"):
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        for name in ("dense_layers", "full_attention_layers", "nope_layers"):
             bad = [i for i in getattr(self, name) if not isinstance(i, int) or not 0 <= i < self.layers]
             if bad:
                 raise MeshwiseError(f"model {self.name!r}: {name} must hold block indices in 0..{self.layers - 1}, "
@@ -301,6 +305,7 @@ class ModelSpec:
         used["eos_ids"] = list(self.eos_ids)
         used["dense_layers"] = list(self.dense_layers)
         used["full_attention_layers"] = list(self.full_attention_layers)
+        used["nope_layers"] = list(self.nope_layers)
         return {"family": self.family, "params": self.params, "active_params": self.active_params, **used}
 
     @classmethod

@@ -36,7 +36,8 @@ _BLOCK = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM",
          "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
-         "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+         "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM"}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -166,7 +167,13 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                    layer_types=["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
                                 else "sliding_attention" for i in range(spec.layers)],
                    sliding_window=spec.sliding_window or spec.max_seq)
-    if spec.family == "gemma3_text":
+    if spec.family in ("olmo3", "ministral", "smollm3"):
+        cfg["layer_types"] = ["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
+                              else "sliding_attention" for i in range(spec.layers)]
+    if spec.family == "smollm3":
+        cfg.update(no_rope_layers=[int(i not in spec.nope_layers) for i in range(spec.layers)],
+                   use_sliding_window=bool(spec.sliding_window))
+    if spec.family in ("gemma3_text", "olmo3"):
         local = {"rope_type": "default", "rope_theta": spec.rope_local_theta}
         cfg.update(rope_scaling=None, rope_parameters={"full_attention": rope, "sliding_attention": local})
     if rope["rope_type"] == "linear":
