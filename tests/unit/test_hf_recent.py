@@ -1,5 +1,5 @@
 """The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, Mistral 3, GLM-4.5,
-Kimi K2 by its architecture): meshwise's parameter counts against
+Qwen3-VL, Kimi K2 by its architecture): meshwise's parameter counts against
 the models transformers builds on the meta device from each published shape, the class defaults
 meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
 
@@ -50,9 +50,13 @@ CASES = {
     "glm-4.5": ("Glm4MoeConfig", dict(hidden_size=5120, num_hidden_layers=92, head_dim=128, intermediate_size=12288,
                                       moe_intermediate_size=1536, n_routed_experts=160, first_k_dense_replace=3,
                                       attention_bias=True, use_qk_norm=True, rope_theta=1e6), None),
+    "qwen3-vl": ("Qwen3VLConfig", {}, None),  # the class defaults; Qwen3-VL-MoE's untie its head
+    "qwen3-vl-moe": ("Qwen3VLMoeConfig", {}, None),
 }
-TEXT_CLASS = {"Gemma3Config": "Gemma3ForCausalLM", "Llama4Config": "Llama4ForCausalLM",
-              "Mistral3Config": "MistralForCausalLM"}
+# multimodal wrappers: the whole model transformers builds, less its vision encoder and projector
+MULTIMODAL = {"Gemma3Config": "Gemma3ForConditionalGeneration", "Llama4Config": "Llama4ForConditionalGeneration",
+              "Mistral3Config": "Mistral3ForConditionalGeneration", "Qwen3VLConfig": "Qwen3VLForConditionalGeneration",
+              "Qwen3VLMoeConfig": "Qwen3VLMoeForConditionalGeneration"}
 # published totals without the multi-token-prediction layer transformers leaves out (Z.ai's model cards)
 GLM_TOTAL = {"glm-4.5-air": 106e9, "glm-4.5": 355e9}
 
@@ -67,12 +71,14 @@ def hf_folder(tmp_path, name):
 
 def text_count(cfg) -> int:
     """transformers' language model of ``cfg`` on the meta device: the whole model of a text config,
-    the text decoder and head of a multimodal one (what meshwise plans)."""
+    the language model and head of a multimodal one (what meshwise plans; a head tied to the
+    embedding is one tensor, counted once)."""
     with torch.device("meta"):
-        if type(cfg).__name__ in TEXT_CLASS:
-            model = getattr(transformers, TEXT_CLASS[type(cfg).__name__])(cfg.text_config)
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        if type(cfg).__name__ in MULTIMODAL:
+            model = getattr(transformers, MULTIMODAL[type(cfg).__name__])(cfg)
+            return sum(p.numel() for name, p in model.named_parameters()
+                       if "language_model" in name or name.startswith("lm_head"))
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -82,7 +88,7 @@ def test_count_equals_transformers(tmp_path, name):
     spec = load_model(str(folder))
     assert spec.params == text_count(cfg)
     published = CASES[name][2]
-    multimodal = type(cfg).__name__ in TEXT_CLASS
+    multimodal = type(cfg).__name__ in MULTIMODAL
     if published:  # a multimodal model card's total counts its vision encoder too (Llama 4: about 1%)
         assert spec.params == pytest.approx(published[0], rel=0.02 if multimodal else 0.005)
         # OpenAI's model card counts GPT-OSS's active parameters without the unembedding

@@ -48,7 +48,8 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Olmo2ForCausalLM": "olmo2", "Llama4ForCausalLM": "llama4_text",
                   "Llama4ForConditionalGeneration": "llama4", "GptOssForCausalLM": "gpt_oss",
                   "Olmo3ForCausalLM": "olmo3", "SmolLM3ForCausalLM": "smollm3", "MinistralForCausalLM": "ministral",
-                  "Mistral3ForConditionalGeneration": "mistral3", "Glm4MoeForCausalLM": "glm4_moe"}
+                  "Mistral3ForConditionalGeneration": "mistral3", "Glm4MoeForCausalLM": "glm4_moe",
+                  "Qwen3VLForConditionalGeneration": "qwen3_vl", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 

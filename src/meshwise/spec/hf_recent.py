@@ -1,11 +1,12 @@
 """Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, Mistral 3 and GLM-4.5.
+Ministral, GLM-4.5, and the Mistral 3 and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
 Gemma 3's published ``text_config`` holds little more than the widths. The multimodal wrappers
-(``gemma3``, ``llama4``, ``mistral3``) are read through their ``text_config``: the plan covers the language model,
-and the vision encoder and projector are named as left out. Pure Python, no transformers import.
+(``gemma3``, ``llama4``, ``mistral3``, ``qwen3_vl``, ``qwen3_vl_moe``) are read through their
+``text_config``: the plan covers the language model, and the vision encoder and projector are named
+as left out. Pure Python, no transformers import.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 GLM4_MOE_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor: rope on half of each head
-WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3",
+            "qwen3_vl_moe": "qwen3_moe"}
 VISION = "the vision encoder and multimodal projector (images are not planned)"
 
 
@@ -73,7 +75,10 @@ def unwrap(cfg: dict[str, Any], family: str, where: str) -> tuple[dict[str, Any]
     if not isinstance(text, dict):
         raise MeshwiseError(f"{where}: text_config must be an object")
     outer = {k: cfg[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id") if k in cfg}
-    return {**outer, **text, "model_type": family}, VISION
+    # the wrapper's tie decides whether the head is the embedding (Qwen3-VL-MoE: False outside, True in
+    # its text_config; transformers builds an untied head)
+    tie = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if "tie_word_embeddings" in cfg else {}
+    return {**outer, **text, **tie, "model_type": family}, VISION
 
 
 def with_defaults(cfg: dict[str, Any], family: str) -> dict[str, Any]:
