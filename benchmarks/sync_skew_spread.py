@@ -1,5 +1,5 @@
 """How much one calibration's sync-skew ratio moves when measured again at once: calibrate's own
-benchmark (``calibrate_worker.bench_sync_skew``, fitted by ``calibrate.sync_skew``) repeated
+benchmark (``calibrate_worker.bench_sync_skew``, one pass, fitted by ``calibrate.sync_skew``) repeated
 ``--repeats`` times at 4 and at 8 calls per run, against the one-core rate of rank 0's GEMMs.
 
     flock /tmp/meshwise-heavy.lock .venv/bin/torchrun --nproc-per-node 4 benchmarks/sync_skew_spread.py
@@ -44,7 +44,7 @@ def main() -> None:
     rate, ratios = one_core_flops_per_s(), []
     for i in range(args.repeats):
         for calls in (4, 8):
-            rows = bench_sync_skew(5, calls)
+            rows = bench_sync_skew(5, calls, passes=1)
             ratio, _ = sync_skew(rows, rate)
             ratios.append(ratio)
             if dist.get_rank() == 0:

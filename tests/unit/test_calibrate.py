@@ -544,6 +544,21 @@ def test_sync_skew_is_the_wait_beyond_the_slice_and_the_collective():
     assert cal.sync_skew(faster, rate) == (0.0, pytest.approx(1e-3))
 
 
+def test_sync_skew_is_the_median_of_its_passes():
+    """Calibration 13 times the benchmark in passes (the fifth column) and keeps the median pass's
+    ratio: one pass far off (a scheduler's hiccup) does not move it."""
+    rate = 100e9
+
+    def one_pass(index: float, ratio: float) -> list[list[float]]:
+        return [[0.0, 0.0, 5e-3, index]] + [[f, 2 * f / rate, 2 * f / rate + 5e-3 + ratio * f / rate, index]
+                                            for f in (1.3e8, 5e8)]
+
+    rows = [row for i, r in enumerate((0.5, 0.6, 3.0, 0.0, 0.55)) for row in one_pass(float(i), r)]
+    ratio, slice_s = cal.sync_skew(rows, rate)
+    assert ratio == pytest.approx(0.55) and slice_s == pytest.approx(5e8 / rate)
+    assert cal.sync_skew(one_pass(0.0, 3.0), rate)[0] == pytest.approx(3.0)  # one pass: its own ratio
+
+
 def test_ranks_beyond_the_cores_wait_at_each_collective():
     """With more ranks than cores the estimate adds ratio * min(own-core compute, collectives *
     slice) to exposed communication; at one rank per core, nothing."""

@@ -45,7 +45,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 12  # 12: the threads' speed-up timed with no peer process (after the workers);
+CALIBRATION_VERSION = 13  # 13: the sync-skew ratio, the median of five passes of its benchmark;
+                          # 12: the threads' speed-up timed with no peer process (after the workers);
                           # 11: the threads' speed-up, the second best of its paired timings;
                           # 10: the optimizer's DTensor cost per tensor; DTensor's per-operator cost
                           #     net of its collectives' measured waits;

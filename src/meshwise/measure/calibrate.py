@@ -66,7 +66,8 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   model charges no ring transfer apart; one process times the bare blocks (no ring to run);
 - **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
 - **sync skew** ``sync_skew_ratio``, ``sync_skew_slice_s`` (more ranks than cores only, calibration
-  9): every rank computes a slice of ``SKEW_SLICE_GEMMS`` GEMMs then joins a 4 KiB all-reduce,
+  9; the median of ``SKEW_PASSES`` passes since calibration 13): every rank computes a slice of
+  ``SKEW_SLICE_GEMMS`` GEMMs then joins a 4 KiB all-reduce,
   against the slices alone and the all-reduce after no slice (:func:`sync_skew`), the wait a rank
   pays at a collective for peers the scheduler has not finished running (cost/host.py
   ``sync_skew_seconds``);
@@ -81,6 +82,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -483,17 +485,26 @@ def optimizer_dtensor_seconds(row: list[float]) -> float:
 
 def sync_skew(rows: list[list[float]], flops_per_s: float) -> tuple[float, float]:
     """(sync_skew_ratio, sync_skew_slice_s) from calibrate_worker.bench_sync_skew's rows ``[slice
-    FLOPs, slice alone, slice then all-reduce]`` (seconds per iteration, every rank at once): the
-    wait beyond the slice and the all-reduce apart, ``(both - alone) - both at no slice``, against
-    the slice's own-core seconds ``FLOPs / flops_per_s`` (the rank's matmul rate on a core of its
-    own): least squares through the origin, at least 0; the slice cap is the longest slice timed.
-    (0, 0) without rows."""
-    base = next((both for flops, _, both in rows if flops == 0), None)
-    points = [(flops / flops_per_s, max(both - alone - base, 0.0)) for flops, alone, both in rows if flops > 0]
-    if base is None or not points:
+    FLOPs, slice alone, slice then all-reduce(, pass)]`` (seconds per iteration, every rank at once):
+    per pass, the wait beyond the slice and the all-reduce apart, ``(both - alone) - both at no
+    slice``, against the slice's own-core seconds ``FLOPs / flops_per_s`` (the rank's matmul rate on
+    a core of its own), least squares through the origin, at least 0; the ratio is the median of the
+    passes' (calibration 13; rows without a pass are one pass). The slice cap is the longest slice
+    timed. (0, 0) without rows."""
+    passes: dict[float, list[list[float]]] = {}
+    for row in rows:
+        passes.setdefault(row[3] if len(row) > 3 else 0.0, []).append(row)
+    ratios, slices = [], []
+    for one in passes.values():
+        base = next((both for flops, _, both, *_ in one if flops == 0), None)
+        points = [(flops / flops_per_s, max(both - alone - base, 0.0)) for flops, alone, both, *_ in one
+                  if flops > 0 and base is not None]
+        if points:
+            ratios.append(max(sum(own * wait for own, wait in points) / sum(own * own for own, _ in points), 0.0))
+            slices.append(max(own for own, _ in points))
+    if not ratios:
         return 0.0, 0.0
-    ratio = sum(own * wait for own, wait in points) / sum(own * own for own, _ in points)
-    return max(ratio, 0.0), max(own for own, _ in points)
+    return statistics.median(ratios), max(slices)
 
 
 def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s: float) -> tuple[float, float]:

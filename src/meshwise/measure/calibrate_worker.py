@@ -416,14 +416,17 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
 
 SKEW_GEMM_SIDE = 256  # the slices' GEMM: 2 * 256^3 = 34 MFLOP, a third of a millisecond on one x86 core
 SKEW_SLICE_GEMMS = (0, 4, 16)  # GEMMs per slice: none, about 1.3 ms and 5 ms of one core's compute
+SKEW_PASSES = 5  # the whole benchmark this many times: one pass's ratio read 0.06-1.09 on one host
+# within a minute (benchmarks/results/sync-skew-spread-cpu2core-2026-12-06.txt); calibrate.sync_skew
+# takes the passes' median
 
 
-def bench_sync_skew(repeats: int, calls: int) -> list[list[float]]:
-    """``[slice FLOPs, seconds of the slice alone, seconds of the slice then a 4 KiB all-reduce]``
-    per slice of ``SKEW_SLICE_GEMMS`` GEMMs, every rank at once (lock-step, the median of
+def bench_sync_skew(repeats: int, calls: int, passes: int = SKEW_PASSES) -> list[list[float]]:
+    """``[slice FLOPs, seconds of the slice alone, seconds of the slice then a 4 KiB all-reduce, pass]``
+    per slice of ``SKEW_SLICE_GEMMS`` GEMMs and pass, every rank at once (lock-step, the median of
     ``COLLECTIVE_RUNS`` runs of ``calls``): with more ranks than cores a rank that reaches the
     all-reduce waits for peers the scheduler has not finished running, a wait that grows with the
-    compute before it (calibrate.sync_skew fits it)."""
+    compute before it (calibrate.sync_skew fits it, pass by pass)."""
     import torch
     import torch.distributed as dist
 
@@ -431,19 +434,21 @@ def bench_sync_skew(repeats: int, calls: int) -> list[list[float]]:
     a, b = (torch.randn(SKEW_GEMM_SIDE, SKEW_GEMM_SIDE, generator=gen) for _ in range(2))
     small = torch.ones(1024)
     out = []
-    for gemms in SKEW_SLICE_GEMMS:
-        def compute(k: int = gemms) -> None:
-            for _ in range(k):
-                torch.mm(a, b)
+    for index in range(passes):
+        for gemms in SKEW_SLICE_GEMMS:
+            def compute(k: int = gemms) -> None:
+                for _ in range(k):
+                    torch.mm(a, b)
 
-        def both() -> None:
-            compute()
-            dist.all_reduce(small)
+            def both() -> None:
+                compute()
+                dist.all_reduce(small)
 
-        runs = max(COLLECTIVE_RUNS, repeats)
-        alone_s = _lockstep_time(compute, runs, calls, typical=True) if gemms else 0.0
-        both()
-        out.append([2.0 * gemms * SKEW_GEMM_SIDE ** 3, alone_s, _lockstep_time(both, runs, calls, typical=True)])
+            runs = max(COLLECTIVE_RUNS, repeats)
+            alone_s = _lockstep_time(compute, runs, calls, typical=True) if gemms else 0.0
+            both()
+            out.append([2.0 * gemms * SKEW_GEMM_SIDE ** 3, alone_s,
+                        _lockstep_time(both, runs, calls, typical=True), float(index)])
     return out
 
 
