@@ -48,7 +48,7 @@ def main() -> None:
             ratio, _ = sync_skew(rows, rate)
             ratios.append(ratio)
             if dist.get_rank() == 0:
-                cells = " ".join(f"[{f / 1e6:.0f} {alone * 1e3:.1f} {both * 1e3:.1f}]" for f, alone, both in rows)
+                cells = " ".join(f"[{f / 1e6:.0f} {alone * 1e3:.1f} {both * 1e3:.1f}]" for f, alone, both, *_ in rows)
                 print(f"repeat {i}, {calls} calls: ratio {ratio:.2f}  {cells}", flush=True)
     if dist.get_rank() == 0:
         print(f"{len(ratios)} ratios: median {statistics.median(ratios):.2f}, least {min(ratios):.2f}, "
