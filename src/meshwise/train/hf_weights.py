@@ -133,6 +133,13 @@ def from_hf(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
+def _layer_types(spec: ModelSpec) -> list[str]:
+    """Each block's attention kind as transformers' ``layer_types`` names it: windowed outside
+    ``full_attention_layers`` where the model has a window."""
+    return ["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
+            else "sliding_attention" for i in range(spec.layers)]
+
+
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A config.json that makes transformers build the model meshwise trained."""
     common: dict[str, Any] = {"architectures": [_ARCH[spec.family]], "model_type": spec.family,
@@ -164,12 +171,9 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         scalar = int(spec.query_scale) if spec.query_scale == int(spec.query_scale) else spec.query_scale
         cfg.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar or spec.head_dim,
                    final_logit_softcapping=spec.final_softcap or None, attn_logit_softcapping=None,
-                   layer_types=["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
-                                else "sliding_attention" for i in range(spec.layers)],
-                   sliding_window=spec.sliding_window or spec.max_seq)
+                   layer_types=_layer_types(spec), sliding_window=spec.sliding_window or spec.max_seq)
     if spec.family in ("olmo3", "ministral", "smollm3"):
-        cfg["layer_types"] = ["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
-                              else "sliding_attention" for i in range(spec.layers)]
+        cfg["layer_types"] = _layer_types(spec)
     if spec.family == "smollm3":
         cfg.update(no_rope_layers=[int(i not in spec.nope_layers) for i in range(spec.layers)],
                    use_sliding_window=bool(spec.sliding_window))
