@@ -34,4 +34,6 @@ fi
 # Lint first: ruff (errors, import order, likely bugs) and the layer contracts of docs/design.md.
 ruff check --quiet .
 lint-imports --no-cache >/dev/null || lint-imports --no-cache
-exec python -m pytest "$@"
+# Two pytest workers (pytest-xdist); the integration tests are two units of work, each run in order
+# on one worker (tests/conftest.py work_unit). Pass -n 0 to run in this process (as -s needs).
+exec python -m pytest -n 2 "$@"

@@ -29,6 +29,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+# The parity suite's launches (one per world size, every layout of it in turn): one unit of work.
+PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """xdist's unit of work for a test (node ids are relative to the repository root): the
+    integration tests are two units, the parity suite's launches and the rest, each run in order on
+    one worker, as each test already starts several processes (about 7 minutes each on 2 cores); a
+    unit test is a unit of its own, shared among the workers."""
+    path, _, _ = nodeid.partition("::")
+    folder, _, module = path.rpartition("/")
+    if not folder.endswith("tests/integration"):
+        return nodeid
+    return "integration: parity suite" if module in PARITY_SUITE else "integration: the rest"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``pytest -n N`` (scripts/test.sh), the tests go to the workers by :func:`work_unit`
+    (xdist's ``--dist loadgroup`` would group by markers, but its group suffix is lost with pytest
+    9.2's node ids). The largest units start first, one per worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """No test calibrates this machine: the profile cache (measure/auto_profile.py) points at a
     temporary folder holding the catalog's ``cpu`` values under this machine's keys, so a run
