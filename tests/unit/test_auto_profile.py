@@ -182,3 +182,22 @@ def test_a_bad_probe_figure_in_a_profile_is_refused() -> None:
     assert host_fields(THEN, "x.toml") == {}  # accepted, not part of the accelerator's spec
     with pytest.raises(MeshwiseError, match="probe_op_s must be a positive number"):
         host_fields({**THEN, "probe_op_s": 0.0}, "x.toml")
+
+
+def test_busy_is_what_runs_now_not_the_last_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The busy-machine warning counts the threads runnable at the start (less the calibrating one),
+    not the 1-minute load average, which still holds a finished run's workers."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("57.0 23.6 12.4 1/287 16321\n")  # a 4-process run just ended: nothing else runs
+    assert auto_profile.other_runnable_threads(samples=3, interval_s=0, path=str(loadavg)) == 0.0
+    loadavg.write_text("0.2 0.1 0.1 3/287 16321\n")  # two other threads run now
+    assert auto_profile.other_runnable_threads(samples=3, interval_s=0, path=str(loadavg)) == 2.0
+    assert auto_profile.other_runnable_threads(path=str(tmp_path / "absent")) is None
+
+    monkeypatch.setattr(auto_profile, "other_runnable_threads", lambda: 0.0)
+    assert auto_profile.busy_text(2) == ("0 other runnable thread(s) on 2 cores", False)
+    monkeypatch.setattr(auto_profile, "other_runnable_threads", lambda: 1.0)
+    assert auto_profile.busy_text(2)[1] and not auto_profile.busy_text(4)[1]
+    monkeypatch.setattr(auto_profile, "other_runnable_threads", lambda: None)
+    monkeypatch.setattr(auto_profile.os, "getloadavg", lambda: (9.2, 1.0, 1.0))
+    assert auto_profile.busy_text(2) == ("load average 9.2 on 2 cores", True)

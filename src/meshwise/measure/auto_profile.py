@@ -24,6 +24,8 @@ at 45 ms, then 87 ms, within the hour), so before a cached profile is used, ``en
 loaded) against the probe the calibration recorded: beyond ``DRIFT_BOUND`` either way the machine
 is calibrated again; within it, one line says how old the calibration is and how far the machine
 moved. ``MESHWISE_RECHECK=0`` skips the re-check; a profile without a probe is used as it is.
+A calibration that starts while other threads hold half the cores or more warns that its figures
+may be slow (:func:`busy_text`: the threads runnable now, not the last minute's load average).
 
 Workers started by ``train`` find the file through ``$MESHWISE_AUTO_PROFILE`` (set by the
 launching process); workers under a plain ``torchrun`` read the cache but never calibrate (that
@@ -130,18 +132,49 @@ def ensure(nproc: int, say=None) -> Path:
         raise MeshwiseError(f"{CACHE_ENV}: cannot create the cache folder {path.parent} ({e.strerror}); "
                             "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
     say(f"Calibrating this machine for {nproc} process(es) ({'again' if found else 'first use'}; cached in {path}) ...")
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    cores = os.cpu_count() or 1
+    busy = busy_text(cores)
     start = time.perf_counter()
     table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
-                      note=f"auto-calibration (quick), load average {load:.1f} on {cores} cores at the start") or {}
+                      note=f"auto-calibration (quick), {busy[0]} at the start") or {}
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
     say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
     if nproc > cores:  # one per-rank speed per machine: the cores-process profile's (module docstring)
         share_per_rank_figures(path, ensure(cores, say), cores)
-    if load > cores:
-        say(f"meshwise: warning: the machine was busy while calibrating (load average {load:.1f} on {cores} "
-            f"cores): its figures are slower than the machine; delete {path} to measure again when it is quiet")
+    if busy[1]:
+        say(f"meshwise: warning: the machine was busy as calibrating started ({busy[0]}): its figures may be "
+            f"slower than the machine; delete {path} to measure again when it is quiet")
     return path
+
+
+def other_runnable_threads(samples: int = 10, interval_s: float = 0.03,
+                           path: str = "/proc/loadavg") -> float | None:
+    """The median, over ``samples`` reads ``interval_s`` apart, of the threads the scheduler holds
+    runnable now (``/proc/loadavg``'s fourth field, ``running/total``) less this one; None without
+    that file. The 1-minute load average also counts what ended within the last minute: right after
+    a 4-process run on this 2-core host it read 9 to 57 with nothing left running."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open(path) as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    counts.sort()
+    return float(counts[len(counts) // 2])
+
+
+def busy_text(cores: int) -> tuple[str, bool]:
+    """(what the machine was running, whether that is busy): busy when other runnable threads take
+    at least half the cores (:func:`other_runnable_threads`), else, where that is not known, when
+    the 1-minute load average exceeds the cores."""
+    others = other_runnable_threads()
+    if others is not None:
+        return f"{others:.0f} other runnable thread(s) on {cores} cores", others >= cores / 2
+    load = os.getloadavg()[0]
+    return f"load average {load:.1f} on {cores} cores", load > cores
 
 
 def age_text(seconds: float) -> str:
