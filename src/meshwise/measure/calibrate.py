@@ -10,7 +10,9 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 
 - **matmul rate** ``peak_*_flops_per_s``: the GEMMs of one block (Q, K, V, output projection,
   gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
-  ``sum(2 T k n) / time``;
+  ``sum(2 T k n) / time``; this rate, the forward + backward and the host passes below are each
+  the median of three bursts spread over the per-rank benchmarks (calibration 14:
+  calibrate_worker ``PASS_BURSTS``);
 - **achieved efficiency** ``efficiency_max``: one forward + backward of the whole model on ``T``
   tokens on every rank at once (one per core), the slowest rank's median pass (calibration 9: a
   step pays the typical pass beside the other ranks, not the luckiest), less its host time
