@@ -38,6 +38,7 @@ import os
 import platform
 import re
 import socket
+import statistics
 import sys
 import time
 from importlib import metadata
@@ -134,16 +135,16 @@ def ensure(nproc: int, say=None) -> Path:
                             "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
     say(f"Calibrating this machine for {nproc} process(es) ({'again' if found else 'first use'}; cached in {path}) ...")
     cores = os.cpu_count() or 1
-    busy = busy_text(cores)
+    busy_note, busy = busy_text(cores)
     start = time.perf_counter()
     table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
-                      note=f"auto-calibration (quick), {busy[0]} at the start") or {}
+                      note=f"auto-calibration (quick), {busy_note} at the start") or {}
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
     say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
     if nproc > cores:  # one per-rank speed per machine: the cores-process profile's (module docstring)
         share_per_rank_figures(path, ensure(cores, say), cores)
-    if busy[1]:
-        say(f"meshwise: warning: the machine was busy as calibrating started ({busy[0]}): its figures may be "
+    if busy:
+        say(f"meshwise: warning: the machine was busy as calibrating started ({busy_note}): its figures may be "
             f"slower than the machine; delete {path} to measure again when it is quiet")
     return path
 
@@ -163,8 +164,7 @@ def other_runnable_threads(samples: int = 10, interval_s: float = 0.03,
             return None
         if i + 1 < samples:
             time.sleep(interval_s)
-    counts.sort()
-    return float(counts[len(counts) // 2])
+    return float(statistics.median_high(counts))
 
 
 def busy_text(cores: int) -> tuple[str, bool]:

@@ -12,7 +12,7 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
   ``sum(2 T k n) / time``; this rate, the forward + backward and the host passes below are each
   the median of three bursts spread over the per-rank benchmarks (calibration 14:
-  calibrate_worker ``PASS_BURSTS``);
+  calibrate_worker ``_per_rank``);
 - **achieved efficiency** ``efficiency_max``: one forward + backward of the whole model on ``T``
   tokens on every rank at once (one per core), the slowest rank's median pass (calibration 9: a
   step pays the typical pass beside the other ranks, not the luckiest), less its host time

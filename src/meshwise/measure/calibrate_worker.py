@@ -452,14 +452,11 @@ def bench_sync_skew(repeats: int, calls: int, passes: int = SKEW_PASSES) -> list
     return out
 
 
-PASS_BURSTS = 3  # calibration 14: the matmul rate, the model's pass and the host passes, this many times
-
-
 def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: bool, phase) -> dict:
     """The per-rank benchmarks (on ``active`` ranks; every rank passes each ``phase`` barrier).
 
     The figures a CPU step rests on (the block GEMMs' rate, the model's forward + backward, the
-    host passes) are timed in ``PASS_BURSTS`` bursts spread over the phase, each figure the median
+    host passes) are timed in three bursts spread over the phase (``passes_1`` to ``passes_3``), each figure the median
     of its bursts (calibration 14): with two ranks at once on a 2-core VM, one burst's figures moved
     by 0.8-1.4x within a minute (forward + backward 45-68 ms, host 12-20 ms), and six calibrations
     in a row read the compute rate 4.5e10 to 8.0e10 FLOP/s."""
@@ -470,7 +467,7 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
                        "fwd_bwd_s": bench_forward_backward(model, seq, repeats), "host_s": bench_host(model, repeats)})
         return {}
 
-    benches = (("passes_1", burst),  # PASS_BURSTS of them, apart
+    benches = (("passes_1", burst),
                ("gemm_grid", lambda: {"gemm_grid": bench_gemm_grid(quick, repeats)}),
                ("passes_2", burst),
                ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
