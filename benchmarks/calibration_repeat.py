@@ -30,6 +30,9 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=6)
     args = ap.parse_args()
+    for name in ("nproc", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be a positive integer, not {getattr(args, name)}")
     print(f"calibration version {auto_profile.CALIBRATION_VERSION}, {args.nproc} process(es), quick")
     print("#  seconds  rate=peak*efficiency  " + "  ".join(KEYS))
     rates = []
