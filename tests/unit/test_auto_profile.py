@@ -201,3 +201,25 @@ def test_busy_is_what_runs_now_not_the_last_minute(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(auto_profile, "other_runnable_threads", lambda: None)
     monkeypatch.setattr(auto_profile.os, "getloadavg", lambda: (9.2, 1.0, 1.0))
     assert auto_profile.busy_text(2) == ("load average 9.2 on 2 cores", True)
+
+
+def test_typical_time_is_the_median_run_where_best_time_is_the_shortest(monkeypatch: pytest.MonkeyPatch):
+    """probe.typical_time reads the median of its runs (what a step pays), best_time the shortest
+    (the machine's own speed); each run calls until min_s has passed, per call."""
+    from meshwise.measure import probe
+
+    clock = [0.0]
+    runs = iter([3e-3, 1e-3, 9e-3, 2e-3, 5e-3] * 2)
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+
+    def call() -> None:
+        clock[0] += next(runs)
+
+    assert probe.typical_time(call, 5) == pytest.approx(3e-3)
+    assert probe.best_time(call, 5) == pytest.approx(1e-3)
+    pair = iter([1e-3, 1e-3, 4e-3])
+
+    def half() -> None:
+        clock[0] += next(pair)
+
+    assert probe.typical_time(half, 2, min_s=2e-3) == pytest.approx(2.5e-3)  # runs of 2 x 1 ms and 1 x 4 ms

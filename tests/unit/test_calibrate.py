@@ -605,6 +605,19 @@ def test_dtensor_costs_are_net_of_their_collectives_waits_and_the_optimizer_s_ow
                              ram_bytes=16 << 30)["optimizer_dtensor_s"] == 0.0
 
 
+def test_sequence_parallel_cost_is_the_sp_pass_less_the_plain_tp_pass_net_of_waits_per_block():
+    """tp_sp_block_s: (SP pass - its waits) - (TP pass - its waits), per block of the calibration
+    model; 0 where the SP pass was not timed (older results, one process) and never below 0."""
+    base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2), "tp_collectives": 20,
+            "tp_host_s": 0.05, "tp_waits_s": 0.01}
+    table = cal.profile_table({**base, "tp_sp_host_s": 0.09, "tp_sp_waits_s": 0.02}, nproc=2, ram_bytes=16 << 30)
+    assert table["tp_sp_block_s"] == pytest.approx((0.07 - 0.04) / RESULT["blocks"])
+    assert cal.profile_table(base, nproc=2, ram_bytes=16 << 30)["tp_sp_block_s"] == 0.0
+    faster = {**base, "tp_sp_host_s": 0.05, "tp_sp_waits_s": 0.02}
+    assert cal.profile_table(faster, nproc=2, ram_bytes=16 << 30)["tp_sp_block_s"] == 0.0
+    assert cal.profile_table({**base, "tp_sp_host_s": 0.09}, nproc=1, ram_bytes=16 << 30)["tp_sp_block_s"] == 0.0
+
+
 def test_thread_speedups_are_timed_by_the_calibrating_process_alone(monkeypatch):
     """Calibration 12: the calling process times the paired speed-ups itself, while no worker of
     its own runs, and leaves its own thread count as it found it; one core has none to time."""

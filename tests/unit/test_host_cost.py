@@ -124,6 +124,18 @@ def test_recompute_under_tp_runs_dtensor_operators_again():
         2 * 4 * host.recompute_seconds_per_block(a, "full", tp=2))
 
 
+def test_sequence_parallel_adds_its_redistributions_per_block_under_tp_only():
+    """tp_sp_block_s per block per micro-batch under tp > 1 with SP on, the forward's half again
+    under checkpointing; nothing without TP or SP."""
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, checkpoint_call_s=1e-3, tp_op_s=4e-5,
+                        tp_sp_block_s=2e-3)
+    for ac, factor in (("none", 1.0), ("full", 1.5), ("selective", 1.5)):
+        off = host.host_seconds(a, 4, True, True, ac, 3, tp=2, sp=False)
+        assert host.host_seconds(a, 4, True, True, ac, 3, tp=2, sp=True) - off == pytest.approx(3 * 4 * 2e-3 * factor)
+    assert host.host_seconds(a, 4, True, True, "none", 3, tp=1, sp=True) == host.host_seconds(a, 4, True, True,
+                                                                                              "none", 3)
+
+
 def test_a_dtensor_optimizer_step_pays_its_own_per_tensor_cost():
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, tp_op_s=4e-5, optimizer_dtensor_s=1e-4)
     plain = host.optimizer_host_seconds(a, 39, dtensor=False)

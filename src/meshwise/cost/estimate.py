@@ -457,7 +457,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:
-        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp)
+        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m,
+                                     layout.tp, layout.sp)
     if not model.states_only and host.is_host_bound(accel):
         memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
                                              layout.sp, layout.ac, shape.blocks, shape.has_embedding,

@@ -18,7 +18,8 @@ checkpointing adds, per checkpointed block call:
 
 Under tensor parallelism every block operator is a DTensor operator: its sharding propagation and
 redistribution run in Python, ``tp_op_s`` more per operator (the embedding and head too, which are
-sharded as well).
+sharded as well). Sequence parallelism adds its redistributions of the residual stream,
+``tp_sp_block_s`` per block call (:func:`sequence_parallel_seconds_per_block`).
 
 ``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``.
 
@@ -185,15 +186,26 @@ def recompute_seconds_per_block(accel: AcceleratorSpec, ac: str, tp: int = 1) ->
     return extra
 
 
+def sequence_parallel_seconds_per_block(accel: AcceleratorSpec, ac: str) -> float:
+    """Host seconds sequence parallelism adds to one block call under tp > 1 (forward + backward):
+    the redistributions around attention and the MLP (an all-gather of the sequence before each,
+    a reduce-scatter after, and their transposes in the backward), DTensor work the operators'
+    count does not hold, ``tp_sp_block_s`` as ``meshwise calibrate`` times it (the tp=2 pass with SP
+    less the one without, net of the time blocked on their collectives, per block). Checkpointing
+    runs the forward's half again: ``tp_sp_block_s * (1 + [ac != none] / 2)``."""
+    return accel.tp_sp_block_s * (1.0 + (ac != "none") / 2.0)
+
+
 def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_head: bool, ac: str,
-                 microbatches: int, tp: int = 1) -> float:
+                 microbatches: int, tp: int = 1, sp: bool = False) -> float:
     """Host seconds of one step on one rank:
-    ``m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + blocks * recompute extra)``."""
+    ``m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + blocks * (recompute extra + [tp > 1, sp] SP extra))``."""
     per_op_s = accel.op_overhead_s + (accel.tp_op_s if tp > 1 else 0.0)
     if per_op_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
         return 0.0
+    sp_s = sequence_parallel_seconds_per_block(accel, ac) if tp > 1 and sp else 0.0
     per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
-              + blocks * recompute_seconds_per_block(accel, ac, tp))
+              + blocks * (recompute_seconds_per_block(accel, ac, tp) + sp_s))
     return microbatches * per_mb
 
 

@@ -21,7 +21,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
 - **host time** ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one
   forward + backward of the model on ``HOST_TOKENS`` tokens under each activation-checkpointing
-  mode, less that pass's own GEMMs and SDPA calls by their fits below (at four tokens they still pay
+  mode (the median pass since calibration 15, as the forward + backward's: a time the cost model
+  adds to a step is its typical one, and subtracted as the best from the median pass it left the
+  rest to the arithmetic, which scales with FLOPs, not operators; so are SDPA's, the ring's, FSDP2's,
+  DTensor's and the optimizer's passes below), less that pass's own GEMMs and SDPA calls by their fits below (at four tokens they still pay
   their fixed costs and move their weights: about a quarter of the pass here), ``A`` for the whole
   pass and ``a`` for one block's forward: ``(t_none - A) / ops``, then
   ``(t_full - t_none) / blocks - a - F * op`` and ``((t_sel - t_none) / blocks - a - F * op - call) / (2 F)``,
@@ -34,8 +37,11 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
   (the runtime's own TP/SP plan), less the plain one and the time blocked on the TP collectives
-  (``timed_waits``, pass by pass, the pass least net of them kept: the estimate charges the
-  collectives themselves by the fitted latency and bandwidth), per operator; 0 when not measured;
+  (``timed_waits``, pass by pass, the pass whose net of them is the median kept: the estimate
+  charges the collectives themselves by the fitted latency and bandwidth), per operator; 0 when not
+  measured; ``tp_sp_block_s``: the same pass with sequence parallelism on, less the pass with it off,
+  both net of their waits, per block (:func:`tp_sp_block_seconds`: the redistributions of the
+  residual stream, which the operator count does not hold; calibration 15);
   ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
@@ -107,7 +113,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
+                "selective_op_s", "tp_op_s", "tp_sp_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
                 "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
                 "sdpa_head_table", "thread_efficiency",
@@ -282,6 +288,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]),
                                        float(result["model_flops"]) - attention_flops, arithmetic_s)
     tp_s = tp_op_seconds(result, latency_s, model_ops) if nproc > 1 else 0.0
+    tp_sp_s = tp_sp_block_seconds(result) if nproc > 1 else 0.0
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
@@ -312,6 +319,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "checkpoint_call_s": call_s,
         "selective_op_s": sel_s,
         "tp_op_s": tp_s,
+        "tp_sp_block_s": tp_sp_s,
         "fsdp_call_s": fsdp_call_s,
         "fsdp_param_s": fsdp_param_s,
         "fsdp_byte_s": fsdp_byte_s,
@@ -476,6 +484,19 @@ def tp_op_seconds(result: dict[str, Any], latency_s: float, model_ops: int) -> f
     return max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - comm_s) / model_ops)
 
 
+def tp_sp_block_seconds(result: dict[str, Any]) -> float:
+    """``tp_sp_block_s``: the tp=2 pass with sequence parallelism less the one without, each net of
+    the time blocked on its collectives (the SP all-gathers and reduce-scatters are communication,
+    charged apart), per block (the embedding's and the final norm's redistributions ride on the
+    blocks'): ``((sp - sp waits) - (no sp - its waits)) / blocks``, at least 0; 0 where not
+    measured (calibration 15 on)."""
+    if not result.get("tp_sp_host_s") or not result.get("tp_host_s"):
+        return 0.0
+    sp_net = float(result["tp_sp_host_s"]) - float(result.get("tp_sp_waits_s", 0.0))
+    plain_net = float(result["tp_host_s"]) - float(result.get("tp_waits_s", 0.0))
+    return max(0.0, (sp_net - plain_net) / int(result["blocks"]))
+
+
 def optimizer_dtensor_seconds(row: list[float]) -> float:
     """``optimizer_dtensor_s`` from calibrate_worker.bench_optimizer_host's ``[DTensor step, plain
     step, tensors]``: what an AdamW step costs more per parameter tensor when the parameters are
@@ -542,7 +563,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
                  "optimizer_dtensor_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",

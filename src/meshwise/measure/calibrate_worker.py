@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
@@ -16,6 +15,7 @@ from meshwise.files import write_atomically
 from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
 from meshwise.measure.probe import bench_matmul, block_gemm_shapes
 from meshwise.measure.probe import best_time as _best_time
+from meshwise.measure.probe import typical_time as _typical_time
 from meshwise.spec import ModelSpec, load_model
 
 
@@ -40,7 +40,8 @@ def bench_ring(repeats: int) -> list[list[float]]:
     """``[score elements, head width, seconds]`` of one ring step of context parallelism's attention
     (meshwise.runtime.context_parallel ``forward_block`` then ``backward_block``, the runtime's own
     functions, fp32, no transfer) per (local sequence, head width) of ``calibrate.RING_SHAPES``,
-    ``RING_HEADS`` query heads over ``RING_KV_HEADS`` K/V heads: the best of several timings."""
+    ``RING_HEADS`` query heads over ``RING_KV_HEADS`` K/V heads: the median of several timings
+    (probe.typical_time: a step pays the kernel's typical time)."""
     import torch
 
     from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
@@ -61,7 +62,7 @@ def bench_ring(repeats: int) -> list[list[float]]:
             backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
 
         step()
-        out.append([float(RING_HEADS * seq * seq), float(d), _best_time(step, 3 * repeats, 0.002)])
+        out.append([float(RING_HEADS * seq * seq), float(d), _typical_time(step, 3 * repeats, 0.002)])
     return out
 
 
@@ -81,7 +82,7 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
     """``[score elements per ring step, head width, seconds per ring step]`` of the runtime's whole
     ring-attention call (meshwise.runtime.context_parallel ``ring_attention``, forward + backward,
     fp32) over a ring of the two ranks of ``group``, per (local sequence, head width) of
-    ``calibrate.RING_SHAPES``: the best of several lock-step timings, halved (two ring steps per
+    ``calibrate.RING_SHAPES``: the median of several lock-step timings, halved (two ring steps per
     call). Unlike :func:`bench_ring` it holds what a step pays around the blocks: the K/V and dK/dV
     sends and receives on this host's gloo (their CPU work shares the rank's core), the
     accumulators, the positions and the concatenations."""
@@ -103,7 +104,8 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
             ring_attention(q, k, v, ring).backward(grad)
 
         call()
-        out.append([float(RING_HEADS * seq * seq), float(d), _lockstep_time(call, 3 * repeats, 1, group) / 2])
+        out.append([float(RING_HEADS * seq * seq), float(d),
+                    _lockstep_time(call, 3 * repeats, 1, group, typical=True) / 2])
     return out
 
 
@@ -111,7 +113,7 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
     """``[score elements, head width, seconds]`` of one causal attention call forward + backward
     (meshwise.runtime.model ``causal_attention``: torch's SDPA, as a block calls it; fp32) per
     (sequence, head width) of ``calibrate.SDPA_SHAPES``, ``RING_HEADS`` query heads over
-    ``RING_KV_HEADS`` K/V heads, one sequence: the best of several timings."""
+    ``RING_KV_HEADS`` K/V heads, one sequence: the median of several timings (probe.typical_time)."""
     import torch
 
     from meshwise.measure.calibrate import RING_HEADS, SDPA_SHAPES
@@ -126,7 +128,7 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
             causal_attention(q, k, v).backward(grad)
 
         call()
-        out.append([float(RING_HEADS * seq * seq), float(d), _best_time(call, 3 * repeats, 0.002)])
+        out.append([float(RING_HEADS * seq * seq), float(d), _typical_time(call, 3 * repeats, 0.002)])
     return out
 
 
@@ -162,7 +164,8 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
 
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
     """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
-    (the runtime's own wrappers): host time, the arithmetic being negligible."""
+    (the runtime's own wrappers): host time, the arithmetic being negligible; the median pass, as
+    the forward + backward's (probe.typical_time; calibration 15, the best before)."""
     import torch
 
     from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
@@ -180,7 +183,7 @@ def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
             loss_sum(net(x), y).backward()
 
         run()
-        out[mode] = _best_time(run, 5 * repeats)
+        out[mode] = _typical_time(run, 5 * repeats)
     return out
 
 
@@ -189,14 +192,15 @@ def runs_tp2(model: ModelSpec) -> bool:
     return all(x % 2 == 0 for x in (model.heads, model.kv_heads, model.ffn_hidden, model.vocab))
 
 
-def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> tuple[float, int, float]:
-    """(seconds of one forward + backward on ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the
-    runtime's TP/SP plan) on every ``active`` pair of ranks at once, the TP collectives one such
-    micro-batch issues, the seconds of it spent blocked on them (``timed_waits``: the transfers are
-    communication, not DTensor's work), both of the pass whose time less its waits is the least
-    (the pass no other process interrupted, as the plain pass is timed). Every pass starts at a
-    barrier: the ranks must issue the same collectives. Inactive ranks build the model (mesh
-    creation is collective) and pass the same barriers."""
+def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> dict[bool, tuple[float, int, float]]:
+    """Per sequence-parallel mode (False, True): (seconds of one forward + backward on
+    ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the runtime's TP plan, with SP off or on) on
+    every ``active`` pair of ranks at once, the TP collectives one such micro-batch issues, the
+    seconds of it spent blocked on them (``timed_waits``: the transfers are communication, not
+    DTensor's work)), both of the pass whose time less its waits is the median (calibration 15; the
+    least before), as the plain pass is timed. Every pass starts at a barrier: the ranks must issue
+    the same collectives. Inactive ranks build the model (mesh creation is collective) and pass the
+    same barriers."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -208,35 +212,39 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
 
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "tp"))
-    with torch.device("meta"):
-        net = Transformer(model)
-    apply_tensor_parallel(net, mesh["tp"], sp=False)
-    net.to_empty(device="cpu")
-    net.tie_weights()
-    init_weights(net, model, 0)
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
+    out: dict[bool, tuple[float, int, float]] = {}
+    for sp in (False, True):
+        with torch.device("meta"):
+            net = Transformer(model)
+        apply_tensor_parallel(net, mesh["tp"], sp=sp)
+        net.to_empty(device="cpu")
+        net.tie_weights()
+        init_weights(net, model, 0)
 
-    def run() -> None:
-        net.zero_grad(set_to_none=True)
-        loss_sum(net(x), y).backward()
+        def run() -> None:
+            net.zero_grad(set_to_none=True)
+            loss_sum(net(x), y).backward()
 
-    if not active:
-        for _ in range(repeats * calls):
-            dist.barrier()
-        return 0.0, 0, 0.0
-    with CollectiveTrace(mesh) as trace:
-        run()
-    passes = []
-    blocked = [0.0]
-    with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
-        for _ in range(repeats * calls):
-            dist.barrier()
-            blocked[0], start = 0.0, time.perf_counter()
+        if not active:
+            for _ in range(repeats * calls):
+                dist.barrier()
+            out[sp] = (0.0, 0, 0.0)
+            continue
+        with CollectiveTrace(mesh) as trace:
             run()
-            passes.append((time.perf_counter() - start, blocked[0]))
-    seconds, waits = min(passes, key=lambda p: p[0] - p[1])
-    return seconds, sum(trace.calls.values()), waits
+        passes = []
+        blocked = [0.0]
+        with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
+            for _ in range(repeats * calls):
+                dist.barrier()
+                blocked[0], start = 0.0, time.perf_counter()
+                run()
+                passes.append((time.perf_counter() - start, blocked[0]))
+        seconds, waits = sorted(passes, key=lambda p: p[0] - p[1])[len(passes) // 2]
+        out[sp] = (seconds, sum(trace.calls.values()), waits)
+    return out
 
 
 FSDP_WIDE_HIDDEN = 512  # the wide wrapping's least hidden size: a block's unit of ~14 MB, past a core's L2
@@ -296,14 +304,14 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
             loss_sum(net(x), y).backward()
 
         def timed() -> float:
-            best = math.inf
+            passes = []
             with timed_waits(lambda kind, seconds: waited.__setitem__(0, waited[0] + seconds)):
                 for _ in range(5 * repeats):
                     dist.barrier()
                     waited[0], start = 0.0, time.perf_counter()
                     run()
-                    best = min(best, time.perf_counter() - start - waited[0])
-            return best
+                    passes.append(time.perf_counter() - start - waited[0])
+            return statistics.median(passes)
 
         run()
         plain_s = timed()
@@ -319,7 +327,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     """``[seconds of a DTensor step, seconds of a plain step, parameter tensors]``: one step of the
     runtime's AdamW (runtime/optim.py) over ``model``'s parameters as FSDP2 shards them over every
     rank (``fully_shard`` per block, then the root: DTensor parameters), and over the same model's
-    plain parameters, every rank at once, the best of ``10 * repeats``. Off CUDA AdamW loops over the
+    plain parameters, every rank at once, the median of ``10 * repeats`` (calibration 15). Off CUDA AdamW loops over the
     tensors one by one, each of its operators a DTensor dispatch whose cost is the rank's core's,
     not the operator's arithmetic (calibrate.profile_table: ``optimizer_dtensor_s``)."""
     import torch
@@ -340,7 +348,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
         optimizer = build_optimizer(params, OptimConfig())
         loss_sum(net(tokens[:, :-1]), tokens[:, 1:]).backward()
         optimizer.step()  # the states exist from here on
-        out.append(_lockstep_time(optimizer.step, 10 * repeats, 1))
+        out.append(_lockstep_time(optimizer.step, 10 * repeats, 1, typical=True))
     return [*out, float(len(params))]
 
 
@@ -534,7 +542,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             mine["ring_calls"] = bench_ring_calls(repeats, pair)
     phase("ring_calls")
     pairs = max(1, alone // 2)
-    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else (0.0, 0, 0.0)
+    none = {False: (0.0, 0, 0.0), True: (0.0, 0, 0.0)}
+    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else none
     phase("tp_host")
     fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
     phase("fsdp_host")
@@ -564,7 +573,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: tuple[float, int, float],
+def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: dict[bool, tuple[float, int, float]],
              collectives: list[list[float]]) -> dict:
     """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
     profile_table needs to read them. Per-rank figures come from the ranks that measured them (one
@@ -604,9 +613,11 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: t
         "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block):],
         "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim],
         "cores": cores,
-        "tp_host_s": tp[0],
-        "tp_collectives": tp[1],
-        "tp_waits_s": tp[2],
+        "tp_host_s": tp[False][0],
+        "tp_collectives": tp[False][1],
+        "tp_waits_s": tp[False][2],
+        "tp_sp_host_s": tp[True][0],
+        "tp_sp_waits_s": tp[True][2],
         "collectives": collectives,
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                  f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
