@@ -605,6 +605,16 @@ def test_dtensor_costs_are_net_of_their_collectives_waits_and_the_optimizer_s_ow
                              ram_bytes=16 << 30)["optimizer_dtensor_s"] == 0.0
 
 
+def test_zero_bubble_cost_is_the_split_backward_less_the_plain_one_per_block():
+    """zb_split_block_s: (split pass - plain pass) / blocks, at every process count; 0 without the
+    row (older results) and never below 0."""
+    one = cal.profile_table({**RESULT, "split_backward_s": [0.016, 0.028]}, nproc=1, ram_bytes=16 << 30)
+    assert one["zb_split_block_s"] == pytest.approx(0.012 / RESULT["blocks"])
+    assert cal.profile_table(RESULT, nproc=1, ram_bytes=16 << 30)["zb_split_block_s"] == 0.0
+    assert cal.profile_table({**RESULT, "split_backward_s": [0.02, 0.019]}, nproc=1,
+                             ram_bytes=16 << 30)["zb_split_block_s"] == 0.0
+
+
 def test_sequence_parallel_cost_is_the_sp_pass_less_the_plain_tp_pass_net_of_waits_per_block():
     """tp_sp_block_s: (SP pass - its waits) - (TP pass - its waits), per block of the calibration
     model; 0 where the SP pass was not timed (older results, one process) and never below 0."""

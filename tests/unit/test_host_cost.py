@@ -136,6 +136,29 @@ def test_sequence_parallel_adds_its_redistributions_per_block_under_tp_only():
                                                                                               "none", 3)
 
 
+def test_zero_bubble_pays_its_split_backward_per_block_and_micro_batch():
+    """zb_split_block_s per block per micro-batch on each rank under the zero-bubble schedule with
+    pp > 1, in its compute (time-shared as the rest of it); other schedules and GPU-style profiles
+    without the constant pay nothing; the planner's compute cache tells the schedules apart."""
+    from dataclasses import replace
+
+    assert host.split_backward_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, zb_split_block_s=2e-3),
+                                       "zero-bubble", 2, 3, 4) == pytest.approx(4 * 3 * 2e-3)
+    model, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
+    cpu = load_cluster("cpu", 2, 2)
+    timed = replace(cpu, accelerator=replace(cpu.accelerator, zb_split_block_s=2e-3))
+    zb, one = parse("pp=2,vpp=2,schedule=zero-bubble,mbs=2", 2), parse("pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", 2)
+    m, blocks = zb.accum(train.global_batch), model.layers // 2  # each rank: two chunks of one block
+    assert estimate(model, timed, train, zb).time.compute_s - estimate(model, cpu, train, zb).time.compute_s \
+        == pytest.approx(m * blocks * 2e-3)
+    for other in (one, parse("pp=2,mbs=2", 2)):
+        assert estimate(model, timed, train, other).time.compute_s == estimate(model, cpu, train, other).time.compute_s
+    cache: dict = {}  # the same rank shapes as 1F1B's, so only the schedule tells their compute apart
+    plain_zb = parse("pp=2,schedule=zero-bubble,mbs=2", 2)
+    estimate(model, timed, train, parse("pp=2,schedule=1f1b,mbs=2", 2), stage_cache=cache)
+    assert estimate(model, timed, train, plain_zb, stage_cache=cache).time == estimate(model, timed, train, plain_zb).time
+
+
 def test_a_dtensor_optimizer_step_pays_its_own_per_tensor_cost():
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, tp_op_s=4e-5, optimizer_dtensor_s=1e-4)
     plain = host.optimizer_host_seconds(a, 39, dtensor=False)

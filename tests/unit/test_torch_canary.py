@@ -184,3 +184,27 @@ def test_plan_does_not_warn(monkeypatch, capsys) -> None:
     monkeypatch.setattr(metadata, "version", lambda name: "2.99.0")
     assert main(["plan", "--gpus", "8", "--model", "llama3-8b", "--top", "1", "--json"]) == 0
     assert "warning: torch" not in capsys.readouterr().err
+
+
+def test_split_backward_gives_the_plain_backward_s_gradients() -> None:
+    """runtime._torch_private.split_backward (the zero-bubble schedules' two passes, which
+    ``meshwise calibrate`` times): the same input and weight gradients as one backward."""
+    from meshwise.runtime._torch_private import split_backward
+    from meshwise.runtime.model import build_model
+    from meshwise.spec import load_model
+
+    model = load_model("tiny")
+    stage = build_model(model, seed=0).keep_only(0, model.layers, first=False, last=False)
+    params = list(stage.parameters())
+    x0 = torch.randn(2, 8, model.hidden, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for split in (False, True):
+        stage.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out = stage(x)
+        if split:
+            split_backward(out, torch.ones_like(out), [x], params)
+        else:
+            out.backward(torch.ones_like(out))
+        grads.append([x.grad, *(p.grad for p in params)])
+    assert all(a is not None and torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))

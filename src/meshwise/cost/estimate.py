@@ -457,8 +457,9 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:
-        launch_s = host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m,
-                                     layout.tp, layout.sp)
+        launch_s = (host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m,
+                                      layout.tp, layout.sp)
+                    + host.split_backward_seconds(accel, layout.schedule, layout.pp, shape.blocks, m))
     if not model.states_only and host.is_host_bound(accel):
         memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
                                              layout.sp, layout.ac, shape.blocks, shape.has_embedding,
@@ -560,12 +561,14 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
                 shape: RankShape) -> float:
     """:func:`compute_seconds`, kept in ``cache`` (when given; :func:`_stage_of`'s, under keys of their
     own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
-    blocks, model ends and (for a bare parameter count) parameters; bounds and estimates of layouts
-    that differ in ZeRO, ep or the schedule share it."""
+    blocks, model ends and (for a bare parameter count) parameters, and the schedule only as
+    zero-bubble or not (its split backward, cost/host.py); bounds and estimates of layouts that
+    differ in ZeRO, ep or another schedule share it."""
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
-           shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp)
+           shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp,
+           layout.schedule == "zero-bubble" and layout.pp > 1)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)

@@ -20,6 +20,8 @@ Under tensor parallelism every block operator is a DTensor operator: its shardin
 redistribution run in Python, ``tp_op_s`` more per operator (the embedding and head too, which are
 sharded as well). Sequence parallelism adds its redistributions of the residual stream,
 ``tp_sp_block_s`` per block call (:func:`sequence_parallel_seconds_per_block`).
+A zero-bubble schedule splits each backward in two passes, ``zb_split_block_s`` more per block
+call (:func:`split_backward_seconds`).
 
 ``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``.
 
@@ -207,6 +209,18 @@ def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_h
     per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
               + blocks * (recompute_seconds_per_block(accel, ac, tp) + sp_s))
     return microbatches * per_mb
+
+
+def split_backward_seconds(accel: AcceleratorSpec, schedule: str, pp: int, blocks: int, microbatches: int) -> float:
+    """Host seconds a zero-bubble schedule adds to one rank's step by splitting each backward in two
+    (torch's ``stage_backward_input`` then ``stage_backward_weight``: the first also walks the
+    autograd graph for the weights' groups): ``m * blocks * zb_split_block_s`` under
+    ``schedule = zero-bubble`` with pp > 1, as ``meshwise calibrate`` times it (the calibration
+    model's blocks as a stage, split backward less plain, per block: about 2 ms on a 2-core x86
+    host, where a block's whole forward + backward at four tokens is 2.6 ms); 0 otherwise."""
+    if schedule != "zero-bubble" or pp <= 1:
+        return 0.0
+    return microbatches * blocks * accel.zb_split_block_s
 
 
 def fsdp_ops(dp_ops: list[Collective]) -> list[Collective]:

@@ -42,6 +42,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   measured; ``tp_sp_block_s``: the same pass with sequence parallelism on, less the pass with it off,
   both net of their waits, per block (:func:`tp_sp_block_seconds`: the redistributions of the
   residual stream, which the operator count does not hold; calibration 15);
+  ``zb_split_block_s`` (every process count): the calibration model's blocks as a pipeline stage
+  on ``HOST_TOKENS`` tokens, forward then the backward split as the zero-bubble schedules run it
+  (input gradients, then the weights'), less the same with one backward, per block
+  (:func:`split_backward_block_seconds`; calibration 16);
   ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
@@ -113,7 +117,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "tp_sp_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
+                "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
                 "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
                 "sdpa_head_table", "thread_efficiency",
@@ -289,6 +293,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
                                        float(result["model_flops"]) - attention_flops, arithmetic_s)
     tp_s = tp_op_seconds(result, latency_s, model_ops) if nproc > 1 else 0.0
     tp_sp_s = tp_sp_block_seconds(result) if nproc > 1 else 0.0
+    zb_s = split_backward_block_seconds(result)
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
@@ -320,6 +325,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "selective_op_s": sel_s,
         "tp_op_s": tp_s,
         "tp_sp_block_s": tp_sp_s,
+        "zb_split_block_s": zb_s,
         "fsdp_call_s": fsdp_call_s,
         "fsdp_param_s": fsdp_param_s,
         "fsdp_byte_s": fsdp_byte_s,
@@ -497,6 +503,17 @@ def tp_sp_block_seconds(result: dict[str, Any]) -> float:
     return max(0.0, (sp_net - plain_net) / int(result["blocks"]))
 
 
+def split_backward_block_seconds(result: dict[str, Any]) -> float:
+    """``zb_split_block_s``: the calibration model's blocks as a pipeline stage, forward then the
+    backward split as the zero-bubble schedules run it (input gradients, then weights'), less the
+    same with one backward, per block (calibrate_worker.bench_split_backward ``[plain, split]``):
+    ``(split - plain) / blocks``, at least 0; 0 where not measured (calibration 16 on)."""
+    row = result.get("split_backward_s") or []
+    if len(row) < 2:
+        return 0.0
+    return max(0.0, (float(row[1]) - float(row[0])) / int(result["blocks"]))
+
+
 def optimizer_dtensor_seconds(row: list[float]) -> float:
     """``optimizer_dtensor_s`` from calibrate_worker.bench_optimizer_host's ``[DTensor step, plain
     step, tensors]``: what an AdamW step costs more per parameter tensor when the parameters are
@@ -563,7 +580,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
                  "optimizer_dtensor_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",

@@ -162,6 +162,39 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def bench_split_backward(model: ModelSpec, repeats: int) -> list[float]:
+    """``[seconds of a plain pass, seconds of a split pass]``: the calibration model's blocks as a
+    middle pipeline stage (hidden states in, hidden states out) on ``HOST_TOKENS`` tokens, forward
+    then backward, the backward either in one pass or as the zero-bubble schedules run it, input
+    gradients then weights' (runtime._torch_private ``split_backward``); each the median of
+    ``5 * repeats`` passes, in three alternating rounds (the median round). Host time: the
+    arithmetic is negligible at four tokens."""
+    import torch
+
+    from meshwise.runtime._torch_private import split_backward
+    from meshwise.runtime.model import build_model
+
+    stage = build_model(model, seed=0).keep_only(0, model.layers, first=False, last=False)
+    params = list(stage.parameters())
+    x0 = torch.randn(1, HOST_TOKENS, model.hidden, generator=torch.Generator().manual_seed(0))
+
+    def plain() -> None:
+        stage.zero_grad(set_to_none=True)
+        out = stage(x0.clone().requires_grad_())
+        out.backward(torch.ones_like(out))
+
+    def split() -> None:
+        stage.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out = stage(x)
+        split_backward(out, torch.ones_like(out), [x], params)
+
+    plain()
+    split()
+    rounds = [[_typical_time(plain, 5 * repeats), _typical_time(split, 5 * repeats)] for _ in range(3)]
+    return [statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)]
+
+
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
     """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
     (the runtime's own wrappers): host time, the arithmetic being negligible; the median pass, as
@@ -480,7 +513,8 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
                ("passes_2", burst),
                ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
                                  "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
-               ("ring", lambda: {"ring": bench_ring(repeats), "sdpa": bench_sdpa(repeats)}),
+               ("ring", lambda: {"ring": bench_ring(repeats), "sdpa": bench_sdpa(repeats),
+                                 "split_backward_s": bench_split_backward(model, repeats)}),
                ("passes_3", burst))
     mine: dict = {}
     for name, bench in benches:
@@ -604,6 +638,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
                       for i, shape in enumerate(everyone[0]["gemm_grid"])],
         "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
+        "split_backward_s": [max(r["split_backward_s"][i] for r in everyone) for i in range(2)],
         **{key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
            for key in ("ring", "sdpa")},
         # the ring's whole calls with their sends replace its bare blocks where two ranks timed them

@@ -16,6 +16,9 @@ trackers (``torch.distributed._tools``), which only the measurement uses and whi
   ``_ComputationType`` (``torch.distributed.pipelining.schedules``), to evaluate under
   ``ScheduleZBVZeroBubble``, whose own ``eval`` fails in torch 2.13.
 - ``PipelineSchedule``: the schedules' common base class ``_PipelineSchedule``, for type hints.
+- ``split_backward``: a stage's backward as the zero-bubble schedules run it, input gradients
+  first, then the weights' (``torch.distributed.pipelining._backward``), which ``meshwise
+  calibrate`` times against a plain backward.
 - ``TorchDispatchMode`` (``torch.utils._python_dispatch``), ``unbox_process_group`` and
   ``resolve_process_group`` (``c10d``'s boxed groups and group names): how ``measure/comm_trace.py``
   sees every collective and the ranks of its group.
@@ -90,6 +93,8 @@ PRIVATE_NAMES = (
     *(("torch.distributed.pipelining.schedules", f"_ComputationType.{t}")
       for t in ("FORWARD", "SEND_F", "RECV_F", "UNSHARD", "RESHARD")),
     ("torch.distributed.pipelining._utils", "InferenceMode.STATIC"),
+    ("torch.distributed.pipelining._backward", "stage_backward_input"),
+    ("torch.distributed.pipelining._backward", "stage_backward_weight"),
     ("torch.utils._python_dispatch", "TorchDispatchMode"),
     ("torch._C._distributed_c10d", "ProcessGroup.unbox"),
     ("torch._C._distributed_c10d", "Work.wait"),
@@ -180,6 +185,17 @@ def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_
         flat = [sub for a in actions for sub in (a.sub_actions or (a,))]
         order[rank] = [a for a in flat if a.computation_type in keep]
     return runtime
+
+
+def split_backward(output: torch.Tensor, output_grad: torch.Tensor, inputs: list[torch.Tensor],
+                   params: list[nn.Parameter]) -> None:
+    """One stage's backward in two passes, as torch's zero-bubble schedules run it: the gradients of
+    ``inputs`` (``stage_backward_input``, which also walks the autograd graph for the weights'
+    groups), then the weights' (``stage_backward_weight``)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    _, groups = stage_backward_input([output], [output_grad], inputs, iter(params))
+    stage_backward_weight(iter(params), groups)
 
 
 def unbox_process_group(boxed: object) -> object:
