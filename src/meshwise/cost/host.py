@@ -203,9 +203,9 @@ def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_h
     """Host seconds of one step on one rank:
     ``m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + blocks * (recompute extra + [tp > 1, sp] SP extra))``."""
     per_op_s = accel.op_overhead_s + (accel.tp_op_s if tp > 1 else 0.0)
-    if per_op_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
-        return 0.0
     sp_s = sequence_parallel_seconds_per_block(accel, ac) if tp > 1 and sp else 0.0
+    if per_op_s == 0 and sp_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
+        return 0.0
     per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
               + blocks * (recompute_seconds_per_block(accel, ac, tp) + sp_s))
     return microbatches * per_mb

@@ -239,7 +239,6 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime._torch_private import timed_waits
     from meshwise.runtime.model import Transformer, init_weights, loss_sum
     from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -267,17 +266,28 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
             continue
         with CollectiveTrace(mesh) as trace:
             run()
-        passes = []
-        blocked = [0.0]
-        with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
-            for _ in range(repeats * calls):
-                dist.barrier()
-                blocked[0], start = 0.0, time.perf_counter()
-                run()
-                passes.append((time.perf_counter() - start, blocked[0]))
+        passes = _passes_with_waits(run, repeats * calls)
         seconds, waits = sorted(passes, key=lambda p: p[0] - p[1])[len(passes) // 2]
         out[sp] = (seconds, sum(trace.calls.values()), waits)
     return out
+
+
+def _passes_with_waits(run, count: int) -> list[tuple[float, float]]:
+    """(seconds, of them blocked on collectives) of ``count`` passes of ``run``, each started at a
+    barrier (the ranks must issue the same collectives); the waits timed by ``timed_waits``."""
+    import torch.distributed as dist
+
+    from meshwise.runtime._torch_private import timed_waits
+
+    blocked = [0.0]
+    passes = []
+    with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
+        for _ in range(count):
+            dist.barrier()
+            blocked[0], start = 0.0, time.perf_counter()
+            run()
+            passes.append((time.perf_counter() - start, blocked[0]))
+    return passes
 
 
 FSDP_WIDE_HIDDEN = 512  # the wide wrapping's least hidden size: a block's unit of ~14 MB, past a core's L2
@@ -321,7 +331,6 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime._torch_private import timed_waits
     from meshwise.runtime.model import build_model, loss_sum
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
@@ -330,21 +339,13 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for mode, spec, per_unit in (("blocks", model, 1), ("pairs", model, 2), ("wide", wide_model(model), 1)):
         net = build_model(spec, seed=0)
-        waited = [0.0]
 
         def run() -> None:
             net.zero_grad(set_to_none=True)
             loss_sum(net(x), y).backward()
 
         def timed() -> float:
-            passes = []
-            with timed_waits(lambda kind, seconds: waited.__setitem__(0, waited[0] + seconds)):
-                for _ in range(5 * repeats):
-                    dist.barrier()
-                    waited[0], start = 0.0, time.perf_counter()
-                    run()
-                    passes.append(time.perf_counter() - start - waited[0])
-            return statistics.median(passes)
+            return statistics.median(seconds - waits for seconds, waits in _passes_with_waits(run, 5 * repeats))
 
         run()
         plain_s = timed()
@@ -576,8 +577,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             mine["ring_calls"] = bench_ring_calls(repeats, pair)
     phase("ring_calls")
     pairs = max(1, alone // 2)
-    none = {False: (0.0, 0, 0.0), True: (0.0, 0, 0.0)}
-    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else none
+    not_timed = dict.fromkeys((False, True), (0.0, 0, 0.0))
+    tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else not_timed
     phase("tp_host")
     fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
     phase("fsdp_host")
