@@ -8,10 +8,14 @@ Measured in interleaved rounds: each round is one launch per process count (1, t
 which builds all of that count's points, warms each up, then times ``--steps`` steps round robin
 over them (benchmarks/_cpu_grid_worker.py). A point's measured step is the median over every
 round of the slowest rank's step. Predicted: ``meshwise.cost.estimate`` with the profile ``train``
-and ``measure`` use (measure/auto_profile.py: measured at first use, cached), re-checked before
-every round as each ``measure`` run re-checks it (recalibrated where the machine moved beyond the
-bound): each round's steps are predicted with the profile in force for that round, and a point's
-prediction is the median of its steps' predictions.
+and ``measure`` use (measure/auto_profile.py's quick calibration), calibrated afresh before every
+round (``--calibration fresh``, the default) or re-checked as each ``measure`` run re-checks a
+cached one (``--calibration recheck``: recalibrated only where the probe reads the machine moved
+beyond the bound). Each round's steps are predicted with the profile in force for that round, and a
+point's prediction is the median of its steps' predictions. Why fresh: this 2-core VM's speed moves
+by up to 2x within minutes and the probe's one-second look did not foresee the minute after it
+(docs/fidelity.md); a calibration per round samples the machine's states as the rounds do, and the
+median over rounds meets the measured median on the same footing.
 
 Prints per point predicted and measured step, the error and the parts (predicted / measured:
 compute, exposed comm, pipeline idle, optimizer, fixed), then the acceptance counts:
@@ -114,6 +118,8 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 1, 2 and 4)")
     ap.add_argument("--every", type=int, default=1, help="keep every k-th point of each count (a short subset)")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's calibration)")
+    ap.add_argument("--calibration", choices=("fresh", "recheck"), default="fresh",
+                    help="before each round: calibrate afresh (default), or re-check the cached calibration")
     ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
     ap.add_argument("--replay", help="predict again for the measurements of a --save file (no measuring)")
     ap.add_argument("--report", help="also write the report, with the command and the load, to this file")
@@ -163,7 +169,8 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
 
     def profile(n: int) -> str:
         start = time.perf_counter()
-        path = str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir else str(auto_profile.ensure(n, say))
+        path = (str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir
+                else str(auto_profile.ensure(n, say, fresh=args.calibration == "fresh")))
         say(f"[{n} processes] profile {path} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
         profiles[n].append(Path(path).read_text())
         return path
@@ -172,7 +179,7 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     start = time.perf_counter()
     for r in range(args.rounds):
         for n in counts:
-            path = profile(n)  # as each `measure` run re-checks its calibration before it starts
+            path = profile(n)  # calibrated afresh, or re-checked as each `measure` run re-checks it
             t0 = time.perf_counter()
             for p, measured in zip(by_n[n], measure_round(n, by_n[n], files, args.steps, tmp)):
                 steps[p] += [{**m, "round": r} for m in measured]

@@ -63,6 +63,8 @@ def test_first_use_calibrates_once_then_reads_the_cache(empty_cache: list[tuple]
     assert len(empty_cache) == 1  # cached: not measured again
     auto_profile.ensure(4, say=lines.append)  # another process count is another calibration
     assert [c[0] for c in empty_cache] == [2, 4]
+    assert auto_profile.ensure(2, say=lines.append, fresh=True) == path  # asked afresh: measured again
+    assert [c[0] for c in empty_cache] == [2, 4, 2]
 
 
 def test_a_damaged_or_foreign_file_is_measured_again(empty_cache: list[tuple]) -> None:

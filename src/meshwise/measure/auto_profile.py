@@ -120,13 +120,14 @@ def cached(nproc: int) -> Path | None:
     return path if path.is_file() and is_valid(path) else None
 
 
-def ensure(nproc: int, say=None) -> Path:
+def ensure(nproc: int, say=None, fresh: bool = False) -> Path:
     """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing,
-    invalid or no longer this machine's (:func:`still_holds`). ``say``: where the one line about a
-    calibration goes (default: stderr)."""
+    invalid, no longer this machine's (:func:`still_holds`) or ``fresh`` is asked for (a benchmark
+    that calibrates before each of its rounds). ``say``: where the one line about a calibration goes
+    (default: stderr)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     found = cached(nproc)
-    if found and still_holds(found, say):
+    if found and not fresh and still_holds(found, say):
         return found
     from meshwise.measure.calibrate import calibrate
 
