@@ -87,7 +87,8 @@ def test_plan_never_imports_torch():
     code = ("import sys, io, contextlib; from meshwise.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--model', 'tiny', '--gpu', 'cpu', '--gpus', '4'])\n"
             "import meshwise, meshwise.plan.planner, meshwise.cost.estimate, meshwise.plan.show\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "assert 'meshwise.launch' not in sys.modules, 'the launch package was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
