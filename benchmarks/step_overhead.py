@@ -26,10 +26,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cpu_time_grid import load, model_toml  # noqa: E402
+from cpu_time_grid import MODELS, load, model_toml  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
+from meshwise.errors import MeshwiseError  # noqa: E402
 from meshwise.launch import launch_logged  # noqa: E402
-from meshwise.layout import parse  # noqa: E402
+from meshwise.layout import check_runnable, parse  # noqa: E402
 from meshwise.measure import auto_profile  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
@@ -46,20 +47,18 @@ def main() -> int:
     ap.add_argument("--report", help="also write the report, with the command and the load, to this file")
     args = ap.parse_args()
     lines = ["$ " + " ".join([Path(sys.executable).name, *sys.argv]), f"load average at the start {load()}"]
-    points = [(int(h), lay, int(gb), int(seq)) for h, lay, gb, seq in (p.split("|") for p in args.point)] \
-        if args.point else POINTS
-    for _, layout, _, _ in points:
-        parsed = parse(layout, args.nproc)
-        if parsed.tp > 1 or parsed.cp > 1:
-            print(f"step_overhead: layout {layout}: tp and cp must be 1 (the plain model is not split)", file=sys.stderr)
-            return 2
     with tempfile.TemporaryDirectory(prefix="meshwise-step-overhead-") as tmp_name:
         tmp = Path(tmp_name)
+        for hidden in MODELS:
+            (tmp / f"h{hidden}.toml").write_text(model_toml(hidden))
+        try:  # every point refused in one line before anything is measured, as cpu_time_grid.py does
+            points = [runnable_point(text, tmp, args.nproc) for text in args.point] if args.point else POINTS
+        except ValueError as e:
+            print(f"step_overhead: {e}", file=sys.stderr)
+            return 2
         argv = ["--out", str(tmp / "out")]
         for hidden, layout, gb, seq in points:
-            model = tmp / f"h{hidden}.toml"
-            model.write_text(model_toml(hidden))
-            argv += ["--point", f"{model}|{layout}|{gb}|{seq}"]
+            argv += ["--point", f"{tmp / f'h{hidden}.toml'}|{layout}|{gb}|{seq}"]
         cluster = load_cluster(str(auto_profile.ensure(args.nproc, lines.append, fresh=True)), args.nproc, args.nproc)
         launch_logged("_step_overhead_worker", argv, args.nproc, tmp / "logs", "step overhead")
         lines.append(f"{'h':>3} {'layout':<28} {'gb':>3} {'seq':>4} {'step compute':>12} {'plain, at once':>14} "
@@ -77,6 +76,26 @@ def main() -> int:
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
     return 0
+
+
+def runnable_point(text: str, models: Path, nproc: int) -> tuple[int, str, int, int]:
+    """``HIDDEN|LAYOUT|GLOBAL_BATCH|SEQ`` as a point, or ValueError naming what would be valid: a
+    grid width, a layout that runs on ``nproc`` processes (layout.check_runnable) without tp or cp
+    (the plain model is not split)."""
+    fields = text.split("|")
+    if len(fields) != 4 or not all(f.strip().isdigit() for f in (fields[0], fields[2], fields[3])):
+        raise ValueError(f"--point {text!r}: give HIDDEN|LAYOUT|GLOBAL_BATCH|SEQ, e.g. 64|dp=2,zero=1,mbs=8|16|64")
+    hidden, layout, gb, seq = int(fields[0]), fields[1], int(fields[2]), int(fields[3])
+    if hidden not in MODELS:
+        raise ValueError(f"--point {text!r}: hidden must be one of {', '.join(map(str, MODELS))}")
+    try:
+        parsed = parse(layout, nproc)
+        check_runnable(parsed, load_model(str(models / f"h{hidden}.toml")), nproc, gb, seq)
+    except MeshwiseError as e:
+        raise ValueError(f"--point {text!r}: {e}") from None
+    if parsed.tp > 1 or parsed.cp > 1:
+        raise ValueError(f"--point {text!r}: tp and cp must be 1 (the plain model is not split)")
+    return hidden, layout, gb, seq
 
 
 def predicted_compute_s(cluster, model_file: Path, layout: str, gb: int, seq: int) -> float:
