@@ -43,6 +43,13 @@ def weights_layout(layout: Layout) -> Layout:
     return wl
 
 
+def dtensor_parameters(layout: Layout) -> bool:
+    """Whether a rank's parameters are DTensors, whose every optimizer and gradient-norm operator
+    dispatches through DTensor (cost/host.py): FSDP2's ``fully_shard``/``replicate`` wraps them
+    over dp x cp (runtime/data_parallel.py: cp ranks share the weights), and TP shards them."""
+    return layout.dp * layout.cp > 1 or layout.tp > 1
+
+
 def tp_overlap_on(train: TrainSpec, layout: Layout) -> bool:
     """Whether the layout's TP collectives overlap its GEMMs: asked for (TrainSpec.overlap_tp_comm) and possible,
     which needs tp > 1 and sequence parallelism (Megatron-LM's validate_args refuses --tp-comm-overlap

@@ -48,6 +48,7 @@ from meshwise.cost.context import (
     cp_exposed,
     cp_named,
     cp_world_dim,
+    dtensor_parameters,
     local_train,
     ring_kernel_seconds,
     tp_overlap_on,
@@ -155,12 +156,13 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
             out.append(comm.collective("all_gather", "tp", t, tokens * model.hidden, in_fp8 * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
-        per_mb = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+        fsdp = weights_layout(layout).dp > 1  # FSDP2 wraps the blocks over dp x cp
+        per_mb = fsdp and layout.zero >= 2 and layout.pp == 1
         per_step = m if per_mb else 1
         # FSDP2 reduces each micro-batch's gradients as computed (ZeRO-2/3 without PP), else it
         # accumulates them unsharded in its reduce dtype (float32 under bf16-mixed; found by
         # `meshwise verify` on pp=4,dp=2,zero=1,tp=8) and the norm weights' gradients are summed in it
-        elem = memory.reduce_bytes(train) if layout.dp > 1 and not per_mb else train.grad_bytes
+        elem = memory.reduce_bytes(train) if fsdp and not per_mb else train.grad_bytes
         out.append(comm.collective("all_reduce", "tp", t, model.hidden * elem, norms * per_step, link))
     else:
         reduces = rowwise + 4 * blocks - 2 * moe_blocks + last + (blocks if recompute else 0)
@@ -614,7 +616,7 @@ def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, 
         optimizer_s = host.optimizer_memory_seconds(accel, local_opt_params, train.weight_bytes)
     if not model.states_only and host.is_host_bound(accel):  # CPU ranks only
         tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
-        optimizer_s += host.optimizer_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1)
+        optimizer_s += host.optimizer_host_seconds(accel, tensors, dtensor_parameters(layout))
     return optimizer_s * host.core_share(accel, cluster.gpus_per_node)
 
 
@@ -637,7 +639,7 @@ def _accumulation_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, 
     unsharded. 0 on GPU profiles."""
     if model.states_only or not host.is_host_bound(accel) or m < 2:
         return 0.0
-    sharded = layout.dp > 1 and layout.zero >= 2 and layout.pp == 1
+    sharded = weights_layout(layout).dp > 1 and layout.zero >= 2 and layout.pp == 1
     grads = shape.params / (layout.shard * layout.cp) if sharded else memory.held(shape.params, shape.expert_params, layout)
     return host.grad_accumulation_seconds(accel, grads, train.grad_bytes, m)
 
@@ -652,7 +654,7 @@ def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
     tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
     params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2  # the local gradients
                  else memory.held(s.params, s.expert_params, layout) for s in shapes)
-    return host.fixed_host_seconds(accel, tensors, layout.dp > 1 or layout.tp > 1, params, train.grad_bytes) \
+    return host.fixed_host_seconds(accel, tensors, dtensor_parameters(layout), params, train.grad_bytes) \
         * host.core_share(accel, cluster.gpus_per_node)
 
 
