@@ -615,6 +615,17 @@ def test_zero_bubble_cost_is_the_split_backward_less_the_plain_one_per_block():
                              ram_bytes=16 << 30)["zb_split_block_s"] == 0.0
 
 
+def test_pipeline_cost_is_the_schedule_s_step_less_the_plain_passes_per_stage_call():
+    """pp_call_s: the ranks' median (GPipe step net of waits - plain passes) / stage calls; 0 without
+    the rows (one process, older results) and never below 0."""
+    base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2)}
+    rows = [[0.030, 0.022, 8], [0.036, 0.024, 8]]  # rank 0: 1 ms per call, rank 1: 1.5 ms
+    assert cal.profile_table({**base, "pp_host_s": rows}, nproc=2, ram_bytes=16 << 30)["pp_call_s"] == \
+        pytest.approx(0.010 / 8)
+    assert cal.profile_table(base, nproc=2, ram_bytes=16 << 30)["pp_call_s"] == 0.0
+    assert cal.pipeline_call_seconds({"pp_host_s": [[0.02, 0.021, 8]]}) == 0.0
+
+
 def test_sequence_parallel_cost_is_the_sp_pass_less_the_plain_tp_pass_net_of_waits_per_block():
     """tp_sp_block_s: (SP pass - its waits) - (TP pass - its waits), per block of the calibration
     model; 0 where the SP pass was not timed (older results, one process) and never below 0."""

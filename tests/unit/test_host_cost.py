@@ -159,6 +159,32 @@ def test_zero_bubble_pays_its_split_backward_per_block_and_micro_batch():
     assert estimate(model, timed, train, plain_zb, stage_cache=cache).time == estimate(model, timed, train, plain_zb).time
 
 
+def test_a_pipeline_schedule_pays_its_own_work_per_stage_call():
+    """pp_call_s per stage call, a forward and a backward per micro-batch and chunk on each rank
+    under pp > 1, in its compute (time-shared as the rest of it); nothing without pp or the constant."""
+    from dataclasses import replace
+
+    assert host.pipeline_call_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, pp_call_s=1e-3), 2, 2, 4) == \
+        pytest.approx(2 * 4 * 2 * 1e-3)
+    assert host.pipeline_call_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, pp_call_s=1e-3), 1, 1, 4) == 0.0
+    model, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
+    cpu = load_cluster("cpu", 2, 2)
+    timed = replace(cpu, accelerator=replace(cpu.accelerator, pp_call_s=1e-3))
+    for text, chunks in (("pp=2,mbs=2", 1), ("pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", 2)):
+        layout = parse(text, 2)
+        m = layout.accum(train.global_batch)
+        extra = estimate(model, timed, train, layout).time.compute_s - estimate(model, cpu, train, layout).time.compute_s
+        assert extra == pytest.approx(2 * m * chunks * 1e-3)
+    plain = parse("dp=2,mbs=2", 2)
+    assert estimate(model, timed, train, plain).time == estimate(model, cpu, train, plain).time
+    # four ranks on two cores: time-shared, so the step grows by more than the one rank's calls
+    four = replace(load_cluster("cpu", 4, 4), accelerator=replace(cpu.accelerator, cores_per_node=2))
+    four_timed = replace(four, accelerator=replace(four.accelerator, pp_call_s=1e-3))
+    layout = parse("pp=2,dp=2,mbs=2", 4)
+    grown = estimate(model, four_timed, train, layout).time.step_s - estimate(model, four, train, layout).time.step_s
+    assert grown > 2 * layout.accum(train.global_batch) * 1e-3
+
+
 def test_a_dtensor_optimizer_step_pays_its_own_per_tensor_cost():
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, tp_op_s=4e-5, optimizer_dtensor_s=1e-4)
     plain = host.optimizer_host_seconds(a, 39, dtensor=False)

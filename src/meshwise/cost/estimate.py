@@ -579,14 +579,19 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
 
 def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
                    shape: RankShape, m: int, cache: dict | None = None) -> StageParts:
-    """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s)."""
+    """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s); its compute holds the
+    pipeline schedule's own host work per stage call (cost/host.py ``pipeline_call_seconds``)."""
+    accel = cluster.accelerator
     compute_s = _compute_of(cache, model, cluster, train, layout, shape)
+    if layout.pp > 1 and accel.pp_call_s and not model.states_only:
+        compute_s += (host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m)
+                      * host.core_share(accel, cluster.gpus_per_node))
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
     ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
     kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
     # a profile whose ring steps were timed with their sends holds them in compute (cost/context.py)
-    cp_s = 0.0 if cluster.accelerator.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
+    cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)

@@ -22,6 +22,9 @@ sharded as well). Sequence parallelism adds its redistributions of the residual 
 ``tp_sp_block_s`` per block call (:func:`sequence_parallel_seconds_per_block`).
 A zero-bubble schedule splits each backward in two passes, ``zb_split_block_s`` more per block
 call (:func:`split_backward_seconds`).
+Under pipeline parallelism the schedule itself works around every stage call (one chunk's forward
+or backward of one micro-batch): its P2P sends and receives launched, their buffers, its checks,
+``pp_call_s`` per call (:func:`pipeline_call_seconds`).
 
 ``host_seconds = m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + recompute extras)``.
 
@@ -221,6 +224,18 @@ def split_backward_seconds(accel: AcceleratorSpec, schedule: str, pp: int, block
     if schedule != "zero-bubble" or pp <= 1:
         return 0.0
     return microbatches * blocks * accel.zb_split_block_s
+
+
+def pipeline_call_seconds(accel: AcceleratorSpec, pp: int, chunks: int, microbatches: int) -> float:
+    """Host seconds a pipeline schedule adds to one rank's step beyond its stages' own work:
+    ``2 * m * chunks * pp_call_s`` (a forward and a backward call per micro-batch and chunk) under
+    pp > 1, as ``meshwise calibrate`` times it (the calibration model as two stages under GPipe at
+    four tokens, each rank's step net of its waits less the same stage's plain passes, per call:
+    about 1 ms on a 2-core x86 host, where a grid step at pp=2 measured 1-2 ms per call more than
+    its stages' predicted work); 0 otherwise."""
+    if pp <= 1:
+        return 0.0
+    return 2 * microbatches * chunks * accel.pp_call_s
 
 
 def fsdp_ops(dp_ops: list[Collective]) -> list[Collective]:

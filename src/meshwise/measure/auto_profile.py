@@ -48,7 +48,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 16  # 16: zero-bubble's split backward, per block;
+CALIBRATION_VERSION = 17  # 17: the pipeline schedule's host cost per stage call;
+                          # 16: zero-bubble's split backward, per block;
                           # 15: host passes, attention calls, FSDP2's, DTensor's and the optimizer's passes
                           #     the median, not the best; sequence parallelism's cost per block;
                           # 14: the matmul rate, the model's pass and the host passes, medians of 3 bursts;

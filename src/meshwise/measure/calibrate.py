@@ -46,6 +46,10 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   on ``HOST_TOKENS`` tokens, forward then the backward split as the zero-bubble schedules run it
   (input gradients, then the weights'), less the same with one backward, per block
   (:func:`split_backward_block_seconds`; calibration 16);
+  ``pp_call_s`` (an even process count, every pair of ranks at once): the calibration model as two
+  pipeline stages under the runtime's GPipe schedule on ``HOST_TOKENS`` tokens, each rank's step
+  less its waits and less the same stage's plain forward + backward passes, per stage call
+  (:func:`pipeline_call_seconds`: the schedule's P2P launches, its buffers and checks; calibration 17);
   ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
   less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
   pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
@@ -117,7 +121,7 @@ HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithm
 PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
                 "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
                 "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
+                "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
                 "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
                 "sdpa_head_table", "thread_efficiency",
@@ -294,6 +298,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     tp_s = tp_op_seconds(result, latency_s, model_ops) if nproc > 1 else 0.0
     tp_sp_s = tp_sp_block_seconds(result) if nproc > 1 else 0.0
     zb_s = split_backward_block_seconds(result)
+    pp_s = pipeline_call_seconds(result)
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
         fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
@@ -326,6 +331,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         "tp_op_s": tp_s,
         "tp_sp_block_s": tp_sp_s,
         "zb_split_block_s": zb_s,
+        "pp_call_s": pp_s,
         "fsdp_call_s": fsdp_call_s,
         "fsdp_param_s": fsdp_param_s,
         "fsdp_byte_s": fsdp_byte_s,
@@ -514,6 +520,20 @@ def split_backward_block_seconds(result: dict[str, Any]) -> float:
     return max(0.0, (float(row[1]) - float(row[0])) / int(result["blocks"]))
 
 
+def pipeline_call_seconds(result: dict[str, Any]) -> float:
+    """``pp_call_s``: what the pipeline schedule adds to each stage call (one micro-batch's forward
+    or backward of one chunk) on top of the stage's own work, from calibrate_worker.bench_pp_host's
+    rows ``[GPipe step less its waits, the same stage's plain passes, stage calls]``, one per rank:
+    the ranks' median ``(step - plain) / calls``, at least 0; 0 where not measured (one process;
+    calibration 17 on). The median, not the slowest rank: each row is a difference of two passes
+    some 25 ms long, and of two ranks' the larger read 1.5 ms per call where ten pairs on each rank
+    ran 0.3-1.3 ms (median 0.6 ms) on a 2-core x86 host."""
+    rows = result.get("pp_host_s") or []
+    if not rows:
+        return 0.0
+    return max(0.0, statistics.median((float(step) - float(plain)) / int(calls) for step, plain, calls in rows))
+
+
 def optimizer_dtensor_seconds(row: list[float]) -> float:
     """``optimizer_dtensor_s`` from calibrate_worker.bench_optimizer_host's ``[DTensor step, plain
     step, tensors]``: what an AdamW step costs more per parameter tensor when the parameters are
@@ -580,7 +600,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
 PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
+                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
                  "optimizer_dtensor_s",
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",

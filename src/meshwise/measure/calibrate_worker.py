@@ -272,6 +272,70 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     return out
 
 
+PP_MICROBATCHES = 4  # micro-batches of the pipeline benchmark's GPipe step
+
+
+def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> list[float]:
+    """``[seconds of a GPipe step less its waits, seconds of the same stage's plain passes, stage
+    calls]`` on this rank: the calibration model split in two pipeline stages over each ``active``
+    pair of ranks (the runtime's own stages and schedule, runtime/pipeline.py), ``PP_MICROBATCHES``
+    micro-batches of ``HOST_TOKENS`` tokens (host time: the arithmetic is negligible), against the
+    same stage module's forward + backward over as many micro-batches with no schedule, timed just
+    after it: of ``repeats * calls`` such pairs, the one whose difference is the median, every pass
+    started at a barrier (``timed_waits``: a P2P receive's wait is the peer's work, not this
+    rank's). ``[]`` on an inactive rank, which passes the same barriers."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshwise.layout import parse
+    from meshwise.runtime.model import build_model, loss_sum
+    from meshwise.runtime.pipeline import build_schedule, build_stages, chunk_bounds
+
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "pp"))
+    count = repeats * calls
+    if not active:
+        for _ in range(2 * count):
+            dist.barrier()
+        return []
+    layout, m = parse("pp=2,schedule=gpipe,mbs=1", 2), PP_MICROBATCHES
+    rank = mesh.get_local_rank("pp")
+    first, blocks = chunk_bounds(model, layout, rank)
+    stage = build_model(model, seed=0).keep_only(first, blocks, first=rank == 0, last=rank == 1)
+    stages = build_stages([stage], [rank], model, layout, mesh["pp"], torch.device("cpu"), HOST_TOKENS, torch.float32)
+    schedule = build_schedule(stages, layout, m, loss_sum)
+    tokens = torch.randint(0, model.vocab, (m, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    hidden = torch.randn(1, HOST_TOKENS, model.hidden, generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        stage.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(x, return_outputs=False)
+        else:
+            schedule.step(target=y, losses=[], return_outputs=False)
+
+    def plain() -> None:
+        stage.zero_grad(set_to_none=True)
+        for i in range(m):
+            if rank == 0:
+                out = stage(x[i:i + 1])
+                out.backward(torch.ones_like(out))
+            else:
+                loss_sum(stage(hidden.clone().requires_grad_()), y[i:i + 1]).backward()
+
+    dist.barrier()
+    step()
+    plain()
+    pairs = []  # each step beside the plain passes just after it: the host's drift cancels in the pair
+    for _ in range(count):
+        (seconds, waits), = _passes_with_waits(step, 1)
+        (plain_s, _), = _passes_with_waits(plain, 1)
+        pairs.append((seconds - waits, plain_s))
+    return [*sorted(pairs, key=lambda p: p[0] - p[1])[len(pairs) // 2], 2 * m]
+
+
 def _passes_with_waits(run, count: int) -> list[tuple[float, float]]:
     """(seconds, of them blocked on collectives) of ``count`` passes of ``run``, each started at a
     barrier (the ranks must issue the same collectives); the waits timed by ``timed_waits``."""
@@ -580,6 +644,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     not_timed = dict.fromkeys((False, True), (0.0, 0, 0.0))
     tp = bench_tp_host(model, repeats, rank < 2 * pairs) if n % 2 == 0 and runs_tp2(model) else not_timed
     phase("tp_host")
+    if n % 2 == 0 and model.layers >= 2:
+        mine["pp_host"] = bench_pp_host(model, repeats, rank < 2 * pairs)
+    phase("pp_host")
     fsdp = bench_fsdp_host(model, repeats) if n > 1 else {}
     phase("fsdp_host")
     optimizer = bench_optimizer_host(model, repeats) if n > 1 else []
@@ -622,6 +689,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
     n = len(everyone)
     host_block = linear_gemm_shapes(model, HOST_TOKENS, 1, False)  # the host benchmark's GEMMs, one block
     ring_calls = [r["ring_calls"] for r in everyone if r.get("ring_calls")]
+    pp_host = [r["pp_host"] for r in everyone if r.get("pp_host")]
     everyone = [r for r in everyone if "fwd_bwd_s" in r]
     return {
         "matmul_flops_per_s": min(r["matmul_flops_per_s"] for r in everyone),
@@ -655,6 +723,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
         "tp_sp_host_s": tp[True][0],
         "tp_sp_waits_s": tp[True][2],
         "collectives": collectives,
+        **({"pp_host_s": pp_host} if pp_host else {}),
         "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
                  f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
                  + (f", per-rank figures with {len(everyone)} process(es) at once (one per core)"

@@ -75,6 +75,7 @@ class AcceleratorSpec:
     tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
     tp_sp_block_s: float = 0.0         # sequence parallelism's redistributions, per block per micro-batch (fwd + bwd)
     zb_split_block_s: float = 0.0      # a zero-bubble schedule's backward split in two passes, per block per micro-batch
+    pp_call_s: float = 0.0             # the pipeline schedule's own work per stage call (one chunk's forward or backward)
     fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
     fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
     fsdp_byte_s: float = 0.0           # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)

@@ -12,8 +12,8 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "fsdp_call_s", "fsdp_param_s",
-                     "fsdp_byte_s", "optimizer_dtensor_s",
+HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s",
+                     "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s",
                      "cpu_gemm_call_s", "cp_step_s", "cp_score_s", "cp_score_dim_s",
                      "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "sync_skew_slice_s")
 # rates and ratios, 0 or more (0: not measured)
