@@ -295,8 +295,9 @@ def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "pp"))
     count = repeats * calls
+    dist.barrier()
     if not active:
-        for _ in range(2 * count):
+        for _ in range(2 * count):  # the active ranks' two timed passes per pair
             dist.barrier()
         return []
     layout, m = parse("pp=2,schedule=gpipe,mbs=1", 2), PP_MICROBATCHES
@@ -325,7 +326,6 @@ def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
             else:
                 loss_sum(stage(hidden.clone().requires_grad_()), y[i:i + 1]).backward()
 
-    dist.barrier()
     step()
     plain()
     pairs = []  # each step beside the plain passes just after it: the host's drift cancels in the pair
@@ -596,7 +596,7 @@ def median_of_bursts(bursts: list[dict]) -> dict:
             "host_s": {mode: statistics.median(b["host_s"][mode] for b in bursts) for mode in bursts[0]["host_s"]}}
 
 
-def worker_main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
     slowest rank's figures (lowest rates, longest times)."""
     import argparse
@@ -734,4 +734,4 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
 if __name__ == "__main__":
     from meshwise.runtime.mesh import exit_worker
 
-    exit_worker(worker_main())
+    exit_worker(main())
