@@ -275,7 +275,7 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
 PP_MICROBATCHES = 4  # micro-batches of the pipeline benchmark's GPipe step
 
 
-def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) -> list[float]:
+def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 10) -> list[float]:
     """``[seconds of a GPipe step less its waits, seconds of the same stage's plain passes, stage
     calls]`` on this rank: the calibration model split in two pipeline stages over each ``active``
     pair of ranks (the runtime's own stages and schedule, runtime/pipeline.py), ``PP_MICROBATCHES``
