@@ -284,9 +284,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s, rs_ratio = 1e-6, float(result["copy_bytes_per_s"]), 0.0
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
-    model_ops = int(result["model_ops"])
-    gemm = gemm_fields(result)
-    ring = ring_fields(result)
+    model_ops, gemm, ring = int(result["model_ops"]), gemm_fields(result), ring_fields(result)
     op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]),
                                          host_arithmetic_seconds(result, gemm, ring))
     memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
