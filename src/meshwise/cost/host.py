@@ -231,8 +231,8 @@ def pipeline_call_seconds(accel: AcceleratorSpec, pp: int, chunks: int, microbat
     ``2 * m * chunks * pp_call_s`` (a forward and a backward call per micro-batch and chunk) under
     pp > 1, as ``meshwise calibrate`` times it (the calibration model as two stages under GPipe at
     four tokens, each rank's step net of its waits less the same stage's plain passes, per call:
-    about 1 ms on a 2-core x86 host, where a grid step at pp=2 measured 1-2 ms per call more than
-    its stages' predicted work); 0 otherwise."""
+    0.3-0.6 ms on a quiet 2-core x86 host, where a grid step at pp=2 measured 1-2 ms per call more
+    than its stages' predicted work); 0 otherwise."""
     if pp <= 1:
         return 0.0
     return 2 * microbatches * chunks * accel.pp_call_s

@@ -524,8 +524,8 @@ def pipeline_call_seconds(result: dict[str, Any]) -> float:
     rows ``[GPipe step less its waits, the same stage's plain passes, stage calls]``, one per rank:
     the ranks' median ``(step - plain) / calls``, at least 0; 0 where not measured (one process;
     calibration 17 on). The median, not the slowest rank: each row is a difference of two passes
-    some 25 ms long, and of two ranks' the larger read 1.5 ms per call where ten pairs on each rank
-    ran 0.3-1.3 ms (median 0.6 ms) on a 2-core x86 host."""
+    some 25 ms long, and of two ranks' the larger read 1.5 ms per call where six runs of the
+    benchmark on each rank read 0.3-1.3 ms (about 0.6 ms typical) on a 2-core x86 host."""
     rows = result.get("pp_host_s") or []
     if not rows:
         return 0.0
