@@ -43,11 +43,17 @@ def weights_layout(layout: Layout) -> Layout:
     return wl
 
 
+def fsdp_wrapped(layout: Layout) -> bool:
+    """Whether FSDP2's ``fully_shard``/``replicate`` wraps the weights: over dp x cp, as
+    runtime/data_parallel.py does (cp ranks share the weights; :func:`weights_layout`'s dp > 1)."""
+    return layout.dp * layout.cp > 1
+
+
 def dtensor_parameters(layout: Layout) -> bool:
     """Whether a rank's parameters are DTensors, whose every optimizer and gradient-norm operator
-    dispatches through DTensor (cost/host.py): FSDP2's ``fully_shard``/``replicate`` wraps them
-    over dp x cp (runtime/data_parallel.py: cp ranks share the weights), and TP shards them."""
-    return layout.dp * layout.cp > 1 or layout.tp > 1
+    dispatches through DTensor (cost/host.py): FSDP2 wraps them (:func:`fsdp_wrapped`), or TP
+    shards them."""
+    return fsdp_wrapped(layout) or layout.tp > 1
 
 
 def tp_overlap_on(train: TrainSpec, layout: Layout) -> bool:

@@ -49,6 +49,7 @@ from meshwise.cost.context import (
     cp_named,
     cp_world_dim,
     dtensor_parameters,
+    fsdp_wrapped,
     local_train,
     ring_kernel_seconds,
     tp_overlap_on,
@@ -156,7 +157,7 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
             out.append(comm.collective("all_gather", "tp", t, tokens * model.hidden, in_fp8 * m, link))
         out.append(comm.collective("reduce_scatter", "tp", t, payload, scatters * m, link))
         norms = 2 * blocks + last
-        fsdp = weights_layout(layout).dp > 1  # FSDP2 wraps the blocks over dp x cp
+        fsdp = fsdp_wrapped(layout)
         per_mb = fsdp and layout.zero >= 2 and layout.pp == 1
         per_step = m if per_mb else 1
         # FSDP2 reduces each micro-batch's gradients as computed (ZeRO-2/3 without PP), else it
@@ -583,7 +584,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     pipeline schedule's own host work per stage call (cost/host.py ``pipeline_call_seconds``)."""
     accel = cluster.accelerator
     compute_s = _compute_of(cache, model, cluster, train, layout, shape)
-    if layout.pp > 1 and accel.pp_call_s and not model.states_only:
+    if accel.pp_call_s and not model.states_only:  # 0 without pp (host.pipeline_call_seconds)
         compute_s += (host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m)
                       * host.core_share(accel, cluster.gpus_per_node))
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
@@ -644,7 +645,7 @@ def _accumulation_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, 
     unsharded. 0 on GPU profiles."""
     if model.states_only or not host.is_host_bound(accel) or m < 2:
         return 0.0
-    sharded = weights_layout(layout).dp > 1 and layout.zero >= 2 and layout.pp == 1
+    sharded = fsdp_wrapped(layout) and layout.zero >= 2 and layout.pp == 1
     grads = shape.params / (layout.shard * layout.cp) if sharded else memory.held(shape.params, shape.expert_params, layout)
     return host.grad_accumulation_seconds(accel, grads, train.grad_bytes, m)
 
