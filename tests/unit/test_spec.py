@@ -84,7 +84,8 @@ def test_precision_conventions():
 
 @pytest.mark.parametrize("given, name", [("H100", "h100"), ("h100-sxm", "h100"), ("h100-80gb", "h100"),
                                          ("H100 SXM", "h100"), ("A100-80GB", "a100-80gb"), ("B200", "b200"),
-                                         ("h200_sxm", "h200"), ("MI300X", "mi300x")])
+                                         ("h200_sxm", "h200"), ("MI300X", "mi300x"),
+                                         ("GB200 NVL72", "gb200"), ("gb300-nvl72", "gb300"), ("H800-SXM", "h800")])
 def test_gpu_names_resolve_with_any_case_and_aliases(given, name):
     assert load_cluster(given, 8).accelerator.name == name
 
