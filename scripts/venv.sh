@@ -14,6 +14,10 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/cons
   # torchtitan, the oracle of plan --emit torchtitan, without its `datasets` pin (tests/_stubs/README.md);
   # what it imports is in the test extra.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" --no-deps torchtitan==0.3.0
+  # The editable install reads meshwise from src/; compile it once, as pip does for an installed
+  # package, so that where PYTHONDONTWRITEBYTECODE is set each command does not recompile it
+  # (about 0.08 s of every `meshwise plan` on 2 cores). Python ignores a .pyc older than its source.
+  "$venv/bin/python" -m compileall -q "$root/src/meshwise" >/dev/null
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
