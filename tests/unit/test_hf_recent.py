@@ -1,5 +1,5 @@
 """The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, Mistral 3, GLM-4.5,
-Qwen3-VL, Kimi K2 by its architecture): meshwise's parameter counts against
+Qwen3-VL, Seed-OSS, Kimi K2 by its architecture): meshwise's parameter counts against
 the models transformers builds on the meta device from each published shape, the class defaults
 meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
 
@@ -52,6 +52,7 @@ CASES = {
                                       attention_bias=True, use_qk_norm=True, rope_theta=1e6), None),
     "qwen3-vl": ("Qwen3VLConfig", {}, None),  # the class defaults; Qwen3-VL-MoE's untie its head
     "qwen3-vl-moe": ("Qwen3VLMoeConfig", {}, None),
+    "seed-oss-36b": ("SeedOssConfig", dict(hidden_size=5120, rope_theta=1e7), None),  # ByteDance Seed's model card
 }
 # multimodal wrappers: the whole model transformers builds, less its vision encoder and projector
 MULTIMODAL = {"Gemma3Config": "Gemma3ForConditionalGeneration", "Llama4Config": "Llama4ForConditionalGeneration",
@@ -141,7 +142,8 @@ def test_published_gemma3_file_as_written(tmp_path):
 @pytest.mark.parametrize("family, cls", [("gemma3_text", "Gemma3TextConfig"), ("llama4_text", "Llama4TextConfig"),
                                          ("gpt_oss", "GptOssConfig"), ("olmo2", "Olmo2Config"),
                                          ("olmo3", "Olmo3Config"), ("smollm3", "SmolLM3Config"),
-                                         ("ministral", "MinistralConfig"), ("glm4_moe", "Glm4MoeConfig")])
+                                         ("ministral", "MinistralConfig"), ("glm4_moe", "Glm4MoeConfig"),
+                                         ("seed_oss", "SeedOssConfig")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
     for key, value in hf_recent.CLASS_DEFAULTS[family].items():
@@ -186,7 +188,8 @@ def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
     assert sum("multi-token-prediction" in line for line in r.stdout.splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b", "glm-4.5"])
+@pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b", "glm-4.5",
+                                  "seed-oss-36b"])
 @pytest.mark.parametrize("gpu", ["h100", "b200"])
 def test_plan_exits_0(tmp_path, name, gpu):
     _, folder = hf_folder(tmp_path, name)

@@ -53,6 +53,10 @@ FAMILIES = {
                                              use_sliding_window=True, sliding_window=5, **SMOL_IDS)),
     "ministral": ("MinistralConfig", dict(TINY, head_dim=16, sliding_window=6,
                                           layer_types=["sliding_attention", "full_attention"])),
+    # Seed-OSS: Llama's block with q, k, v biased (its class default) and the output projection not;
+    # then every projection biased (the output by attention_out_bias)
+    "seed_oss": ("SeedOssConfig", dict(TINY, head_dim=16)),
+    "seed_oss-all-bias": ("SeedOssConfig", dict(TINY, head_dim=16, attention_out_bias=True, mlp_bias=True)),
 }
 
 

@@ -36,6 +36,7 @@ _DEFAULTS = {
     "llama4_text": (1e-5, 500000.0, 131072, False), "gpt_oss": (1e-5, 150000.0, 131072, False),
     "olmo3": (1e-5, 500000.0, 2048, False), "smollm3": (1e-6, 2e6, 32768, True),
     "ministral": (1e-6, 10000.0, 131072, False), "glm4_moe": (1e-5, 10000.0, 131072, False),
+    "seed_oss": (1e-6, 10000.0, 524288, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -49,7 +50,8 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Llama4ForConditionalGeneration": "llama4", "GptOssForCausalLM": "gpt_oss",
                   "Olmo3ForCausalLM": "olmo3", "SmolLM3ForCausalLM": "smollm3", "MinistralForCausalLM": "ministral",
                   "Mistral3ForConditionalGeneration": "mistral3", "Glm4MoeForCausalLM": "glm4_moe",
-                  "Qwen3VLForConditionalGeneration": "qwen3_vl", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
+                  "Qwen3VLForConditionalGeneration": "qwen3_vl", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+                  "SeedOssForCausalLM": "seed_oss"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 

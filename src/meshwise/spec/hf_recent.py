@@ -1,5 +1,5 @@
 """Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, GLM-4.5, and the Mistral 3 and Qwen3-VL wrappers.
+Ministral, GLM-4.5, Seed-OSS, and the Mistral 3 and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
@@ -52,6 +52,10 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                      rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
                      moe_intermediate_size=1408, num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128,
                      first_k_dense_replace=1, use_qk_norm=False, num_nextn_predict_layers=1),
+    "seed_oss": dict(vocab_size=155136, hidden_size=4096, intermediate_size=27648, num_hidden_layers=64,
+                     num_attention_heads=80, num_key_value_heads=8, head_dim=128, max_position_embeddings=524288,
+                     rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True, attention_out_bias=False,
+                     mlp_bias=False, hidden_act="silu", bos_token_id=0, eos_token_id=2),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -169,6 +173,9 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         return dict(window, nope_layers=tuple(i for i, rope in enumerate(no_rope_flags(cfg, layers)) if not rope))
     if family == "ministral":
         return window
+    if family == "seed_oss":  # Llama's block; q, k and v biased by attention_bias, the output by its own flag
+        return dict(qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]),
+                    mlp_bias=bool(cfg["mlp_bias"]))
     if family == "gpt_oss":
         return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
                     expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,

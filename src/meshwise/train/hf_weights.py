@@ -37,7 +37,7 @@ _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM",
          "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
          "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM"}
+         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM"}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -174,6 +174,9 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                    layer_types=_layer_types(spec), sliding_window=spec.sliding_window or spec.max_seq)
     if spec.family in ("olmo3", "ministral", "smollm3"):
         cfg["layer_types"] = _layer_types(spec)
+    if spec.family == "seed_oss":  # its own flag for the output projection's bias; trained without dropout
+        cfg.update(attention_bias=spec.qkv_bias, attention_out_bias=spec.o_bias, attention_dropout=0.0,
+                   residual_dropout=0.0)
     if spec.family == "smollm3":
         cfg.update(no_rope_layers=[int(i not in spec.nope_layers) for i in range(spec.layers)],
                    use_sliding_window=bool(spec.sliding_window))
