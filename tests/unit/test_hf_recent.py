@@ -1,5 +1,5 @@
 """The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, Mistral 3, GLM-4.5,
-Qwen3-VL, Seed-OSS, Kimi K2 by its architecture): meshwise's parameter counts against
+Qwen3-VL, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan, GLM-4, Kimi K2 by its architecture): meshwise's parameter counts against
 the models transformers builds on the meta device from each published shape, the class defaults
 meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
 
@@ -53,6 +53,15 @@ CASES = {
     "qwen3-vl": ("Qwen3VLConfig", {}, None),  # the class defaults; Qwen3-VL-MoE's untie its head
     "qwen3-vl-moe": ("Qwen3VLMoeConfig", {}, None),
     "seed-oss-36b": ("SeedOssConfig", dict(hidden_size=5120, rope_theta=1e7), None),  # ByteDance Seed's model card
+    # plan only (train refuses them in one line): the class defaults, ERNIE 4.5's and GLM-4's being the
+    # 0.3B's and the 9B-0414's shapes; then each family's biases and norms switched on
+    "ernie-4.5-0.3b": ("Ernie4_5Config", {}, None),
+    "ernie-4.5-biased": ("Ernie4_5Config", dict(use_bias=True, tie_word_embeddings=False), None),
+    "helium": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True), None),
+    "granite": ("GraniteConfig", dict(num_key_value_heads=8, tie_word_embeddings=True, attention_bias=True,
+                                      embedding_multiplier=12.0, attention_multiplier=0.0078125), None),
+    "hunyuan-dense": ("HunYuanDenseV1Config", dict(head_dim=128, num_key_value_heads=8, attention_bias=True), None),
+    "glm-4-9b": ("Glm4Config", {}, None),
 }
 # multimodal wrappers: the whole model transformers builds, less its vision encoder and projector
 MULTIMODAL = {"Gemma3Config": "Gemma3ForConditionalGeneration", "Llama4Config": "Llama4ForConditionalGeneration",
@@ -143,7 +152,9 @@ def test_published_gemma3_file_as_written(tmp_path):
                                          ("gpt_oss", "GptOssConfig"), ("olmo2", "Olmo2Config"),
                                          ("olmo3", "Olmo3Config"), ("smollm3", "SmolLM3Config"),
                                          ("ministral", "MinistralConfig"), ("glm4_moe", "Glm4MoeConfig"),
-                                         ("seed_oss", "SeedOssConfig")])
+                                         ("seed_oss", "SeedOssConfig"), ("ernie4_5", "Ernie4_5Config"),
+                                         ("helium", "HeliumConfig"), ("granite", "GraniteConfig"),
+                                         ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("glm4", "Glm4Config")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
     for key, value in hf_recent.CLASS_DEFAULTS[family].items():
@@ -212,7 +223,9 @@ def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
 
 
 @pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention"),
-                                         ("glm-4.5-air", "bias-corrected expert routing")])
+                                         ("glm-4.5-air", "bias-corrected expert routing"),
+                                         ("ernie-4.5-0.3b", "interleaved rotary pairs"), ("glm-4-9b", "partial rotary"),
+                                         ("granite", "multipliers"), ("hunyuan-dense", "after the rotary")])
 def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
     _, folder = hf_folder(tmp_path, name)
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",

@@ -322,10 +322,19 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
     return angles.cos().to(device), angles.sin().to(device)
 
 
+# Families the plan counts exactly and the runtime does not build: what it lacks of each.
+PLAN_ONLY = {"ernie4_5": "ERNIE 4.5's interleaved rotary pairs", "helium": "Helium's interleaved rotary pairs",
+             "granite": "Granite's embedding, residual, attention and logit multipliers",
+             "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
+             "glm4": "GLM-4's partial rotary embedding and norms after each sublayer"}
+
+
 def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
     """Why the runtime cannot build ``spec`` yet (one line), or None: the plan counts these exactly."""
     if spec.states_only:
         return "a bare parameter count has no shape to build"
+    if spec.family in PLAN_ONLY:
+        return f"model {spec.name!r}: {PLAN_ONLY[spec.family]} are not built by the runtime (plan only)"
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
     if spec.family == "llama4_text":

@@ -36,7 +36,9 @@ _DEFAULTS = {
     "llama4_text": (1e-5, 500000.0, 131072, False), "gpt_oss": (1e-5, 150000.0, 131072, False),
     "olmo3": (1e-5, 500000.0, 2048, False), "smollm3": (1e-6, 2e6, 32768, True),
     "ministral": (1e-6, 10000.0, 131072, False), "glm4_moe": (1e-5, 10000.0, 131072, False),
-    "seed_oss": (1e-6, 10000.0, 524288, False),
+    "seed_oss": (1e-6, 10000.0, 524288, False), "ernie4_5": (1e-5, 500000.0, 131072, True),
+    "helium": (1e-8, 100000.0, 4096, False), "granite": (1e-6, 10000.0, 2048, False),
+    "hunyuan_v1_dense": (1e-5, 10000.0, 2048, False), "glm4": (1.5625e-07, 10000.0, 131072, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -51,7 +53,9 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Olmo3ForCausalLM": "olmo3", "SmolLM3ForCausalLM": "smollm3", "MinistralForCausalLM": "ministral",
                   "Mistral3ForConditionalGeneration": "mistral3", "Glm4MoeForCausalLM": "glm4_moe",
                   "Qwen3VLForConditionalGeneration": "qwen3_vl", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
-                  "SeedOssForCausalLM": "seed_oss"}
+                  "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5",
+                  "HeliumForCausalLM": "helium", "GraniteForCausalLM": "granite",
+                  "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense", "Glm4ForCausalLM": "glm4"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 

@@ -1,5 +1,6 @@
 """Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, GLM-4.5, Seed-OSS, and the Mistral 3 and Qwen3-VL wrappers.
+Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, and the Mistral 3
+and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
@@ -56,11 +57,30 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                      num_attention_heads=80, num_key_value_heads=8, head_dim=128, max_position_embeddings=524288,
                      rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True, attention_out_bias=False,
                      mlp_bias=False, hidden_act="silu", bos_token_id=0, eos_token_id=2),
+    "ernie4_5": dict(vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+                     num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True, use_bias=False, hidden_act="silu",
+                     bos_token_id=1, eos_token_id=2),
+    "helium": dict(vocab_size=48000, hidden_size=2560, intermediate_size=7040, num_hidden_layers=24,
+                   num_attention_heads=20, num_key_value_heads=20, head_dim=128, max_position_embeddings=4096,
+                   rms_norm_eps=1e-8, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                   hidden_act="silu", bos_token_id=1, eos_token_id=2),
+    "granite": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu",
+                    bos_token_id=1, eos_token_id=2),
+    "hunyuan_v1_dense": dict(vocab_size=290943, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048,
+                             rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
+                             bos_token_id=1, eos_token_id=2),
+    "glm4": dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+                 num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                 rms_norm_eps=1.5625e-07, tie_word_embeddings=False, attention_bias=True, hidden_act="silu"),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
-GLM4_MOE_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor: rope on half of each head
+GLM4_MOE_ROTARY = 0.5  # Glm4MoeConfig's (and Glm4Config's) partial_rotary_factor: rope on half of each head
 WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3",
             "qwen3_vl_moe": "qwen3_moe"}
 VISION = "the vision encoder and multimodal projector (images are not planned)"
@@ -90,7 +110,7 @@ def with_defaults(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     out = {**CLASS_DEFAULTS[family], **cfg}
     if family == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
         out["rope_parameters"] = dict(GPT_OSS_ROPE)
-    if family == "glm4_moe" and "partial_rotary_factor" not in {**(cfg.get("rope_parameters") or {}), **cfg}:
+    if family in ("glm4_moe", "glm4") and "partial_rotary_factor" not in {**(cfg.get("rope_parameters") or {}), **cfg}:
         out["partial_rotary_factor"] = GLM4_MOE_ROTARY
     return out
 
@@ -176,6 +196,17 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
     if family == "seed_oss":  # Llama's block; q, k and v biased by attention_bias, the output by its own flag
         return dict(qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]),
                     mlp_bias=bool(cfg["mlp_bias"]))
+    if family == "ernie4_5":  # Llama's block; use_bias biases every projection, the MLP's too
+        bias = bool(cfg["use_bias"])
+        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
+    if family in ("helium", "granite"):  # Llama's block (Granite's multipliers scale, they add no weights)
+        bias = bool(cfg["attention_bias"])  # Helium's output projection is never biased
+        return dict(qkv_bias=bias, o_bias=bias and family == "granite", mlp_bias=bool(cfg["mlp_bias"]))
+    if family == "hunyuan_v1_dense":  # Llama's block with an RMSNorm of each query and key head
+        bias = bool(cfg["attention_bias"])
+        return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
+    if family == "glm4":  # norms on both sides of each sublayer; q, k and v biased, the output never
+        return dict(qkv_bias=bool(cfg["attention_bias"]), norms_per_layer=4)
     if family == "gpt_oss":
         return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
                     expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,

@@ -30,7 +30,8 @@ def cached_hash(self) -> int:
 # --------------------------------------------------------------------------------------- model
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2",
             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss",
-            "olmo3", "smollm3", "ministral", "glm4_moe", "seed_oss")
+            "olmo3", "smollm3", "ministral", "glm4_moe", "seed_oss", "ernie4_5", "helium", "granite",
+            "hunyuan_v1_dense", "glm4")
 QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
