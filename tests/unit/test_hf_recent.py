@@ -1,5 +1,5 @@
 """The families of 2026 (Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, Mistral 3, GLM-4.5,
-Qwen3-VL, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan, GLM-4, Kimi K2 by its architecture): meshwise's parameter counts against
+Qwen3-VL, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan, GLM-4, MiniMax-M2, Kimi K2 by its architecture): meshwise's parameter counts against
 the models transformers builds on the meta device from each published shape, the class defaults
 meshwise fills in against the config classes themselves, and the plan of each shape on h100 and b200."""
 
@@ -62,6 +62,9 @@ CASES = {
                                       embedding_multiplier=12.0, attention_multiplier=0.0078125), None),
     "hunyuan-dense": ("HunYuanDenseV1Config", dict(head_dim=128, num_key_value_heads=8, attention_bias=True), None),
     "glm-4-9b": ("Glm4Config", {}, None),
+    # the class defaults are MiniMax-M2's shape (its card: 230B, 10B active, rounded; its MTP modules,
+    # which transformers leaves out, are not in the config)
+    "minimax-m2": ("MiniMaxM2Config", {}, None),
 }
 # multimodal wrappers: the whole model transformers builds, less its vision encoder and projector
 MULTIMODAL = {"Gemma3Config": "Gemma3ForConditionalGeneration", "Llama4Config": "Llama4ForConditionalGeneration",
@@ -154,7 +157,8 @@ def test_published_gemma3_file_as_written(tmp_path):
                                          ("ministral", "MinistralConfig"), ("glm4_moe", "Glm4MoeConfig"),
                                          ("seed_oss", "SeedOssConfig"), ("ernie4_5", "Ernie4_5Config"),
                                          ("helium", "HeliumConfig"), ("granite", "GraniteConfig"),
-                                         ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("glm4", "Glm4Config")])
+                                         ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("glm4", "Glm4Config"),
+                                         ("minimax_m2", "MiniMaxM2Config")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
     for key, value in hf_recent.CLASS_DEFAULTS[family].items():
@@ -200,11 +204,11 @@ def test_deepseek_v3_mtp_is_named_as_left_out(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["gemma3-27b", "llama4-maverick", "gpt-oss-120b", "olmo2-32b", "glm-4.5",
-                                  "seed-oss-36b"])
+                                  "seed-oss-36b", "minimax-m2"])
 @pytest.mark.parametrize("gpu", ["h100", "b200"])
 def test_plan_exits_0(tmp_path, name, gpu):
     _, folder = hf_folder(tmp_path, name)
-    gpus = "512" if "maverick" in name or "glm" in name else "64"
+    gpus = "512" if "maverick" in name or "glm" in name or "minimax" in name else "64"
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", str(folder), "--gpus", gpus,
                         "--gpu", gpu, "--seq-len", "4096", "--top", "1", "--json"],
                        capture_output=True, text=True, timeout=300)
@@ -225,7 +229,8 @@ def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
 @pytest.mark.parametrize("name, piece", [("gpt-oss-20b", "attention sinks"), ("llama4-scout", "chunked attention"),
                                          ("glm-4.5-air", "bias-corrected expert routing"),
                                          ("ernie-4.5-0.3b", "interleaved rotary pairs"), ("glm-4-9b", "partial rotary"),
-                                         ("granite", "multipliers"), ("hunyuan-dense", "after the rotary")])
+                                         ("granite", "multipliers"), ("hunyuan-dense", "after the rotary"),
+                                         ("minimax-m2", "bias-corrected expert routing")])
 def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
     _, folder = hf_folder(tmp_path, name)
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",

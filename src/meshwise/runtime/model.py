@@ -326,7 +326,8 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
 PLAN_ONLY = {"ernie4_5": "ERNIE 4.5's interleaved rotary pairs", "helium": "Helium's interleaved rotary pairs",
              "granite": "Granite's embedding, residual, attention and logit multipliers",
              "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
-             "glm4": "GLM-4's partial rotary embedding and norms after each sublayer"}
+             "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
+             "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing"}
 
 
 def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:

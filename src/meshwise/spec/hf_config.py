@@ -39,6 +39,7 @@ _DEFAULTS = {
     "seed_oss": (1e-6, 10000.0, 524288, False), "ernie4_5": (1e-5, 500000.0, 131072, True),
     "helium": (1e-8, 100000.0, 4096, False), "granite": (1e-6, 10000.0, 2048, False),
     "hunyuan_v1_dense": (1e-5, 10000.0, 2048, False), "glm4": (1.5625e-07, 10000.0, 131072, False),
+    "minimax_m2": (1e-6, 5e6, 196608, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -55,7 +56,8 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Qwen3VLForConditionalGeneration": "qwen3_vl", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
                   "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5",
                   "HeliumForCausalLM": "helium", "GraniteForCausalLM": "granite",
-                  "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense", "Glm4ForCausalLM": "glm4"}
+                  "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense", "Glm4ForCausalLM": "glm4",
+                  "MiniMaxM2ForCausalLM": "minimax_m2"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 
@@ -209,10 +211,10 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
 
 def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, attn_bias: bool, where: str
                    ) -> dict[str, Any]:
-    """The mixture-of-experts fields of a Mixtral, Qwen MoE, GLM-4.5 or DeepSeek config (and DeepSeek's
+    """The mixture-of-experts fields of a Mixtral, MiniMax-M2, Qwen MoE, GLM-4.5 or DeepSeek config (and DeepSeek's
     MLA attention); none for another family."""
     out: dict[str, Any] = {}
-    if family == "mixtral":
+    if family in ("mixtral", "minimax_m2"):  # every block a MoE block of intermediate_size experts
         out.update(experts=cfg.get("num_local_experts", 8), experts_per_token=cfg.get("num_experts_per_tok", 2),
                    expert_ffn_hidden=cfg["intermediate_size"])
     if family in ("qwen2_moe", "qwen3_moe"):

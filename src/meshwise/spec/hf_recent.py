@@ -1,6 +1,6 @@
 """Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, and the Mistral 3
-and Qwen3-VL wrappers.
+Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, MiniMax-M2, and the
+Mistral 3 and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
@@ -76,6 +76,10 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "glm4": dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
                  num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
                  rms_norm_eps=1.5625e-07, tie_word_embeddings=False, attention_bias=True, hidden_act="silu"),
+    "minimax_m2": dict(vocab_size=200064, hidden_size=3072, intermediate_size=1536, num_hidden_layers=62,
+                       num_attention_heads=48, num_key_value_heads=8, head_dim=128, max_position_embeddings=196608,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", num_experts_per_tok=8,
+                       num_local_experts=256, bos_token_id=200034, eos_token_id=200020),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -207,6 +211,8 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
     if family == "glm4":  # norms on both sides of each sublayer; q, k and v biased, the output never
         return dict(qkv_bias=bool(cfg["attention_bias"]), norms_per_layer=4)
+    if family == "minimax_m2":  # RMSNorm over the whole q and k projections (its experts: _expert_fields)
+        return dict(qk_norm=True, qk_norm_scope="projection")
     if family == "gpt_oss":
         return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
                     expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,
