@@ -57,6 +57,10 @@ FAMILIES = {
     # then every projection biased (the output by attention_out_bias)
     "seed_oss": ("SeedOssConfig", dict(TINY, head_dim=16)),
     "seed_oss-all-bias": ("SeedOssConfig", dict(TINY, head_dim=16, attention_out_bias=True, mlp_bias=True)),
+    # ERNIE 4.5 and Helium rotate interleaved pairs of each head: their q/k rows are reordered on load
+    "ernie4_5": ("Ernie4_5Config", dict(TINY, head_dim=16, use_bias=True, tie_word_embeddings=False)),
+    "ernie4_5-tied": ("Ernie4_5Config", dict(TINY, head_dim=16, pad_token_id=0)),
+    "helium": ("HeliumConfig", dict(TINY, head_dim=16, attention_bias=True, mlp_bias=True, pad_token_id=0)),
 }
 
 

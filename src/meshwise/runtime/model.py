@@ -323,8 +323,7 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
 
 
 # Families the plan counts exactly and the runtime does not build: what it lacks of each.
-PLAN_ONLY = {"ernie4_5": "ERNIE 4.5's interleaved rotary pairs", "helium": "Helium's interleaved rotary pairs",
-             "granite": "Granite's embedding, residual, attention and logit multipliers",
+PLAN_ONLY = {"granite": "Granite's embedding, residual, attention and logit multipliers",
              "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
              "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
              "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing"}

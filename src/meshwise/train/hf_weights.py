@@ -4,8 +4,9 @@ meshwise names are layout-independent (``layers.3.attention.wq.weight``); Huggin
 family's own (``model.layers.3.self_attn.q_proj.weight``). Phi-3 stores Q, K and V as one
 ``qkv_proj`` and gate and up as one ``gate_up_proj`` (concatenated on the output dimension);
 GPT-2 stores Q, K, V as one ``c_attn`` and every matrix as a ``Conv1D``, (in, out), the transpose
-of ``nn.Linear``'s. The rotary convention (half split) is the one transformers uses for these
-families, so no permutation is needed.
+of ``nn.Linear``'s. meshwise rotates each head's (i, i + d/2) pairs, as transformers does for most
+families; ERNIE 4.5 and Helium rotate its (2i, 2i + 1) pairs, so their q and k rows are reordered
+within each head on the way in and back on the way out (the scores are the same: q and k move together).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ _GPT2_ROOT = {"tok_embeddings.weight": "transformer.wte.weight", "pos_embeddings
               "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
               "output.weight": "lm_head.weight"}
 _BLOCK = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
+INTERLEAVED_ROPE = ("ernie4_5", "helium")  # rotary over each head's (2i, 2i + 1) pairs
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM",
          "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
          "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM"}
+         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM",
+         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM"}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -59,6 +62,16 @@ def _hf_name(spec: ModelSpec, name: str) -> str:
     return f"{prefix}.{m.group(1)}.{block[m.group(2)]}.{m.group(3)}"
 
 
+def _rope_rows(spec: ModelSpec, t: torch.Tensor, to_pairs: bool) -> torch.Tensor:
+    """A q or k projection's rows (weight or bias) reordered within each head: Hugging Face's
+    (2i, 2i + 1) rotary pairs to meshwise's (i, i + d/2), or back (``to_pairs``)."""
+    d = spec.head_dim
+    order = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+    if to_pairs:
+        order = torch.argsort(order)
+    return t.reshape(t.shape[0] // d, d, *t.shape[1:])[:, order].reshape(t.shape).contiguous()
+
+
 def to_hf(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """meshwise state dict (full tensors) -> the family's Hugging Face state dict (tied head omitted)."""
     out: dict[str, torch.Tensor] = {}
@@ -76,6 +89,8 @@ def to_hf(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> dict[str, torch.
             continue
         conv1d = spec.family == "gpt2" and part in ("attention.wo", "mlp.w1", "mlp.w2") and name.endswith("weight")
         t2 = t.t() if conv1d else t
+        if spec.family in INTERLEAVED_ROPE and part in ("attention.wq", "attention.wk"):
+            t2 = _rope_rows(spec, t2, to_pairs=True)
         out[_hf_name(spec, name)] = t2.contiguous()
     for layer in sorted({k[0] for k in fused}, key=int):
         for kind in ("weight", "bias"):
@@ -112,6 +127,8 @@ def from_hf(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         if hf_name in reverse:
             name, transpose = reverse[hf_name]
             out[name] = (t.t() if transpose else t).contiguous()
+            if spec.family in INTERLEAVED_ROPE and (".attention.wq." in name or ".attention.wk." in name):
+                out[name] = _rope_rows(spec, out[name], to_pairs=False)
             continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(weight|bias)", hf_name)
         g = re.fullmatch(r"transformer\.h\.(\d+)\.attn\.c_attn\.(weight|bias)", hf_name)
@@ -174,6 +191,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                    layer_types=_layer_types(spec), sliding_window=spec.sliding_window or spec.max_seq)
     if spec.family in ("olmo3", "ministral", "smollm3"):
         cfg["layer_types"] = _layer_types(spec)
+    if spec.family == "ernie4_5":  # one flag biases every projection
+        cfg["use_bias"] = spec.qkv_bias
+    if spec.family == "helium":  # q, k and v biased by attention_bias; the output projection never is
+        cfg["attention_bias"] = spec.qkv_bias
     if spec.family == "seed_oss":  # its own flag for the output projection's bias; trained without dropout
         cfg.update(attention_bias=spec.qkv_bias, attention_out_bias=spec.o_bias, attention_dropout=0.0,
                    residual_dropout=0.0)
