@@ -65,6 +65,12 @@ CASES = {
     # the class defaults are MiniMax-M2's shape (its card: 230B, 10B active, rounded; its MTP modules,
     # which transformers leaves out, are not in the config)
     "minimax-m2": ("MiniMaxM2Config", {}, None),
+    "exaone-4.0-32b": ("Exaone4Config", dict(hidden_size=5120, intermediate_size=27392, num_hidden_layers=64,
+                                             num_attention_heads=40, num_key_value_heads=8, vocab_size=102400,
+                                             max_position_embeddings=131072, rope_theta=1e6,
+                                             sliding_window_pattern="LLLG",
+                                             layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 16),
+                       None),
 }
 # multimodal wrappers: the whole model transformers builds, less its vision encoder and projector
 MULTIMODAL = {"Gemma3Config": "Gemma3ForConditionalGeneration", "Llama4Config": "Llama4ForConditionalGeneration",
@@ -158,7 +164,7 @@ def test_published_gemma3_file_as_written(tmp_path):
                                          ("seed_oss", "SeedOssConfig"), ("ernie4_5", "Ernie4_5Config"),
                                          ("helium", "HeliumConfig"), ("granite", "GraniteConfig"),
                                          ("hunyuan_v1_dense", "HunYuanDenseV1Config"), ("glm4", "Glm4Config"),
-                                         ("minimax_m2", "MiniMaxM2Config")])
+                                         ("minimax_m2", "MiniMaxM2Config"), ("exaone4", "Exaone4Config")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
     for key, value in hf_recent.CLASS_DEFAULTS[family].items():
@@ -236,3 +242,16 @@ def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, nam
     r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", str(folder), "--steps", "1",
                         "--nproc-per-node", "1", "--checkpoint-dir", ""], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and piece in r.stderr, r.stderr
+
+
+def test_exaone4_pattern_string_reads_as_its_layer_types(tmp_path):
+    """EXAONE 4's ``sliding_window_pattern`` "LLLG" without ``layer_types`` (transformers' class needs
+    the list; meshwise reads the string too): the same blocks windowed and rope-less as the list gives."""
+    _, folder = hf_folder(tmp_path, "exaone-4.0-32b")
+    spec = load_model(str(folder))
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    again = load_model(str(tmp_path))
+    assert again.full_attention_layers == spec.full_attention_layers == tuple(range(3, 64, 4))
+    assert again.nope_layers == spec.nope_layers == tuple(range(3, 64, 4)) and again.params == spec.params

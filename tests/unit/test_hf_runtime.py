@@ -61,6 +61,10 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", dict(TINY, head_dim=16, use_bias=True, tie_word_embeddings=False)),
     "ernie4_5-tied": ("Ernie4_5Config", dict(TINY, head_dim=16, pad_token_id=0)),
     "helium": ("HeliumConfig", dict(TINY, head_dim=16, attention_bias=True, mlp_bias=True, pad_token_id=0)),
+    # EXAONE 4: norms on the sublayer outputs, q/k norms per head, a window on three blocks of four
+    # whose fourth attends without rotary positions; then without a window (every block global, with rope)
+    "exaone4": ("Exaone4Config", dict(TINY, num_hidden_layers=4, sliding_window=5, sliding_window_pattern=4)),
+    "exaone4-global": ("Exaone4Config", dict(TINY, sliding_window=None, layer_types=["full_attention"] * 2)),
 }
 
 

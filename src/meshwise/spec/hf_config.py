@@ -39,7 +39,7 @@ _DEFAULTS = {
     "seed_oss": (1e-6, 10000.0, 524288, False), "ernie4_5": (1e-5, 500000.0, 131072, True),
     "helium": (1e-8, 100000.0, 4096, False), "granite": (1e-6, 10000.0, 2048, False),
     "hunyuan_v1_dense": (1e-5, 10000.0, 2048, False), "glm4": (1.5625e-07, 10000.0, 131072, False),
-    "minimax_m2": (1e-6, 5e6, 196608, False),
+    "minimax_m2": (1e-6, 5e6, 196608, False), "exaone4": (1e-5, 10000.0, 2048, False),
 }
 HF_FAMILIES = tuple(_DEFAULTS)
 assert set(HF_FAMILIES) == set(FAMILIES)
@@ -57,7 +57,7 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "SeedOssForCausalLM": "seed_oss", "Ernie4_5ForCausalLM": "ernie4_5",
                   "HeliumForCausalLM": "helium", "GraniteForCausalLM": "granite",
                   "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense", "Glm4ForCausalLM": "glm4",
-                  "MiniMaxM2ForCausalLM": "minimax_m2"}
+                  "MiniMaxM2ForCausalLM": "minimax_m2", "Exaone4ForCausalLM": "exaone4"}
 _TOML_ROUTE = ("or describe its shape in a model TOML (layers, hidden, heads, kv_heads, ffn_hidden, vocab; "
                "docs/models.md) and pass --model that.toml")
 

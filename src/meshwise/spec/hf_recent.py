@@ -1,6 +1,6 @@
 """Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, MiniMax-M2, and the
-Mistral 3 and Qwen3-VL wrappers.
+Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, MiniMax-M2, EXAONE 4,
+and the Mistral 3 and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
@@ -80,6 +80,10 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                        num_attention_heads=48, num_key_value_heads=8, head_dim=128, max_position_embeddings=196608,
                        rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", num_experts_per_tok=8,
                        num_local_experts=256, bos_token_id=200034, eos_token_id=200020),
+    "exaone4": dict(vocab_size=102400, hidden_size=4096, intermediate_size=16384, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, sliding_window=4096, sliding_window_pattern=4, hidden_act="silu",
+                    bos_token_id=0, eos_token_id=2),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -139,6 +143,13 @@ def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
                 for rope in no_rope_flags(cfg, layers)]
     if family == "ministral":
         return ["sliding_attention" if cfg.get("sliding_window") is not None else "full_attention"] * layers
+    if family == "exaone4":  # sliding_window_pattern: every n-th block global, or a string such as "LLLG"
+        pattern = cfg.get("sliding_window_pattern") or 0
+        if cfg.get("sliding_window") is None or not pattern:
+            return ["full_attention"] * layers
+        if isinstance(pattern, str):
+            return ["full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention" for i in range(layers)]
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     if family == "llama4_text":
         interval = cfg.get("no_rope_layer_interval", 4) or 4
         nope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
@@ -213,6 +224,10 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         return dict(qkv_bias=bool(cfg["attention_bias"]), norms_per_layer=4)
     if family == "minimax_m2":  # RMSNorm over the whole q and k projections (its experts: _expert_fields)
         return dict(qk_norm=True, qk_norm_scope="projection")
+    if family == "exaone4":  # OLMo 2's norms on the sublayer outputs, q/k norms per head; with a window,
+        # the global blocks attend without rotary positions
+        nope = tuple(i for i, t in enumerate(kinds) if t == "full_attention") if window["sliding_window"] else ()
+        return dict(window, qk_norm=True, post_norm=True, nope_layers=nope)
     if family == "gpt_oss":
         return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
                     expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,

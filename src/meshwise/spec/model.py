@@ -31,7 +31,7 @@ def cached_hash(self) -> int:
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2",
             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss",
             "olmo3", "smollm3", "ministral", "glm4_moe", "seed_oss", "ernie4_5", "helium", "granite",
-            "hunyuan_v1_dense", "glm4", "minimax_m2")
+            "hunyuan_v1_dense", "glm4", "minimax_m2", "exaone4")
 QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")

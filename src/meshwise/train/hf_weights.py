@@ -40,7 +40,7 @@ _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
          "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
          "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM",
-         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM"}
+         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "exaone4": "Exaone4ForCausalLM"}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -189,7 +189,7 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         cfg.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar or spec.head_dim,
                    final_logit_softcapping=spec.final_softcap or None, attn_logit_softcapping=None,
                    layer_types=_layer_types(spec), sliding_window=spec.sliding_window or spec.max_seq)
-    if spec.family in ("olmo3", "ministral", "smollm3"):
+    if spec.family in ("olmo3", "ministral", "smollm3", "exaone4"):
         cfg["layer_types"] = _layer_types(spec)
     if spec.family == "ernie4_5":  # one flag biases every projection
         cfg["use_bias"] = spec.qkv_bias
