@@ -65,6 +65,9 @@ FAMILIES = {
     # whose fourth attends without rotary positions; then without a window (every block global, with rope)
     "exaone4": ("Exaone4Config", dict(TINY, num_hidden_layers=4, sliding_window=5, sliding_window_pattern=4)),
     "exaone4-global": ("Exaone4Config", dict(TINY, sliding_window=None, layer_types=["full_attention"] * 2)),
+    # Granite: the embedding, each sublayer's output, the scores and the logits scaled
+    "granite": ("GraniteConfig", dict(TINY, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                      attention_multiplier=0.3, logits_scaling=8.0, attention_bias=True)),
 }
 
 

@@ -192,6 +192,7 @@ class Block(nn.Module):
         outputs = spec.post_norm or spec.norms_per_layer == 4
         self.attention_out_norm = Norm(spec.hidden, spec) if outputs else None
         self.mlp_out_norm = Norm(spec.hidden, spec) if outputs else None
+        self.residual = spec.residual_multiplier  # Granite's scale of each sublayer's output
         if spec.moe and index not in spec.dense_layers:
             shared = MLP(spec, spec.shared_ffn_hidden) if spec.shared_ffn_hidden else None
             self.mlp: nn.Module = MoE(spec, shared)
@@ -200,9 +201,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         a = self.attention(x if self.attention_norm is None else self.attention_norm(x), cos, sin)
-        h = x + (a if self.attention_out_norm is None else self.attention_out_norm(a))
+        a = a if self.attention_out_norm is None else self.attention_out_norm(a)
+        h = x + (a if self.residual == 1.0 else a * self.residual)
         m = self.mlp(h if self.mlp_norm is None else self.mlp_norm(h))
-        return h + (m if self.mlp_out_norm is None else self.mlp_out_norm(m))
+        m = m if self.mlp_out_norm is None else self.mlp_out_norm(m)
+        return h + (m if self.residual == 1.0 else m * self.residual)
 
 
 class Transformer(nn.Module):
@@ -212,7 +215,8 @@ class Transformer(nn.Module):
     in every chunk and layout (``layers.3.mlp.w1.weight``).
     Input: token ids (b, s) on the first chunk, hidden states (b, s, h) elsewhere.
     Output: logits (b, s, vocab) on the last chunk, hidden states elsewhere.
-    Gemma scales the embedding by sqrt(h); GPT-2 adds learned positions (``pos_embeddings``).
+    Gemma scales the embedding by sqrt(h), Granite by its ``embedding_multiplier`` (and divides the
+    logits by ``logits_scaling``); GPT-2 adds learned positions (``pos_embeddings``).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -260,6 +264,8 @@ class Transformer(nn.Module):
             h = self.tok_embeddings(x)
             if self.spec.family in GEMMA:
                 h = h * torch.tensor(self.spec.hidden ** 0.5, dtype=h.dtype)
+            if self.spec.embedding_multiplier != 1.0:  # Granite
+                h = h * self.spec.embedding_multiplier
             if self.pos_embeddings is not None:
                 h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         tables = {False: (self.rope_cos, self.rope_sin), True: (self.rope_local_cos, self.rope_local_sin)}
@@ -275,6 +281,8 @@ class Transformer(nn.Module):
             h = self.output(h)
             if self.spec.final_softcap:  # Gemma 2/3: cap * tanh(logits / cap)
                 h = torch.tanh(h / self.spec.final_softcap) * self.spec.final_softcap
+            if self.spec.logits_scaling != 1.0:  # Granite
+                h = h / self.spec.logits_scaling
         return h
 
 
@@ -323,8 +331,7 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
 
 
 # Families the plan counts exactly and the runtime does not build: what it lacks of each.
-PLAN_ONLY = {"granite": "Granite's embedding, residual, attention and logit multipliers",
-             "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
+PLAN_ONLY = {"hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
              "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
              "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing"}
 

@@ -68,7 +68,8 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
                     tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu",
-                    bos_token_id=1, eos_token_id=2),
+                    bos_token_id=1, eos_token_id=2, embedding_multiplier=1.0, residual_multiplier=1.0,
+                    attention_multiplier=1.0, logits_scaling=1.0),
     "hunyuan_v1_dense": dict(vocab_size=290943, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                              num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048,
                              rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
@@ -214,9 +215,15 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
     if family == "ernie4_5":  # Llama's block; use_bias biases every projection, the MLP's too
         bias = bool(cfg["use_bias"])
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
-    if family in ("helium", "granite"):  # Llama's block (Granite's multipliers scale, they add no weights)
-        bias = bool(cfg["attention_bias"])  # Helium's output projection is never biased
-        return dict(qkv_bias=bias, o_bias=bias and family == "granite", mlp_bias=bool(cfg["mlp_bias"]))
+    if family == "helium":  # Llama's block; the output projection is never biased
+        return dict(qkv_bias=bool(cfg["attention_bias"]), mlp_bias=bool(cfg["mlp_bias"]))
+    if family == "granite":  # Llama's block with multipliers (they add no weights); the scores are
+        # scaled by attention_multiplier itself, query_scale^-1/2
+        bias = bool(cfg["attention_bias"])
+        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg["mlp_bias"]),
+                    query_scale=float(cfg["attention_multiplier"]) ** -2,
+                    embedding_multiplier=float(cfg["embedding_multiplier"]),
+                    residual_multiplier=float(cfg["residual_multiplier"]), logits_scaling=float(cfg["logits_scaling"]))
     if family == "hunyuan_v1_dense":  # Llama's block with an RMSNorm of each query and key head
         bias = bool(cfg["attention_bias"])
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)

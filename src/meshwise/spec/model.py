@@ -59,7 +59,9 @@ class ModelSpec:
     head_dim); ``rope_local_theta`` is the windowed blocks' unscaled rope base (Gemma 3);
     ``attn_sinks`` adds one learned sink logit per head (GPT-OSS), ``router_bias`` a bias to the
     router, ``swiglu_limit`` GPT-OSS's clamped SwiGLU; ``nope_layers`` are the blocks that attend
-    without rotary positions (SmolLM3's every fourth). ``excluded`` names what the count leaves out
+    without rotary positions (SmolLM3's every fourth); Granite scales the embedding by
+    ``embedding_multiplier`` and each sublayer's output by ``residual_multiplier`` before the residual
+    add, and divides the logits by ``logits_scaling``. ``excluded`` names what the count leaves out
     (DeepSeek-V3's multi-token-prediction layers, a multimodal model's vision encoder) and
     ``excluded_params`` its size, where known.
     """
@@ -117,6 +119,9 @@ class ModelSpec:
     router_bias: bool = False
     swiglu_limit: float = 0.0
     nope_layers: tuple[int, ...] = ()
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     excluded: str = ""
     excluded_params: int = 0
 
@@ -142,6 +147,10 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise MeshwiseError(f"model {self.name!r}: {name} must be a finite non-negative number, got {value!r}")
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise MeshwiseError(f"model {self.name!r}: {name} must be a finite number above 0, got {value!r}")
         for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS),
                             ("qk_norm_scope", QK_NORM_SCOPES)):
             if getattr(self, name) not in valid:

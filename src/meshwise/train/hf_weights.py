@@ -40,7 +40,8 @@ _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
          "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
          "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM",
-         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "exaone4": "Exaone4ForCausalLM"}
+         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "exaone4": "Exaone4ForCausalLM",
+         "granite": "GraniteForCausalLM"}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -195,6 +196,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         cfg["use_bias"] = spec.qkv_bias
     if spec.family == "helium":  # q, k and v biased by attention_bias; the output projection never is
         cfg["attention_bias"] = spec.qkv_bias
+    if spec.family == "granite":
+        cfg.update(embedding_multiplier=spec.embedding_multiplier, residual_multiplier=spec.residual_multiplier,
+                   logits_scaling=spec.logits_scaling,
+                   attention_multiplier=(spec.query_scale or spec.head_dim) ** -0.5)
     if spec.family == "seed_oss":  # its own flag for the output projection's bias; trained without dropout
         cfg.update(attention_bias=spec.qkv_bias, attention_out_bias=spec.o_bias, attention_dropout=0.0,
                    residual_dropout=0.0)
