@@ -53,8 +53,8 @@ CASES = {
     "qwen3-vl": ("Qwen3VLConfig", {}, None),  # the class defaults; Qwen3-VL-MoE's untie its head
     "qwen3-vl-moe": ("Qwen3VLMoeConfig", {}, None),
     "seed-oss-36b": ("SeedOssConfig", dict(hidden_size=5120, rope_theta=1e7), None),  # ByteDance Seed's model card
-    # plan only (train refuses them in one line): the class defaults, ERNIE 4.5's and GLM-4's being the
-    # 0.3B's and the 9B-0414's shapes; then each family's biases and norms switched on
+    # the class defaults, ERNIE 4.5's and GLM-4's being the 0.3B's and the 9B-0414's shapes; then each
+    # family's biases and norms switched on (Hunyuan and GLM-4 plan only: train refuses them below)
     "ernie-4.5-0.3b": ("Ernie4_5Config", {}, None),
     "ernie-4.5-biased": ("Ernie4_5Config", dict(use_bias=True, tie_word_embeddings=False), None),
     "helium": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True), None),

@@ -331,7 +331,10 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
 
 
 # Families the plan counts exactly and the runtime does not build: what it lacks of each.
-PLAN_ONLY = {"hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
+PLAN_ONLY = {"llama4_text": "Llama 4's chunked attention, NoPE blocks, attention temperature tuning, weightless L2 "
+                            "q/k norms and sigmoid-gated top-1 experts",
+             "glm4_moe": "GLM-4.5's sigmoid-scored, bias-corrected expert routing and partial rotary embedding",
+             "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
              "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
              "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing"}
 
@@ -344,12 +347,6 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
         return f"model {spec.name!r}: {PLAN_ONLY[spec.family]} are not built by the runtime (plan only)"
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
-    if spec.family == "llama4_text":
-        return (f"model {spec.name!r}: Llama 4's chunked attention, NoPE blocks, attention temperature tuning, "
-                f"weightless L2 q/k norms and sigmoid-gated top-1 experts are not built by the runtime (plan only)")
-    if spec.family == "glm4_moe":
-        return (f"model {spec.name!r}: GLM-4.5's sigmoid-scored, bias-corrected expert routing and partial rotary "
-                f"embedding are not built by the runtime (plan only)")
     if spec.attn_sinks or spec.swiglu_limit or spec.router_bias:
         return (f"model {spec.name!r}: GPT-OSS's attention sinks, clamped SwiGLU experts with biases and router bias "
                 f"are not built by the runtime (plan only)")

@@ -142,15 +142,14 @@ class ModelSpec:
                      "post_norm", "attn_sinks", "router_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise MeshwiseError(f"model {self.name!r}: {name} must be true or false, got {getattr(self, name)!r}")
+        positive = ("embedding_multiplier", "residual_multiplier", "logits_scaling")  # 0 is no model
         for name in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit"):
+                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit", *positive):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise MeshwiseError(f"model {self.name!r}: {name} must be a finite non-negative number, got {value!r}")
-        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise MeshwiseError(f"model {self.name!r}: {name} must be a finite number above 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                    or (value == 0 and name in positive):
+                what = "a finite number above 0" if name in positive else "a finite non-negative number"
+                raise MeshwiseError(f"model {self.name!r}: {name} must be {what}, got {value!r}")
         for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS),
                             ("qk_norm_scope", QK_NORM_SCOPES)):
             if getattr(self, name) not in valid:
