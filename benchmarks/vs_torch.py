@@ -30,13 +30,13 @@ import torch.multiprocessing as mp
 
 from meshwise.launch import free_port
 from meshwise.layout import parse
-from meshwise.runtime import OptimConfig, build_mesh, build_model, loss_sum, parallelize
+from meshwise.runtime import OptimizerConfig, build_mesh, build_model, loss_sum, parallelize
 from meshwise.spec import load_model
 
 CORES = os.cpu_count() or 1
 
 
-def plain_runner(spec, world: int, cfg: OptimConfig, seed: int):
+def plain_runner(spec, world: int, cfg: OptimizerConfig, seed: int):
     """The plain loop's step: fully_shard (ZeRO-3) per block and root when world > 1."""
     model = build_model(spec, seed)
     if world > 1:
@@ -60,7 +60,7 @@ def plain_runner(spec, world: int, cfg: OptimConfig, seed: int):
     return step
 
 
-def meshwise_runner(spec, world: int, batch: int, seq: int, cfg: OptimConfig, seed: int):
+def meshwise_runner(spec, world: int, batch: int, seq: int, cfg: OptimizerConfig, seed: int):
     mbs = batch // world  # no accumulation, as in the plain loop
     layout = parse(f"dp=1,mbs={mbs}" if world == 1 else f"dp={world},zero=3,mbs={mbs}", world)
     mesh = build_mesh(layout, spec, batch)
@@ -85,7 +85,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> N
     torch.set_num_threads(args.threads or max(1, CORES // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     spec = load_model(args.model)
-    cfg = OptimConfig()
+    cfg = OptimizerConfig()
     rows = args.batch // world
     gen = torch.Generator().manual_seed(1234)
     data = torch.randint(0, spec.vocab, (args.batch, args.seq + 1), generator=gen)

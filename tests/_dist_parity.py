@@ -43,9 +43,9 @@ LR = 3e-3  # the regime the clipping and tolerances above were chosen in (not th
 
 
 def optim_config():
-    from meshwise.runtime import OptimConfig
+    from meshwise.runtime import OptimizerConfig
 
-    return OptimConfig(lr=LR, grad_clip=MAX_GRAD_NORM)
+    return OptimizerConfig(lr=LR, grad_clip=MAX_GRAD_NORM)
 
 
 def spec(model: str = MODEL) -> ModelSpec:

@@ -6,7 +6,7 @@ is pure Python and never imports torch; the runtime half lives in ``meshwise.run
 
 __version__ = "0.1.0"
 
-_RUNTIME_NAMES = ("parallelize", "build_mesh", "end_process_group", "ParallelModel", "OptimConfig")
+_RUNTIME_NAMES = ("parallelize", "build_mesh", "end_process_group", "ParallelModel", "OptimizerConfig")
 
 
 def __getattr__(name: str):

@@ -78,7 +78,7 @@ class Layout:
 
     def format(self) -> str:
         """Canonical text, every key present; ``parse(format())`` gives the same layout."""
-        return ",".join(f"{k}={_fmt(getattr(self, k))}" for k in KEYS)
+        return ",".join(f"{k}={_field_text(getattr(self, k))}" for k in KEYS)
 
     def short(self) -> str:
         """Only what differs from a plain DDP layout: ``dp=8,zero=3,tp=2``."""
@@ -124,7 +124,7 @@ def layout_from_fields(fields: dict) -> Layout:
     return new
 
 
-def _fmt(value: object) -> str:
+def _field_text(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

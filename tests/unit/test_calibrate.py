@@ -69,7 +69,7 @@ def test_gemm_fit_recovers_the_model_and_the_profile_reads_it(rate, call_s, byte
 
 @pytest.mark.parametrize("step_s,score_s,dim_s", [(1e-4, 8e-9, 2e-10), (0.0, 5e-9, 0.0), (2e-4, 1e-8, 0.0)])
 def test_ring_fit_recovers_its_model(step_s, score_s, dim_s):
-    """cost/context.py's per-step ring model, fitted to exact samples over the calibration's shapes,
+    """cost/context_parallel.py's per-step ring model, fitted to exact samples over the calibration's shapes,
     gives back its constants (a term whose true value is 0 is left out, not fitted negative)."""
     samples = [(4.0 * s * s, d, step_s + 4.0 * s * s * (score_s + d * dim_s)) for s, d in cal.RING_SHAPES]
     got = cal.fit_ring(samples)
@@ -446,7 +446,7 @@ def test_ring_steps_are_read_off_the_measured_table(tmp_path):
     malformed one is refused by name."""
     import dataclasses
 
-    from meshwise.cost.context import ring_step_seconds
+    from meshwise.cost.context_parallel import ring_step_seconds
 
     rows = [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10) * (1.5 if s >= 512 else 1.0)]
             for s, d in ((64, 16), (256, 16), (512, 16), (64, 64), (256, 64), (512, 64))]

@@ -313,7 +313,7 @@ def test_context_parallel_ranks_pay_fsdp2_s_dtensor_optimizer_and_norm():
     optimizer step and gradient norm dispatch through DTensor as a dp=2 rank's do (a grid step of
     cp=2 at hidden 64 measured 16 ms of optimizer where the plain-tensor charge read 3 ms)."""
     from meshwise.cost import memory
-    from meshwise.cost.context import dtensor_parameters
+    from meshwise.cost.context_parallel import dtensor_parameters
     from meshwise.cost.estimate import _accumulation_s
 
     model, train = load_model("tiny"), TrainSpec(4, 64, precision="fp32")

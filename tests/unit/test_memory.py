@@ -123,7 +123,7 @@ def test_context_parallelism_splits_activations_and_shares_weights():
     tokens (exactly a cp-times shorter sequence's), plus the ring's K/V and dK/dV buffers; the ring's
     sends per block and micro-batch: cp-1 K/V forward and backward, cp dK/dV."""
     from meshwise.cost import memory
-    from meshwise.cost.context import ring_bytes
+    from meshwise.cost.context_parallel import ring_bytes
     from meshwise.cost.estimate import rank_collectives
     from meshwise.cost.memory import rank_shapes
 

@@ -103,7 +103,7 @@ def test_ep_with_cp_moments_and_fsdp_padding(moe):
     (the experts' unit is reduced already); the backward's start moves past the shared expert's
     backward (its 6,208 fresh gradients); FSDP2 pads the router (4 rows) and the shared gate (1 row)
     to multiples of the 8 shards."""
-    from meshwise.cost.context import weights_layout
+    from meshwise.cost.context_parallel import weights_layout
     from meshwise.cost.estimate import fsdp_padding
     train, layout = TrainSpec(8, 64, "fp32"), parse("dp=4,zero=3,cp=2,ep=4", 8)
     shape = memory.all_rank_shapes(moe, layout)[0]

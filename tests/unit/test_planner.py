@@ -52,7 +52,7 @@ def test_per_micro_batch_reads_ep_only_as_above_one():
     (and do change from ep = 1, so the test can tell)."""
     from dataclasses import replace
 
-    from meshwise.cost.context import local_train
+    from meshwise.cost.context_parallel import local_train
     from meshwise.cost.memory import _per_micro_batch, rank_shapes
 
     model, gpus, batch = load_model("tiny-moe"), 8, 16
@@ -76,7 +76,7 @@ def test_peak_cache_memories_are_rank_memories(name, gpu, gpus, batch, seq):
     every layout, in enumeration order (the tables filling as in a search), it is rank_memories'."""
     from meshwise.cost.estimate import rank_memories
     from meshwise.cost.memory import rank_shapes
-    from meshwise.cost.peak_cache import PeakCache
+    from meshwise.cost.memory_peaks import PeakCache
 
     model, cluster = load_model(name), load_cluster(gpu, gpus)
     train = TrainSpec(batch, seq, "bf16-mixed")

@@ -106,11 +106,11 @@ def _traced_step() -> dict:
     """In a fresh process: one traced step of LAYOUT's rank 0 inside timed_waits; the calls of each
     replacement, and the FSDP2 and tracker attributes meshwise reads that are missing after it."""
     from meshwise.layout import parse
-    from meshwise.measure import trace
+    from meshwise.measure import verify_worker
     from meshwise.spec import load_model
 
     seen: dict[str, object] = {}
-    held_by, tracker_for = trace._held_by, trace.tracker_for
+    held_by, tracker_for = verify_worker._held_by, verify_worker.tracker_for
 
     def keep_model(pm):
         seen["pm"] = pm
@@ -120,11 +120,11 @@ def _traced_step() -> dict:
         seen["tracker"] = tracker_for(*args, **kwargs)
         return seen["tracker"]
 
-    trace._held_by, trace.tracker_for = keep_model, keep_tracker
+    verify_worker._held_by, verify_worker.tracker_for = keep_model, keep_tracker
     _torch_private.OVERRIDE_CALLS.clear()
     waits: list[str] = []
     with _torch_private.timed_waits(lambda kind, seconds: waits.append(kind)):
-        trace.trace_rank(load_model("tiny"), parse(LAYOUT, 8), 0, 4, 64, "cpu", "cpu")
+        verify_worker.trace_rank(load_model("tiny"), parse(LAYOUT, 8), 0, 4, 64, "cpu", "cpu")
         _gloo_wait()  # the fake backend's works are not waited through Work.wait; gloo's (measure's) are
     missing = []
     groups = _torch_private.fsdp_param_groups(seen["pm"].modules)

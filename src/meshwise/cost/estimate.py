@@ -11,7 +11,7 @@ docs/cost-model.md has the table):
   need them); under ``megatron`` with ``overlap_tp_comm`` (``--tp-comm-overlap``, with SP) hidden
   behind the block's compute except a ``1 / tp`` share (the first chunk of each ring pipeline).
 - Pipeline sends: exposed (receives wait inside the bubble or behind the matching send).
-- The cp ring's K/V sends hide behind attention compute, its dK/dV sends do not (cost/context.py).
+- The cp ring's K/V sends hide behind attention compute, its dK/dV sends do not (cost/context_parallel.py).
 - DP gradient reduction (zero 0/1) overlaps with the backward of the last micro-batch (unless
   ``TrainSpec.overlap_dp_comm`` is off, as in Megatron-LM 2021); ZeRO-2/3 all-gathers and
   reduce-scatters overlap with the compute of their own micro-batch. What exceeds the window is
@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
 from meshwise.cost.comm import Collective
-from meshwise.cost.context import (
+from meshwise.cost.context_parallel import (
     cp_collectives,
     cp_exposed,
     cp_named,
@@ -449,7 +449,7 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
-    # the attention kernels timed on their own (cost/context.py, cost/host.py) hold the attention core
+    # the attention kernels timed on their own (cost/context_parallel.py, cost/host.py) hold the attention core
     if layout.cp > 1:
         ring_s = ring_kernel_seconds(model, accel, local_train(train, layout), layout, shape.blocks, m)
     else:
@@ -591,7 +591,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
     ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
     kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
-    # a profile whose ring steps were timed with their sends holds them in compute (cost/context.py)
+    # a profile whose ring steps were timed with their sends holds them in compute (cost/context_parallel.py)
     cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
@@ -666,7 +666,7 @@ def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layo
 
 def _shape_counts(cache: dict | None, model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """How many pipeline ranks each of memory.rank_shapes stands for (for the mean stage), kept in
-    ``cache`` (when given: a plan's, cost/cache.py) by the fields it reads."""
+    ``cache`` (when given: a plan's, cost/plan_cache.py) by the fields it reads."""
     key = ("counts", layout.tp, layout.pp, layout.vpp, layout.schedule)
     counts = cache.get(key) if cache is not None else None
     if counts is None:
@@ -692,7 +692,7 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
 def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
              headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
              memories: tuple[Memory, ...] | None = None) -> Estimate:
-    """Estimate one (already validated) layout (``stage_cache``: a plan's per-rank memo, cost/cache.py's
+    """Estimate one (already validated) layout (``stage_cache``: a plan's per-rank memo, cost/plan_cache.py's
     ``PlanCache.stages``, shared with :func:`lower_bound_step_s` over one model, cluster and setting;
     ``memories``: :func:`rank_memories`' answer for the layout where the caller has it, as the search
     does from its peak cache)."""

@@ -356,7 +356,7 @@ def _scaled_polyline(points: list[tuple[float, float]], x: float) -> float:
 def width_table_seconds(rows, x: float, width: float, read=piecewise_linear) -> float:
     """A measured table of rows ``(x, head width, seconds)`` read at (``x``, ``width``): ``read``
     (a polyline through x-ascending points) along ``x`` at each measured width, then along the
-    widths. The one reading of cost/context.py's ring table and SDPA's per-head table."""
+    widths. The one reading of cost/context_parallel.py's ring table and SDPA's per-head table."""
     widths = sorted({w for _, w, _ in rows})
     by_width = [(w, read(sorted((a, t) for a, v, t in rows if v == w), x)) for w in widths]
     return read(by_width, width)

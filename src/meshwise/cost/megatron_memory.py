@@ -46,7 +46,7 @@ from functools import lru_cache
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
-from meshwise.cost.context import local_train, tp_overlap_on, weights_layout
+from meshwise.cost.context_parallel import local_train, tp_overlap_on, weights_layout
 from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec

@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
-from meshwise.cost.context import local_train, ring_bytes, weights_layout
+from meshwise.cost.context_parallel import local_train, ring_bytes, weights_layout
 from meshwise.layout import Layout, chunk_rank, stage_layers
 from meshwise.spec import ModelSpec, TrainSpec, cached_hash
 

@@ -6,7 +6,7 @@ import sys
 
 from meshwise.measure import fake_cuda
 
-if "torch" not in sys.modules:  # else too late: the trace takes the cpu device (trace.trace_device)
+if "torch" not in sys.modules:  # else too late: the trace takes the cpu device (verify_worker.trace_device)
     fake_cuda.load_if_built()
 
-from meshwise.measure import trace  # noqa: E402,F401  (torch, meshwise's runtime: imported once, forked per trace)
+from meshwise.measure import verify_worker  # noqa: E402,F401  (torch, meshwise's runtime: imported once, forked per trace)

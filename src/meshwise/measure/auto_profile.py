@@ -63,7 +63,7 @@ CALIBRATION_VERSION = 17  # 17: the pipeline schedule's host cost per stage call
                           #    with more ranks than cores;
                           # 8: whole ring calls with their sends; host time net of its GEMMs;
                           #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
-                          # 7: ring attention's kernels (cost/context.py);
+                          # 7: ring attention's kernels (cost/context_parallel.py);
                           # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
                           # 5: the efficiency net of the memory-bound term (cost/host.py);
                           # 4: more ranks than cores take the cores-process profile's per-rank figures;

@@ -74,7 +74,7 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
   and on a shared CPU the best run is 1.3-1.9x faster than the median). Back-to-back calls in a tight loop read several times faster on CPU, because
   there gloo's threads and the peer process are already awake; in training they are not (and the
   ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
-- **ring attention** ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context.py): with two
+- **ring attention** ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context_parallel.py): with two
   processes or more and two cores or more, the runtime's whole ring-attention call (forward +
   backward) over a ring of ranks 0 and 1, per ring step, at ``RING_SHAPES``: the K/V and dK/dV sends
   and the bookkeeping around the blocks cost 1.1-2.3x the bare blocks on this host, and their CPU
@@ -198,7 +198,7 @@ SDPA_SHAPES = ((64, 16), (256, 16), (512, 16), (1024, 16), (64, 64), (256, 64), 
 
 def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:
     """(call, per score element, per score element and head width, mean |relative error|) of a
-    score-sized attention kernel, ``t = call + E * (score + d * dim)``: cost/context.py's
+    score-sized attention kernel, ``t = call + E * (score + d * dim)``: cost/context_parallel.py's
     ``ring_kernel_seconds`` per ring step (cp_*) and cost/host.py's ``sdpa_seconds`` per call
     (sdpa_*), fitted to ``(score elements E, head width d, seconds of a forward + backward)`` samples by least
     squares on relative error; a term whose coefficient comes out negative is left out (the
@@ -395,7 +395,7 @@ def _gemm_model(rate: float, call_s: float, bytes_per_s: float):
 
 
 def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
-    """The attention kernels' keys, ring attention's (cost/context.py ``ring_kernel_seconds``) and
+    """The attention kernels' keys, ring attention's (cost/context_parallel.py ``ring_kernel_seconds``) and
     SDPA's (cost/host.py ``sdpa_call_seconds``), and a note on each fit's own error, from ``ring`` and
     ``sdpa`` (``[score elements, head width, seconds]`` per shape, ``RING_HEADS`` query heads of one
     sequence); {} without them. The cost model reads the timings themselves where it can: the
@@ -408,7 +408,7 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
             call, score, dim, error = fit_ring([tuple(x) for x in result[key]])
             out |= {f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call, f"{prefix}_score_s": score,
                     f"{prefix}_score_dim_s": dim}
-            if prefix == "cp":  # the cost model reads the timings themselves (cost/context.py ring_step_seconds)
+            if prefix == "cp":  # the cost model reads the timings themselves (cost/context_parallel.py ring_step_seconds)
                 out["cp_ring_table"] = [[float(x) for x in row] for row in result[key]]
             elif len(result[key]) >= 2:
                 out["sdpa_head_table"] = [[math.sqrt(e / RING_HEADS), float(d), max(t - call, t / 10) / RING_HEADS]

@@ -433,7 +433,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshwise.runtime.model import build_model, loss_sum
-    from meshwise.runtime.optim import OptimConfig, build_optimizer
+    from meshwise.runtime.optim import OptimizerConfig, build_optimizer
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
@@ -443,7 +443,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
         if sharded:
             _shard_blocks(net, mesh, 1)
         params = list(net.parameters())
-        optimizer = build_optimizer(params, OptimConfig())
+        optimizer = build_optimizer(params, OptimizerConfig())
         loss_sum(net(tokens[:, :-1]), tokens[:, 1:]).backward()
         optimizer.step()  # the states exist from here on
         out.append(_lockstep_time(optimizer.step, 10 * repeats, 1, typical=True))

@@ -13,7 +13,7 @@ from meshwise.measure.run import run_workers
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 
-def _fmt(figure: str, value: float) -> str:
+def _figure_text(figure: str, value: float) -> str:
     if figure.startswith("time."):
         return f"{value:.4f}"
     return f"{value:,.0f}"
@@ -32,7 +32,7 @@ def print_rows(rows: list[Row], title: str) -> None:
     for r in rows:
         err = r.rel_error
         shown = "-" if err == float("inf") else f"{err:+.1%}"
-        table.add_row(str(r.rank), r.figure, _fmt(r.figure, r.predicted), _fmt(r.figure, r.measured), shown)
+        table.add_row(str(r.rank), r.figure, _figure_text(r.figure, r.predicted), _figure_text(r.figure, r.measured), shown)
     console.print(table)
     for rank, moment in sorted({(r.rank, r.figure.split(".")[1]) for r in rows if r.figure.startswith("peak_moved.")}):
         console.print(f"rank {rank}: the peak moved: it fell at the '{moment}' moment, not where the plan puts it "

@@ -1,5 +1,5 @@
 """``meshwise verify``: any rank of any layout, at its real world size, traced through one training
-step on fake devices (:mod:`meshwise.measure.trace`) and printed beside the plan's prediction in
+step on fake devices (:mod:`meshwise.measure.verify_worker`) and printed beside the plan's prediction in
 ``measure``'s rows.
 
 Depth. A rank's blocks are identical, so every traced figure (memory by category at the peak,
@@ -176,7 +176,7 @@ def _peak_moved(a: dict, b: dict) -> bool:
 
 def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
                precision: str | None = None) -> dict:
-    """One trace (meshwise.measure.trace.trace_rank) in a fresh process: nothing of one trace's
+    """One trace (meshwise.measure.verify_worker.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
     loaded the fake CUDA device and imported torch and meshwise once (``forkserver``, preloading
@@ -185,13 +185,13 @@ def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, s
     the GPU's precision policy, and the record says why (``device_note``)."""
     import multiprocessing
 
-    from meshwise.measure import trace
+    from meshwise.measure import verify_worker
 
     device, note = fake_device(kind)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["meshwise.measure._trace_preload"])  # by name: never loaded here
     with context.Pool(1) as pool:
-        record = pool.apply(trace.trace_rank, (model, layout, rank, global_batch, seq, kind, device, precision))
+        record = pool.apply(verify_worker.trace_rank, (model, layout, rank, global_batch, seq, kind, device, precision))
     if note:
         record.setdefault("device_note", note)
     return record

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 from meshwise.cost.estimate import Estimate
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
-
-GB = 1e9
-
-
-def _gb(x: float) -> str:
-    return f"{x / GB:,.1f} GB"
+from meshwise.units import gb_text
 
 
 def _divisors(n: int) -> list[int]:
@@ -42,17 +37,17 @@ def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: Tra
     gathers = (2 * m if win.zero == 3 else 1)  # ZeRO-3 gathers every micro-batch, forward and backward
     gather_bytes = model.expert_params / win.pp * train.weight_bytes * gathers
     head = (f"E. Experts: {model.experts} x {model.moe_layers} blocks hold {model.expert_params / 1e9:,.3g}B of the "
-            f"{model.params / 1e9:,.3g}B params ({_gb(experts_gb)} of states), {model.experts_per_token} active per token "
+            f"{model.params / 1e9:,.3g}B params ({gb_text(experts_gb)} of states), {model.experts_per_token} active per token "
             f"({model.active_params / 1e9:,.3g}B active params). ")
     figures = {"experts_states_bytes": experts_gb, "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes,
                "usable_bytes": usable}
     if win.ep == 1:
-        return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({_gb(gather_bytes)} per rank per "
+        return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({gb_text(gather_bytes)} per rank per "
                        "step) was not slower than any layout with ep > 1 that fits."), figures
     why = []
     if experts_gb / win.tp > usable:
-        why.append(f"too many for one rank's memory ({_gb(experts_gb)} > {_gb(usable)})")
-    why.append(f"all-to-all moves {_gb(a2a_bytes)} per rank per step where gathering the experts would move "
-               f"{_gb(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
+        why.append(f"too many for one rank's memory ({gb_text(experts_gb)} > {gb_text(usable)})")
+    why.append(f"all-to-all moves {gb_text(a2a_bytes)} per rank per step where gathering the experts would move "
+               f"{gb_text(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
     return (head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why)
             + "."), figures

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from meshwise.cost.cache import PlanCache, plan_cache
-from meshwise.cost.context import local_train, tp_overlap_on
+from meshwise.cost.context_parallel import local_train, tp_overlap_on
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
+from meshwise.cost.plan_cache import PlanCache, plan_cache
 from meshwise.layout import Layout
-from meshwise.plan.layouts import (
+from meshwise.plan.candidates import (
     RUNNER_UP_POOL,
     SearchResult,
     _ac_modes,

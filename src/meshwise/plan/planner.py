@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshwise.cost import memory
-from meshwise.cost.cache import PlanCache
 from meshwise.cost.estimate import DEFAULT_HEADROOM, Estimate, estimate
 from meshwise.cost.memory import Memory
+from meshwise.cost.plan_cache import PlanCache
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
 from meshwise.plan.compare import binding, costlier_part
@@ -34,16 +34,11 @@ from meshwise.plan.search import (  # noqa: F401  (the search's names, re-export
 )
 from meshwise.plan.search import _divisors as _divisors_of
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+from meshwise.units import gb_text
 
 # ------------------------------------------------------------------------------- explanation
-GB = 1e9
 # DeepSeek-V3 (arXiv 2412.19437, Sec. 4.2): batch ramped to 15,360 sequences of 4,096 tokens (docs/sources.md)
 LARGEST_PUBLISHED_BATCH_TOKENS = 15360 * 4096
-
-
-def _gb(x: float) -> str:
-    """Bytes as GB to one decimal; below 0.1 GB as MB (a small model's figures are not all 0.0 GB)."""
-    return f"{x / GB:,.1f} GB" if abs(x) >= 0.1 * GB or x == 0 else f"{x / 1e6:,.1f} MB"
 
 
 ORDER = (f"fastest step first; layouts within {TIE:.0%} of the fastest are a tie within the time model's accuracy "
@@ -156,7 +151,7 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
                          headroom: float = DEFAULT_HEADROOM, shown: int | None = None,
                          cache: PlanCache | None = None) -> Explained:
     """:func:`explain`, with the figures of each line (Plan.as_json's ``explanation_figures``; ``cache``:
-    the plan's, cost/cache.py)."""
+    the plan's, cost/plan_cache.py)."""
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     out = Explained([], {})
     one = reference(model, cluster, replace(train, global_batch=1), Layout())
@@ -179,13 +174,13 @@ def _step_one_device(out: Explained, model: ModelSpec, cluster: ClusterSpec, tra
     """Step 1: do the model states (+ the activations of one sequence) fit on one device?"""
     accel = cluster.accelerator
     states = model.params * train.state_bytes_per_param
-    cap = f"one {accel.name} holds {_gb(accel.memory_bytes)} ({_gb(usable)} usable with {headroom:.0%} headroom)"
+    cap = f"one {accel.name} holds {gb_text(accel.memory_bytes)} ({gb_text(usable)} usable with {headroom:.0%} headroom)"
     act = "" if model.states_only else (
-        f"; one sequence's activations reach {_gb(one.activations_peak)} "
-        f"{MOMENT_WORDS[one.activations_moment]}, and the device's peak is {_gb(one.memory.total)} "
+        f"; one sequence's activations reach {gb_text(one.activations_peak)} "
+        f"{MOMENT_WORDS[one.activations_moment]}, and the device's peak is {gb_text(one.memory.total)} "
         f"{MOMENT_WORDS[one.peak_moment]} (dp=1, mbs=1, no recompute)")
     out.add("1", f"1. One device? Model states {model.params / 1e9:,.3g}B params x {_precision_note(train)} = "
-                 f"{_gb(states)}{act}; {cap} -> " +
+                 f"{gb_text(states)}{act}; {cap} -> " +
                  ("fits: data parallelism (DDP) is the simplest answer; global batch = mbs x accum x dp."
                   if one.memory.total <= usable else "does not fit: plain DDP cannot run this model."),
             states_bytes=states, capacity_bytes=accel.memory_bytes, usable_bytes=usable, one_device=one)
@@ -198,7 +193,7 @@ def _steps_capacity(out: Explained, model: ModelSpec, cluster: ClusterSpec, trai
     sharded = model.params * train.state_bytes_per_param / n
     verdict = "fits" if sharded <= usable else "does not fit"
     line = (f"2. Replicated states? Sharding them over all {n} device(s) (ZeRO-3/FSDP) leaves "
-            f"{_gb(sharded)} of states per device -> {verdict}" +
+            f"{gb_text(sharded)} of states per device -> {verdict}" +
             (": ZeRO/FSDP addresses the capacity wall." if sharded <= usable else "."))
     refs: dict[str, Reference] = {}
     if sharded <= usable and not model.states_only:
@@ -208,9 +203,9 @@ def _steps_capacity(out: Explained, model: ModelSpec, cluster: ClusterSpec, trai
             refs = {"zero3": plain, "zero3_full": full}
             batch = f" (at a global batch of {plain.global_batch})" if plain.global_batch != train.global_batch else ""
             line += (f" But the activations do not fit beside them: {plain.layout.short()}{batch} peaks at "
-                     f"{_gb(plain.memory.total)} with {_gb(plain.memory.activations)} of activations; with full "
-                     f"recompute ({full.layout.short()}) {_gb(full.memory.activations)} of activations, a peak of "
-                     f"{_gb(full.memory.total)} -> " +
+                     f"{gb_text(plain.memory.total)} with {gb_text(plain.memory.activations)} of activations; with full "
+                     f"recompute ({full.layout.short()}) {gb_text(full.memory.activations)} of activations, a peak of "
+                     f"{gb_text(full.memory.total)} -> " +
                      ("checkpointing or TP+SP, which splits them, is needed too." if full.memory.total <= usable else
                       "checkpointing alone is not enough: TP+SP (or PP, CP) must split them too."))
     out.add("2", line, sharded_states_bytes=sharded, usable_bytes=usable, **refs)
@@ -242,8 +237,8 @@ def _step_layer(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: T
         verdict = ("a layer fits; TP is needed only if sharded states plus activations still overflow" +
                    (f" (the chosen layout has tp={tp})." if winner else "."))
     out.add("3", f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params{experts}; "
-                 f"whole while it computes, its weights and gradients take {_gb(whole)} and its activations of one "
-                 f"sequence {_gb(kept)} -> {verdict}",
+                 f"whole while it computes, its weights and gradients take {gb_text(whole)} and its activations of one "
+                 f"sequence {gb_text(kept)} -> {verdict}",
             block_whole_bytes=whole, block_activations_bytes=kept, usable_bytes=usable)
 
 
@@ -263,7 +258,7 @@ def _step_context(out: Explained, model: ModelSpec, cluster: ClusterSpec, train:
                    cache=cache)
     head = f"3b. Sequence too long? {train.seq_len:,} tokens"
     split = (f"context parallelism cp={win.cp} splits the sequence ({train.seq_len // win.cp:,} tokens per rank, "
-             f"{_gb(winner.memory.activations)} of activations)")
+             f"{gb_text(winner.memory.activations)} of activations)")
     if not alone.enumerated:
         out.add("3b", f"3b. Why split the sequence? {train.seq_len:,} tokens: no layout without context parallelism "
                       f"is valid here (dp must divide the global batch of {train.global_batch:,}, and tp and pp "
@@ -311,7 +306,7 @@ def _versus(w: Estimate, r: Estimate, global_batch: int) -> str:
         simpler = simpler_in(w.layout, r.layout, global_batch)  # only what actually differs between the two
         needs = [f"less machinery: {simpler}"] if simpler else []
         if w.memory.total < r.memory.total:
-            needs.append(f"less memory ({_gb(w.memory.total)}, not {_gb(r.memory.total)})")
+            needs.append(f"less memory ({gb_text(w.memory.total)}, not {gb_text(r.memory.total)})")
         why = f"the chosen one needs {' and '.join(needs)}" if needs else "the chosen one is as simple and faster"
         return f"within {TIE:.0%} ({slower:+.1%}): a tie within the time model's accuracy; {why}"
     reason, delta = costlier_part(w, r)
@@ -329,7 +324,7 @@ def _why_winner(out: Explained, best: list[Estimate], shown: int) -> None:
     w = best[0]
     first = rank(1) if shown else "the search's #1"
     head = (f"Chosen: {w.layout.short()} ({first}) - "
-            f"{w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, MFU {w.mfu:.1%}, {_gb(w.memory.total)} on "
+            f"{w.time.step_s:.3g} s/step, {w.tokens_per_s:,.0f} tokens/s, MFU {w.mfu:.1%}, {gb_text(w.memory.total)} on "
             "the largest rank.")
     if len(best) < 2:
         out.add("chosen", head + " It is the only layout that fits.", rows={"1": w.layout.short()},
@@ -453,7 +448,7 @@ def bubble_remedy(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: E
     out = [f"schedule={alt.layout.schedule}" + (f",vpp={alt.layout.vpp}" if alt.layout.vpp > 1 else "") +
            f" cuts it to {alt.time.bubble_s / alt.time.step_s:.1%} of a {alt.time.step_s:.4g} s step "
            f"({alt.time.step_s / e.time.step_s - 1:+.1%})" +
-           ("" if alt.fits else f", but it needs {_gb(alt.memory.total)}, more than fits")
+           ("" if alt.fits else f", but it needs {gb_text(alt.memory.total)}, more than fits")
            for alt in _faster_schedules(model, cluster, train, e, headroom, cache)]
     out += _more_micro_batches(model, cluster, train, e, headroom)
     if not out:
@@ -500,7 +495,7 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
     else:
         weights = model.params * train.weight_bytes / cluster.world_size
         out.append(f"Fewer bytes per parameter: {train.state_bytes_per_param} B/param is already the leanest "
-                   f"convention; the weights alone take {_gb(weights)} per device"
+                   f"convention; the weights alone take {gb_text(weights)} per device"
                    + (" - more than fits, so only more devices help." if weights > cluster.accelerator.memory_bytes * (1 - headroom) else "."))
     node = max(cluster.gpus_per_node, 8)
     for k in range(1, 15):
@@ -512,7 +507,7 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
         if r.best:
             batch = f", global batch {gb}" if gb != train.global_batch else ""
             out.append(f"More devices: {more} x {cluster.accelerator.name} fit with {r.best[0].layout.short()}"
-                       f" ({_gb(r.best[0].memory.total)} on the largest rank{batch}).")
+                       f" ({gb_text(r.best[0].memory.total)} on the largest rank{batch}).")
             break
     else:
         out.append("More devices: not even 2^14 times as many would fit it.")
@@ -532,7 +527,7 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
 
 def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
          headroom: float = DEFAULT_HEADROOM, layout: Layout | None = None) -> Plan:
-    """Search (or evaluate ``layout`` alone), explain and warn, with one set of caches (cost/cache.py)."""
+    """Search (or evaluate ``layout`` alone), explain and warn, with one set of caches (cost/plan_cache.py)."""
     cache = PlanCache(model, cluster, train)
     if layout is not None:
         validate(layout, model, cluster.world_size, train.global_batch)
@@ -541,7 +536,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
         said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
         lines = said.lines
         verdict = "fits" if e.fits else "does NOT fit"
-        lines.append(f"Evaluated: {layout.short()} {verdict} ({_gb(e.memory.total)} on the largest rank), "
+        lines.append(f"Evaluated: {layout.short()} {verdict} ({gb_text(e.memory.total)} on the largest rank), "
                      f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}" +
                      (f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
                       if result.best and e.fits and result.best[0].layout != layout else "."))

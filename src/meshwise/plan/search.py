@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from meshwise.cost import memory
-from meshwise.cost.cache import PlanCache, plan_cache
-from meshwise.cost.context import local_train
+from meshwise.cost.context_parallel import local_train
 from meshwise.cost.estimate import (
     DEFAULT_HEADROOM,
     estimate,
@@ -27,9 +26,10 @@ from meshwise.cost.estimate import (
     optimizer_seconds,
 )
 from meshwise.cost.memory import RankShape
-from meshwise.cost.peak_cache import RankEntry
+from meshwise.cost.memory_peaks import RankEntry
+from meshwise.cost.plan_cache import PlanCache, plan_cache
 from meshwise.layout import Layout, runs_here
-from meshwise.plan.layouts import (  # noqa: F401  (re-exported: the search's names, as before)
+from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's names, as before)
     _RUNS_HERE_FIELDS,
     CP_MIN_TOKENS,
     MAX_MBS,
@@ -86,7 +86,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 
     is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where``
     restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
     to what that runtime runs (:func:`meshwise.layout.runs_here`). ``cache``: the plan's caches
-    (cost/cache.py), where it serves this model, cluster and setting; else the search makes its own."""
+    (cost/plan_cache.py), where it serves this model, cluster and setting; else the search makes its own."""
     with _collector_paused():
         if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
             return search_megatron(model, cluster, train, top, headroom, where, cache=cache)

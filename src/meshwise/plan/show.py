@@ -10,13 +10,10 @@ from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+from meshwise.units import gb_text
 
 COLUMNS = ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits",
            "binds")
-
-
-def _gb(x: float) -> str:
-    return f"{x / 1e9:,.1f}"
 
 
 def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan, console: Console | None = None,
@@ -44,8 +41,8 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
             table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
         for i, e in enumerate(plan.candidates, 1):
             mem = e.memory
-            row = [str(i), e.layout.short(), _gb(mem.params), _gb(mem.grads), _gb(mem.optimizer),
-                   _gb(mem.activations), _gb(mem.other), _gb(mem.total), f"{e.time.step_s:.3g}",
+            row = [str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False), gb_text(mem.optimizer, unit=False),
+                   gb_text(mem.activations, unit=False), gb_text(mem.other, unit=False), gb_text(mem.total, unit=False), f"{e.time.step_s:.3g}",
                    f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
             table.add_row(*(row + (budget_cells(budgets[i - 1]) if budgets else [])))
         console.print(table)

@@ -7,8 +7,8 @@ rank's stage modules, pipeline schedule and optimizer with a ``step(inputs, targ
 
 from meshwise.runtime.mesh import build_mesh, end_process_group
 from meshwise.runtime.model import Transformer, build_model, init_weights, loss_sum
-from meshwise.runtime.optim import OptimConfig
+from meshwise.runtime.optim import OptimizerConfig
 from meshwise.runtime.parallelize import ParallelModel, parallelize
 
-__all__ = ["build_mesh", "end_process_group", "parallelize", "ParallelModel", "OptimConfig", "Transformer", "build_model",
+__all__ = ["build_mesh", "end_process_group", "parallelize", "ParallelModel", "OptimizerConfig", "Transformer", "build_model",
            "init_weights", "loss_sum"]

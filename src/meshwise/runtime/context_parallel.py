@@ -107,7 +107,7 @@ def forward_block(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, q_pos: to
                   acc: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor):
     """One ring step of the forward: the local Q (b, heads, sq, d) against one K/V block (b, kv heads,
     sk, d), merged into the running (output accumulator, row max, row sum) by online softmax; returns
-    them updated. ``meshwise calibrate`` times this on its own (cost/context.py ``ring_kernel_seconds``)."""
+    them updated. ``meshwise calibrate`` times this on its own (cost/context_parallel.py ``ring_kernel_seconds``)."""
     scale, groups, f = 1.0 / math.sqrt(q.shape[-1]), q.shape[1] // kb.shape[1], acc.dtype
     s = _scores(q, _expand(kb, groups), q_pos, k_pos, scale).to(f)
     new_max = torch.maximum(row_max, s.amax(-1, keepdim=True))

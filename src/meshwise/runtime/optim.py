@@ -16,8 +16,6 @@ from torch.distributed.tensor import DTensor
 
 from meshwise.spec.optimizer import OptimizerConfig
 
-OptimConfig = OptimizerConfig  # the runtime's name for the one optimizer config
-
 
 def _spec_key(p: torch.Tensor) -> tuple:
     if isinstance(p, DTensor):
@@ -25,7 +23,7 @@ def _spec_key(p: torch.Tensor) -> tuple:
     return ("plain",)
 
 
-def build_optimizer(params: list[nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW with one param group per (mesh, placements), so foreach kernels never mix meshes."""
     groups: dict[tuple, list[nn.Parameter]] = {}
     for p in params:

@@ -43,7 +43,7 @@ from meshwise.runtime.expert_parallel import apply_expert_parallel, expert_mesh
 from meshwise.runtime.mesh import dp_rank, mesh_device
 from meshwise.runtime.model import Attention, Transformer, canonical_name, init_weights, loss_sum, runtime_refusal
 from meshwise.runtime.moe import set_aux_sequences
-from meshwise.runtime.optim import OptimConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
+from meshwise.runtime.optim import OptimizerConfig, build_optimizer, clip_grad_norm, reduce_partial_grads
 from meshwise.runtime.pipeline import build_eval_schedule, build_schedule, build_stages, chunk_bounds, my_chunks
 from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 from meshwise.spec import ModelSpec
@@ -63,7 +63,7 @@ class ParallelModel:
     modules: list[nn.Module]
     schedule: object | None
     optimizer: torch.optim.Optimizer
-    optim_config: OptimConfig
+    optim_config: OptimizerConfig
     stages: list = field(default_factory=list)
     eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
     float8_conversions: list[float8.Conversion] = field(default_factory=list)  # per chunk, under fp8 precisions
@@ -222,7 +222,7 @@ def _float8_all_gather(layout: Layout, precision: str | None) -> bool:
 
 def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
                 seq_len: int | None = None, seed: int = 0,
-                optim: OptimConfig = OptimConfig(), compile: bool = False,
+                optim: OptimizerConfig = OptimizerConfig(), compile: bool = False,
                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
                 precision: str | None = None) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);

@@ -80,7 +80,7 @@ class AcceleratorSpec:
     fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
     fsdp_byte_s: float = 0.0           # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)
     optimizer_dtensor_s: float = 0.0   # AdamW's extra per DTensor parameter tensor (FSDP2 or TP), per step
-    # ring attention's kernels per ring step (cost/context.py ``ring_kernel_seconds``): step + E * (score + d * dim)
+    # ring attention's kernels per ring step (cost/context_parallel.py ``ring_kernel_seconds``): step + E * (score + d * dim)
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0

@@ -17,7 +17,7 @@ from typing import Any
 from meshwise.catalog import read_catalog
 from meshwise.errors import MeshwiseError
 from meshwise.files import read_toml
-from meshwise.spec import hf_recent
+from meshwise.spec import hf_defaults
 from meshwise.spec.model import FAMILIES, ModelSpec
 
 _MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"param_count"}
@@ -80,14 +80,14 @@ def hf_family(cfg: dict[str, Any], where: str) -> str:
     for a ``model_type`` meshwise does not know whose architecture it does: Kimi K2's ``kimi_k2``
     names ``DeepseekV3ForCausalLM``, the class its weights load into)."""
     model_type = cfg.get("model_type")
-    if model_type is None or hf_recent.WRAPPERS.get(model_type, model_type) not in _DEFAULTS:
+    if model_type is None or hf_defaults.WRAPPERS.get(model_type, model_type) not in _DEFAULTS:
         archs = cfg.get("architectures") or []
         known = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None) if isinstance(archs, list) else None
         if known is None and model_type is None:
             raise MeshwiseError(f"{where}: no model_type (or known architectures) in it; a Hugging Face config.json "
                                 f"of one of: {', '.join(HF_FAMILIES)} is expected, {_TOML_ROUTE}")
         model_type = known or model_type
-    model_type = hf_recent.WRAPPERS.get(model_type, model_type)
+    model_type = hf_defaults.WRAPPERS.get(model_type, model_type)
     if model_type not in _DEFAULTS:
         raise MeshwiseError(f"{where}: model_type {model_type!r} is not supported; supported: "
                             f"{', '.join(HF_FAMILIES)}; {_TOML_ROUTE}")
@@ -140,9 +140,9 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
     """A ModelSpec with every field the family's transformers model uses to build its weights."""
     family = hf_family(cfg, where)
     eps, theta, max_seq, tie = _DEFAULTS[family]
-    cfg, excluded = hf_recent.unwrap(cfg, family, where)
-    if family in hf_recent.CLASS_DEFAULTS:
-        cfg = hf_recent.with_defaults(cfg, family)
+    cfg, excluded = hf_defaults.unwrap(cfg, family, where)
+    if family in hf_defaults.CLASS_DEFAULTS:
+        cfg = hf_defaults.with_defaults(cfg, family)
     try:
         if family == "gpt2":
             hidden = cfg["n_embd"]
@@ -190,13 +190,13 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
                            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
                            query_scale=float(cfg.get("query_pre_attn_scalar") or 256))
             if window:
-                kinds = hf_recent.layer_types(cfg, family, layers)
+                kinds = hf_defaults.layer_types(cfg, family, layers)
                 fields_["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
         if family in ("gemma3_text", "olmo3"):
-            rope_cfg, local_theta = hf_recent.layered_rope(cfg, family)
+            rope_cfg, local_theta = hf_defaults.layered_rope(cfg, family)
             fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
-        if family in hf_recent.CLASS_DEFAULTS:
-            fields_.update(hf_recent.recent_fields(cfg, family, layers))
+        if family in hf_defaults.CLASS_DEFAULTS:
+            fields_.update(hf_defaults.recent_fields(cfg, family, layers))
         fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
         spec = ModelSpec(**fields_)
         mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0

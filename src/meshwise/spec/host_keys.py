@@ -20,7 +20,7 @@ HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp
 NON_NEGATIVE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s", "sync_skew_ratio")
 # when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
-# true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context.py)
+# true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context_parallel.py)
 HOST_FLAG_KEYS = ("cp_step_includes_sends",)
 # measured tables, 2 rows or more: [score elements or sequence > 0, head width > 0, seconds in (0, 1)]
 TABLE_KEYS = ("cp_ring_table", "sdpa_head_table")

@@ -2,7 +2,7 @@
 Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, MiniMax-M2, EXAONE 4,
 and the Mistral 3 and Qwen3-VL wrappers.
 
-Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_recent.py
+Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_defaults.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:
 Gemma 3's published ``text_config`` holds little more than the widths. The multimodal wrappers
 (``gemma3``, ``llama4``, ``mistral3``, ``qwen3_vl``, ``qwen3_vl_moe``) are read through their

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from meshwise.errors import MeshwiseError
-from meshwise.spec import hf_recent, load_model
+from meshwise.spec import hf_defaults, load_model
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -167,7 +167,7 @@ def test_published_gemma3_file_as_written(tmp_path):
                                          ("minimax_m2", "MiniMaxM2Config"), ("exaone4", "Exaone4Config")])
 def test_class_defaults_are_the_config_classes(family, cls):
     want = getattr(transformers, cls)().to_dict()
-    for key, value in hf_recent.CLASS_DEFAULTS[family].items():
+    for key, value in hf_defaults.CLASS_DEFAULTS[family].items():
         assert want[key] == value, key
 
 

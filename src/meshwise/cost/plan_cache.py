@@ -6,7 +6,7 @@ passes it down; it goes with them, so nothing grows from one plan to the next in
   (estimate._stage_of), its compute seconds (estimate._compute_of) and the pipeline ranks each
   distinct rank shape stands for (estimate._shape_counts), under keys of the fields each reads;
   shared by the search's bounds and estimates alike.
-- ``peaks``: the memory's parts (cost/peak_cache.py), by the fields each reads.
+- ``peaks``: the memory's parts (cost/memory_peaks.py), by the fields each reads.
 
 What stays module-wide is the ``functools.lru_cache`` of pure functions of a spec and a few small
 numbers (memory's rank shapes, activation sizes, kernel efficiencies, ...): their answers hold for
@@ -15,7 +15,7 @@ any plan, their size is bounded, and the specs hash once per instance (spec.mode
 
 from __future__ import annotations
 
-from meshwise.cost.peak_cache import PeakCache
+from meshwise.cost.memory_peaks import PeakCache
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 

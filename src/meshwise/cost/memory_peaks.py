@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from meshwise.cost import memory
-from meshwise.cost.context import local_train, weights_layout
+from meshwise.cost.context_parallel import local_train, weights_layout
 from meshwise.cost.memory import (
     FloorHalves,
     Memory,
