@@ -123,6 +123,19 @@ def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
                    help="token budget (e.g. 15e12): add wall-clock days and GPU-hours to each layout")
     p.add_argument("--price-per-gpu-hour", type=_positive_float, metavar="P",
                    help="price of one GPU-hour (needs --tokens): add the cost of the budget to each layout")
+    _add_failure_arguments(p)
+
+
+def _add_failure_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's failure model (cost/failures.py; defaults and sources: catalog/failures.toml). Checked by
+    plan/failures.py, so a bad value is one line naming the field."""
+    p.add_argument("--failure-rate", type=float, metavar="R",
+                   help="interruptions per GPU-hour (default: the catalog's, per GPU, node and NIC)")
+    p.add_argument("--mtbf-hours", type=float, metavar="H", help="the whole job's mean time between failures")
+    p.add_argument("--storage-gbps", type=float, metavar="G",
+                   help="checkpoint storage bandwidth per node in Gb/s (default: 7.8, Llama 3's 2 TB/s over 2,048 nodes)")
+    p.add_argument("--restart-minutes", type=float, metavar="MIN",
+                   help="minutes from a failure to training again, before reading the checkpoint (default: 11)")
 
 
 def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
@@ -291,8 +304,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from meshwise.plan.command import Extras, plan_main
+    from meshwise.plan.failures import FailureOptions
 
-    extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour)
+    extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
+                    failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes))
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
                      args.runtime, args.verify, extras, tp_comm_overlap=args.tp_comm_overlap)

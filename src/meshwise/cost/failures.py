@@ -224,7 +224,7 @@ class Reliability:
     cost: CheckpointCost | None = None
 
     def as_json(self) -> dict:
-        out = {"mtbf_hours": self.mtbf_s / SECONDS_PER_HOUR, "delta_s": self.delta_s, "restart_s": self.lost_s,
+        out = {"mtbf_hours": self.mtbf_s / SECONDS_PER_HOUR, "delta_s": self.delta_s, "restart_and_write_s": self.lost_s,
                "interval_s": self.interval_s, "interval_steps": self.interval_steps, "goodput": self.goodput,
                "young_interval_s": self.young_interval_s}
         if self.cost is not None:

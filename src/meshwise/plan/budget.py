@@ -83,3 +83,50 @@ def budget_cells(b: Budget) -> list[str]:
     """The table cells: days, GPU-hours and, with a price, the cost."""
     cells = [fmt_days(b.days), fmt_gpu_hours(b.gpu_hours)]
     return cells + ([fmt_cost(b.cost)] if b.cost is not None else [])
+
+
+@dataclass(frozen=True)
+class FailureBudget:
+    """``base``'s run with failures and checkpoints (cost/failures.py): the wall clock stretched by
+    1 / goodput; ``failures`` expected over it, one per ``mtbf_s``."""
+
+    base: Budget
+    goodput: float
+    mtbf_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.base.seconds / self.goodput
+
+    @property
+    def days(self) -> float:
+        return self.seconds / SECONDS_PER_DAY
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.base.devices / SECONDS_PER_HOUR
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.base.price_per_gpu_hour is None else self.gpu_hours * self.base.price_per_gpu_hour
+
+    @property
+    def failures(self) -> float:
+        return self.seconds / self.mtbf_s
+
+    def as_json(self) -> dict:
+        out = {"goodput": self.goodput, "days": self.days, "gpu_hours": self.gpu_hours, "failures": self.failures}
+        if self.cost is not None:
+            out["cost"] = self.cost
+        return out
+
+
+def with_failures(b: Budget, goodput: float, mtbf_s: float) -> FailureBudget:
+    """The failure-aware figures of a budget: days, GPU-hours and cost divided by the goodput."""
+    return FailureBudget(b, goodput, mtbf_s)
+
+
+def failure_budget_cells(f: FailureBudget) -> list[str]:
+    """The table cells with failures: days, GPU-hours and, with a price, the cost."""
+    cells = [fmt_days(f.days), fmt_gpu_hours(f.gpu_hours)]
+    return cells + ([fmt_cost(f.cost)] if f.cost is not None else [])

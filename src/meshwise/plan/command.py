@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshwise.errors import NOTHING_FITS, MeshwiseError
+from meshwise.plan.failures import FailureOptions
 
 if TYPE_CHECKING:
     pass
@@ -24,11 +25,13 @@ MAX_PARAMS = 1e15  # a thousand times the largest published model (~1-2e12 param
 
 @dataclass(frozen=True)
 class Extras:
-    """What ``plan`` adds to a search: a framework to emit, and a token budget with its price."""
+    """What ``plan`` adds to a search: a framework to emit, a token budget with its price, and the
+    failure model's options (plan/failures.py)."""
 
     emit: str | None = None
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
+    failures: FailureOptions = FailureOptions()
 
 
 def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int, gpus_per_node: int | None,
@@ -67,6 +70,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
     check_budget(extras.tokens, extras.price_per_gpu_hour)
+    extras.failures.check()
     if report:
         from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
@@ -127,6 +131,7 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     if extras.tokens is not None:
         budgets = [Budget(extras.tokens, e.tokens_per_s, cluster.world_size, extras.price_per_gpu_hour)
                    for e in result.candidates]
+    result, rels, fbudgets = _with_failures(model, cluster, train, result, extras.failures, budgets)
     emitted = _emitted(model, cluster, train, result, extras.emit, given) if extras.emit else None
     if as_json:
         out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
@@ -135,6 +140,10 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
                 c["train_time"] = b.as_json()
+        for c, r, fb in zip(out["candidates"], rels or [], fbudgets or [None] * len(out["candidates"])):
+            c["reliability"] = r.as_json()
+            if fb is not None:
+                c["train_time_with_failures"] = fb.as_json()
         if emitted is not None:
             out["emit"] = {"framework": extras.emit, "text": emitted}
         print(json.dumps(out))
@@ -146,14 +155,31 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
         print(emitted)
     else:
         from meshwise.plan.show import print_plan
-        print_plan(model, cluster, train, result, budgets=budgets)
+        print_plan(model, cluster, train, result, budgets=budgets, reliabilities=rels, failure_budgets=fbudgets)
         for line in plan_notes(cluster, train):
             print(f"note: {line}")
     if report:
         from meshwise.report.plan_report import write_plan_report
-        write_plan_report(report, model, cluster, train, result, headroom, budgets=budgets)
+        write_plan_report(report, model, cluster, train, result, headroom, budgets=budgets, reliabilities=rels,
+                          failure_budgets=fbudgets)
         if not as_json:
             print(f"report: {report}", file=sys.stderr if emitted is not None else sys.stdout)
+
+
+def _with_failures(model, cluster, train, result, options: FailureOptions, budgets):
+    """Each candidate's interval and goodput, the explanation's failure lines and the staging warning
+    (plan/failures.py), and the budgets with failures; (result, None, None) when not shown."""
+    from meshwise.plan import failures
+    from meshwise.plan.budget import with_failures
+
+    if not failures.shown(cluster, options) or not result.candidates:
+        return result, None, None
+    rels = failures.reliabilities(model, cluster, train, result.candidates, options)
+    lines = failures.explanation_lines(cluster, result.candidates, rels, options)
+    warns = failures.staging_warnings(model, cluster, train, result.candidates, rels, options)
+    result = replace(result, explanation=result.explanation + tuple(lines), warnings=result.warnings + tuple(warns))
+    fbudgets = [with_failures(b, r.goodput, r.mtbf_s) for b, r in zip(budgets, rels)] if budgets else None
+    return result, rels, fbudgets
 
 
 def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:

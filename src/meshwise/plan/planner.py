@@ -371,7 +371,8 @@ def warnings_for(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Es
                        "What shrinks it and predicts faster: "
                        f"{bubble_remedy(model, cluster, train, e, headroom, cache)}.")
     if cluster.nodes > 1:
-        out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every) so a "
+        out.append(f"{cluster.nodes}-node run: set a checkpoint interval (meshwise train --checkpoint-every auto "
+                   "sets it from its measured saves and the failure rate) so a "
                    "failure costs minutes, not the run.")
     return out
 

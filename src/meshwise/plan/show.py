@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.budget import Budget, FailureBudget, budget_cells, failure_budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
@@ -17,7 +17,10 @@ COLUMNS = ("#", "layout", "params", "grads", "optim", "activ", "other", "total",
 
 
 def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan, console: Console | None = None,
-               budgets: list[Budget] | None = None) -> None:
+               budgets: list[Budget] | None = None, reliabilities: list | None = None,
+               failure_budgets: list[FailureBudget] | None = None) -> None:
+    """``reliabilities`` (plan/failures.py) add each row's checkpoint interval and goodput, and
+    ``failure_budgets`` its days, GPU-hours and cost with failures beside the failure-free ones."""
     if console is None:
         console = Console(highlight=False)
         if not console.is_terminal:
@@ -36,6 +39,10 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
             columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
             title += f"; {fmt_tokens(budgets[0].tokens)}" + (
                 f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
+        if reliabilities:
+            columns += ["ckpt every", "goodput"]
+        if failure_budgets:
+            columns += ["days w/ fail", "GPU-h w/ fail"] + (["cost w/ fail"] if failure_budgets[0].cost is not None else [])
         table = Table(title=title)
         for col in columns:
             table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
@@ -44,9 +51,18 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
             row = [str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False), gb_text(mem.optimizer, unit=False),
                    gb_text(mem.activations, unit=False), gb_text(mem.other, unit=False), gb_text(mem.total, unit=False), f"{e.time.step_s:.3g}",
                    f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
-            table.add_row(*(row + (budget_cells(budgets[i - 1]) if budgets else [])))
+            row += budget_cells(budgets[i - 1]) if budgets else []
+            row += _failure_cells(i - 1, reliabilities, failure_budgets)
+            table.add_row(*row)
         console.print(table)
     for line in plan.explanation:
         console.print(line, soft_wrap=True)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
+
+
+def _failure_cells(i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None) -> list[str]:
+    from meshwise.plan.failures import interval_cell
+
+    cells = [interval_cell(reliabilities[i]), f"{reliabilities[i].goodput:.1%}"] if reliabilities else []
+    return cells + (failure_budget_cells(failure_budgets[i]) if failure_budgets else [])

@@ -80,9 +80,33 @@ def _timeline_section(e: Estimate, train: TrainSpec) -> tuple[str, str] | None:
                         "stages x time: forward, backward and idle per micro-batch (the bubble is the white space)")
 
 
+def _failure_section(plan: Plan, reliabilities: list, failure_budgets: list | None) -> tuple[str, str]:
+    """Per layout: the checkpoint's blocking and written seconds, Daly's interval, the goodput, and with a
+    budget the days, GPU-hours and cost with failures."""
+    from meshwise.plan.budget import failure_budget_cells
+    from meshwise.plan.failures import interval_cell
+
+    head = ["#", "layout", "staged GB/rank", "stage s", "write s", "restart s", "ckpt every (steps)", "goodput"]
+    rows = []
+    for i, (e, r) in enumerate(zip(plan.candidates, reliabilities), 1):
+        c = r.cost
+        rows.append([f"#{i}", e.layout.short(), f"{c.staged_bytes_per_rank / 1e9:.2f}", f"{c.stage_s:.3g}",
+                     f"{c.write_s:.3g}", f"{r.lost_s:.0f}", interval_cell(r), f"{r.goodput:.1%}"]
+                    + (failure_budget_cells(failure_budgets[i - 1]) if failure_budgets else []))
+    if failure_budgets:
+        head += ["days w/ failures", "GPU-hours w/ failures"] + (
+            ["cost w/ failures"] if failure_budgets[0].cost is not None else [])
+    note = (f"<p>One interruption every {reliabilities[0].mtbf_s / 3600:.3g} h. Interval: Daly (2006)'s higher-order "
+            "optimum; goodput: Daly's expected useful share of the wall clock (docs/cost-model.md).</p>")
+    return "Failures and checkpoints", note + table(head, rows)
+
+
 def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan,
-                      headroom: float, budgets: list[Budget] | None = None) -> None:
-    """The page; ``budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost columns."""
+                      headroom: float, budgets: list[Budget] | None = None, reliabilities: list | None = None,
+                      failure_budgets: list | None = None) -> None:
+    """The page; ``budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost columns;
+    ``reliabilities`` and ``failure_budgets`` (plan/failures.py) a section of intervals, goodput and
+    the same figures with failures."""
     accel = cluster.accelerator
     sections: list[tuple[str, str]] = []
     setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
@@ -107,6 +131,8 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
                           else "") + ".</p>") if budgets else ""
         sections.append(("Top layouts", budget_note + table(head, rows)
                          + image(mem, "memory per rank of the top layouts against the device capacity")))
+        if reliabilities:
+            sections.append(_failure_section(plan, reliabilities, failure_budgets))
         timeline = _timeline_section(plan.candidates[0], train)
         if timeline:
             sections.append(timeline)
