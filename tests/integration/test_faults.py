@@ -250,3 +250,29 @@ def test_a_save_slower_than_the_grace_ends_in_one_line_naming_the_latest_complet
     from meshwise.train.checkpoint import resolve_resume
 
     assert resolve_resume("auto", str(tmp_path / "ck"))[0] == tmp_path / "ck" / "step-3"
+
+
+def test_checkpoint_every_auto_measures_its_saves_and_a_kill_loses_at_most_one_interval(tmp_path) -> None:
+    """``--checkpoint-every auto`` with a high ``--failure-rate`` (2000 per device-hour: one failure every
+    0.9 s on 2 processes): each attempt prints its first save's staging and write and the interval it
+    chose; a worker SIGKILLed before step 15 and again before step 30 (faults ``kill@15,kill@30``)
+    resumes each time from a checkpoint at most one interval (the one in force) behind."""
+    (tmp_path / "micro.toml").write_text(MICRO)
+    r = _run(tmp_path, "--steps", "40", "--checkpoint-every", "auto", "--failure-rate", "2000", "--max-restarts", "2",
+             env={"MESHWISE_FAULTS": "kill@15,kill@30"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    every, kills, resumed = None, iter([15, 30]), []
+    for line in r.stdout.splitlines():
+        m = re.match(r"Checkpoint interval \((auto|re-derived, the save was slower)\): every (\d+) steps \([\d.e+-]+ s\): "
+                     r"the save of step \d+ took [\d.e+-]+ s \(staging [\d.e+-]+ s, write [\d.e+-]+ s; ", line)
+        if m:
+            every = int(m.group(2))
+        m = re.match(r"Resumed from ck/step-(\d+) ", line)
+        if m:
+            assert every is not None, r.stdout  # the attempt that was killed had measured a save
+            lost = next(kills) - 1 - int(m.group(1))
+            assert 0 <= lost <= every, (lost, every, r.stdout)
+            resumed.append(lost)
+            every = None  # the next attempt measures its own
+    assert len(resumed) == 2, r.stdout
+    assert max(_losses(tmp_path)) == 40

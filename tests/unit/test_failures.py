@@ -215,3 +215,49 @@ def test_the_report_has_a_failures_section(tmp_path, capsys) -> None:
     assert "goodput" in out and "days w/ fail" in out
     html = page.read_text()
     assert "Failures and checkpoints" in html and "days w/ failures" in html
+
+
+# ------------------------------------------------------------------ train --checkpoint-every auto
+@pytest.mark.parametrize("text, value", [("7", 7), ("auto", "auto"), ("default", "default")])
+def test_checkpoint_every_takes_steps_auto_or_default(text, value) -> None:
+    from meshwise.train import config
+
+    cfg = config.override(config.TrainConfig(), "checkpoint.every", text)
+    assert cfg.checkpoint.every == value
+    assert config.from_table({"checkpoint": {"every": value}}).checkpoint.every == value
+    config.check(cfg)
+
+
+def test_checkpoint_every_refuses_other_words() -> None:
+    from meshwise.errors import MeshwiseError
+    from meshwise.train import config
+
+    with pytest.raises(MeshwiseError, match="^--checkpoint.every: 'often' is not a valid whole number or one of auto"):
+        config.override(config.TrainConfig(), "checkpoint.every", "often")
+    with pytest.raises(MeshwiseError, match="^config: checkpoint.every: expected a whole number of steps"):
+        config.from_table({"checkpoint": {"every": True}})
+
+
+def test_default_interval_is_auto_beyond_one_node_and_50_steps_on_one() -> None:
+    from meshwise.train import config
+    from meshwise.train.loop import _interval_policy
+
+    c = config.TrainConfig().checkpoint
+    assert _interval_policy(c, world=8, local_world=8) == (50, None)
+    every, auto = _interval_policy(c, world=16, local_world=8)
+    assert every == 0 and auto is not None
+    assert auto.mtbf_s == pytest.approx(f.job_mtbf_s(f.catalog_rates(), None, 16, 2, 16))
+    assert _interval_policy(config.replace(c, every=5), world=16, local_world=8) == (5, None)
+
+
+def test_auto_interval_from_the_measured_save_and_again_when_slower() -> None:
+    """Daly's interval over the agreed step time; a save within 1.25x keeps it, a slower one re-derives."""
+    from meshwise.train.checkpoint import AutoInterval
+
+    auto = AutoInterval(mtbf_s=6 * HOUR, why="test")
+    every, line = auto.derive(step=3, stage_s=100.0, write_s=200.0, step_s=10.0)
+    assert every == round(f.daly_interval_s(300.0, 6 * HOUR) / 10.0) == 340
+    assert "staging 100 s, write 200 s" in line and line.startswith("Checkpoint interval (auto): every 340 steps")
+    assert auto.derive(step=343, stage_s=100.0, write_s=260.0, step_s=10.0) is None
+    every, line = auto.derive(step=683, stage_s=100.0, write_s=500.0, step_s=10.0)
+    assert line.startswith("Checkpoint interval (re-derived, the save was slower)") and every > 340

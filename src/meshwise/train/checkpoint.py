@@ -17,7 +17,13 @@ of the launcher's grace (``--stop-grace``) less a margin to report and exit: it 
 when the previous save took longer than that, and it is abandoned when the write outlasts it
 (:class:`OutOfGrace`: the run ends in one line naming the latest complete checkpoint, before the
 launcher's SIGKILL); its partial folder is never counted as complete. The last ``keep`` complete
-checkpoints are kept. A save that runs out of space removes its partial folder and stops the run
+checkpoints are kept.
+
+Interval: every ``every`` steps, or under ``--checkpoint-every auto`` (:class:`AutoInterval`) from
+the run's own saves: the first is taken ``AUTO_FIRST_SAVE`` steps into the attempt, its staging and
+write are timed apart, and with the job's mean time between failures Daly's interval
+(cost/failures.py) sets the steps to the next; a later save slower by more than
+``AUTO_SLOWER`` sets it again. A save that runs out of space removes its partial folder and stops the run
 in one line naming the folder and the space it needed.
 
 What is saved: the model and optimizer state from ``get_state_dict`` with
@@ -250,6 +256,68 @@ def load_full_model(path: str | Path, model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------- checkpointer
+AUTO_FIRST_SAVE = 3  # steps into an attempt of the first save under --checkpoint-every auto (its cost is measured)
+AUTO_SLOWER = 1.25  # a save this much slower than the one the interval came from sets the interval again
+
+
+@dataclass
+class AutoInterval:
+    """``--checkpoint-every auto``: the job's mean time between failures and where it comes from; the
+    save cost (staging + write: the run waits for both) and the step time the interval came from."""
+
+    mtbf_s: float
+    why: str
+    delta_s: float = 0.0  # 0: no save measured yet
+    step_times_s: list = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.step_times_s = []
+
+    def step_s(self) -> float:
+        """The median of the attempt's step times, its first (warm-up) left out when there are others."""
+        times = sorted(self.step_times_s[1:] or self.step_times_s)
+        return times[len(times) // 2]
+
+    def derive(self, step: int, stage_s: float, write_s: float, step_s: float) -> tuple[int, str] | None:
+        """The interval in steps and the line that says why, after the save of ``step`` (the figures
+        agreed over the ranks: the slowest's); None when the interval stands (this save not slower than
+        ``AUTO_SLOWER`` times the one it came from)."""
+        from meshwise.cost.failures import daly_interval_s
+
+        delta_s = stage_s + write_s
+        if self.delta_s and delta_s <= AUTO_SLOWER * self.delta_s:
+            return None
+        again = bool(self.delta_s)
+        self.delta_s = delta_s
+        tau_s = daly_interval_s(delta_s, self.mtbf_s)
+        every = max(1, round(tau_s / step_s))
+        head = "re-derived, the save was slower" if again else "auto"
+        return every, (f"Checkpoint interval ({head}): every {every} steps ({every * step_s:.3g} s): the save of step "
+                       f"{step} took {delta_s:.3g} s (staging {stage_s:.3g} s, write {write_s:.3g} s; training waits "
+                       f"for both), one failure every {_duration(self.mtbf_s)} ({self.why}); Daly's interval "
+                       f"{tau_s:.3g} s / {step_s:.3g} s per step")
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 7200:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
+
+
+def auto_mtbf(failure_rate: float, mtbf_hours: float, devices: int, nodes: int) -> tuple[float, str]:
+    """(seconds, source) of the job's mean time between failures: ``--mtbf-hours``, else
+    ``--failure-rate`` per device-hour, else the catalog's per GPU, node and NIC (one NIC per device)."""
+    from meshwise.cost import failures
+
+    if mtbf_hours:
+        return mtbf_hours * 3600, "--mtbf-hours"
+    if failure_rate:
+        return failures.job_mtbf_s(failures.flat_rates(failure_rate), None, devices, nodes, devices), \
+            f"--failure-rate {failure_rate:g} per device-hour x {devices} device(s)"
+    return failures.job_mtbf_s(failures.catalog_rates(), None, devices, nodes, devices), \
+        f"the catalog's rate for {devices} device(s) on {nodes} node(s)"
+
+
 class OutOfGrace(Exception):
     """A stop save that does not fit the grace: not started (``in_flight`` False) or abandoned while
     DCP's thread still writes (``in_flight`` True: the process must exit without collectives)."""
@@ -305,15 +373,25 @@ class Checkpointer:
     grace_s: float = 30.0  # the launcher's grace after a stop signal (--stop-grace)
     last_saved: int = 0
     last_save_s: float = 0.0  # the slowest rank's time for the previous save (0: none yet)
+    auto: AutoInterval | None = None  # --checkpoint-every auto: ``every`` is set from the measured saves
+    say: Callable[[str], None] | None = None  # prints the auto interval's line (rank 0's log)
     _cpu_group: Any = None  # async_save's process group: the default one if it has a CPU backend, else gloo
 
     def due(self, step: int, last: bool) -> bool:
-        return bool(self.root) and (last or bool(self.every) and step % self.every == 0)
+        if not self.root or last:
+            return bool(self.root)
+        if self.auto is not None:
+            since = step - self.last_saved
+            return since >= (self.every if self.auto.delta_s else AUTO_FIRST_SAVE)
+        return bool(self.every) and step % self.every == 0
 
     def save(self, step: int, last: bool, run_state: dict[str, Any], force: bool = False,
-             stop_age_s: float | None = None) -> Path | None:
+             stop_age_s: float | None = None, step_s: float | None = None) -> Path | None:
         """Save ``step`` if it is due (or ``force``); returns the committed folder or None.
-        ``stop_age_s``: a stop save, that many seconds (the same on every rank) into the grace."""
+        ``stop_age_s``: a stop save, that many seconds (the same on every rank) into the grace;
+        ``step_s``: the step's time (the auto interval's unit)."""
+        if self.auto is not None and step_s is not None:
+            self.auto.step_times_s.append(step_s)
         if not (self.due(step, last) or force and self.root):
             return None
         budget_s = None
@@ -339,7 +417,7 @@ class Checkpointer:
                 tmp.mkdir()
                 (tmp / PARTIAL_FILE).write_text("")
             dist.barrier()
-            self._write(state, tmp, step, budget_s, started)
+            parts = self._write(state, tmp, step, budget_s, started)
             dist.barrier()
             if self.before_commit is not None:
                 self.before_commit(step)
@@ -361,18 +439,28 @@ class Checkpointer:
             raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
                              f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
                              1) from None
-        took = torch.tensor([time.monotonic() - started], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the barrier, and every rank's slowest time
-        self.last_saved, self.last_save_s = step, float(took.item())
+        step_s = self.auto.step_s() if self.auto is not None and self.auto.step_times_s else 0.0
+        took = torch.tensor([time.monotonic() - started, *parts, step_s], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the barrier, and every rank's slowest times
+        self.last_saved, self.last_save_s = step, float(took[0].item())
+        if self.auto is not None and took[3].item() > 0:
+            derived = self.auto.derive(step, float(took[1].item()), float(took[2].item()), float(took[3].item()))
+            if derived is not None:
+                self.every = derived[0]
+                if self.say is not None:
+                    self.say(derived[1])
         return final
 
-    def _write(self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float) -> None:
+    def _write(self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float
+               ) -> tuple[float, float]:
         """Stage ``state`` to host memory and write it (DCP ``async_save``), waiting for the write at
-        most what is left of ``budget_s`` (None: as long as it takes)."""
+        most what is left of ``budget_s`` (None: as long as it takes); (staging, write) seconds."""
         if self._cpu_group is None:  # DCP's async_save coordinates over a CPU backend (NCCL has none)
             self._cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        t0 = time.monotonic()
         future = dcp.async_save(state, storage_writer=_Writer(str(tmp), step, self.before_write),
                                 process_group=self._cpu_group)
+        t1 = time.monotonic()
         left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
         try:
             future.result(timeout=left)
@@ -380,6 +468,7 @@ class Checkpointer:
             raise OutOfGrace(f"the {self.grace_s:g} s grace (--stop-grace) was too short for the save of step "
                              f"{step} (still writing after {time.monotonic() - started:.1f} s; {tmp.name} is "
                              f"partial); {self._latest_line()}", in_flight=True) from None
+        return t1 - t0, time.monotonic() - t1
 
     def _latest_line(self) -> str:
         previous = latest(self.root)

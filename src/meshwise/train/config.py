@@ -56,14 +56,26 @@ class ScheduleConfig:
     eval_batches: int = 2  # global batches of held-out sequences per eval
 
 
+EVERY_WORDS = ("auto", "default")  # checkpoint.every's words beside a number of steps
+DEFAULT_EVERY_STEPS = 50  # checkpoint.every = "default" on one node
+
+
+class IntOrWord:
+    """The type of a field that is a whole number or one of :data:`EVERY_WORDS`."""
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     dir: str = "runs/checkpoints"  # "" = no checkpoints
-    every: int = 50  # steps between checkpoints (0: only at the end)
+    # steps between checkpoints (0: only at the end); "auto": from the measured cost of the run's own saves and
+    # the failure rate (Daly's interval); "default": auto on more than one node, else 50
+    every: int | str = "default"
     keep: int = 3  # complete checkpoints kept (oldest removed first)
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
     overwrite: bool = False  # a fresh run into a dir holding checkpoints: remove meshwise's own folders there
     stop_grace: float = 30.0  # seconds from a stop signal (SIGTERM) to the launcher's SIGKILL (torch's default 30)
+    failure_rate: float = 0.0  # for every = auto: interruptions per device-hour (0: the catalog's, catalog/failures.toml)
+    mtbf_hours: float = 0.0  # for every = auto: the whole job's mean time between failures (0: from the rate)
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,8 @@ ALIASES: dict[str, str] = {
     "--keep": "checkpoint.keep",
     "--resume": "checkpoint.resume",
     "--stop-grace": "checkpoint.stop_grace",
+    "--failure-rate": "checkpoint.failure_rate",
+    "--mtbf-hours": "checkpoint.mtbf_hours",
     "--metrics": "metrics.file",
     "--prompt": "generate.prompt",
 }
@@ -122,7 +136,7 @@ def field_type(section: str, name: str) -> type:
     """The Python type of ``section.name`` (the annotations are strings under postponed evaluation)."""
     for f in fields(SECTIONS[section]):
         if f.name == name:
-            return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+            return {"int": int, "float": float, "str": str, "bool": bool, "int | str": IntOrWord}[str(f.type)]
     raise KeyError(name)
 
 
@@ -130,6 +144,11 @@ def _check_value(where: str, value: Any, kind: type) -> Any:
     """TOML values must have the field's type; an integer is accepted where a float is expected."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is IntOrWord:
+        if isinstance(value, int) and not isinstance(value, bool) or value in EVERY_WORDS:
+            return value
+        raise MeshwiseError(f"{where}: expected a whole number of steps or one of {', '.join(EVERY_WORDS)}, "
+                            f"got {value!r}")
     if kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
         raise MeshwiseError(f"{where}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
     return value
@@ -138,13 +157,16 @@ def _check_value(where: str, value: Any, kind: type) -> Any:
 def _parse_text(where: str, text: str, kind: type) -> Any:
     """A command-line string converted to the field's type."""
     try:
+        if kind is IntOrWord:
+            return text if text in EVERY_WORDS else int(text)
         if kind is bool:
             if text.lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise ValueError
             return text.lower() in ("true", "1", "on")
         return kind(text)
     except ValueError:
-        raise MeshwiseError(f"{where}: {text!r} is not a valid {kind.__name__}") from None
+        valid = f"whole number or one of {', '.join(EVERY_WORDS)}" if kind is IntOrWord else kind.__name__
+        raise MeshwiseError(f"{where}: {text!r} is not a valid {valid}") from None
 
 
 def _valid_keys(section: str) -> str:
@@ -209,7 +231,8 @@ def check(config: TrainConfig) -> None:
         raise MeshwiseError("--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
                             "Hugging Face config.json")
     for name, value in {"schedule.warmup_steps": s.warmup_steps, "schedule.eval_every": s.eval_every,
-                        "checkpoint.every": c.every, "generate.tokens": g.tokens, "generate.top_k": g.top_k}.items():
+                        "checkpoint.every": c.every if isinstance(c.every, int) else 0, "generate.tokens": g.tokens,
+                        "generate.top_k": g.top_k}.items():
         if value < 0:
             raise MeshwiseError(f"--{name}: {value} must not be negative")
     for name, value in {"optimizer.lr": o.lr, "optimizer.min_lr": o.min_lr, "optimizer.beta1": o.beta1,
@@ -218,6 +241,11 @@ def check(config: TrainConfig) -> None:
                         "generate.temperature": g.temperature}.items():
         if not math.isfinite(value):
             raise MeshwiseError(f"--{name}: {value} must be a finite number")
+    for name, value in {"checkpoint.failure_rate": c.failure_rate, "checkpoint.mtbf_hours": c.mtbf_hours}.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise MeshwiseError(f"--{name}: {value} must be a finite number, 0 (the default) or more")
+    if c.failure_rate and c.mtbf_hours:
+        raise MeshwiseError("--checkpoint.mtbf_hours: give it or --checkpoint.failure_rate, not both")
     if not (math.isfinite(c.stop_grace) and 1 <= c.stop_grace <= 86400):
         raise MeshwiseError(f"--checkpoint.stop_grace: {c.stop_grace} must be a number of seconds in [1, 86400]")
     if not 0 < d.eval_fraction < 1:

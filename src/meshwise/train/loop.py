@@ -289,9 +289,11 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
 
     meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
             "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer}}
-    ckpt = checkpoint.Checkpointer(c.dir, c.every, c.keep, pm.modules, pm.optimizer, meta,
+    every, auto = _interval_policy(c, world, local_world)
+    ckpt = checkpoint.Checkpointer(c.dir, every, c.keep, pm.modules, pm.optimizer, meta,
                                    before_commit=lambda s: faults.before_commit(s, rank),
-                                   before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace)
+                                   before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace,
+                                   auto=auto, say=log.print)
     run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
@@ -326,7 +328,8 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         stop, stop_age_s = _stop_requested(guard, device_type)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
         try:
-            saved = ckpt.save(step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None)
+            saved = ckpt.save(step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None,
+                              step_s=step_s)
         except checkpoint.OutOfGrace as e:
             log.close()
             line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
@@ -343,6 +346,20 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
             raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
     _finish(cfg, ckpt, log, rank)
     return 0
+
+
+def _interval_policy(c: Any, world: int, local_world: int) -> tuple[int, checkpoint.AutoInterval | None]:
+    """(every, auto) for the Checkpointer: a number of steps as given; ``auto`` (and ``default`` on more
+    than one node) from the measured saves and the failure rate; ``default`` on one node 50 steps."""
+    from meshwise.train.config import DEFAULT_EVERY_STEPS
+
+    nodes = max(1, world // max(1, local_world))
+    if isinstance(c.every, int):
+        return c.every, None
+    if c.every == "default" and nodes == 1:
+        return DEFAULT_EVERY_STEPS, None
+    mtbf_s, why = checkpoint.auto_mtbf(c.failure_rate, c.mtbf_hours, world, nodes)
+    return 0, checkpoint.AutoInterval(mtbf_s, why)
 
 
 def _finish(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log: MetricsLog, rank: int) -> None:
