@@ -261,3 +261,12 @@ def test_auto_interval_from_the_measured_save_and_again_when_slower() -> None:
     assert auto.derive(step=343, stage_s=100.0, write_s=260.0, step_s=10.0) is None
     every, line = auto.derive(step=683, stage_s=100.0, write_s=500.0, step_s=10.0)
     assert line.startswith("Checkpoint interval (re-derived, the save was slower)") and every > 340
+
+
+def test_staging_past_the_hosts_memory_is_one_warning_with_what_fits(capsys) -> None:
+    """Llama 3 70B under DDP on 2 nodes: every rank stages 847 GB, 6.8 TB per node against 2 TB;
+    ZeRO-1 stages 423 GB per node and fits."""
+    out = _plan_json(capsys, "--model", "llama3-70b", "--gpus", "16", "--layout", "dp=16")
+    lines = [w for w in out["warnings"] if w.startswith("Checkpoint staging")]
+    assert len(lines) == 1, out["warnings"]
+    assert "more than the node's 2,000.0 GB: --layout dp=16,zero=1,mbs=1 (sharded optimizer states)" in lines[0]

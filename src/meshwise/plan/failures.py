@@ -60,7 +60,7 @@ def reliabilities(model, cluster, train, candidates, options: FailureOptions) ->
 
 def _seconds(s: float) -> str:
     if s >= 3600:
-        return f"{s / 3600:.3g} h"
+        return f"{s / 3600:,.0f} h" if s >= 360_000 else f"{s / 3600:.3g} h"
     return f"{s / 60:.3g} min" if s >= 120 else f"{s:.3g} s"
 
 
@@ -91,9 +91,9 @@ def explanation_lines(cluster, candidates, rels: list[fm.Reliability], options: 
     storage_gbps, restart_minutes = options.resolved()
     text = (f"Failures: {_rate_line(cluster, options, r.mtbf_s)}. Row #1's checkpoint: "
             f"{gb_text(c.staged_bytes_per_rank)} per rank staged to host memory in {c.stage_s:.3g} s (blocking; "
-            f"asynchronous DCP), {gb_text(c.write_bytes_per_node)} per node written in {c.write_s:.3g} s at "
+            f"asynchronous DCP), {gb_text(c.write_bytes_per_node)} per node written in {_seconds(c.write_s)} at "
             f"{storage_gbps:g} Gb/s while training goes on; a restart costs {restart_minutes:g} min + "
-            f"{c.read_s:.3g} s to read it back. Daly's interval: every {r.interval_steps:,} steps "
+            f"{_seconds(c.read_s)} to read it back. Daly's interval: every {r.interval_steps:,} steps "
             f"({_seconds(r.interval_s)}) of training "
             f"(Young's first order: {_seconds(r.young_interval_s)}) -> goodput {r.goodput:.1%}, "
             f"{e.tokens_per_s * r.goodput:,.0f} effective tokens/s.")
@@ -126,7 +126,7 @@ def staging_warnings(model, cluster, train, candidates, rels: list[fm.Reliabilit
         return []
     e, c = candidates[0], rels[0].cost
     lay = e.layout
-    what = (f"save without staging (the write then blocks: {c.write_s:.3g} s per save)")
+    what = (f"save without staging (the write then blocks: {_seconds(c.write_s)} per save)")
     if lay.zero == 0 and lay.dp > 1:
         alt = layout_reliability(model, cluster, train, e, options, rels[0].mtbf_s, layout=replace(lay, zero=1))
         if alt.cost.staging_fits:
