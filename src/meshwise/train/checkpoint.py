@@ -44,7 +44,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -268,10 +268,7 @@ class AutoInterval:
     mtbf_s: float
     why: str
     delta_s: float = 0.0  # 0: no save measured yet
-    step_times_s: list = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.step_times_s = []
+    step_times_s: list[float] = field(default_factory=list)
 
     def step_s(self) -> float:
         """The median of the attempt's step times, its first (warm-up) left out when there are others."""
