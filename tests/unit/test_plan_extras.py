@@ -42,12 +42,22 @@ def test_table_figures_agree_with_tokens_per_s_to_the_rounding_shown(capsys):
     for row in rows:
         cells = dict(zip(["#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s",
                           "MFU", "fits", "binds", "days", "GPU-h", "cost"], row))
-        tps = float(cells["tokens/s"].replace(",", ""))  # shown to the token/s: within 0.5 of the estimate
+        tps, tps_low, tps_high = _banded(cells["tokens/s"])  # shown to the token/s: within 0.5 of the estimate
         for name, value, unit in (("days", TOKENS / 86400, 0.05), ("GPU-h", TOKENS * 64 / 3600, 0.5),
                                   ("cost", TOKENS * 64 / 3600 * 2.5, 0.5)):
-            shown = float(cells[name].replace(",", ""))
+            shown, shown_low, shown_high = _banded(cells[name])
             low, high = value / (tps + 0.5), value / (tps - 0.5)
             assert low - unit <= shown <= high + unit, (name, shown, low, high)
+            # the band of a duration is the tokens/s band turned over: its low at the highest rate
+            assert shown_low == pytest.approx(value / tps_high, rel=2e-3, abs=unit)
+            assert shown_high == pytest.approx(value / tps_low, rel=2e-3, abs=unit)
+
+
+def _banded(cell: str) -> tuple[float, float, float]:
+    """'632,764 (566,789-636,903)' -> (632764, 566789, 636903)."""
+    value, rest = cell.replace(",", "").split(" (")
+    low, high = rest.rstrip(")").split("-")
+    return float(value), float(low), float(high)
 
 
 @pytest.mark.parametrize("bad,field", [(["--tokens", "0"], "--tokens"), (["--tokens", "nan"], "--tokens"),

@@ -79,7 +79,10 @@ def fmt_cost(cost: float) -> str:
     return f"{cost:,.0f}"
 
 
-def budget_cells(b: Budget) -> list[str]:
-    """The table cells: days, GPU-hours and, with a price, the cost."""
-    cells = [fmt_days(b.days), fmt_gpu_hours(b.gpu_hours)]
-    return cells + ([fmt_cost(b.cost)] if b.cost is not None else [])
+def budget_cells(b: Budget, band=None) -> list[str]:
+    """The table cells: days, GPU-hours and, with a price, the cost; with a band (plan/band.py), each
+    followed by its low-high in brackets."""
+    shown = [(b.days, fmt_days), (b.gpu_hours, fmt_gpu_hours)] + ([(b.cost, fmt_cost)] if b.cost is not None else [])
+    if band is None:
+        return [fmt(v) for v, fmt in shown]
+    return [f"{fmt(v)} ({fmt(band.around(v)[0])}-{fmt(band.around(v)[1])})" for v, fmt in shown]

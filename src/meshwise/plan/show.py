@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshwise.plan.band import band_note, text
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import TIE, Plan
@@ -36,15 +37,17 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
             columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
             title += f"; {fmt_tokens(budgets[0].tokens)}" + (
                 f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
+        if plan.band is not None:
+            title += f"; in brackets: {band_note(plan.band)}"
         table = Table(title=title)
         for col in columns:
             table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
         for i, e in enumerate(plan.candidates, 1):
             mem = e.memory
             row = [str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False), gb_text(mem.optimizer, unit=False),
-                   gb_text(mem.activations, unit=False), gb_text(mem.other, unit=False), gb_text(mem.total, unit=False), f"{e.time.step_s:.3g}",
-                   f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
-            table.add_row(*(row + (budget_cells(budgets[i - 1]) if budgets else [])))
+                   gb_text(mem.activations, unit=False), gb_text(mem.other, unit=False), gb_text(mem.total, unit=False), text(plan.band, e.time.step_s, ".3g"),
+                   text(plan.band, e.tokens_per_s, ",.0f", rate=True), f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
+            table.add_row(*(row + (budget_cells(budgets[i - 1], plan.band) if budgets else [])))
         console.print(table)
     for line in plan.explanation:
         console.print(line, soft_wrap=True)
