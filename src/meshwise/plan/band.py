@@ -158,5 +158,5 @@ def budget_band(band: Band | None, budget) -> dict:
 def band_note(band: Band) -> str:
     """What the brackets mean, for a table's title."""
     fallback = "" if band.category == band.asked else f" (too few runs of {band.asked}: the broader row)"
-    return (f"the range holding {band.coverage:.0%} of published dev runs of {band.category}{fallback}, "
-            f"{band.runs} runs from {band.sources} sources (benchmarks/band.py)")
+    return (f"the time model's error range on {band.runs} published dev runs from {band.sources} sources, "
+            f"{band.category}{fallback} (benchmarks/band.py)")
