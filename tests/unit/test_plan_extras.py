@@ -153,5 +153,7 @@ def test_report_has_the_same_time_and_cost(tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)["candidates"][0]["train_time"]
     page = out.read_text()
     assert "GPU-hours" in page and "<th>cost</th>" in page
-    for figure in (f"{first['days']:,.1f}", f"{first['gpu_hours']:,.0f}", f"{first['cost']:,.0f}"):
-        assert f"<td>{figure}</td>" in page
+    band = first["band"]  # each cell with its band, as the JSON gives it
+    for name, fmt in (("days", ",.1f"), ("gpu_hours", ",.0f"), ("cost", ",.0f")):
+        low, high = band[name]["low"], band[name]["high"]
+        assert f"<td>{first[name]:{fmt}} ({low:{fmt}}-{high:{fmt}})</td>" in page
