@@ -1,20 +1,25 @@
-"""The published runs as a test set: predicted against published step time for every run of
-src/meshwise/catalog/published_runs.toml, by model size band.
+"""The published runs, predicted against their published step time: every run of one set
+(dev or test) of src/meshwise/catalog/published_runs.toml, dense and mixture-of-experts reported apart.
 
 Nothing in the GPU time model is fitted to these runs: every constant comes from its component's
 own published data (benchmarks/fit_components.py), and the runs are only predicted. The error is
-reported for all runs, by size band (< 10B, 10-100B, > 100B parameters), and without the three
-MT-NLG runs, whose micro-batch size is inferred (their source does not state it).
+reported for dense and MoE runs, by size band (< 10B, 10-100B, > 100B parameters), and without the
+three MT-NLG runs, whose micro-batch size is inferred (their source does not state it).
 
-    python benchmarks/fidelity.py          # the table, then mean and worst |error| overall and by band
+The test set is evaluated once, by the lead, after the MoE time model lands; the dev set freely.
+
+    python benchmarks/fidelity.py                    # the dev set: the table, then mean and worst |error|
+    python benchmarks/fidelity.py --set dev --save   # also writes benchmarks/results/fidelity-dev.txt
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from meshwise.cost import compute
 from meshwise.cost.estimate import estimate
@@ -24,6 +29,8 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_
 
 BANDS = (("< 10B", 0, 10e9), ("10-100B", 10e9, 100e9), ("> 100B", 100e9, float("inf")))
 INFERRED = ("mtnlg530b",)  # runs whose micro-batch size is inferred, not published
+SETS = ("dev", "test")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -35,10 +42,17 @@ class Run:
     train: TrainSpec
     layout: Layout
     published_step_s: float
+    set: str = "dev"
+    origin: str = ""
+    moe: bool = False
 
     @property
     def gpu(self) -> str:
         return self.cluster.accelerator.name
+
+    @property
+    def kind(self) -> str:
+        return "MoE" if self.moe else "dense"
 
 
 def _published_step_s(rec: dict, model: ModelSpec, train: TrainSpec, layout: Layout, gpus: int) -> float:
@@ -61,17 +75,30 @@ def _searched_layout(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, f
     return result.best[0].layout
 
 
-def load_runs(prefix: str = "") -> list[Run]:
-    """The calibration set (only the runs whose id starts with ``prefix``, when given)."""
-    data = tomllib.loads(resources.files("meshwise.catalog").joinpath("published_runs.toml").read_text())
+def records() -> list[dict]:
+    """The runs of published_runs.toml as written, both sets."""
+    return _catalog()["run"]
+
+
+def _catalog() -> dict:
+    return tomllib.loads(resources.files("meshwise.catalog").joinpath("published_runs.toml").read_text())
+
+
+def load_runs(prefix: str = "", set_name: str | None = None, original: bool = False) -> list[Run]:
+    """The runs of ``set_name`` (both sets when None) whose id starts with ``prefix``; ``original``: only
+    the 39 dense bf16 runs the model was first checked on (those without a ``precision``)."""
+    data = _catalog()
     models = {name: ModelSpec(name=name, **table) for name, table in data.get("models", {}).items()}
     runs = []
     for rec in data["run"]:
-        if not rec["id"].startswith(prefix):
+        if not rec["id"].startswith(prefix) or (set_name and rec["set"] != set_name):
+            continue
+        if original and "precision" in rec:
             continue
         model = models.get(rec["model"]) or load_model(rec["model"])
         cluster = load_cluster(rec["gpu"], rec["gpus"])
-        train = TrainSpec(global_batch=rec["global_batch"], seq_len=rec["seq_len"], precision="bf16-mixed",
+        train = TrainSpec(global_batch=rec["global_batch"], seq_len=rec["seq_len"],
+                          precision=rec.get("precision", "bf16-mixed"),
                           runtime=rec["runtime"], overlap_dp_comm=rec.get("overlap_dp_comm", True),
                           overlap_tp_comm=rec.get("overlap_tp_comm", False), fused_attention=rec.get("fused_attention", True),
                           selective_policy=rec.get("selective_policy", "meshwise"),
@@ -81,7 +108,8 @@ def load_runs(prefix: str = "") -> list[Run]:
         else:
             layout = _searched_layout(model, cluster, train, rec["search"])
         runs.append(Run(rec["id"], rec["source"], model, cluster, train, layout,
-                        _published_step_s(rec, model, train, layout, rec["gpus"])))
+                        _published_step_s(rec, model, train, layout, rec["gpus"]),
+                        rec["set"], rec["origin"], rec["moe"]))
     return runs
 
 
@@ -100,25 +128,47 @@ def summary(errors: list[float]) -> tuple[float, float]:
     return sum(absolute) / len(absolute), max(absolute)
 
 
-def report(runs: list[Run]) -> dict[str, tuple[int, float, float]]:
-    """{group: (runs, mean |error|, worst |error|)} for all runs, each band, and all without inferred inputs."""
-    errors = {r.id: predict(r) / r.published_step_s - 1 for r in runs}
+def report(runs: list[Run], errors: dict[str, float] | None = None) -> dict[str, tuple[int, float, float]]:
+    """{group: (runs, mean |error|, worst |error|)} for all runs, each band, and all without inferred
+    inputs; with MoE runs present, also dense and MoE apart."""
+    if errors is None:
+        errors = {r.id: predict(r) / r.published_step_s - 1 for r in runs}
     groups = {"all": runs} | {name: [r for r in runs if band(r) == name] for name, _, _ in BANDS}
     groups["all, MT-NLG left out"] = [r for r in runs if not r.id.startswith(INFERRED)]
+    if any(r.moe for r in runs):
+        groups["dense"] = [r for r in runs if not r.moe]
+        groups["MoE"] = [r for r in runs if r.moe]
     return {name: (len(group), *summary([errors[r.id] for r in group])) for name, group in groups.items() if group}
 
 
-def main(argv: list[str]) -> None:
-    runs = load_runs()
-    print("| run | GPU | layout | band | published s | predicted s | error |")
-    print("|---|---|---|---|---:|---:|---:|")
+def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]:
+    """The per-run table, then the summary by group, as lines."""
+    lines = [f"Set: {set_name} ({len(runs)} runs; benchmarks/fidelity.py --set {set_name})", "",
+             "| run | kind | precision | GPU | layout | band | published s | predicted s | error |",
+             "|---|---|---|---|---|---|---:|---:|---:|"]
     for r in runs:
-        p = predict(r)
-        print(f"| {r.id} | {r.gpu} x {r.cluster.world_size} | `{r.layout}` | {band(r)} | {r.published_step_s:.3f} | "
-              f"{p:.3f} | {p / r.published_step_s - 1:+.1%} |")
-    print("\nTest set (nothing fitted to these runs):")
-    for name, (n, mean, worst) in report(runs).items():
-        print(f"  {name:22s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
+        p = r.published_step_s * (1 + errors[r.id])
+        lines.append(f"| {r.id} | {r.kind} | {r.train.precision} | {r.gpu} x {r.cluster.world_size} | `{r.layout}` | "
+                     f"{band(r)} | {r.published_step_s:.3f} | {p:.3f} | {errors[r.id]:+.1%} |")
+    lines += ["", f"{set_name} set (nothing fitted to these runs):"]
+    for name, (n, mean, worst) in report(runs, errors).items():
+        lines.append(f"  {name:22s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", dest="set_name", choices=SETS, default="dev")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/fidelity-<set>.txt")
+    args = parser.parse_args(argv)
+    runs = load_runs(set_name=args.set_name)
+    errors = {r.id: predict(r) / r.published_step_s - 1 for r in runs}
+    lines = table(runs, errors, args.set_name)
+    print("\n".join(lines))
+    if args.save:
+        out = RESULTS / f"fidelity-{args.set_name}.txt"
+        out.write_text("\n".join(lines) + "\n")
+        print(f"\nwritten: {out}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from meshwise.catalog import read_catalog
 from meshwise.cost import comm, kernels
 from meshwise.spec import LinkSpec, load_cluster
 
@@ -216,6 +217,9 @@ def check_catalog(f: dict) -> list[str]:
             got = load_cluster(name, 8).accelerator.sustained_clock
             if abs(got - ratio) > 0.001:
                 bad.append(f"{name} sustained_clock: catalog {got}, components_clocks.csv {ratio:.3f}")
+            table_mhz = next(float(r["table_mhz"]) for r in read("components_clocks.csv") if r["gpu"] == gpu)
+            if read_catalog("accelerators.toml")[name].get("table_clock_mhz") != table_mhz:
+                bad.append(f"{name} table_clock_mhz: catalog differs from components_clocks.csv {table_mhz:g}")
     close = lambda a, b: abs(a - b) <= 0.01 * max(abs(b), 1e-9) + 1e-9  # noqa: E731
     for gpu, key, dtype in (("h100", "gemm_h100_bf16", "bf16"), ("a100-80gb", "gemm_a100_bf16", "bf16"),
                             ("h100", "gemm_h100_fp8", "fp8")):

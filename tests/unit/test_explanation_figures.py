@@ -144,8 +144,13 @@ def test_every_explanation_figure_is_the_tables(name, tmp_path, capsys):
     if data["status"] == "fits" and "--layout" not in args:
         chosen = next(line for line in data["explanation"] if line.startswith("Chosen:"))
         c = candidates[0]
-        assert f"Chosen: {_layout_text(c['layout'])} (row #1) - {c['time']['step_s']:.3g} s/step, " \
-               f"{c['tokens_per_s']:,.0f} tokens/s, MFU {c['mfu']:.1%}, " \
+        step = rate = ""
+        if "band" in c:  # the band the JSON gives, as the line shows it (none on a CPU: plan/band.py)
+            b = c["band"]
+            step = f" ({b['step_s']['low']:.3g}-{b['step_s']['high']:.3g})"
+            rate = f" ({b['tokens_per_s']['low']:,.0f}-{b['tokens_per_s']['high']:,.0f})"
+        assert f"Chosen: {_layout_text(c['layout'])} (row #1) - {c['time']['step_s']:.3g}{step} s/step, " \
+               f"{c['tokens_per_s']:,.0f}{rate} tokens/s, MFU {c['mfu']:.1%}, " \
                f"{_gb(c['memory']['total'])} on the largest" in chosen
         for row, layout in figures["chosen"]["rows"].items():
             k = int(row)

@@ -38,16 +38,29 @@ def test_table_figures_agree_with_tokens_per_s_to_the_rounding_shown(capsys):
     assert main(["plan", "--model", "llama3-8b", "--gpus", "64", "--tokens", "15e12", "--price-per-gpu-hour",
                  "2.5"]) == 0
     rows = _rows(capsys.readouterr().out)
-    assert rows
-    for row in rows:
+    assert rows and len(rows) % 2 == 0  # the layouts' table, then the time-to-train table, row for row
+    half = len(rows) // 2
+    for row, budget_row in zip(rows[:half], rows[half:]):
         cells = dict(zip(["#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s",
-                          "MFU", "fits", "binds", "days", "GPU-h", "cost"], row))
-        tps = float(cells["tokens/s"].replace(",", ""))  # shown to the token/s: within 0.5 of the estimate
+                          "MFU", "fits", "binds"], row))
+        cells |= dict(zip(["#", "layout", "days", "GPU-h", "cost"], budget_row))
+        assert budget_row[0] == row[0]
+        tps, tps_low, tps_high = _banded(cells["tokens/s"])  # shown to the token/s: within 0.5 of the estimate
         for name, value, unit in (("days", TOKENS / 86400, 0.05), ("GPU-h", TOKENS * 64 / 3600, 0.5),
                                   ("cost", TOKENS * 64 / 3600 * 2.5, 0.5)):
-            shown = float(cells[name].replace(",", ""))
+            shown, shown_low, shown_high = _banded(cells[name])
             low, high = value / (tps + 0.5), value / (tps - 0.5)
             assert low - unit <= shown <= high + unit, (name, shown, low, high)
+            # the band of a duration is the tokens/s band turned over: its low at the highest rate
+            assert shown_low == pytest.approx(value / tps_high, rel=2e-3, abs=unit)
+            assert shown_high == pytest.approx(value / tps_low, rel=2e-3, abs=unit)
+
+
+def _banded(cell: str) -> tuple[float, float, float]:
+    """'632,764 (566,789-636,903)' -> (632764, 566789, 636903)."""
+    value, rest = cell.replace(",", "").split(" (")
+    low, high = rest.rstrip(")").split("-")
+    return float(value), float(low), float(high)
 
 
 @pytest.mark.parametrize("bad,field", [(["--tokens", "0"], "--tokens"), (["--tokens", "nan"], "--tokens"),
@@ -143,5 +156,7 @@ def test_report_has_the_same_time_and_cost(tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)["candidates"][0]["train_time"]
     page = out.read_text()
     assert "GPU-hours" in page and "<th>cost</th>" in page
-    for figure in (f"{first['days']:,.1f}", f"{first['gpu_hours']:,.0f}", f"{first['cost']:,.0f}"):
-        assert f"<td>{figure}</td>" in page
+    band = first["band"]  # each cell with its band, as the JSON gives it
+    for name, fmt in (("days", ",.1f"), ("gpu_hours", ",.0f"), ("cost", ",.0f")):
+        low, high = band[name]["low"], band[name]["high"]
+        assert f"<td>{first[name]:{fmt}} ({low:{fmt}}-{high:{fmt}})</td>" in page

@@ -79,10 +79,18 @@ def fmt_cost(cost: float) -> str:
     return f"{cost:,.0f}"
 
 
-def budget_cells(b: Budget) -> list[str]:
-    """The table cells: days, GPU-hours and, with a price, the cost."""
-    cells = [fmt_days(b.days), fmt_gpu_hours(b.gpu_hours)]
-    return cells + ([fmt_cost(b.cost)] if b.cost is not None else [])
+def _cells(days: float, gpu_hours: float, cost: float | None, band=None) -> list[str]:
+    """Days, GPU-hours and, with a price, the cost; with a band (plan/band.py), each followed by its
+    low-high in brackets."""
+    shown = [(days, fmt_days), (gpu_hours, fmt_gpu_hours)] + ([(cost, fmt_cost)] if cost is not None else [])
+    if band is None:
+        return [fmt(v) for v, fmt in shown]
+    return [f"{fmt(v)} ({fmt(band.around(v)[0])}-{fmt(band.around(v)[1])})" for v, fmt in shown]
+
+
+def budget_cells(b: Budget, band=None) -> list[str]:
+    """The table cells of a failure-free budget (``_cells``)."""
+    return _cells(b.days, b.gpu_hours, b.cost, band)
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,6 @@ def with_failures(b: Budget, goodput: float, mtbf_s: float) -> FailureBudget:
     return FailureBudget(b, goodput, mtbf_s)
 
 
-def failure_budget_cells(f: FailureBudget) -> list[str]:
-    """The table cells with failures: days, GPU-hours and, with a price, the cost."""
-    cells = [fmt_days(f.days), fmt_gpu_hours(f.gpu_hours)]
-    return cells + ([fmt_cost(f.cost)] if f.cost is not None else [])
+def failure_budget_cells(f: FailureBudget, band=None) -> list[str]:
+    """The table cells with failures (``_cells``)."""
+    return _cells(f.days, f.gpu_hours, f.cost, band)

@@ -108,7 +108,8 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
         lines = tuple(line for line in first.explanation if not line.startswith("Evaluated: ")) + \
             tuple(line for p in evaluated for line in p.explanation if line.startswith("Evaluated: "))
         warnings = tuple(dict.fromkeys(w for p in evaluated for w in p.warnings))
-        result = planner.Plan(ranked, lines, warnings, first.enumerated, first.fitting, figures=first.figures)
+        result = planner.Plan(ranked, lines, warnings, first.enumerated, first.fitting, figures=first.figures,
+                              band=first.band)
     else:
         result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen[0] if chosen else None)
     if verify:
@@ -124,6 +125,7 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
 
 def _output(model, cluster, train, result, headroom: float, as_json: bool, report: str | None, extras: Extras,
             given: bool) -> None:
+    from meshwise.plan.band import budget_band
     from meshwise.plan.budget import Budget
     from meshwise.plan.planner import plan_notes
 
@@ -139,11 +141,11 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
                "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
-                c["train_time"] = b.as_json()
+                c["train_time"] = b.as_json() | budget_band(result.band, b)
         for c, r, fb in zip(out["candidates"], rels or [], fbudgets or [None] * len(out["candidates"])):
             c["reliability"] = r.as_json()
             if fb is not None:
-                c["train_time_with_failures"] = fb.as_json()
+                c["train_time_with_failures"] = fb.as_json() | budget_band(result.band, fb)
         if emitted is not None:
             out["emit"] = {"framework": extras.emit, "text": emitted}
         print(json.dumps(out))

@@ -12,6 +12,7 @@ from meshwise.cost.memory import Memory
 from meshwise.cost.plan_cache import PlanCache
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
+from meshwise.plan.band import Band, band_for, figure_bands, with_band
 from meshwise.plan.compare import binding, costlier_part
 from meshwise.plan.experts import expert_degrees, step_experts_with_figures
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
@@ -57,6 +58,7 @@ class Plan:
     fitting: int
     why_nothing_fits: tuple[str, ...] = ()  # when the search found none: why, then what would fit
     figures: dict = field(default_factory=dict)  # Explained.figures: what each step's line quotes
+    band: Band | None = None  # how far every figure can be off (plan/band.py); the same for every row
 
     @property
     def nothing_fits(self) -> bool:
@@ -65,7 +67,7 @@ class Plan:
 
     def as_json(self) -> dict:
         status = "fits" if not self.nothing_fits else "nothing fits" if not self.candidates else "does not fit"
-        out = {"status": status, "candidates": [e.as_json() for e in self.candidates],
+        out = {"status": status, "candidates": [e.as_json() | figure_bands(self.band, e) for e in self.candidates],
                "explanation": list(self.explanation), "warnings": list(self.warnings), "enumerated": self.enumerated,
                "fitting": self.fitting}
         out["order"] = ORDER
@@ -542,7 +544,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                      (f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
                       if result.best and e.fits and result.best[0].layout != layout else "."))
         warnings = warnings_for(model, cluster, train, e, headroom, cache)
-        return Plan((e,), tuple(lines), tuple(warnings), result.enumerated, result.fitting, figures=said.figures)
+        band = band_for(model, cluster.accelerator, train)
+        lines = [with_band(line, band, (e,)) for line in lines]
+        return Plan((e,), tuple(lines), tuple(warnings), result.enumerated, result.fitting, figures=said.figures,
+                    band=band)
     result = search(model, cluster, train, top, headroom, cache=cache)
     said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
     lines = said.lines
@@ -553,8 +558,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                *what_would_fit(model, cluster, train, headroom)]
         lines += [why[0]] + ["What would: " + s for s in why[1:]]
     best = result.best[0] if result.best else None
+    band = band_for(model, cluster.accelerator, train)
+    lines = [with_band(line, band, result.best[:1]) for line in lines]
     return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom, cache)),
-                result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures)
+                result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures, band)
 
 
 def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshwise.plan.band import band_note, text
 from meshwise.plan.budget import Budget, FailureBudget, budget_cells, failure_budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import TIE, Plan
@@ -35,34 +36,54 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
         title = (f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
                  "simplest first")
         columns = list(COLUMNS)
-        if budgets:
-            columns += ["days", "GPU-h"] + (["cost"] if budgets[0].cost is not None else [])
-            title += f"; {fmt_tokens(budgets[0].tokens)}" + (
-                f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
-        if reliabilities:
-            columns += ["ckpt every", "goodput"]
-        if failure_budgets:
-            columns += ["days w/ fail", "GPU-h w/ fail"] + (["cost w/ fail"] if failure_budgets[0].cost is not None else [])
-        table = Table(title=title)
-        for col in columns:
-            table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
+        if plan.band is not None:
+            title += f"; in brackets: {band_note(plan.band)}"
+        table = _table(title, columns)
         for i, e in enumerate(plan.candidates, 1):
             mem = e.memory
-            row = [str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False), gb_text(mem.optimizer, unit=False),
-                   gb_text(mem.activations, unit=False), gb_text(mem.other, unit=False), gb_text(mem.total, unit=False), f"{e.time.step_s:.3g}",
-                   f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e)]
-            row += budget_cells(budgets[i - 1]) if budgets else []
-            row += _failure_cells(i - 1, reliabilities, failure_budgets)
-            table.add_row(*row)
+            table.add_row(str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False),
+                          gb_text(mem.optimizer, unit=False), gb_text(mem.activations, unit=False),
+                          gb_text(mem.other, unit=False), gb_text(mem.total, unit=False),
+                          text(plan.band, e.time.step_s, ".3g"), text(plan.band, e.tokens_per_s, ",.0f", rate=True),
+                          f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e))
         console.print(table)
+        if budgets:
+            console.print(_budget_table(plan, budgets, reliabilities, failure_budgets))
     for line in plan.explanation:
         console.print(line, soft_wrap=True)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
 
 
-def _failure_cells(i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None) -> list[str]:
+def _table(title: str, columns: list[str]) -> Table:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("layout", "binds") else "right", no_wrap=True)
+    return table
+
+
+def _budget_table(plan: Plan, budgets: list[Budget], reliabilities: list | None,
+                  failure_budgets: list[FailureBudget] | None) -> Table:
+    """The time to train the token budget, a row per layout of the main table (in its order): days,
+    GPU-hours and cost, and with failures the interval, the goodput and the same figures with them."""
+    priced = budgets[0].cost is not None
+    title = f"time to train {fmt_tokens(budgets[0].tokens)}" + (
+        f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if priced else "")
+    columns = ["#", "layout", "days", "GPU-h"] + (["cost"] if priced else [])
+    if reliabilities:
+        columns += ["ckpt every", "goodput"]
+    if failure_budgets:
+        columns += ["days w/ fail", "GPU-h w/ fail"] + (["cost w/ fail"] if priced else [])
+    table = _table(title, columns)
+    for i, e in enumerate(plan.candidates):
+        table.add_row(str(i + 1), e.layout.short(), *budget_cells(budgets[i], plan.band),
+                      *_failure_cells(i, reliabilities, failure_budgets, plan.band))
+    return table
+
+
+def _failure_cells(i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None,
+                   band=None) -> list[str]:
     from meshwise.plan.failures import interval_cell
 
     cells = [interval_cell(reliabilities[i]), f"{reliabilities[i].goodput:.1%}"] if reliabilities else []
-    return cells + (failure_budget_cells(failure_budgets[i]) if failure_budgets else [])
+    return cells + (failure_budget_cells(failure_budgets[i], band) if failure_budgets else [])

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
+from meshwise.plan.band import band_note, text
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
 from meshwise.plan.planner import Plan, plan_notes, search
@@ -116,9 +117,9 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
     # model and accelerator names come from user files: escaped like every other string of the page
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:
-        rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", f"{e.time.step_s:.3g}",
-                 f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", "yes" if e.fits else "no", binding(e)]
-                + (budget_cells(budgets[i - 1]) if budgets else [])
+        rows = [[f"#{i}", e.layout.short(), f"{e.memory.total / 1e9:.1f}", text(plan.band, e.time.step_s, ".3g"),
+                 text(plan.band, e.tokens_per_s, ",.0f", rate=True), f"{e.mfu:.1%}", "yes" if e.fits else "no",
+                 binding(e)] + (budget_cells(budgets[i - 1], plan.band) if budgets else [])
                 for i, e in enumerate(plan.candidates, 1)]
         head = ["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits", "binds"]
         if budgets:
@@ -129,6 +130,8 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
         budget_note = (f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
                        + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None
                           else "") + ".</p>") if budgets else ""
+        if plan.band is not None:
+            budget_note += f"<p>In brackets: {html.escape(band_note(plan.band))}.</p>"
         sections.append(("Top layouts", budget_note + table(head, rows)
                          + image(mem, "memory per rank of the top layouts against the device capacity")))
         if reliabilities:

@@ -221,11 +221,28 @@ def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
     if path.suffix == ".toml":
         table = read_toml(path, "--gpu")
         table = table.get("accelerator", table)
+        if "base" in table:
+            table = _on_base(table, ref)
         return str(table.get("name", path.stem)), table
     name = catalog_accelerator(ref)
     if name is None:
         raise _unknown_accelerator(ref)
     return name, read_catalog("accelerators.toml")[name]
+
+
+def _on_base(profile: dict[str, Any], ref: str) -> dict[str, Any]:
+    """A cluster profile over a catalog GPU: ``base`` names the entry, the profile's keys replace its
+    (a cluster's own clock under its power cap and cooling, its links); the clock it gives
+    (``sustained_mhz`` or ``sustained_clock``) replaces the catalog's."""
+    base = profile["base"]
+    name = catalog_accelerator(base) if isinstance(base, str) else None
+    if name is None:
+        raise MeshwiseError(f"--gpu {ref}: base {base!r} is not a catalog accelerator; give one of "
+                            f"{', '.join(read_catalog('accelerators.toml'))}")
+    table = {k: v for k, v in read_catalog("accelerators.toml")[name].items() if k != "aliases"}
+    if "sustained_mhz" in profile:
+        table.pop("sustained_clock", None)
+    return table | {k: v for k, v in profile.items() if k != "base"}
 
 
 def _flag(value: Any, where: str) -> bool:

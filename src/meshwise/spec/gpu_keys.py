@@ -16,7 +16,7 @@ SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
 # own, or torchtitan's Llama of 2024 with its eager RMSNorm or its Triton fused one (cost/kernels.py PASSES).
 MODEL_CODES = ("meshwise", "torchtitan", "torchtitan-fused-norm")
 GPU_KEYS = {"sm_count", "gemm_tile_m", "gemm_tile_n", "gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-            "runtime", "gemm", "attention", "kernel_floor_s", "sustained_clock"}
+            "runtime", "gemm", "attention", "kernel_floor_s", "sustained_clock", "sustained_mhz", "table_clock_mhz"}
 GEMM_FIELDS = ("efficiency", "k_half")
 ATTENTION_FIELDS = ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half", "backward",
                     "backward_seq_half", "head64")
@@ -38,6 +38,8 @@ def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
                 raise MeshwiseError(f"--gpu {gpu}: {key} must be a fraction in (0, 1], got {value!r}")
             out[key] = float(value)
     out.update(_component_rows(table, gpu))
+    if "sustained_mhz" in table:
+        out["sustained_clock"] = _sustained_clock(table, gpu)
     if "kernel_floor_s" in table:
         value = table["kernel_floor_s"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -51,6 +53,19 @@ def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
         out.setdefault("attention_efficiency", out.get("gemm_efficiency", out.get("gemm", ((0, 0.6),))[0][1]) / 2)
         out.setdefault("hbm_efficiency", 0.8)
     return out
+
+
+def _sustained_clock(table: dict[str, Any], gpu: str) -> float:
+    """A cluster's own clock: ``sustained_mhz`` (the SM clock its GPUs hold through training at its power
+    cap and cooling, e.g. nvidia-smi's clocks.sm under load) over ``table_clock_mhz`` (the clock the
+    GEMM and attention tables ran at: accelerators.toml, components_clocks.csv)."""
+    if "sustained_clock" in table:
+        raise MeshwiseError(f"--gpu {gpu}: give sustained_mhz or sustained_clock, not both")
+    if "table_clock_mhz" not in table:
+        raise MeshwiseError(f"--gpu {gpu}: sustained_mhz needs table_clock_mhz, the clock the GEMM tables ran at "
+                            "(or base = a catalog GPU that has one, e.g. h100)")
+    top = _number(table["table_clock_mhz"], f"--gpu {gpu}: table_clock_mhz", 1, 10_000)
+    return _number(table["sustained_mhz"], f"--gpu {gpu}: sustained_mhz", 1, top) / top
 
 
 def _number(value: Any, where: str, low: float, high: float) -> float:
