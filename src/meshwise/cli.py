@@ -186,6 +186,8 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
                    "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)")
     m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
                    help="the runtime measured; only meshwise (this project's own) can run here")
+    m.add_argument("--precision", default="auto", help="auto (the runtime's: bf16-mixed on CUDA, fp32 on CPU), "
+                                                       "fp8 or fp8-rowwise (torchao float8 linears, CUDA)")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
     m.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
                    help="also write an HTML report with pictures (needs meshwise[report])")
@@ -205,7 +207,7 @@ def _measure(args: argparse.Namespace) -> int:
     _warn_untested_torch()
 
     return measure_main(args.layout or "", args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
-                        args.gpu, args.json, args.report)
+                        args.gpu, args.json, args.report, args.precision)
 
 
 def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
