@@ -193,12 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     from meshwise.measure.calibrate_gpu import slug
 
     out = Path(args.out_dir) / f"gpu-check-{slug(name)}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
     lines: list[str] = []
 
-    def say(*text: str) -> None:
+    def say(*text: str) -> None:  # the file grows line by line: a check stopped at its limit keeps what it did
         for line in text:
             print(line, flush=True)
             lines.append(line)
+            with out.open("a") as f:
+                f.write(line + "\n")
 
     start = time.perf_counter()
     say(f"# gpu check: {name}, {datetime.now(UTC):%Y-%m-%d %H:%M UTC}, torch {torch.__version__}, "
@@ -218,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = [k for k, v in ok.items() if not v]
     say(f"# {len(ok) - len(failed)} of {len(ok)} steps passed in {time.perf_counter() - start:.0f} s"
         + (f"; failed: {', '.join(failed)}" if failed else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 1 if failed else 0
 

@@ -84,6 +84,18 @@ def test_plan_reads_the_profile_as_the_catalog(calibrated, tmp_path, precision):
     assert _step_s(str(out), precision, tmp_path) == pytest.approx(_step_s("h100", precision, tmp_path), rel=0.015)
 
 
+def test_the_link_fit_gives_the_catalog_link_back():
+    """NCCL rows timed by the catalog H100's NVLink (cost/comm.py) fit back to it within LINK_BOUNDS."""
+    from meshwise.cost import comm
+
+    link = load_cluster("h100", 8).intra
+    rows = [[kind, n, size, comm.collective_seconds(kind, n, size, link)] for kind in ("all_reduce", "all_gather")
+            for n in (2, 8) for size in (4 << 10, 1 << 20, 64 << 20, 256 << 20)]
+    fit = calibrate_gpu.link_fields(rows)
+    assert fit["bytes_per_s"] == pytest.approx(link.bytes_per_s, rel=0.01)
+    assert fit["latency_s"] == pytest.approx(link.latency_s, rel=0.02)
+
+
 def test_cuda_without_a_device_is_refused_in_one_line(tmp_path):
     done = meshwise_here("calibrate", "--device", "cuda", "--out", str(tmp_path / "p.toml"), cwd=tmp_path)
     assert done.returncode == 2
