@@ -212,7 +212,8 @@ def measure_parts(model: ModelSpec, seq: int, device: gpu_bench.Device, sizes: S
     tokens = [mbs * seq for mbs in sizes.mbs]
     plan = list(dict.fromkeys(s for t in tokens for tp in sizes.tp if model.heads % tp == 0 and model.kv_heads % tp == 0
                               for s in plan_gemm_shapes(model, t, tp)))
-    shapes = plan + [s for s in grid_shapes(sizes, tokens[0]) if s not in plan]
+    grid = [s for s in grid_shapes(sizes, tokens[0]) if s not in plan]
+    shapes = grid[:len(sizes.grid)] + plan + grid[len(sizes.grid):]  # squares (the floor) first, deep ones last
     samples: dict[str, Any] = {"phase_s": phase_s}
     samples["gemm_bf16"] = _part("GEMMs bf16", budget["gemm_bf16"],
                                  lambda d: gpu_bench.bench_gemms(shapes, "bf16", dev, timer, d), say, phase_s)
@@ -238,8 +239,12 @@ def measure_links(model: ModelSpec, seq: int, device: gpu_bench.Device, sizes: S
     if nproc < 2:
         say("calibrate: collectives need >= 2 GPUs; this machine has 1: the catalog's links are kept")
         return None
+    import torch
+
     from meshwise.launch import launch_logged
 
+    if device.kind == "cuda":
+        torch.cuda.empty_cache()  # the ranks need the memory this process's benchmarks left cached
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshwise-calibrate-links-") as tmp:
         argv = ["--sizes", ",".join(map(str, link_sizes(model, seq, sizes))), "--out", tmp]
