@@ -41,7 +41,7 @@ def test_the_gemm_shapes_are_the_plans():
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory) -> tuple[dict, Path]:
+def calibrated(tmp_path_factory) -> tuple[dict, Path, dict]:
     """The calibration's parts on meta tensors, timed by the catalog H100's model; the profile written."""
     tmp_path = tmp_path_factory.mktemp("calibrated")
     device = gpu_bench.Device(FAKE_H100[0], "meta", *FAKE_H100[1:])
@@ -50,11 +50,11 @@ def calibrated(tmp_path_factory) -> tuple[dict, Path]:
     table = calibrate_gpu.profile_table(device, samples, None, "llama3-8b at 4096 tokens")
     out = tmp_path / "h100-measured.toml"
     out.write_text(calibrate_gpu.format_profile(table))
-    return table, out
+    return table, out, samples
 
 
 def test_the_fits_give_the_catalog_back(calibrated):
-    table, _ = calibrated
+    table, _, _ = calibrated
     efficiency, k_half = kernels.gemm_row(H100, "bf16")
     assert table["gemm.bf16"]["efficiency"] == pytest.approx(efficiency, rel=0.01)
     assert table["gemm.bf16"]["k_half"] == pytest.approx(k_half, abs=3)
@@ -80,7 +80,7 @@ def _step_s(profile: str, precision: str, cwd: Path) -> float:
 def test_plan_reads_the_profile_as_the_catalog(calibrated, tmp_path, precision):
     """A profile fitted on the catalog model's own times plans the catalog's step time (fp8's GEMM fit
     leaves 2% on its shapes: the step within 1.5%)."""
-    _, out = calibrated
+    _, out, _ = calibrated
     assert _step_s(str(out), precision, tmp_path) == pytest.approx(_step_s("h100", precision, tmp_path), rel=0.015)
 
 
@@ -94,6 +94,31 @@ def test_the_link_fit_gives_the_catalog_link_back():
     fit = calibrate_gpu.link_fields(rows)
     assert fit["bytes_per_s"] == pytest.approx(link.bytes_per_s, rel=0.01)
     assert fit["latency_s"] == pytest.approx(link.latency_s, rel=0.02)
+
+
+def test_a_device_the_catalog_lacks_is_profiled_from_its_own_figures(calibrated, tmp_path):
+    """No catalog entry: its best GEMM rate is the peak, its copy the HBM, a PCIe link assumed; plan reads it."""
+    _, _, samples = calibrated
+    device = gpu_bench.Device("Acme Tensor Card 9", "meta", 100, 48_000_000_000, False, 1)
+    table = calibrate_gpu.profile_table(device, samples, None, "llama3-8b")
+    best = max(2.0 * b * m * n * k / t for b, m, n, k, t in samples["gemm_bf16"])
+    assert table["name"] == "acme-tensor-card-9-calibrated" and table["sm_count"] == 100
+    assert table["peak_bf16_flops_per_s"] == pytest.approx(best) and "peak_fp8_flops_per_s" not in table
+    assert table["hbm_bytes_per_s"] == pytest.approx(samples["copy_bytes_per_s"]) and table["hbm_efficiency"] == 1.0
+    assert table["intra_bytes_per_s"] == 25e9 and "not in the catalog" in table["source"]
+    out = tmp_path / "acme.toml"
+    out.write_text(calibrate_gpu.format_profile(table))
+    assert _step_s(str(out), "bf16-mixed", tmp_path) > 0
+    done = meshwise_here("plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", str(out), "--precision", "fp8",
+                         cwd=tmp_path)
+    assert done.returncode == 2 and "has no float8 tensor cores" in done.stderr  # refused, as the catalog's a100
+
+
+def test_measure_refuses_a_precision_the_device_does_not_train(tmp_path):
+    done = meshwise_here("measure", "--nproc-per-node", "1", "--model", "tiny", "--precision", "bf16-mixed",
+                         "--gpu", "cpu", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "--precision bf16-mixed: the runtime trains in fp32 on cpu" in done.stderr
 
 
 def test_cuda_without_a_device_is_refused_in_one_line(tmp_path):
