@@ -20,59 +20,22 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
 from __future__ import annotations
 
 import csv
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from meshwise.catalog import read_catalog
-from meshwise.cost import comm, kernels
-from meshwise.spec import LinkSpec, load_cluster
+from meshwise.cost import kernels
+from meshwise.cost.fit import fit_gemm_points, fit_link, fit_saturating, log_errors
+from meshwise.spec import load_cluster
 
 CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
 GPUS = {"h100": "h100", "a100": "a100-80gb"}
-TILES = ((128, 128), (128, 256), (256, 128))
 
 
 def read(name: str) -> list[dict[str, str]]:
     with open(CATALOG / name, encoding="utf-8") as f:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
-
-
-def golden(f, lo: float, hi: float, steps: int = 40) -> float:
-    """The argument in [lo, hi] minimising ``f`` (golden-section search)."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = f(a), f(b)
-    for _ in range(steps):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = f(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = f(b)
-    return (lo + hi) / 2
-
-
-def coordinate_fit(loss, start: list[float], bounds: list[tuple[float, float]], sweeps: int = 6) -> list[float]:
-    """Minimise ``loss(params)`` one parameter at a time (golden sections), ``sweeps`` times over."""
-    params = list(start)
-    for _ in range(sweeps):
-        for i, (lo, hi) in enumerate(bounds):
-            params[i] = golden(lambda v: loss(params[:i] + [v] + params[i + 1:]), lo, hi)
-    return params
-
-
-def log_errors(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    """(mean, worst) |predicted / measured - 1| over (predicted, measured) pairs."""
-    errs = [abs(p / m - 1) for p, m in pairs]
-    return sum(errs) / len(errs), max(errs)
-
-
-def _mean_log(pairs) -> float:
-    return sum(abs(math.log(p / m)) for p, m in pairs) / len(pairs)
 
 
 # ------------------------------------------------------------------------------------------- GEMM
@@ -82,32 +45,12 @@ def gemm_points(gpu: str, dtype: str) -> list[tuple[int, int, int, int, float]]:
     return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r["tflops"]) * 1e12) for r in rows]
 
 
-def _gemm_pairs(accel, points, dtype: str, peak: float, elem: int):
-    out = []
-    for b, m, n, k, flops in points:
-        seconds = kernels.gemm_seconds(m, n, k, accel, peak, elem, b, dtype)
-        out.append((seconds, 2.0 * b * m * n * k / flops))
-    return out
-
-
 def fit_gemm(gpu: str, dtype: str = "bf16", floor: float | None = None, tile: tuple | None = None) -> dict:
     """(efficiency, k_half, kernel_floor_s, tile) minimising the mean |log error| on ``gpu``'s ``dtype`` points."""
     base = replace(load_cluster(GPUS[gpu], 8).accelerator, sustained_clock=1.0)  # the tables: short kernels
     peak = base.peak_bf16_flops_per_s * (2 if dtype.startswith("fp8") else 1)
     elem = 1 if dtype.startswith("fp8") else 2
-    points = gemm_points(gpu, dtype)
-    best = None
-    for tm, tn in [tile] if tile else TILES:
-        def accel_of(p):
-            return replace(base, gemm=((dtype, p[0], p[1]),), gemm_tile_m=tm, gemm_tile_n=tn,
-                           kernel_floor_s=p[2] if floor is None else floor)
-        loss = lambda p: _mean_log(_gemm_pairs(accel_of(p), points, dtype, peak, elem))  # noqa: E731
-        p = coordinate_fit(loss, [0.8, 100.0, 4e-6], [(0.3, 1.0), (0.0, 2000.0), (0.0, 2e-5)])
-        if best is None or loss(p) < best[0]:
-            best = (loss(p), p, (tm, tn), _gemm_pairs(accel_of(p), points, dtype, peak, elem))
-    _, p, tile, pairs = best
-    return {"efficiency": p[0], "k_half": p[1], "kernel_floor_s": p[2] if floor is None else floor,
-            "tile": tile, "errors": log_errors(pairs), "points": len(points)}
+    return fit_gemm_points(base, gemm_points(gpu, dtype), dtype, peak, elem, floor, tile)
 
 
 # -------------------------------------------------------------------------------------- attention
@@ -117,10 +60,7 @@ def attention_points(kernel: str) -> list[dict]:
 
 def _curve(rows: list[dict], peak: float) -> tuple[float, float, tuple[float, float]]:
     """(top, seq_half) of ``top * s / (s + s_half)`` (fractions of peak) over ``rows``, and its errors."""
-    pts = [(int(r["seq"]), float(r["tflops"]) * 1e12 / peak) for r in rows]
-    loss = lambda p: _mean_log([(kernels._saturating(p[0], p[1], s), y) for s, y in pts])  # noqa: E731
-    top, half = coordinate_fit(loss, [0.5, 300.0], [(0.05, 1.0), (0.0, 5000.0)])
-    return top, half, log_errors([(kernels._saturating(top, half, s), y) for s, y in pts])
+    return fit_saturating([(int(r["seq"]), float(r["tflops"]) * 1e12 / peak) for r in rows])
 
 
 def fit_attention(kernel: str) -> dict:
@@ -173,17 +113,7 @@ def collective_points() -> list[tuple[str, int, float, float]]:
 
 
 def fit_collectives() -> dict:
-    points = collective_points()
-    def pairs_of(latency_s: float, bytes_per_s: float) -> list[tuple[float, float]]:
-        link = LinkSpec(bytes_per_s, latency_s)
-        return [(comm.collective_seconds(k, n, b, link), s) for k, n, b, s in points]
-    latency, busbw = coordinate_fit(lambda p: _mean_log(pairs_of(p[0] * 1e-6, p[1] * 1e9)), [5.0, 300.0],
-                                    [(0.1, 50.0), (50.0, 900.0)])
-    large = [(k, n, b, s) for k, n, b, s in points if b >= 64e6]
-    big = [(comm.collective_seconds(k, n, b, LinkSpec(busbw * 1e9, latency * 1e-6)), s) for k, n, b, s in large]
-    return {"latency_s": latency * 1e-6, "bytes_per_s": busbw * 1e9,
-            "errors": log_errors(pairs_of(latency * 1e-6, busbw * 1e9)), "errors_large": log_errors(big),
-            "points": len(points)}
+    return fit_link(collective_points())
 
 
 # -------------------------------------------------------------------------------------- the report

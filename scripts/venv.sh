@@ -1,5 +1,7 @@
-# Sourced by run.sh and test.sh: make .venv (once) and install meshwise into it.
+# Sourced by run.sh, test.sh and gpu_check.sh: make .venv (once) and install meshwise into it.
 # torch is pinned through constraints.txt so pip takes the local CPU wheel, never a CUDA build.
+# MESHWISE_TORCH_INDEX (gpu_check.sh sets it on a CUDA machine): the wheel index torch 2.13.0 is taken
+# from instead, e.g. PyTorch's CUDA 12.8 builds (2.13.0+cu128, which the pin admits); the pin stays.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MESHWISE_VENV:-$root/.venv}"
@@ -9,7 +11,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Reinstall when the project's requirements change (pyproject or constraints newer than the stamp).
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" torch==2.13.0
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" \
+    ${MESHWISE_TORCH_INDEX:+--index-url "$MESHWISE_TORCH_INDEX"} torch==2.13.0
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,report]"
   # torchtitan, the oracle of plan --emit torchtitan, without its `datasets` pin (tests/_stubs/README.md);
   # what it imports is in the test extra.

@@ -199,6 +199,8 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
                    "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)")
     m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
                    help="the runtime measured; only meshwise (this project's own) can run here")
+    m.add_argument("--precision", default="auto", help="auto (the runtime's: bf16-mixed on CUDA, fp32 on CPU), "
+                                                       "fp8 or fp8-rowwise (torchao float8 linears, CUDA)")
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
     m.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
                    help="also write an HTML report with pictures (needs meshwise[report])")
@@ -218,7 +220,7 @@ def _measure(args: argparse.Namespace) -> int:
     _warn_untested_torch()
 
     return measure_main(args.layout or "", args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
-                        args.gpu, args.json, args.report)
+                        args.gpu, args.json, args.report, args.precision)
 
 
 def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
@@ -227,18 +229,28 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
                                    "and gloo collective bandwidth/latency on N local processes; write a profile that "
                                    "'plan --gpu FILE' reads.")
     c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
-    c.add_argument("--model", default="small", help="model whose block shapes are timed (default: small)")
+    c.add_argument("--model", default=None,
+                   help="model whose shapes are timed (default: small on CPU, llama3-8b on CUDA)")
     c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
     c.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
                    help="the runtime calibrated; only meshwise (this project's own) can run here")
     c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU op model's components on CUDA when torch sees a device, else this CPU's "
+                        "profile (docs/runtime.md)")
+    c.add_argument("--toy", action="store_true", help="the CUDA calibration's steps at toy sizes, on the CPU "
+                                                      "without a device (checks its plumbing; figures describe nothing)")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "calibrate")
+    from meshwise.measure.calibrate_gpu import gpu_path, run_gpu_calibration
+
+    if gpu_path(args.device, args.toy):
+        return run_gpu_calibration(args.model or "llama3-8b", args.out, args.seq_len, args.toy)
     from meshwise.measure.calibrate import calibrate
 
-    table = calibrate(args.nproc_per_node, args.model, args.out, args.seq_len)
+    table = calibrate(args.nproc_per_node, args.model or "small", args.out, args.seq_len)
     print(f"{args.out}: matmul {table['peak_fp32_flops_per_s'] / 1e9:.1f} GFLOP/s, efficiency "
           f"{table['efficiency_max']:.2f}, memory {table['hbm_bytes_per_s'] / 1e9:.1f} GB/s, link "
           f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "

@@ -40,15 +40,24 @@ def print_rows(rows: list[Row], title: str) -> None:
 
 
 def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
-                 seq_len: int | None, gpu: str | None, as_json: bool, report: str | None) -> int:
+                 seq_len: int | None, gpu: str | None, as_json: bool, report: str | None,
+                 precision: str = "auto") -> int:
     check_nproc(nproc)
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
     layout = parse(layout_text, nproc, explicit=True)
     seq = seq_len if seq_len is not None else model.max_seq  # --seq-len 0 is refused, not the default
-    # the CPU runtime trains in fp32 (docs/runtime.md); every flag is checked before any calibration
-    train = TrainSpec(global_batch=global_batch, seq_len=seq, precision="fp32")
+    # the runtime trains in fp32 on CPU, bf16-mixed on CUDA, or a float8 format asked for (docs/runtime.md);
+    # every flag is checked before any calibration
+    import torch
+
+    from meshwise.runtime import float8
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    fp8 = float8.resolve(precision, device_type)
+    train = TrainSpec(global_batch=global_batch, seq_len=seq,
+                      precision=fp8 or ("bf16-mixed" if device_type == "cuda" else "fp32"))
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     if report:
         from meshwise.files import check_output_file
@@ -62,7 +71,7 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
 
         gpu = str(auto_profile.ensure(nproc))
     cluster = load_cluster(gpu, nproc, nproc)
-    records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps)[0]
+    records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps, precision=fp8)[0]
     rows: list[Row] = [row for record in records for row in rows_for(record, model, cluster, train)]
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows]}))

@@ -107,6 +107,9 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     planned, pred_mem, moments = plan_peak(model, train, layout, shape, m, cluster.accelerator.memory_bytes)
     rows = [Row(f"memory.{c}", rank, getattr(pred_mem, c), meas_mem[c]) for c in MEMORY]
     rows.append(Row("memory.total", rank, pred_mem.total, sum(meas_mem.values())))
+    for key in ("cuda_peak_allocated", "cuda_peak_reserved"):  # a CUDA device's allocator, beside the plan's peak
+        if record.get(key) is not None:
+            rows.append(Row(f"memory.{key}", rank, pred_mem.total, float(record[key])))
     moved = peak_moved(record.get("peak_moments"), moments, planned, layout.pp)
     if moved:  # the measured peak fell at another moment: its prediction beside, the plan's row unchanged
         at = moments[moved]

@@ -54,10 +54,11 @@ class LayoutRun:
     robin over every layout of the launch so that a machine whose load shifts shifts them all
     alike), and finally recorded (:meth:`record`)."""
 
-    def __init__(self, spec, layout: Layout, global_batch: int, seq: int) -> None:
+    def __init__(self, spec, layout: Layout, global_batch: int, seq: int, precision: str | None = None) -> None:
         self.layout, self.global_batch, self.seq = layout, global_batch, seq
         self.mesh = build_mesh(layout, spec, global_batch)
-        model = self.model = parallelize(spec, layout, self.mesh, global_batch, seq_len=seq, seed=0)
+        model = self.model = parallelize(spec, layout, self.mesh, global_batch, seq_len=seq, seed=0,
+                                         precision=precision)
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
         self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
@@ -90,7 +91,15 @@ class LayoutRun:
             timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
         return {**measurement_record(self.mesh, self.layout, self.global_batch, self.seq, self.memory, self.trace,
                                      self.ep_group, self.moments),
-                "time": timing or None, "timeline": self.timeline.events}
+                "time": timing or None, "timeline": self.timeline.events, **device_memory()}
+
+
+def device_memory() -> dict[str, int]:
+    """On a CUDA device, the caching allocator's peaks since the process started (``cuda_peak_allocated``:
+    tensors; ``cuda_peak_reserved``: what it holds from the driver); nothing on a CPU."""
+    if not torch.cuda.is_available():
+        return {}
+    return {"cuda_peak_allocated": torch.cuda.max_memory_allocated(), "cuda_peak_reserved": torch.cuda.max_memory_reserved()}
 
 
 def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = MEMORY_STEPS):
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", required=True, help="folder; layout i writes <out>/<i>/rank<r>.json")
     ap.add_argument("--timeout", type=float, default=900.0, help="collective timeout, seconds")
+    ap.add_argument("--precision", default=None, help="a float8 format (runtime/float8.py); default: the device's own")
     args = ap.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[LayoutRun] = []
     for i, (spec, layout) in enumerate(layouts):
         try:
-            runs.append(LayoutRun(spec, layout, args.global_batch, args.seq_len or spec.max_seq))
+            runs.append(LayoutRun(spec, layout, args.global_batch, args.seq_len or spec.max_seq, args.precision))
         except MeshwiseError as e:
             return _refuse(e)
         if not args.steps:  # memory and collectives only: write it now, keep nothing
