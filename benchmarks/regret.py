@@ -22,7 +22,8 @@ that profile says fit.
 
 A benchmark that prints, not a test:
 
-    .venv/bin/python benchmarks/regret.py [--rounds 3] [--steps 10] [--only default,one,two,tight]
+    .venv/bin/python benchmarks/regret.py [--rounds 3] [--steps 10] [--only default,one,two,tight] \
+        > benchmarks/results/regret-cpu2core.txt
 """
 
 from __future__ import annotations
