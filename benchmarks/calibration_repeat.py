@@ -6,7 +6,7 @@ per-call and per-parameter costs, the GEMM fit's rate and call cost, SDPA's call
 bandwidth. Prints, never asserts.
 
     OMP_NUM_THREADS=1 flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/calibration_repeat.py \\
-        --nproc 2 --repeats 6
+        --nproc 2 --repeats 6 > benchmarks/results/calibration-repeat-cpu2core.txt
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Printed: min / median / max ms per step, and the speed-up eager median / compile
 
 A benchmark that prints, not a test: the figures depend on what else runs on the machine.
 
-    .venv/bin/python benchmarks/compile_speed.py [--model medium] [--seq 256] [--batch 8] [--rounds 3] [--steps 3]
+    .venv/bin/python benchmarks/compile_speed.py [--model medium] [--seq 256] [--batch 8] [--rounds 3] [--steps 3] \
+        > benchmarks/results/compile-speed-cpu2core.txt
 """
 
 from __future__ import annotations

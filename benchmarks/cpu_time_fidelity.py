@@ -17,7 +17,8 @@ Prints, per layout, predicted and measured step time and parts; Spearman's rank 
 every pair of layouts the measured step-time ratio against the predicted one; and the counts
 passing the issue's bounds (25% per layout, 30% per pair, Spearman >= 0.9).
 
-    flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_fidelity.py   # ~10 min on 2 cores
+    flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_fidelity.py \
+        > benchmarks/results/cpu-time-fidelity-cpu2core.txt   # ~10 min on 2 cores
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ The acceptance asks for a quiet machine: the report says whether this one was (e
 within ``QUIET_DRIFT`` of its calibration), from the readings a ``--save`` file keeps.
 
     flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_grid.py \
-        --report benchmarks/results/cpu-time-grid-$(hostname)-$(date +%F).txt
+        --report benchmarks/results/cpu-time-grid-cpu2core.txt
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ POINTS = [
 WITHIN, NONE_BEYOND, SHARE_WITHIN, SPEARMAN_BOUND = 0.25, 0.50, 0.90, 0.9
 # A quiet machine: after every round the probe (measure/probe.py) reads within this of the round's
 # calibration. On this 2-core VM quiet rounds read within ±3% and moving ones up to ±122%
-# (benchmarks/results/cpu-time-grid-*.txt); a grid on a moving host times the host, not the model.
+# (docs/fidelity.md); a grid on a moving host times the host, not the model.
 QUIET_DRIFT = 0.10
 PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
          ("optimizer_s", "optimizer_s"), ("fixed_s", "fixed_s"))

@@ -14,7 +14,7 @@ target: within 5%). After that spike one seed's run is chaotic in any precision 
 changed by 0.1% moves the last-10 loss by 18%), so a single seed mixes precision with chaos.
 
     python benchmarks/fp8_loss.py [--steps 100] [--global-batch 4] [--seq-len 64] [--seeds 0 1 2]
-        [--also fp8-rowwise] > benchmarks/results/fp8-loss-cpu-DATE.txt
+        [--also fp8-rowwise] > benchmarks/results/fp8-loss-cpu.txt
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ best of 15, per operator). Prints each series, its least, median and largest, an
 readings more than 25% from the median (the bound at which ``train`` and ``measure`` recalibrate,
 measure/auto_profile.py). Run it with nothing else running; it never asserts.
 
-    OMP_NUM_THREADS=1 flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/host_states.py --seconds 60
+    OMP_NUM_THREADS=1 flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/host_states.py --seconds 60 \
+        > benchmarks/results/host-states-cpu2core.txt
 """
 
 from __future__ import annotations

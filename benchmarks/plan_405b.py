@@ -2,7 +2,7 @@
 batch 2,048, as a whole process (interpreter start-up included). Prints the time of each run and the
 best; the target is under 1 s on a 2-core machine.
 
-    python benchmarks/plan_405b.py [runs]
+    python benchmarks/plan_405b.py [runs] > benchmarks/results/plan-speed-cpu2core.txt
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the processes, one process with every core). Every layout runs ``--steps`` steps
 steps after the first ``WARMUP_STEPS`` (from ``--metrics.file``). Rounds are interleaved (round 1
 runs every layout of every scenario, then round 2...) so a busy machine shifts them together, and
 each round starts its scenario's launches one place further along (the first launch of a scenario
-ran 1.2-1.3x slow in some rounds, 2026-12-06); the median over rounds is reported with min and max.
+ran 1.2-1.3x slow in some rounds on a 2-core VM); the median over rounds is reported with min and max.
 Where auto picked exactly a field entry in every round (the same layout on the same processes:
 after the choice, the same command line), the two are one configuration and their runs are pooled;
 timing it twice and comparing auto's median with the field's would make regret the noise between
@@ -22,7 +22,8 @@ that profile says fit.
 
 A benchmark that prints, not a test:
 
-    .venv/bin/python benchmarks/regret.py [--rounds 3] [--steps 10] [--only default,one,two,tight]
+    .venv/bin/python benchmarks/regret.py [--rounds 3] [--steps 10] [--only default,one,two,tight] \
+        > benchmarks/results/regret-cpu2core.txt
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ beside them the cost model's compute for the step (``meshwise.cost.estimate`` wi
 calibration made just before the launch, measure/auto_profile.py).
 
     flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/step_overhead.py \\
-        --report benchmarks/results/step-overhead-$(hostname)-$(date +%F).txt
+        --report benchmarks/results/step-overhead-cpu2core.txt
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 benchmark (``calibrate_worker.bench_sync_skew``, one pass, fitted by ``calibrate.sync_skew``) repeated
 ``--repeats`` times at 4 and at 8 calls per run, against the one-core rate of rank 0's GEMMs.
 
-    flock /tmp/meshwise-heavy.lock .venv/bin/torchrun --nproc-per-node 4 benchmarks/sync_skew_spread.py
+    flock /tmp/meshwise-heavy.lock .venv/bin/torchrun --nproc-per-node 4 benchmarks/sync_skew_spread.py \
+        > benchmarks/results/sync-skew-spread-cpu2core.txt
 
 Prints each repeat's ratio and rows ``[slice MFLOP, slice alone ms, slice then all-reduce ms]``, then
 the median, least and largest ratio.

@@ -6,7 +6,8 @@ Runs ``meshwise train --checkpoint-dir "" --schedule.eval_every 0 --steps 15 --m
 calibrated profile) and compares the predicted ``s/step`` of its ``Chosen:`` line with the median
 ``step_s`` of steps 5-14 in the metrics file (steps 0-4 are warm-up).
 
-    flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/train_step_check.py [extra train options]
+    flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/train_step_check.py [extra train options] \
+        > benchmarks/results/train-step-check-cpu2core.txt
 """
 
 from __future__ import annotations

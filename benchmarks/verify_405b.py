@@ -6,7 +6,8 @@ stage). Prints, per layout, the seconds the trace took and every figure beside t
 
 A benchmark that prints, not a test (run it under the shared lock on a busy machine):
 
-    .venv/bin/python benchmarks/verify_405b.py [--others 2] [--json FILE]
+    .venv/bin/python benchmarks/verify_405b.py [--others 2] [--json FILE] \
+        > benchmarks/results/verify-405b-fakecuda.txt
 """
 
 from __future__ import annotations

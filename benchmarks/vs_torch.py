@@ -14,7 +14,7 @@ same for the minima (less sensitive to other work on a shared machine).
 A benchmark that prints, not a test: the figures depend on what else runs on the machine.
 
     .venv/bin/python benchmarks/vs_torch.py [--model small] [--seq 128] [--batch 8] [--rounds 3] [--steps 5]
-                                            [--worlds 1,2] [--threads N]
+                                            [--worlds 1,2] [--threads N] > benchmarks/results/vs-torch-cpu2core.txt
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@
 #   3. 3 steps of plan --emit torchtitan's configuration under torchtitan's trainer;
 # within 10 minutes (the install before it aside), writing benchmarks/results/gpu-check-<device>.txt.
 #
-#   bash scripts/gpu_check.sh            # a CUDA machine: installs .venv-cuda (CUDA torch 2.13.0) on first use
+#   MESHWISE_TORCH_INDEX=URL bash scripts/gpu_check.sh   # a CUDA machine: installs .venv-cuda (CUDA torch 2.13.0) once
 #   bash scripts/gpu_check.sh --cpu      # the same steps on the CPU at toy sizes (CI: the plumbing only)
 #   ... --no-venv                        # use the python on PATH as it is (no install)
 #   ... --out-dir DIR                    # write the result there instead of benchmarks/results
 #
 # Exit status: 0 all steps passed, 1 a step failed, 2 no CUDA device (without --cpu).
-# MESHWISE_TORCH_INDEX: the wheel index of the CUDA build (default PyTorch's CUDA 12.8 index); torch
+# MESHWISE_TORCH_INDEX: a wheel index holding the CUDA build (required unless --no-venv); torch
 # stays pinned to 2.13.0 by constraints.txt, and without a CUDA device the script never installs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,9 +33,13 @@ if [ "$cpu" = 0 ] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 fi
 if [ "$venv" = 1 ]; then
   if [ "$cpu" = 0 ]; then
-    export MESHWISE_TORCH_INDEX="${MESHWISE_TORCH_INDEX:-https://download.pytorch.org/whl/cu128}"
+    if [ -z "${MESHWISE_TORCH_INDEX:-}" ]; then
+      echo "gpu_check.sh: set MESHWISE_TORCH_INDEX to a wheel index with CUDA builds of torch 2.13.0, or pass --no-venv to use the python on PATH" >&2
+      exit 2
+    fi
     export MESHWISE_VENV="${MESHWISE_VENV:-$root/.venv-cuda}"
   fi
+  export meshwise_extras="train,test,fp8"  # the runtime, torchtitan (the --emit steps) and torchao (fp8)
   # shellcheck source=venv.sh
   source "$root/scripts/venv.sh"
 fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite; extra arguments go to pytest. Only the fast unit tests:
 #   bash scripts/test.sh -m "not integration"
-# Installs what the tests need: the Python side through venv.sh, and Debian's chromium (the report
-# test opens plan.html in it) with apt-get when this user is root; otherwise one line says what to run.
+# Installs what the tests need: the Python side through venv.sh (a venv run.sh made gets the test
+# extra added), and Debian's chromium (the report test opens plan.html in it) with apt-get when this
+# user is root; otherwise one line says what to run.
+meshwise_extras=train,test,report   # the runtime, the oracles and linters, the report's pictures
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 cd "$root"
 

@@ -1,27 +1,40 @@
-# Sourced by run.sh, test.sh and gpu_check.sh: make .venv (once) and install meshwise into it.
-# torch is pinned through constraints.txt so pip takes the local CPU wheel, never a CUDA build.
-# MESHWISE_TORCH_INDEX (gpu_check.sh sets it on a CUDA machine): the wheel index torch 2.13.0 is taken
-# from instead, e.g. PyTorch's CUDA 12.8 builds (2.13.0+cu128, which the pin admits); the pin stays.
+# Sourced by run.sh, test.sh and gpu_check.sh: make .venv (once) and install meshwise into it with the
+# extras the caller names in `meshwise_extras` (run.sh: train, the runtime; test.sh: train,test,report,
+# adding the test oracles). torch is pinned through constraints.txt so pip takes the local CPU wheel,
+# never a CUDA build. MESHWISE_TORCH_INDEX (gpu_check.sh sets it on a CUDA machine): the wheel index
+# torch 2.13.0 is taken from instead, e.g. PyTorch's CUDA 12.8 builds (2.13.0+cu128, which the pin
+# admits); the pin stays.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MESHWISE_VENV:-$root/.venv}"
-stamp="$venv/.meshwise-installed"
+stamp="$venv/.meshwise-installed"   # the extras installed, one per line
+wanted="${meshwise_extras:-train}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-# Reinstall when the project's requirements change (pyproject or constraints newer than the stamp).
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" \
-    ${MESHWISE_TORCH_INDEX:+--index-url "$MESHWISE_TORCH_INDEX"} torch==2.13.0
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" -e "$root[test,report]"
-  # torchtitan, the oracle of plan --emit torchtitan, without its `datasets` pin (tests/_stubs/README.md);
-  # what it imports is in the test extra.
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt" --no-deps torchtitan==0.3.0
+# Reinstall when the project's requirements change (pyproject or constraints newer than the stamp) or
+# an extra is asked for that is not installed yet; what was installed before is installed again.
+have=""
+[ -f "$stamp" ] && have="$(tr '\n' ',' < "$stamp")"
+missing=0
+for extra in ${wanted//,/ }; do
+  case ",$have" in *",$extra,"*) ;; *) missing=1 ;; esac
+done
+if [ ! -f "$stamp" ] || [ "$missing" = 1 ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
+  extras="$(printf '%s\n' ${have//,/ } ${wanted//,/ } | sort -u | paste -sd, -)"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$root/constraints.txt")
+  "${pip[@]}" ${MESHWISE_TORCH_INDEX:+--index-url "$MESHWISE_TORCH_INDEX"} torch==2.13.0
+  "${pip[@]}" -e "$root[$extras]"
+  case ",$extras," in *,test,*)
+    # torchtitan, the oracle of plan --emit torchtitan, without its `datasets` pin (tests/_stubs/README.md);
+    # what it imports is in the test extra.
+    "${pip[@]}" --no-deps torchtitan==0.3.0 ;;
+  esac
   # The editable install reads meshwise from src/; compile it once, as pip does for an installed
   # package, so that where PYTHONDONTWRITEBYTECODE is set each command does not recompile it
   # (about 0.08 s of every `meshwise plan` on 2 cores). Python ignores a .pyc older than its source.
   "$venv/bin/python" -m compileall -q "$root/src/meshwise" >/dev/null
-  touch "$stamp"
+  printf '%s\n' ${extras//,/ } > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

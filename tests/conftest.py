@@ -6,8 +6,8 @@ ones. The folder alone decides: a test that starts processes, or trains end to e
 minutes, lives in ``tests/integration``.
 
 Helpers that several test modules share live in ``_models.py``, ``_transport.py``,
-``_dist_parity.py``, ``_tokenizer.py`` and ``_cli.py`` beside this file, never in another ``test_*.py``;
-so do worker modules a test launches by name (``_pair_bench.py``).
+``_dist_parity.py``, ``_parity_cases.py``, ``_tokenizer.py``, ``_torchtitan.py`` and ``_cli.py``
+beside this file, never in another ``test_*.py``; so do worker modules a test launches by name (``_pair_bench.py``).
 """
 
 from __future__ import annotations

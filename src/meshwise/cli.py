@@ -6,10 +6,12 @@ Bad input prints one line ``meshwise: error: ...`` and exits with status 2, with
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import re
 import sys
 
+from meshwise import __version__
 from meshwise.errors import MeshwiseError, run_command
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
 from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
@@ -28,6 +30,15 @@ def _warn_untested_torch() -> None:
     from meshwise.launch.torch_release import warn_untested_torch
 
     warn_untested_torch()
+
+
+def _require_runtime(command: str, module: str = "torch") -> None:
+    """The commands that run the runtime refuse in one line where its ``module`` is not installed
+    (``pip install meshwise`` plans without torch; ``meshwise[train]`` adds torch, numpy, tokenizers and
+    safetensors), before any work starts."""
+    if importlib.util.find_spec(module) is None:
+        raise MeshwiseError(f"{command}: needs {module}, which is not installed here; "
+                            "install the runtime with: pip install 'meshwise[train]'")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +83,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshwise", description="Plan, run and measure the parallel layout of transformer training.")
+    parser.add_argument("--version", action="version", version=f"meshwise {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
                        description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
@@ -172,6 +184,7 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    _require_runtime("verify")
     from meshwise.measure.verify import verify_main
 
     _warn_untested_torch()
@@ -215,6 +228,7 @@ def _only_meshwise(runtime: str, command: str) -> None:
 
 def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
+    _require_runtime("measure")
     from meshwise.measure.command import measure_main
 
     _warn_untested_torch()
@@ -244,6 +258,7 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "calibrate")
+    _require_runtime("calibrate")
     from meshwise.measure.calibrate_gpu import gpu_path, run_gpu_calibration
 
     if gpu_path(args.device, args.toy):
@@ -289,6 +304,7 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    _require_runtime("train")
     from meshwise.train.command import train_main
 
     _warn_untested_torch()
@@ -297,24 +313,29 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    _require_runtime("export")
     from meshwise.train.command import export_main
 
     return export_main(args.checkpoint, args.out)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
+    _require_runtime("tokenize", "tokenizers")
     from meshwise.train.tokenizer import tokenize_main
 
     return tokenize_main(args.data, args.tokenizer, args.out, args.text_field)
 
 
 def _generate(args: argparse.Namespace) -> int:
+    _require_runtime("generate")
     from meshwise.train.command import generate_main
 
     return generate_main(args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.verify:
+        _require_runtime("--verify")
     from meshwise.plan.command import Extras, plan_main
     from meshwise.plan.failures import FailureOptions
 

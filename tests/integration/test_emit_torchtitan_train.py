@@ -16,8 +16,7 @@ import re
 import subprocess
 import sys
 
-from tests._torchtitan import STUBS, command_args, config_manager
-from tests.unit.test_emit_torchtitan import DEBUG
+from tests._torchtitan import DEBUG, STUBS, command_args, config_manager
 
 from meshwise.layout import parse
 from meshwise.plan import emit

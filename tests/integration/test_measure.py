@@ -9,7 +9,7 @@ the plan's): params and optimizer within 2%, grads within 60%, activations withi
 storage by when it was made (measure's workers; ``verify`` files by what it is): gradients made in
 a backward are temporaries (other), a block's unsharded gradients too, so grads, activations and
 other trade bytes between them, and on this tiny model the peak often falls at another moment
-than the plan's largest (2026-12-05, benchmarks/results/measure-memory-cpu2core-2026-12-05.txt:
+than the plan's largest (2026-12-05, benchmarks/results/measure-memory-cpu2core.txt:
 total worst -18.9%, zero-bubble's rank 1; grads +48.9%, one MoE rank; activations +26.9%; other
 21.7% of the total). Workers are launched once per world size and measure
 every layout of it in turn; the table is

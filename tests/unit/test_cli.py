@@ -107,3 +107,24 @@ def test_nothing_fits_has_its_own_status_and_the_json_says_why(capsys):
     assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--top", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "fits" and "why_nothing_fits" not in data
+
+
+def test_version(capsys):
+    from meshwise import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"meshwise {__version__}\n"
+
+
+@pytest.mark.parametrize("args", [["train"], ["measure", "--layout", "dp=2"], ["verify", "--layout", "dp=8"],
+                                  ["calibrate"], ["plan", "--verify", "2"]])
+def test_the_runtime_commands_refuse_without_torch(monkeypatch, capsys, args):
+    """As a `pip install meshwise` without the train extra sees it (the clean-venv test runs the wheel)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs torch" in err and "pip install 'meshwise[train]'" in err

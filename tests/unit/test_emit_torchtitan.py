@@ -5,17 +5,11 @@ checkpointing mode come back out of torchtitan's config objects."""
 from __future__ import annotations
 
 import pytest
-from tests._torchtitan import command_args, config_manager
+from tests._torchtitan import DEBUG, QWEN3_MOE_DEBUG, command_args, config_manager
 
 from meshwise import spec
 from meshwise.layout import check_runnable, parse, stage_layers
 from meshwise.plan import emit
-
-QWEN3_MOE_DEBUG = spec.ModelSpec(name="qwen3-moe-debug", family="qwen3_moe", layers=8, hidden=256, heads=16,
-                                 kv_heads=8, head_dim=128, ffn_hidden=3072, vocab=2048, max_seq=4096,
-                                 experts=64, experts_per_token=8, expert_ffn_hidden=768, qk_norm=True)
-DEBUG = spec.ModelSpec(name="llama3-debug", layers=6, hidden=256, heads=16, kv_heads=16, ffn_hidden=768,
-                       vocab=2048, max_seq=2048)
 
 # (model, world size, layout, global batch, sequence, precision)
 CASES = [

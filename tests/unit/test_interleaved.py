@@ -1,6 +1,6 @@
 """torch 2.13's interleaved pipeline runtime as the cost model walks it (cost/pipeline.py,
 cost/memory.py), against what meshwise verify traced on Llama 3 405B (16,384 H100, sequence 8,192,
-global batch 2,048; benchmarks/results/verify-405b-fakecuda-2026-12-05.txt has every traced row)."""
+global batch 2,048; benchmarks/results/verify-405b-fakecuda.txt has every traced row)."""
 
 import pytest
 

@@ -1,19 +1,16 @@
-"""The canary for torch's private names: every private torch name meshwise reads
-or patches exists in the installed torch, every replacement meshwise makes of a torch function is
-called during a traced step, and a name renamed in a sandbox fails the check.
+"""The canary for torch's private names: every private torch name meshwise reads or patches exists
+in the installed torch, and a name renamed in a sandbox fails the check. That every replacement
+meshwise makes of a torch function is called during a traced step is checked in
+tests/integration/test_torch_overrides.py (it starts a process).
 
 The names are the modules' own lists (runtime/_torch_private.PRIVATE_NAMES, FSDP_NAMES,
 FSDP_LAZY_NAMES; measure/_torch_tools.PRIVATE_NAMES, TRACKER_NAMES), so a new private use is
-added there and checked here. The traced step is ``meshwise verify``'s (one process, torch's fake
-process group): the tiny model under pp=2, dp=2 (ZeRO-3), tp=2 on 8 fake ranks, inside
-``timed_waits`` as ``meshwise measure`` times its steps, then one wait on a gloo collective (the
-fake backend's works are not waited through ``Work.wait``; gloo's, as ``measure`` runs, are).
+added there and checked here.
 """
 
 from __future__ import annotations
 
 import importlib
-import multiprocessing
 import tomllib
 from pathlib import Path
 
@@ -24,12 +21,6 @@ torch = pytest.importorskip("torch")
 from meshwise.launch import torch_release  # noqa: E402
 from meshwise.measure import _torch_tools  # noqa: E402
 from meshwise.runtime import _torch_private  # noqa: E402
-
-LAYOUT = "pp=2,dp=2,zero=3,tp=2"
-# every replacement of a torch function (runtime/_torch_private.OVERRIDE_CALLS' keys)
-OVERRIDES = ("Work.wait", "wait_tensor", "_wait_batch_p2p", "_PipelineSchedule._warmup_p2p",
-             "MemTracker._update_peak_stats", "MemTracker._pre_fw_hook", "ModTracker._fw_pre_hook",
-             "ShardingPropagator._propagate_tensor_meta_non_cached")
 
 
 def _resolve(module: str, path: str) -> object:
@@ -72,10 +63,11 @@ def test_a_renamed_name_fails_the_canary(monkeypatch, module: str, name: str) ->
 
 
 def test_the_torch_range_is_what_the_suite_ran_on() -> None:
-    """pyproject admits the minor release the suite has run on, and only it; the warning fires for
-    any other."""
+    """pyproject's train extra admits the minor release the suite has run on, and only it; the
+    warning fires for any other. The planning install itself needs no torch."""
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
-    torch_dep = next(d for d in project["dependencies"] if d.startswith("torch"))
+    assert not any(d.startswith("torch") for d in project["dependencies"])
+    torch_dep = next(d for d in project["optional-dependencies"]["train"] if d.startswith("torch"))
     major, minor = (int(x) for x in torch_release.TESTED_TORCH.split("."))
     assert torch_dep == f"torch>={major}.{minor},<{major}.{minor + 1}"
     assert not torch_release.warn_untested_torch(f"{major}.{minor}.0+cpu")
@@ -86,79 +78,6 @@ def test_an_untested_torch_gets_one_line(capsys) -> None:
     assert torch_release.warn_untested_torch("2.14.1")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torch 2.14.1 is untested" in err
-
-
-def _gloo_wait() -> None:
-    """One asynchronous all-reduce on a one-rank gloo group, waited on as FSDP2 and the schedules do."""
-    import tempfile
-
-    import torch.distributed as dist
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
-        try:
-            dist.all_reduce(torch.ones(4), async_op=True).wait()
-        finally:
-            dist.destroy_process_group()
-
-
-def _traced_step() -> dict:
-    """In a fresh process: one traced step of LAYOUT's rank 0 inside timed_waits; the calls of each
-    replacement, and the FSDP2 and tracker attributes meshwise reads that are missing after it."""
-    from meshwise.layout import parse
-    from meshwise.measure import verify_worker
-    from meshwise.spec import load_model
-
-    seen: dict[str, object] = {}
-    held_by, tracker_for = verify_worker._held_by, verify_worker.tracker_for
-
-    def keep_model(pm):
-        seen["pm"] = pm
-        return held_by(pm)
-
-    def keep_tracker(*args, **kwargs):
-        seen["tracker"] = tracker_for(*args, **kwargs)
-        return seen["tracker"]
-
-    verify_worker._held_by, verify_worker.tracker_for = keep_model, keep_tracker
-    _torch_private.OVERRIDE_CALLS.clear()
-    waits: list[str] = []
-    with _torch_private.timed_waits(lambda kind, seconds: waits.append(kind)):
-        verify_worker.trace_rank(load_model("tiny"), parse(LAYOUT, 8), 0, 4, 64, "cpu", "cpu")
-        _gloo_wait()  # the fake backend's works are not waited through Work.wait; gloo's (measure's) are
-    missing = []
-    groups = _torch_private.fsdp_param_groups(seen["pm"].modules)
-    states = [m._get_fsdp_state() for c in seen["pm"].modules for m in c.modules() if hasattr(m, "_get_fsdp_state")]
-    holders = {"FSDPState": states, "FSDPParamGroup": groups, "FSDPCommContext": [g.comm_ctx for g in groups],
-               "FSDPParam": [fp for g in groups for fp in g.fsdp_params]}
-    for names in (_torch_private.FSDP_NAMES, _torch_private.FSDP_LAZY_NAMES):
-        for kind, attrs in names.items():
-            assert holders[kind], kind
-            missing += [f"{kind}.{a}" for a in attrs for obj in holders[kind][:1] if not hasattr(obj, a)]
-    tracker = seen["tracker"]
-    missing += [f"MemTracker.{a}" for a in _torch_tools.TRACKER_NAMES if not hasattr(tracker, a)]
-    missing += [f"ModTracker.{a}" for a in _torch_tools.MOD_TRACKER_NAMES if not hasattr(tracker._mod_tracker, a)]
-    return {"calls": dict(_torch_private.OVERRIDE_CALLS), "missing": missing, "waits": sorted(set(waits))}
-
-
-@pytest.fixture(scope="module")
-def traced() -> dict:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_traced_step)
-
-
-@pytest.mark.integration  # starts a process (spawn) and a gloo group: run with the heavy ones
-def test_every_override_runs_in_a_traced_step(traced) -> None:
-    print(traced["calls"])
-    assert {name: traced["calls"].get(name, 0) for name in OVERRIDES if not traced["calls"].get(name)} == {}
-    assert set(traced["calls"]) <= set(OVERRIDES)  # no replacement goes unchecked
-    # the waits timed as communication (a pipeline's as idle: tests/integration/test_measure.py)
-    assert "comm" in traced["waits"]
-
-
-@pytest.mark.integration
-def test_every_fsdp_and_tracker_attribute_read_exists_after_a_step(traced) -> None:
-    assert traced["missing"] == []
 
 
 @pytest.mark.parametrize("command", ["train", "measure", "verify"])

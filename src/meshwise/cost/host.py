@@ -8,7 +8,7 @@ of one micro-batch of eight. Per micro-batch, a rank launches
     ops = blocks * (F + B) + [embedding] * (F_e + B_e) + [head] * (F_h + B_h)
 
 where F, B are the forward and backward aten operators of one block of this runtime, counted once
-with a ``TorchDispatchMode`` (``tests/test_host_cost.py`` recounts them on every run). Activation
+with a ``TorchDispatchMode`` (``tests/unit/test_host_cost.py`` recounts them on every run). Activation
 checkpointing adds, per checkpointed block call:
 
 - ``full``: the forward again (F ops) and the wrapper's own cost, ``checkpoint_call_s``;

@@ -131,7 +131,7 @@ class PeakCache:
         dp (which fix the micro-batch count for each mbs) and whether ep > 1, by (ac, mbs, pipeline
         rank). Of ep, memory._per_micro_batch reads only whether it is above 1 (the busiest expert
         rank's capacity factor, activations.moe_mlp_bytes): ep = 2, 4, 8 share one table
-        (tests/test_planner.py holds this)."""
+        (tests/unit/test_planner.py holds this)."""
         key = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.cp, layout.ep > 1, layout.dp)
         table = self._tables.get(key)
         if table is None:
@@ -153,7 +153,7 @@ class PeakCache:
     def memories(self, layout: Layout, shapes: tuple[RankShape, ...], capacity: float) -> tuple[Memory, ...]:
         """estimate.rank_memories' answer (memory.rank_memory of each of the layout's rank shapes,
         ``shapes``) from the cached halves: the peak's categories are those of the largest moment,
-        as memory._moments picks it (tests/test_planner.py holds the two equal)."""
+        as memory._moments picks it (tests/unit/test_planner.py holds the two equal)."""
         m = layout.accum(self.train.global_batch)
         if self.model.states_only:
             return tuple(rank_memory(self.model, self.train, layout, s, m, capacity) for s in shapes)

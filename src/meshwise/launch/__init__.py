@@ -12,6 +12,9 @@
   peer) writes ``{"status", "message"}`` to ``RUN_DIR/report-<rank>.json`` and stays silent; the
   launcher raises it once (:class:`MeshwiseError` for status 2, :class:`RunStopped` otherwise).
   A worker that dies without a report is named with its exit code or signal.
+
+Beside it: ``allocator`` (a CPU rank's host allocator settings), ``guard`` (a worker's watch over
+signals, its launcher and stalled peers) and ``torch_release`` (the torch release the suite ran on).
 """
 
 from __future__ import annotations

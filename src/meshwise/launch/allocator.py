@@ -5,8 +5,7 @@ activations, gradient buckets). glibc serves blocks above its mmap threshold (12
 adapting up to 32 MiB) by ``mmap`` and hands them back on ``free``, and trims the heap's top above
 128 KiB; each next allocation then faults its pages in again, zeroed by the kernel. On this 2-core
 host that cost a context-parallel step of the grid model (hidden 64, sequence 1,024, cp = 2) about a
-quarter of its time (0.47-0.54 s against 0.30-0.37 s with the setting below; benchmarks/results/
-cpu-time-grid-cpu2core-2026-12-05-v3.txt). PyTorch's CPU performance guide makes the same point and
+quarter of its time (0.47-0.54 s against 0.30-0.37 s with the setting below). PyTorch's CPU performance guide makes the same point and
 suggests jemalloc or tcmalloc; meshwise adds no dependency and sets glibc's own knobs instead:
 
     mallopt(M_MMAP_THRESHOLD, 32 MiB)  blocks up to glibc's largest threshold come from the heap
@@ -15,8 +14,7 @@ suggests jemalloc or tcmalloc; meshwise adds no dependency and sets glibc's own 
 The rank's resident memory then stays at its peak, which training reaches every step anyway.
 Set on ranks of one thread only (every rank of a multi-process CPU run, where it was measured):
 one process of two threads (the default ``train`` of ``small`` on this host) ran 133 or 160 ms
-per step by launch with it, 135-137 ms without (five launches each way;
-benchmarks/results/regret-cpu2core-2026-12-05-v2.txt). ``meshwise calibrate``'s ranks (one thread)
+per step by launch with it, 135-137 ms without (five launches each way). ``meshwise calibrate``'s ranks (one thread)
 run under it, so its component timings and the steps it predicts see one allocator. Not glibc
 (musl, macOS): nothing to do.
 """

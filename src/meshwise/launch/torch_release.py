@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 
-TESTED_TORCH = "2.13"  # the minor release the suite has run on (pyproject.toml: torch>=2.13,<2.14)
+TESTED_TORCH = "2.13"  # the minor release the suite has run on (pyproject.toml's train extra: torch>=2.13,<2.14)
 
 
 def warn_untested_torch(version: str | None = None) -> bool:

@@ -120,7 +120,7 @@ class StepMemTracker(MemTracker):
         """MemTracker's global peak per device, noting where a new peak fell (peak_moments).
         MemTracker's own also walks every tracked module on every operator for the per-module
         peaks, which meshwise does not read: that walk was 19 of every 20 seconds of a traced step
-        of the tiny model (cProfile, 2026-12-04)."""
+        of the tiny model (cProfile)."""
         OVERRIDE_CALLS["MemTracker._update_peak_stats"] += 1
         for dev, snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:

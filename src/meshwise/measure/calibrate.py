@@ -1,96 +1,51 @@
 """``meshwise calibrate``: microbenchmark the machine it runs on into an accelerator profile.
 
-One launch (``meshwise.launch``: torch's elastic launcher) of ``N`` local processes (gloo, one thread each, as ``meshwise measure`` and
-``meshwise train`` run on CPU); every rank measures at once, so shared memory bandwidth is
-measured as the training run will see it, and the slowest rank's figure is kept. With more ranks
-than cores (``N > cores``) only the first ``cores`` ranks run the per-rank benchmarks below (the
-others wait): a profile holds a rank's speed on a core of its own, and the cost model time-shares
-the cores itself (cost/estimate.py ``core_share``), which a measurement on shared cores cannot be
-told apart from (it may catch a core alone, or not). Collectives are measured with all ``N``.
+One launch (``meshwise.launch``) of ``N`` local processes (gloo, one thread each, as ``measure`` and
+``train`` run on CPU); every rank measures at once and the slowest rank's figure is kept. With more
+ranks than cores only the first ``cores`` ranks run the per-rank benchmarks (a profile holds a
+rank's speed on a core of its own; the cost model time-shares the cores itself, cost/estimate.py
+``core_share``). Collectives are measured with all ``N``. A time the cost model adds to a step is
+its typical one, so each pass below is the median of its repeats (of three bursts spread over the
+per-rank benchmarks, calibrate_worker ``_per_rank``), and each collective the median of five runs.
 
-- **matmul rate** ``peak_*_flops_per_s``: the GEMMs of one block (Q, K, V, output projection,
-  gate, up, down) at ``T = mbs * seq`` tokens in the training dtype (fp32 on CPU),
-  ``sum(2 T k n) / time``; this rate, the forward + backward and the host passes below are each
-  the median of three bursts spread over the per-rank benchmarks (calibration 14:
-  calibrate_worker ``_per_rank``);
-- **achieved efficiency** ``efficiency_max``: one forward + backward of the whole model on ``T``
-  tokens on every rank at once (one per core), the slowest rank's median pass (calibration 9: a
-  step pays the typical pass beside the other ranks, not the luckiest), less its host time
-  (below), over ``time * matmul rate``;
-  ``efficiency_half_width = 0`` so the cost model reads ``efficiency(h) = efficiency_max`` for
-  every hidden size (the curve was fitted on GPUs; one CPU point cannot fit a curve);
-- **host time** ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one
-  forward + backward of the model on ``HOST_TOKENS`` tokens under each activation-checkpointing
-  mode (the median pass since calibration 15, as the forward + backward's: a time the cost model
-  adds to a step is its typical one, and subtracted as the best from the median pass it left the
-  rest to the arithmetic, which scales with FLOPs, not operators; so are SDPA's, the ring's, FSDP2's,
-  DTensor's and the optimizer's passes below), less that pass's own GEMMs and SDPA calls by their fits below (at four tokens they still pay
-  their fixed costs and move their weights: about a quarter of the pass here), ``A`` for the whole
-  pass and ``a`` for one block's forward: ``(t_none - A) / ops``, then
-  ``(t_full - t_none) / blocks - a - F * op`` and ``((t_sel - t_none) / blocks - a - F * op - call) / (2 F)``,
-  never below 0;
-- **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
-  op_overhead_s - memory_bound_s) * matmul rate)``, where ``memory_bound_s`` is the cost model's
-  memory-bound term for that forward + backward (cost/host.py ``memory_bound_seconds``: the bytes of
-  its norms, residual adds, rotary, activation, embedding and loss over the copy bandwidth below),
-  so that the cost model, adding that term back, predicts the measured time; above 1 (the GEMM benchmark caught a busy moment) the matmul
-  rate is raised to the model's and the efficiency is 1;
-- **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
-  (the runtime's own TP/SP plan), less the plain one and the time blocked on the TP collectives
-  (``timed_waits``, pass by pass, the pass whose net of them is the median kept: the estimate
-  charges the collectives themselves by the fitted latency and bandwidth), per operator; 0 when not
-  measured; ``tp_sp_block_s``: the same pass with sequence parallelism on, less the pass with it off,
-  both net of their waits, per block (:func:`tp_sp_block_seconds`: the redistributions of the
-  residual stream, which the operator count does not hold; calibration 15);
-  ``zb_split_block_s`` (every process count): the calibration model's blocks as a pipeline stage
-  on ``HOST_TOKENS`` tokens, forward then the backward split as the zero-bubble schedules run it
-  (input gradients, then the weights'), less the same with one backward, per block
-  (:func:`split_backward_block_seconds`; calibration 16);
-  ``pp_call_s`` (an even process count, every pair of ranks at once): the calibration model as two
-  pipeline stages under the runtime's GPipe schedule on ``HOST_TOKENS`` tokens, each rank's step
-  less its waits and less the same stage's plain forward + backward passes, per stage call
-  (:func:`pipeline_call_seconds`: the schedule's P2P launches, its buffers and checks; calibration 17);
-  ``optimizer_dtensor_s``: one step of the runtime's AdamW over the calibration model's parameters as FSDP2 shards them (DTensors)
-  less the same step over plain ones, per parameter tensor (calibration 10: the optimizer's
-  pointwise DTensor operators cost a quarter of a block's, which propagate shardings and redistribute);
-- **threads** ``thread_efficiency``: the calibrating process's own matmul rate with all cores'
-  threads, over its rate with one thread timed just before, in five such pairs before the workers
-  start and five after they exit (calibration 12: no peer process takes a core from it; two
-  moments, as this host's cores are taken for a second at a time): ``(second best of
-  rate_C / rate_1 - 1) / (C - 1)`` (0 < it <= 1), so the planner can weigh one process with all
-  cores against one process per core (the two rates timed in different phases read 0.25 to 0.70
-  on this host);
-- **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
-  (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
-  128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
-- **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce and all-gather at a few
-  sizes, fitted to the cost model's formulas (``cost/comm.py``): ring all-reduce
-  ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather ``(n-1) alpha + (n-1)/n B / beta``, by least
-  squares on relative error; ``reduce_scatter_ratio``: the reduce-scatter timed at the same sizes,
-  over the all-reduce of the same tensor (geometric mean): gloo's reduce-scatter times like an
-  all-reduce (about 1x at 2 and 4 processes on a 2-core VM), twice the ring formula's. Each call is timed as
-  training issues it, between two slices of compute: ``(time of compute + call) - (time of the
-  compute alone)``, the median of five lock-step runs (a step pays a collective's typical time,
-  and on a shared CPU the best run is 1.3-1.9x faster than the median). Back-to-back calls in a tight loop read several times faster on CPU, because
-  there gloo's threads and the peer process are already awake; in training they are not (and the
-  ranks' compute is never perfectly in step). One machine is one node: ``inter`` = ``intra``.
-- **ring attention** ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context_parallel.py): with two
-  processes or more and two cores or more, the runtime's whole ring-attention call (forward +
-  backward) over a ring of ranks 0 and 1, per ring step, at ``RING_SHAPES``: the K/V and dK/dV sends
-  and the bookkeeping around the blocks cost 1.1-2.3x the bare blocks on this host, and their CPU
-  work shares the rank's core, so the profile says ``cp_step_includes_sends = true`` and the cost
-  model charges no ring transfer apart; one process times the bare blocks (no ring to run);
-- **cores** ``cores_per_node``: the machine's cores (``os.cpu_count()``), which the ranks share;
-- **sync skew** ``sync_skew_ratio``, ``sync_skew_slice_s`` (more ranks than cores only, calibration
-  9; the median of ``SKEW_PASSES`` passes since calibration 13): every rank computes a slice of
-  ``SKEW_SLICE_GEMMS`` GEMMs then joins a 4 KiB all-reduce,
-  against the slices alone and the all-reduce after no slice (:func:`sync_skew`), the wait a rank
-  pays at a collective for peers the scheduler has not finished running (cost/host.py
-  ``sync_skew_seconds``);
-- **overlap** ``comm_overlap = false``: a CPU rank computes on all its cores and gloo's transfers
-  need those cores, so the cost model exposes data-parallel communication instead of hiding it.
+- ``peak_*_flops_per_s``: one block's GEMMs at ``T = mbs * seq`` tokens, ``sum(2 T k n) / time``;
+- ``op_overhead_s``, ``checkpoint_call_s``, ``selective_op_s`` (cost/host.py): one forward + backward
+  on ``HOST_TOKENS`` tokens under each activation-checkpointing mode, less its own GEMMs and SDPA
+  calls by their fits (``A`` the pass's, ``a`` one block forward's): ``(t_none - A) / ops``,
+  ``(t_full - t_none) / blocks - a - F * op`` and
+  ``((t_sel - t_none) / blocks - a - F * op - call) / (2 F)``, never below 0;
+- ``efficiency_max``: one forward + backward of the whole model on ``T`` tokens, the slowest rank's
+  median pass, ``model_flops / ((fwd_bwd_s - ops * op_overhead_s - memory_bound_s) * matmul rate)``
+  with ``memory_bound_s`` from cost/host.py ``memory_bound_seconds``; above 1 the matmul rate is
+  raised to the model's; ``efficiency_half_width = 0`` (one CPU point cannot fit a curve);
+- ``tp_op_s`` (even ``N``): the forward + backward under tp=2 less the plain one and its timed TP
+  waits, per operator; ``tp_sp_block_s``: sequence parallelism on less off, per block
+  (:func:`tp_sp_block_seconds`); ``zb_split_block_s``: a stage's backward split as zero-bubble
+  runs it less one backward, per block (:func:`split_backward_block_seconds`); ``pp_call_s`` (even
+  ``N``): two GPipe stages' step less waits and plain passes, per stage call
+  (:func:`pipeline_call_seconds`); ``optimizer_dtensor_s``: AdamW over FSDP2's DTensor shards less
+  over plain tensors, per parameter tensor;
+- ``thread_efficiency``: the calibrating process's matmul rate with all ``C`` cores' threads over
+  one thread's, in five back-to-back pairs before the workers start and five after they exit,
+  ``(second best of rate_C / rate_1 - 1) / (C - 1)``;
+- ``hbm_bytes_per_s`` / ``dram_bytes_per_s``: a copy of 4 MiB (cache-resident) and of 128 MiB,
+  ``2 * bytes / time``;
+- ``intra_/inter_bytes_per_s``, ``_latency_s``: all-reduce and all-gather at a few sizes, each
+  call timed between two compute slices as training issues it (``(compute + call) - compute``),
+  fitted by least squares on relative error to cost/comm.py's ring formulas,
+  ``2(n-1) alpha + 2(n-1)/n B / beta`` and ``(n-1) alpha + (n-1)/n B / beta``;
+  ``reduce_scatter_ratio``: reduce-scatter over all-reduce at the same sizes (geometric mean);
+  one machine is one node, ``inter`` = ``intra``;
+- ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context_parallel.py): the runtime's whole
+  ring-attention call over ranks 0 and 1 per ring step at ``RING_SHAPES`` (sends included,
+  ``cp_step_includes_sends = true``); one process times the bare blocks;
+- ``sync_skew_ratio``, ``sync_skew_slice_s`` (more ranks than cores): slices of
+  ``SKEW_SLICE_GEMMS`` GEMMs then a 4 KiB all-reduce against each alone, the median of
+  ``SKEW_PASSES`` passes (:func:`sync_skew`; cost/host.py ``sync_skew_seconds``);
+- ``cores_per_node`` = ``os.cpu_count()``; ``comm_overlap = false`` (gloo's transfers need the
+  cores the rank computes on); ``memory_bytes = 0.8 * RAM / N``.
 
-``memory_bytes`` is a per-rank share of physical memory: ``0.8 * RAM / N``.
+Why each is measured this way, with the figures: docs/cost-model.md, "Host time", and docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -349,11 +304,11 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
 
 
 def thread_efficiency(result: dict[str, Any], peak: float, cores: int) -> float:
-    """``(speed-up - 1) / (cores - 1)`` in [0.05, 1]: the second best of the paired timings
-    (calibration 11), else the all-threads matmul rate over ``peak`` (older results); 1 on one core.
+    """``(speed-up - 1) / (cores - 1)`` in [0.05, 1]: the second best of the paired timings,
+    else (a result without pairs) the all-threads matmul rate over ``peak``; 1 on one core.
     A pair's speed-up falls when another process holds a core for its all-threads timing, the
     common disturbance on a shared host (the median of five read 0.22 to 0.86 per extra thread over
-    13 calibrations on one 2-core VM, 2026-12-05/06, where training's two threads ran 1.7-1.85x one);
+    13 calibrations on one 2-core VM, where training's two threads ran 1.7-1.85x one);
     it rises only when the one-thread timing is the disturbed one, which the second best leaves out.
     The profile holds the machine's own speed, as its best-of rates do (probe.best_time)."""
     if result.get("thread_speedups"):
@@ -482,7 +437,7 @@ def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors:
 def tp_op_seconds(result: dict[str, Any], latency_s: float, model_ops: int) -> float:
     """``tp_op_s``: the tp=2 pass less the plain one and its collectives' own seconds, per operator
     (at least 0; 0 where not measured). The collectives' seconds are the time blocked on them where
-    timed (``tp_waits_s``), else, in older results, their fitted latency once per call (with more
+    timed (``tp_waits_s``), else, in a result without them, their fitted latency once per call (with more
     ranks than cores as fitted on the TP pairs, which ran alone)."""
     if not result.get("tp_host_s"):
         return 0.0
@@ -499,7 +454,7 @@ def tp_sp_block_seconds(result: dict[str, Any]) -> float:
     the time blocked on its collectives (the SP all-gathers and reduce-scatters are communication,
     charged apart), per block (the embedding's and the final norm's redistributions ride on the
     blocks'): ``((sp - sp waits) - (no sp - its waits)) / blocks``, at least 0; 0 where not
-    measured (calibration 15 on)."""
+    measured."""
     if not result.get("tp_sp_host_s") or not result.get("tp_host_s"):
         return 0.0
     sp_net = float(result["tp_sp_host_s"]) - float(result.get("tp_sp_waits_s", 0.0))
@@ -511,7 +466,7 @@ def split_backward_block_seconds(result: dict[str, Any]) -> float:
     """``zb_split_block_s``: the calibration model's blocks as a pipeline stage, forward then the
     backward split as the zero-bubble schedules run it (input gradients, then weights'), less the
     same with one backward, per block (calibrate_worker.bench_split_backward ``[plain, split]``):
-    ``(split - plain) / blocks``, at least 0; 0 where not measured (calibration 16 on)."""
+    ``(split - plain) / blocks``, at least 0; 0 where not measured."""
     row = result.get("split_backward_s") or []
     if len(row) < 2:
         return 0.0
@@ -522,8 +477,8 @@ def pipeline_call_seconds(result: dict[str, Any]) -> float:
     """``pp_call_s``: what the pipeline schedule adds to each stage call (one micro-batch's forward
     or backward of one chunk) on top of the stage's own work, from calibrate_worker.bench_pp_host's
     rows ``[GPipe step less its waits, the same stage's plain passes, stage calls]``, one per rank:
-    the ranks' median ``(step - plain) / calls``, at least 0; 0 where not measured (one process;
-    calibration 17 on). The median, not the slowest rank: each row is a difference of two passes
+    the ranks' median ``(step - plain) / calls``, at least 0; 0 where not measured (one
+    process). The median, not the slowest rank: each row is a difference of two passes
     some 25 ms long, and of two ranks' the larger read 1.5 ms per call where six runs of the
     benchmark on each rank read 0.3-1.3 ms (about 0.6 ms typical) on a 2-core x86 host."""
     rows = result.get("pp_host_s") or []
@@ -547,7 +502,7 @@ def sync_skew(rows: list[list[float]], flops_per_s: float) -> tuple[float, float
     per pass, the wait beyond the slice and the all-reduce apart, ``(both - alone) - both at no
     slice``, against the slice's own-core seconds ``FLOPs / flops_per_s`` (the rank's matmul rate on
     a core of its own), least squares through the origin, at least 0; the ratio is the median of the
-    passes' (calibration 13; rows without a pass are one pass). The slice cap is the longest slice
+    passes' (rows without a pass are one pass). The slice cap is the longest slice
     timed. (0, 0) without rows."""
     passes: dict[float, list[list[float]]] = {}
     for row in rows:

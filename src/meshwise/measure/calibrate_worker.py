@@ -198,7 +198,7 @@ def bench_split_backward(model: ModelSpec, repeats: int) -> list[float]:
 def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
     """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
     (the runtime's own wrappers): host time, the arithmetic being negligible; the median pass, as
-    the forward + backward's (probe.typical_time; calibration 15, the best before)."""
+    the forward + backward's (probe.typical_time)."""
     import torch
 
     from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
@@ -230,8 +230,8 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     ``HOST_TOKENS`` tokens of ``model`` under tp=2 (the runtime's TP plan, with SP off or on) on
     every ``active`` pair of ranks at once, the TP collectives one such micro-batch issues, the
     seconds of it spent blocked on them (``timed_waits``: the transfers are communication, not
-    DTensor's work)), both of the pass whose time less its waits is the median (calibration 15; the
-    least before), as the plain pass is timed. Every pass starts at a barrier: the ranks must issue
+    DTensor's work)), both of the pass whose time less its waits is the median, as the plain pass
+    is timed. Every pass starts at a barrier: the ranks must issue
     the same collectives. Inactive ranks build the model (mesh creation is collective) and pass the
     same barriers."""
     import torch
@@ -425,7 +425,7 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     """``[seconds of a DTensor step, seconds of a plain step, parameter tensors]``: one step of the
     runtime's AdamW (runtime/optim.py) over ``model``'s parameters as FSDP2 shards them over every
     rank (``fully_shard`` per block, then the root: DTensor parameters), and over the same model's
-    plain parameters, every rank at once, the median of ``10 * repeats`` (calibration 15). Off CUDA AdamW loops over the
+    plain parameters, every rank at once, the median of ``10 * repeats``. Off CUDA AdamW loops over the
     tensors one by one, each of its operators a DTensor dispatch whose cost is the rank's core's,
     not the operator's arithmetic (calibrate.profile_table: ``optimizer_dtensor_s``)."""
     import torch
@@ -523,7 +523,7 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
 SKEW_GEMM_SIDE = 256  # the slices' GEMM: 2 * 256^3 = 34 MFLOP, a third of a millisecond on one x86 core
 SKEW_SLICE_GEMMS = (0, 4, 16)  # GEMMs per slice: none, about 1.3 ms and 5 ms of one core's compute
 SKEW_PASSES = 5  # the whole benchmark this many times: one pass's ratio read 0.06-1.09 on one host
-# within a minute (benchmarks/results/sync-skew-spread-cpu2core-2026-12-06.txt); calibrate.sync_skew
+# within a minute (docs/fidelity.md); calibrate.sync_skew
 # takes the passes' median
 
 
@@ -563,7 +563,7 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
 
     The figures a CPU step rests on (the block GEMMs' rate, the model's forward + backward, the
     host passes) are timed in three bursts spread over the phase (``passes_1`` to ``passes_3``), each figure the median
-    of its bursts (calibration 14): with two ranks at once on a 2-core VM, one burst's figures moved
+    of its bursts: with two ranks at once on a 2-core VM, one burst's figures moved
     by 0.8-1.4x within a minute (forward + backward 45-68 ms, host 12-20 ms), and six calibrations
     in a row read the compute rate 4.5e10 to 8.0e10 FLOP/s."""
     bursts: list[dict] = []

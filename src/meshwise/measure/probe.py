@@ -55,7 +55,7 @@ def typical_time(fn, repeats: int, min_s: float = 0.0) -> float:
     pays for the same work, as the calibration's forward + backward is timed (its median pass).
     Where a figure is a time the cost model adds to a step, a best-of figure reads it short: with
     two ranks at once on a 2-core VM the median host pass was 1.1-1.4x the best, the fully
-    checkpointed one 1.2-1.6x (calibration 15)."""
+    checkpointed one 1.2-1.6x."""
     return statistics.median(_timings(fn, repeats, min_s))
 
 
@@ -124,8 +124,7 @@ def bench_thread_speedups(model: ModelSpec, tokens: int, repeats: int, cores: in
     ``THREAD_PAIRS`` pairs: each pair shares its moment, so a disturbance slows both or is one
     pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host).
     Run it in a process with no peer: a second process waiting on gloo or the store took a core
-    from the all-threads timing (1.57-1.73x alone, 0.77-1.93x beside a waiting peer, 2-core VM,
-    2026-12-06). The caller's thread count is restored."""
+    from the all-threads timing (1.57-1.73x alone, 0.77-1.93x beside a waiting peer, 2-core VM). The caller's thread count is restored."""
     import torch
 
     threads = torch.get_num_threads()

@@ -7,7 +7,7 @@ collective bytes and counts) is an affine function of the blocks it holds, n, on
 peak falls at the same moment whatever the depth:
 f(n) = f(n1) + (f(n2) - f(n1)) * (n - n1) / (n2 - n1). ``--depth auto`` traces the model cut to
 REDUCED = (3, 4) blocks per pipeline chunk (n1 = 3 * vpp, n2 = 4 * vpp blocks on every rank) and
-extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/test_verify.py
+extrapolates to the rank's own n; ``--depth full`` traces the real depth (tests/integration/test_verify_traces.py
 checks one against the other on a small model). With one or two blocks per chunk the peak can
 fall elsewhere (the head's backward outweighs the blocks), so fewer than three are not used.
 Where a category shrinks from the first trace to the second, the peak fell at different moments

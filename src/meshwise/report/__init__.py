@@ -2,6 +2,9 @@
 
 matplotlib is an optional extra (``pip install 'meshwise[report]'``); ``require_matplotlib`` turns its
 absence into a one-line error.
+
+- ``plan_report`` and ``measure_report``: the two pages; ``figures``: each picture as PNG bytes;
+  ``schedule``: the predicted pipeline timeline both pages draw; ``html``: one self-contained page.
 """
 
 from meshwise.errors import MeshwiseError

@@ -6,7 +6,7 @@ family's variations: rope theta and Llama 3.1 scaling, norm eps, explicit head_d
 MLP biases, q/k RMSNorm (Qwen3, Gemma 3 per head; OLMo 2 over the whole projection), Gemma's (1 + w)
 norms, sqrt(h) embedding scale and GeGLU, GPT-2's LayerNorm and learned positions; Gemma 3's norms
 on both sides of each sublayer, query scaling, interleaved sliding-window blocks with their own rope
-base, and final logit soft-capping; OLMo 2's norms on the sublayer outputs only. No dropout. tests/test_hf_runtime.py checks the logits against
+base, and final logit soft-capping; OLMo 2's norms on the sublayer outputs only. No dropout. tests/unit/test_hf_runtime.py checks the logits against
 transformers, family by family. Built on the meta device; :func:`init_weights` then fills every parameter
 from ``(seed, fully-qualified name)`` alone, so every layout starts from bit-identical weights.
 

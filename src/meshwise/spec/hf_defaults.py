@@ -1,6 +1,6 @@
-"""Hugging Face configs of the families of 2026: Gemma 3, Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3,
-Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite, Hunyuan (dense), GLM-4, MiniMax-M2, EXAONE 4,
-and the Mistral 3 and Qwen3-VL wrappers.
+"""Config-class defaults for the Hugging Face families whose config.json leaves keys out: Gemma 3,
+Llama 4, GPT-OSS, OLMo 2 and 3, SmolLM3, Ministral, GLM-4.5, Seed-OSS, ERNIE 4.5, Helium, Granite,
+Hunyuan (dense), GLM-4, MiniMax-M2, EXAONE 4, and the Mistral 3 and Qwen3-VL wrappers.
 
 Each family's ``transformers`` config class defaults (transformers 5.x; tests/unit/test_hf_defaults.py
 compares this table with the classes themselves) fill the keys a published config.json leaves out:

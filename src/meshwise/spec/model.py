@@ -1,7 +1,7 @@
 """ModelSpec: a decoder-only transformer, as its Hugging Face family builds it, and its parameter counts.
 
 Pure Python (no torch). Every count is exact against ``transformers``' own ``num_parameters`` for the
-supported families (tests/test_hf_models.py builds each with transformers on the meta device).
+supported families (tests/unit/test_hf_models.py builds each with transformers on the meta device).
 """
 
 from __future__ import annotations

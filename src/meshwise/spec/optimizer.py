@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class OptimizerConfig:
     # peak learning rate (after warm-up): at 3e-3 `small` spiked at the warm-up's end in 20 of 21 runs
-    # (benchmarks/results/fp8-loss-controls-cpu-2026-12-05.txt), at 1e-3 it trains to the same loss
+    # (docs/train.md, "float8"), at 1e-3 it trains to the same loss
     lr: float = 1e-3
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay (meshwise train)
     beta1: float = 0.9
