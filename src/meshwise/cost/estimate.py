@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.context_parallel import (
     cp_collectives,
@@ -84,10 +84,14 @@ class StepTime:
     bubble_s: float
     optimizer_s: float
     fixed_s: float = 0.0  # per step, outside the other parts: zeroing, gradient norm, loss (CPU ranks)
+    moe_block_s: tuple[tuple[str, float], ...] = ()  # the slowest rank's MoE parts per step (moe_block.step_parts)
 
-    def as_json(self) -> dict[str, float]:
-        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
-                "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
+    def as_json(self) -> dict:
+        out = {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
+               "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
+        if self.moe_block_s:
+            out["moe_block_s"] = dict(self.moe_block_s)
+        return out
 
 
 @dataclass(frozen=True)
@@ -439,9 +443,14 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
-        return m * kernels.rank_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
-                                        layout.sp, layout.ac, shape.blocks, shape.has_embedding, shape.has_head,
-                                        layout.cp)
+        local = local_train(train, layout)
+        total = kernels.rank_seconds(model, accel, local, layout.mbs, layout.tp, layout.sp, layout.ac, shape.blocks,
+                                     shape.has_embedding, shape.has_head, layout.cp)
+        if model.moe:  # the MLPs of a mixture of experts, dense blocks' and MoE blocks' (cost/moe_block.py)
+            total += moe_block.rank_mlp_seconds(model, accel, local, layout.mbs, layout.tp, layout.ep,
+                                                layout.ep_folds_tp, layout.ac, shape.blocks,
+                                                moe_block.moe_blocks_of(model, shape.expert_params))
+        return m * total
     tokens_mb = train.seq_len // layout.cp * layout.mbs  # each local token attends over the whole sequence
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
@@ -477,6 +486,16 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
     return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
+
+
+def _moe_split(model: ModelSpec, accel: AcceleratorSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int,
+               ops: list[Collective]) -> tuple[tuple[str, float], ...]:
+    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model, else none."""
+    if not model.moe or model.states_only or not accel.has_op_model:
+        return ()
+    a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
+    return moe_block.step_parts(model, accel, local, layout.mbs, layout.tp, layout.ep, layout.ep_folds_tp,
+                                moe_block.moe_blocks_of(model, shape.expert_params) * m, a2a_s)
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
@@ -566,12 +585,12 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
     blocks, model ends and (for a bare parameter count) parameters, and the schedule only as
     zero-bubble or not (its split backward, cost/host.py); bounds and estimates of layouts that
-    differ in ZeRO, ep or another schedule share it."""
+    differ in ZeRO or another schedule (or, for a dense model, in ep) share it."""
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
            shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp,
-           layout.schedule == "zero-bubble" and layout.pp > 1)
+           layout.schedule == "zero-bubble" and layout.pp > 1, layout.ep if model.moe else 1)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
@@ -762,7 +781,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         layout=layout, global_batch=train.global_batch,
         fits=fits(largest.total, cluster, headroom),
         memory=largest, rank_memory=mems,
-        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s),
+        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s,
+                      _moe_split(model, accel, local, layout, shape, m, ops)),
         comm=tuple(ops), tokens_per_s=tokens / step_s,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
         mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak, rank_pp=memory.rank_groups(model, layout))

@@ -91,7 +91,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                 mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity)
                              for st, (a, o) in zip(states, parts))
                 result.fitting += 1
-                bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded)
+                bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded, ep if model.moe else 1)  # MoE compute reads ep
                 bound = bounds.get(bkey)
                 if bound is None:
                     bound = bounds[bkey] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
