@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
+from meshwise.cost.estimate import (
+    DEFAULT_HEADROOM,
+    estimate,
+    lower_bound_experts_s,
+    lower_bound_step_s,
+    optimizer_seconds,
+)
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache, plan_cache
@@ -101,22 +107,50 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
     fitting.sort(key=lambda f: (f[0], f[1]))
     keys: list[tuple] = []
-    tight: dict[tuple, float] = {}
+    slower = _Slower(model, cluster, train, stages)
     for bound, index, layout, mems in fitting:
         if len(result.best) >= keep:
             worst = result.best[-1].time.step_s
             if bound > worst:
                 break
-            # every part of the step but the data-parallel collectives (estimate.lower_bound_step_s)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                   layout.sp, layout.zero >= 2)
-            busy = tight.get(key)
-            if busy is None:
-                busy = tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=stages)
-            if busy > worst:
+            if slower(layout, worst):
                 continue
         keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]
     return result
+
+
+class _Slower:
+    """Whether a layout's step is surely slower than ``worst``: its optimizer step plus, for a mixture of
+    experts, compute and the expert all-to-alls first (estimate.lower_bound_experts_s, cheaper), then
+    every part of the step but the data-parallel collectives (estimate.lower_bound_step_s). Each part
+    is cached by the fields it reads, as plan/search.py's ``_slower_than`` caches them."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, stages: dict) -> None:
+        self.model, self.cluster, self.train, self.stages = model, cluster, train, stages
+        self.optimizers: dict[tuple, float] = {}
+        self.with_experts: dict[tuple, float] = {}
+        self.tight: dict[tuple, float] = {}
+
+    def __call__(self, layout: Layout, worst: float) -> bool:
+        model, cluster, train = self.model, self.cluster, self.train
+        okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
+                layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
+        opt_s = self.optimizers.get(okey)
+        if opt_s is None:
+            opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, rank_shapes(model, layout))
+        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+               layout.sp)
+        if model.moe:
+            busy = self.with_experts.get(key)
+            if busy is None:
+                busy = self.with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, self.stages)
+            if busy + opt_s > worst:
+                return True
+        key += (layout.zero >= 2,)
+        busy = self.tight.get(key)
+        if busy is None:
+            busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
+        return busy + opt_s > worst
