@@ -68,6 +68,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
     cache = plan_cache(model, cluster, train, cache)
     stages = cache.stages
     bounds: dict[tuple, float] = {}
+    transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
     fitting: list[tuple[float, int, Layout, tuple]] = []
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
             model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
@@ -91,30 +92,32 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                 result.enumerated += 1
                 # megatron_memory.rank_memory, its two parts cached apart
                 key = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp, overlap)
-                parts = [transient(model, local, key, m, sh) for sh in shapes]
+                # the rank shapes follow tp, pp, vpp and the schedule (in the key), the local setting cp
+                parts = transients.get((key, m, cp))
+                if parts is None:
+                    parts = transients[key, m, cp] = [transient(model, local, key, m, sh) for sh in shapes]
                 if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > usable:
                     continue
-                mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity)
-                             for st, (a, o) in zip(states, parts))
                 result.fitting += 1
                 bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded, ep if model.moe else 1)  # MoE compute reads ep
                 bound = bounds.get(bkey)
                 if bound is None:
                     bound = bounds[bkey] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
                                                               stage_cache=stages)
-                fitting.append((bound, len(fitting), layout, mems))
+                fitting.append((bound, len(fitting), layout, (states, parts)))  # its Memory built when timed
     if cp_bound and not result.enumerated:
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
     fitting.sort(key=lambda f: (f[0], f[1]))
     keys: list[tuple] = []
     slower = _Slower(model, cluster, train, stages)
-    for bound, index, layout, mems in fitting:
+    for bound, index, layout, (states, parts) in fitting:
         if len(result.best) >= keep:
             worst = result.best[-1].time.step_s
             if bound > worst:
                 break
             if slower(layout, worst):
                 continue
+        mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity) for st, (a, o) in zip(states, parts))
         keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
