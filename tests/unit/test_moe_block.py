@@ -131,3 +131,4 @@ def test_json_carries_the_moe_split(v3):
     calls = {moe_block.moe_blocks_of(v3, s.expert_params) * lay.accum(512) for s in rank_shapes(v3, lay)}
     assert any(split["experts_s"] == pytest.approx(per_call * c) for c in calls if c)
     assert sum(v for k, v in split.items() if k != "dispatch_combine_s") < e.time.compute_s
+

@@ -67,27 +67,26 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
     result = SearchResult()
     cache = plan_cache(model, cluster, train, cache)
     stages = cache.stages
-    bounds: dict[tuple, float] = {}
     transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
-    fitting: list[tuple[float, int, Layout, tuple]] = []
+    # the fitting layouts grouped by what their compute-only bound reads: (enumeration index, structure,
+    # mbs, ac, states, transient parts) each, in enumeration order
+    groups: dict[tuple, list[tuple]] = {}
+    index = 0
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
             model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+        runs = [(mbs, train.global_batch // (dp * mbs)) for mbs in mbs_options
+                if _schedule_ok(base, train.global_batch // (dp * mbs))]
         shapes = rank_shapes(model, base)
         states = [states_of(model, train, base, sh) for sh in shapes]
         if any(sum(st) > usable for st in states):  # the states alone overflow: no mbs or ac fits
-            result.enumerated += sum(_schedule_ok(base, train.global_batch // (dp * b)) for b in mbs_options) \
-                * len(_ac_modes(model))
+            result.enumerated += len(runs) * len(_ac_modes(model))
             continue
         local = local_train(train, base)
         folded, overlap = base.ep_folds_tp, tp_overlap_on(train, base)
         for ac in _ac_modes(model):
-            for mbs in mbs_options:
-                m = train.global_batch // (dp * mbs)
-                if not _schedule_ok(base, m):
-                    continue
-                layout = _with(base, mbs, ac)
-                if where is not None and not where(layout):
+            for mbs, m in runs:
+                if where is not None and not where(_with(base, mbs, ac)):
                     continue
                 result.enumerated += 1
                 # megatron_memory.rank_memory, its two parts cached apart
@@ -100,29 +99,47 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                     continue
                 result.fitting += 1
                 bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded, ep if model.moe else 1)  # MoE compute reads ep
-                bound = bounds.get(bkey)
-                if bound is None:
-                    bound = bounds[bkey] = lower_bound_step_s(model, cluster, train, layout, compute_only=True,
-                                                              stage_cache=stages)
-                fitting.append((bound, len(fitting), layout, (states, parts)))  # its Memory built when timed
+                found = groups.get(bkey)
+                if found is None:
+                    found = groups[bkey] = []
+                found.append((index, base, mbs, ac, states, parts))
+                index += 1
     if cp_bound and not result.enumerated:
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
-    fitting.sort(key=lambda f: (f[0], f[1]))
-    keys: list[tuple] = []
-    slower = _Slower(model, cluster, train, stages)
-    for bound, index, layout, (states, parts) in fitting:
-        if len(result.best) >= keep:
-            worst = result.best[-1].time.step_s
-            if bound > worst:
-                break
-            if slower(layout, worst):
-                continue
-        mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity) for st, (a, o) in zip(states, parts))
-        keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
+    _rank(model, cluster, train, groups, result, headroom, stages, keep)
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
     del result.best[top:]
     return result
+
+
+def _rank(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, groups: dict[tuple, list[tuple]],
+          result: SearchResult, headroom: float, stages: dict, keep: int) -> None:
+    """Estimate the fitting layouts, group by group in order of their compute-only lower bound (one per
+    group: it reads only the group's key), into ``result.best`` (the best max(top, RUNNER_UP_POOL), held
+    by (_rank_key, enumeration index), so the order of the estimates changes nothing): once they are
+    known, a group whose bound is slower than the worst of them ends the search, and a layout whose
+    tighter bounds are slower (:class:`_Slower`) is skipped."""
+    capacity = cluster.accelerator.memory_bytes
+    bounded = []
+    for members in groups.values():
+        _, base, mbs, ac, _, _ = members[0]
+        bound = lower_bound_step_s(model, cluster, train, _with(base, mbs, ac), compute_only=True, stage_cache=stages)
+        bounded.append((bound, members[0][0], members))
+    bounded.sort(key=lambda b: (b[0], b[1]))
+    keys: list[tuple] = []
+    slower = _Slower(model, cluster, train, stages)
+    for bound, _, members in bounded:
+        if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+            break
+        for index, base, mbs, ac, states, parts in members:
+            if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+                break
+            layout = _with(base, mbs, ac)
+            if len(result.best) >= keep and slower(layout, result.best[-1].time.step_s):
+                continue
+            mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity) for st, (a, o) in zip(states, parts))
+            keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
 
 
 class _Slower:

@@ -1,0 +1,30 @@
+"""Megatron's search (plan/megatron_search.py): its pruning is exact against brute force."""
+
+import pytest
+
+from meshwise.cost.estimate import estimate
+from meshwise.spec import TrainSpec, load_cluster, load_model
+
+
+@pytest.mark.parametrize("gpu, gpus, seq", [("a100-40gb", 8, 16384), ("h100", 8, 4096)])
+def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
+    """plan/megatron_search.py's groups, bounds and lazily built memories drop nothing: its pool of
+    RUNNER_UP_POOL equals brute force's over every layout it enumerates (ep folded over tp included)."""
+    from meshwise.plan.candidates import RUNNER_UP_POOL, _ac_modes, _layout, _rank_key, _schedule_ok, _with, break_ties
+    from meshwise.plan.megatron_search import _fields, search_megatron
+
+    model, cluster = load_model("tiny-moe"), load_cluster(gpu, gpus)
+    train = TrainSpec(16, seq, "bf16-mixed", runtime="megatron")
+    layouts = []
+    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(model, gpus, 16, seq):
+        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+        layouts += [_with(base, mbs, ac) for ac in _ac_modes(model) for mbs in mbs_options
+                    if _schedule_ok(base, 16 // (dp * mbs))]
+    assert any(lay.ep_folds_tp for lay in layouts)
+    fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
+    result = search_megatron(model, cluster, train, top=3)
+    assert (result.enumerated, result.fitting) == (len(layouts), len(fitting)) and len(fitting) > RUNNER_UP_POOL
+    brute = [e for _, e in sorted(enumerate(fitting), key=lambda ie: (_rank_key(ie[1]), ie[0]))][:RUNNER_UP_POOL]
+    brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
+    assert [e.layout for e in result.pool] == [e.layout for e in brute]
+    assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
