@@ -186,6 +186,21 @@ def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     return cp_named(per_mb, layout), cp_named(per_step, layout)
 
 
+def _dp_of(cache: dict | None, model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+           cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+    """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
+    reads: every layout field but mbs (only through ``m``), ac and sp, and the rank's pipeline position.
+    The lists are shared: callers only read them."""
+    if cache is None:
+        return _dp_collectives(model, train, layout, shape, m, cluster)
+    key = ("dp", layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
+           layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _dp_collectives(model, train, layout, shape, m, cluster)
+    return found
+
+
 def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
                        cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
@@ -732,7 +747,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
         mb_compute_s = compute_s / m
         units = max(shape.units, 1)
-        dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
+        dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
         window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
         dp_s = _exposed(dp_mb_ops, window_s, units, m)
         if dp_step_ops:
