@@ -132,3 +132,15 @@ def test_json_carries_the_moe_split(v3):
     assert any(split["experts_s"] == pytest.approx(per_call * c) for c in calls if c)
     assert sum(v for k, v in split.items() if k != "dispatch_combine_s") < e.time.compute_s
 
+
+
+def test_tp_splits_the_experts_only_where_the_runtime_does(v3):
+    """meshwise runs a MoE block whole on every TP rank; Megatron-Core splits the experts' width over TP
+    (expert TP = TP by default) unless EP is folded over TP, where each rank routes T / tp tokens."""
+    mesh, mega = TrainSpec(512, 4096, "bf16-mixed"), TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    assert moe_block.moe_parts(v3, H100, mesh, 1, 4, 8, False) == moe_block.moe_parts(v3, H100, mesh, 1, 1, 8, False)
+    whole, split = (moe_block.moe_parts(v3, H100, mega, 1, tp, 8, False) for tp in (1, 4))
+    assert whole.experts_s / 4 < split.experts_s < whole.experts_s / 2  # a quarter of the work, smaller GEMMs
+    assert split.router_s == whole.router_s and split.permute_s == whole.permute_s  # every TP rank routes all T
+    folded = moe_block.moe_parts(v3, H100, mega, 1, 4, 32, True)
+    assert folded.permute_s < whole.permute_s / 3  # T / 4 tokens routed

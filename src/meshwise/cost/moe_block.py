@@ -2,7 +2,9 @@
 
 One MoE block, one micro-batch, one rank, which routes ``T_r`` tokens: the micro-batch's ``T = mbs * s``
 (s/cp under context parallelism), or ``T / tp`` where expert parallelism is folded over the TP ranks
-(Layout.ep_folds_tp); otherwise every TP rank runs the block whole (runtime/moe.py, compute.py).
+(Layout.ep_folds_tp, expert TP 1). Otherwise meshwise's runtime runs the block whole on every TP rank
+(runtime/moe.py, compute.py), and Megatron-Core splits the experts' and shared experts' width over the
+TP ranks (its ``expert_tensor_parallel_size`` defaults to the TP size: model_parallel_config.py).
 With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ranks of experts:
 
 - **router**: the gate GEMM ``(T_r, E, h)`` (and a gated shared expert's ``(T_r, 1, h)``), then
@@ -101,20 +103,22 @@ def grouped_factor(rows: float) -> float:
     return rows / (rows + GROUPED_ROWS_HALF)
 
 
-def _expert_gemms(model: ModelSpec) -> tuple[tuple[float, float], ...]:
-    """(N, K) of an expert's projections as Megatron groups them: gate and up as one (gated), down."""
-    f, h = model.expert_ffn_hidden, model.hidden
+def _expert_gemms(model: ModelSpec, split: int) -> tuple[tuple[float, float], ...]:
+    """(N, K) of an expert's projections as Megatron groups them, its width split ``split`` ways (expert
+    TP): gate and up as one (gated), down."""
+    f, h = model.expert_ffn_hidden / split, model.hidden
     return (((1 if model.mlp == "gelu" else 2) * f, h), (h, f))
 
 
 def _experts_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int,
-               grouped: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of the rank's experts: grouped GEMMs, or one dense GEMM per
-    projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
+               split: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the rank's experts: Megatron's grouped GEMMs, or meshwise's one
+    dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     hbm = hbm_bytes_per_s(accel)
+    grouped = train.runtime == "megatron"
     fwd = bwd = 0.0
-    for n, k in _expert_gemms(model):
+    for n, k in _expert_gemms(model, split):
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
         fwd, bwd = fwd + cf / hbm, bwd + cb / hbm
         if grouped:
@@ -149,20 +153,23 @@ def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: i
     permute = (permute_f, 2 * permute_f)
     local = experts // ep
     rows = rows_per_expert(model, routed, ep)
-    experts_f, experts_b = _experts_s(model, accel, train, rows, local, grouped=runtime == "megatron")
+    split = tp if runtime == "megatron" and not folded else 1  # Megatron-Core's expert TP defaults to TP
+    experts_f, experts_b = _experts_s(model, accel, train, rows, local, split)
     loop_s = local * LOOP_KERNELS * floor if runtime == "meshwise" else 0.0
     shared = (0.0, 0.0)
     if model.shared_ffn_hidden:
-        shared = _shared_s(model, accel, train, routed)
+        shared = _shared_s(model, accel, train, routed, split)
     forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
     return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
 
 
-def _shared_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float) -> tuple[float, float]:
-    """(forward, backward) seconds of the shared expert(s): a dense MLP of ``shared_ffn_hidden``."""
+def _shared_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float,
+              split: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the shared expert(s): a dense MLP of ``shared_ffn_hidden``, split
+    ``split`` ways (Megatron's TP)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     hbm = hbm_bytes_per_s(accel)
-    width, h = model.shared_ffn_hidden, model.hidden
+    width, h = model.shared_ffn_hidden / split, model.hidden
     fwd = bwd = 0.0
     for n, k in (((1 if model.mlp == "gelu" else 2) * width, h), (h, width)):
         f, b = linear_seconds(routed, n, k, accel, peak, e, dtype)
