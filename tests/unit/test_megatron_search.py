@@ -28,3 +28,22 @@ def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
     brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
     assert [e.layout for e in result.pool] == [e.layout for e in brute]
     assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
+
+
+@pytest.mark.parametrize("runtime", ["meshwise", "megatron"])
+def test_bound_with_dp_sits_between_the_tighter_bound_and_the_step(runtime):
+    """estimate.lower_bound_with_dp_s adds the data-parallel collectives to the tighter bound: over every
+    layout of tiny-moe on 8 GPUs it is no less than that bound and no more than the step, in floating
+    point, and above the tighter bound somewhere (so the test can tell)."""
+    from meshwise.cost.estimate import lower_bound_step_s, lower_bound_with_dp_s
+    from meshwise.plan.planner import enumerate_layouts
+
+    model, cluster = load_model("tiny-moe"), load_cluster("h100", 8)
+    train = TrainSpec(16, 4096, "bf16-mixed", runtime=runtime)
+    above = 0
+    for lay in enumerate_layouts(model, 8, 16, seq_len=train.seq_len):
+        tight = lower_bound_step_s(model, cluster, train, lay)
+        with_dp = lower_bound_with_dp_s(model, cluster, train, lay)
+        assert tight <= with_dp <= estimate(model, cluster, train, lay).time.step_s, lay
+        above += with_dp > tight
+    assert above

@@ -186,6 +186,49 @@ def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     return cp_named(per_mb, layout), cp_named(per_step, layout)
 
 
+def _dp_exposed_s(train: TrainSpec, accel: AcceleratorSpec, layout: Layout, shape: RankShape, m: int, compute_s: float,
+                  dp_ops: tuple[list[Collective], list[Collective]]) -> float:
+    """Seconds of the rank's data-parallel collectives (``dp_ops``: per micro-batch, per step) on the
+    critical path: per micro-batch beside that micro-batch's compute (when the runtime overlaps), the
+    per-step reductions beside the backward, the per-step gathers beside the forward under Megatron's
+    overlap and exposed otherwise (:func:`_exposed`)."""
+    dp_mb_ops, dp_step_ops = dp_ops
+    rf = compute.recompute_factor(layout.ac)
+    units = max(shape.units, 1)
+    window_s = compute_s / m if train.overlap_dp_comm and accel.comm_overlap else 0.0
+    dp_s = _exposed(dp_mb_ops, window_s, units, m)
+    if dp_step_ops:
+        grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]
+        dp_s += _exposed(grad_ops, window_s * (rf - 1) / rf, units)
+        gathers = [op for op in dp_step_ops if op.kind == "all_gather"]
+        if train.runtime == "megatron" and train.overlap_dp_comm and accel.comm_overlap:
+            dp_s += _exposed(gathers, window_s / rf, units)
+        else:
+            dp_s += sum(op.seconds_per_step for op in gathers)
+    return dp_s
+
+
+def lower_bound_with_dp_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                          stage_cache: dict | None = None) -> float:
+    """:func:`lower_bound_step_s`'s tighter bound with the data-parallel collectives' exposed seconds
+    added as :func:`estimate` adds them: every part of the step but the host work beside the kernels
+    (FSDP2's, the gradient sums'), the optimizer and the fixed seconds (all >= 0), so it is below the
+    step in floating point too. On ranks sharing cores (CPU) it is :func:`lower_bound_step_s`."""
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
+    m = layout.accum(train.global_batch)
+    local = local_train(train, layout)
+    busy_s, stages = [], []
+    for shape in memory.rank_shapes(model, layout):
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        dp_s = _dp_exposed_s(train, cluster.accelerator, layout, shape, m, st.compute_s,
+                             _dp_of(stage_cache, model, train, layout, shape, m, cluster))
+        busy_s.append(st.compute_s + st.tp_s + st.pp_s + dp_s + st.cp_s)
+        stages.append(st.compute_s + st.tp_s + st.cp_s)
+    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages,
+                                         _shape_counts(stage_cache, model, layout))
+
+
 def _dp_of(cache: dict | None, model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
            cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
     """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
@@ -733,7 +776,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
-    rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
     mems = rank_memories(model, cluster, train, layout) if memories is None else memories
     local = local_train(train, layout)
@@ -745,19 +787,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
         compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
-        mb_compute_s = compute_s / m
-        units = max(shape.units, 1)
         dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
-        window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
-        dp_s = _exposed(dp_mb_ops, window_s, units, m)
-        if dp_step_ops:
-            grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]
-            dp_s += _exposed(grad_ops, window_s * (rf - 1) / rf, units)
-            gathers = [op for op in dp_step_ops if op.kind == "all_gather"]
-            if train.runtime == "megatron" and train.overlap_dp_comm and accel.comm_overlap:
-                dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
-            else:
-                dp_s += sum(op.seconds_per_step for op in gathers)
+        dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
         # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
         beside_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
                             + _accumulation_s(model, accel, train, layout, shape, m))

@@ -18,6 +18,7 @@ from meshwise.cost.estimate import (
     estimate,
     lower_bound_experts_s,
     lower_bound_step_s,
+    lower_bound_with_dp_s,
     optimizer_seconds,
 )
 from meshwise.cost.megatron_memory import states_of, transient
@@ -145,8 +146,9 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, groups: dict
 class _Slower:
     """Whether a layout's step is surely slower than ``worst``: its optimizer step plus, for a mixture of
     experts, compute and the expert all-to-alls first (estimate.lower_bound_experts_s, cheaper), then
-    every part of the step but the data-parallel collectives (estimate.lower_bound_step_s). Each part
-    is cached by the fields it reads, as plan/search.py's ``_slower_than`` caches them."""
+    every part of the step but the data-parallel collectives (estimate.lower_bound_step_s), then with
+    them (estimate.lower_bound_with_dp_s). The first parts are cached by the fields they read, as
+    plan/search.py's ``_slower_than`` caches them."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, stages: dict) -> None:
         self.model, self.cluster, self.train, self.stages = model, cluster, train, stages
@@ -173,4 +175,6 @@ class _Slower:
         busy = self.tight.get(key)
         if busy is None:
             busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
-        return busy + opt_s > worst
+        if busy + opt_s > worst:
+            return True
+        return lower_bound_with_dp_s(model, cluster, train, layout, self.stages) + opt_s > worst
