@@ -623,12 +623,13 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
               layout: Layout, shape: RankShape, m: int) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
-    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`),
+    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
+    whether ep is folded over tp (Layout.ep_folds_tp),
     so a structure's sharding groups mostly share it."""
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-           layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
+           layout.ep_folds_tp, layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
            # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
            layout.replicate > 1 and layout.shard > 1, layout.replicate == 1, layout.zero == 0)
     found = cache.get(key)
