@@ -122,14 +122,17 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, groups: dict
     known, a group whose bound is slower than the worst of them ends the search, and a layout whose
     tighter bounds are slower (:class:`_Slower`) is skipped."""
     capacity = cluster.accelerator.memory_bytes
+    slower = _Slower(model, cluster, train, stages)
     bounded = []
     for members in groups.values():
         _, base, mbs, ac, _, _ = members[0]
-        bound = lower_bound_step_s(model, cluster, train, _with(base, mbs, ac), compute_only=True, stage_cache=stages)
+        first = _with(base, mbs, ac)
+        # a mixture of experts: compute plus the expert all-to-alls, which read the group's fields too
+        bound = (slower.experts(first) if model.moe else
+                 lower_bound_step_s(model, cluster, train, first, compute_only=True, stage_cache=stages))
         bounded.append((bound, members[0][0], members))
     bounded.sort(key=lambda b: (b[0], b[1]))
     keys: list[tuple] = []
-    slower = _Slower(model, cluster, train, stages)
     for bound, _, members in bounded:
         if len(result.best) >= keep and bound > result.best[-1].time.step_s:
             break
@@ -163,18 +166,24 @@ class _Slower:
         opt_s = self.optimizers.get(okey)
         if opt_s is None:
             opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, rank_shapes(model, layout))
+        if model.moe and self.experts(layout) + opt_s > worst:
+            return True
         key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-               layout.sp)
-        if model.moe:
-            busy = self.with_experts.get(key)
-            if busy is None:
-                busy = self.with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, self.stages)
-            if busy + opt_s > worst:
-                return True
-        key += (layout.zero >= 2,)
+               layout.sp, layout.ep_folds_tp, layout.zero >= 2)
         busy = self.tight.get(key)
         if busy is None:
             busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
         if busy + opt_s > worst:
             return True
         return lower_bound_with_dp_s(model, cluster, train, layout, self.stages) + opt_s > worst
+
+    def experts(self, layout: Layout) -> float:
+        """estimate.lower_bound_experts_s, by the fields it reads (no ZeRO field, ``shard`` only through
+        whether ep is folded over tp)."""
+        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
+               layout.sp, layout.ep_folds_tp)
+        found = self.with_experts.get(key)
+        if found is None:
+            found = self.with_experts[key] = lower_bound_experts_s(self.model, self.cluster, self.train, layout,
+                                                                   self.stages)
+        return found
