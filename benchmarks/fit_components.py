@@ -8,6 +8,9 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   cost/kernels.py ``gemm_seconds``, fitted by minimising the mean |log(predicted / published time)|;
 - fused attention by sequence, head width and causality (components_attention.csv: FlashAttention-3
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
+- grouped GEMMs by rows per expert (components_grouped_gemm.csv: DeepGEMM's grouped table):
+  ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
+  tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
 - collectives by payload and group size (components_collectives.csv: OpenXLA's H100 NVLink table):
   the intra-node ``latency_s`` and ``bytes_per_s`` of cost/comm.py ``collective_seconds``;
 - memory-bound kernels and scale-out links (components_links.csv), and the clock held under sustained
@@ -25,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshwise.catalog import read_catalog
-from meshwise.cost import kernels
-from meshwise.cost.fit import fit_gemm_points, fit_link, fit_saturating, log_errors
+from meshwise.cost import kernels, moe_block
+from meshwise.cost.fit import fit_gemm_points, fit_link, fit_saturating, golden, log_errors, mean_log
 from meshwise.spec import load_cluster
 
 CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
@@ -51,6 +54,28 @@ def fit_gemm(gpu: str, dtype: str = "bf16", floor: float | None = None, tile: tu
     peak = base.peak_bf16_flops_per_s * (2 if dtype.startswith("fp8") else 1)
     elem = 1 if dtype.startswith("fp8") else 2
     return fit_gemm_points(base, gemm_points(gpu, dtype), dtype, peak, elem, floor, tile)
+
+
+# ------------------------------------------------------------------------------------ grouped GEMM
+def _grouped_pairs(rows_half: float | None) -> list[tuple[float, float]]:
+    """(predicted, published) seconds of each grouped GEMM: the fp8 tile/wave GEMM of ``groups``
+    batches, over ``rows / (rows + rows_half)`` (none: the GEMM model alone)."""
+    accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)  # the table: short kernels
+    peak = accel.peak_bf16_flops_per_s * 2
+    out = []
+    for r in read("components_grouped_gemm.csv"):
+        g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
+        factor = 1.0 if rows_half is None else m / (m + rows_half)
+        out.append((kernels.gemm_seconds(m, n, k, accel, peak, 1, g, "fp8") / factor,
+                    2.0 * g * m * n * k / (float(r["tflops"]) * 1e12)))
+    return out
+
+
+def fit_grouped() -> dict:
+    """``GROUPED_ROWS_HALF`` minimising the mean |log error| of the grouped table's times."""
+    half = golden(lambda v: mean_log(_grouped_pairs(v)), 0.0, 1000.0)
+    return {"rows_half": half, "errors": log_errors(_grouped_pairs(half)), "without": log_errors(_grouped_pairs(None)),
+            "points": len(_grouped_pairs(None))}
 
 
 # -------------------------------------------------------------------------------------- attention
@@ -123,7 +148,7 @@ def fits() -> dict:
     fp8 = fit_gemm("h100", "fp8", floor=h100["kernel_floor_s"], tile=h100["tile"])
     fa2, cudnn = fit_attention("fa2"), fit_attention("cudnn")
     return {"gemm_h100_bf16": h100, "gemm_a100_bf16": a100, "gemm_h100_fp8": fp8, "attention_fa2": fa2,
-            "attention_cudnn": cudnn, "attention_a100": a100_attention_scale(fa2), "nvlink_h100": fit_collectives()}
+            "attention_cudnn": cudnn, "grouped_gemm": fit_grouped(), "attention_a100": a100_attention_scale(fa2), "nvlink_h100": fit_collectives()}
 
 
 def links_report() -> list[str]:
@@ -168,6 +193,9 @@ def check_catalog(f: dict) -> list[str]:
                                     "backward", "backward_seq_half", "head64")]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
+    grouped = f["grouped_gemm"]["rows_half"]
+    if abs(moe_block.GROUPED_ROWS_HALF - grouped) > 0.5:
+        bad.append(f"moe_block.GROUPED_ROWS_HALF: code {moe_block.GROUPED_ROWS_HALF}, fit {grouped:.1f}")
     link = load_cluster("h100", 8).intra
     nv = f["nvlink_h100"]
     if not (close(link.bytes_per_s, nv["bytes_per_s"]) and abs(link.latency_s - nv["latency_s"]) <= 0.05e-6):
@@ -189,6 +217,10 @@ def main(argv: list[str]) -> int:
               f"{a['forward_causal_seq_half']:.0f}, backward {a['backward']:.3f}/{a['backward_seq_half']:.0f}, "
               f"head64 {a['head64']:.3f}: {a['points']} points, error mean {a['errors'][0]:.1%}, "
               f"worst {a['errors'][1]:.1%}")
+    gg = f["grouped_gemm"]
+    print(f"  grouped_gemm     rows_half {gg['rows_half']:.1f}: {gg['points']} points, time error mean "
+          f"{gg['errors'][0]:.1%}, worst {gg['errors'][1]:.1%} (the GEMM model alone: mean {gg['without'][0]:.1%}, "
+          f"worst {gg['without'][1]:.1%})")
     scale, point = f["attention_a100"]
     print(f"  attention_a100   the H100 FlashAttention-2 curves x {scale:.3f} (one point: {point} TFLOP/s; exact by "
           f"construction)")

@@ -22,9 +22,9 @@ TORCHAO_SPEEDUP = 1.39
 
 def speedup(ratio: float) -> float:
     accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)
-    bf16 = sum(kernels._linear_s(M, N, K, accel, accel.peak_bf16_flops_per_s, 2, "bf16"))
+    bf16 = sum(kernels.linear_seconds(M, N, K, accel, accel.peak_bf16_flops_per_s, 2, "bf16"))
     train = TrainSpec(1, 1, precision="fp8")
-    gemms = sum(kernels._linear_s(M, N, K, accel, accel.peak_fp8_flops_per_s * ratio, 1, "fp8"))
+    gemms = sum(kernels.linear_seconds(M, N, K, accel, accel.peak_fp8_flops_per_s * ratio, 1, "fp8"))
     casts = sum(fp8.linear_cast_bytes(train, M, N, K)) / (accel.hbm_bytes_per_s * accel.hbm_efficiency)
     return bf16 / (gemms + casts)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.context_parallel import (
     cp_collectives,
@@ -84,10 +84,14 @@ class StepTime:
     bubble_s: float
     optimizer_s: float
     fixed_s: float = 0.0  # per step, outside the other parts: zeroing, gradient norm, loss (CPU ranks)
+    moe_block_s: tuple[tuple[str, float], ...] = ()  # the slowest rank's MoE parts per step (moe_block.step_parts)
 
-    def as_json(self) -> dict[str, float]:
-        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
-                "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
+    def as_json(self) -> dict:
+        out = {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
+               "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
+        if self.moe_block_s:
+            out["moe_block_s"] = dict(self.moe_block_s)
+        return out
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,64 @@ def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     """Data parallelism's collectives, over dp x cp under context parallelism (``context``)."""
     per_mb, per_step = _dp_collectives_of(model, train, weights_layout(layout), shape, m, cluster)
     return cp_named(per_mb, layout), cp_named(per_step, layout)
+
+
+def _dp_exposed_s(train: TrainSpec, accel: AcceleratorSpec, layout: Layout, shape: RankShape, m: int, compute_s: float,
+                  dp_ops: tuple[list[Collective], list[Collective]]) -> float:
+    """Seconds of the rank's data-parallel collectives (``dp_ops``: per micro-batch, per step) on the
+    critical path: per micro-batch beside that micro-batch's compute (when the runtime overlaps), the
+    per-step reductions beside the backward, the per-step gathers beside the forward under Megatron's
+    overlap and exposed otherwise (:func:`_exposed`)."""
+    dp_mb_ops, dp_step_ops = dp_ops
+    rf = compute.recompute_factor(layout.ac)
+    units = max(shape.units, 1)
+    window_s = compute_s / m if train.overlap_dp_comm and accel.comm_overlap else 0.0
+    dp_s = _exposed(dp_mb_ops, window_s, units, m)
+    if dp_step_ops:
+        grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]
+        dp_s += _exposed(grad_ops, window_s * (rf - 1) / rf, units)
+        gathers = [op for op in dp_step_ops if op.kind == "all_gather"]
+        if train.runtime == "megatron" and train.overlap_dp_comm and accel.comm_overlap:
+            dp_s += _exposed(gathers, window_s / rf, units)
+        else:
+            dp_s += sum(op.seconds_per_step for op in gathers)
+    return dp_s
+
+
+def lower_bound_with_dp_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
+                          stage_cache: dict | None = None) -> float:
+    """:func:`lower_bound_step_s`'s tighter bound with the data-parallel collectives' exposed seconds
+    added as :func:`estimate` adds them: every part of the step but the host work beside the kernels
+    (FSDP2's, the gradient sums'), the optimizer and the fixed seconds (all >= 0), so it is below the
+    step in floating point too. On ranks sharing cores (CPU) it is :func:`lower_bound_step_s`."""
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
+    m = layout.accum(train.global_batch)
+    local = local_train(train, layout)
+    busy_s, stages = [], []
+    for shape in memory.rank_shapes(model, layout):
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        dp_s = _dp_exposed_s(train, cluster.accelerator, layout, shape, m, st.compute_s,
+                             _dp_of(stage_cache, model, train, layout, shape, m, cluster))
+        busy_s.append(st.compute_s + st.tp_s + st.pp_s + dp_s + st.cp_s)
+        stages.append(st.compute_s + st.tp_s + st.cp_s)
+    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages,
+                                         _shape_counts(stage_cache, model, layout))
+
+
+def _dp_of(cache: dict | None, model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
+           cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+    """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
+    reads: every layout field but mbs (only through ``m``), ac and sp, and the rank's pipeline position.
+    The lists are shared: callers only read them."""
+    if cache is None:
+        return _dp_collectives(model, train, layout, shape, m, cluster)
+    key = ("dp", layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
+           layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _dp_collectives(model, train, layout, shape, m, cluster)
+    return found
 
 
 def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
@@ -439,9 +501,14 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
-        return m * kernels.rank_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
-                                        layout.sp, layout.ac, shape.blocks, shape.has_embedding, shape.has_head,
-                                        layout.cp)
+        local = local_train(train, layout)
+        total = kernels.rank_seconds(model, accel, local, layout.mbs, layout.tp, layout.sp, layout.ac, shape.blocks,
+                                     shape.has_embedding, shape.has_head, layout.cp)
+        if model.moe:  # the MLPs of a mixture of experts, dense blocks' and MoE blocks' (cost/moe_block.py)
+            total += moe_block.rank_mlp_seconds(model, accel, local, layout.mbs, layout.tp, layout.ep,
+                                                layout.ep_folds_tp, layout.ac, shape.blocks,
+                                                moe_block.moe_blocks_of(model, shape.expert_params))
+        return m * total
     tokens_mb = train.seq_len // layout.cp * layout.mbs  # each local token attends over the whole sequence
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
@@ -477,6 +544,16 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
     return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
+
+
+def _moe_split(model: ModelSpec, accel: AcceleratorSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int,
+               ops: list[Collective]) -> tuple[tuple[str, float], ...]:
+    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model, else none."""
+    if not model.moe or model.states_only or not accel.has_op_model:
+        return ()
+    a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
+    return moe_block.step_parts(model, accel, local, layout.mbs, layout.tp, layout.ep, layout.ep_folds_tp,
+                                moe_block.moe_blocks_of(model, shape.expert_params) * m, a2a_s)
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
@@ -546,12 +623,13 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
 def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
               layout: Layout, shape: RankShape, m: int) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
-    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`),
+    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
+    whether ep is folded over tp (Layout.ep_folds_tp),
     so a structure's sharding groups mostly share it."""
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-           layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
+           layout.ep_folds_tp, layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
            # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
            layout.replicate > 1 and layout.shard > 1, layout.replicate == 1, layout.zero == 0)
     found = cache.get(key)
@@ -566,12 +644,12 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
     blocks, model ends and (for a bare parameter count) parameters, and the schedule only as
     zero-bubble or not (its split backward, cost/host.py); bounds and estimates of layouts that
-    differ in ZeRO, ep or another schedule share it."""
+    differ in ZeRO or another schedule (or, for a dense model, in ep) share it."""
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
            shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp,
-           layout.schedule == "zero-bubble" and layout.pp > 1)
+           layout.schedule == "zero-bubble" and layout.pp > 1, layout.ep if model.moe else 1)
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
@@ -699,7 +777,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     accel = cluster.accelerator
     m = layout.accum(train.global_batch)
     peak = accel.peak_flops_per_s(train.precision)
-    rf = compute.recompute_factor(layout.ac)
     shapes = memory.rank_shapes(model, layout)
     mems = rank_memories(model, cluster, train, layout) if memories is None else memories
     local = local_train(train, layout)
@@ -711,19 +788,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
         compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
-        mb_compute_s = compute_s / m
-        units = max(shape.units, 1)
-        dp_mb_ops, dp_step_ops = _dp_collectives(model, train, layout, shape, m, cluster)
-        window_s = mb_compute_s if train.overlap_dp_comm and accel.comm_overlap else 0.0
-        dp_s = _exposed(dp_mb_ops, window_s, units, m)
-        if dp_step_ops:
-            grad_ops = [op for op in dp_step_ops if op.kind != "all_gather"]
-            dp_s += _exposed(grad_ops, window_s * (rf - 1) / rf, units)
-            gathers = [op for op in dp_step_ops if op.kind == "all_gather"]
-            if train.runtime == "megatron" and train.overlap_dp_comm and accel.comm_overlap:
-                dp_s += _exposed(gathers, window_s / compute.recompute_factor(layout.ac), units)
-            else:
-                dp_s += sum(op.seconds_per_step for op in gathers)
+        dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
+        dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
         # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
         beside_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
                             + _accumulation_s(model, accel, train, layout, shape, m))
@@ -762,7 +828,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         layout=layout, global_batch=train.global_batch,
         fits=fits(largest.total, cluster, headroom),
         memory=largest, rank_memory=mems,
-        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s),
+        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s,
+                      _moe_split(model, accel, local, layout, shape, m, ops)),
         comm=tuple(ops), tokens_per_s=tokens / step_s,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
         mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak, rank_pp=memory.rank_groups(model, layout))

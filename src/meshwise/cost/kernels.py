@@ -107,15 +107,15 @@ def gemm_seconds(m: float, n: float, k: float, accel: AcceleratorSpec, peak: flo
     util = batch * m * n * splits / (waves * sms * tm * tn)
     rate = peak * accel.sustained_clock * efficiency * util
     compute_s = 2.0 * batch * m * n * k / rate * (1.0 + k_half * splits / k)
-    memory_s = batch * (m * k + k * n + m * n) * elem_bytes / _hbm(accel)
+    memory_s = batch * (m * k + k * n + m * n) * elem_bytes / hbm_bytes_per_s(accel)
     return accel.kernel_floor_s + max(compute_s, memory_s)
 
 
-def _hbm(accel: AcceleratorSpec) -> float:
+def hbm_bytes_per_s(accel: AcceleratorSpec) -> float:
     return accel.hbm_bytes_per_s * accel.hbm_efficiency
 
 
-def _linear_s(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int,
+def linear_seconds(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int,
               dtype: str = "bf16") -> tuple[float, float]:
     """(forward, backward) seconds of ``X (t x k) @ W (k x n)`` in ``dtype``."""
     fwd = gemm_seconds(t, n, k, accel, peak, e, dtype=dtype)
@@ -158,15 +158,16 @@ def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, 
     scores = gemm_seconds(seq, seq, d, accel, peak, e, batch)   # Q K^T
     context = gemm_seconds(seq, d, seq, accel, peak, e, batch)  # P V
     elements = batch * seq * seq
-    fwd = scores + context + elements * SOFTMAX_FWD_BYTES / _hbm(accel)
-    bwd = 2 * (scores + context) + elements * SOFTMAX_BWD_BYTES / _hbm(accel)
+    fwd = scores + context + elements * SOFTMAX_FWD_BYTES / hbm_bytes_per_s(accel)
+    bwd = 2 * (scores + context) + elements * SOFTMAX_BWD_BYTES / hbm_bytes_per_s(accel)
     return fwd, bwd
 
 
 def _mlp_width(model: ModelSpec) -> float:
     """The MLP width a token passes through: ``ffn_hidden``, or for a mixture of experts the active
     MLP (k experts, the shared expert, the router; the mean over the blocks) as one dense MLP of the
-    same parameters (an approximation: the experts' GEMMs are k smaller ones, on fewer rows)."""
+    same parameters: the width of its activation's memory-bound bytes (its GEMMs are
+    cost/moe_block.py's)."""
     if not model.moe:
         return model.ffn_hidden
     return model.active_mlp_params / ((2 if model.mlp == "gelu" else 3) * model.hidden)
@@ -221,8 +222,33 @@ def rank_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: floa
 def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
                           sp: bool) -> float:
     """Forward seconds of a block's norms, residual adds, rotary and MLP activation (``KERNELS`` of them)."""
-    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / _hbm(accel) \
+    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / hbm_bytes_per_s(accel) \
         + KERNELS[runtime] * accel.kernel_floor_s
+
+
+def linears_seconds(accel: AcceleratorSpec, train: TrainSpec, tokens: float,
+                    *shapes: tuple[float, float]) -> tuple[float, float]:
+    """(forward, backward) seconds of linear layers ``X (tokens x k) @ W (k x n)``, one per ``(n, k)``, in
+    the precision's GEMM format, with the casts around them over HBM (cost/fp8.py)."""
+    gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
+    fwd = bwd = 0.0
+    for n, k in shapes:
+        f, b = linear_seconds(tokens, n, k, accel, gemm_peak, ge, dtype)
+        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k)
+        fwd, bwd = fwd + f + cf / hbm_bytes_per_s(accel), bwd + b + cb / hbm_bytes_per_s(accel)
+    return fwd, bwd
+
+
+def mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, tokens: float, tp: int,
+                width: float | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of a dense MLP of ``width`` (default: the block's, ``_mlp_width``) on
+    one TP rank: gate and up as one GEMM (gated), then down."""
+    return linears_seconds(accel, train, tokens, *_mlp_shapes(model, tp, _mlp_width(model) if width is None else width))
+
+
+def _mlp_shapes(model: ModelSpec, tp: int, width: float) -> tuple[tuple[float, float], ...]:
+    """(N, K) of a dense MLP's GEMMs on one TP rank: gate and up as one (gated: swiglu, geglu), down."""
+    return (((1 if model.mlp == "gelu" else 2) * width / tp, model.hidden), (model.hidden, width / tp))
 
 
 @lru_cache(maxsize=4096)
@@ -237,15 +263,11 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
     width = _mlp_width(model)
-    mlp_in = (1 if model.mlp == "gelu" else 2) * width / tp  # gated (swiglu, geglu): gate and up
-    fwd = bwd = 0.0
-    # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes), the
-    # casts around them memory-bound
+    # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes); a
+    # mixture of experts' MLPs are cost/moe_block.py's
+    mlp = () if model.moe else _mlp_shapes(model, tp, width)
+    fwd, bwd = linears_seconds(accel, train, tokens, ((h + 2 * model.kv_dim) / tp, h), (h, h / tp), *mlp)
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
-    for n, k in (((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (mlp_in, h), (h, width / tp)):
-        f, b = _linear_s(tokens, n, k, accel, gemm_peak, ge, dtype)
-        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k)
-        fwd, bwd = fwd + f + cf / _hbm(accel), bwd + b + cb / _hbm(accel)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention,
                                                                  train.runtime))
     mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
@@ -272,19 +294,20 @@ def head_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs
     peak = accel.peak_flops_per_s(train.precision)
     e = train.activation_bytes
     tokens = mbs * train.seq_len
-    f, b = _linear_s(tokens, model.vocab / tp, model.hidden, accel, peak, e)
-    return f + b + head_memory_bound_bytes(model, ops_key(train), e, tokens, tp, sp, model.vocab / tp) / _hbm(accel)
+    f, b = linear_seconds(tokens, model.vocab / tp, model.hidden, accel, peak, e)
+    return f + b + head_memory_bound_bytes(model, ops_key(train), e, tokens, tp, sp, model.vocab / tp) / hbm_bytes_per_s(accel)
 
 
 def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:
     """Forward (gather) + backward (scatter-add) bytes of the embedding for one micro-batch."""
-    return embedding_bytes(model, train.activation_bytes, mbs * train.seq_len, tp, sp) / _hbm(accel)
+    return embedding_bytes(model, train.activation_bytes, mbs * train.seq_len, tp, sp) / hbm_bytes_per_s(accel)
 
 
 def rank_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str,
                  blocks: int, has_embedding: bool, has_head: bool, cp: int = 1) -> float:
     """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
-    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism)."""
+    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism); for a mixture of
+    experts every block less its MLP (cost/moe_block.py ``rank_mlp_seconds`` times them)."""
     fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp)
     total = blocks * (fwd + bwd + rec)
     if has_head:

@@ -170,8 +170,10 @@ class _Search:
             self.sp_on_empty[skey] = opts
         for layout, mbs, shapes in found:
             self.result.fitting += 1
-            # the compute-only bound reads neither ep nor any DP/ZeRO field (dp is fixed by tp, cp, pp)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, layout.ac, layout.sp)
+            # the compute-only bound reads no DP/ZeRO field (dp is fixed by tp, cp, pp) and ep only for a
+            # mixture of experts (cost/moe_block.py)
+            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, layout.ac, layout.sp,
+                   layout.ep if self.model.moe else 1)
             bound = self.bounds.get(key)
             if bound is None:
                 bound = self.bounds[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,

@@ -1,0 +1,212 @@
+"""A mixture-of-experts block's compute on a GPU, part by part (the op model, cost/kernels.py).
+
+One MoE block, one micro-batch, one rank, which routes ``T_r`` tokens: the micro-batch's ``T = mbs * s``
+(s/cp under context parallelism), or ``T / tp`` where expert parallelism is folded over the TP ranks
+(Layout.ep_folds_tp, expert TP 1). Otherwise meshwise's runtime runs the block whole on every TP rank
+(runtime/moe.py, compute.py), and Megatron-Core splits the experts' and shared experts' width over the
+TP ranks (its ``expert_tensor_parallel_size`` defaults to the TP size: model_parallel_config.py).
+With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ranks of experts:
+
+- **router**: the gate GEMM ``(T_r, E, h)`` (and a gated shared expert's ``(T_r, 1, h)``), then
+  softmax or sigmoid and top-k, memory-bound over ``T_r E`` scores: ``ROUTER_BYTES`` per score
+  forward (the logits read, the fp32 scores written, read again by top-k), twice that backward;
+- **permute and unpermute**: memory-bound passes over the ``T_r k`` token copies of ``h`` elements:
+  ``PERMUTE_PASSES`` per runtime (reads + writes per copy element, the weighted sum's write of one
+  token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 (the received chunks
+  sorted by local expert and back); backward moves twice the forward's bytes;
+- **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_r k ep / E`` rows
+  (balanced routing would give ``T_r k / E`` per expert from each of the ``ep`` ranks), with
+  ``c = CAPACITY_FACTOR`` (1.25, Switch Transformer, Fedus et al. 2021: the busiest EP rank's load
+  over the mean, as cost/activations.py sizes its buffers) when ep > 1, else 1. Gated: the gate and
+  up projections ``(R, 2f, h)`` and the down projection ``(R, h, f)``; backward each GEMM's
+  ``(R, K, N)`` and ``(K, N, R)``. Megatron runs them as grouped GEMMs (one kernel per projection
+  for all local experts): cost/kernels.py's tile/wave GEMM of ``E / ep`` groups, divided by
+  ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows per expert
+  fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
+  benchmarks/fit_components.py; taken as the same fraction of each dtype's GEMM row).
+  meshwise's runtime loops over its experts in Python: three dense GEMMs per expert (gate, up,
+  down; cuBLAS, no grouped factor), each with its kernel floor, plus ``LOOP_KERNELS`` elementwise
+  kernels per expert (SwiGLU's activation and product, forward and backward) at ``kernel_floor_s``
+  each (the per-expert launch work);
+- **shared experts**: a dense MLP of ``shared_ffn_hidden`` over the ``T_r`` tokens.
+
+Under a float8 precision the experts' and shared experts' GEMMs run in the format's row and peak with
+their casts (cost/fp8.py), the router in bf16. The dispatch and combine all-to-alls are
+communication, priced where every collective is (cost/experts.py on the link the EP group crosses,
+cost/comm.py), exposed under both runtimes' defaults: meshwise's all-to-all blocks, and Megatron's
+``alltoall`` dispatcher overlaps nothing without ``--overlap-moe-expert-parallel-comm`` (off by default).
+The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_width``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshwise.cost import fp8
+from meshwise.cost.activations import CAPACITY_FACTOR
+from meshwise.cost.kernels import gemm_seconds, hbm_bytes_per_s, linear_seconds, mlp_seconds
+from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
+
+# Rows per expert at which a grouped GEMM reaches half the tile/wave model's throughput beyond what that
+# model already loses: benchmarks/fit_components.py on components_grouped_gemm.csv (DeepGEMM, 10 points,
+# 256-8192 rows per expert; time error mean 5.1%, worst 16.6%, against 6.1% / 23.4% without it).
+GROUPED_ROWS_HALF = 23.0
+ROUTER_BYTES = 8.0  # per score beyond the logits' own bytes: fp32 scores written (4) and read by top-k (4)
+# Forward reads + writes per element of a token copy, per runtime's code:
+# - meshwise (runtime/moe.py): the gather tokens[order // k] (2), the scatter routed[order] = out (2), the
+#   outputs concatenated (2), the product with the routing weights (2) and the sum over k (1, plus one token
+#   written per k copies);
+# - megatron (Megatron-Core's token permutation, moe_utils permute / unpermute): the permute (2) and the
+#   unpermute with its weighted sum (1, plus one token written per k copies).
+PERMUTE_PASSES = {"meshwise": 9.0, "megatron": 3.0}
+EP_REGROUP_PASSES = 4.0  # ep > 1: the received chunks sorted by local expert (2) and back (2), both runtimes
+LOOP_KERNELS = 6  # meshwise's loop, per expert: SwiGLU's silu and product forward (2), their backward (4)
+ROUTER_KERNELS = {"meshwise": 8, "megatron": 5}  # forward: softmax, top-k, renormalise, sort, counts, ...
+PERMUTE_KERNELS = {"meshwise": 5, "megatron": 4}  # forward, besides the EP regroup (2 more under ep > 1)
+
+
+@dataclass(frozen=True)
+class MoeParts:
+    """Seconds of one MoE block's parts for one micro-batch on one rank, forward + backward, and the
+    forward alone (what full recompute runs again)."""
+
+    router_s: float
+    permute_s: float
+    experts_s: float
+    shared_s: float
+    loop_s: float  # the per-expert kernels of meshwise's loop (0 under Megatron's grouped GEMMs)
+    forward_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.router_s + self.permute_s + self.experts_s + self.shared_s + self.loop_s
+
+    def as_json(self) -> dict[str, float]:
+        return {"router_s": self.router_s, "permute_s": self.permute_s, "experts_s": self.experts_s,
+                "shared_s": self.shared_s, "loop_s": self.loop_s}
+
+
+def routed_tokens(tokens: float, tp: int, folded: bool) -> float:
+    """Tokens a rank routes: the micro-batch's, or its 1/tp under EP folded over TP."""
+    return tokens / tp if folded else tokens
+
+
+def rows_per_expert(model: ModelSpec, routed: float, ep: int) -> float:
+    """Rows each of the rank's experts multiplies: ``c * T_r k ep / E`` (module docstring)."""
+    imbalance = CAPACITY_FACTOR if ep > 1 else 1.0
+    return imbalance * routed * model.experts_per_token * ep / model.experts
+
+
+def grouped_factor(rows: float) -> float:
+    """The fraction of the tile/wave model's throughput a grouped GEMM keeps at ``rows`` per expert."""
+    return rows / (rows + GROUPED_ROWS_HALF)
+
+
+def _expert_gemms(model: ModelSpec, split: int) -> tuple[tuple[float, float], ...]:
+    """(N, K) of an expert's projections as Megatron groups them, its width split ``split`` ways (expert
+    TP): gate and up as one (gated), down."""
+    f, h = model.expert_ffn_hidden / split, model.hidden
+    return (((1 if model.mlp == "gelu" else 2) * f, h), (h, f))
+
+
+def _experts_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int,
+               split: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the rank's experts: Megatron's grouped GEMMs, or meshwise's one
+    dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
+    peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
+    hbm = hbm_bytes_per_s(accel)
+    grouped = train.runtime == "megatron"
+    fwd = bwd = 0.0
+    for n, k in _expert_gemms(model, split):
+        cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
+        fwd, bwd = fwd + cf / hbm, bwd + cb / hbm
+        if grouped:
+            slow = 1.0 / grouped_factor(rows)
+            fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, dtype)
+            bwd += slow * (gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
+                           + gemm_seconds(k, n, rows, accel, peak, e, local, dtype))
+            continue
+        split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
+        f, b = linear_seconds(rows, n / split, k, accel, peak, e, dtype)
+        fwd, bwd = fwd + local * split * f, bwd + local * split * b
+    return fwd, bwd
+
+
+@lru_cache(maxsize=4096)
+def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int,
+              folded: bool) -> MoeParts:
+    """One MoE block's :class:`MoeParts` (module docstring); ``train.seq_len`` is the rank's s/cp."""
+    runtime = "megatron" if train.runtime == "megatron" else "meshwise"
+    routed = routed_tokens(mbs * train.seq_len, tp, folded)
+    h, experts, top_k, e = model.hidden, model.experts, model.experts_per_token, train.activation_bytes
+    hbm, floor, peak = hbm_bytes_per_s(accel), accel.kernel_floor_s, accel.peak_flops_per_s(train.precision)
+    rf, rb = linear_seconds(routed, experts, h, accel, peak, e)
+    if model.shared_expert_gate:
+        gf, gb = linear_seconds(routed, 1, h, accel, peak, e)
+        rf, rb = rf + gf, rb + gb
+    scores_s = routed * experts * (e + ROUTER_BYTES) / hbm + ROUTER_KERNELS[runtime] * floor
+    router = (rf + scores_s, rb + 2 * scores_s)
+    passes = PERMUTE_PASSES[runtime] + (EP_REGROUP_PASSES if ep > 1 else 0.0)
+    moved_s = (passes * routed * top_k * h + routed * h) * e / hbm
+    permute_f = moved_s + (PERMUTE_KERNELS[runtime] + (2 if ep > 1 else 0)) * floor
+    permute = (permute_f, 2 * permute_f)
+    local = experts // ep
+    rows = rows_per_expert(model, routed, ep)
+    split = tp if runtime == "megatron" and not folded else 1  # Megatron-Core's expert TP defaults to TP
+    experts_f, experts_b = _experts_s(model, accel, train, rows, local, split)
+    loop_s = local * LOOP_KERNELS * floor if runtime == "meshwise" else 0.0
+    shared = (0.0, 0.0)
+    if model.shared_ffn_hidden:
+        shared = _shared_s(model, accel, train, routed, split)
+    forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
+    return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
+
+
+def _shared_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float,
+              split: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the shared expert(s): a dense MLP of ``shared_ffn_hidden``, split
+    ``split`` ways (Megatron's TP)."""
+    peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
+    hbm = hbm_bytes_per_s(accel)
+    width, h = model.shared_ffn_hidden / split, model.hidden
+    fwd = bwd = 0.0
+    for n, k in (((1 if model.mlp == "gelu" else 2) * width, h), (h, width)):
+        f, b = linear_seconds(routed, n, k, accel, peak, e, dtype)
+        cf, cb = fp8.linear_cast_bytes(train, routed, n, k)
+        fwd, bwd = fwd + f + cf / hbm, bwd + b + cb / hbm
+    return fwd, bwd
+
+
+def moe_blocks_of(model: ModelSpec, expert_params: float) -> int:
+    """MoE blocks among a rank's blocks, from the routed-expert parameters it holds."""
+    if not model.moe:
+        return 0
+    return round(expert_params / (model.experts * model._mlp(model.expert_ffn_hidden)))
+
+
+@lru_cache(maxsize=4096)
+def rank_mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int,
+                     folded: bool, ac: str, blocks: int, moe_blocks: int) -> float:
+    """One micro-batch's MLPs on a rank of ``blocks`` blocks, ``moe_blocks`` of them MoE blocks (the
+    rest dense MLPs of ``ffn_hidden`` split by TP); ``full`` recompute runs each forward again. Ten
+    arguments: the fields of the layout and rank shape it reads, kept apart as the cache's key."""
+    again = 1.0 if ac == "full" else 0.0
+    total = 0.0
+    if blocks > moe_blocks:
+        f, b = mlp_seconds(model, accel, train, mbs * train.seq_len, tp, model.ffn_hidden)
+        total += (blocks - moe_blocks) * ((1 + again) * f + b)
+    if moe_blocks:
+        parts = moe_parts(model, accel, train, mbs, tp, ep, folded)
+        total += moe_blocks * (parts.total_s + again * parts.forward_s)
+    return total
+
+
+def step_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int, folded: bool,
+               calls: int, all_to_all_s: float) -> tuple[tuple[str, float], ...]:
+    """The plan's time split of a rank's MoE blocks per step: each part of :class:`MoeParts` times
+    ``calls`` (MoE blocks x micro-batches; forward + backward, recompute left out), and the dispatch
+    and combine all-to-alls' seconds (cost/experts.py). Nine arguments: moe_parts' and the two totals."""
+    parts = moe_parts(model, accel, train, mbs, tp, ep, folded)
+    out = tuple((name, calls * seconds) for name, seconds in parts.as_json().items())
+    return out + (("dispatch_combine_s", all_to_all_s),)

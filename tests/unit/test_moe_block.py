@@ -1,0 +1,146 @@
+"""A MoE block priced from its parts (cost/moe_block.py): each part against its hand-computed formula,
+the grouped GEMM against its published table, monotonic behaviour, dense models unchanged, the JSON split."""
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from meshwise.cost import kernels, moe_block
+from meshwise.cost.estimate import estimate
+from meshwise.cost.memory import rank_shapes
+from meshwise.layout import parse
+from meshwise.spec import TrainSpec, load_cluster, load_model
+
+H100 = load_cluster("h100", 8).accelerator
+HBM = 3.35e12 * 0.866  # H100 SXM HBM3 at its hbm_efficiency (components_links.csv)
+FLOOR = 4.94e-6  # kernel_floor_s (benchmarks/fit_components.py)
+
+
+@pytest.fixture(scope="module")
+def v3():
+    return load_model("deepseek-v3")
+
+
+def test_rows_per_expert_are_t_k_ep_over_e_with_the_busiest_rank_capacity(v3):
+    assert (v3.experts, v3.experts_per_token) == (256, 8)
+    assert moe_block.rows_per_expert(v3, 4096, 1) == 4096 * 8 / 256 == 128  # balanced, no EP
+    assert moe_block.rows_per_expert(v3, 4096, 32) == 1.25 * 4096 * 8 * 32 / 256 == 5120
+    assert moe_block.routed_tokens(4096, 4, True) == 1024 and moe_block.routed_tokens(4096, 4, False) == 4096
+
+
+def test_permute_and_router_bytes_by_hand(v3):
+    """Megatron, bf16, 4096 tokens, ep 8: permute forward = (3 + 4 regroup) passes over T k h copies plus
+    one token written per k, at HBM, plus 4 + 2 kernel floors; backward twice. Router: the gate GEMM,
+    then (2 + 8) bytes per score over T x E scores and 5 kernels, backward twice."""
+    train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    parts = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
+    t, k, h = 4096, 8, 7168
+    forward = ((3 + 4) * t * k * h + t * h) * 2 / HBM + 6 * FLOOR
+    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    gemm_f, gemm_b = kernels.linear_seconds(t, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
+    scores = t * 256 * (2 + 8) / HBM + 5 * FLOOR
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+    assert parts.loop_s == 0.0  # grouped GEMMs: no per-expert loop
+
+
+def test_meshwise_loop_pays_per_expert_kernels(v3):
+    """meshwise's runtime loops over its E/ep experts: 6 elementwise kernels each, and dense GEMMs
+    per expert (each with its floor), so at few rows per expert it is slower than a grouped GEMM."""
+    mesh = moe_block.moe_parts(v3, H100, TrainSpec(512, 4096, "bf16-mixed"), 1, 1, 1, False)
+    mega = moe_block.moe_parts(v3, H100, TrainSpec(512, 4096, "bf16-mixed", runtime="megatron"), 1, 1, 1, False)
+    assert mesh.loop_s == pytest.approx(256 * 6 * FLOOR)
+    assert mesh.experts_s > mega.experts_s
+
+
+def test_grouped_gemm_within_its_published_table():
+    """The tile/wave GEMM over rows / (rows + GROUPED_ROWS_HALF) against each row of DeepGEMM's grouped
+    table (H800 FP8): within 17% of each time, nearer on average than the GEMM model alone."""
+    accel = replace(H100, sustained_clock=1.0)
+    path = Path(moe_block.__file__).parents[1] / "catalog/components_grouped_gemm.csv"
+    with open(path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    with_factor, without = [], []
+    for r in rows:
+        g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
+        published = 2 * g * m * n * k / (float(r["tflops"]) * 1e12)
+        model = kernels.gemm_seconds(m, n, k, accel, 2 * accel.peak_bf16_flops_per_s, 1, g, "fp8")
+        with_factor.append(abs(model / moe_block.grouped_factor(m) / published - 1))
+        without.append(abs(model / published - 1))
+    assert len(rows) == 10 and max(with_factor) < 0.17
+    assert sum(with_factor) < sum(without)
+
+
+def test_fewer_rows_per_expert_lower_efficiency():
+    assert moe_block.grouped_factor(32) < moe_block.grouped_factor(128) < moe_block.grouped_factor(4096) < 1
+
+
+@pytest.mark.parametrize("runtime", ["meshwise", "megatron"])
+def test_more_experts_at_fixed_active_params_are_slower(v3, runtime):
+    """Fine-grained experts (E and k doubled, each half as wide: the same active parameters) take
+    longer: fewer rows per expert, twice the token copies to permute."""
+    fine = replace(v3, experts=512, experts_per_token=16, expert_ffn_hidden=1024)
+    assert fine.active_params - v3.active_params == v3.moe_layers * 256 * 7168  # the larger router only
+    train = TrainSpec(512, 4096, "bf16-mixed", runtime=runtime)
+    coarse_s = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
+    fine_s = moe_block.moe_parts(fine, H100, train, 1, 1, 8, False)
+    assert fine_s.experts_s > coarse_s.experts_s and fine_s.permute_s > coarse_s.permute_s
+    assert fine_s.total_s > coarse_s.total_s
+
+
+def test_imbalance_and_ep_move_the_experts(v3, monkeypatch):
+    """ep > 1 puts the busiest rank at 1.25x the mean load (dropped, the experts get faster); ep = 1 holds
+    every expert's weights and reads them all (weight-bound at T k / E = 128 rows each)."""
+    train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    one, eight = (moe_block.moe_parts(v3, H100, train, 1, 1, ep, False) for ep in (1, 8))
+    weights_s = 256 * 3 * 7168 * 2048 * 2 / HBM  # every expert's three matrices, read once
+    assert one.experts_s > 3 * weights_s and eight.experts_s < one.experts_s
+    moe_block.moe_parts.cache_clear()
+    monkeypatch.setattr(moe_block, "CAPACITY_FACTOR", 1.0)
+    balanced = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
+    moe_block.moe_parts.cache_clear()
+    assert 1.15 < eight.experts_s / balanced.experts_s <= 1.25
+
+
+# step seconds of dense layouts at b46bb6e, before this module: a dense model never reads it
+DENSE = [("llama3-70b", "h100", 64, "dp=8,zero=1,tp=8", "bf16-mixed", "meshwise", 39.65074085342961),
+         ("llama3-8b", "h100", 8, "dp=8,zero=3,mbs=2", "fp8-rowwise", "meshwise", 21.337422598866436),
+         ("llama3-70b", "h100", 64, "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=selective", "bf16-mixed", "megatron",
+          41.93137082782891),
+         ("mistral-7b", "a100-80gb", 16, "dp=16,zero=2,ac=full", "bf16-mixed", "meshwise", 44.1740101162865)]
+
+
+@pytest.mark.parametrize("name, gpu, gpus, layout, precision, runtime, step_s", DENSE)
+def test_dense_predictions_unchanged(name, gpu, gpus, layout, precision, runtime, step_s):
+    e = estimate(load_model(name), load_cluster(gpu, gpus), TrainSpec(512, 4096, precision, runtime=runtime),
+                 parse(layout, gpus))
+    assert e.time.step_s == step_s and "moe_block_s" not in e.time.as_json()
+
+
+def test_json_carries_the_moe_split(v3):
+    """The plan's time split holds each part per step on the slowest rank, with the all-to-alls."""
+    cluster, lay = load_cluster("h100", 1024), parse("dp=64,ep=64,pp=16,mbs=1,schedule=gpipe", 1024)
+    train = TrainSpec(512, 4096, "bf16-mixed")
+    e = estimate(v3, cluster, train, lay)
+    split = e.time.as_json()["moe_block_s"]
+    assert set(split) == {"router_s", "permute_s", "experts_s", "shared_s", "loop_s", "dispatch_combine_s"}
+    a2a = sum(c.seconds_per_step for c in e.comm if c.kind == "all_to_all" and c.dim == "ep")
+    assert split["dispatch_combine_s"] == a2a > 0
+    per_call = moe_block.moe_parts(v3, cluster.accelerator, train, 1, 1, 64, False).experts_s
+    calls = {moe_block.moe_blocks_of(v3, s.expert_params) * lay.accum(512) for s in rank_shapes(v3, lay)}
+    assert any(split["experts_s"] == pytest.approx(per_call * c) for c in calls if c)
+    assert sum(v for k, v in split.items() if k != "dispatch_combine_s") < e.time.compute_s
+
+
+
+def test_tp_splits_the_experts_only_where_the_runtime_does(v3):
+    """meshwise runs a MoE block whole on every TP rank; Megatron-Core splits the experts' width over TP
+    (expert TP = TP by default) unless EP is folded over TP, where each rank routes T / tp tokens."""
+    mesh, mega = TrainSpec(512, 4096, "bf16-mixed"), TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    assert moe_block.moe_parts(v3, H100, mesh, 1, 4, 8, False) == moe_block.moe_parts(v3, H100, mesh, 1, 1, 8, False)
+    whole, split = (moe_block.moe_parts(v3, H100, mega, 1, tp, 8, False) for tp in (1, 4))
+    assert whole.experts_s / 4 < split.experts_s < whole.experts_s / 2  # a quarter of the work, smaller GEMMs
+    assert split.router_s == whole.router_s and split.permute_s == whole.permute_s  # every TP rank routes all T
+    folded = moe_block.moe_parts(v3, H100, mega, 1, 4, 32, True)
+    assert folded.permute_s < whole.permute_s / 3  # T / 4 tokens routed
