@@ -31,10 +31,17 @@ def block_forward_flops_per_token(model: ModelSpec, seq: int) -> float:
     return 2.0 * matmul_params + attention_core_flops_per_token(model, seq)
 
 
+def tp_divides_moe(ep_folds_tp: bool, runtime: str) -> bool:
+    """Whether TP divides a MoE block's expert work: expert parallelism folded over the TP ranks (each
+    routes its 1/tp of the tokens), or Megatron-Core, whose expert TP defaults to the TP size (each TP
+    rank holds 1/tp of every expert's width). meshwise's runtime otherwise runs the block whole on
+    every TP rank (runtime/moe.py)."""
+    return ep_folds_tp or runtime == "megatron"
+
+
 def tp_rank_flops_per_token(model: ModelSpec, seq: int, tp: int, moe_split: bool = False) -> float:
     """A block's forward FLOPs on one TP rank: TP divides all of them except a MoE block's MLP,
-    which every TP rank runs whole (runtime/moe.py), unless expert parallelism is folded over the
-    TP ranks (``moe_split``: each routes its 1/tp of the tokens)."""
+    which every TP rank runs whole unless ``moe_split`` (``tp_divides_moe``)."""
     moe = 0.0 if moe_split else 2.0 * (model.active_mlp_params - model.dense_mlp_params)
     return (block_forward_flops_per_token(model, seq) - moe) / tp + moe
 

@@ -513,7 +513,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     if model.states_only:
         flops = 6.0 * shape.params * tokens_mb * m
     else:
-        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(model, train.seq_len, layout.tp, layout.ep_folds_tp)
+        blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(
+            model, train.seq_len, layout.tp, compute.tp_divides_moe(layout.ep_folds_tp, train.runtime))
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     # the attention kernels timed on their own (cost/context_parallel.py, cost/host.py) hold the attention core

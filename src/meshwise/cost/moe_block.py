@@ -45,6 +45,7 @@ from functools import lru_cache
 
 from meshwise.cost import fp8
 from meshwise.cost.activations import CAPACITY_FACTOR
+from meshwise.cost.compute import tp_divides_moe
 from meshwise.cost.kernels import gemm_seconds, hbm_bytes_per_s, linear_seconds, mlp_seconds
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
@@ -153,7 +154,7 @@ def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: i
     permute = (permute_f, 2 * permute_f)
     local = experts // ep
     rows = rows_per_expert(model, routed, ep)
-    split = tp if runtime == "megatron" and not folded else 1  # Megatron-Core's expert TP defaults to TP
+    split = tp if tp_divides_moe(folded, runtime) and not folded else 1  # unfolded: the experts' width split
     experts_f, experts_b = _experts_s(model, accel, train, rows, local, split)
     loop_s = local * LOOP_KERNELS * floor if runtime == "meshwise" else 0.0
     shared = (0.0, 0.0)
