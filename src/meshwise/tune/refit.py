@@ -1,0 +1,211 @@
+"""Refit a profile's cluster factors to the measured parts of a tune's trials.
+
+Three fits, each the one owner of the profile keys it changes, each on the parts of the step that
+measure/timing.py times and cost/estimate.py predicts:
+
+- **compute** (sustained compute): measured ``compute_s`` against predicted ``compute_s``; one
+  factor ``k`` multiplies every per-operator host time and divides every arithmetic and memory
+  rate, which multiplies the predicted compute by ``k``;
+- **link** (bandwidth and latency): measured ``comm_s`` against predicted ``comm_exposed_s``, split
+  into its latency part ``L`` (the prediction with the latencies doubled, less the prediction) and
+  its bandwidth part ``W = comm - L``; ``comm = a L + b W``: latencies times ``a``, bandwidths over
+  ``b``; one factor for both (``a = b``) where the two cannot be told apart (one trial, or a
+  singular or negative fit);
+- **fixed** (fixed per-step costs): measured ``optimizer_s + fixed_s`` against the predicted sum;
+  one factor over the optimizer's and FSDP's host times and the DRAM rate.
+
+A fit's keys set a share of each part, ``owned`` (the part is linear in them: scaling them by
+``PROBE`` adds ``PROBE - 1`` times the share); the factor solves ``measured = other + k owned`` by least squares on the relative
+error of ``measured - other`` over the trials (measure/calibrate.py's ``_relative_least_squares``),
+within ``1 / MAX_FACTOR .. MAX_FACTOR``. The parts share a
+few costs, so the fits run in turn until no factor moves by more than ``CONVERGED`` (at most
+``PASSES`` rounds).
+
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from meshwise.cost.estimate import StepTime, estimate
+from meshwise.layout import Layout
+from meshwise.measure.calibrate import PROFILE_KEYS, _relative_least_squares, format_toml
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
+from meshwise.train.layout_choice import with_threads
+
+PASSES = 6
+CONVERGED = 0.005
+PROBE = 1.01  # a fit's share of a part: the part with the fit's keys times PROBE, less the part, over PROBE - 1
+TABLE_MAX_S = 0.999  # a profile table's seconds stay below 1 s (spec/cluster.py refuses more)
+MAX_FACTOR = 100.0  # a fit moves its keys at most this many times either way (a part it barely sets)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fit's profile keys: times multiplied by its factor, rates divided, tables' last column multiplied."""
+
+    name: str
+    times: tuple[str, ...] = ()
+    rates: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+
+
+COMPUTE = Fit("compute",
+              times=("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s",
+                     "zb_split_block_s", "pp_call_s", "cpu_gemm_call_s", "sdpa_call_s", "sdpa_score_s",
+                     "sdpa_score_dim_s", "cp_step_s", "cp_score_s", "cp_score_dim_s"),
+              rates=("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s",
+                     "hbm_bytes_per_s"),
+              tables=("cp_ring_table", "sdpa_head_table"))
+LATENCY = Fit("latency", times=("intra_latency_s", "inter_latency_s"))
+BANDWIDTH = Fit("bandwidth", rates=("intra_bytes_per_s", "inter_bytes_per_s"))
+FIXED = Fit("fixed", times=("optimizer_dtensor_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s"),
+            rates=("dram_bytes_per_s",))
+
+
+def scaled(table: dict[str, Any], fit: Fit, factor: float) -> dict[str, Any]:
+    """``table`` with ``fit``'s keys scaled by ``factor`` (keys the profile lacks stay absent)."""
+    out = dict(table)
+    for key in fit.times:
+        if key in out:
+            out[key] = out[key] * factor
+    for key in fit.rates:
+        if key in out:
+            out[key] = out[key] / factor
+    for key in fit.tables:
+        if key in out:
+            out[key] = [[*row[:-1], min(TABLE_MAX_S, row[-1] * factor)] for row in out[key]]
+    return out
+
+
+def profile_text(table: dict[str, Any]) -> str:
+    """The profile as TOML: ``meshwise calibrate``'s keys in its order, then any other key the base
+    profile held (a catalog entry's), so that ``plan --gpu FILE`` reads the same accelerator."""
+    lines = [format_toml(table).rstrip("\n")]
+    for key in sorted(k for k in table if k not in PROFILE_KEYS and k != "aliases"):
+        value = table[key]
+        if isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=64)
+def _cluster_of_text(text: str, world: int, local_world: int) -> ClusterSpec:
+    with tempfile.TemporaryDirectory(prefix="meshwise-tune-") as folder:
+        path = Path(folder) / "profile.toml"
+        path.write_text(text)
+        return load_cluster(str(path), world, local_world)
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """The cost model's step for a layout of ``model`` under a profile table, on ``world`` ranks of
+    ``local_world`` per node, each with ``threads`` threads (CPU; 1 on GPU)."""
+
+    model: ModelSpec
+    train: TrainSpec
+    world: int
+    local_world: int
+    threads: int = 1
+
+    def cluster(self, table: dict[str, Any]) -> ClusterSpec:
+        return with_threads(_cluster_of_text(profile_text(table), self.world, self.local_world), self.threads)
+
+    def step(self, table: dict[str, Any], layout: Layout) -> StepTime:
+        return estimate(self.model, self.cluster(table), self.train, layout).time
+
+
+def predicted_parts(t: StepTime) -> dict[str, float]:
+    return {"compute": t.compute_s, "link": t.comm_exposed_s, "fixed": t.optimizer_s + t.fixed_s}
+
+
+def measured_parts(parts: dict[str, float]) -> dict[str, float]:
+    """The fitted parts of a measured step split (measure/timing.py's names)."""
+    return {"compute": parts["compute_s"], "link": parts["comm_s"], "fixed": parts["optimizer_s"] + parts["fixed_s"]}
+
+
+def _solve(samples: list[tuple[list[float], float, float]], count: int) -> list[float] | None:
+    rows = [[o / (m - other) for o in owned] for owned, other, m in samples if m - other > 0 and sum(owned) > 0]
+    found = _relative_least_squares(rows) if len(rows) >= count else None
+    return found if found and all(map(math.isfinite, found)) else None
+
+
+def _factors(samples: list[tuple[list[float], float, float]], count: int,
+             so_far: list[float] | None = None) -> list[float] | None:
+    """Factors ``c`` of ``measured = other + sum(c_j owned_j)`` over (owned parts, other, measured)
+    samples: least squares on the relative error of the fitted share, ``measured - other``
+    (calibrate's ``_relative_least_squares``), each (times ``so_far``, what earlier passes applied)
+    within ``1 / MAX_FACTOR .. MAX_FACTOR``: a factor the free fit puts below the bound is held there
+    and the others refitted. None where too few samples hold a share."""
+    before = so_far or [1.0] * count
+    lows, highs = [1 / MAX_FACTOR / b for b in before], [MAX_FACTOR / b for b in before]
+    fixed: dict[int, float] = {}
+    while len(fixed) < count:
+        free = [j for j in range(count) if j not in fixed]
+        held = [([owned[j] for j in free], other + sum(owned[j] * k for j, k in fixed.items()), m)
+                for owned, other, m in samples]
+        found = _solve(held, len(free))
+        if found is None:
+            return None
+        low = min(range(len(free)), key=lambda i: found[i] / lows[free[i]])
+        if found[low] >= lows[free[low]]:
+            out = dict(fixed) | dict(zip(free, found))
+            return [min(highs[j], out[j]) for j in range(count)]
+        fixed[free[low]] = lows[free[low]]
+    return [fixed[j] for j in range(count)]
+
+
+Measured = tuple[Layout, dict[str, float]]  # a trial's layout and its measured parts (measure/timing.py names)
+
+
+FITS = (COMPUTE, LATENCY, BANDWIDTH, FIXED)
+
+
+def refit(table: dict[str, Any], measured: list[Measured], predictor: Predictor) -> tuple[dict[str, Any], dict[str, float]]:
+    """(the refitted table, each fit's overall factor) from the trials' measured parts."""
+    factors = {f.name: 1.0 for f in FITS}
+    for _ in range(PASSES):
+        found = _joint_factors(table, measured, predictor, factors)
+        if not found:
+            break
+        for fit, k in found.items():
+            table = scaled(table, fit, k)
+            factors[fit.name] *= k
+        if max(abs(k - 1) for k in found.values()) <= CONVERGED:
+            break
+    return table, factors
+
+
+def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: Predictor,
+                   so_far: dict[str, float]) -> dict[Fit, float]:
+    """One factor per fit whose keys set some part of some trial, fitted over every (trial, part)."""
+    samples: list[tuple[dict[Fit, float], float, float]] = []
+    for lay, parts in measured:
+        now = predicted_parts(predictor.step(table, lay))
+        probed = {f: predicted_parts(predictor.step(scaled(table, f, PROBE), lay)) for f in FITS}
+        for part, m in measured_parts(parts).items():
+            owned = {f: max(0.0, (probed[f][part] - now[part]) / (PROBE - 1)) for f in FITS}
+            samples.append((owned, now[part] - sum(owned.values()), m))
+    active = [f for f in FITS if any(owned[f] > 0 for owned, _, _ in samples)]
+    found = _factors([([owned[f] for f in active], other, m) for owned, other, m in samples], len(active),
+                     [so_far[f.name] for f in active])
+    return dict(zip(active, found)) if found else {}
+
+
+def step_errors(table: dict[str, Any], measured_steps: list[tuple[Layout, float]],
+                predictor: Predictor) -> list[float]:
+    """(predicted - measured) / measured of each trial's step under ``table``."""
+    return [(predictor.step(table, lay).step_s - m) / m for lay, m in measured_steps if m > 0]
+
+
