@@ -9,8 +9,8 @@ measure/timing.py times and cost/estimate.py predicts:
 - **link** (bandwidth and latency): measured ``comm_s`` against predicted ``comm_exposed_s``, split
   into its latency part ``L`` (the prediction with the latencies doubled, less the prediction) and
   its bandwidth part ``W = comm - L``; ``comm = a L + b W``: latencies times ``a``, bandwidths over
-  ``b``; one factor for both (``a = b``) where the two cannot be told apart (one trial, or a
-  singular or negative fit);
+  ``b``; one factor for both (``a = b``) until ``LINK_APART`` trials hold a link share (fewer
+  cannot tell the two apart);
 - **fixed** (fixed per-step costs): measured ``optimizer_s + fixed_s`` against the predicted sum;
   one factor over the optimizer's and FSDP's host times and the DRAM rate.
 
@@ -187,9 +187,13 @@ def refit(table: dict[str, Any], measured: list[Measured], predictor: Predictor)
     return table, factors
 
 
+LINK_APART = 3  # trials with a link share needed before latency and bandwidth are fitted apart
+
+
 def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: Predictor,
                    so_far: dict[str, float]) -> dict[Fit, float]:
-    """One factor per fit whose keys set some part of some trial, fitted over every (trial, part)."""
+    """One factor per fit whose keys set some part of some trial, fitted over every (trial, part);
+    latency and bandwidth share one factor until ``LINK_APART`` trials hold a link share."""
     samples: list[tuple[dict[Fit, float], float, float]] = []
     for lay, parts in measured:
         now = predicted_parts(predictor.step(table, lay))
@@ -197,10 +201,26 @@ def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: P
         for part, m in measured_parts(parts).items():
             owned = {f: max(0.0, (probed[f][part] - now[part]) / (PROBE - 1)) for f in FITS}
             samples.append((owned, now[part] - sum(owned.values()), m))
-    active = [f for f in FITS if any(owned[f] > 0 for owned, _, _ in samples)]
-    found = _factors([([owned[f] for f in active], other, m) for owned, other, m in samples], len(active),
-                     [so_far[f.name] for f in active])
-    return dict(zip(active, found)) if found else {}
+    linked = sum(1 for owned, _, _ in samples if owned[LATENCY] + owned[BANDWIDTH] > 0)
+    columns: list[tuple[Fit, ...]] = [(f,) for f in FITS if f not in (LATENCY, BANDWIDTH)]
+    columns += [(LATENCY,), (BANDWIDTH,)] if linked >= LINK_APART else [(LATENCY, BANDWIDTH)]
+    active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _ in samples)]
+    found = _factors([([sum(owned[f] for f in c) for c in active], other, m) for owned, other, m in samples],
+                     len(active), [so_far[c[0].name] for c in active])
+    return {f: k for c, k in zip(active, found) for f in c} if found else {}
+
+
+def held_out_errors(table: dict[str, Any], measured: list[Measured], steps_s: list[float],
+                    predictor: Predictor) -> list[float]:
+    """Each trial's relative step error under the profile refitted to the other trials (leave one
+    out): how far the refitted model is off on a layout it was not fitted to; [] below two trials."""
+    if len(measured) < 2:
+        return []
+    out = []
+    for i, (lay, _) in enumerate(measured):
+        fitted, _ = refit(table, measured[:i] + measured[i + 1:], predictor)
+        out.append((predictor.step(fitted, lay).step_s - steps_s[i]) / steps_s[i])
+    return out
 
 
 def step_errors(table: dict[str, Any], measured_steps: list[tuple[Layout, float]],

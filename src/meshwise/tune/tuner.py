@@ -2,9 +2,9 @@
 
 1. The field (tune/field.py) is tried fastest predicted first.
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
-   untried candidate of the planned pool is predicted again. The band is then the refitted
-   profile's mean absolute step error over the measured trials (at least the noise floor), never
-   wider than the placeholder band.
+   untried candidate of the planned pool is predicted again. From two measured trials on, the band
+   is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
+   refit.held_out_errors; at least the noise floor); before that, the placeholder band.
 3. An untried field member now predicted slower than the measured best beyond the band is
    dropped: the refitted model says it cannot win.
 4. With the field done, an untried pool candidate now predicted faster than the measured best
@@ -21,7 +21,7 @@ from typing import Any
 
 from meshwise.layout import parse
 from meshwise.tune.field import Candidate, field_of
-from meshwise.tune.refit import Predictor, refit, step_errors
+from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
 from meshwise.tune.trials import NOISE_FLOOR, Trial, best_trial
 
 
@@ -86,9 +86,11 @@ class Tune:
         if not measured:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
-        errors = self.errors(self.table)
+        done = [t for t in self.trials if t.status == "measured" and t.parts and t.measured_step_s]
+        errors = held_out_errors(self.base_table, [(parse(t.layout), t.parts) for t in done],
+                                 [t.measured_step_s or 0.0 for t in done], self.predictor)
         if errors:
-            self.band = min(self.placeholder_band, max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors)))
+            self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
         best = best_trial(self.trials)
         if best is None or best.measured_step_s is None:
             return
