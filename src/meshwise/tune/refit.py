@@ -1,25 +1,22 @@
 """Refit a profile's cluster factors to the measured parts of a tune's trials.
 
-Three fits, each the one owner of the profile keys it changes, each on the parts of the step that
-measure/timing.py times and cost/estimate.py predicts:
+Four factors, each the one owner of the profile keys it scales (:class:`Fit`):
 
-- **compute** (sustained compute): measured ``compute_s`` against predicted ``compute_s``; one
-  factor ``k`` multiplies every per-operator host time and divides every arithmetic and memory
-  rate, which multiplies the predicted compute by ``k``;
-- **link** (bandwidth and latency): measured ``comm_s`` against predicted ``comm_exposed_s``, split
-  into its latency part ``L`` (the prediction with the latencies doubled, less the prediction) and
-  its bandwidth part ``W = comm - L``; ``comm = a L + b W``: latencies times ``a``, bandwidths over
-  ``b``; one factor for both (``a = b``) until ``LINK_APART`` trials hold a link share (fewer
-  cannot tell the two apart);
-- **fixed** (fixed per-step costs): measured ``optimizer_s + fixed_s`` against the predicted sum;
-  one factor over the optimizer's and FSDP's host times and the DRAM rate.
+- **compute** (sustained compute): every per-operator host time times ``k``, every arithmetic
+  and memory rate over ``k``;
+- **latency** and **bandwidth** (the links): latencies times ``a``, bandwidths over ``b``; one
+  factor for both until ``LINK_APART`` trials hold a link share (fewer cannot tell them apart);
+- **fixed** (fixed per-step costs): the optimizer's and FSDP's host times and the DRAM rate.
 
-A fit's keys set a share of each part, ``owned`` (the part is linear in them: scaling them by
-``PROBE`` adds ``PROBE - 1`` times the share); the factor solves ``measured = other + k owned`` by least squares on the relative
-error of ``measured - other`` over the trials (measure/calibrate.py's ``_relative_least_squares``),
-within ``1 / MAX_FACTOR .. MAX_FACTOR``. The parts share a
-few costs, so the fits run in turn until no factor moves by more than ``CONVERGED`` (at most
-``PASSES`` rounds).
+The samples are the parts of each trial's step that measure/timing.py times and cost/estimate.py
+predicts: compute (``compute_s``), link (``comm_s`` / ``comm_exposed_s``), idle (``idle_s`` /
+``bubble_s``) and fixed (``optimizer_s + fixed_s``). A part is linear in each fit's keys, so a
+fit's share of it, ``owned``, is read by scaling the keys by ``PROBE`` (the part grows by
+``PROBE - 1`` times the share). The factors solve ``measured = other + sum(k owned)`` over every
+(trial, part) at once by least squares, each residual over the trial's measured step (a part
+weighs what it weighs in the step; the normal equations solved as measure/calibrate.py's
+``_relative_least_squares`` solves them), each overall factor within ``1 / MAX_FACTOR ..
+MAX_FACTOR``. Rounds repeat (at most ``PASSES``) until no factor moves by more than ``CONVERGED``.
 
 Pure Python: no torch.
 """
@@ -36,7 +33,7 @@ from typing import Any
 
 from meshwise.cost.estimate import StepTime, estimate
 from meshwise.layout import Layout
-from meshwise.measure.calibrate import PROFILE_KEYS, _relative_least_squares, format_toml
+from meshwise.measure.calibrate import PROFILE_KEYS, format_toml
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
 from meshwise.train.layout_choice import with_threads
 
@@ -127,25 +124,41 @@ class Predictor:
 
 
 def predicted_parts(t: StepTime) -> dict[str, float]:
-    return {"compute": t.compute_s, "link": t.comm_exposed_s, "fixed": t.optimizer_s + t.fixed_s}
+    return {"compute": t.compute_s, "link": t.comm_exposed_s, "idle": t.bubble_s, "fixed": t.optimizer_s + t.fixed_s}
 
 
 def measured_parts(parts: dict[str, float]) -> dict[str, float]:
     """The fitted parts of a measured step split (measure/timing.py's names)."""
-    return {"compute": parts["compute_s"], "link": parts["comm_s"], "fixed": parts["optimizer_s"] + parts["fixed_s"]}
+    return {"compute": parts["compute_s"], "link": parts["comm_s"], "idle": parts.get("idle_s", 0.0),
+            "fixed": parts["optimizer_s"] + parts["fixed_s"]}
 
 
-def _solve(samples: list[tuple[list[float], float, float]], count: int) -> list[float] | None:
-    rows = [[o / (m - other) for o in owned] for owned, other, m in samples if m - other > 0 and sum(owned) > 0]
-    found = _relative_least_squares(rows) if len(rows) >= count else None
-    return found if found and all(map(math.isfinite, found)) else None
+def _solve(samples: list[tuple[list[float], float, float, float]], count: int) -> list[float] | None:
+    """Least squares of ``sum(c_j owned_j) = measured - other`` over the samples, each residual over
+    its trial's measured step (so a part weighs what it weighs in the step); None when singular."""
+    rows = [([o / step for o in owned], (m - other) / step) for owned, other, m, step in samples
+            if sum(owned) > 0 and step > 0]
+    if len(rows) < count:
+        return None
+    a = [[sum(r[i] * r[j] for r, _ in rows) for j in range(count)] + [sum(r[i] * y for r, y in rows)]
+         for i in range(count)]
+    for i in range(count):  # Gauss-Jordan on the normal equations, as calibrate's _relative_least_squares
+        pivot = max(range(i, count), key=lambda j: abs(a[j][i]))
+        a[i], a[pivot] = a[pivot], a[i]
+        if abs(a[i][i]) < 1e-18:
+            return None
+        a[i] = [x / a[i][i] for x in a[i]]
+        for j in range(count):
+            if j != i:
+                a[j] = [x - a[j][i] * y for x, y in zip(a[j], a[i])]
+    found = [a[i][count] for i in range(count)]
+    return found if all(map(math.isfinite, found)) else None
 
 
-def _factors(samples: list[tuple[list[float], float, float]], count: int,
+def _factors(samples: list[tuple[list[float], float, float, float]], count: int,
              so_far: list[float] | None = None) -> list[float] | None:
-    """Factors ``c`` of ``measured = other + sum(c_j owned_j)`` over (owned parts, other, measured)
-    samples: least squares on the relative error of the fitted share, ``measured - other``
-    (calibrate's ``_relative_least_squares``), each (times ``so_far``, what earlier passes applied)
+    """Factors ``c`` of ``measured = other + sum(c_j owned_j)`` over (owned parts, other, measured,
+    the trial's step) samples (:func:`_solve`), each (times ``so_far``, what earlier passes applied)
     within ``1 / MAX_FACTOR .. MAX_FACTOR``: a factor the free fit puts below the bound is held there
     and the others refitted. None where too few samples hold a share."""
     before = so_far or [1.0] * count
@@ -153,8 +166,8 @@ def _factors(samples: list[tuple[list[float], float, float]], count: int,
     fixed: dict[int, float] = {}
     while len(fixed) < count:
         free = [j for j in range(count) if j not in fixed]
-        held = [([owned[j] for j in free], other + sum(owned[j] * k for j, k in fixed.items()), m)
-                for owned, other, m in samples]
+        held = [([owned[j] for j in free], other + sum(owned[j] * k for j, k in fixed.items()), m, step)
+                for owned, other, m, step in samples]
         found = _solve(held, len(free))
         if found is None:
             return None
@@ -194,19 +207,21 @@ def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: P
                    so_far: dict[str, float]) -> dict[Fit, float]:
     """One factor per fit whose keys set some part of some trial, fitted over every (trial, part);
     latency and bandwidth share one factor until ``LINK_APART`` trials hold a link share."""
-    samples: list[tuple[dict[Fit, float], float, float]] = []
+    samples: list[tuple[dict[Fit, float], float, float, float]] = []
     for lay, parts in measured:
         now = predicted_parts(predictor.step(table, lay))
         probed = {f: predicted_parts(predictor.step(scaled(table, f, PROBE), lay)) for f in FITS}
-        for part, m in measured_parts(parts).items():
+        split = measured_parts(parts)
+        step_s = sum(split.values())
+        for part, m in split.items():
             owned = {f: max(0.0, (probed[f][part] - now[part]) / (PROBE - 1)) for f in FITS}
-            samples.append((owned, now[part] - sum(owned.values()), m))
-    linked = sum(1 for owned, _, _ in samples if owned[LATENCY] + owned[BANDWIDTH] > 0)
+            samples.append((owned, now[part] - sum(owned.values()), m, step_s))
+    linked = sum(1 for lay, _ in measured if predictor.step(table, lay).comm_exposed_s > 0)
     columns: list[tuple[Fit, ...]] = [(f,) for f in FITS if f not in (LATENCY, BANDWIDTH)]
     columns += [(LATENCY,), (BANDWIDTH,)] if linked >= LINK_APART else [(LATENCY, BANDWIDTH)]
-    active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _ in samples)]
-    found = _factors([([sum(owned[f] for f in c) for c in active], other, m) for owned, other, m in samples],
-                     len(active), [so_far[c[0].name] for c in active])
+    active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _, _ in samples)]
+    found = _factors([([sum(owned[f] for f in c) for c in active], other, m, step)
+                      for owned, other, m, step in samples], len(active), [so_far[c[0].name] for c in active])
     return {f: k for c, k in zip(active, found) for f in c} if found else {}
 
 
