@@ -69,8 +69,9 @@ def resolve(argv: list[str]) -> tuple[dict[str, Any], config_mod.TrainConfig]:
     return opts, cfg
 
 
-def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig) -> None:
-    """The tune's own inputs, refused in one line before anything starts."""
+def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool = True) -> None:
+    """The tune's own inputs, refused in one line before anything starts; ``results``: also the
+    results file in --out (where this process writes it: the launcher, or rank 0 under torchrun)."""
     from meshwise.files import check_output_dir
     from meshwise.plan.budget import check_budget
     from meshwise.plan.emit import FRAMEWORKS
@@ -92,10 +93,10 @@ def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig) -> None:
     check_budget(opts.get("tokens"), opts.get("price_per_gpu_hour"))
     out = opts.get("out", "runs/tune")
     check_output_dir("--out", out)
-    results = os.path.join(out, RESULTS)
-    if opts.get("resume") and not os.path.isfile(results):
-        raise MeshwiseError(f"--resume: {results} does not exist (no tune to resume in --out {out})")
-    if not opts.get("resume") and os.path.exists(results):
+    path = os.path.join(out, RESULTS)
+    if results and opts.get("resume") and not os.path.isfile(path):
+        raise MeshwiseError(f"--resume: {path} does not exist (no tune to resume in --out {out})")
+    if results and not opts.get("resume") and os.path.exists(path):
         raise MeshwiseError(f"--out: {out} holds a tune's results; --resume continues it, or give another --out")
 
 
@@ -105,9 +106,16 @@ def tune_main(argv: list[str]) -> int:
     if opts.get("print_config"):
         print(config_mod.to_toml(cfg), end="")
         return 0
-    if launch.in_torchrun():
+    if launch.in_torchrun():  # a worker: of meshwise's launcher (inputs checked there), or of torchrun
         from meshwise.runtime.mesh import exit_worker
 
+        if os.environ.get(launch.LAUNCHER_ENV) != "1":
+            try:
+                check_tune(opts, cfg, results=os.environ.get("RANK", "0") == "0")
+            except MeshwiseError as e:
+                from meshwise.train.command import _stop
+
+                exit_worker(_stop(2, str(e)))
         exit_worker(_worker(cfg, opts, timeout_s, watch_parent=True))
     check_tune(opts, cfg)
     nproc = opts.get("nproc_per_node")
