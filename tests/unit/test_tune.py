@@ -216,3 +216,10 @@ def test_trial_that_does_not_fit_never_ends_the_tune():
     assert trials[0].layout == first and not trials[0].fits and len(trials) >= 2 and trials[1].fits
     assert trials[0].peak_bytes == 2000 and trials[0].binds == "memory"
     assert best_trial(trials).layout != first
+
+
+def test_exhaustive_tries_the_first_n_and_nothing_else():
+    _, _, predictor, pool = _setup()
+    tune = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, exhaustive=8)
+    trials = _run(tune, lambda t: _measure(predictor, _truth(), t, wobble=0.3))
+    assert [t.layout for t in trials] == [c.text for c in pool[:8]] and not tune.dropped

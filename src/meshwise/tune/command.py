@@ -42,6 +42,7 @@ def build_tune_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=float, help="training tokens: days and GPU-hours from the measured step")
     g.add_argument("--price-per-gpu-hour", type=float, help="with --tokens: the cost")
     g.add_argument("--json", action="store_true", help="print the trials and the pick as one JSON object")
+    g.add_argument("--exhaustive", type=int, help=argparse.SUPPRESS)  # benchmarks: the first N of the pool, all
     return p
 
 
@@ -80,7 +81,7 @@ def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool 
     if cfg.layout.choice != "auto":
         raise MeshwiseError(f"--layout: {cfg.layout.choice!r}: tune chooses the layout; leave it auto "
                             "(meshwise train runs a given one)")
-    for name in ("trials", "trial_warmup", "trial_steps"):
+    for name in ("trials", "trial_warmup", "trial_steps", "exhaustive"):
         value = opts.get(name)
         if value is not None and value < 1:
             raise MeshwiseError(f"--{name.replace('_', '-')}: {value} must be at least 1")

@@ -17,7 +17,7 @@ from meshwise.files import read_toml, write_atomically
 from meshwise.spec import TrainSpec
 from meshwise.train import config as config_mod
 from meshwise.train.layout_choice import _GPU_NAMES, threads_per_rank
-from meshwise.tune.field import plan_pool, relative_band
+from meshwise.tune.field import plan_pool_and_pick, relative_band
 from meshwise.tune.refit import Predictor, profile_text
 from meshwise.tune.trials import Trial, best_trial, noise_of, read_results, write_results
 from meshwise.tune.tuner import Tune
@@ -61,13 +61,14 @@ class Driver:
         threads = threads_per_rank(local_world) if device_type != "cuda" else 1
         predictor = Predictor(model, train, world, local_world, threads)
         cluster = predictor.cluster(table)
-        pool = plan_pool(model, cluster, train, cfg.data.seq_len)
+        pool, self.auto = plan_pool_and_pick(model, cluster, train, cfg.data.seq_len)
         self.inputs = {"model": cfg.model.name, "pretrained": cfg.model.pretrained, "global_batch": train.global_batch,
                        "seq_len": train.seq_len, "world": world, "local_world": local_world, "profile": self.source,
                        "precision": cfg.layout.precision}
         trials = read_results(self.out / RESULTS, self.inputs) if opts.get("resume") else []
         self.resumed = len(trials)
-        self.tune = Tune(pool, table, predictor, relative_band(cluster), opts.get("trials"), trials)
+        self.tune = Tune(pool, table, predictor, relative_band(cluster), opts.get("trials"), trials,
+                         exhaustive=opts.get("exhaustive") or 0)
         budget = opts.get("budget_minutes")
         self.deadline = time.monotonic() + budget * 60 if budget else None
 
@@ -78,7 +79,7 @@ class Driver:
         if found is None:
             return None
         candidate, rnd = found
-        best = best_trial(self.tune.trials)
+        best = None if self.tune.exhaustive else best_trial(self.tune.trials)  # exhaustive: no early stop
         return (candidate.layout, candidate.predicted_step_s, rnd,
                 best.measured_step_s if best else None, noise_of(best.steps_s) if best else 0.0)
 
@@ -98,7 +99,7 @@ class Driver:
             "base_profile": self.source, "factors": tune.factors, "band": tune.band,
             "error_before": tune.errors(tune.base_table), "error_after": tune.errors(tune.table),
             "refitted_step_s": {t.layout: tune.predicted(t.layout) for t in tune.trials},
-            "pick": best.layout if best else None, "config": None}
+            "pick": best.layout if best else None, "auto": self.auto, "config": None}
         if best is not None:
             cfg = replace(self.cfg, layout=replace(self.cfg.layout, choice=best.layout, profile=str(profile)))
             write_atomically(self.out / CONFIG, config_mod.to_toml(cfg))

@@ -51,6 +51,12 @@ def step_key(layout: Layout, moe: bool) -> tuple:
 
 def plan_pool(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, seq_len: int) -> list[Candidate]:
     """The ``POOL`` fastest fitting layouts this runtime runs, fastest first, one per :func:`step_key`."""
+    return plan_pool_and_pick(model, cluster, train, seq_len)[0]
+
+
+def plan_pool_and_pick(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
+                       seq_len: int) -> tuple[list[Candidate], str | None]:
+    """(:func:`plan_pool`, the layout ``--layout auto`` runs: the planner's first after its tie-breaks)."""
     result = planner.search(model, cluster, train, top=POOL, where=runs_here(model, seq_len))
     seen: set[tuple] = set()
     out = []
@@ -59,7 +65,7 @@ def plan_pool(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, seq_len:
         if key not in seen:
             seen.add(key)
             out.append(Candidate(e.layout, e.time.step_s))
-    return out
+    return out, (result.best[0].layout.format() if result.best else None)
 
 
 def field_of(pool: list[Candidate], band: float) -> list[Candidate]:

@@ -71,7 +71,8 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
         print("No layout of the field fit; a smaller model, batch or more memory (--memory-limit)")
     else:
         print(f"Pick: {best.layout} ({best.measured_step_s:.4g} s/step measured, "
-              f"{tokens_per_step / best.measured_step_s:,.0f} tokens/s)")
+              f"{tokens_per_step / best.measured_step_s:,.0f} tokens/s); the planner alone (--layout auto) "
+              f"runs {summary['auto']}")
         print(f"Train config: {summary['config']} (meshwise train --config {summary['config']})")
     if before is not None and after is not None:
         print(f"Profile: {summary['profile']} (mean |step error| over the measured trials: {before:.1%} with "

@@ -11,6 +11,9 @@
    beyond the band is tried (a new round), and 2-4 repeat until none is: model and measurement agree.
 5. ``max_trials`` and the clock's ``deadline_s`` end the tune early; a finished trial is never repeated.
 
+``exhaustive`` (benchmarks/tune_regret.py's ground truth) tries the pool's first N predicted, all
+of them, in that order, with no early stop, no drop and no re-ranking.
+
 Pure Python: the measuring is the caller's.
 """
 
@@ -38,10 +41,13 @@ class Tune:
     factors: dict[str, float] = field(default_factory=dict)
     base_table: dict[str, Any] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
+    exhaustive: int = 0  # benchmarks: try the first N of the pool, all of them, nothing else
 
     def __post_init__(self) -> None:
         self.base_table = dict(self.table)
         self.field = [c.text for c in field_of(self.pool, self.band)]
+        if self.exhaustive:
+            self.field = [c.text for c in sorted(self.pool, key=lambda c: c.predicted_step_s)[:self.exhaustive]]
         self.placeholder_band = self.band
         if any(t.fits for t in self.trials):
             self._learn()
@@ -65,9 +71,9 @@ class Tune:
         best_s = best.measured_step_s if best else None
         field_left = [t for t in self.field if t not in self.tried and t not in self.dropped]
         if field_left:
-            text = min(field_left, key=self.predicted)
+            text = field_left[0] if self.exhaustive else min(field_left, key=self.predicted)
             return Candidate(parse(text), self.predicted(text)), 0
-        if best_s is None:
+        if best_s is None or self.exhaustive:
             return None
         faster = [c.text for c in self.pool if c.text not in self.tried and c.text not in self.dropped
                   and self.predicted(c.text) < best_s * (1 - self.band)]
@@ -92,7 +98,7 @@ class Tune:
         if errors:
             self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
         best = best_trial(self.trials)
-        if best is None or best.measured_step_s is None:
+        if best is None or best.measured_step_s is None or self.exhaustive:
             return
         for text in self.field:
             if text not in self.tried and text not in self.dropped \
