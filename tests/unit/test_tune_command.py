@@ -111,3 +111,14 @@ def test_cuda_out_of_memory_is_caught_and_recorded(one_rank, monkeypatch):
     trial = _trial(0)
     assert trial.status == "out of memory" and not trial.fits and trial.binds == "memory"
     assert freed  # its memory was freed before the tune went on
+
+
+def test_report_page_has_the_chart_and_every_trial(tmp_path):
+    pytest.importorskip("matplotlib")
+    from meshwise.report.tune_report import write_tune_report
+
+    path = tmp_path / "tune.html"
+    write_tune_report(path, "meshwise tune", ("#", "layout"), [("1", "dp=2,mbs=4"), ("2", "pp=2,mbs=2")],
+                      [(0.10, 0.08, 0.11), (0.20, 0.25, 0.19)], ["pick: dp=2,mbs=4"])
+    text = path.read_text()
+    assert text.count("data:image/png;base64,") == 1 and "pp=2,mbs=2" in text and "pick: dp=2,mbs=4" in text

@@ -42,6 +42,7 @@ def build_tune_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=float, help="training tokens: days and GPU-hours from the measured step")
     g.add_argument("--price-per-gpu-hour", type=float, help="with --tokens: the cost")
     g.add_argument("--json", action="store_true", help="print the trials and the pick as one JSON object")
+    g.add_argument("--report", help="an HTML page: the trials, predicted against measured (needs matplotlib)")
     g.add_argument("--exhaustive", type=int, help=argparse.SUPPRESS)  # benchmarks: the first N of the pool, all
     return p
 
@@ -92,6 +93,12 @@ def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool 
     if opts.get("emit") is not None and opts["emit"] not in FRAMEWORKS:
         raise MeshwiseError(f"--emit: {opts['emit']!r} is not one of {', '.join(FRAMEWORKS)}")
     check_budget(opts.get("tokens"), opts.get("price_per_gpu_hour"))
+    if opts.get("report") is not None:
+        from meshwise.files import check_output_file
+        from meshwise.report import require_matplotlib
+
+        check_output_file("--report", opts["report"], parent_must_exist=True)
+        require_matplotlib()
     out = opts.get("out", "runs/tune")
     check_output_dir("--out", out)
     path = os.path.join(out, RESULTS)

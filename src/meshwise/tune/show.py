@@ -58,6 +58,8 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
         budget = Budget(driver.opts["tokens"], tokens_per_step / best.measured_step_s, driver.world,
                         driver.opts.get("price_per_gpu_hour"))
     emitted = _emit(driver, model, cfg, best) if best is not None and driver.opts.get("emit") else None
+    if driver.opts.get("report"):
+        _report(driver, summary, trials)
     if driver.opts.get("json"):
         print(json.dumps({**summary, "trials": [t.as_json() for t in trials],
                           "pick_step_s": best.measured_step_s if best else None,
@@ -82,6 +84,8 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
         cost = f", cost {cells[2]}" if len(cells) > 2 else ""
         print(f"Budget: {fmt_tokens(budget.tokens)} in {cells[0]} days, {cells[1]} GPU-hours on {driver.world} "
               f"device(s){cost} (from the measured step)")
+    if driver.opts.get("report"):
+        print(f"report: {driver.opts['report']}")
     if emitted:
         print(emitted, end="" if emitted.endswith("\n") else "\n")
     return 0
@@ -97,16 +101,39 @@ def _emit(driver: Any, model: Any, cfg: Any, best: Trial) -> str:
                                             precision, driver.world, local))
 
 
+COLUMNS = ("#", "layout", "round", "status", "predicted s", "refitted s", "measured s", "peak memory", "binds")
+
+
+def _rows(trials: list[Trial], summary: dict[str, Any]) -> list[list[str]]:
+    return [[str(i), t.layout, str(t.round), t.status, f"{t.predicted_step_s:.4g}",
+             f"{summary['refitted_step_s'][t.layout]:.4g}",
+             f"{t.measured_step_s:.4g}" if t.measured_step_s is not None else "-", gb_text(t.peak_bytes), t.binds]
+            for i, t in enumerate(trials, 1)]
+
+
 def _table(trials: list[Trial], summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=200)
     table = Table(title="Trials")
-    for col in ("#", "layout", "round", "status", "predicted s", "refitted s", "measured s", "peak memory", "binds"):
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("layout", "status", "binds") else "right", no_wrap=True)
-    for i, t in enumerate(trials, 1):
-        measured = f"{t.measured_step_s:.4g}" if t.measured_step_s is not None else "-"
-        table.add_row(str(i), t.layout, str(t.round), t.status, f"{t.predicted_step_s:.4g}",
-                      f"{summary['refitted_step_s'][t.layout]:.4g}", measured, gb_text(t.peak_bytes), t.binds)
+    for row in _rows(trials, summary):
+        table.add_row(*row)
     console.print(table)
+
+
+def _report(driver: Any, summary: dict[str, Any], trials: list[Trial]) -> None:
+    """The HTML page: the trials and the predicted-against-measured chart (the starting profile's
+    prediction of each trial, and the refitted one's)."""
+    from meshwise.layout import parse
+    from meshwise.report.tune_report import write_tune_report
+
+    tune = driver.tune
+    points = [(t.measured_step_s, tune.predictor.step(tune.base_table, parse(t.layout)).step_s,
+               summary["refitted_step_s"][t.layout]) for t in trials if t.measured_step_s]
+    lines = [f"pick: {summary['pick']}", f"--layout auto (the planner alone): {summary['auto']}",
+             f"starting profile: {summary['base_profile']}; refitted: {summary['profile']}",
+             f"field: {len(summary['field'])} layout(s); {len(trials)} tried; {len(summary['dropped'])} dropped"]
+    write_tune_report(driver.opts["report"], "meshwise tune", COLUMNS, _rows(trials, summary), points, lines)
