@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from _cli import meshwise_here
-from meshwise.tune.command import memory_bytes
+from meshwise.tune.memory_limit import memory_bytes
 
 PROFILE = str(Path(__file__).parents[1] / "data" / "tune_profile_2p.toml")
 BASE = ["tune", "--model", "tiny", "--seq-len", "32", "--layout.profile", PROFILE, "--nproc-per-node", "1"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -20,9 +19,7 @@ from meshwise import launch
 from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.train import config as config_mod
 from meshwise.train.command import _timeout_s, build_train_parser
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+from meshwise.tune.memory_limit import memory_bytes
 
 
 def build_tune_parser() -> argparse.ArgumentParser:
@@ -45,17 +42,6 @@ def build_tune_parser() -> argparse.ArgumentParser:
     g.add_argument("--report", help="an HTML page: the trials, predicted against measured (needs matplotlib)")
     g.add_argument("--exhaustive", type=int, help=argparse.SUPPRESS)  # benchmarks: the first N of the pool, all
     return p
-
-
-def memory_bytes(text: str | None) -> int:
-    """``2GB``, ``512MiB``, ``3e9`` -> bytes; refused in one line."""
-    if text is None:
-        return 0
-    m = _SIZE.match(text)
-    value = float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()] if m else 0.0
-    if not (math.isfinite(value) and value >= 1):
-        raise MeshwiseError(f"--memory-limit: {text!r} is not a size per rank, e.g. 2GB, 512MiB or 3e9 (bytes)")
-    return int(value)
 
 
 def resolve(argv: list[str]) -> tuple[dict[str, Any], config_mod.TrainConfig]:

@@ -16,7 +16,7 @@ def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     """The whole tune (collective: every rank of the job calls it); 0 with a pick, 1 when no layout fit."""
     from meshwise.launch import init_process_group
     from meshwise.runtime.mesh import end_process_group
-    from meshwise.tune.command import memory_bytes
+    from meshwise.tune.memory_limit import memory_bytes
 
     prep = loop.preflight(cfg)
     rank, world, local_world = loop.env_world()
