@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshwise.errors import RunStopped
+from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.train import layout_choice, loop
 from meshwise.tune.worker import Limits, TrialPlan, run_trial
 
@@ -64,4 +64,13 @@ def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> int
     finally:
         if progress is not None:
             progress.close()
-    return report(driver, prep.model, cfg) if driver is not None else 0
+    refusal: list[Any] = [None]
+    if driver is not None:
+        try:
+            report(driver, prep.model, cfg)
+        except MeshwiseError as e:  # every rank stops with rank 0's line, none waits on it
+            refusal[0] = str(e)
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise MeshwiseError(refusal[0])
+    return 0

@@ -92,13 +92,19 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
 
 
 def _emit(driver: Any, model: Any, cfg: Any, best: Trial) -> str:
+    """The pick as ``--emit``'s framework configures it; a framework that cannot express the pick
+    is one line on stderr (the tune's results stand)."""
     from meshwise.layout import parse
-    from meshwise.plan.emit import Target, emit
+    from meshwise.plan.emit import Target, Unexpressible, emit
 
     precision = "fp32" if driver.device_type != "cuda" else "bf16-mixed"
     local = driver.tune.predictor.local_world
-    return emit(driver.opts["emit"], Target(model, parse(best.layout), cfg.schedule.global_batch, cfg.data.seq_len,
-                                            precision, driver.world, local))
+    try:
+        return emit(driver.opts["emit"], Target(model, parse(best.layout), cfg.schedule.global_batch,
+                                                cfg.data.seq_len, precision, driver.world, local))
+    except Unexpressible as e:
+        print(f"meshwise: note: {e}", file=sys.stderr, flush=True)
+        return ""
 
 
 COLUMNS = ("#", "layout", "round", "status", "predicted s", "refitted s", "measured s", "peak memory", "binds")
