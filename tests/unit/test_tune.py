@@ -202,6 +202,7 @@ def test_loop_respects_max_trials_and_resumed_trials():
 
     resumed = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, max_trials=4, trials=list(done))
     assert resumed.factors  # the resumed trial already refitted the profile
+    assert resumed.next(out_of_time=True) is None and resumed.next() is not None  # --budget-minutes spent
     trials = _run(resumed, measure)
     assert 1 <= len(seen) <= 3 and not set(seen) & {t.layout for t in done}
     assert trials[:1] == done and len({t.layout for t in trials}) == len(trials)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshwise.cost.estimate import estimate
 from meshwise.layout import Layout, runs_here
 from meshwise.plan import planner
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
@@ -75,7 +74,3 @@ def field_of(pool: list[Candidate], band: float) -> list[Candidate]:
     best_s = min(c.predicted_step_s for c in pool)
     return sorted((c for c in pool if c.predicted_step_s * (1 - band) <= best_s * (1 + band)),
                   key=lambda c: c.predicted_step_s)
-
-
-def predicted_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout) -> float:
-    return estimate(model, cluster, train, layout).time.step_s

@@ -12,6 +12,7 @@ already in the results file.
 from __future__ import annotations
 
 import gc
+import signal as signal_module
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,8 @@ def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: A
         mine.append((step_s, clock.parts(step_s)))
         slowest, signal = _agree([step_s, float(stop_signal(guard))], device_type)
         if signal:
-            raise RunStopped(f"stopped by signal {int(signal)} during the trial of {layout.short()}", 128 + int(signal))
+            name = signal_module.Signals(int(signal)).name
+            raise RunStopped(f"stopped by {name} during the trial of {layout.short()}", 128 + int(signal))
         steps_s.append(slowest)
         if should_stop(steps_s, plan.best_s, plan.noise):
             status = STOPPED
