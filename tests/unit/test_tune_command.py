@@ -45,6 +45,10 @@ def test_out_holding_a_tune_is_refused_without_resume(tmp_path):
     assert r.returncode == 2 and "holds a tune's results; --resume continues it" in r.stderr
     r = meshwise_here(*BASE, "--out", "tune", "--resume", cwd=tmp_path)
     assert r.returncode == 2 and "was tuned with model = 'small', not 'tiny'" in r.stderr
+    (tmp_path / "tune" / "trials.jsonl").write_text(
+        '{"tune": 1, "inputs": {"model": "tiny", "global_batch": 8, "seq_len": 32, "world": 2, "local_world": 2}}\n')
+    r = meshwise_here(*BASE, "--out", "tune", "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and "was tuned with world = 2, not 1" in r.stderr
 
 
 def test_memory_sizes():

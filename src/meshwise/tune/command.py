@@ -121,7 +121,7 @@ def tune_main(argv: list[str]) -> int:
         nproc = nproc or launch.default_nproc()
     nproc = nproc or os.cpu_count() or 1
     if opts.get("resume"):  # a results file of other inputs is refused here, before any launch
-        _check_resume(opts, cfg)
+        _check_resume(opts, cfg, nproc)
     loop.preflight(cfg, local_ranks=nproc)
     if not launch.has_gpus():
         cores = os.cpu_count() or 1
@@ -138,15 +138,17 @@ def tune_main(argv: list[str]) -> int:
     return 0
 
 
-def _check_resume(opts: dict[str, Any], cfg: config_mod.TrainConfig) -> None:
-    """The results file to resume was written for this model, batch and sequence (the worker checks the rest)."""
+def _check_resume(opts: dict[str, Any], cfg: config_mod.TrainConfig, nproc: int) -> None:
+    """The results file to resume was written for this model, batch, sequence and world (rank 0
+    checks the rest: the starting profile, the precision)."""
     from pathlib import Path
 
     from meshwise.tune.driver import RESULTS
     from meshwise.tune.trials import read_results
 
-    read_results(Path(opts.get("out", "runs/tune")) / RESULTS, {"model": cfg.model.name,
-                 "global_batch": cfg.schedule.global_batch, "seq_len": cfg.data.seq_len})
+    read_results(Path(opts.get("out", "runs/tune")) / RESULTS, {
+        "model": cfg.model.name, "global_batch": cfg.schedule.global_batch, "seq_len": cfg.data.seq_len,
+        "world": nproc, "local_world": nproc})
 
 
 def _worker(cfg: config_mod.TrainConfig, opts: dict[str, Any], timeout_s: float, watch_parent: bool) -> int:

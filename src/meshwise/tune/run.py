@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,42 +14,56 @@ from meshwise.tune.worker import Limits, TrialPlan, run_trial
 
 
 def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
-    """The whole tune (collective: every rank of the job calls it); 0 with a pick, 1 when no layout fit."""
+    """The whole tune (collective: every rank of the job calls it); 0 when it ends, a pick or none
+    (the table says which)."""
     from meshwise.launch import init_process_group
     from meshwise.runtime.mesh import end_process_group
     from meshwise.tune.memory_limit import memory_bytes
 
     prep = loop.preflight(cfg)
-    rank, world, local_world = loop.env_world()
+    _, world, local_world = loop.env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type == "cpu":
         torch.set_num_threads(layout_choice.threads_per_rank(local_world))
     limits = Limits(opts.get("trial_warmup") or 2, opts.get("trial_steps") or 5, memory_bytes(opts.get("memory_limit")))
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     try:
-        driver = None
-        if rank == 0:
-            from meshwise.tune.driver import Driver
+        from meshwise.tune.driver import Driver
 
-            driver = Driver(cfg, opts, prep.model, world, local_world, device_type)
-        status = _trials(cfg, prep, driver, limits, guard)
+        made: list[Any] = []
+        _on_rank0(lambda: made.append(Driver(cfg, opts, prep.model, world, local_world, device_type)))
+        _trials(cfg, prep, made[0] if made else None, limits, guard)
         dist.barrier()
-        return status
+        return 0
     finally:
         end_process_group()
 
 
-def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> int:
+def _on_rank0(call: Callable[[], Any]) -> Any:
+    """``call()`` on rank 0 and its result on every rank: a MeshwiseError there (bad input found
+    while planning, reading the results file or reporting) stops every rank with its one line,
+    none left waiting on rank 0."""
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", call())
+        except MeshwiseError as e:
+            box[0] = ("error", str(e))
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise MeshwiseError(value)
+    return value
+
+
+def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> None:
+    """Trial after trial as rank 0 chooses them, then rank 0's report."""
     from meshwise.tune.show import Progress, report
 
     progress = Progress(driver) if driver is not None else None
     try:
-        while True:
-            message: list[Any] = [driver.next() if driver is not None else None]
-            dist.broadcast_object_list(message, src=0)
-            if message[0] is None:
-                break
-            plan = TrialPlan(*message[0])
+        while (message := _on_rank0(lambda: driver.next())) is not None:
+            plan = TrialPlan(*message)
             if progress is not None:
                 progress.start(plan)
             try:
@@ -58,19 +73,10 @@ def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> int
                     raise
                 raise RunStopped(f"{e}; {len(driver.tune.trials)} finished trial(s) kept in {driver.out}, "
                                  "tune --resume continues", e.status) from None
-            if driver is not None:
-                driver.record(trial)
+            _on_rank0(lambda: driver.record(trial))
+            if progress is not None:
                 progress.done(trial)
     finally:
         if progress is not None:
             progress.close()
-    refusal: list[Any] = [None]
-    if driver is not None:
-        try:
-            report(driver, prep.model, cfg)
-        except MeshwiseError as e:  # every rank stops with rank 0's line, none waits on it
-            refusal[0] = str(e)
-    dist.broadcast_object_list(refusal, src=0)
-    if refusal[0] is not None:
-        raise MeshwiseError(refusal[0])
-    return 0
+    _on_rank0(lambda: report(driver, prep.model, cfg))
