@@ -224,3 +224,22 @@ def test_exhaustive_tries_the_first_n_and_nothing_else():
     tune = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, exhaustive=8)
     trials = _run(tune, lambda t: _measure(predictor, _truth(), t, wobble=0.3))
     assert [t.layout for t in trials] == [c.text for c in pool[:8]] and not tune.dropped
+
+
+@pytest.mark.parametrize("name", ["h100", "b200", "cpu"])
+def test_written_profile_plans_as_the_catalog_entry(tmp_path, name):
+    """The profile a tune writes, before any refit, is the same accelerator to plan --gpu: every
+    key kept, a GPU's op-model sub-tables included."""
+    from meshwise.cost.estimate import estimate
+    from meshwise.spec import load_cluster
+    from meshwise.tune.refit import profile_text
+
+    path = tmp_path / "profile.toml"
+    path.write_text(profile_text({"name": name, **read_catalog("accelerators.toml")[name]}))
+    spec = load_model("llama3-8b")
+    train = TrainSpec(global_batch=64, seq_len=4096, precision="bf16-mixed")
+    for text in ("dp=16,zero=3,mbs=2,ac=selective", "dp=2,tp=8,pp=1,mbs=1"):
+        layout = parse(text, 16)
+        ours = estimate(spec, load_cluster(str(path), 16, 8), train, layout)
+        catalog = estimate(spec, load_cluster(name, 16, 8), train, layout)
+        assert ours.time == catalog.time and ours.memory == catalog.memory

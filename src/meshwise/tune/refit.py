@@ -94,7 +94,25 @@ def profile_text(table: dict[str, Any]) -> str:
             lines.append(f"{key} = {value!r}")
         elif isinstance(value, str):
             lines.append(f"{key} = {json.dumps(value)}")
+    for key in sorted(k for k, v in table.items() if isinstance(v, dict)):  # a catalog GPU's op-model tables
+        lines += _sub_table(key, table[key])
     return "\n".join(lines) + "\n"
+
+
+def _sub_table(path: str, table: dict[str, Any]) -> list[str]:
+    """``[path]`` and its scalars, then its own sub-tables (TOML: a table's keys before its children)."""
+    lines = ["", f"[{path}]"]
+    for key, value in table.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {json.dumps(value)}")
+    for key, value in table.items():
+        if isinstance(value, dict):
+            lines += _sub_table(f"{path}.{key}", value)
+    return lines
 
 
 @lru_cache(maxsize=64)
