@@ -79,7 +79,7 @@ def one_rank():
             end_process_group()
 
 
-def _trial(limit_bytes: int, monkeypatch=None):
+def _trial(limit_bytes: int, best_s: float | None = None):
     from meshwise.layout import parse
     from meshwise.train import loop
     from meshwise.tune.command import resolve
@@ -87,16 +87,23 @@ def _trial(limit_bytes: int, monkeypatch=None):
 
     _, cfg = resolve(["--model", "tiny", "--seq-len", "32"])
     prep = loop.preflight(cfg)
-    plan = TrialPlan(parse("dp=1,mbs=8", 1), 0.01, 0, None, 0.02)
-    return run_trial(cfg, prep, plan, Limits(1, 2, limit_bytes), None)
+    plan = TrialPlan(parse("dp=1,mbs=8", 1), 0.01, 0, best_s, 0.02)
+    return run_trial(cfg, prep, plan, Limits(1, 3, limit_bytes), None)
 
 
 def test_trial_over_memory_limit_is_recorded_with_its_peak(one_rank):
     fits = _trial(0)
-    assert fits.status == "measured" and len(fits.steps_s) == 2 and fits.peak_bytes > 1e6
+    assert fits.status == "measured" and len(fits.steps_s) == 3 and fits.peak_bytes > 1e6
     over = _trial(fits.peak_bytes // 2)
     assert over.status == "over --memory-limit" and not over.fits and over.steps_s == []
     assert over.peak_bytes == pytest.approx(fits.peak_bytes, rel=0.2)
+
+
+def test_trial_slower_than_the_best_beyond_the_noise_stops_after_one_step(one_rank):
+    stopped = _trial(0, best_s=1e-6)
+    assert stopped.status == "stopped early" and len(stopped.steps_s) == 1 and stopped.parts["compute_s"] > 0
+    kept = _trial(0, best_s=1e3)  # a best far slower: no stop
+    assert kept.status == "measured" and len(kept.steps_s) == 3
 
 
 def test_cuda_out_of_memory_is_caught_and_recorded(one_rank, monkeypatch):
