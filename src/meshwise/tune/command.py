@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -129,7 +130,7 @@ def tune_main(argv: list[str]) -> int:
             from meshwise.measure import auto_profile
 
             print(f"Profile: {auto_profile.for_workers(nproc)} (this machine's calibration; "
-                  "--layout.profile FILE for another)", flush=True)
+                  "--layout.profile FILE for another)", flush=True, file=sys.stderr if opts.get("json") else sys.stdout)
         os.environ[layout_choice.THREADS_ENV] = str(max(1, cores // nproc))
     if nproc == 1:
         with launch.single_process_env():
