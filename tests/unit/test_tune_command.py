@@ -133,3 +133,13 @@ def test_report_page_has_the_chart_and_every_trial(tmp_path):
                       [(0.10, 0.08, 0.11), (0.20, 0.25, 0.19)], ["pick: dp=2,mbs=4"])
     text = path.read_text()
     assert text.count("data:image/png;base64,") == 1 and "pp=2,mbs=2" in text and "pick: dp=2,mbs=4" in text
+
+
+def test_choosing_and_refitting_import_no_torch():
+    """The field, the trials, the refit and the loop are planning: pure Python, as plan/ is."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport meshwise.tune.command, meshwise.tune.driver, meshwise.tune.tuner\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
