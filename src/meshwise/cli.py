@@ -286,6 +286,9 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", add_help=False, prefix_chars="\x01", help="train a model under a layout (auto: the planner's)",
                        description="meshwise train --help lists every option")
     t.add_argument("train_args", nargs=argparse.REMAINDER)
+    u = sub.add_parser("tune", add_help=False, prefix_chars="\x01", help="measure the planner's closest layouts; "
+                       "pick the fastest, refit the profile", description="meshwise tune --help lists every option")
+    u.add_argument("tune_args", nargs=argparse.REMAINDER)
     e = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (safetensors, config.json)")
     e.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
     e.add_argument("--out", default="model.safetensors", help="output file (default: model.safetensors)")
@@ -310,6 +313,13 @@ def _train(args: argparse.Namespace) -> int:
     _warn_untested_torch()
 
     return train_main(args.train_args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from meshwise.tune.command import tune_main
+
+    _warn_untested_torch()
+    return tune_main(args.tune_args)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -353,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
-               "calibrate": _calibrate, "measure": _measure, "verify": _verify}[args.command]
+               "tune": _tune, "calibrate": _calibrate, "measure": _measure, "verify": _verify}[args.command]
     return run_command(lambda: command(args))
 
 

@@ -1,0 +1,108 @@
+"""A tune's trials: their record, the early-stop rule, and the results file a tune resumes from.
+
+The results file is JSON lines: a header ``{"tune": 1, "inputs": {...}}`` naming what was tuned
+(model, batch, sequence, world, base profile), then one finished trial per line. Each write
+replaces the whole file atomically, so an interrupted tune leaves every finished trial and no
+half-written one.
+
+Early stop: a trial stops once its fastest measured step is slower than the best trial's step by
+more than the noise, ``min(steps) > best (1 + noise)``, the noise being the best trial's own
+relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``.
+
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshwise.errors import MeshwiseError
+from meshwise.files import write_atomically
+
+NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
+MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
+BINDS = {"compute_s": "compute", "comm_s": "communication", "idle_s": "pipeline idle", "optimizer_s": "optimizer",
+         "fixed_s": "fixed costs"}
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: the layout (its text), its predicted step when chosen, what was measured.
+    ``parts``: the median step's split (measure/timing.py names); ``peak_bytes``: the largest rank's
+    tracked peak; ``round``: 0 for the field, n for the n-th re-ranking after a refit."""
+
+    layout: str
+    status: str
+    predicted_step_s: float
+    steps_s: list[float] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
+    peak_bytes: int = 0
+    round: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.status in (MEASURED, STOPPED)
+
+    @property
+    def measured_step_s(self) -> float | None:
+        return statistics.median(self.steps_s) if self.fits and self.steps_s else None
+
+    @property
+    def binds(self) -> str:
+        """The largest measured part of the step ("memory" for a layout that did not fit)."""
+        if not self.fits:
+            return "memory"
+        timed = {k: v for k, v in self.parts.items() if k in BINDS}
+        return BINDS[max(timed, key=timed.__getitem__)] if timed else "-"
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "measured_step_s": self.measured_step_s, "fits": self.fits, "binds": self.binds}
+
+
+def trial_from_json(d: dict[str, Any]) -> Trial:
+    return Trial(str(d["layout"]), str(d["status"]), float(d["predicted_step_s"]), [float(x) for x in d["steps_s"]],
+                 {str(k): float(v) for k, v in d["parts"].items()}, int(d["peak_bytes"]), int(d.get("round", 0)))
+
+
+def noise_of(steps_s: list[float]) -> float:
+    """The relative spread of a trial's measured steps, at least ``NOISE_FLOOR``."""
+    if len(steps_s) < 2:
+        return NOISE_FLOOR
+    return max(NOISE_FLOOR, (max(steps_s) - min(steps_s)) / statistics.median(steps_s))
+
+
+def best_trial(trials: list[Trial]) -> Trial | None:
+    """The fitting trial that ran all its steps with the fastest median step (None if none)."""
+    done = [t for t in trials if t.status == MEASURED and t.steps_s]
+    return min(done, key=lambda t: t.measured_step_s or 0.0) if done else None
+
+
+def should_stop(steps_s: list[float], best_s: float | None, noise: float) -> bool:
+    """Stop a trial whose fastest step so far is slower than the best step by more than the noise."""
+    return best_s is not None and bool(steps_s) and min(steps_s) > best_s * (1 + noise)
+
+
+def write_results(path: Path, inputs: dict[str, Any], trials: list[Trial]) -> None:
+    lines = [json.dumps({"tune": 1, "inputs": inputs})] + [json.dumps(asdict(t)) for t in trials]
+    write_atomically(path, "\n".join(lines) + "\n")
+
+
+def read_results(path: Path, inputs: dict[str, Any]) -> list[Trial]:
+    """The finished trials of a results file written for the same ``inputs``; refused in one line otherwise."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows or rows[0].get("tune") != 1:
+            raise ValueError("no tune header")
+        trials = [trial_from_json(r) for r in rows[1:]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MeshwiseError(f"--resume: {path} is not a tune results file ({e})") from None
+    saved = rows[0].get("inputs", {})
+    for key, value in inputs.items():
+        if saved.get(key) != value:
+            raise MeshwiseError(f"--resume: {path} was tuned with {key} = {saved.get(key)!r}, not {value!r}; "
+                                "give the same inputs, or another --out for a new tune")
+    return trials

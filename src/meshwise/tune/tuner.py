@@ -1,0 +1,111 @@
+"""Which layout a tune tries next, and when it is done.
+
+1. The field (tune/field.py) is tried fastest predicted first.
+2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
+   untried candidate of the planned pool is predicted again. From two measured trials on, the band
+   is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
+   refit.held_out_errors; at least the noise floor); before that, the placeholder band.
+3. An untried field member now predicted slower than the measured best beyond the band is
+   dropped: the refitted model says it cannot win.
+4. With the field done, an untried pool candidate now predicted faster than the measured best
+   beyond the band is tried (a new round), and 2-4 repeat until none is: model and measurement agree.
+5. ``max_trials`` and the clock's ``deadline_s`` end the tune early; a finished trial is never repeated.
+
+``exhaustive`` (benchmarks/tune_regret.py's ground truth) tries the pool's first N predicted, all
+of them, in that order, with no early stop, no drop and no re-ranking.
+
+Pure Python: the measuring is the caller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshwise.layout import parse
+from meshwise.tune.field import Candidate, field_of
+from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
+from meshwise.tune.trials import NOISE_FLOOR, Trial, best_trial
+
+
+@dataclass
+class Tune:
+    """The state of one tune; ``trials`` may hold a resumed tune's finished ones."""
+
+    pool: list[Candidate]
+    table: dict[str, Any]  # the profile: the base one, then refitted after each trial
+    predictor: Predictor
+    band: float
+    max_trials: int | None = None
+    trials: list[Trial] = field(default_factory=list)
+    factors: dict[str, float] = field(default_factory=dict)
+    base_table: dict[str, Any] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    exhaustive: int = 0  # benchmarks: try the first N of the pool, all of them, nothing else
+
+    def __post_init__(self) -> None:
+        self.base_table = dict(self.table)
+        self.field = [c.text for c in field_of(self.pool, self.band)]
+        if self.exhaustive:
+            self.field = [c.text for c in sorted(self.pool, key=lambda c: c.predicted_step_s)[:self.exhaustive]]
+        self.placeholder_band = self.band
+        if any(t.fits for t in self.trials):
+            self._learn()
+
+    @property
+    def tried(self) -> set[str]:
+        return {t.layout for t in self.trials}
+
+    @property
+    def round(self) -> int:
+        return max((t.round for t in self.trials), default=0)
+
+    def predicted(self, text: str) -> float:
+        return self.predictor.step(self.table, parse(text)).step_s
+
+    def next(self, out_of_time: bool = False) -> tuple[Candidate, int] | None:
+        """(the next candidate, its round), or None when the tune is done."""
+        if out_of_time or (self.max_trials is not None and len(self.trials) >= self.max_trials):
+            return None
+        best = best_trial(self.trials)
+        best_s = best.measured_step_s if best else None
+        field_left = [t for t in self.field if t not in self.tried and t not in self.dropped]
+        if field_left:
+            text = field_left[0] if self.exhaustive else min(field_left, key=self.predicted)
+            return Candidate(parse(text), self.predicted(text)), 0
+        if best_s is None or self.exhaustive:
+            return None
+        faster = [c.text for c in self.pool if c.text not in self.tried and c.text not in self.dropped
+                  and self.predicted(c.text) < best_s * (1 - self.band)]
+        if not faster:
+            return None
+        text = min(faster, key=self.predicted)
+        return Candidate(parse(text), self.predicted(text)), self.round + 1
+
+    def record(self, trial: Trial) -> None:
+        self.trials.append(trial)
+        self._learn()
+
+    def _learn(self) -> None:
+        """Refit to every measured trial, narrow the band, drop what can no longer win."""
+        measured = [(parse(t.layout), t.parts) for t in self.trials if t.fits and t.parts]
+        if not measured:
+            return
+        self.table, self.factors = refit(self.base_table, measured, self.predictor)
+        done = [t for t in self.trials if t.status == "measured" and t.parts and t.measured_step_s]
+        errors = held_out_errors(self.base_table, [(parse(t.layout), t.parts) for t in done],
+                                 [t.measured_step_s or 0.0 for t in done], self.predictor)
+        if errors:
+            self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
+        best = best_trial(self.trials)
+        if best is None or best.measured_step_s is None or self.exhaustive:
+            return
+        for text in self.field:
+            if text not in self.tried and text not in self.dropped \
+                    and self.predicted(text) > best.measured_step_s * (1 + self.band):
+                self.dropped.append(text)
+
+    def errors(self, table: dict[str, Any]) -> list[float]:
+        """Relative step errors of ``table``'s predictions over the trials that ran all their steps."""
+        done = [(parse(t.layout), t.measured_step_s) for t in self.trials if t.status == "measured" and t.steps_s]
+        return step_errors(table, [(lay, s) for lay, s in done if s], self.predictor)

@@ -1,0 +1,153 @@
+"""One rank of ``meshwise tune``: every trial of the launch on the one process group, a new mesh each.
+
+Rank 0 decides (:class:`meshwise.tune.tuner.Tune`) and broadcasts the next layout; every rank
+builds its mesh and model with the runtime ``train`` uses (same model, same data rows, same
+optimizer), runs ``warmup`` steps, the last under the memory tracker (CUDA: the allocator's peak),
+then up to ``steps`` timed steps, each split into its parts (measure/timing.py). The step is the
+slowest rank's. After each timed step the ranks agree on the step time and on a stop request
+(SIGTERM, SIGINT): a stop drops the unfinished trial and ends the tune with the finished ones
+already in the results file.
+"""
+
+from __future__ import annotations
+
+import gc
+import signal as signal_module
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from meshwise.errors import RunStopped
+from meshwise.layout import Layout
+from meshwise.train.loop import Prepared, lr_at
+from meshwise.tune.trials import MEASURED, OUT_OF_MEMORY, OVER_LIMIT, STOPPED, Trial, should_stop
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What every rank needs to run a trial (broadcast by rank 0)."""
+
+    layout: Layout
+    predicted_step_s: float
+    round: int
+    best_s: float | None  # the best measured step so far (early stop), None before the first
+    noise: float
+
+
+@dataclass(frozen=True)
+class Limits:
+    warmup: int
+    steps: int
+    memory_limit_bytes: int  # 0: none (CPU); on CUDA the device's own memory
+
+
+def _agree(values: list[float], device: str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _free(device_type: str) -> None:
+    gc.collect()
+    if device_type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def stop_signal(guard: Any) -> int:
+    return int(guard.signal) if guard is not None else 0
+
+
+def run_trial(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: Any) -> Trial:
+    """One trial (collective). A CUDA out-of-memory error is caught, its memory freed, and the
+    trial recorded as not fitting with the allocator's peak; raises RunStopped on a stop request."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        return _measure(cfg, prep, plan, limits, guard, device_type)
+    except torch.cuda.OutOfMemoryError:
+        peak = int(torch.cuda.max_memory_allocated()) if device_type == "cuda" else 0
+        _free(device_type)
+        peak = int(_agree([float(peak)], device_type)[0])
+        return Trial(plan.layout.format(), OUT_OF_MEMORY, plan.predicted_step_s, peak_bytes=peak, round=plan.round)
+    finally:
+        _free(device_type)
+
+
+def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: Any, device_type: str) -> Trial:
+    from meshwise.measure.timing import StepClock
+    from meshwise.runtime import build_mesh, float8, parallelize
+    from meshwise.runtime.mesh import dp_rank
+
+    B, seq, layout = cfg.schedule.global_batch, cfg.data.seq_len, plan.layout
+    mesh = build_mesh(layout, prep.model, B)
+    pm = parallelize(prep.model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=cfg.optimizer,
+                     compile=cfg.layout.compile,
+                     precision=float8.resolve(cfg.layout.precision, device_type, "--layout.precision"))
+    rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
+    step = 0
+
+    def one_step() -> torch.Tensor:
+        nonlocal step
+        step += 1
+        for group in pm.optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.schedule, cfg.optimizer)
+        x, y = prep.corpus.train_rows((step - 1) * B, rows)
+        return pm.step(x, y)[0]
+
+    peak = _warm_up(pm, one_step, limits.warmup, device_type)
+    if limits.memory_limit_bytes and peak > limits.memory_limit_bytes:
+        return Trial(layout.format(), OVER_LIMIT, plan.predicted_step_s, peak_bytes=peak, round=plan.round)
+    mine: list[tuple[float, dict[str, float]]] = []
+    steps_s: list[float] = []
+    status = MEASURED
+    for _ in range(limits.steps):
+        with StepClock(pm) as clock:
+            dist.barrier()
+            clock.reset()
+            start = time.perf_counter()
+            loss = one_step()
+            with clock.window("fixed"):
+                loss.item()  # the loss read: the step's one host sync, as train's loop
+            step_s = time.perf_counter() - start
+        mine.append((step_s, clock.parts(step_s)))
+        slowest, signal = _agree([step_s, float(stop_signal(guard))], device_type)
+        if signal:
+            name = signal_module.Signals(int(signal)).name
+            raise RunStopped(f"stopped by {name} during the trial of {layout.short()}", 128 + int(signal))
+        steps_s.append(slowest)
+        if should_stop(steps_s, plan.best_s, plan.noise):
+            status = STOPPED
+            break
+    parts = _slowest_parts(mine)
+    return Trial(layout.format(), status, plan.predicted_step_s, steps_s, parts, peak, plan.round)
+
+
+def _warm_up(pm: Any, one_step: Any, warmup: int, device_type: str) -> int:
+    """Run the warm-up steps, the last under the memory tracker (CPU) or the allocator's peak
+    (CUDA); returns the largest rank's peak bytes."""
+    for _ in range(max(0, warmup - 1)):
+        one_step().item()
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        one_step().item()
+        local = int(torch.cuda.max_memory_allocated())
+    else:
+        from meshwise.measure._torch_tools import peak_by_category, tracker_for
+
+        tracker = tracker_for(pm.modules, pm.optimizer)
+        with tracker:
+            one_step().item()
+        local = sum(peak_by_category(tracker).values())
+    return int(_agree([float(local)], device_type)[0])
+
+
+def _slowest_parts(mine: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """The parts of the rank whose median step was slowest (gathered on every rank)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    median = sorted(mine, key=lambda m: m[0])[len(mine) // 2] if mine else (0.0, {})
+    dist.all_gather_object(everyone, median)
+    return dict(max(everyone, key=lambda m: m[0])[1])
