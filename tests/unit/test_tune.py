@@ -16,7 +16,7 @@ from meshwise.files import read_toml
 from meshwise.layout import parse
 from meshwise.spec import TrainSpec, load_model
 from meshwise.tune import refit as refit_mod
-from meshwise.tune.field import PLACEHOLDER_RELATIVE_BAND, Candidate, field_of, plan_pool, step_key
+from meshwise.tune.field import CPU_RELATIVE_BAND, Candidate, field_of, plan_pool, step_key
 from meshwise.tune.refit import BANDWIDTH, COMPUTE, FIXED, LATENCY, Predictor, refit, scaled
 from meshwise.tune.trials import (
     MEASURED,
@@ -160,7 +160,7 @@ def test_loop_tries_the_field_then_agrees():
     refitted model drops field members that cannot win."""
     _, _, predictor, pool = _setup()
     truth = _truth(compute=1.1, latency=1.0, bandwidth=1.0, fixed=1.0)
-    tune = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND)
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND)
     trials = _run(tune, lambda t: _measure(predictor, truth, t))
     true_best = min(pool, key=lambda c: predictor.step(truth, c.layout).step_s).text
     assert best_trial(trials).layout == true_best
@@ -179,7 +179,7 @@ def test_loop_reranks_when_the_first_ranking_is_wrong():
     predictor = Predictor(spec, train, 4, 4, 1)
     pool = plan_pool(spec, predictor.cluster(base), train, 128)
     truth = dict(base, intra_latency_s=base["intra_latency_s"] * 30, inter_latency_s=base["inter_latency_s"] * 30)
-    tune = Tune(pool, dict(base), predictor, PLACEHOLDER_RELATIVE_BAND)
+    tune = Tune(pool, dict(base), predictor, 0.13)  # a band narrow enough that the true best lies outside
     true_best = min(pool, key=lambda c: predictor.step(truth, c.layout).step_s).text
     assert true_best not in tune.field
     trials = _run(tune, lambda t: _measure(predictor, truth, t))
@@ -191,7 +191,7 @@ def test_loop_reranks_when_the_first_ranking_is_wrong():
 def test_loop_respects_max_trials_and_resumed_trials():
     _, _, predictor, pool = _setup()
     truth = _truth()
-    first = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, max_trials=1)
+    first = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=1)
     done = _run(first, lambda t: _measure(predictor, truth, t, wobble=0.3))
     assert len(done) == 1
     seen: list[str] = []
@@ -200,7 +200,7 @@ def test_loop_respects_max_trials_and_resumed_trials():
         seen.append(text)
         return _measure(predictor, truth, text, wobble=0.3)
 
-    resumed = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, max_trials=4, trials=list(done))
+    resumed = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=4, trials=list(done))
     assert resumed.factors  # the resumed trial already refitted the profile
     assert resumed.next(out_of_time=True) is None and resumed.next() is not None  # --budget-minutes spent
     trials = _run(resumed, measure)
@@ -212,7 +212,7 @@ def test_trial_that_does_not_fit_never_ends_the_tune():
     _, _, predictor, pool = _setup()
     truth = _truth()
     first = pool[0].text
-    tune = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, max_trials=3)
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=3)
     trials = _run(tune, lambda t: _measure(predictor, truth, t, OVER_LIMIT if t == first else MEASURED, 0.3))
     assert trials[0].layout == first and not trials[0].fits and len(trials) >= 2 and trials[1].fits
     assert trials[0].peak_bytes == 2000 and trials[0].binds == "memory"
@@ -221,7 +221,7 @@ def test_trial_that_does_not_fit_never_ends_the_tune():
 
 def test_exhaustive_tries_the_first_n_and_nothing_else():
     _, _, predictor, pool = _setup()
-    tune = Tune(pool, dict(CPU), predictor, PLACEHOLDER_RELATIVE_BAND, exhaustive=8)
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, exhaustive=8)
     trials = _run(tune, lambda t: _measure(predictor, _truth(), t, wobble=0.3))
     assert [t.layout for t in trials] == [c.text for c in pool[:8]] and not tune.dropped
 

@@ -67,7 +67,7 @@ class Driver:
                        "precision": cfg.layout.precision}
         trials = read_results(self.out / RESULTS, self.inputs) if opts.get("resume") else []
         self.resumed = len(trials)
-        self.tune = Tune(pool, table, predictor, relative_band(cluster), opts.get("trials"), trials,
+        self.tune = Tune(pool, table, predictor, relative_band(model, cluster, train), opts.get("trials"), trials,
                          exhaustive=opts.get("exhaustive") or 0)
         budget = opts.get("budget_minutes")
         self.deadline = time.monotonic() + budget * 60 if budget else None

@@ -13,19 +13,20 @@ from dataclasses import dataclass
 
 from meshwise.layout import Layout, runs_here
 from meshwise.plan import planner
+from meshwise.plan.band import band_for
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
-# PLACEHOLDER until plan's estimates carry their own band (the step-time issue): meshwise's mean
-# absolute step-time error on dense runs it never saw, 13% as issue 50 states it.
-# Every use of a band in tune reads it here, so the real band replaces this one function.
-PLACEHOLDER_RELATIVE_BAND = 0.13
+# Where plan has no band (a CPU profile: catalog/bands.toml holds published GPU runs only), the CPU time
+# model's stated accuracy: the CPU grid's bound, >= 90% of points within 25% (docs/fidelity.md).
+CPU_RELATIVE_BAND = 0.25
 POOL = 48  # planned candidates kept for re-ranking after a refit (the field is drawn from them)
 
 
-def relative_band(cluster: ClusterSpec) -> float:
-    """The relative half-width of a predicted step's band on ``cluster`` (placeholder, see above)."""
-    del cluster  # the real band depends on the profile; the placeholder does not
-    return PLACEHOLDER_RELATIVE_BAND
+def relative_band(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> float:
+    """The relative half-width of a predicted step's band on ``cluster``: plan's band for this model,
+    accelerator and precision (plan/band.py), its wider side; ``CPU_RELATIVE_BAND`` where it has none."""
+    band = band_for(model, cluster.accelerator, train)
+    return CPU_RELATIVE_BAND if band is None else max(-band.low, band.high)
 
 
 @dataclass(frozen=True)

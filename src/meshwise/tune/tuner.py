@@ -4,7 +4,7 @@
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
    untried candidate of the planned pool is predicted again. From two measured trials on, the band
    is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
-   refit.held_out_errors; at least the noise floor); before that, the placeholder band.
+   refit.held_out_errors; at least the noise floor); before that, the planned band (field.relative_band).
 3. An untried field member now predicted slower than the measured best beyond the band is
    dropped: the refitted model says it cannot win.
 4. With the field done, an untried pool candidate now predicted faster than the measured best
@@ -48,7 +48,7 @@ class Tune:
         self.field = [c.text for c in field_of(self.pool, self.band)]
         if self.exhaustive:
             self.field = [c.text for c in sorted(self.pool, key=lambda c: c.predicted_step_s)[:self.exhaustive]]
-        self.placeholder_band = self.band
+        self.planned_band = self.band
         if any(t.fits for t in self.trials):
             self._learn()
 
