@@ -197,7 +197,15 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
             fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
         if family in hf_defaults.CLASS_DEFAULTS:
             fields_.update(hf_defaults.recent_fields(cfg, family, layers))
+        if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
+            fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
         fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
+        if fields_.get("experts") == 0 and family in MOE_FAMILIES:
+            key = next(k for k in EXPERT_KEYS if k in cfg or k == EXPERT_KEYS[-1])
+            raise MeshwiseError(f"{where}: {key} is 0; a {family} config needs at least one expert "
+                                f"(a model without experts is a dense family's config)")
+        if fields_.get("experts"):
+            fields_.update(_router_fields(cfg, family))
         spec = ModelSpec(**fields_)
         mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
         return _with_mtp(spec, mtp) if mtp else spec
@@ -207,6 +215,38 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+MOE_FAMILIES = ("mixtral", "minimax_m2", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v2", "deepseek_v3",
+                "gpt_oss", "llama4_text")
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# transformers' router per family, where config.json leaves a key out: (score, norm_topk_prob,
+# routed_scaling_factor, n_group, topk_group, expert bias, balance-loss weight); DeepSeek-V3 and GLM-4.5
+# hard-code the sigmoid and the bias (e_score_correction_bias), Mixtral and GPT-OSS renormalise the
+# top-k, Llama 4 takes the sigmoid of its top-1 logit; DeepSeek-V2 scores by softmax (scoring_func)
+_ROUTER_DEFAULTS = {
+    "mixtral": ("softmax", True, 1.0, 0, 0, False, 0.001), "gpt_oss": ("softmax", True, 1.0, 0, 0, False, 0.001),
+    "qwen2_moe": ("softmax", False, 1.0, 0, 0, False, 0.001), "qwen3_moe": ("softmax", False, 1.0, 0, 0, False, 0.001),
+    "llama4_text": ("sigmoid", False, 1.0, 0, 0, False, 0.001),
+    "deepseek_v3": ("sigmoid", True, 2.5, 8, 4, True, 0.0), "glm4_moe": ("sigmoid", True, 1.0, 1, 1, True, 0.0),
+    "deepseek_v2": ("softmax", False, 1.0, 0, 0, False, 0.0), "minimax_m2": ("sigmoid", True, 1.0, 0, 0, True, 0.001),
+}
+
+
+def _router_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """The router of a MoE config, the family's transformers defaults for the keys it leaves out."""
+    score, norm, scale, groups, group_topk, bias, aux = _ROUTER_DEFAULTS[family]
+    if family in ("deepseek_v2", "minimax_m2"):
+        score = cfg.get("scoring_func") or score
+    if family == "deepseek_v2":
+        bias = cfg.get("topk_method") == "noaux_tc"
+    if family == "minimax_m2":
+        bias = bool(cfg.get("use_routing_bias", bias))
+    aux = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", aux))
+    return dict(router_score=score, router_norm_topk=bool(cfg.get("norm_topk_prob", norm)),
+                router_scale=float(cfg.get("routed_scaling_factor", scale) or 1.0),
+                router_groups=int(cfg.get("n_group", groups) or 0), router_group_topk=int(cfg.get("topk_group", group_topk) or 0),
+                expert_bias=bias, aux_loss_coeff=float(aux or 0.0))
 
 
 def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, attn_bias: bool, where: str
