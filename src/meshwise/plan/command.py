@@ -134,7 +134,8 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     if as_json:
         out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
                "tp_comm_overlap": train.overlap_tp_comm,
-               "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
+               "calibrated": bool(cluster.accelerator.calibrated_on),
+               "notes": plan_notes(cluster, train, result.candidates)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
                 c["train_time"] = b.as_json()
@@ -151,7 +152,7 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     else:
         from meshwise.plan.show import print_plan
         print_plan(model, cluster, train, result, budgets=budgets)
-        for line in plan_notes(cluster, train):
+        for line in plan_notes(cluster, train, result.candidates):
             print(f"note: {line}")
     if report:
         from meshwise.report.plan_report import write_plan_report

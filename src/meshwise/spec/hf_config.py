@@ -206,7 +206,10 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
                                 f"(a model without experts is a dense family's config)")
         if fields_.get("experts"):
             fields_.update(_router_fields(cfg, family))
-        spec = ModelSpec(**fields_)
+        try:
+            spec = ModelSpec(**fields_)
+        except MeshwiseError as err:
+            raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
         mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
         return _with_mtp(spec, mtp) if mtp else spec
     except KeyError as missing:
@@ -215,6 +218,32 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+# ModelSpec's fields by the config.json keys they are read from (a family's own key first where it differs)
+_FILE_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+              "max_seq": "max_position_embeddings", "head_dim": "head_dim", "norm_eps": "rms_norm_eps",
+              "experts_per_token": "num_experts_per_tok", "expert_ffn_hidden": "moe_intermediate_size",
+              "shared_ffn_hidden": "shared_expert_intermediate_size", "q_lora_rank": "q_lora_rank",
+              "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim",
+              "sliding_window": "sliding_window", "rope_theta": "rope_theta", "router_groups": "n_group",
+              "router_group_topk": "topk_group", "router_scale": "routed_scaling_factor",
+              "aux_loss_coeff": "router_aux_loss_coef", "swiglu_limit": "swiglu_limit",
+              "attention_chunk": "attention_chunk_size"}
+
+
+def _in_file_keys(message: str, name: str, family: str, cfg: dict[str, Any], where: str) -> str:
+    """A ModelSpec refusal in the words of the file: its keys for the fields named, ``where`` for the model."""
+    import re
+
+    keys = dict(_FILE_KEYS, experts=next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0]))
+    if family in ("mixtral", "minimax_m2", "gpt_oss", "llama4_text"):  # experts as wide as intermediate_size
+        keys["expert_ffn_hidden"] = "intermediate_size"
+    if family == "llama4_text":
+        keys["ffn_hidden"] = "intermediate_size_mlp"
+    message = message.replace(f"model {name!r}:", f"{where}:", 1)
+    return re.sub(r"\b(" + "|".join(map(re.escape, keys)) + r")\b", lambda m: keys[m.group(1)], message)
 
 
 MOE_FAMILIES = ("mixtral", "minimax_m2", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v2", "deepseek_v3",
