@@ -113,7 +113,7 @@ def _check_command(parser, cfg: dict, plan: dict, gpus: int) -> None:
             groups["dp"]) == (lay["tp"], lay["pp"], lay["ep"], lay["dp"])
     experts = next(c[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in c)
     assert (tc.num_moe_experts, tc.moe_router_topk) == (experts, c.get("num_experts_per_tok", 4))
-    assert tc.moe_grouped_gemm and tc.moe_token_dispatcher_type == "alltoall"
+    assert tc.moe_grouped_gemm and tc.moe_token_dispatcher_type == "alltoall" and tc.moe_router_dtype == "fp32"
     got = {k: getattr(tc, k) for k in _router_oracle(cfg)}
     assert got == _router_oracle(cfg)
     layers = tc.num_layers

@@ -40,7 +40,8 @@ def router_args(model: ModelSpec, refuse) -> tuple[list[str], list[str]]:
     """(arguments, ``#`` notes) of a MoE model's router and balancing; ``refuse(what)`` raises."""
     bal = BIAS_BALANCING if model.expert_bias else LOSS_BALANCING
     coeff = model.aux_loss_coeff or bal.aux_coeff
-    args = ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+    # the router in float32, as meshwise's runtime computes it (and Megatron advises from 32 experts)
+    args = ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall", "--moe-router-dtype", "fp32",
             "--moe-router-score-function", model.router_score, "--moe-router-load-balancing-type", bal.kind,
             "--moe-aux-loss-coeff", repr(coeff)]
     notes = []
