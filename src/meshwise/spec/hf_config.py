@@ -200,12 +200,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
             fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
         fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
-        if fields_.get("experts") == 0 and family in MOE_FAMILIES:
-            key = next(k for k in EXPERT_KEYS if k in cfg or k == EXPERT_KEYS[-1])
-            raise MeshwiseError(f"{where}: {key} is 0; a {family} config needs at least one expert "
-                                f"(a model without experts is a dense family's config)")
-        if fields_.get("experts"):
-            fields_.update(_router_fields(cfg, family))
+        fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
         try:
             spec = ModelSpec(**fields_)
         except MeshwiseError as err:
@@ -262,8 +257,15 @@ _ROUTER_DEFAULTS = {
 }
 
 
-def _router_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
-    """The router of a MoE config, the family's transformers defaults for the keys it leaves out."""
+def _router_fields(cfg: dict[str, Any], family: str, experts: int, where: str) -> dict[str, Any]:
+    """The router of a MoE config, the family's transformers defaults for the keys it leaves out; a
+    MoE family's config without experts refused (not planned as a dense model)."""
+    if family in MOE_FAMILIES and not experts:
+        key = next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0])
+        raise MeshwiseError(f"{where}: {key} is 0; a {family} config needs at least one expert "
+                            f"(a model without experts is a dense family's config)")
+    if not experts:
+        return {}
     score, norm, scale, groups, group_topk, bias, aux = _ROUTER_DEFAULTS[family]
     if family in ("deepseek_v2", "minimax_m2"):
         score = cfg.get("scoring_func") or score
