@@ -164,6 +164,12 @@ def test_every_moe_torchtitan_registers_is_emitted(manager, float8_hardware):
     assert {"qwen3", "deepseek_v3", "gpt_oss"} <= seen
 
 
+def test_moe_float8_says_what_the_plan_keeps_in_bf16():
+    target = _target("deepseek-v3", 1024, "dp=128,zero=3,shard=64,ep=64,pp=8,ac=full", 1024, 4096, "fp8-rowwise")
+    text = emit.emit("torchtitan", target)
+    assert "--config deepseek_v3_671b_float8" in " ".join(text.split()) and "# its float8 config converts" in text
+
+
 def test_float8_config_is_torchtitans_float8(manager, monkeypatch):
     """fp8-rowwise picks the registry's float8 config; torchtitan builds it with its rowwise recipe
     once its hardware probe is told the device is float8-capable (torchao does the conversion)."""

@@ -235,8 +235,12 @@ def torchtitan_args(target: Target) -> list[str]:
 
 
 def torchtitan_text(target: Target) -> str:
-    return _shell(_header("torchtitan", target), _launcher(target, ["-m", "torchtitan.train"]),
-                  torchtitan_args(target))
+    args = torchtitan_args(target)
+    header = _header("torchtitan", target)
+    if target.model.moe and target.precision in FP8_FORMATS:
+        header.append("its float8 config converts the routed experts' grouped GEMMs too; the plan keeps them bf16 "
+                      "as meshwise's runtime does (its memory lacks their float8 copies, its time their speed-up)")
+    return _shell(header, _launcher(target, ["-m", "torchtitan.train"]), args)
 
 
 # ------------------------------------------------------------------------------------------- megatron
