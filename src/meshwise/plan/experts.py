@@ -20,10 +20,11 @@ def expert_degrees(model: ModelSpec, ranks: int) -> list[int]:
     return [e for e in _divisors(ranks) if model.experts % e == 0]
 
 
-def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:
+def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
+                 other) -> str:
     """Expert parallelism: what a MoE block holds, what each rank keeps under the chosen ep, and the
-    figures that decided ep (the best layout of the other kind, found by the same search)."""
-    return step_experts_with_figures(model, cluster, train, winner, usable)[0]
+    figures that decided ep (``other``: the best layouts of the other kind, found by the same search)."""
+    return step_experts_with_figures(model, cluster, train, winner, usable, other)[0]
 
 
 def moe_block_params(model: ModelSpec) -> int:
@@ -42,24 +43,14 @@ def _placement(cluster: ClusterSpec, win) -> str:
     return f"its all-to-all spans {span} GPUs, past {where}: over the scale-out link"
 
 
-def _other_kind(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
-                cache) -> tuple[str, dict]:
-    """The best layout with ep = 1 (the chosen has ep > 1) or with ep > 1 (it has ep = 1): the figure that
-    decided, as its step time against the chosen one's, or that none of that kind fits."""
-    from meshwise.layout import runs_here
-    from meshwise.plan.search import search
-
-    split = winner.layout.ep > 1
-    runs = runs_here(model, train.seq_len) if train.runtime == "meshwise" else (lambda layout: True)
-
-    def other(layout) -> bool:
-        return (layout.ep == 1) == split and runs(layout)
-    # no ``reads``: the search shares a filter's answers by the fields runs_here reads, and this one reads ep
-    found = search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=other, cache=cache)
-    kind = "ep=1" if split else "ep > 1"
-    if not found.best:
-        return f"no layout with {kind} fits ({found.enumerated:,} tried)", {}
-    b = found.best[0]
+def _decider(other, winner: Estimate) -> tuple[str, dict]:
+    """The figure that decided ep: ``other`` (a SearchResult) holds the best layout of the other kind,
+    ep = 1 where the chosen has ep > 1 and the reverse; its step time against the chosen one's, or
+    that none of that kind fits."""
+    kind = "ep=1" if winner.layout.ep > 1 else "ep > 1"
+    if not other.best:
+        return f"no layout with {kind} fits ({other.enumerated:,} tried)", {}
+    b = other.best[0]
     slower = b.time.step_s / winner.time.step_s - 1
     return (f"the best with {kind}, {b.layout.short()}, takes {b.time.step_s:.3g} s/step ({slower:+.1%}, "
             f"{gb_text(b.memory.total)} per rank)"), {"other_kind_step_s": b.time.step_s,
@@ -67,8 +58,9 @@ def _other_kind(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner
 
 
 def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
-                              usable: float, cache=None) -> tuple[str, dict]:
-    """:func:`step_experts`, with the figures it quotes (bytes by name); ``cache``: the plan's."""
+                              usable: float, other) -> tuple[str, dict]:
+    """:func:`step_experts`, with the figures it quotes (bytes by name); ``other``: the search's result
+    for the layouts of the other kind (planner._other_ep)."""
     win = winner.layout
     block = moe_block_params(model)
     expert = model._mlp(model.expert_ffn_hidden)
@@ -84,7 +76,7 @@ def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: Tra
     rank_experts = model.expert_params / win.pp / win.ep
     figures = {"rank_expert_states_bytes": rank_experts * train.state_bytes_per_param,
                "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes, "usable_bytes": usable}
-    decider, more = _other_kind(model, cluster, train, winner, usable, cache)
+    decider, more = _decider(other, winner)
     figures.update(more)
     if win.ep == 1:
         return head + (f"ep=1: every rank keeps all {model.experts} experts of each of its MoE blocks "

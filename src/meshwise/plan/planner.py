@@ -165,10 +165,23 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
     if best:
         _steps_shape(out, model, cluster, train, best[0])
         if model.moe and not model.states_only:
-            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable, cache)
+            other = _other_ep(model, cluster, train, best[0], usable, cache)
+            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable, other)
             out.add("E", line, **figures)
         _why_winner(out, best, len(best) if shown is None else shown)
     return out
+
+
+def _other_ep(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
+              cache: PlanCache | None):
+    """The search restricted to the layouts of the other kind than the chosen one: ep = 1 where it
+    has ep > 1, ep > 1 where it has ep = 1 (what decided ep, plan/experts.py)."""
+    split = winner.layout.ep > 1
+    runs = runs_here(model, train.seq_len) if train.runtime == "meshwise" else (lambda layout: True)
+
+    def other(layout: Layout) -> bool:  # no ``reads``: the search would share its answers across eps
+        return (layout.ep == 1) == split and runs(layout)
+    return search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=other, cache=cache)
 
 
 def _step_one_device(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one: Reference,
