@@ -90,14 +90,57 @@ def transformer_config(ns: argparse.Namespace, world: int):
     pytest.importorskip("megatron.core", reason="megatron-core is the oracle of --emit megatron")
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(TransformerConfig)
-          if getattr(ns, f.name, None) is not None}
+    cls = MLATransformerConfig if ns.multi_latent_attention else TransformerConfig
+    kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if getattr(ns, f.name, None) is not None}
+    for name in ("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq"):  # Megatron-LM's moe_freq_type
+        if isinstance(kw.get(name), str):
+            kw[name] = json.loads(kw[name]) if kw[name].startswith("[") else int(kw[name])
+    if isinstance(kw.get("window_size"), str):  # its tuple_type
+        kw["window_size"] = tuple(int(v) for v in kw["window_size"].split(","))
+    if isinstance(kw.get("moe_aux_loss_coeff"), list) and len(kw["moe_aux_loss_coeff"]) == 1:
+        kw["moe_aux_loss_coeff"] = kw["moe_aux_loss_coeff"][0]  # validate_args unwraps a single value
+    if isinstance(kw.get("moe_router_load_balancing_type"), list) and len(kw["moe_router_load_balancing_type"]) == 1:
+        kw["moe_router_load_balancing_type"] = kw["moe_router_load_balancing_type"][0]
     kw["num_moe_experts"] = ns.num_experts
     kw["pipeline_dtype"] = kw["params_dtype"] = torch.bfloat16 if ns.bf16 else torch.float32
     if ns.swiglu:
         kw.update(activation_func=F.silu, gated_linear_unit=True)
-    return TransformerConfig(**kw)
+    if ns.quick_geglu:
+        from megatron.core.activations import quick_gelu
+
+        kw.update(activation_func=quick_gelu, gated_linear_unit=True)
+    return cls(**kw)
+
+
+def parallel_state(ns: argparse.Namespace, world: int) -> dict[str, int]:
+    """megatron-core 0.16.1's ``initialize_model_parallel`` for the parsed degrees at ``world`` ranks,
+    run on torch's fake process group (rank 0 of ``world``, no communication): its own arithmetic
+    refuses a world that the tensor, pipeline, context, expert and expert-tensor degrees do not
+    divide. Returns the data-parallel sizes it derives."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=ns.tensor_model_parallel_size,
+            pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+            context_parallel_size=ns.context_parallel_size,
+            expert_model_parallel_size=ns.expert_model_parallel_size,
+            expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
+            num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances or 1,
+            create_gloo_process_groups=False)
+        return {"dp": ps.get_data_parallel_world_size(), "expert_dp": ps.get_expert_data_parallel_world_size(),
+                "ep": ps.get_expert_model_parallel_world_size(),
+                "expert_tp": ps.get_expert_tensor_parallel_world_size()}
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[1]}:{c[2]}:{c[5]}")
@@ -108,6 +151,10 @@ def test_megatron_reads_the_planned_layout(parser, case):
     cfg = transformer_config(ns, world)
     assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size,
             cfg.expert_model_parallel_size) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    groups = parallel_state(ns, world)
+    assert groups["dp"] == lay.dp and groups["ep"] == lay.ep
+    if target.model.moe:  # meshwise's experts are whole on a rank: expert-TP 1
+        assert groups["expert_tp"] == 1 and groups["expert_dp"] == world // (lay.ep * lay.pp)
     assert cfg.sequence_parallel == lay.sp
     assert cfg.virtual_pipeline_model_parallel_size == (lay.vpp if lay.vpp > 1 else None)
     # Megatron-LM's batch rule: data-parallel size = world / (tp pp cp), micro-batches = gbs / (mbs dp)

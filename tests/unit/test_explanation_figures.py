@@ -55,6 +55,9 @@ PLANS = {
     "mixtral-64": ["--model", "MIXTRAL", "--gpus", "64", "--seq-len", "4096", "--global-batch", "256"],
     "mixtral-64k-cp": ["--model", "MIXTRAL", "--gpus", "64", "--seq-len", "65536", "--global-batch", "64"],
     "deepseek-v3-2048": ["--model", "DEEPSEEK_V3", "--gpus", "2048", "--global-batch", "15360"],
+    # issue 49: the MoE step on an NVL72 rack and under Megatron-LM's runtime
+    "deepseek-v3-gb200-256": ["--model", "DEEPSEEK_V3", "--gpu", "gb200", "--gpus", "256"],
+    "deepseek-v3-megatron-1024": ["--model", "DEEPSEEK_V3", "--gpus", "1024", "--runtime", "megatron"],
     "tiny-moe-cpu": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "64", "--global-batch", "8"],
     "405b-nothing": ["--model", "llama3-405b", "--gpus", "8"],
     "params-nothing": ["--params", "70e9", "--gpu", "a100-80gb", "--gpus", "1"],
@@ -226,3 +229,43 @@ def test_table_order_is_stated_and_kept(capsys):
     steps = [c["time"]["step_s"] for c in data["candidates"]]
     band = [s for s in steps if s <= min(steps) * (1 + TIE)]
     assert steps[:len(band)] == band and steps[len(band):] == sorted(steps[len(band):])
+
+
+MOE_LINE = re.compile(r"a MoE block holds ([\d.]+)B params .*?ep=(\d+)(?:: each rank keeps (\d+) of each MoE block's "
+                      r"(\d+) experts)?.*?the best with (ep=1|ep > 1), ([^ ]+), takes ([\d.]+) s/step "
+                      r"\(([+-][\d.]+)%, ([\d,.]+ GB) per rank\)")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-gb200-256", "deepseek-v3-megatron-1024", "mixtral-64"])
+def test_moe_step_reads_moe_figures(name, tmp_path, capsys):
+    """The MoE step (issue 49): a MoE block's own parameters as transformers builds one (meta device),
+    experts per rank under the chosen ep, and the deciding layout of the other kind estimated as
+    ``plan --layout`` would, its step and memory as quoted; on GB200 the NVLink domain is named."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    status, data, args = _plan(name, tmp_path, capsys)
+    line = next(x for x in data["explanation"] if x.startswith("E. "))
+    m = MOE_LINE.search(line)
+    assert m, line
+    config = CONFIGS[PLANS[name][PLANS[name].index("--model") + 1]]
+    cls = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        layer = transformers.AutoModelForCausalLM.from_config(cls).model.layers[-1]
+    assert float(m.group(1)) == float(f"{sum(p.numel() for p in layer.parameters()) / 1e9:.3g}"), line
+    chosen = data["candidates"][0]["layout"]
+    assert int(m.group(2)) == chosen.get("ep", 1)
+    if m.group(3):
+        assert (int(m.group(3)), int(m.group(4))) == (data["model"]["experts"] // chosen["ep"], data["model"]["experts"])
+    assert (m.group(5) == "ep=1") == (chosen.get("ep", 1) > 1)
+    model = load_model(args[args.index("--model") + 1])
+    gpu = args[args.index("--gpu") + 1] if "--gpu" in args else "h100"
+    runtime = args[args.index("--runtime") + 1] if "--runtime" in args else "meshwise"
+    seq = int(args[args.index("--seq-len") + 1]) if "--seq-len" in args else default_seq_len(model)
+    batch = int(args[args.index("--global-batch") + 1]) if "--global-batch" in args else 512
+    cluster = load_cluster(gpu, int(args[args.index("--gpus") + 1]))
+    other = estimate(model, cluster, TrainSpec(batch, seq, "bf16-mixed", runtime=runtime), parse(m.group(6), cluster.world_size))
+    assert m.group(7) == f"{other.time.step_s:.3g}" and m.group(9) == _gb(other.memory.total), line
+    now = data["candidates"][0]["time"]["step_s"]
+    assert m.group(8) == f"{other.time.step_s / now - 1:+.1%}"[:-1], line
+    if gpu == "gb200":
+        assert "NVLink domain" in line and any("NVLink domain" in x for x in data["explanation"] if x.startswith("5."))

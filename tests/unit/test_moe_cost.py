@@ -65,7 +65,9 @@ def test_explanation_says_why_ep(tmp_path):
     best = p.candidates[0]
     assert best.fits and best.layout.ep > 1
     line = next(x for x in p.explanation if x.startswith("E. Experts"))
-    assert f"ep={best.layout.ep}" in line and "too many for one rank's memory" in line and "all-to-all moves" in line
+    # why: the best layout with ep=1 from the same search (issue 49: no longer all experts against one rank)
+    assert f"ep={best.layout.ep}: each rank keeps {model.experts // best.layout.ep} of" in line
+    assert "all-to-all moves" in line and "chosen because" in line and "the best with ep=1" in line
 
 
 def test_ep_with_cp_collectives_and_states(moe):

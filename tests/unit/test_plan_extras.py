@@ -160,3 +160,35 @@ def test_report_has_the_same_time_and_cost(tmp_path, capsys):
     for name, fmt in (("days", ",.1f"), ("gpu_hours", ",.0f"), ("cost", ",.0f")):
         low, high = band[name]["low"], band[name]["high"]
         assert f"<td>{first[name]:{fmt}} ({low:{fmt}}-{high:{fmt}})</td>" in page
+
+
+def test_no_valid_layout_names_the_batch_with_the_most_degrees():
+    """Issue 49: DeepSeek-V3 on 1,000 H100 at batch 1,024 has no valid layout; the refusal named 1,025
+    (whose only layouts run dp=25, a 40-stage GPipe) where 1,000 admits every degree of the world."""
+    import re
+
+    from meshwise.errors import MeshwiseError
+    from meshwise.layout import check_runnable, parse
+    from meshwise.plan.planner import plan
+    from meshwise.spec import TrainSpec, load_cluster, load_model
+
+    model = load_model("deepseek-v3")
+    with pytest.raises(MeshwiseError) as err:
+        plan(model, load_cluster("h100", 1000), TrainSpec(1024, 4096, "bf16-mixed"), top=1)
+    m = re.search(r"--global-batch (\d+) has one \((\S+)\)", str(err.value))
+    assert m and int(m.group(1)) == 1000, err.value
+    check_runnable(parse(m.group(2)), model, 1000, 1000, 4096)
+
+
+def test_zero3_rows_with_empty_columns_say_what_the_columns_are(capsys):
+    """Issue 49: ZeRO-3 rows of DeepSeek-V3 read params or grads 0.0 GB with no word why."""
+    from meshwise.cli import main
+
+    assert main(["plan", "--model", "deepseek-v3", "--gpus", "256", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    empty = [c for c in data["candidates"] if c["layout"].get("zero") == 3
+             and min(c["memory"]["params"], c["memory"]["grads"]) < 0.05e9]
+    assert empty and any("peak moment" in n and "ZeRO-3" in n for n in data["notes"])
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "64",
+                 "--layout", "dp=8,zero=1", "--json"]) == 0
+    assert not any("peak moment" in n for n in json.loads(capsys.readouterr().out)["notes"])

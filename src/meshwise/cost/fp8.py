@@ -136,3 +136,13 @@ def gather_bytes_per_param(train: TrainSpec, linear_share: float) -> float:
     if f is not None and f.gathers_fp8:
         return train.weight_bytes - linear_share
     return float(train.weight_bytes)
+
+
+
+def float8_copy_bytes(block_params: float) -> float:
+    """The float8 copies of one block's converted weights while it computes, beside the bf16 ones:
+    rowwise and columnwise, 1 B each per parameter (torchao saves the bf16 input and weight and casts
+    again in backward). ``block_params`` leaves the routed experts out: meshwise's runtime keeps them
+    in bf16 (runtime/float8.py; torchao's float8 grouped GEMM is a prototype it does not take).
+    Megatron-LM's (TE) copies, experts included: cost/megatron_memory.py."""
+    return 2.0 * block_params

@@ -13,7 +13,8 @@ argument_utils.py, moe/README.md; Transformer Engine's docs and base.py (docs/so
   where ep is folded over the TP ranks, Layout.ep_folds_tp, whose ranks then route 1/tp of the tokens each).
 - **float8 weights**: Transformer Engine casts each linear weight to float8 once per step and keeps
   the cast across micro-batches (1 B/param), and on GPUs without MX block scaling a transposed copy
-  for the backward (1 B more); MXFP8 quantizes rowwise and columnwise separately (2 B).
+  for the backward (1 B more); MXFP8 quantizes rowwise and columnwise separately (2 B). Of the
+  routed experts, the rank's own 1/ep; under Megatron-FSDP (zero=3) sharded as the weights are.
 - **Activations** per block and micro-batch, tensor by tensor (:func:`attention_token_bytes`,
   :func:`mlp_token_bytes`): Korthikanti et al. 2022's inventory without its dropout masks and ``s^2``
   scores (no dropout in Llama or DeepSeek: Megatron's fused bias-dropout-add at p = 0 makes no mask;
@@ -81,8 +82,11 @@ def _states(model: ModelSpec, train: TrainSpec, shard: int, zero: int, ep: int, 
         return dense / shard + experts / expert_dp
     grad_elem = 2 if train.precision == "bf16" else 4
     w = sharded(3) * train.weight_bytes
-    if train.fp8:  # rowwise + columnwise float8 copies of the linear weights (all but the model's ends)
-        w += (dense + experts - shape.root_params) * FP8_WEIGHT_COPIES
+    if train.fp8:  # rowwise + columnwise float8 copies of the linear weights (all but the model's ends),
+        # of the rank's own 1/ep experts, sharded as the weights are (Megatron-FSDP's zero=3 keeps and
+        # gathers its parameters in float8: fp8_param_gather)
+        ends = shape.root_params / shard if zero >= 3 else shape.root_params
+        w += (sharded(3) - ends) * FP8_WEIGHT_COPIES
     return w, sharded(2) * grad_elem, sharded(1) * train.optimizer_bytes
 
 

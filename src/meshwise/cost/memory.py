@@ -50,6 +50,7 @@ from typing import NamedTuple
 from meshwise.cost import activations as act
 from meshwise.cost import pipeline
 from meshwise.cost.context_parallel import local_train, ring_bytes, weights_layout
+from meshwise.cost.fp8 import float8_copy_bytes
 from meshwise.layout import Layout, chunk_rank, stage_layers
 from meshwise.spec import ModelSpec, TrainSpec, cached_hash
 
@@ -602,10 +603,11 @@ def receive_buffers_idle(model: ModelSpec, train: TrainSpec, layout: Layout, sha
 
 
 def _fp8_casts(train: TrainSpec, shape: RankShape) -> float:
-    """Under a float8 precision, the float8 copies of the block being computed: its weights cast
-    rowwise and columnwise (1 B each per parameter; torchao saves the bf16 input and weight and
-    casts again in backward, cost/fp8.py), beside the bf16 weights."""
-    return 2.0 * shape.block_params if train.fp8 else 0.0
+    """Under a float8 precision, the float8 copies of the block being computed (cost/fp8.float8_copy_bytes):
+    its weights but the routed experts, which stay bf16."""
+    if not train.fp8:
+        return 0.0
+    return float8_copy_bytes(shape.block_params - (shape.expert_params / shape.blocks if shape.blocks else 0.0))
 
 
 def _rope_tables(model: ModelSpec, shape: RankShape) -> float:

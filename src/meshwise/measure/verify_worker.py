@@ -90,7 +90,8 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
                 tracker = tracker_for(pm.modules, pm.optimizer, _held_by(pm), device)
                 seen = _ActivationDtypes()
                 kernels = _cuda_kernels() if precision_of == "cuda" else nullcontext()
-                with CollectiveTrace(mesh) as trace, tracker, seen, kernels:
+                routing = _balanced_routing() if spec.moe else nullcontext()
+                with CollectiveTrace(mesh) as trace, tracker, seen, kernels, routing:
                     loss, grad_norm = pm.step(x, y)
         comm: dict[tuple[str, str], list[int]] = {}
         for key, calls in trace.calls.items():
@@ -190,3 +191,47 @@ def _cuda_kernels() -> Iterator[None]:
         yield
     finally:
         F.rms_norm = rms_norm
+
+
+def _balanced_forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """runtime.moe.GroupedExperts.forward with every expert given the same rows (the remainder to the
+    first ones), the counts known from shapes: fake tensors hold no routing to read. The cost model
+    prices the same balanced routing (cost/experts.py); the collectives are the runtime's own."""
+    from meshwise.runtime.moe import all_to_all_autograd
+
+    experts, rows = counts.numel(), routed.shape[0]
+    per = [rows // experts + (1 if e < rows % experts else 0) for e in range(experts)]
+    if self.group is None:
+        return self.compute(routed, per)
+    n = dist.get_world_size(self.group)
+    local, me = experts // n, dist.get_rank(self.group)
+    dist.all_to_all_single(torch.empty_like(counts), counts, group=self.group)  # the counts' exchange
+    send = [sum(per[j * local:(j + 1) * local]) for j in range(n)]
+    mine = per[me * local:(me + 1) * local]  # every rank routes as many rows to each of my experts
+    recv = [sum(mine)] * n
+    received = all_to_all_autograd(routed, recv, send, self.group)
+    chunks = torch.split(received, mine * n)  # (source rank, local expert)
+    grouped = torch.cat([chunks[j * local + e] for e in range(local) for j in range(n)])
+    out = self.compute(grouped, [c * n for c in mine])
+    back = torch.split(out, [c for c in mine for _ in range(n)])  # (local expert, source rank)
+    back = torch.cat([back[e * n + j] for j in range(n) for e in range(local)])
+    return all_to_all_autograd(back, send, recv, self.group)
+
+
+@contextmanager
+def _balanced_routing() -> Iterator[None]:
+    """A MoE model traced with balanced routing (:func:`_balanced_forward`): ``torch.bincount`` (whose
+    output size depends on the data, which fake tensors refuse) gives zeros of its ``minlength``, which
+    the balanced experts ignore. Each trace has its own process."""
+    from meshwise.runtime.moe import GroupedExperts
+
+    bincount, forward = torch.bincount, GroupedExperts.forward
+
+    def zeros(x, weights=None, minlength=0):
+        return torch.zeros(minlength, dtype=torch.long, device=x.device)
+
+    torch.bincount, GroupedExperts.forward = zeros, _balanced_forward
+    try:
+        yield
+    finally:
+        torch.bincount, GroupedExperts.forward = bincount, forward

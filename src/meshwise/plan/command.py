@@ -56,7 +56,10 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     cluster = spec.load_cluster(gpu, gpus, gpus_per_node)
     if seq_len is None:
         seq_len = spec.default_seq_len(model)
-    runtime = runtime or cluster.accelerator.runtime or "meshwise"
+    if extras.emit == "megatron" and (runtime or "megatron") != "megatron":
+        raise MeshwiseError(f"--emit megatron: plans for Megatron-LM's runtime; --runtime {runtime} would emit a "
+                            "layout chosen for another runtime (drop --runtime or use --runtime megatron)")
+    runtime = runtime or ("megatron" if extras.emit == "megatron" else cluster.accelerator.runtime) or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                            runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap))
@@ -138,7 +141,8 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
     if as_json:
         out = {"model": model.as_json(), **result.as_json(), "runtime": train.runtime, "precision": train.precision,
                "tp_comm_overlap": train.overlap_tp_comm,
-               "calibrated": bool(cluster.accelerator.calibrated_on), "notes": plan_notes(cluster, train)}
+               "calibrated": bool(cluster.accelerator.calibrated_on),
+               "notes": plan_notes(cluster, train, result.candidates)}
         if budgets is not None:
             for c, b in zip(out["candidates"], budgets):
                 c["train_time"] = b.as_json() | budget_band(result.band, b)
@@ -153,12 +157,13 @@ def _output(model, cluster, train, result, headroom: float, as_json: bool, repor
         shown = result.candidates if given else result.candidates[:1]
         for e in shown:
             print(f"meshwise: {extras.emit} configuration of {e.layout.short()} ({e.tokens_per_s:,.0f} tokens/s, "
-                  f"{'fits' if e.fits else 'does NOT fit'}) on stdout", file=sys.stderr)
+                  f"{'fits' if e.fits else 'does NOT fit'}; planned for the {train.runtime} runtime) on stdout",
+                  file=sys.stderr)
         print(emitted)
     else:
         from meshwise.plan.show import print_plan
         print_plan(model, cluster, train, result, budgets=budgets, reliabilities=rels, failure_budgets=fbudgets)
-        for line in plan_notes(cluster, train):
+        for line in plan_notes(cluster, train, result.candidates):
             print(f"note: {line}")
     if report:
         from meshwise.report.plan_report import write_plan_report
@@ -192,7 +197,8 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [emit.Target(model, e.layout, train.global_batch, train.seq_len, train.precision, cluster.world_size,
-                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm) for e in result.candidates]
+                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm, runtime=train.runtime)
+               for e in result.candidates]
     if given:
         return emit.emit_many(framework, targets)
     why = emit.refusal(framework, targets[0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, stage_layers
+from meshwise.plan import megatron_family as family
 from meshwise.spec import ModelSpec
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
@@ -41,6 +42,7 @@ class Target:
     world_size: int
     gpus_per_node: int
     tp_comm_overlap: bool = False  # plan --tp-comm-overlap: emitted for Megatron-LM where the layout allows it (SP)
+    runtime: str = "megatron"  # the runtime the layout was planned for (plan --runtime)
 
     @property
     def accum(self) -> int:
@@ -121,10 +123,25 @@ TITAN_REGISTRY = (
     TitanConfig("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, float8=(("mxfp8", "llama3_8b_mxfp8"),)),
     TitanConfig("llama3", "llama3_70b", 80, 8192, 64, 8, 128256),
     TitanConfig("llama3", None, 126, 16384, 128, 8, 128256, float8=(("fp8-rowwise", "llama3_405b"),)),
+    TitanConfig("qwen3", "qwen3_debugmodel", 8, 256, 16, 8, 2048),
+    TitanConfig("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936),
+    TitanConfig("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936),
     TitanConfig("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936),
+    TitanConfig("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936),
     TitanConfig("qwen3", "qwen3_moe_debug", 8, 256, 16, 8, 2048, experts=64),
     TitanConfig("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, experts=128),
+    TitanConfig("deepseek_v3", "deepseek_v3_debugmodel", 6, 256, 16, 16, 2048, experts=8,
+                float8=(("mxfp8", "deepseek_v3_debugmodel_mxfp8"),)),
+    TitanConfig("deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, 16, 102400, experts=64),
+    TitanConfig("deepseek_v3", "deepseek_v3_671b", 61, 7168, 128, 128, 129280, experts=256,
+                float8=(("fp8-rowwise", "deepseek_v3_671b_float8"),)),
+    TitanConfig("gpt_oss", "gpt_oss_debugmodel", 4, 256, 64, 8, 2048, experts=8),
+    TitanConfig("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, experts=32),
+    TitanConfig("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, experts=128),
 )
+# torchtitan 0.3.0's MoE models it registers and meshwise has no family for: Qwen3.5 (gated DeltaNet
+# linear attention), Kimi K2.5 and Moonlight (multimodal configs of its kimi_k2_7 module)
+TITAN_UNMODELLED = ("qwen3_5", "kimi_k2_7")
 TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 TITAN_AC = {"none": "activation-checkpoint:none", "selective": "activation-checkpoint:selective",
             "full": "activation-checkpoint:full"}
@@ -218,8 +235,12 @@ def torchtitan_args(target: Target) -> list[str]:
 
 
 def torchtitan_text(target: Target) -> str:
-    return _shell(_header("torchtitan", target), _launcher(target, ["-m", "torchtitan.train"]),
-                  torchtitan_args(target))
+    args = torchtitan_args(target)
+    header = _header("torchtitan", target)
+    if target.model.moe and target.precision in FP8_FORMATS:
+        header.append("its float8 config converts the routed experts' grouped GEMMs too; the plan keeps them bf16 "
+                      "as meshwise's runtime does (its memory lacks their float8 copies, its time their speed-up)")
+    return _shell(header, _launcher(target, ["-m", "torchtitan.train"]), args)
 
 
 # ------------------------------------------------------------------------------------------- megatron
@@ -237,36 +258,47 @@ def _megatron_refusals(target: Target) -> None:
     if lay.pp > 1 and lay.schedule in ("gpipe", "zero-bubble"):
         raise Unexpressible(f"--emit megatron: schedule={lay.schedule} is not a Megatron-LM schedule (it runs 1F1B, "
                             "and interleaved 1F1B with virtual stages); use 1f1b or interleaved-1f1b")
+    if target.model.moe and lay.tp > 1 and not lay.sp:
+        raise Unexpressible(f"--emit megatron: a MoE model at tp={lay.tp} needs sequence parallelism in "
+                            "Megatron-LM (sp=off is refused at start-up); use sp=on")
     m = target.accum
     if lay.vpp > 1 and m % lay.pp:
         raise Unexpressible(f"--emit megatron: Megatron-LM's interleaved schedule needs the {m} micro-batches per step "
                             f"to be a multiple of pp={lay.pp}; use a global batch that gives one")
 
 
-def _megatron_model(model: ModelSpec, seq_len: int) -> list[str]:
-    """The model's shape as Megatron-LM GPT arguments."""
+def _megatron_refuse(what: str) -> None:
+    raise Unexpressible(f"--emit megatron: {what}")
+
+
+def _megatron_model(model: ModelSpec, seq_len: int) -> tuple[list[str], list[str]]:
+    """The model's shape as Megatron-LM GPT arguments, and the ``#`` notes of what Megatron builds differently."""
     args = ["--num-layers", str(model.layers), "--hidden-size", str(model.hidden),
             "--ffn-hidden-size", str(model.ffn_hidden), "--num-attention-heads", str(model.heads)]
-    if model.kv_heads != model.heads:
+    if model.kv_heads != model.heads and not model.mla:
         args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
-    if model.kv_lora_rank:
+    if model.mla:  # --qk-layernorm: MLA's norms of the compressed query and key-value (DeepSeek-V2/V3)
         args += ["--multi-latent-attention", "--kv-lora-rank", str(model.kv_lora_rank),
                  "--qk-head-dim", str(model.head_dim - model.qk_rope_head_dim),
-                 "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim), "--v-head-dim", str(model.v_head_dim)]
+                 "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim), "--v-head-dim", str(model.v_head_dim),
+                 "--qk-layernorm"]
         if model.q_lora_rank:
             args += ["--q-lora-rank", str(model.q_lora_rank)]
     elif model.head_dim != model.hidden // model.heads:
         args += ["--kv-channels", str(model.head_dim)]
-    args += ["--seq-length", str(seq_len), "--max-position-embeddings", str(max(model.max_seq, seq_len))]
+    args += ["--seq-length", str(seq_len), "--max-position-embeddings", str(family.max_positions(model, seq_len))]
+    notes: list[str] = []
     if model.position == "rope":
         args += ["--position-embedding-type", "rope"]
         if model.rope_theta != 10000.0:  # Megatron-LM's default base; the catalog leaves Llama 3's 500,000 out
             args += ["--rotary-base", str(int(model.rope_theta))]
+        more, why = family.rope_args(model, _megatron_refuse)
+        args, notes = args + more, notes + why
     else:
         args += ["--position-embedding-type", "learned_absolute"]
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
              "--norm-epsilon", str(model.norm_eps)]
-    if model.mlp == "swiglu":
+    if model.mlp == "swiglu" and not model.swiglu_limit:
         args.append("--swiglu")
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
@@ -274,8 +306,8 @@ def _megatron_model(model: ModelSpec, seq_len: int) -> list[str]:
         args.append("--disable-bias-linear")
     elif model.qkv_bias and not (model.o_bias or model.mlp_bias):
         args += ["--disable-bias-linear", "--add-qkv-bias"]
-    if model.qk_norm:
-        args.append("--qk-layernorm")
+    more, why = family.attention_args(model, seq_len, _megatron_refuse)
+    args, notes = args + more, notes + why
     if model.moe:
         args += ["--num-experts", str(model.experts), "--moe-router-topk", str(model.experts_per_token),
                  "--moe-ffn-hidden-size", str(model.expert_ffn_hidden)]
@@ -284,7 +316,9 @@ def _megatron_model(model: ModelSpec, seq_len: int) -> list[str]:
         if model.dense_layers:
             pattern = ",".join("0" if i in model.dense_layers else "1" for i in range(model.layers))
             args += ["--moe-layer-freq", f"[{pattern}]"]
-    return args
+        more, why = family.router_args(model, _megatron_refuse)
+        args, notes = args + more, notes + why
+    return args, notes
 
 
 def megatron_layout(model: ModelSpec, lay: Layout) -> str:
@@ -300,6 +334,8 @@ def _megatron_parallel(target: Target) -> list[str]:
     lay = target.layout
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--context-parallel-size", str(lay.cp), "--expert-model-parallel-size", str(lay.ep)]
+    if target.model.moe:  # meshwise's experts are never TP-split (Layout.ep_folds_tp); Megatron's default is tp
+        args += ["--expert-tensor-parallel-size", "1"]
     if lay.sp:
         args.append("--sequence-parallel")
         if target.tp_comm_overlap:
@@ -334,16 +370,27 @@ def _megatron_precision(precision: str) -> list[str]:
     return args
 
 
-def megatron_args(target: Target) -> list[str]:
-    """Megatron-LM ``pretrain_gpt.py`` arguments: the model, the parallel layout, batch, recompute, optimizer."""
+def megatron_parts(target: Target) -> tuple[list[str], list[str]]:
+    """Megatron-LM ``pretrain_gpt.py`` arguments (the model, the parallel layout, batch, recompute,
+    optimizer) and the ``#`` notes of what Megatron-Core builds differently from the planned model."""
     _megatron_refusals(target)
-    return (_megatron_model(target.model, target.seq_len) + _megatron_parallel(target)
-            + _megatron_precision(target.precision) + ["--clip-grad", str(GRAD_CLIP)])
+    model, notes = _megatron_model(target.model, target.seq_len)
+    return model + _megatron_parallel(target) + _megatron_precision(target.precision) + \
+        ["--clip-grad", str(GRAD_CLIP)], notes
+
+
+def megatron_args(target: Target) -> list[str]:
+    return megatron_parts(target)[0]
 
 
 def megatron_text(target: Target) -> str:
-    header = _header("megatron", target) + ["add your data and tokenizer arguments (--data-path, --tokenizer-type)"]
-    args = megatron_args(target)
+    args, notes = megatron_parts(target)
+    header = _header("megatron", target)
+    if target.runtime != "megatron":
+        header.append("planned for meshwise's runtime: its throughput and memory are not Megatron-LM's "
+                      "(meshwise plan --runtime megatron plans for Megatron-LM)")
+    header += notes
+    header.append("add your data and tokenizer arguments (--data-path, --tokenizer-type)")
     lay = target.layout
     # Megatron-LM asserts one CUDA connection with TP or CP (before Blackwell), Megatron-FSDP more than one
     env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (lay.tp > 1 or lay.cp > 1) and lay.zero < 2 else []

@@ -20,34 +20,69 @@ def expert_degrees(model: ModelSpec, ranks: int) -> list[int]:
     return [e for e in _divisors(ranks) if model.experts % e == 0]
 
 
-def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float) -> str:
-    """Expert parallelism: are the experts too many for one rank's memory, or is moving the tokens to
-    them (all-to-all) cheaper than gathering them (ZeRO) to every rank?"""
-    return step_experts_with_figures(model, cluster, train, winner, usable)[0]
+def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
+                 other) -> str:
+    """Expert parallelism: what a MoE block holds, what each rank keeps under the chosen ep, and the
+    figures that decided ep (``other``: the best layouts of the other kind, found by the same search)."""
+    return step_experts_with_figures(model, cluster, train, winner, usable, other)[0]
+
+
+def moe_block_params(model: ModelSpec) -> int:
+    """One MoE block's own parameters: attention, norms, its routed experts, router and shared expert
+    (not the mean over the model's blocks, dense ones included)."""
+    return model.attention_params + model.layer_norm_params + model._moe_block(model.experts)
+
+
+def _placement(cluster: ClusterSpec, win) -> str:
+    """Where the all-to-all runs: the ep ranks' span against the NVLink domain (cost/experts.py's link)."""
+    span = win.ep * (1 if win.ep_folds_tp else win.tp)
+    domain = cluster.domain_gpus
+    where = f"the {domain}-GPU NVLink domain" if domain > cluster.gpus_per_node else f"a {domain}-GPU node (NVLink)"
+    if span <= domain:
+        return f"its all-to-all spans {span} GPUs, inside {where}"
+    return f"its all-to-all spans {span} GPUs, past {where}: over the scale-out link"
+
+
+def _decider(other, winner: Estimate) -> tuple[str, dict]:
+    """The figure that decided ep: ``other`` (a SearchResult) holds the best layout of the other kind,
+    ep = 1 where the chosen has ep > 1 and the reverse; its step time against the chosen one's, or
+    that none of that kind fits."""
+    kind = "ep=1" if winner.layout.ep > 1 else "ep > 1"
+    if not other.best:
+        return f"no layout with {kind} fits ({other.enumerated:,} tried)", {}
+    b = other.best[0]
+    slower = b.time.step_s / winner.time.step_s - 1
+    return (f"the best with {kind}, {b.layout.short()}, takes {b.time.step_s:.3g} s/step ({slower:+.1%}, "
+            f"{gb_text(b.memory.total)} per rank)"), {"other_kind_step_s": b.time.step_s,
+                                                       "other_kind_total_bytes": b.memory.total}
 
 
 def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
-                              usable: float) -> tuple[str, dict]:
-    """:func:`step_experts`, with the figures it quotes (bytes by name)."""
+                              usable: float, other) -> tuple[str, dict]:
+    """:func:`step_experts`, with the figures it quotes (bytes by name); ``other``: the search's result
+    for the layouts of the other kind (planner._other_ep)."""
     win = winner.layout
-    experts_gb = model.expert_params * train.state_bytes_per_param
-    a2a = [c for c in winner.comm if c.kind == "all_to_all"]
-    a2a_bytes = sum(c.bytes_per_step for c in a2a)
+    block = moe_block_params(model)
+    expert = model._mlp(model.expert_ffn_hidden)
+    a2a_bytes = sum(c.bytes_per_step for c in winner.comm if c.kind == "all_to_all")
     m = win.accum(train.global_batch)
     gathers = (2 * m if win.zero == 3 else 1)  # ZeRO-3 gathers every micro-batch, forward and backward
     gather_bytes = model.expert_params / win.pp * train.weight_bytes * gathers
-    head = (f"E. Experts: {model.experts} x {model.moe_layers} blocks hold {model.expert_params / 1e9:,.3g}B of the "
-            f"{model.params / 1e9:,.3g}B params ({gb_text(experts_gb)} of states), {model.experts_per_token} active per token "
-            f"({model.active_params / 1e9:,.3g}B active params). ")
-    figures = {"experts_states_bytes": experts_gb, "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes,
-               "usable_bytes": usable}
+    shared = f", a shared expert of {model._mlp(model.shared_ffn_hidden) / 1e6:,.0f}M" if model.shared_ffn_hidden else ""
+    head = (f"E. Experts: a MoE block holds {block / 1e9:,.3g}B params ({model.experts} routed experts of "
+            f"{expert / 1e6:,.0f}M{shared}, the router and attention), {model.moe_layers} of the {model.layers} "
+            f"blocks; {model.experts_per_token} experts active per token ({model.active_params / 1e9:,.3g}B active "
+            f"params of {model.params / 1e9:,.3g}B). ")
+    rank_experts = model.expert_params / win.pp / win.ep
+    figures = {"rank_expert_states_bytes": rank_experts * train.state_bytes_per_param,
+               "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes, "usable_bytes": usable}
+    decider, more = _decider(other, winner)
+    figures.update(more)
     if win.ep == 1:
-        return head + (f"ep=1: sharded by ZeRO the experts fit, and gathering them ({gb_text(gather_bytes)} per rank per "
-                       "step) was not slower than any layout with ep > 1 that fits."), figures
-    why = []
-    if experts_gb / win.tp > usable:
-        why.append(f"too many for one rank's memory ({gb_text(experts_gb)} > {gb_text(usable)})")
-    why.append(f"all-to-all moves {gb_text(a2a_bytes)} per rank per step where gathering the experts would move "
-               f"{gb_text(gather_bytes)}" + (" (cheaper)" if a2a_bytes < gather_bytes else ""))
-    return (head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each block's experts; " + "; ".join(why)
-            + "."), figures
+        return head + (f"ep=1: every rank keeps all {model.experts} experts of each of its MoE blocks "
+                       f"({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding), "
+                       f"gathered by ZeRO ({gb_text(gather_bytes)} per rank per step); {decider}."), figures
+    return (head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each MoE block's {model.experts} "
+            f"experts ({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding); "
+            f"{_placement(cluster, win)}; the all-to-all moves {gb_text(a2a_bytes)} per rank per step "
+            f"(gathering the experts instead: {gb_text(gather_bytes)}); chosen because {decider}."), figures

@@ -4,6 +4,7 @@ docs/design.md with the numbers, and warn of the known anti-patterns. Pure Pytho
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from meshwise.cost import memory
@@ -13,8 +14,9 @@ from meshwise.cost.plan_cache import PlanCache
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, runs_here, validate
 from meshwise.plan.band import Band, band_for, figure_bands, with_band
+from meshwise.plan.batch_hint import MAX_SHIFT
 from meshwise.plan.compare import binding, costlier_part
-from meshwise.plan.experts import expert_degrees, step_experts_with_figures
+from meshwise.plan.experts import expert_degrees, moe_block_params, step_experts_with_figures
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS,
     MAX_MBS,
@@ -165,10 +167,23 @@ def explain_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpe
     if best:
         _steps_shape(out, model, cluster, train, best[0])
         if model.moe and not model.states_only:
-            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable)
+            other = _other_ep(model, cluster, train, best[0], usable, cache)
+            line, figures = step_experts_with_figures(model, cluster, train, best[0], usable, other)
             out.add("E", line, **figures)
         _why_winner(out, best, len(best) if shown is None else shown)
     return out
+
+
+def _other_ep(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
+              cache: PlanCache | None):
+    """The search restricted to the layouts of the other kind than the chosen one: ep = 1 where it
+    has ep > 1, ep > 1 where it has ep = 1 (what decided ep, plan/experts.py)."""
+    split = winner.layout.ep > 1
+    runs = runs_here(model, train.seq_len) if train.runtime == "meshwise" else (lambda layout: True)
+
+    def other(layout: Layout) -> bool:  # no ``reads``: the search would share its answers across eps
+        return (layout.ep == 1) == split and runs(layout)
+    return search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=other, cache=cache)
 
 
 def _step_one_device(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, one: Reference,
@@ -224,8 +239,10 @@ def _step_layer(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: T
     weights and gradients, unsharded, and its activations of one sequence. Routed experts are split
     by expert parallelism (up to the largest ep the search tries), not by TP."""
     max_ep = max(expert_degrees(model, cluster.world_size))
-    per_block_experts = model.expert_params / model.layers
-    unsplit = model.layer_params - per_block_experts * (1 - 1 / max_ep)
+    # a MoE block's own parameters (the largest block), not the mean over the blocks
+    per_block_experts = model.expert_params / model.moe_layers if model.moe else 0.0
+    block = moe_block_params(model) if model.moe else model.layer_params
+    unsplit = block - per_block_experts * (1 - 1 / max_ep)
     whole = unsplit * (train.weight_bytes + train.grad_bytes)
     kept = memory.kept_per_block(model, train, Layout())
     large = whole + kept > usable
@@ -238,7 +255,7 @@ def _step_layer(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: T
     else:
         verdict = ("a layer fits; TP is needed only if sharded states plus activations still overflow" +
                    (f" (the chosen layout has tp={tp})." if winner else "."))
-    out.add("3", f"3. One layer too large? A block holds {model.layer_params / 1e6:,.0f}M params{experts}; "
+    out.add("3", f"3. One layer too large? A {'MoE ' if model.moe else ''}block holds {block / 1e6:,.0f}M params{experts}; "
                  f"whole while it computes, its weights and gradients take {gb_text(whole)} and its activations of one "
                  f"sequence {gb_text(kept)} -> {verdict}",
             block_whole_bytes=whole, block_activations_bytes=kept, usable_bytes=usable)
@@ -291,8 +308,13 @@ def _steps_shape(out: Explained, model: ModelSpec, cluster: ClusterSpec, train: 
         out.add("4", f"4. Depth: no pipeline needed; {model.layers} layers stay on every rank.")
     if cluster.nodes > 1:
         tp_span = "inside a node (NVLink)" if win.tp <= cluster.gpus_per_node else "ACROSS nodes"
+        domain = cluster.domain_gpus  # GB200/GB300 NVL72: NVLink joins several nodes
+        outer = (f"DP={win.dp} outermost, over NVLink inside each {domain}-GPU NVLink domain "
+                 f"({domain // cluster.gpus_per_node} nodes) and the scale-out link between the "
+                 f"{cluster.world_size // domain} domains" if domain > cluster.gpus_per_node
+                 else f"DP={win.dp} outermost over the scale-out link")
         out.add("5", f"5. {cluster.nodes} nodes x {cluster.gpus_per_node}: TP={win.tp} {tp_span}, PP={win.pp} next, "
-                     f"DP={win.dp} outermost over the scale-out link.")
+                     f"{outer}.")
 
 
 def _kind(layout: Layout) -> tuple:
@@ -472,13 +494,15 @@ def _first_valid(model: ModelSpec, world: int, train: TrainSpec, global_batch: i
 
 def no_valid_layout(model: ModelSpec, world: int, train: TrainSpec, tries: int = 12) -> str:
     """The one-line refusal when no layout is valid (every cp included): dp must divide the global batch.
-    Names the nearest global batches that have a valid layout (checked, at most ``tries`` of them)."""
+    Names a nearby global batch that has a valid layout (checked, at most ``tries`` of them): within the
+    batch hint's shift, the one that admits the most data-parallel degrees first (1,000 on 1,000
+    devices rather than 1,025, whose only layouts run dp=25), then the nearest (plan/batch_hint.py)."""
     dps = {world // (tp * cp * pp) for tp in tp_degrees(model, world)
            for cp in cp_degrees(model, world // tp, train.seq_len, bounded=False)
            for pp in (p for p in _divisors_of(world // (tp * cp)) if p <= max(model.layers, 1))}
     gb = train.global_batch
     batches = sorted({b for d in dps for b in (gb // d * d, -(-gb // d) * d) if b > 0 and b != gb},
-                     key=lambda b: (abs(b - gb), b))
+                     key=lambda b: (abs(b - gb) > MAX_SHIFT * gb, -math.gcd(b, world), abs(b - gb), b))
     head = f"--global-batch: {gb} leaves no valid layout on {world} devices (dp must divide it)"
     for b in batches[:tries]:
         lay = _first_valid(model, world, train, b)
@@ -564,12 +588,18 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
                 result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures, band)
 
 
-def plan_notes(cluster: ClusterSpec, train: TrainSpec) -> list[str]:
+def plan_notes(cluster: ClusterSpec, train: TrainSpec, shown: tuple[Estimate, ...] = ()) -> list[str]:
     """What every plan on this device and setting must say beside its numbers: a time model never
-    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty)."""
+    checked against published runs of this device (the accelerator's ``calibrated_on`` is empty); and,
+    where a ZeRO-3 row of ``shown`` reads (near) 0 GB of params or grads, what its columns are."""
     accel = cluster.accelerator
-    if accel.calibrated_on:
-        return []
-    return [f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
-            f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}): "
-            f"treat its times as a first-order estimate"]
+    notes = []
+    if not accel.calibrated_on:
+        notes.append(f"{accel.name}'s step times are not checked against any published run (datasheet peaks with "
+                     f"{'the op model of a sibling device' if accel.has_op_model else 'the default efficiency curve'}"
+                     "): treat its times as a first-order estimate")
+    if any(e.layout.zero == 3 and min(e.memory.params, e.memory.grads) < 0.05e9 for e in shown):
+        notes.append("the memory columns are each category at the rank's peak moment (they sum to total), not "
+                     "each one's own maximum: under ZeRO-3 a rank keeps 1/shard of the weights and gradients and "
+                     "the whole ones exist only while a block computes, so params or grads can read 0.0 GB there")
+    return notes

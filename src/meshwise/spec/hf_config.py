@@ -197,8 +197,14 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
             fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
         if family in hf_defaults.CLASS_DEFAULTS:
             fields_.update(hf_defaults.recent_fields(cfg, family, layers))
+        if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
+            fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
         fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
-        spec = ModelSpec(**fields_)
+        fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
+        try:
+            spec = ModelSpec(**fields_)
+        except MeshwiseError as err:
+            raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
         mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
         return _with_mtp(spec, mtp) if mtp else spec
     except KeyError as missing:
@@ -207,6 +213,71 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.js
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+# ModelSpec's fields by the config.json keys they are read from (a family's own key first where it differs)
+_FILE_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+              "max_seq": "max_position_embeddings", "head_dim": "head_dim", "norm_eps": "rms_norm_eps",
+              "experts_per_token": "num_experts_per_tok", "expert_ffn_hidden": "moe_intermediate_size",
+              "shared_ffn_hidden": "shared_expert_intermediate_size", "q_lora_rank": "q_lora_rank",
+              "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim",
+              "sliding_window": "sliding_window", "rope_theta": "rope_theta", "router_groups": "n_group",
+              "router_group_topk": "topk_group", "router_scale": "routed_scaling_factor",
+              "aux_loss_coeff": "router_aux_loss_coef", "swiglu_limit": "swiglu_limit",
+              "attention_chunk": "attention_chunk_size"}
+
+
+def _in_file_keys(message: str, name: str, family: str, cfg: dict[str, Any], where: str) -> str:
+    """A ModelSpec refusal in the words of the file: its keys for the fields named, ``where`` for the model."""
+    import re
+
+    keys = dict(_FILE_KEYS, experts=next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0]))
+    if family in ("mixtral", "minimax_m2", "gpt_oss", "llama4_text"):  # experts as wide as intermediate_size
+        keys["expert_ffn_hidden"] = "intermediate_size"
+    if family == "llama4_text":
+        keys["ffn_hidden"] = "intermediate_size_mlp"
+    message = message.replace(f"model {name!r}:", f"{where}:", 1)
+    return re.sub(r"\b(" + "|".join(map(re.escape, keys)) + r")\b", lambda m: keys[m.group(1)], message)
+
+
+MOE_FAMILIES = ("mixtral", "minimax_m2", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v2", "deepseek_v3",
+                "gpt_oss", "llama4_text")
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# transformers' router per family, where config.json leaves a key out: (score, norm_topk_prob,
+# routed_scaling_factor, n_group, topk_group, expert bias, balance-loss weight); DeepSeek-V3 and GLM-4.5
+# hard-code the sigmoid and the bias (e_score_correction_bias), Mixtral and GPT-OSS renormalise the
+# top-k, Llama 4 takes the sigmoid of its top-1 logit; DeepSeek-V2 scores by softmax (scoring_func)
+_ROUTER_DEFAULTS = {
+    "mixtral": ("softmax", True, 1.0, 0, 0, False, 0.001), "gpt_oss": ("softmax", True, 1.0, 0, 0, False, 0.001),
+    "qwen2_moe": ("softmax", False, 1.0, 0, 0, False, 0.001), "qwen3_moe": ("softmax", False, 1.0, 0, 0, False, 0.001),
+    "llama4_text": ("sigmoid", False, 1.0, 0, 0, False, 0.001),
+    "deepseek_v3": ("sigmoid", True, 2.5, 8, 4, True, 0.0), "glm4_moe": ("sigmoid", True, 1.0, 1, 1, True, 0.0),
+    "deepseek_v2": ("softmax", False, 1.0, 0, 0, False, 0.0), "minimax_m2": ("sigmoid", True, 1.0, 0, 0, True, 0.001),
+}
+
+
+def _router_fields(cfg: dict[str, Any], family: str, experts: int, where: str) -> dict[str, Any]:
+    """The router of a MoE config, the family's transformers defaults for the keys it leaves out; a
+    MoE family's config without experts refused (not planned as a dense model)."""
+    if family in MOE_FAMILIES and not experts:
+        key = next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0])
+        raise MeshwiseError(f"{where}: {key} is 0; a {family} config needs at least one expert "
+                            f"(a model without experts is a dense family's config)")
+    if not experts:
+        return {}
+    score, norm, scale, groups, group_topk, bias, aux = _ROUTER_DEFAULTS[family]
+    if family in ("deepseek_v2", "minimax_m2"):
+        score = cfg.get("scoring_func") or score
+    if family == "deepseek_v2":
+        bias = cfg.get("topk_method") == "noaux_tc"
+    if family == "minimax_m2":
+        bias = bool(cfg.get("use_routing_bias", bias))
+    aux = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha", aux))
+    return dict(router_score=score, router_norm_topk=bool(cfg.get("norm_topk_prob", norm)),
+                router_scale=float(cfg.get("routed_scaling_factor", scale) or 1.0),
+                router_groups=int(cfg.get("n_group", groups) or 0), router_group_topk=int(cfg.get("topk_group", group_topk) or 0),
+                expert_bias=bias, aux_loss_coeff=float(aux or 0.0))
 
 
 def _expert_fields(cfg: dict[str, Any], family: str, layers: int, heads: int, attn_bias: bool, where: str

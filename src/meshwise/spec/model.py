@@ -35,6 +35,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_tex
 QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
+ROUTER_SCORES = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ class ModelSpec:
     add, and divides the logits by ``logits_scaling``. ``excluded`` names what the count leaves out
     (DeepSeek-V3's multi-token-prediction layers, a multimodal model's vision encoder) and
     ``excluded_params`` its size, where known.
+
+    The router (they add no weights; what ``plan --emit`` configures): ``router_score`` softmax or
+    sigmoid of the logits, ``router_norm_topk`` the k weights renormalised to sum 1 (norm_topk_prob),
+    ``router_scale`` their factor (routed_scaling_factor), grouped top-k over ``router_groups`` groups
+    keeping ``router_group_topk`` (n_group, topk_group), ``expert_bias`` DeepSeek-V3's aux-loss-free
+    balancing bias, ``aux_loss_coeff`` the balance loss's weight (0: not given); ``qk_l2_norm``
+    Llama 4's parameter-free L2 norm of q and k in its RoPE blocks.
     """
 
     name: str
@@ -124,6 +132,14 @@ class ModelSpec:
     logits_scaling: float = 1.0
     excluded: str = ""
     excluded_params: int = 0
+    router_score: str = "softmax"
+    router_norm_topk: bool = True
+    router_scale: float = 1.0
+    router_groups: int = 0
+    router_group_topk: int = 0
+    expert_bias: bool = False
+    aux_loss_coeff: float = 0.0
+    qk_l2_norm: bool = False
 
     __hash__ = cached_hash
 
@@ -136,22 +152,24 @@ class ModelSpec:
             _positive_int(self, name, getattr(self, name))
         for name in ("head_dim", "experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
                      "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
-                     "rope_original_max_seq", "attention_chunk", "excluded_params"):
+                     "rope_original_max_seq", "attention_chunk", "excluded_params", "router_groups",
+                     "router_group_topk"):
             _positive_int(self, name, getattr(self, name), zero_ok=True)
         for name in ("tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "shared_expert_gate",
-                     "post_norm", "attn_sinks", "router_bias"):
+                     "post_norm", "attn_sinks", "router_bias", "router_norm_topk", "expert_bias", "qk_l2_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise MeshwiseError(f"model {self.name!r}: {name} must be true or false, got {getattr(self, name)!r}")
-        positive = ("embedding_multiplier", "residual_multiplier", "logits_scaling")  # 0 is no model
+        positive = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "router_scale")  # 0 is no model
         for name in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit", *positive):
+                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit",
+                     "aux_loss_coeff", *positive):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
                     or (value == 0 and name in positive):
                 what = "a finite number above 0" if name in positive else "a finite non-negative number"
                 raise MeshwiseError(f"model {self.name!r}: {name} must be {what}, got {value!r}")
         for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS),
-                            ("qk_norm_scope", QK_NORM_SCOPES)):
+                            ("qk_norm_scope", QK_NORM_SCOPES), ("router_score", ROUTER_SCORES)):
             if getattr(self, name) not in valid:
                 raise MeshwiseError(f"model {self.name!r}: {name} must be one of {', '.join(valid)}, "
                                     f"got {getattr(self, name)!r}")
