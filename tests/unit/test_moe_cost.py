@@ -61,7 +61,7 @@ def test_explanation_says_why_ep(tmp_path):
                                num_key_value_heads=8, vocab_size=32768, max_position_embeddings=65536,
                                rope_theta=1e6).save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
-    p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096), top=3)
+    p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096, moe_balancing="aux-loss-free"), top=3)
     best = p.candidates[0]
     assert best.fits and best.layout.ep > 1
     line = next(x for x in p.explanation if x.startswith("E. Experts"))
