@@ -194,3 +194,20 @@ def test_flat_path_splits_moe_over_tp_as_the_op_model_does():
     # tp=4 ranks see 4x the tokens of a tp=1 rank: Megatron's divide all of it by 4, meshwise's not the experts'
     assert compute_s["megatron", 4] == pytest.approx(compute_s["megatron", 1], rel=0.15)
     assert compute_s["meshwise", 4] > 2.0 * compute_s["megatron", 4]
+
+
+
+def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
+    """--overlap-moe-expert-parallel-comm (DualPipe): one micro-batch's all-to-alls run under another's
+    compute, so only their excess over the rank's compute is exposed; off, all of it."""
+    from meshwise.cost import comm, experts
+    from meshwise.errors import MeshwiseError
+    link = load_cluster("h100", 16).inter
+    ops = [comm.collective("all_to_all", "ep", 16, 1e8, 10, link)]
+    total = ops[0].seconds_per_step
+    plain, over = TrainSpec(8, 4096, runtime="megatron"), TrainSpec(8, 4096, runtime="megatron", overlap_ep_comm=True)
+    assert experts.exposed_s(ops, 0.5 * total, plain) == total
+    assert experts.exposed_s(ops, 0.5 * total, over) == pytest.approx(0.5 * total)
+    assert experts.exposed_s(ops, 2 * total, over) == 0.0
+    with pytest.raises(MeshwiseError, match="overlap_ep_comm"):
+        TrainSpec(8, 4096, overlap_ep_comm=True)

@@ -616,8 +616,8 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return max(times) + bubble_s
     local = local_train(train, layout)
-    ep_s = [sum(op.seconds_per_step for op in experts.ep_collectives(model, local, layout, s, m, cluster))
-            for s in shapes]
+    ep_s = [experts.exposed_s(experts.ep_collectives(model, local, layout, s, m, cluster), t, train)
+            for s, t in zip(shapes, times)]
     return max(t + e for t, e in zip(times, ep_s)) + bubble_s
 
 
@@ -673,7 +673,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     # a profile whose ring steps were timed with their sends holds them in compute (cost/context_parallel.py)
     cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
-    pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
+    pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + experts.exposed_s(ep_ops, compute_s, train)
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
 

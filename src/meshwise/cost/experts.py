@@ -54,3 +54,12 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
         out.append(comm.collective("all_reduce", "cp", layout.cp, layout.mbs * model.experts * 4, calls * forwards,
                                    cluster.link_for(layout.cp, layout.tp)))
     return out
+
+
+def exposed_s(ops: list[Collective], compute_s: float, train: TrainSpec) -> float:
+    """Seconds of a rank's expert-parallel collectives on its critical path: all of them (the experts
+    wait for their tokens), or under ``train.overlap_ep_comm`` (Megatron's
+    ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe: one micro-batch's all-to-alls run
+    while another's forward or backward computes) what exceeds the rank's compute."""
+    total_s = sum(op.seconds_per_step for op in ops)
+    return max(0.0, total_s - compute_s) if train.overlap_ep_comm else total_s

@@ -46,6 +46,8 @@ class TrainSpec:
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
     model_code: str = "meshwise"  # whose model code's memory-bound operators run under the meshwise runtime
                                   # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
+    overlap_ep_comm: bool = False  # the dispatch/combine all-to-alls hidden behind another micro-batch's compute
+                                   # (Megatron's --overlap-moe-expert-parallel-comm, off by default; DualPipe)
     moe_capacity_factor: float = 0.0  # Megatron's moe_expert_capacity_factor with the experts' inputs padded to
                                       # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
     moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
@@ -71,6 +73,9 @@ class TrainSpec:
             raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
         if self.model_code not in MODEL_CODES:
             raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
+        if self.overlap_ep_comm and self.runtime != "megatron":
+            raise MeshwiseError("overlap_ep_comm: the all-to-all overlap is a Megatron-LM setting "
+                                "(--overlap-moe-expert-parallel-comm); add --runtime megatron")
         if self.moe_capacity_factor < 0:
             raise MeshwiseError(f"moe_capacity_factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
         if self.moe_balancing not in MOE_BALANCING:
