@@ -137,3 +137,25 @@ def test_a_peak_inside_an_attention_under_cp_is_the_rings():
         layout = parse(text, 4)
         shape = memory.all_rank_shapes(tiny, layout)[0]
         assert moments_seen(["ring"], memory.moment_memories(tiny, train, layout, shape, 2, 1e12)) == [name]
+
+
+def test_megatron_expert_tp_splits_the_expert_gradients_and_the_dispatch(moe):
+    """Megatron, tp=2, ep=2 (expert TP = TP, its default): each rank holds 1/tp of its experts, so the
+    expert data-parallel reduction carries 1/tp of meshwise's; each TP rank dispatches its T/tp
+    sequence-parallel tokens and the TP group all-gathers and reduce-scatters the copies
+    (token_dispatcher.py, MoEAlltoAllTokenDispatcher)."""
+    cluster, lay = load_cluster("h100", 8), parse("dp=4,zero=1,tp=2,sp=on,ep=2", 8)
+    shape = memory.rank_shapes(moe, lay)[0]
+    ops = {}
+    for runtime in ("meshwise", "megatron"):
+        train = TrainSpec(8, 64, "bf16-mixed", runtime=runtime)
+        ops[runtime] = {(c.kind, c.dim): (c.count_per_step, c.bytes_per_step)
+                        for c in rank_collectives(moe, cluster, train, lay, shape)}
+    mesh, mega = ops["meshwise"], ops["megatron"]
+    assert mega[("reduce_scatter", "edp")][1] == pytest.approx(mesh[("reduce_scatter", "edp")][1] / 2)
+    calls, moved = mesh[("all_to_all", "ep")]
+    counts = calls // 5 * moe.experts * 8  # the E int64 counts: 1 of the 5 calls per block and micro-batch
+    assert mega[("all_to_all", "ep")] == (calls, pytest.approx((moved - counts) / 2 + counts))
+    tokens = 64 * moe.experts_per_token * moe.hidden * 2  # T k h e, the whole micro-batch's copies gathered
+    gathered = mega[("all_gather", "tp")][1] - mesh[("all_gather", "tp")][1]
+    assert gathered == pytest.approx(2 * calls // 5 * tokens)  # forward and backward, per block and micro-batch

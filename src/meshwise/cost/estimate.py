@@ -278,7 +278,9 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     # over the expert data-parallel ranks (layout: the weights' one, cp folded into shard): shard / ep,
     # folded over tp shard * tp / ep, ep apart (consecutive EP groups)
     folded = layout.ep_folds_tp
-    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
+    # Megatron's expert TP (its default: the TP size) holds 1/tp of each expert on a rank (cost/moe_block.py)
+    expert_tp = layout.tp if train.runtime == "megatron" and not folded else 1
+    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / (layout.ep * expert_tp), moe_units,
                            layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
                            gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None)
     return per_mb + e_mb, per_step + e_step
