@@ -44,9 +44,9 @@ def test_load_factor_is_the_padded_capacity_else_the_measured_imbalance():
 
 def test_bad_moe_settings_name_the_field():
     from meshwise.errors import MeshwiseError
-    with pytest.raises(MeshwiseError, match="moe_capacity_factor"):
+    with pytest.raises(MeshwiseError, match="--moe-capacity-factor"):
         TrainSpec(8, 4096, moe_capacity_factor=-1.0)
-    with pytest.raises(MeshwiseError, match="moe_balancing: 'bias'"):
+    with pytest.raises(MeshwiseError, match="--moe-balancing: 'bias'"):
         TrainSpec(8, 4096, moe_balancing="bias")
 
 
@@ -209,5 +209,5 @@ def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
     assert experts.exposed_s(ops, 0.5 * total, plain) == total
     assert experts.exposed_s(ops, 0.5 * total, over) == pytest.approx(0.5 * total)
     assert experts.exposed_s(ops, 2 * total, over) == 0.0
-    with pytest.raises(MeshwiseError, match="overlap_ep_comm"):
+    with pytest.raises(MeshwiseError, match="--moe-comm-overlap"):
         TrainSpec(8, 4096, overlap_ep_comm=True)

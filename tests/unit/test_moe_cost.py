@@ -159,3 +159,25 @@ def test_megatron_expert_tp_splits_the_expert_gradients_and_the_dispatch(moe):
     tokens = 64 * moe.experts_per_token * moe.hidden * 2  # T k h e, the whole micro-batch's copies gathered
     gathered = mega[("all_gather", "tp")][1] - mesh[("all_gather", "tp")][1]
     assert gathered == pytest.approx(2 * calls // 5 * tokens)  # forward and backward, per block and micro-batch
+
+
+def test_plan_flags_reach_the_moe_model(capsys):
+    """plan --moe-capacity-factor / --moe-balancing / --moe-comm-overlap set TrainSpec's MoE fields: the
+    overlap hides all-to-all time, a padded capacity of 1.0 runs fewer rows than the aux-loss imbalance;
+    a bad value is one line naming its flag, exit status 2."""
+    import json
+
+    from meshwise.cli import main
+    base = ["plan", "--model", "deepseek-v3", "--gpu", "h800", "--gpus", "2048", "--runtime", "megatron",
+            "--seq-len", "4096", "--global-batch", "15360", "--layout", "pp=16,ep=64,zero=1,mbs=1", "--json"]
+
+    def step_s(*extra: str) -> float:
+        assert main(base + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)["candidates"][0]["time"]["step_s"]
+
+    dropless = step_s()
+    assert step_s("--moe-comm-overlap") < dropless
+    assert step_s("--moe-capacity-factor", "1.0") < dropless
+    assert main(["plan", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "64", "--moe-comm-overlap"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--moe-comm-overlap" in err[0] and "Traceback" not in err[0]

@@ -38,11 +38,12 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
               seq_len: int | None, global_batch: int, precision: str, optimizer: str,
               layout_text: str | list[str] | None, top: int, headroom: float | None, as_json: bool,
               report: str | None, runtime: str | None = None, verify: int = 0, extras: Extras = Extras(),
-              tp_comm_overlap: bool = False) -> int:
+              tp_comm_overlap: bool = False, moe: dict | None = None) -> int:
     """Check every input, then plan and print; ``layout_text`` (one or several, ``;``-separated too)
     evaluates those layouts side by side; ``runtime`` (meshwise or megatron) defaults to the profile's
     ``runtime`` key, else meshwise; ``tp_comm_overlap``: the run turns on Megatron-LM's ``--tp-comm-overlap``
-    (TrainSpec.overlap_tp_comm); ``verify`` K > 0 traces the top K candidates
+    (TrainSpec.overlap_tp_comm); ``moe``: TrainSpec's MoE fields (capacity factor, balancing, all-to-all
+    overlap); ``verify`` K > 0 traces the top K candidates
     (meshwise.measure.verify.verify_plan; imports torch)."""
     from meshwise import spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
@@ -59,7 +60,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or cluster.accelerator.runtime or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                           runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap))
+                           runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap), **(moe or {}))
     from meshwise.cost.fp8 import check_supported
     check_supported(cluster.accelerator, precision)
     if top < 1:

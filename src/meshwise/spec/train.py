@@ -74,12 +74,12 @@ class TrainSpec:
         if self.model_code not in MODEL_CODES:
             raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
         if self.overlap_ep_comm and self.runtime != "megatron":
-            raise MeshwiseError("overlap_ep_comm: the all-to-all overlap is a Megatron-LM setting "
+            raise MeshwiseError("--moe-comm-overlap: the all-to-all overlap is a Megatron-LM setting "
                                 "(--overlap-moe-expert-parallel-comm); add --runtime megatron")
         if self.moe_capacity_factor < 0:
-            raise MeshwiseError(f"moe_capacity_factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
+            raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
         if self.moe_balancing not in MOE_BALANCING:
-            raise MeshwiseError(f"moe_balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
+            raise MeshwiseError(f"--moe-balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
                                 f"not {self.runtime!r}")
