@@ -193,7 +193,9 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [emit.Target(model, e.layout, train.global_batch, train.seq_len, train.precision, cluster.world_size,
-                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm) for e in result.candidates]
+                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm,
+                           moe_capacity_factor=train.moe_capacity_factor, overlap_ep_comm=train.overlap_ep_comm)
+               for e in result.candidates]
     if given:
         return emit.emit_many(framework, targets)
     why = emit.refusal(framework, targets[0])

@@ -41,6 +41,8 @@ class Target:
     world_size: int
     gpus_per_node: int
     tp_comm_overlap: bool = False  # plan --tp-comm-overlap: emitted for Megatron-LM where the layout allows it (SP)
+    moe_capacity_factor: float = 0.0  # plan --moe-capacity-factor: Megatron-LM's, with inputs padded to it
+    overlap_ep_comm: bool = False  # plan --moe-comm-overlap: Megatron-LM's --overlap-moe-expert-parallel-comm
 
     @property
     def accum(self) -> int:
@@ -237,6 +239,9 @@ def _megatron_refusals(target: Target) -> None:
     if lay.pp > 1 and lay.schedule in ("gpipe", "zero-bubble"):
         raise Unexpressible(f"--emit megatron: schedule={lay.schedule} is not a Megatron-LM schedule (it runs 1F1B, "
                             "and interleaved 1F1B with virtual stages); use 1f1b or interleaved-1f1b")
+    if target.overlap_ep_comm and (lay.ep == 1 or lay.ac == "full" or (lay.pp > 1 and lay.vpp == 1)):
+        raise Unexpressible(f"--emit megatron: --moe-comm-overlap needs ep > 1, no full recompute and, under pp > 1, "
+                            f"virtual stages (megatron-core's TransformerConfig); {lay} has not")
     m = target.accum
     if lay.vpp > 1 and m % lay.pp:
         raise Unexpressible(f"--emit megatron: Megatron-LM's interleaved schedule needs the {m} micro-batches per step "
@@ -337,8 +342,21 @@ def _megatron_precision(precision: str) -> list[str]:
 def megatron_args(target: Target) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments: the model, the parallel layout, batch, recompute, optimizer."""
     _megatron_refusals(target)
-    return (_megatron_model(target.model, target.seq_len) + _megatron_parallel(target)
+    return (_megatron_model(target.model, target.seq_len) + _megatron_parallel(target) + _megatron_moe(target)
             + _megatron_precision(target.precision) + ["--clip-grad", str(GRAD_CLIP)])
+
+
+def _megatron_moe(target: Target) -> list[str]:
+    """The dispatcher the time model prices (alltoall, cost/experts.py; Megatron-LM's default is allgather)
+    under ep > 1 or a capacity factor, the padded capacity factor, and the all-to-all overlap."""
+    if not target.model.moe or (target.layout.ep == 1 and not target.moe_capacity_factor):
+        return []
+    args = ["--moe-token-dispatcher-type", "alltoall"]
+    if target.moe_capacity_factor:
+        args += ["--moe-expert-capacity-factor", str(target.moe_capacity_factor), "--moe-pad-expert-input-to-capacity"]
+    if target.overlap_ep_comm:
+        args.append("--overlap-moe-expert-parallel-comm")
+    return args
 
 
 def megatron_text(target: Target) -> str:
