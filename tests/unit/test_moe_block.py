@@ -74,6 +74,19 @@ def test_permute_and_router_bytes_by_hand(v3):
     assert parts.loop_s == 0.0  # grouped GEMMs: no per-expert loop
 
 
+def test_megatron_sp_shard_bytes_by_hand(v3):
+    """Megatron, tp = 4, ep 8: each TP rank routes and permutes its T/4 = 1024 tokens (3 passes over their
+    copies plus one token written per k), and sorts the gathered T k copies by local expert (4 passes)."""
+    train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    parts = moe_block.moe_parts(v3, H100, train, 1, 4, 8, False)
+    t, k, h = 4096, 8, 7168
+    forward = (3 * t / 4 * k * h + t / 4 * h + 4 * t * k * h) * 2 / HBM + 6 * FLOOR
+    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    gemm_f, gemm_b = kernels.linear_seconds(t / 4, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
+    scores = t / 4 * 256 * (2 + 8) / HBM + 5 * FLOOR
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+
+
 def test_meshwise_loop_pays_per_expert_kernels(v3):
     """meshwise's runtime loops over its E/ep experts: 6 elementwise kernels each, and dense GEMMs
     per expert (each with its floor), so at few rows per expert it is slower than a grouped GEMM."""

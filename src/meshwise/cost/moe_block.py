@@ -15,8 +15,9 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   forward (the logits read, the fp32 scores written, read again by top-k), twice that backward;
 - **permute and unpermute**: memory-bound passes over the ``T_r k`` token copies of ``h`` elements:
   ``PERMUTE_PASSES`` per runtime (reads + writes per copy element, the weighted sum's write of one
-  token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 (the received chunks
-  sorted by local expert and back); backward moves twice the forward's bytes;
+  token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 over the ``T_e k`` copies
+  the experts see (the received chunks sorted by local expert and back; ``T_e`` below); backward moves
+  twice the forward's bytes;
 - **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_e k ep / E`` rows
   (balanced routing would give ``T_e k / E`` per expert from each of the ``ep`` ranks; ``T_e`` is
   ``T_r`` times the expert-TP ranks whose tokens Megatron gathers, so the whole micro-batch's ``T``).
