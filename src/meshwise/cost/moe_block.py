@@ -41,7 +41,8 @@ Under a float8 precision the experts' and shared experts' GEMMs run in the forma
 their casts (cost/fp8.py), the router in bf16. The dispatch and combine all-to-alls are
 communication, priced where every collective is (cost/experts.py on the link the EP group crosses,
 cost/comm.py), exposed under both runtimes' defaults: meshwise's all-to-all blocks, and Megatron's
-``alltoall`` dispatcher overlaps nothing without ``--overlap-moe-expert-parallel-comm`` (off by default).
+``alltoall`` dispatcher overlaps nothing without ``--overlap-moe-expert-parallel-comm`` (off by default;
+with it, ``TrainSpec.overlap_ep_comm``, cost/experts.py ``exposed_s``).
 The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_width``).
 """
 
