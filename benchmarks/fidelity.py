@@ -102,7 +102,10 @@ def load_runs(prefix: str = "", set_name: str | None = None, original: bool = Fa
                           runtime=rec["runtime"], overlap_dp_comm=rec.get("overlap_dp_comm", True),
                           overlap_tp_comm=rec.get("overlap_tp_comm", False), fused_attention=rec.get("fused_attention", True),
                           selective_policy=rec.get("selective_policy", "meshwise"),
-                          model_code=rec.get("model_code", "meshwise"))
+                          model_code=rec.get("model_code", "meshwise"),
+                          overlap_ep_comm=rec.get("overlap_ep_comm", False),
+                          moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
+                          moe_balancing=rec.get("moe_balancing", "aux-loss"))
         if "layout" in rec:
             layout = parse(rec["layout"], rec["gpus"])
         else:

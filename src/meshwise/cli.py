@@ -14,7 +14,7 @@ import sys
 from meshwise import __version__
 from meshwise.errors import MeshwiseError, run_command
 from meshwise.plan.command import DEFAULT_GLOBAL_BATCH, DEFAULT_GPU, DEFAULT_GPUS, DEFAULT_MODEL, DEFAULT_TOP
-from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY
+from meshwise.spec.train import DEFAULT_SEQ_CAP, DEFAULT_SEQ_STATES_ONLY, MOE_BALANCING
 
 MODEL_WHAT = "a catalog name (e.g. llama3-8b), a model .toml or a Hugging Face config.json"
 LAYOUT_WHAT = "key=value pairs, e.g. dp=8,zero=3,tp=2"
@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --runtime megatron: the run turns on Transformer Engine's TP communication overlap "
                         "(Megatron-LM's --tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives "
                         "hidden behind GEMMs, its userbuffers counted in memory; needs sp=on")
+    p.add_argument("--moe-capacity-factor", type=float, default=0.0, metavar="C",
+                   help="mixture of experts: Megatron's --moe-expert-capacity-factor with inputs padded to it (every "
+                        "expert runs C x its mean load); default 0: dropless, the busiest rank at the measured "
+                        "imbalance of --moe-balancing")
+    p.add_argument("--moe-balancing", choices=MOE_BALANCING, default="aux-loss",
+                   help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default) or "
+                        "aux-loss-free (per-expert bias, DeepSeek-V3)")
+    p.add_argument("--moe-comm-overlap", action="store_true",
+                   help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
+                        "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute")
     p.add_argument("--layout", action="append", type=_given(LAYOUT_WHAT),
                    help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
                         "separate layouts with ';', to compare several in one table, best first")
@@ -353,7 +363,9 @@ def _plan(args: argparse.Namespace) -> int:
                     failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes))
     return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
                      args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime, args.verify, extras, tp_comm_overlap=args.tp_comm_overlap)
+                     args.runtime, args.verify, extras, tp_comm_overlap=args.tp_comm_overlap,
+                     moe={"moe_capacity_factor": args.moe_capacity_factor, "moe_balancing": args.moe_balancing,
+                          "overlap_ep_comm": args.moe_comm_overlap})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,3 +212,18 @@ def test_the_argument_table_is_megatron_lms():
     with open(ARGS_TABLE) as f:
         source = json.load(f)["source"]
     assert source["tag"] == "core_v0.16.1" and source["commit"].startswith("55ac7082")
+
+
+def test_moe_run_settings_reach_megatron(parser):
+    """plan --moe-capacity-factor / --moe-comm-overlap: megatron-core's TransformerConfig holds the padded
+    capacity, the alltoall dispatcher the time model prices and the all-to-all overlap, and validates them
+    (the overlap wants virtual stages under pp > 1); full recompute with the overlap is refused."""
+    layout = parse("dp=8,zero=1,ep=8,tp=4,pp=2,vpp=2", 64)
+    target = emit.Target(MIXTRAL_LIKE, layout, 256, 4096, "bf16-mixed", 64, 8, moe_capacity_factor=1.0,
+                         overlap_ep_comm=True)
+    cfg = transformer_config(parser.parse_args(command_args(emit.emit("megatron", target), "pretrain_gpt.py")), 64)
+    assert (cfg.moe_token_dispatcher_type, cfg.moe_expert_capacity_factor) == ("alltoall", 1.0)
+    assert cfg.moe_pad_expert_input_to_capacity and cfg.overlap_moe_expert_parallel_comm
+    full = dataclasses.replace(target, layout=parse("dp=8,zero=1,ep=8,tp=4,pp=2,vpp=2,ac=full", 64))
+    with pytest.raises(emit.Unexpressible, match="--moe-comm-overlap"):
+        emit.emit("megatron", full)

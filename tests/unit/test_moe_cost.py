@@ -61,7 +61,7 @@ def test_explanation_says_why_ep(tmp_path):
                                num_key_value_heads=8, vocab_size=32768, max_position_embeddings=65536,
                                rope_theta=1e6).save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
-    p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096), top=3)
+    p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096, moe_balancing="aux-loss-free"), top=3)
     best = p.candidates[0]
     assert best.fits and best.layout.ep > 1
     line = next(x for x in p.explanation if x.startswith("E. Experts"))
@@ -139,3 +139,47 @@ def test_a_peak_inside_an_attention_under_cp_is_the_rings():
         layout = parse(text, 4)
         shape = memory.all_rank_shapes(tiny, layout)[0]
         assert moments_seen(["ring"], memory.moment_memories(tiny, train, layout, shape, 2, 1e12)) == [name]
+
+
+def test_megatron_expert_tp_splits_the_expert_gradients_and_the_dispatch(moe):
+    """Megatron, tp=2, ep=2 (expert TP = TP, its default): each rank holds 1/tp of its experts, so the
+    expert data-parallel reduction carries 1/tp of meshwise's; each TP rank dispatches its T/tp
+    sequence-parallel tokens and the TP group all-gathers and reduce-scatters the copies
+    (token_dispatcher.py, MoEAlltoAllTokenDispatcher)."""
+    cluster, lay = load_cluster("h100", 8), parse("dp=4,zero=1,tp=2,sp=on,ep=2", 8)
+    shape = memory.rank_shapes(moe, lay)[0]
+    ops = {}
+    for runtime in ("meshwise", "megatron"):
+        train = TrainSpec(8, 64, "bf16-mixed", runtime=runtime)
+        ops[runtime] = {(c.kind, c.dim): (c.count_per_step, c.bytes_per_step)
+                        for c in rank_collectives(moe, cluster, train, lay, shape)}
+    mesh, mega = ops["meshwise"], ops["megatron"]
+    assert mega[("reduce_scatter", "edp")][1] == pytest.approx(mesh[("reduce_scatter", "edp")][1] / 2)
+    calls, moved = mesh[("all_to_all", "ep")]
+    counts = calls // 5 * moe.experts * 8  # the E int64 counts: 1 of the 5 calls per block and micro-batch
+    assert mega[("all_to_all", "ep")] == (calls, pytest.approx((moved - counts) / 2 + counts))
+    tokens = 64 * moe.experts_per_token * moe.hidden * 2  # T k h e, the whole micro-batch's copies gathered
+    gathered = mega[("all_gather", "tp")][1] - mesh[("all_gather", "tp")][1]
+    assert gathered == pytest.approx(2 * calls // 5 * tokens)  # forward and backward, per block and micro-batch
+
+
+def test_plan_flags_reach_the_moe_model(capsys):
+    """plan --moe-capacity-factor / --moe-balancing / --moe-comm-overlap set TrainSpec's MoE fields: the
+    overlap hides all-to-all time, a padded capacity of 1.0 runs fewer rows than the aux-loss imbalance;
+    a bad value is one line naming its flag, exit status 2."""
+    import json
+
+    from meshwise.cli import main
+    base = ["plan", "--model", "deepseek-v3", "--gpu", "h800", "--gpus", "2048", "--runtime", "megatron",
+            "--seq-len", "4096", "--global-batch", "15360", "--layout", "pp=16,ep=64,zero=1,mbs=1", "--json"]
+
+    def step_s(*extra: str) -> float:
+        assert main(base + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)["candidates"][0]["time"]["step_s"]
+
+    dropless = step_s()
+    assert step_s("--moe-comm-overlap") < dropless
+    assert step_s("--moe-capacity-factor", "1.0") < dropless
+    assert main(["plan", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "64", "--moe-comm-overlap"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--moe-comm-overlap" in err[0] and "Traceback" not in err[0]

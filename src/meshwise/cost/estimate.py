@@ -278,7 +278,9 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     # over the expert data-parallel ranks (layout: the weights' one, cp folded into shard): shard / ep,
     # folded over tp shard * tp / ep, ep apart (consecutive EP groups)
     folded = layout.ep_folds_tp
-    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / layout.ep, moe_units,
+    # Megatron's expert TP (its default: the TP size) holds 1/tp of each expert on a rank (cost/moe_block.py)
+    expert_tp = layout.tp if train.runtime == "megatron" and not folded else 1
+    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / (layout.ep * expert_tp), moe_units,
                            layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
                            gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None)
     return per_mb + e_mb, per_step + e_step
@@ -616,8 +618,8 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return max(times) + bubble_s
     local = local_train(train, layout)
-    ep_s = [sum(op.seconds_per_step for op in experts.ep_collectives(model, local, layout, s, m, cluster))
-            for s in shapes]
+    ep_s = [experts.exposed_s(experts.ep_collectives(model, local, layout, s, m, cluster), t, train)
+            for s, t in zip(shapes, times)]
     return max(t + e for t, e in zip(times, ep_s)) + bubble_s
 
 
@@ -673,7 +675,7 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     # a profile whose ring steps were timed with their sends holds them in compute (cost/context_parallel.py)
     cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
-    pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + sum(op.seconds_per_step for op in ep_ops)
+    pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + experts.exposed_s(ep_ops, compute_s, train)
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
 

@@ -19,7 +19,13 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
       folded over tp, Layout.ep_folds_tp: ``ep`` consecutive ranks, each with ``T / tp`` of the tokens),
       in forward an all-to-all of the expert counts (E int64) and two of the token copies, dispatch
       and combine (``T k h e`` each: every copy of the micro-batch's T = mbs * s/cp local tokens,
-      the whole local sequence under TP), in backward the two in reverse;
+      the whole local sequence under TP), in backward the two in reverse; times the capacity factor
+      where the experts' inputs are padded to it (``train.moe_capacity_factor``);
+    - under Megatron-Core with tp > 1 (not folded; its expert TP is the TP size), each TP rank
+      dispatches its own ``T / tp`` sequence-parallel tokens, and the expert-TP group all-gathers
+      the received copies after the dispatch and reduce-scatters them before the combine
+      (token_dispatcher.py, MoEAlltoAllTokenDispatcher): the all-to-alls carry ``T k h e / tp``, and an
+      all-gather and a reduce-scatter of ``T k h e`` run on the TP group, in backward in reverse;
     - under cp > 1 (any ep), in forward an all-reduce on the cp group of the routing counts of the
       micro-batch's sequences (mbs x E float32) for the sequence-wise load-balancing loss.
 
@@ -33,12 +39,27 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
     if layout.ep > 1:
         # folded over tp (layout.ep_folds_tp): ep consecutive ranks, each routing its 1/tp of the sequence
         folded = layout.ep_folds_tp
+        gathered = train.runtime == "megatron" and layout.tp > 1 and not folded  # expert-TP all-gather
         link = cluster.link_for(layout.ep, 1 if folded else layout.tp)
-        tokens = train.seq_len * layout.mbs / (layout.tp if folded else 1)
-        payload = tokens * model.experts_per_token * model.hidden * train.activation_bytes
+        tokens = train.seq_len * layout.mbs / (layout.tp if folded or gathered else 1)
+        padded = train.moe_capacity_factor if train.moe_capacity_factor > 0 else 1.0
+        payload = padded * tokens * model.experts_per_token * model.hidden * train.activation_bytes
         out += [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
                 comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
+        if gathered:
+            tp_link = cluster.link_for(layout.tp, 1)
+            out += [comm.collective(kind, "tp", layout.tp, layout.tp * payload, calls * (forwards + 1), tp_link)
+                    for kind in ("all_gather", "reduce_scatter")]
     if layout.cp > 1 and calls:
         out.append(comm.collective("all_reduce", "cp", layout.cp, layout.mbs * model.experts * 4, calls * forwards,
                                    cluster.link_for(layout.cp, layout.tp)))
     return out
+
+
+def exposed_s(ops: list[Collective], compute_s: float, train: TrainSpec) -> float:
+    """Seconds of a rank's expert-parallel collectives on its critical path: all of them (the experts
+    wait for their tokens), or under ``train.overlap_ep_comm`` (Megatron's
+    ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe: one micro-batch's all-to-alls run
+    while another's forward or backward computes) what exceeds the rank's compute."""
+    total_s = sum(op.seconds_per_step for op in ops)
+    return max(0.0, total_s - compute_s) if train.overlap_ep_comm else total_s

@@ -4,7 +4,10 @@ One MoE block, one micro-batch, one rank, which routes ``T_r`` tokens: the micro
 (s/cp under context parallelism), or ``T / tp`` where expert parallelism is folded over the TP ranks
 (Layout.ep_folds_tp, expert TP 1). Otherwise meshwise's runtime runs the block whole on every TP rank
 (runtime/moe.py, compute.py), and Megatron-Core splits the experts' and shared experts' width over the
-TP ranks (its ``expert_tensor_parallel_size`` defaults to the TP size: model_parallel_config.py).
+TP ranks (its ``expert_tensor_parallel_size`` defaults to the TP size: model_parallel_config.py); there
+each TP rank routes and permutes its own ``T / tp`` sequence-parallel tokens, and the expert-TP group
+all-gathers the received copies after the dispatch (token_dispatcher.py, MoEAlltoAllTokenDispatcher
+``dispatch_postprocess``), so ``T_r = T / tp`` and the experts see the whole ``T``.
 With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ranks of experts:
 
 - **router**: the gate GEMM ``(T_r, E, h)`` (and a gated shared expert's ``(T_r, 1, h)``), then
@@ -12,12 +15,16 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   forward (the logits read, the fp32 scores written, read again by top-k), twice that backward;
 - **permute and unpermute**: memory-bound passes over the ``T_r k`` token copies of ``h`` elements:
   ``PERMUTE_PASSES`` per runtime (reads + writes per copy element, the weighted sum's write of one
-  token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 (the received chunks
-  sorted by local expert and back); backward moves twice the forward's bytes;
-- **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_r k ep / E`` rows
-  (balanced routing would give ``T_r k / E`` per expert from each of the ``ep`` ranks), with
-  ``c = CAPACITY_FACTOR`` (1.25, Switch Transformer, Fedus et al. 2021: the busiest EP rank's load
-  over the mean, as cost/activations.py sizes its buffers) when ep > 1, else 1. Gated: the gate and
+  token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 over the ``T_e k`` copies
+  the experts see (the received chunks sorted by local expert and back; ``T_e`` below); backward moves
+  twice the forward's bytes;
+- **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_e k ep / E`` rows
+  (balanced routing would give ``T_e k / E`` per expert from each of the ``ep`` ranks; ``T_e`` is
+  ``T_r`` times the expert-TP ranks whose tokens Megatron gathers, so the whole micro-batch's ``T``).
+  ``c`` is the run's capacity factor where the experts' inputs are padded to it
+  (``TrainSpec.moe_capacity_factor``: every expert runs exactly its capacity), else, dropless, the
+  busiest EP rank's load over the mean under ep > 1: the measured max/mean of the run's balancing
+  (``TrainSpec.moe_balancing``, catalog/moe_imbalance.toml), and 1 under ep = 1. Gated: the gate and
   up projections ``(R, 2f, h)`` and the down projection ``(R, h, f)``; backward each GEMM's
   ``(R, K, N)`` and ``(K, N, R)``. Megatron runs them as grouped GEMMs (one kernel per projection
   for all local experts): cost/kernels.py's tile/wave GEMM of ``E / ep`` groups, divided by
@@ -34,7 +41,8 @@ Under a float8 precision the experts' and shared experts' GEMMs run in the forma
 their casts (cost/fp8.py), the router in bf16. The dispatch and combine all-to-alls are
 communication, priced where every collective is (cost/experts.py on the link the EP group crosses,
 cost/comm.py), exposed under both runtimes' defaults: meshwise's all-to-all blocks, and Megatron's
-``alltoall`` dispatcher overlaps nothing without ``--overlap-moe-expert-parallel-comm`` (off by default).
+``alltoall`` dispatcher overlaps nothing without ``--overlap-moe-expert-parallel-comm`` (off by default;
+with it, ``TrainSpec.overlap_ep_comm``, cost/experts.py ``exposed_s``).
 The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_width``).
 """
 
@@ -43,8 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshwise.catalog import read_catalog
 from meshwise.cost import fp8
-from meshwise.cost.activations import CAPACITY_FACTOR
 from meshwise.cost.compute import tp_divides_moe
 from meshwise.cost.kernels import gemm_seconds, hbm_bytes_per_s, linear_seconds, mlp_seconds
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
@@ -65,6 +73,9 @@ EP_REGROUP_PASSES = 4.0  # ep > 1: the received chunks sorted by local expert (2
 LOOP_KERNELS = 6  # meshwise's loop, per expert: SwiGLU's silu and product forward (2), their backward (4)
 ROUTER_KERNELS = {"meshwise": 8, "megatron": 5}  # forward: softmax, top-k, renormalise, sort, counts, ...
 PERMUTE_KERNELS = {"meshwise": 5, "megatron": 4}  # forward, besides the EP regroup (2 more under ep > 1)
+# The busiest expert's load over the mean under dropless routing, by balancing method (measured in training;
+# the figures and their source: catalog/moe_imbalance.toml).
+IMBALANCE = {name: row["max_over_mean"] for name, row in read_catalog("moe_imbalance.toml").items()}
 
 
 @dataclass(frozen=True)
@@ -88,15 +99,23 @@ class MoeParts:
                 "shared_s": self.shared_s, "loop_s": self.loop_s}
 
 
-def routed_tokens(tokens: float, tp: int, folded: bool) -> float:
-    """Tokens a rank routes: the micro-batch's, or its 1/tp under EP folded over TP."""
-    return tokens / tp if folded else tokens
+def routed_tokens(tokens: float, tp: int, folded: bool, runtime: str = "meshwise") -> float:
+    """Tokens a rank routes: the micro-batch's, or its 1/tp under EP folded over TP or under Megatron
+    (each TP rank routes its sequence-parallel shard)."""
+    return tokens / tp if folded or runtime == "megatron" else tokens
 
 
-def rows_per_expert(model: ModelSpec, routed: float, ep: int) -> float:
-    """Rows each of the rank's experts multiplies: ``c * T_r k ep / E`` (module docstring)."""
-    imbalance = CAPACITY_FACTOR if ep > 1 else 1.0
-    return imbalance * routed * model.experts_per_token * ep / model.experts
+def load_factor(train: TrainSpec, ep: int) -> float:
+    """``c`` of the module docstring: the padded capacity factor, else the measured busiest-rank load
+    over the mean under ep > 1 (``IMBALANCE``), else 1."""
+    if train.moe_capacity_factor > 0:
+        return train.moe_capacity_factor
+    return IMBALANCE[train.moe_balancing] if ep > 1 else 1.0
+
+
+def rows_per_expert(model: ModelSpec, tokens: float, ep: int, load: float) -> float:
+    """Rows each of the rank's experts multiplies: ``c * T_e k ep / E`` (module docstring)."""
+    return load * tokens * model.experts_per_token * ep / model.experts
 
 
 def grouped_factor(rows: float) -> float:
@@ -139,7 +158,8 @@ def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: i
               folded: bool) -> MoeParts:
     """One MoE block's :class:`MoeParts` (module docstring); ``train.seq_len`` is the rank's s/cp."""
     runtime = "megatron" if train.runtime == "megatron" else "meshwise"
-    routed = routed_tokens(mbs * train.seq_len, tp, folded)
+    routed = routed_tokens(mbs * train.seq_len, tp, folded, runtime)
+    expert_tokens = routed if folded else mbs * train.seq_len  # Megatron: gathered over the expert-TP ranks
     h, experts, top_k, e = model.hidden, model.experts, model.experts_per_token, train.activation_bytes
     hbm, floor, peak = hbm_bytes_per_s(accel), accel.kernel_floor_s, accel.peak_flops_per_s(train.precision)
     rf, rb = linear_seconds(routed, experts, h, accel, peak, e)
@@ -148,18 +168,18 @@ def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: i
         rf, rb = rf + gf, rb + gb
     scores_s = routed * experts * (e + ROUTER_BYTES) / hbm + ROUTER_KERNELS[runtime] * floor
     router = (rf + scores_s, rb + 2 * scores_s)
-    passes = PERMUTE_PASSES[runtime] + (EP_REGROUP_PASSES if ep > 1 else 0.0)
-    moved_s = (passes * routed * top_k * h + routed * h) * e / hbm
+    regroup = EP_REGROUP_PASSES * expert_tokens * top_k * h if ep > 1 else 0.0  # on the received copies
+    moved_s = (PERMUTE_PASSES[runtime] * routed * top_k * h + routed * h + regroup) * e / hbm
     permute_f = moved_s + (PERMUTE_KERNELS[runtime] + (2 if ep > 1 else 0)) * floor
     permute = (permute_f, 2 * permute_f)
     local = experts // ep
-    rows = rows_per_expert(model, routed, ep)
+    rows = rows_per_expert(model, expert_tokens, ep, load_factor(train, ep))
     split = tp if tp_divides_moe(folded, runtime) and not folded else 1  # unfolded: the experts' width split
     experts_f, experts_b = _experts_s(model, accel, train, rows, local, split)
     loop_s = local * LOOP_KERNELS * floor if runtime == "meshwise" else 0.0
     shared = (0.0, 0.0)
     if model.shared_ffn_hidden:
-        shared = _shared_s(model, accel, train, routed, split)
+        shared = _shared_s(model, accel, train, expert_tokens, split)
     forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
     return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
 

@@ -38,11 +38,12 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
               seq_len: int | None, global_batch: int, precision: str, optimizer: str,
               layout_text: str | list[str] | None, top: int, headroom: float | None, as_json: bool,
               report: str | None, runtime: str | None = None, verify: int = 0, extras: Extras = Extras(),
-              tp_comm_overlap: bool = False) -> int:
+              tp_comm_overlap: bool = False, moe: dict | None = None) -> int:
     """Check every input, then plan and print; ``layout_text`` (one or several, ``;``-separated too)
     evaluates those layouts side by side; ``runtime`` (meshwise or megatron) defaults to the profile's
     ``runtime`` key, else meshwise; ``tp_comm_overlap``: the run turns on Megatron-LM's ``--tp-comm-overlap``
-    (TrainSpec.overlap_tp_comm); ``verify`` K > 0 traces the top K candidates
+    (TrainSpec.overlap_tp_comm); ``moe``: TrainSpec's MoE fields (capacity factor, balancing, all-to-all
+    overlap); ``verify`` K > 0 traces the top K candidates
     (meshwise.measure.verify.verify_plan; imports torch)."""
     from meshwise import spec
     from meshwise.cost.estimate import DEFAULT_HEADROOM
@@ -62,7 +63,7 @@ def plan_main(model_name: str | None, params: float | None, gpu: str, gpus: int,
     runtime = runtime or ("megatron" if extras.emit == "megatron" else cluster.accelerator.runtime) or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                           runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap))
+                           runtime=runtime, overlap_tp_comm=bool(tp_comm_overlap), **(moe or {}))
     from meshwise.cost.fp8 import check_supported
     check_supported(cluster.accelerator, precision)
     if top < 1:
@@ -197,7 +198,8 @@ def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [emit.Target(model, e.layout, train.global_batch, train.seq_len, train.precision, cluster.world_size,
-                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm, runtime=train.runtime)
+                           cluster.gpus_per_node, tp_comm_overlap=train.overlap_tp_comm, runtime=train.runtime,
+                           moe_capacity_factor=train.moe_capacity_factor, overlap_ep_comm=train.overlap_ep_comm)
                for e in result.candidates]
     if given:
         return emit.emit_many(framework, targets)

@@ -43,6 +43,8 @@ class Target:
     gpus_per_node: int
     tp_comm_overlap: bool = False  # plan --tp-comm-overlap: emitted for Megatron-LM where the layout allows it (SP)
     runtime: str = "megatron"  # the runtime the layout was planned for (plan --runtime)
+    moe_capacity_factor: float = 0.0  # plan --moe-capacity-factor: Megatron-LM's, with inputs padded to it
+    overlap_ep_comm: bool = False  # plan --moe-comm-overlap: Megatron-LM's --overlap-moe-expert-parallel-comm
 
     @property
     def accum(self) -> int:
@@ -261,6 +263,9 @@ def _megatron_refusals(target: Target) -> None:
     if target.model.moe and lay.tp > 1 and not lay.sp:
         raise Unexpressible(f"--emit megatron: a MoE model at tp={lay.tp} needs sequence parallelism in "
                             "Megatron-LM (sp=off is refused at start-up); use sp=on")
+    if target.overlap_ep_comm and (lay.ep == 1 or lay.ac == "full" or (lay.pp > 1 and lay.vpp == 1)):
+        raise Unexpressible(f"--emit megatron: --moe-comm-overlap needs ep > 1, no full recompute and, under pp > 1, "
+                            f"virtual stages (megatron-core's TransformerConfig); {lay} has not")
     m = target.accum
     if lay.vpp > 1 and m % lay.pp:
         raise Unexpressible(f"--emit megatron: Megatron-LM's interleaved schedule needs the {m} micro-batches per step "
@@ -375,12 +380,25 @@ def megatron_parts(target: Target) -> tuple[list[str], list[str]]:
     optimizer) and the ``#`` notes of what Megatron-Core builds differently from the planned model."""
     _megatron_refusals(target)
     model, notes = _megatron_model(target.model, target.seq_len)
-    return model + _megatron_parallel(target) + _megatron_precision(target.precision) + \
+    return model + _megatron_parallel(target) + _megatron_moe(target) + _megatron_precision(target.precision) + \
         ["--clip-grad", str(GRAD_CLIP)], notes
 
 
 def megatron_args(target: Target) -> list[str]:
     return megatron_parts(target)[0]
+
+
+def _megatron_moe(target: Target) -> list[str]:
+    """The padded capacity factor and the all-to-all overlap the time model priced (plan
+    --moe-capacity-factor, --moe-comm-overlap)."""
+    if not target.model.moe:
+        return []
+    args = []  # the alltoall dispatcher: plan/megatron_family.py, for every MoE model
+    if target.moe_capacity_factor:
+        args += ["--moe-expert-capacity-factor", str(target.moe_capacity_factor), "--moe-pad-expert-input-to-capacity"]
+    if target.overlap_ep_comm:
+        args.append("--overlap-moe-expert-parallel-comm")
+    return args
 
 
 def megatron_text(target: Target) -> str:

@@ -13,6 +13,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
+MOE_BALANCING = ("aux-loss", "aux-loss-free")  # the keys of catalog/moe_imbalance.toml
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 # The float8 formats: the linear layers' GEMMs in float8 (e4m3), everything else as bf16-mixed
 # (embedding, head, router, softmax/attention, norms in bf16; fp32 master weights): cost/fp8.py.
@@ -45,6 +46,12 @@ class TrainSpec:
                                         # "every-other-matmul" (its op SAC also recomputes every second mm)
     model_code: str = "meshwise"  # whose model code's memory-bound operators run under the meshwise runtime
                                   # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
+    overlap_ep_comm: bool = False  # the dispatch/combine all-to-alls hidden behind another micro-batch's compute
+                                   # (Megatron's --overlap-moe-expert-parallel-comm, off by default; DualPipe)
+    moe_capacity_factor: float = 0.0  # Megatron's moe_expert_capacity_factor with the experts' inputs padded to
+                                      # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
+    moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
+                                     # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
 
     __hash__ = cached_hash
 
@@ -66,6 +73,13 @@ class TrainSpec:
             raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
         if self.model_code not in MODEL_CODES:
             raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
+        if self.overlap_ep_comm and self.runtime != "megatron":
+            raise MeshwiseError("--moe-comm-overlap: the all-to-all overlap is a Megatron-LM setting "
+                                "(--overlap-moe-expert-parallel-comm); add --runtime megatron")
+        if self.moe_capacity_factor < 0:
+            raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
+        if self.moe_balancing not in MOE_BALANCING:
+            raise MeshwiseError(f"--moe-balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
                                 f"not {self.runtime!r}")
