@@ -15,6 +15,7 @@ The test set is evaluated once, by the lead, after the MoE time model lands; the
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from meshwise.cost import compute
 from meshwise.cost.estimate import estimate
 from meshwise.layout import Layout, parse
+from meshwise.plan.band import band_for
 from meshwise.plan.planner import search
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
 
@@ -144,18 +146,35 @@ def report(runs: list[Run], errors: dict[str, float] | None = None) -> dict[str,
     return {name: (len(group), *summary([errors[r.id] for r in group])) for name, group in groups.items() if group}
 
 
+def in_band(run: Run, error: float) -> tuple[bool, float] | None:
+    """(whether the published step lies inside the band plan prints for this run, the band's half-width),
+    the band being plan/band.py's for the run's model kind, GPU family and precision; None without one."""
+    b = band_for(run.model, run.cluster.accelerator, run.train)
+    if b is None:
+        return None
+    return b.low <= 1 / (1 + error) - 1 <= b.high, (b.high - b.low) / 2
+
+
 def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]:
-    """The per-run table, then the summary by group, as lines."""
+    """The per-run table, then the summary by group and the band's coverage, as lines."""
     lines = [f"Set: {set_name} ({len(runs)} runs; benchmarks/fidelity.py --set {set_name})", "",
-             "| run | kind | precision | GPU | layout | band | published s | predicted s | error |",
-             "|---|---|---|---|---|---|---:|---:|---:|"]
+             "| run | kind | precision | GPU | layout | band | published s | predicted s | error | in plan's band |",
+             "|---|---|---|---|---|---|---:|---:|---:|---|"]
+    banded = {r.id: in_band(r, errors[r.id]) for r in runs}
     for r in runs:
         p = r.published_step_s * (1 + errors[r.id])
+        inside = "n/a" if banded[r.id] is None else ("yes" if banded[r.id][0] else "no")
         lines.append(f"| {r.id} | {r.kind} | {r.train.precision} | {r.gpu} x {r.cluster.world_size} | `{r.layout}` | "
-                     f"{band(r)} | {r.published_step_s:.3f} | {p:.3f} | {errors[r.id]:+.1%} |")
+                     f"{band(r)} | {r.published_step_s:.3f} | {p:.3f} | {errors[r.id]:+.1%} | {inside} |")
     lines += ["", f"{set_name} set (nothing fitted to these runs):"]
     for name, (n, mean, worst) in report(runs, errors).items():
         lines.append(f"  {name:22s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
+    lines += ["", "plan's band (catalog/bands.toml, built from the dev set by benchmarks/band.py):"]
+    for kind in sorted({r.kind for r in runs}):
+        got = [banded[r.id] for r in runs if r.kind == kind and banded[r.id] is not None]
+        if got:
+            lines.append(f"  {kind:22s} {len(got):2d} runs: {sum(i for i, _ in got) / len(got):.0%} inside, "
+                         f"median half-width {statistics.median(h for _, h in got):.1%}")
     return lines
 
 
