@@ -22,9 +22,10 @@ NON_NEGATIVE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes
 PROBE_KEYS = ("probe_gemm_flops_per_s", "probe_op_s", "calibrated_unix_s")
 # true when cp_step_s and its terms were timed as whole ring-attention calls, sends included (cost/context_parallel.py)
 HOST_FLAG_KEYS = ("cp_step_includes_sends",)
-# measured tables, 2 rows or more: [score elements or sequence > 0, head width > 0, seconds in (0, 1)]
-TABLE_KEYS = ("cp_ring_table", "sdpa_head_table")
-TABLE_COLUMNS = {"cp_ring_table": "score elements", "sdpa_head_table": "sequence"}
+# measured tables, 2 rows or more: [score elements, sequence or tokens > 0, head width or vocab > 0, seconds in (0, 1)]
+TABLE_KEYS = ("cp_ring_table", "sdpa_head_table", "loss_token_table")
+TABLE_COLUMNS = {"cp_ring_table": "score elements, head width", "sdpa_head_table": "sequence, head width",
+                 "loss_token_table": "tokens, vocab"}
 HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
              | set(HOST_FLAG_KEYS) | set(TABLE_KEYS)
              | set(PROBE_KEYS) | set(NON_NEGATIVE_KEYS))
@@ -88,6 +89,6 @@ def _rows(value: Any, key: str, gpu: str) -> tuple:
                                                     and math.isfinite(x) for x in r)
         and r[0] > 0 and r[1] > 0 and 0 < r[2] < 1 for r in value)
     if not ok:
-        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [{TABLE_COLUMNS[key]}, head width, seconds] "
+        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [{TABLE_COLUMNS[key]}, seconds] "
                             f"of positive numbers, seconds below 1")
     return tuple(tuple(float(x) for x in r) for r in value)

@@ -1,0 +1,73 @@
+"""Calibration at the run's own shapes (measure/plan_shapes.py, measure/auto_profile.py ``at_shapes``):
+the loss and SDPA are timed where the profile's tables stop short of the run, and only there."""
+
+import pytest
+
+from meshwise.measure import auto_profile, plan_shapes
+from meshwise.measure.calibrate import write_profile
+from meshwise.measure.plan_shapes import PlanShapes, top_up
+from meshwise.spec import load_cluster, load_model
+
+TABLE = {"loss_token_table": [[128.0, 256.0, 2.6e-7], [128.0, 65536.0, 4.6e-4]], "sdpa_call_s": 1e-4,
+         "sdpa_head_table": [[64.0, 16.0, 1e-5], [1024.0, 16.0, 6e-3], [64.0, 64.0, 2e-4], [1024.0, 64.0, 2e-2]]}
+
+
+class _Timers:
+    def __init__(self) -> None:
+        self.asked: list[tuple] = []
+
+    def loss(self, tokens: int, vocab: int) -> float:
+        self.asked.append(("loss", tokens, vocab))
+        return 0.05
+
+    def sdpa(self, seq: int, width: int) -> float:
+        self.asked.append(("sdpa", seq, width))
+        return 0.5
+
+
+def test_the_plans_vocabulary_and_sequence_are_timed():
+    timers = _Timers()
+    out, said = top_up(TABLE, PlanShapes(tokens=512, vocab=131072, seq=2048), (timers.loss, timers.sdpa))
+    # 512 x 131,072 logits pass LOSS_MAX_LOGITS (2**25): the tokens are cut to 256
+    assert timers.asked == [("loss", 256, 131072), ("sdpa", 2048, 16), ("sdpa", 2048, 64)]
+    assert [256.0, 131072.0, 0.05 / 256] in out["loss_token_table"]
+    assert [2048.0, 16.0, (0.5 - 1e-4) / 4] in out["sdpa_head_table"]
+    assert len(said) == 3 and TABLE["loss_token_table"] == [[128.0, 256.0, 2.6e-7], [128.0, 65536.0, 4.6e-4]]
+
+
+def test_shapes_the_tables_reach_are_not_timed_again():
+    timers = _Timers()
+    out, said = top_up(TABLE, PlanShapes(tokens=128, vocab=32768, seq=1024), (timers.loss, timers.sdpa))
+    assert timers.asked == [] and said == [] and out == TABLE
+    # a profile without the tables (a GPU's, an older calibration's) is left alone
+    assert top_up({"name": "h100"}, PlanShapes(512, 131072, 8192), (timers.loss, timers.sdpa)) == ({"name": "h100"}, [])
+
+
+def test_sequences_past_the_cap_are_timed_at_the_cap():
+    timers = _Timers()
+    top_up(TABLE, PlanShapes(tokens=8192, vocab=256, seq=8192), (timers.loss, timers.sdpa))
+    assert timers.asked == [("sdpa", plan_shapes.SDPA_MAX_SEQ, 16), ("sdpa", plan_shapes.SDPA_MAX_SEQ, 64)]
+
+
+def test_shapes_of_a_run():
+    model = load_model("small")
+    assert plan_shapes.shapes_of(model, 256, 2) == PlanShapes(tokens=512, vocab=256, seq=256)
+    assert plan_shapes.shapes_of(model, 256, 2, cp=2) == PlanShapes(tokens=256, vocab=256, seq=256)
+    assert plan_shapes.shapes_of(model, 256, 2, tp=2, runtime="megatron").vocab == 128
+
+
+def test_the_cached_profile_is_topped_up_at_the_runs_shapes(tmp_path, monkeypatch):
+    """``ensure`` with the run's shapes asks for them and writes the rows into the cached profile."""
+    profile = tmp_path / "p.toml"
+    write_profile(profile, {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
+                            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 2, "intra_bytes_per_s": 1e9,
+                            "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9, "inter_latency_s": 1e-4, **TABLE})
+    monkeypatch.setattr(auto_profile, "cached", lambda n: profile)
+    monkeypatch.setattr(auto_profile, "still_holds", lambda path, say: True)
+    timers, lines = _Timers(), []
+    monkeypatch.setattr(plan_shapes, "time_loss", timers.loss)
+    monkeypatch.setattr(plan_shapes, "time_sdpa", timers.sdpa)
+    assert auto_profile.ensure(2, lines.append, shapes=PlanShapes(256, 32768 * 4, 512)) == profile
+    assert ("loss", 256, 131072) in timers.asked and lines and "131072 logits" in lines[0]
+    accel = load_cluster(str(profile), 1, 1).accelerator
+    assert accel.loss_token_table[-1] == pytest.approx((256.0, 131072.0, 0.05 / 256), rel=1e-5)
