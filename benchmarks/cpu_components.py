@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,6 +32,8 @@ import torch.nn.functional as F
 from meshwise.cost import host
 from meshwise.cost.context_parallel import ring_step_seconds
 from meshwise.measure import auto_profile, probe
+from meshwise.measure.calibrate import LOSS_SHAPES
+from meshwise.measure.plan_shapes import time_loss
 from meshwise.spec import ModelSpec, load_cluster
 
 HIDDEN, TOKENS = 192, 256  # the grid's middle width (benchmarks/cpu_time_grid.py), one rank's tokens
@@ -105,18 +108,23 @@ def ring_case(local: int):
     return run
 
 
-def predictions(accel) -> dict[str, float]:
-    """What the CPU time model charges for each case, by the same terms cost/estimate.py adds."""
+def predictions(accel, loss_rows: tuple) -> dict[str, tuple[float, ...]]:
+    """What the CPU time model charges for each case, by the terms cost/estimate.py adds; the loss
+    three ways: its bytes over the cache bandwidth (calibration 17), over DRAM past the cache (the
+    form without a table), and off a table timed at calibrate's ``LOSS_SHAPES`` (128 tokens)."""
     out = {}
+    cache_only = replace(accel, dram_bytes_per_s=0.0, loss_token_table=())
+    no_table = replace(accel, loss_token_table=())
+    tabled = replace(accel, loss_token_table=loss_rows)
     for vocab in VOCABS:
         model = grid_model(vocab)
         eff = accel.efficiency_max * host.gemm_shape_factor(model, accel, TOKENS, 1)
-        out[f"head gemm V={vocab}"] = 6.0 * TOKENS * vocab * HIDDEN / (accel.peak_fp32_flops_per_s * eff)
-        out[f"loss V={vocab}"] = host.loss_seconds(accel, TOKENS, vocab)
+        out[f"head gemm V={vocab}"] = (6.0 * TOKENS * vocab * HIDDEN / (accel.peak_fp32_flops_per_s * eff),)
+        out[f"loss V={vocab}"] = tuple(host.loss_seconds(a, TOKENS, vocab) for a in (cache_only, no_table, tabled))
     for seq in SDPA_SEQS:
-        out[f"sdpa s={seq}"] = host.sdpa_call_seconds(accel, HEADS, seq, HEAD_DIM)
+        out[f"sdpa s={seq}"] = (host.sdpa_call_seconds(accel, HEADS, seq, HEAD_DIM),)
     for seq in SDPA_SEQS:
-        out[f"ring step s={seq}/2"] = ring_step_seconds(accel, HEADS * (seq / 2) ** 2, HEAD_DIM)
+        out[f"ring step s={seq}/2"] = (ring_step_seconds(accel, HEADS * (seq / 2) ** 2, HEAD_DIM),)
     return out
 
 
@@ -154,7 +162,10 @@ def main() -> int:
 
     say("$ " + " ".join([Path(sys.executable).name, *sys.argv]))
     say(f"{platform.node()}, {os.cpu_count()} cores, profile {path}; load at the start {load()}")
-    predicted, runs = predictions(accel), cases()
+    loss_rows = tuple((float(t), float(v), time_loss(t, v) / t) for t, v in LOSS_SHAPES)
+    say("loss table timed at calibrate's shapes (tokens, vocab, us per token): "
+        + ", ".join(f"({t:.0f}, {v:.0f}, {sec * 1e6:.1f})" for t, v, sec in loss_rows))
+    predicted, runs = predictions(accel, loss_rows), cases()
     times: dict[str, list[float]] = {name: [] for name in runs}
     drifts = []
     for r in range(args.rounds):
@@ -165,11 +176,13 @@ def main() -> int:
             times[name].append(time.perf_counter() - start)
         drifts.append(probe.drift(table, probe.probe()) if all(k in table for k in probe.PROBE_KEYS) else 0.0)
         say(f"round {r + 1}: load {load()}, the machine reads {drifts[-1]:+.0%} against the profile")
-    say(f"\n{'component':<22} {'pred ms':>9} {'meas ms':>9} {'meas/pred':>9}  spread over rounds")
+    say(f"\n{'component':<22} {'meas ms':>9} {'pred ms':>9} {'meas/pred':>9}  spread over rounds; "
+        "the loss predicted three ways: cache bytes (v17) | DRAM past 4 MiB | table")
     for name in runs:
         meas = statistics.median(times[name])
         spread = (max(times[name]) - min(times[name])) / meas
-        say(f"{name:<22} {predicted[name] * 1e3:9.2f} {meas * 1e3:9.2f} {meas / predicted[name]:9.2f}  {spread:.0%}")
+        ratios = " | ".join(f"{meas / p:.2f}" for p in predicted[name])
+        say(f"{name:<22} {meas * 1e3:9.2f} {predicted[name][-1] * 1e3:9.2f} {ratios:>9}  {spread:.0%}")
     say(f"load at the end {load()}")
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")

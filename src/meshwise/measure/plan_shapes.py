@@ -10,8 +10,9 @@ own shapes where the table does not reach them:
 - the loss at the micro-batch's ``tokens x vocab`` logits, when no row holds as many (up to
   ``LOSS_MAX_LOGITS``: past it every pass already streams from DRAM and the cost per logit is flat);
 - SDPA at the run's sequence at each head width the table holds, when no row is that long (up to
-  ``SDPA_MAX_SEQ``: from 2k to 8k tokens torch's kernel read a flat ratio to the table's extension
-  in seq**2, benchmarks/results/cpu-components-cpu2core.txt).
+  ``SDPA_MAX_SEQ``, a few seconds; past it the table's last segment, linear in seq**2, is extended:
+  torch's kernel costs less per score element as the sequence grows, and on a 2-core x86 host the
+  extension from 1,024 tokens read 2k-8k calls 2-3x slow, benchmarks/results/cpu-components-cpu2core.txt).
 
 Each addition is a few timed calls, seconds in all (``time_loss``, ``time_sdpa``); tests pass fake
 timers.
