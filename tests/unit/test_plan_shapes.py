@@ -71,3 +71,15 @@ def test_the_cached_profile_is_topped_up_at_the_runs_shapes(tmp_path, monkeypatc
     assert ("loss", 256, 131072) in timers.asked and lines and "131072 logits" in lines[0]
     accel = load_cluster(str(profile), 1, 1).accelerator
     assert accel.loss_token_table[-1] == pytest.approx((256.0, 131072.0, 0.05 / 256), rel=1e-5)
+
+
+def test_a_bad_loss_table_is_refused_in_one_line(tmp_path):
+    from meshwise.errors import MeshwiseError
+
+    profile = tmp_path / "p.toml"
+    write_profile(profile, {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
+                            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 1,
+                            "intra_bytes_per_s": 1e9, "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9,
+                            "inter_latency_s": 1e-4, "loss_token_table": [[128, 256, 2.0], [128, 0, 1e-4]]})
+    with pytest.raises(MeshwiseError, match=r"loss_token_table must be two or more rows \[tokens, vocab, seconds\]"):
+        load_cluster(str(profile), 1, 1)
