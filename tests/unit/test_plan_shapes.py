@@ -52,7 +52,7 @@ def test_sequences_past_the_cap_are_timed_at_the_cap():
 def test_shapes_of_a_run():
     model = load_model("small")
     assert plan_shapes.shapes_of(model, 256, 2) == PlanShapes(tokens=512, vocab=256, seq=256)
-    assert plan_shapes.shapes_of(model, 256, 2, cp=2) == PlanShapes(tokens=256, vocab=256, seq=256)
+    assert plan_shapes.shapes_of(model, 256, 2, cp=2) == PlanShapes(tokens=256, vocab=256, seq=256, ring_seq=128)
     assert plan_shapes.shapes_of(model, 256, 2, tp=2, runtime="megatron").vocab == 128
 
 
@@ -83,3 +83,23 @@ def test_a_bad_loss_table_is_refused_in_one_line(tmp_path):
                             "inter_latency_s": 1e-4, "loss_token_table": [[128, 256, 2.0], [128, 0, 1e-4]]})
     with pytest.raises(MeshwiseError, match=r"loss_token_table must be two or more rows \[tokens, vocab, seconds\]"):
         load_cluster(str(profile), 1, 1)
+
+
+def test_the_ring_is_carried_to_the_runs_local_sequence():
+    """A row at the run's local sequence per head width: the table's longest step times the bare
+    step there over the bare step at the table's end (4 query heads: 4 * 512**2 score elements)."""
+    ring = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [4.0 * 512 * 512, 16.0, 0.04],
+                              [4.0 * 64 * 64, 64.0, 0.003], [4.0 * 512 * 512, 64.0, 0.05]]}
+    asked = []
+
+    def bare(local: int, width: int) -> float:
+        asked.append((local, width))
+        return {512: 0.01, 1024: 0.05}[local]  # 5x from 512 to 1,024 local tokens
+
+    out, said = top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1, cp=2), (None, None, bare))
+    assert sorted(asked) == [(512, 16), (512, 64), (1024, 16), (1024, 64)]
+    assert [4.0 * 1024 * 1024, 16.0, pytest.approx(0.2)] in out["cp_ring_table"]
+    assert [4.0 * 1024 * 1024, 64.0, pytest.approx(0.25)] in out["cp_ring_table"] and len(said) == 2
+    # no context parallelism, or a table that reaches the local sequence: nothing timed
+    assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1), (None, None, bare))[1] == []
+    assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 1024, 1, cp=2), (None, None, bare))[1] == []

@@ -9,6 +9,10 @@ own shapes where the table does not reach them:
 
 - the loss at the micro-batch's ``tokens x vocab`` logits, when no row holds as many (up to
   ``LOSS_MAX_LOGITS``: past it every pass already streams from DRAM and the cost per logit is flat);
+- the ring step of context parallelism at the run's local sequence (up to ``RING_MAX_SEQ``), when
+  ``cp_ring_table`` stops short: its blocks materialise their scores, which outgrow the cache, and
+  on a 2-core x86 host a step at 2k-4k local tokens cost 2-3x the table's extension from 512
+  (:func:`ring_rows`);
 - SDPA at the run's sequence at each head width the table holds, when no row is that long (up to
   ``SDPA_MAX_SEQ``, a few seconds; past it the table's last segment, linear in seq**2, is extended:
   torch's kernel costs less per score element as the sequence grows, and on a 2-core x86 host the
@@ -27,6 +31,7 @@ from typing import Any
 
 LOSS_MAX_LOGITS = 1 << 25  # 128 MiB of fp32 logits: far past any last-level cache
 SDPA_MAX_SEQ = 4096
+RING_MAX_SEQ = 2048  # local tokens per ring step (a step of 4,096 took seconds)
 SDPA_HEADS, SDPA_KV_HEADS = 4, 2  # as measure/calibrate.py's RING_HEADS, RING_KV_HEADS
 TIMED_RUNS = 3
 
@@ -34,10 +39,12 @@ TIMED_RUNS = 3
 @dataclass(frozen=True)
 class PlanShapes:
     """What one rank of the run computes per micro-batch: ``tokens`` (micro-batch x sequence),
-    ``vocab`` logits per token in its loss, ``seq`` tokens per attention call."""
+    ``vocab`` logits per token in its loss, ``seq`` tokens per attention call, ``ring_seq`` local
+    tokens per ring step under context parallelism."""
     tokens: int
     vocab: int
     seq: int
+    ring_seq: int = 0  # a rank's local sequence under context parallelism (0: none)
 
 
 def _typical_time(fn, runs: int) -> float:
@@ -82,18 +89,57 @@ def time_sdpa(seq: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
     return _typical_time(call, runs)
 
 
+def time_ring(local: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
+    """Seconds of one bare ring step of context parallelism's attention (runtime/context_parallel.py
+    ``forward_block`` then ``backward_block`` of one half-masked K/V block, no transfer) over
+    ``local`` tokens, ``SDPA_HEADS`` query heads over ``SDPA_KV_HEADS`` K/V heads."""
+    import torch
+
+    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
+
+    gen = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(1, SDPA_HEADS, local, head_dim, generator=gen) for _ in range(2))
+    kb, vb = (torch.randn(1, SDPA_KV_HEADS, local, head_dim, generator=gen) for _ in range(2))
+    q_pos, k_pos = positions(local, 2, 0), positions(local, 2, 1)  # a block half masked, as most are
+    stats = torch.full((1, SDPA_HEADS, local, 1), float("-inf")), torch.zeros(1, SDPA_HEADS, local, 1)
+    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+    def step() -> None:
+        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+    return _typical_time(step, runs)
+
+
+def ring_rows(table: dict[str, Any], local: int, timer: Callable) -> tuple[list[list[float]], list[str]]:
+    """``cp_ring_table`` rows at ``local`` tokens per ring step, one per head width the table holds:
+    the table's step at its longest local sequence of that width, times the bare step at ``local``
+    over the bare step there (``timer`` as :func:`time_ring`). The table's steps were timed as whole
+    ring calls over two ranks, sends included (measure/calibrate.py); the bare ratio carries them
+    to ``local`` at the share they had at the table's end."""
+    rows, said = [], []
+    for width in sorted({d for _, d, _ in table["cp_ring_table"]}):
+        scores, seconds = max((e, t) for e, d, t in table["cp_ring_table"] if d == width)
+        ref = max(1, round(math.sqrt(scores / SDPA_HEADS)))
+        factor = timer(local, int(width)) / timer(ref, int(width))
+        rows.append([float(SDPA_HEADS * local * local), width, seconds * factor])
+        said.append(f"a ring step timed at {local} local tokens, head width {int(width)}: {factor:.1f}x the one at {ref}")
+    return rows, said
+
+
 def loss_row(shapes: PlanShapes) -> tuple[int, int] | None:
     """(tokens, vocab) to time the loss at, ``tokens`` cut to stay within ``LOSS_MAX_LOGITS``."""
     tokens = max(1, min(shapes.tokens, LOSS_MAX_LOGITS // max(shapes.vocab, 1)))
     return tokens, shapes.vocab
 
 
-def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, Callable] | None = None
+def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ...] | None = None
            ) -> tuple[dict[str, Any], list[str]]:
     """(``table`` with rows added at ``shapes`` where its loss and SDPA tables do not reach them,
-    one line per addition). ``timers``: (loss, SDPA) as :func:`time_loss`, :func:`time_sdpa`.
+    one line per addition). ``timers``: (loss, SDPA, bare ring step) as :func:`time_loss`,
+    :func:`time_sdpa`, :func:`time_ring`.
     A table without a component's rows (a GPU profile, an older calibration) is left as it is."""
-    timers = timers or (time_loss, time_sdpa)
+    timers = timers or (time_loss, time_sdpa, time_ring)
     out, said = dict(table), []
     loss_rows = [list(r) for r in table.get("loss_token_table", [])]
     tokens, vocab = loss_row(shapes)
@@ -110,6 +156,11 @@ def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, Ca
             sdpa_rows.append([float(seq), width, max(seconds - call_s, seconds / 10) / SDPA_HEADS])
             said.append(f"SDPA timed at {seq} tokens, head width {int(width)}: {seconds * 1e3:.1f} ms")
         out["sdpa_head_table"] = sorted(sdpa_rows)
+    ring = [list(r) for r in table.get("cp_ring_table", [])]
+    local = min(shapes.ring_seq, RING_MAX_SEQ)
+    if ring and local and max(math.sqrt(e / SDPA_HEADS) for e, _, _ in ring) < local * (1 - 1e-9):
+        rows, lines = ring_rows(table, local, timers[2])
+        out["cp_ring_table"], said = sorted(ring + rows), said + lines
     return out, said
 
 
@@ -118,4 +169,5 @@ def shapes_of(model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str 
     token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead)."""
     from meshwise.cost.host import loss_vocab
 
-    return PlanShapes(tokens=mbs * math.ceil(seq / cp), vocab=int(loss_vocab(model, runtime, tp)), seq=seq)
+    return PlanShapes(tokens=mbs * math.ceil(seq / cp), vocab=int(loss_vocab(model, runtime, tp)), seq=seq,
+                      ring_seq=math.ceil(seq / cp) if cp > 1 else 0)
