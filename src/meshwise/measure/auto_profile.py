@@ -251,9 +251,10 @@ def share_per_rank_figures(path: Path, base: Path, cores: int) -> None:
     write_profile(path, with_per_rank_of(table, tomllib.loads(base.read_text()), f"from the {cores}-process profile"))
 
 
-def for_workers(nproc: int) -> str:
-    """Ensure the profile and hand its path to the workers of this launch (``$MESHWISE_AUTO_PROFILE``)."""
-    path = str(ensure(nproc))
+def for_workers(nproc: int, shapes=None) -> str:
+    """Ensure the profile (at the run's ``shapes``, :func:`ensure`) and hand its path to the workers
+    of this launch (``$MESHWISE_AUTO_PROFILE``)."""
+    path = str(ensure(nproc, shapes=shapes))
     os.environ[PROFILE_ENV] = path
     return path
 
