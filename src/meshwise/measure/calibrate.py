@@ -32,7 +32,8 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **achieved efficiency** is then the arithmetic's alone: ``model_flops / ((fwd_bwd_s - ops *
   op_overhead_s - memory_bound_s) * matmul rate)``, where ``memory_bound_s`` is the cost model's
   memory-bound term for that forward + backward (cost/host.py ``memory_bound_seconds``: the bytes of
-  its norms, residual adds, rotary, activation, embedding and loss over the copy bandwidth below),
+  its norms, residual adds, rotary, activation and embedding over the copy bandwidth below, the
+  loss off its measured calls, :func:`calibration_memory_seconds`),
   so that the cost model, adding that term back, predicts the measured time; above 1 (the GEMM benchmark caught a busy moment) the matmul
   rate is raised to the model's and the efficiency is 1;
 - **DTensor** ``tp_op_s`` (an even process count, every pair of ranks at once): the same forward + backward with the model under tp=2
@@ -63,6 +64,9 @@ told apart from (it may catch a core alone, or not). Collectives are measured wi
 - **memory bandwidth** ``hbm_bytes_per_s``: a copy of 4 MiB, which the last-level cache holds
   (activations' size), ``2 * bytes / time`` (read + write); ``dram_bytes_per_s``: the same for
   128 MiB, which it cannot (the optimizer's first pass over its states, cost/host.py);
+- **loss** ``loss_token_table`` (cost/host.py ``loss_seconds``): the runtime's cross-entropy over
+  fp32 logits, forward + backward, at ``LOSS_SHAPES`` (128 tokens x 256, 8,192 and 65,536 logits:
+  in the cache, past it, far past it), per token; measure/plan_shapes.py adds a run's own;
 - **collectives** ``intra_/inter_bytes_per_s`` and ``_latency_s``: all-reduce and all-gather at a few
   sizes, fitted to the cost model's formulas (``cost/comm.py``): ring all-reduce
   ``2(n-1) alpha + 2(n-1)/n B / beta``, all-gather ``(n-1) alpha + (n-1)/n B / beta``, by least
