@@ -103,3 +103,20 @@ def test_the_ring_is_carried_to_the_runs_local_sequence():
     # no context parallelism, or a table that reaches the local sequence: nothing timed
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1), (None, None, bare))[1] == []
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 1024, 1, cp=2), (None, None, bare))[1] == []
+
+
+def test_a_ring_row_over_a_second_still_loads(tmp_path):
+    """A ring step at 2,048 local tokens can take over a second on a loaded host: the profile holding
+    it still loads (rows up to TABLE_MAX_S), and one beyond is refused in one line."""
+    from meshwise.errors import MeshwiseError
+    from meshwise.spec.host_keys import TABLE_MAX_S
+
+    base = {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
+            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 1, "intra_bytes_per_s": 1e9,
+            "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9, "inter_latency_s": 1e-4}
+    profile = tmp_path / "p.toml"
+    write_profile(profile, {**base, "cp_ring_table": [[1048576.0, 16.0, 0.05], [16777216.0, 16.0, 1.5]]})
+    assert load_cluster(str(profile), 1, 1).accelerator.cp_ring_table[-1][2] == 1.5
+    write_profile(profile, {**base, "cp_ring_table": [[1048576.0, 16.0, 0.05], [16777216.0, 16.0, TABLE_MAX_S]]})
+    with pytest.raises(MeshwiseError, match="seconds below 60"):
+        load_cluster(str(profile), 1, 1)
