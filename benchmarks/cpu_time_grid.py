@@ -177,11 +177,11 @@ def main() -> int:
             saved = json.loads(Path(args.replay).read_text())
         else:
             saved = measure(args, files, tmp, say)
+            if args.save:  # before predicting: a prediction that fails can be replayed once fixed
+                Path(args.save).write_text(json.dumps(saved))
         rows = predict(saved, files, tmp)
     code = report(rows, say, quiet(saved.get("drifts", [])))
     say(f"load average at the end {load()}")
-    if args.save and not args.replay:
-        Path(args.save).write_text(json.dumps(saved))
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
     return code
