@@ -120,3 +120,12 @@ def test_a_ring_row_over_a_second_still_loads(tmp_path):
     write_profile(profile, {**base, "cp_ring_table": [[1048576.0, 16.0, 0.05], [16777216.0, 16.0, TABLE_MAX_S]]})
     with pytest.raises(MeshwiseError, match="seconds below 60"):
         load_cluster(str(profile), 1, 1)
+
+
+def test_context_parallelism_times_the_ring_not_sdpa():
+    timers = _Timers()
+    asked = []
+    ring = {**TABLE, "cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [4.0 * 512 * 512, 16.0, 0.04]]}
+    top_up(ring, plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2),
+           (timers.loss, timers.sdpa, lambda local, width: asked.append(local) or 0.01))
+    assert timers.asked == [] and sorted(asked) == [512, 2048]

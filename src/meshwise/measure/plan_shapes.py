@@ -127,7 +127,7 @@ def ring_rows(table: dict[str, Any], local: int, timer: Callable) -> tuple[list[
     return rows, said
 
 
-def loss_row(shapes: PlanShapes) -> tuple[int, int] | None:
+def loss_row(shapes: PlanShapes) -> tuple[int, int]:
     """(tokens, vocab) to time the loss at, ``tokens`` cut to stay within ``LOSS_MAX_LOGITS``."""
     tokens = max(1, min(shapes.tokens, LOSS_MAX_LOGITS // max(shapes.vocab, 1)))
     return tokens, shapes.vocab
@@ -135,8 +135,8 @@ def loss_row(shapes: PlanShapes) -> tuple[int, int] | None:
 
 def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ...] | None = None
            ) -> tuple[dict[str, Any], list[str]]:
-    """(``table`` with rows added at ``shapes`` where its loss and SDPA tables do not reach them,
-    one line per addition). ``timers``: (loss, SDPA, bare ring step) as :func:`time_loss`,
+    """(``table`` with rows added at ``shapes`` where its loss, SDPA (without context parallelism)
+    and ring (with it) tables do not reach them, one line per addition). ``timers``: (loss, SDPA, bare ring step) as :func:`time_loss`,
     :func:`time_sdpa`, :func:`time_ring`.
     A table without a component's rows (a GPU profile, an older calibration) is left as it is."""
     timers = timers or (time_loss, time_sdpa, time_ring)
@@ -148,8 +148,8 @@ def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ..
         out["loss_token_table"] = sorted(loss_rows + [[float(tokens), float(vocab), seconds / tokens]])
         said.append(f"the loss timed at {tokens} tokens x {vocab} logits: {seconds * 1e3:.1f} ms")
     sdpa_rows = [list(r) for r in table.get("sdpa_head_table", [])]
-    seq = min(shapes.seq, SDPA_MAX_SEQ)
-    if sdpa_rows and max(s for s, _, _ in sdpa_rows) < seq:
+    seq = 0 if shapes.ring_seq else min(shapes.seq, SDPA_MAX_SEQ)
+    if sdpa_rows and seq and max(s for s, _, _ in sdpa_rows) < seq:
         call_s = float(table.get("sdpa_call_s", 0.0))
         for width in sorted({d for _, d, _ in sdpa_rows}):
             seconds = timers[1](seq, int(width))
