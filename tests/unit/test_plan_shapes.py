@@ -103,6 +103,9 @@ def test_the_ring_is_carried_to_the_runs_local_sequence():
     # no context parallelism, or a table that reaches the local sequence: nothing timed
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1), (None, None, bare))[1] == []
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 1024, 1, cp=2), (None, None, bare))[1] == []
+    # a row written to a profile (6 significant digits) still reaches its local sequence
+    rounded = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [1.67772e+07, 16.0, 0.9]]}
+    assert top_up(rounded, plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2), (None, None, bare))[1] == []
 
 
 def test_a_ring_row_over_a_second_still_loads(tmp_path):
