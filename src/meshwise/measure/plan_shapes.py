@@ -143,13 +143,13 @@ def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ..
     out, said = dict(table), []
     loss_rows = [list(r) for r in table.get("loss_token_table", [])]
     tokens, vocab = loss_row(shapes)
-    if loss_rows and max(t * v for t, v, _ in loss_rows) < tokens * vocab:
+    if loss_rows and max(t * v for t, v, _ in loss_rows) < tokens * vocab * (1 - 1e-4):
         seconds = timers[0](tokens, vocab)
         out["loss_token_table"] = sorted(loss_rows + [[float(tokens), float(vocab), seconds / tokens]])
         said.append(f"the loss timed at {tokens} tokens x {vocab} logits: {seconds * 1e3:.1f} ms")
     sdpa_rows = [list(r) for r in table.get("sdpa_head_table", [])]
     seq = 0 if shapes.ring_seq else min(shapes.seq, SDPA_MAX_SEQ)
-    if sdpa_rows and seq and max(s for s, _, _ in sdpa_rows) < seq:
+    if sdpa_rows and seq and max(s for s, _, _ in sdpa_rows) < seq * (1 - 1e-4):
         call_s = float(table.get("sdpa_call_s", 0.0))
         for width in sorted({d for _, d, _ in sdpa_rows}):
             seconds = timers[1](seq, int(width))
