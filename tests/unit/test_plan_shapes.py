@@ -86,23 +86,30 @@ def test_a_bad_loss_table_is_refused_in_one_line(tmp_path):
 
 
 def test_the_ring_is_carried_to_the_runs_local_sequence():
-    """A row at the run's local sequence per head width: the table's longest step times the bare
-    step there over the bare step at the table's end (4 query heads: 4 * 512**2 score elements)."""
+    """A row at the run's local sequence per head width: the table's longest step plus the bare
+    step's growth from the table's end to there (4 query heads: 4 * 512**2 score elements)."""
     ring = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [4.0 * 512 * 512, 16.0, 0.04],
                               [4.0 * 64 * 64, 64.0, 0.003], [4.0 * 512 * 512, 64.0, 0.05]]}
     asked = []
 
     def bare(local: int, width: int) -> float:
         asked.append((local, width))
-        return {512: 0.01, 1024: 0.05}[local]  # 5x from 512 to 1,024 local tokens
+        return {512: 0.01, 1024: 0.05}[local]  # 40 ms more at 1,024 local tokens than at 512
 
     out, said = top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1, cp=2), (None, None, bare))
     assert sorted(asked) == [(512, 16), (512, 64), (1024, 16), (1024, 64)]
-    assert [4.0 * 1024 * 1024, 16.0, pytest.approx(0.2)] in out["cp_ring_table"]
-    assert [4.0 * 1024 * 1024, 64.0, pytest.approx(0.25)] in out["cp_ring_table"] and len(said) == 2
+    assert [4.0 * 1024 * 1024, 16.0, pytest.approx(0.04 + 0.04)] in out["cp_ring_table"]
+    assert [4.0 * 1024 * 1024, 64.0, pytest.approx(0.05 + 0.04)] in out["cp_ring_table"] and len(said) == 2
     # no context parallelism, or a table that reaches the local sequence: nothing timed
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 2048, 1), (None, None, bare))[1] == []
     assert top_up(ring, plan_shapes.shapes_of(load_model("small"), 1024, 1, cp=2), (None, None, bare))[1] == []
+    # a row within 25% holds the local sequence; one past it does not (between rows: linear)
+    assert top_up(out, plan_shapes.shapes_of(load_model("small"), 1200, 1, cp=2), (None, None, bare))[1] == []
+    far = {"cp_ring_table": [[4.0 * 512 * 512, 16.0, 0.04], [4.0 * 2048 * 2048, 16.0, 0.9]]}
+    seen = []
+    top_up(far, plan_shapes.shapes_of(load_model("small"), 2048, 1, cp=2),
+           (None, None, lambda local, width: seen.append(local) or local * local * 1e-8))
+    assert sorted(seen) == [1024, 2048]
     # a row written to a profile (6 significant digits) still reaches its local sequence
     rounded = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [1.67772e+07, 16.0, 0.9]]}
     assert top_up(rounded, plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2), (None, None, bare))[1] == []
