@@ -114,14 +114,17 @@ def time_ring(local: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
 
 def ring_rows(table: dict[str, Any], local: int, timer: Callable) -> tuple[list[list[float]], list[str]]:
     """``cp_ring_table`` rows at ``local`` tokens per ring step, one per head width the table holds:
-    the table's step at its longest local sequence of that width plus what the bare step grows by
-    from there to ``local`` (``timer`` as :func:`time_ring`). The table's steps were timed as whole
+    the table's step at its longest local sequence of that width short of ``local``, plus what the
+    bare step grows by from there to ``local`` (``timer`` as :func:`time_ring`). The table's steps were timed as whole
     ring calls over two ranks (measure/calibrate.py): their sends and bookkeeping, 1.1-2.3x the bare
     blocks at local 64-512 on a 2-core x86 host, are carried as they were at the table's end, not
     scaled with the blocks' scores (scaled, they read the cp=2 grid points 2-5x slow)."""
     rows, said = [], []
     for width in sorted({d for _, d, _ in table["cp_ring_table"]}):
-        scores, seconds = max((e, t) for e, d, t in table["cp_ring_table"] if d == width)
+        below = [(e, t) for e, d, t in table["cp_ring_table"] if d == width and e < SDPA_HEADS * local * local]
+        if not below:
+            continue
+        scores, seconds = max(below)
         ref = max(1, round(math.sqrt(scores / SDPA_HEADS)))
         at_ref, at_local = timer(ref, int(width)), timer(local, int(width))
         rows.append([float(SDPA_HEADS * local * local), width, seconds + max(at_local - at_ref, 0.0)])
