@@ -1,8 +1,11 @@
 """Step time on this CPU over a grid: predicted (this machine's calibration) against measured, for
-66 points: 3 model widths (hidden 64, 192, 512), sequences 32 to 1,024, micro-batches 1 to 16, at 1,
-2 and 4 processes, over the parity suite's layout kinds (tests/_parity_cases.py: ZeRO 0-3, TP with
-SP off and on, PP under GPipe, 1F1B, interleaved 1F1B and zero-bubble, activation checkpointing,
-context parallelism, and their 4-process combinations).
+86 points: 66 over 3 model widths (hidden 64, 192, 512), sequences 32 to 1,024, micro-batches 1 to
+16, at 1, 2 and 4 processes, over the parity suite's layout kinds (tests/_parity_cases.py: ZeRO 0-3,
+TP with SP off and on, PP under GPipe, 1F1B, interleaved 1F1B and zero-bubble, activation
+checkpointing, context parallelism, and their 4-process combinations); and 20 off that first grid
+(``WIDE``): vocabularies of 32k and 64k, sequences of 2k to 8k (attention, CP and TP at length), and
+a mixture of experts (8 experts, top-2) under ep=2. Each round's calibration is topped up at the
+points' own loss and attention shapes (measure/plan_shapes.py). ``--only wide`` times those 20.
 
 Measured in interleaved rounds: each round is one launch per process count (1, then 2, then 4),
 which builds all of that count's points, warms each up, then times ``--steps`` steps round robin
@@ -47,11 +50,18 @@ from meshwise.cost.estimate import estimate  # noqa: E402
 from meshwise.launch import launch_logged  # noqa: E402
 from meshwise.layout import check_runnable, parse  # noqa: E402
 from meshwise.measure import auto_profile, probe  # noqa: E402
+from meshwise.measure.plan_shapes import shapes_of  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 from rank_cpu_layouts import spearman  # noqa: E402
 
 MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
     64: (4, 4, 2, 176), 192: (4, 6, 2, 512), 512: (4, 8, 4, 1408),
+}
+# off the first grid (issue 46 item 5): a model's name: (its width in MODELS, fields that differ)
+WIDE = {
+    "64-v32k": (64, {"vocab": 32768}), "192-v32k": (192, {"vocab": 32768}), "64-v64k": (64, {"vocab": 65536}),
+    "64-s8k": (64, {"max_seq": 8192}), "192-s8k": (192, {"max_seq": 8192}),
+    "64-moe8": (64, {"experts": 8, "experts_per_token": 2, "expert_ffn_hidden": 64}),
 }
 # (processes, hidden, layout, global batch, sequence length)
 POINTS = [
@@ -81,6 +91,18 @@ POINTS = [
     (4, 64, "dp=2,zero=1,tp=2,sp=off,mbs=8", 16, 32), (4, 64, "cp=2,dp=2,zero=3,mbs=1", 2, 1024),
     (4, 192, "cp=2,dp=2,zero=1,mbs=1", 2, 512), (4, 64, "cp=2,tp=2,mbs=4", 4, 256), (4, 64, "cp=2,pp=2,mbs=1", 4, 512),
     (4, 64, "dp=4,zero=1,mbs=16", 64, 32),
+    # wide vocabularies: the head's GEMMs and the loss over 32k and 64k logits per token
+    (1, "64-v32k", "mbs=1", 2, 256), (1, "192-v32k", "mbs=2", 4, 128), (1, "64-v64k", "mbs=1", 1, 512),
+    (2, "64-v32k", "tp=2,sp=off,mbs=1", 2, 256), (2, "192-v32k", "dp=2,zero=3,mbs=1", 4, 128),
+    (2, "64-v64k", "pp=2,schedule=1f1b,mbs=1", 4, 128), (4, "64-v32k", "dp=2,tp=2,mbs=1", 4, 256),
+    # sequences of 2k to 8k: attention, CP's ring and TP at length
+    (1, "64-s8k", "mbs=1", 1, 2048), (1, "64-s8k", "mbs=1", 1, 4096), (1, "192-s8k", "mbs=1", 1, 2048),
+    (1, "64-s8k", "mbs=1,ac=full", 1, 8192), (2, "64-s8k", "cp=2,mbs=1", 1, 2048), (2, "64-s8k", "cp=2,mbs=1", 1, 4096),
+    (2, "192-s8k", "tp=2,sp=off,mbs=1", 1, 2048), (2, "64-s8k", "tp=2,sp=on,mbs=1", 1, 4096),
+    (4, "64-s8k", "cp=2,dp=2,zero=1,mbs=1", 2, 4096), (4, "192-s8k", "cp=2,tp=2,mbs=1", 1, 2048),
+    # mixture of experts, 8 experts top-2 under ep=2 (priced by cost/experts.py)
+    (2, "64-moe8", "dp=2,ep=2,mbs=1", 4, 128), (2, "64-moe8", "dp=2,zero=3,ep=2,mbs=2", 8, 64),
+    (4, "64-moe8", "dp=2,tp=2,ep=2,mbs=1", 4, 128),
 ]
 WITHIN, NONE_BEYOND, SHARE_WITHIN, SPEARMAN_BOUND = 0.25, 0.50, 0.90, 0.9
 # A quiet machine: after every round the probe (measure/probe.py) reads within this of the round's
@@ -96,11 +118,16 @@ def load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def model_toml(hidden: int) -> str:
-    layers, heads, kv, ffn = MODELS[hidden]
-    return (f'name = "grid-h{hidden}"\nlayers = {layers}\nhidden = {hidden}\nheads = {heads}\nkv_heads = {kv}\n'
-            f'ffn_hidden = {ffn}\nmlp = "swiglu"\nvocab = 256\ntied_embeddings = false\nmax_seq = 1024\n'
-            f'source = "benchmarks/cpu_time_grid.py"\n')
+def model_toml(key) -> str:
+    """A grid model's TOML: a width of ``MODELS`` (untied byte vocabulary, 1,024 tokens), or one of
+    ``WIDE``: such a width with some fields changed."""
+    width, changed = (key, {}) if key in MODELS else WIDE[key]
+    layers, heads, kv, ffn = MODELS[width]
+    fields = {"name": f"grid-h{key}", "layers": layers, "hidden": width, "heads": heads, "kv_heads": kv,
+              "ffn_hidden": ffn, "mlp": "swiglu", "vocab": 256, "tied_embeddings": False, "max_seq": 1024,
+              **changed, "source": "benchmarks/cpu_time_grid.py"}
+    return "".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v).replace(chr(39), chr(34))}\n"
+                   for k, v in fields.items())
 
 
 def measure_round(n: int, points: list[tuple], files: dict[int, str], steps: int, tmp: Path) -> list[list[dict]]:
@@ -123,6 +150,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per point per round (default 3)")
     ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 1, 2 and 4)")
     ap.add_argument("--every", type=int, default=1, help="keep every k-th point of each count (a short subset)")
+    ap.add_argument("--only", choices=("all", "wide", "first"), default="all",
+                    help="all points (default), the 20 off the first grid, or the first grid's 66")
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's calibration)")
     ap.add_argument("--calibration", choices=("fresh", "recheck"), default="fresh",
                     help="before each round: calibrate afresh (default), or re-check the cached calibration")
@@ -141,18 +170,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="meshwise-cpu-grid-") as tmp_name:
         tmp = Path(tmp_name)
         files = {}
-        for hidden in MODELS:
+        for hidden in [*MODELS, *WIDE]:
             files[hidden] = str(tmp / f"grid-h{hidden}.toml")
             Path(files[hidden]).write_text(model_toml(hidden))
         if args.replay:
             saved = json.loads(Path(args.replay).read_text())
         else:
             saved = measure(args, files, tmp, say)
+            if args.save:  # before predicting: a prediction that fails can be replayed once fixed
+                Path(args.save).write_text(json.dumps(saved))
         rows = predict(saved, files, tmp)
     code = report(rows, say, quiet(saved.get("drifts", [])))
     say(f"load average at the end {load()}")
-    if args.save and not args.replay:
-        Path(args.save).write_text(json.dumps(saved))
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
     return code
@@ -167,16 +196,21 @@ def drift(profile: str) -> float:
 def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     """Profiles and measurements of every point: ``{"profiles": {n: toml}, "points": [...]}``."""
     counts = args.nproc or [1, 2, 4]
-    by_n = {n: [p for p in POINTS if p[0] == n][::args.every] for n in counts}
+    chosen = [p for p in POINTS if args.only == "all" or (p[1] in WIDE) == (args.only == "wide")]
+    by_n = {n: [p for p in chosen if p[0] == n][::args.every] for n in counts}
     for n, points in by_n.items():  # refuse a bad point before measuring anything
         for _, hidden, layout, gb, seq in points:
             check_runnable(parse(layout, n), load_model(files[hidden]), n, gb, seq)
     profiles: dict[int, list[str]] = {n: [] for n in counts}  # per round, the profile's text
+    # the loss and attention at every point's shapes, where the calibration's tables stop short
+    shapes = {n: sorted({shapes_of(load_model(files[h]), seq, parse(layout, n).mbs, parse(layout, n).tp,
+                                   parse(layout, n).cp) for _, h, layout, _, seq in points},
+                        key=lambda s: (-s.seq, -s.tokens * s.vocab)) for n, points in by_n.items()}
 
     def profile(n: int) -> str:
         start = time.perf_counter()
         path = (str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir
-                else str(auto_profile.ensure(n, say, fresh=args.calibration == "fresh")))
+                else str(auto_profile.ensure(n, say, fresh=args.calibration == "fresh", shapes=shapes[n])))
         say(f"[{n} processes] profile {path} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
         profiles[n].append(Path(path).read_text())
         return path
@@ -236,7 +270,7 @@ def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
 
 
 def report(rows: list[dict], say, machine: tuple[bool | None, str] = (None, "")) -> int:
-    say(f"\n{'n':>1} {'h':>3} {'layout':<44} {'gb':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'error':>7}  "
+    say(f"\n{'n':>1} {'model':>8} {'layout':<44} {'gb':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'error':>7}  "
         "predicted/measured: compute, comm, idle, optimizer, fixed; spread of the measured steps")
     errors = []
     for r in rows:
@@ -247,7 +281,7 @@ def report(rows: list[dict], say, machine: tuple[bool | None, str] = (None, ""))
         parts = ", ".join(f"{getattr(p, a, 0.0):.3f}/{m.get(b, 0.0):.3f}" for a, b in PARTS)
         spread = (max(r["all"]) - min(r["all"])) / statistics.median(r["all"])
         flag = "" if abs(err) <= WITHIN else (" x" if abs(err) <= NONE_BEYOND else " X")
-        say(f"{n:>1} {hidden:>3} {layout:<44} {gb:>3} {seq:>4} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{flag:2}"
+        say(f"{n:>1} {hidden!s:>8} {layout:<44} {gb:>3} {seq:>4} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{flag:2}"
             f" {parts}; {spread:.0%}")
     within = sum(abs(e) <= WITHIN for e in errors)
     beyond = sum(abs(e) > NONE_BEYOND for e in errors)

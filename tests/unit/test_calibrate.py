@@ -33,6 +33,7 @@ RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e
           "matmul_all_threads_flops_per_s": 48e9,
           "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
           "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+          "loss": [[128.0, 256.0, 1e-4], [128.0, 65536.0, 0.06]],
           "ring_includes_sends": True}
 
 
@@ -336,7 +337,7 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
     model, seq = load_model("small"), 128
     moved = cal.calibration_memory_bound_bytes(model, seq)
     result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
-              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2,
+              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2, "loss_logits": [seq, model.vocab],
               "sdpa_model": [model.heads, seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
               "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
@@ -654,3 +655,9 @@ def test_thread_speedups_are_timed_by_the_calibrating_process_alone(monkeypatch)
     assert len(got) == 5 and all(x > 0 for x in got)
     monkeypatch.setattr(cal.os, "cpu_count", lambda: 1)
     assert cal.thread_speedups_alone(model, 8, quick=True) == []
+
+
+def test_the_loss_table_is_seconds_per_token():
+    """The worker's loss calls ``[tokens, vocab, seconds]`` become ``[tokens, vocab, seconds / tokens]``."""
+    table = cal.profile_table(RESULT, nproc=1, ram_bytes=16 << 30)
+    assert table["loss_token_table"] == [[128.0, 256.0, 1e-4 / 128], [128.0, 65536.0, 0.06 / 128]]

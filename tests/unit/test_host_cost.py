@@ -335,3 +335,41 @@ def test_context_parallel_ranks_pay_fsdp2_s_dtensor_optimizer_and_norm():
     shape = memory.rank_shapes(model, zero2)[0]
     assert _accumulation_s(model, cluster.accelerator, train, zero2, shape, 4) == pytest.approx(
         _accumulation_s(model, cluster.accelerator, train, parse("mbs=1", 1), shape, 4) / 2)
+
+
+def test_loss_reads_its_cost_per_logit_off_the_measured_table():
+    """Rows (tokens, vocab, seconds per token): 128 x 256 = 32,768 logits at 1 ns each, 128 x 65,536 =
+    8,388,608 at 7 ns; between them linear in the logits, flat past both ends."""
+    table = ((128.0, 256.0, 256 * 1e-9), (128.0, 65536.0, 65536 * 7e-9))
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1e10, loss_token_table=table)
+    assert host.loss_seconds(a, 64, 256) == pytest.approx(64 * 256 * 1e-9)           # below the table: 1 ns
+    assert host.loss_seconds(a, 512, 65536) == pytest.approx(512 * 65536 * 7e-9)     # past it: 7 ns
+    mid = (32768 + 8388608) / 2                                                        # halfway: 4 ns
+    assert host.loss_seconds(a, 1, mid) == pytest.approx(mid * 4e-9)
+
+
+def test_loss_without_a_table_streams_from_dram_past_the_cache():
+    """28 bytes per logit (cost/kernels.py) over the cache bandwidth while the fp32 logits fit in 4 MiB,
+    over the DRAM bandwidth past it."""
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 2e10, dram_bytes_per_s=5e9)
+    assert host.loss_seconds(a, 128, 256) == pytest.approx(128 * 256 * 28 / 2e10)     # 128 KiB of logits
+    assert host.loss_seconds(a, 256, 32768) == pytest.approx(256 * 32768 * 28 / 5e9)  # 32 MiB of logits
+    assert host.loss_seconds(dataclasses.replace(a, dram_bytes_per_s=0.0), 256, 32768) == \
+        pytest.approx(256 * 32768 * 28 / 2e10)
+
+
+def test_memory_bound_time_holds_the_loss_once():
+    """The step's memory-bound seconds are the other passes' bytes plus the loss's measured seconds."""
+    from meshwise.cost import kernels
+
+    model = load_model("small")
+    table = ((128.0, 256.0, 256 * 1e-9), (128.0, 65536.0, 65536 * 7e-9))
+    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1e10, loss_token_table=table)
+    train = TrainSpec(4, 128, precision="fp32")
+    got = host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, True, 3)
+    rest = kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, True, 0.0)
+    per_logit = 1e-9 + 6e-9 * (256 * 256 - 32768) / (8388608 - 32768)  # 65,536 logits: between the rows
+    assert got == pytest.approx(3 * (rest / 1e10 + 256 * 256 * per_logit))
+    assert host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, False, 3) == \
+        pytest.approx(3 * kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, False,
+                                                          0.0) / 1e10)

@@ -315,19 +315,47 @@ def gemm_shape_factor(model: ModelSpec, accel: AcceleratorSpec, tokens: float, t
     return gemm_grid_efficiency(accel, linear_gemm_shapes(model, tokens, tp, False)) / accel.gemm_reference_efficiency
 
 
+LOSS_CACHE_BYTES = 4 << 20  # fp32 logits the last-level cache holds: measure/calibrate.py's cache copy (COPY_BYTES)
+
+
 def loss_vocab(model: ModelSpec, runtime: str, tp: int) -> float:
     """Logits per token one TP rank's loss runs over: meshwise gathers the head's output (every rank
     the full vocabulary), Megatron's vocab-parallel cross-entropy keeps ``vocab / tp``."""
     return model.vocab if runtime == "meshwise" else model.vocab / tp
 
 
+def loss_seconds(accel: AcceleratorSpec, tokens: float, vocab: float) -> float:
+    """Seconds of the loss's softmax / cross-entropy, forward + backward, over ``L = tokens x vocab``
+    logits on a CPU rank. Where the profile holds its measured calls (``loss_token_table``, rows
+    ``(tokens, vocab, seconds per token)``, ``meshwise calibrate`` and measure/plan_shapes.py):
+    ``L * c(L)``, ``c`` the cost per logit (``seconds per token / vocab``) piecewise linear in the
+    rows' logits and flat past the table's ends: once the logits outgrow the last-level cache every
+    pass over them streams from DRAM, and on a 2-core x86 host a logit cost about 3 ns up to 2M
+    logits and 6-10 ns from 8M on (benchmarks/results/cpu-components-cpu2core.txt). Else the bytes of
+    cost/kernels.py (``loss_bytes`` per logit) over the copy bandwidth, ``hbm_bytes_per_s`` while
+    the fp32 logits fit in ``LOSS_CACHE_BYTES``, ``dram_bytes_per_s`` (where measured) past it."""
+    logits = tokens * vocab
+    if accel.loss_token_table:
+        points = sorted((t * v, s / v) for t, v, s in accel.loss_token_table)
+        first, last = points[0], points[-1]
+        per_logit = first[1] if logits <= first[0] else last[1] if logits >= last[0] else piecewise_linear(points, logits)
+        return logits * per_logit
+    bandwidth = (accel.dram_bytes_per_s if accel.dram_bytes_per_s and 4.0 * logits > LOSS_CACHE_BYTES
+                 else accel.hbm_bytes_per_s)
+    return logits * kernels.PASSES["meshwise"]["loss_bytes"] / bandwidth
+
+
 def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
                          ac: str, blocks: int, has_embedding: bool, has_head: bool, microbatches: int) -> float:
     """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
-    per sequence): ``m * kernels.rank_memory_bound_bytes / hbm_bytes_per_s`` (module docstring)."""
-    moved = kernels.rank_memory_bound_bytes(model, kernels.ops_key(train), train.activation_bytes, mbs * train.seq_len,
-                                            tp, sp, ac, blocks, has_embedding, has_head, loss_vocab(model, train.runtime, tp))
-    return microbatches * moved / accel.hbm_bytes_per_s
+    per sequence): ``m * (rank_memory_bound_bytes / hbm_bytes_per_s + [head] loss_seconds)``, the
+    bytes of kernels.rank_memory_bound_bytes without the loss's, which :func:`loss_seconds` prices
+    over the micro-batch's tokens and the logits per token of :func:`loss_vocab`."""
+    tokens = mbs * train.seq_len
+    moved = kernels.rank_memory_bound_bytes(model, kernels.ops_key(train), train.activation_bytes, tokens,
+                                            tp, sp, ac, blocks, has_embedding, has_head, 0.0)
+    loss_s = loss_seconds(accel, tokens, loss_vocab(model, train.runtime, tp)) if has_head else 0.0
+    return microbatches * (moved / accel.hbm_bytes_per_s + loss_s)
 
 
 def score_kernel_seconds(call_s: float, score_s: float, score_dim_s: float, scores: float, head_dim: float) -> float:

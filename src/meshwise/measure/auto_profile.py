@@ -48,7 +48,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 17  # 17: the pipeline schedule's host cost per stage call;
+CALIBRATION_VERSION = 18  # 18: the loss's calls timed by vocabulary (cost/host.py loss_seconds);
+                          # 17: the pipeline schedule's host cost per stage call;
                           # 16: zero-bubble's split backward, per block;
                           # 15: host passes, attention calls, FSDP2's, DTensor's and the optimizer's passes
                           #     the median, not the best; sequence parallelism's cost per block;
@@ -121,15 +122,42 @@ def cached(nproc: int) -> Path | None:
     return path if path.is_file() and is_valid(path) else None
 
 
-def ensure(nproc: int, say=None, fresh: bool = False) -> Path:
+def ensure(nproc: int, say=None, fresh: bool = False, shapes=None) -> Path:
     """The cached profile for ``nproc`` processes; measured now (quick calibration) if missing,
     invalid, no longer this machine's (:func:`still_holds`) or ``fresh`` is asked for (a benchmark
-    that calibrates before each of its rounds). ``say``: where the one line about a calibration goes
-    (default: stderr)."""
+    that calibrates before each of its rounds). ``shapes``: the run's (measure/plan_shapes.py
+    ``PlanShapes``, or a list of them), whose loss and attention are timed into the profile where
+    its tables do not reach them (:func:`at_shapes`). ``say``: where the one line about a
+    calibration goes (default: stderr)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     found = cached(nproc)
     if found and not fresh and still_holds(found, say):
-        return found
+        return at_shapes(found, shapes, say)
+    return at_shapes(_calibrated(nproc, say, found), shapes, say)
+
+
+def at_shapes(path: Path, shapes, say, top_up=None) -> Path:
+    """The profile at ``path`` with its components timed at ``shapes`` where it lacks them
+    (measure/plan_shapes.py ``top_up``, or the ``top_up`` given), rewritten in place."""
+    if not shapes:
+        return path
+    import tomllib
+
+    from meshwise.measure import plan_shapes
+    from meshwise.measure.calibrate import write_profile
+
+    table, said = tomllib.loads(path.read_text()), []
+    for one in shapes if isinstance(shapes, (list, tuple)) else [shapes]:
+        table, lines = (top_up or plan_shapes.top_up)(table, one)
+        said += lines
+    if said:
+        write_profile(path, table)
+        say("Profile topped up at the run's shapes: " + "; ".join(said))
+    return path
+
+
+def _calibrated(nproc: int, say, found: Path | None) -> Path:
+    """A quick calibration for ``nproc`` processes, written to the cache (:func:`ensure`)."""
     from meshwise.measure.calibrate import calibrate
 
     path = cache_path(nproc)
@@ -223,9 +251,10 @@ def share_per_rank_figures(path: Path, base: Path, cores: int) -> None:
     write_profile(path, with_per_rank_of(table, tomllib.loads(base.read_text()), f"from the {cores}-process profile"))
 
 
-def for_workers(nproc: int) -> str:
-    """Ensure the profile and hand its path to the workers of this launch (``$MESHWISE_AUTO_PROFILE``)."""
-    path = str(ensure(nproc))
+def for_workers(nproc: int, shapes=None) -> str:
+    """Ensure the profile (at the run's ``shapes``, :func:`ensure`) and hand its path to the workers
+    of this launch (``$MESHWISE_AUTO_PROFILE``)."""
+    path = str(ensure(nproc, shapes=shapes))
     os.environ[PROFILE_ENV] = path
     return path
 

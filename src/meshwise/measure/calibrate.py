@@ -42,6 +42,9 @@ per-rank benchmarks, calibrate_worker ``_per_rank``), and each collective the me
 - ``sync_skew_ratio``, ``sync_skew_slice_s`` (more ranks than cores): slices of
   ``SKEW_SLICE_GEMMS`` GEMMs then a 4 KiB all-reduce against each alone, the median of
   ``SKEW_PASSES`` passes (:func:`sync_skew`; cost/host.py ``sync_skew_seconds``);
+- ``loss_token_table``: the runtime's cross-entropy forward + backward over fp32 logits at 128 tokens
+  x 256, 8,192 and 65,536 logits, per token (cost/host.py ``loss_seconds``); measure/plan_shapes.py
+  tops it up, and the SDPA and ring tables, at a run's own shapes before the run;
 - ``cores_per_node`` = ``os.cpu_count()``; ``comm_overlap = false`` (gloo's transfers need the
   cores the rank computes on); ``memory_bytes = 0.8 * RAM / N``.
 
@@ -79,7 +82,7 @@ PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flop
                 "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
                 "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
                 "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
-                "sdpa_head_table", "thread_efficiency",
+                "sdpa_head_table", "loss_token_table", "thread_efficiency",
                 "cores_per_node", "sync_skew_ratio", "sync_skew_slice_s",
                 "probe_gemm_flops_per_s",
                 "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
@@ -148,6 +151,8 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
 
 RING_SHAPES = ((64, 16), (128, 16), (256, 16), (512, 16), (64, 64), (128, 64), (256, 64), (512, 64))
 RING_HEADS, RING_KV_HEADS = 4, 2  # (local sequence, head width) above; GQA as the grid's models
+# (tokens, vocab) of the loss's calls: logits the cache holds, a few times it, far beyond it (cost/host.py loss_seconds)
+LOSS_SHAPES = ((128, 256), (128, 8192), (128, 65536))
 SDPA_SHAPES = ((64, 16), (256, 16), (512, 16), (1024, 16), (64, 64), (256, 64), (512, 64), (1024, 64))
 
 
@@ -242,7 +247,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
     model_ops, gemm, ring = int(result["model_ops"]), gemm_fields(result), ring_fields(result)
     op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]),
                                          host_arithmetic_seconds(result, gemm, ring))
-    memory_s = float(result.get("memory_bound_bytes", 0.0)) / float(result["copy_bytes_per_s"])
+    memory_s = calibration_memory_seconds(result)
     attention_s, attention_flops = calibration_attention(result, ring)
     arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s,
                        0.5 * float(result["fwd_bwd_s"]))
@@ -297,6 +302,7 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         **{k: v for k, v in gemm.items() if k != "note"},
         **{k: v for k, v in ring.items() if k != "note"},
         **({"cp_step_includes_sends": True} if result.get("ring_includes_sends") and "cp_step_s" in ring else {}),
+        **({"loss_token_table": [[t, v, s / t] for t, v, s in result["loss"]]} if result.get("loss") else {}),
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
                   f"{ring.get('note', '')}"
                   f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
@@ -528,6 +534,24 @@ def arithmetic_rate(matmul_flops_per_s: float, model_flops: float, arithmetic_s:
     return peak, model_flops / (arithmetic_s * peak)
 
 
+def calibration_memory_seconds(result: dict[str, Any]) -> float:
+    """Seconds of the calibration's memory-bound passes as the cost model prices them (cost/host.py
+    ``memory_bound_seconds``): the bytes over the copy bandwidth, the loss's own bytes replaced by
+    its measured calls (``loss_token_table``) where the result holds them and the loss's shape
+    (``loss_logits``: tokens, vocab)."""
+    from meshwise.cost.host import loss_seconds
+    from meshwise.cost.kernels import PASSES
+
+    copy = float(result["copy_bytes_per_s"])
+    moved = float(result.get("memory_bound_bytes", 0.0))
+    if not (result.get("loss") and result.get("loss_logits")):
+        return moved / copy
+    tokens, vocab = (float(x) for x in result["loss_logits"])
+    rows = tuple((t, v, sec / t) for t, v, sec in result["loss"])
+    accel = _fitted(loss_token_table=rows)
+    return (moved - tokens * vocab * PASSES["meshwise"]["loss_bytes"]) / copy + loss_seconds(accel, tokens, vocab)
+
+
 def calibration_memory_bound_bytes(model: ModelSpec, seq: int) -> float:
     """Bytes the calibration's forward + backward (one sequence of ``seq`` tokens, the whole model,
     no TP, fp32) moves through memory-bound operations (cost/kernels.py ``rank_memory_bound_bytes``)."""
@@ -558,7 +582,7 @@ PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_pe
                  "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
                  "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
                  "cp_ring_table", "sdpa_call_s", "sdpa_score_s",
-                 "sdpa_score_dim_s", "sdpa_head_table")
+                 "sdpa_score_dim_s", "sdpa_head_table", "loss_token_table")
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

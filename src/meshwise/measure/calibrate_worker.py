@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshwise.cost.compute import attention_core_flops_per_token
 from meshwise.files import write_atomically
-from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS
+from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS, LOSS_SHAPES
 from meshwise.measure.probe import bench_matmul, block_gemm_shapes
 from meshwise.measure.probe import best_time as _best_time
 from meshwise.measure.probe import typical_time as _typical_time
@@ -130,6 +130,15 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
         call()
         out.append([float(RING_HEADS * seq * seq), float(d), _typical_time(call, 3 * repeats, 0.002)])
     return out
+
+
+def bench_loss(shapes, repeats: int) -> list[list[float]]:
+    """``[tokens, vocab, seconds]`` of the loss (runtime/model.py ``loss_sum``: cross-entropy over
+    fp32 logits, forward + backward) per (tokens, vocab) of ``shapes``: the median of several
+    timings (probe.typical_time)."""
+    from meshwise.measure.plan_shapes import time_loss
+
+    return [[float(t), float(v), time_loss(t, v, repeats)] for t, v in shapes]
 
 
 FORWARD_BACKWARD_RUNS = 7  # per repeat: the median of these single passes
@@ -579,6 +588,7 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
                ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
                                  "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
                ("ring", lambda: {"ring": bench_ring(repeats), "sdpa": bench_sdpa(repeats),
+                                 "loss": bench_loss(LOSS_SHAPES, repeats),
                                  "split_backward_s": bench_split_backward(model, repeats)}),
                ("passes_3", burst))
     mine: dict = {}
@@ -701,6 +711,7 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
         "sdpa_model": [model.heads, seq, model.head_dim,
                        3 * model.layers * seq * attention_core_flops_per_token(model, seq)],
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
+        "loss_logits": [seq, model.vocab],
         "blocks": model.layers,
         "model_tensors": parameter_tensors(model, model.layers, True, True),
         "gemm_grid": [[*shape[:3], max(r["gemm_grid"][i][3] for r in everyone)]
@@ -710,6 +721,8 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
         "split_backward_s": [max(r["split_backward_s"][i] for r in everyone) for i in range(2)],
         **{key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
            for key in ("ring", "sdpa")},
+        **({"loss": [[*shape[:2], max(r["loss"][i][2] for r in everyone)] for i, shape in enumerate(everyone[0]["loss"])]}
+           if everyone[0].get("loss") else {}),
         # the ring's whole calls with their sends replace its bare blocks where two ranks timed them
         **({"ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
             "ring_includes_sends": True} if ring_calls else {}),

@@ -68,8 +68,9 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
         load_cluster(gpu, nproc, nproc)  # a bad --gpu is refused before any worker starts
     if gpu is None:  # this machine's calibration at this process count (measured at first use, then cached)
         from meshwise.measure import auto_profile
+        from meshwise.measure.plan_shapes import shapes_of
 
-        gpu = str(auto_profile.ensure(nproc))
+        gpu = str(auto_profile.ensure(nproc, shapes=shapes_of(model, seq, layout.mbs, layout.tp, layout.cp)))
     cluster = load_cluster(gpu, nproc, nproc)
     records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps, precision=fp8)[0]
     rows: list[Row] = [row for record in records for row in rows_for(record, model, cluster, train)]

@@ -105,8 +105,10 @@ def train_main(argv: list[str]) -> int:
         cores = os.cpu_count() or 1
         if not cfg.layout.profile:  # this machine's calibration (measured at first use, then cached)
             from meshwise.measure import auto_profile
+            from meshwise.measure.plan_shapes import shapes_of
 
-            print(f"Profile: {auto_profile.for_workers(nproc or cores)} (this machine's calibration; "
+            shapes = shapes_of(prep.model, cfg.data.seq_len, 1)  # one sequence: the tables extend flat past it
+            print(f"Profile: {auto_profile.for_workers(nproc or cores, shapes)} (this machine's calibration; "
                   "--layout.profile FILE for another)", flush=True)
         if nproc is None:
             nproc, threads, line = layout_choice.choose_cpu_processes(

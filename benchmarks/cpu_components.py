@@ -1,0 +1,193 @@
+"""The CPU time model's components off the grid, each timed beside what cost/host.py prices it at:
+the LM head's GEMMs and the loss (softmax / cross-entropy, forward + backward) at vocabularies of
+256 to 128k, torch's causal SDPA (forward + backward) at sequences of 512 to 8k, and one ring step of context
+parallelism's attention at cp=2 of the same sequences (a local half).
+
+A host shared with other work moves by up to 2x within minutes, so no figure here is absolute:
+every shape is timed once per round, rounds interleave the shapes (a machine that slows down slows
+down for all), a shape's time is the median over rounds, and beside each the probe's reading
+against the profile (measure/probe.py) says how far the machine was from its calibration. What
+the model is judged on is ``measured / predicted`` and how that ratio moves with the shape: a ratio
+that grows with the vocabulary or the sequence is a mispriced form, a flat one is the host.
+
+    OMP_NUM_THREADS=1 python benchmarks/cpu_components.py --profile PROFILE.toml \
+        --report benchmarks/results/cpu-components-$(hostname).txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from meshwise.cost import host
+from meshwise.cost.context_parallel import ring_step_seconds
+from meshwise.measure import auto_profile, probe
+from meshwise.measure.calibrate import LOSS_SHAPES
+from meshwise.measure.plan_shapes import time_loss
+from meshwise.spec import ModelSpec, load_cluster
+
+HIDDEN, TOKENS = 192, 256  # the grid's middle width (benchmarks/cpu_time_grid.py), one rank's tokens
+VOCABS = (256, 8192, 32768, 65536, 131072)
+SDPA_SEQS = (512, 1024, 2048, 4096, 8192)
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32  # the grid's hidden-192 model per TP rank at tp=2 (6 heads / 2 ~ 4)
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def grid_model(vocab: int) -> ModelSpec:
+    return ModelSpec(name=f"h{HIDDEN}-v{vocab}", layers=4, hidden=HIDDEN, heads=6, kv_heads=2, ffn_hidden=512,
+                     vocab=vocab, mlp="swiglu", tied_embeddings=False, max_seq=8192)
+
+
+def head_case(vocab: int):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(TOKENS, HIDDEN, generator=gen, requires_grad=True)
+    w = torch.randn(vocab, HIDDEN, generator=gen, requires_grad=True)
+    g = torch.randn(TOKENS, vocab, generator=gen)
+
+    def run() -> None:
+        F.linear(x, w).backward(g)
+        x.grad = w.grad = None
+    return run
+
+
+def loss_case(vocab: int):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(TOKENS, vocab, generator=gen, requires_grad=True)
+    targets = torch.randint(0, vocab, (TOKENS,), generator=gen)
+
+    def run() -> None:  # runtime/model.py loss_sum
+        F.cross_entropy(logits.float(), targets, reduction="sum").backward()
+        logits.grad = None
+    return run
+
+
+def sdpa_case(seq: int):
+    from meshwise.runtime.model import causal_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, HEADS, seq, HEAD_DIM, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, KV_HEADS, seq, HEAD_DIM, generator=gen, requires_grad=True) for _ in range(2))
+    g = torch.randn(1, HEADS, seq, HEAD_DIM, generator=gen)
+
+    def run() -> None:
+        causal_attention(q, k, v).backward(g)
+        q.grad = k.grad = v.grad = None
+    return run
+
+
+def ring_case(local: int):
+    """One ring step of context parallelism's attention (runtime/context_parallel.py's blocks, as
+    measure/calibrate_worker.py ``bench_ring`` times them): forward then backward of one K/V block."""
+    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
+
+    gen = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(1, HEADS, local, HEAD_DIM, generator=gen) for _ in range(2))
+    kb, vb = (torch.randn(1, KV_HEADS, local, HEAD_DIM, generator=gen) for _ in range(2))
+    q_pos, k_pos = positions(local, 2, 0), positions(local, 2, 1)
+    stats = torch.full((1, HEADS, local, 1), float("-inf")), torch.zeros(1, HEADS, local, 1)
+    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+    def run() -> None:
+        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+    return run
+
+
+def predictions(accel, loss_rows: tuple) -> dict[str, tuple[float, ...]]:
+    """What the CPU time model charges for each case, by the terms cost/estimate.py adds; the loss
+    three ways: its bytes over the cache bandwidth (calibration 17), over DRAM past the cache (the
+    form without a table), and off a table timed at calibrate's ``LOSS_SHAPES`` (128 tokens)."""
+    out = {}
+    cache_only = replace(accel, dram_bytes_per_s=0.0, loss_token_table=())
+    no_table = replace(accel, loss_token_table=())
+    tabled = replace(accel, loss_token_table=loss_rows)
+    for vocab in VOCABS:
+        model = grid_model(vocab)
+        eff = accel.efficiency_max * host.gemm_shape_factor(model, accel, TOKENS, 1)
+        out[f"head gemm V={vocab}"] = (6.0 * TOKENS * vocab * HIDDEN / (accel.peak_fp32_flops_per_s * eff),)
+        out[f"loss V={vocab}"] = tuple(host.loss_seconds(a, TOKENS, vocab) for a in (cache_only, no_table, tabled))
+    for seq in SDPA_SEQS:
+        out[f"sdpa s={seq}"] = (host.sdpa_call_seconds(accel, HEADS, seq, HEAD_DIM),)
+    for seq in SDPA_SEQS:
+        out[f"ring step s={seq}/2"] = (ring_step_seconds(accel, HEADS * (seq / 2) ** 2, HEAD_DIM),)
+    return out
+
+
+def cases() -> dict[str, object]:
+    out = {}
+    for vocab in VOCABS:
+        out[f"head gemm V={vocab}"] = head_case(vocab)
+        out[f"loss V={vocab}"] = loss_case(vocab)
+    for seq in SDPA_SEQS:
+        out[f"sdpa s={seq}"] = sdpa_case(seq)
+    for seq in SDPA_SEQS:
+        out[f"ring step s={seq}/2"] = ring_case(seq // 2)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", help="a CPU profile (default: this machine's cached 2-process calibration)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--report", help="also write the report to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    path = args.profile or str(auto_profile.cached(2) or auto_profile.cached(1) or "")
+    if not path:
+        print("--profile: no cached calibration on this machine; give a profile (meshwise calibrate --out FILE)",
+              file=sys.stderr)
+        return 2
+    table = tomllib.loads(Path(path).read_text())
+    accel = load_cluster(path, 1, 1).accelerator
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say("$ " + " ".join([Path(sys.executable).name, *sys.argv]))
+    say(f"{platform.node()}, {os.cpu_count()} cores, profile {path}; load at the start {load()}")
+    loss_rows = tuple((float(t), float(v), time_loss(t, v) / t) for t, v in LOSS_SHAPES)
+    say("loss table timed at calibrate's shapes (tokens, vocab, us per token): "
+        + ", ".join(f"({t:.0f}, {v:.0f}, {sec * 1e6:.1f})" for t, v, sec in loss_rows))
+    predicted, runs = predictions(accel, loss_rows), cases()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    drifts = []
+    for r in range(args.rounds):
+        for name, run in runs.items():
+            run()  # warm: allocations, the kernel's first call
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+        drifts.append(probe.drift(table, probe.probe()) if all(k in table for k in probe.PROBE_KEYS) else 0.0)
+        say(f"round {r + 1}: load {load()}, the machine reads {drifts[-1]:+.0%} against the profile")
+    say(f"\n{'component':<22} {'meas ms':>9} {'pred ms':>9} {'meas/pred':>9}  spread over rounds; "
+        "the loss predicted three ways: cache bytes (v17) | DRAM past 4 MiB | table")
+    for name in runs:
+        meas = statistics.median(times[name])
+        spread = (max(times[name]) - min(times[name])) / meas
+        ratios = " | ".join(f"{meas / p:.2f}" for p in predicted[name])
+        say(f"{name:<22} {meas * 1e3:9.2f} {predicted[name][-1] * 1e3:9.2f} {ratios:>9}  {spread:.0%}")
+    say(f"load at the end {load()}")
+    if args.report:
+        Path(args.report).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
