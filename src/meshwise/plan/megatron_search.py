@@ -107,6 +107,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                 index += 1
     if cp_bound and not result.enumerated:
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
+    result.checked = result.enumerated  # every layout's memory is worked out
     _rank(model, cluster, train, groups, result, headroom, stages, keep)
     result.best = break_ties(result.best, usable)
     result.pool = result.best[:]
