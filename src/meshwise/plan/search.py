@@ -81,9 +81,10 @@ def _collector_paused() -> Iterator[None]:
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
            cache: PlanCache | None = None) -> SearchResult:
-    """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
-    timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
-    is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where``
+    """Exhaustive search with two exact prunings: the layouts taken fastest lower bound first, one whose
+    compute + bubble alone is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the
+    search (the memory of those after it is never worked out: ``result.checked``), and a layout whose
+    memory exceeds the device is never timed. ``where``
     restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
     to what that runtime runs (:func:`meshwise.layout.runs_here`). ``cache``: the plan's caches
     (cost/plan_cache.py), where it serves this model, cluster and setting; else the search makes its own."""
