@@ -105,8 +105,9 @@ class _Weigh:
     fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so the order
     of the estimates changes nothing), until the next bound is slower than the worst of the best
     ``keep``. Once they are known, a group whose compute plus expert all-to-alls (a mixture of
-    experts) or whose tighter bound is slower is skipped before its memory is worked out, and so is a
-    fitting layout whose own bounds are (:class:`_Slower`)."""
+    experts) is slower is skipped before its memory is worked out, and so are its members past the
+    first that fits once the group's tighter bound (worked out there) is slower; a fitting layout
+    whose own bounds are slower (:class:`_Slower`) is not estimated."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict,
                  keep: int) -> None:
@@ -121,7 +122,7 @@ class _Weigh:
     def run(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> None:
         keys: list[tuple] = []
         best = result.best
-        for bound, _, gkey, ac, mbs, m in self._bounded(groups):
+        for bound, _, gkey, ac, mbs, m in self._bounded(groups, result):
             if len(best) >= self.keep and bound > best[-1].time.step_s:
                 break
             members = groups[gkey]
@@ -132,14 +133,13 @@ class _Weigh:
             for index, base, admitted in members:
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
-                if len(best) >= self.keep:
+                full = len(best) >= self.keep
+                if full:
                     worst = best[-1].time.step_s
                     if bound > worst:
                         break
                     busy = tight.get(base.zero >= 2)
-                    if busy is None:
-                        busy = tight[base.zero >= 2] = self.slower.tight_s(_with(base, mbs, ac))
-                    if busy > worst:  # the optimizer step is >= 0: _Slower would say so too
+                    if busy is not None and busy > worst:  # the optimizer step is >= 0: _Slower would say so too
                         continue
                 result.checked += 1
                 mems = self._memories(index, base, ac, mbs, m)
@@ -147,38 +147,53 @@ class _Weigh:
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
-                if len(best) >= self.keep and self.slower(layout, best[-1].time.step_s):
-                    continue
+                if full:
+                    busy = tight.get(base.zero >= 2)
+                    if busy is None:  # worked out at the first member that fits
+                        busy = tight[base.zero >= 2] = self.slower.tight_s(layout)
+                    if busy > worst or self.slower(layout, worst):
+                        continue
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
                 keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), self.keep)
 
-    def _bounded(self, groups: dict[tuple, list[tuple]]) -> list[tuple]:
+    def _bounded(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> list[tuple]:
         """(compute-only bound, first enumeration index, group, ac, mbs, micro-batches) of every group's
-        (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp)."""
+        (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp); a
+        group none of whose members' states fit is left out."""
         out = []
+        acs = _ac_modes(self.model)
         for gkey, members in groups.items():
             index, base, _ = members[0]
-            for mbs in (1, 2, 4, 8, 16, 32):
-                m = self.train.global_batch // (base.dp * mbs)
-                if self.train.global_batch % (base.dp * mbs) or not _schedule_ok(base, m):
-                    continue
-                for ac in _ac_modes(self.model):
+            runs = [(mbs, self.train.global_batch // (base.dp * mbs)) for mbs in (1, 2, 4, 8, 16, 32)
+                    if not self.train.global_batch % (base.dp * mbs)
+                    and _schedule_ok(base, self.train.global_batch // (base.dp * mbs))]
+            if not any(self._structure(i, b) for i, b, _ in members):
+                # every member's states alone overflow: none of its layouts fits (checked, as a whole)
+                result.checked += sum(len(runs) * len(acs) if a is None else len(a) for _, _, a in members)
+                continue
+            for mbs, m in runs:
+                for ac in acs:
                     bound = lower_bound_step_s(self.model, self.cluster, self.train, _with(base, mbs, ac),
                                                compute_only=True, stage_cache=self.stages)
                     out.append((bound, (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
         out.sort(key=lambda b: (b[0], b[1]))
         return out
 
-    def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
-        """Every rank's Megatron-Core memory (megatron_memory.rank_memory, its states and transient parts
-        cached apart) when the layout fits on every rank, else None."""
+    def _structure(self, index: int, base: Layout) -> tuple | None:
+        """The structure's (rank shapes, their states, local setting, TP overlap), or None when its
+        states alone overflow a rank (no mbs or ac fits)."""
         found = self.structures.get(index, False)
         if found is False:
             shapes = rank_shapes(self.model, base)
             states = [states_of(self.model, self.train, base, sh) for sh in shapes]
-            overflows = any(sum(st) > self.usable for st in states)  # the states alone: no mbs or ac fits
-            found = self.structures[index] = None if overflows else (
+            found = self.structures[index] = None if any(sum(st) > self.usable for st in states) else (
                 shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+        return found
+
+    def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
+        """Every rank's Megatron-Core memory (megatron_memory.rank_memory, its states and transient parts
+        cached apart) when the layout fits on every rank, else None."""
+        found = self._structure(index, base)
         if found is None:
             return None
         shapes, states, local, overlap = found

@@ -127,6 +127,7 @@ class _Search:
         # the structures by what their compute-only bound reads: (enumeration index, fields, options) each
         self.groups: dict[tuple, list[tuple[int, tuple, tuple[list[int], list[str]]]]] = {}
         self.structures = 0
+        self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
         self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
 
     def run(self) -> SearchResult:
@@ -141,7 +142,8 @@ class _Search:
     def _enumerate(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
                    schedule: str, ep: int, all_mbs: list[int]) -> None:
         """Count the structure's layouts and file it under what its compute-only bound reads (no
-        DP/ZeRO field: dp is fixed by tp, cp and pp; ep only for a mixture of experts)."""
+        DP/ZeRO field: dp is fixed by tp, cp and pp; ep only for a mixture of experts). Eleven
+        arguments: one structure of _structure_fields, unpacked."""
         opts = self._options(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs)
         mbs_options, acs = opts
         if not acs:
@@ -245,12 +247,18 @@ class _Search:
         for bound, _, gkey, ac, mbs in self._bounded():
             if len(result.best) >= keep and bound > result.best[-1].time.step_s:
                 break
-            for s_index, fields, (mbs_options, acs) in self.groups[gkey]:
+            widest_failed: set[int] = set()  # the ZeRO stages whose whole-dp sharding group does not fit
+            for s_index, fields, (mbs_options, acs) in self._widest_first(gkey):
                 if not self.shared_where and (ac not in acs or mbs not in mbs_options):
                     continue
                 result.checked += 1
+                dp, zero, shard = fields[:3]
+                if zero and 1 < shard < dp and zero in widest_failed:
+                    continue  # what does not fit the whole-dp sharding group fits no narrower one
                 layout, shapes = self._fitting(s_index, fields, ac, mbs)
                 if layout is None:
+                    if zero and shard == dp:
+                        widest_failed.add(zero)
                     continue
                 result.fitting += 1
                 if len(result.best) >= keep:
@@ -267,11 +275,26 @@ class _Search:
         del result.best[self.top:]
         return result
 
+    def _widest_first(self, gkey: tuple) -> list[tuple]:
+        """The group's structures, for each ZeRO stage the whole-dp sharding group first. Whether a
+        layout fits only improves as the sharding group grows (every state is divided by it or does not
+        read it; FSDP2's padded shard, ceil(rows / shard), shrinks too): what does not fit the whole dp
+        group fits no narrower one. The order of the estimates changes nothing (:meth:`_rank`)."""
+        members = self.ordered.get(gkey)
+        if members is None:
+            members = self.ordered[gkey] = sorted(self.groups[gkey], key=lambda s: (s[1][1], s[1][2] != s[1][0]))
+        return members
+
     def _bounded(self) -> list[tuple[float, tuple, tuple, str, int]]:
         """(compute-only bound, first enumeration index, group, ac, mbs) of every group and (ac, mbs)
-        of its structures, fastest first."""
+        of its structures, fastest first; a group none of whose structures has a memory floor that
+        fits is left out."""
         out = []
         for gkey, members in self.groups.items():
+            if not any(self._floor_fit(*fields) for _, fields, _ in members):
+                # no member's memory floor fits: none of its layouts does (checked, as a whole)
+                self.result.checked += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
+                continue
             seen: set[tuple] = set()
             for s_index, fields, (mbs_options, acs) in members:
                 for ac in acs:
