@@ -9,7 +9,8 @@ from meshwise.spec import TrainSpec, load_cluster, load_model
 @pytest.mark.parametrize("gpu, gpus, seq", [("a100-40gb", 8, 16384), ("h100", 8, 4096)])
 def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
     """plan/megatron_search.py's groups, bounds and lazily built memories drop nothing: its pool of
-    RUNNER_UP_POOL equals brute force's over every layout it enumerates (ep folded over tp included)."""
+    RUNNER_UP_POOL equals brute force's over every layout it enumerates (ep folded over tp included),
+    and with a top as long as the list its fit count is brute force's."""
     from meshwise.plan.candidates import RUNNER_UP_POOL, _ac_modes, _layout, _rank_key, _schedule_ok, _with, break_ties
     from meshwise.plan.megatron_search import _fields, search_megatron
 
@@ -23,7 +24,10 @@ def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
     assert any(lay.ep_folds_tp for lay in layouts)
     fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
     result = search_megatron(model, cluster, train, top=3)
-    assert (result.enumerated, result.fitting) == (len(layouts), len(fitting)) and len(fitting) > RUNNER_UP_POOL
+    assert result.enumerated == len(layouts) and result.fitting <= min(result.checked, len(fitting))
+    assert len(fitting) > RUNNER_UP_POOL
+    whole = search_megatron(model, cluster, train, top=len(layouts))  # every layout weighed: the count is exact
+    assert (whole.enumerated, whole.checked, whole.fitting) == (len(layouts), len(layouts), len(fitting))
     brute = [e for _, e in sorted(enumerate(fitting), key=lambda ie: (_rank_key(ie[1]), ie[0]))][:RUNNER_UP_POOL]
     brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
     assert [e.layout for e in result.pool] == [e.layout for e in brute]

@@ -19,7 +19,11 @@ def test_pruned_search_equals_brute_force(name, gpus, batch):
     every = [estimate(model, cluster, train, lay) for lay in layouts]
     fitting = [e for e in every if e.fits]
     result = search(model, cluster, train, top=3)
-    assert result.enumerated == len(layouts) and result.fitting == len(fitting)
+    # the search stops checking memory where no later lower bound can make the top: it counts fits among those checked
+    assert result.enumerated == len(layouts) and result.checked <= len(layouts)
+    assert result.fitting <= len(fitting) and result.fitting <= result.checked
+    whole = search(model, cluster, train, top=len(layouts))  # a top as long as the list: every layout checked
+    assert (whole.enumerated, whole.checked, whole.fitting) == (len(layouts), len(layouts), len(fitting))
     brute = sorted(fitting, key=_rank_key)
     usable = cluster.accelerator.memory_bytes * 0.9
     assert result.best[0].layout == break_ties(brute[:RUNNER_UP_POOL], usable)[0].layout
@@ -38,12 +42,28 @@ def test_pruned_search_keeps_the_whole_pool_of_brute_force(name, gpu, gpus, batc
     assert {lay.cp for lay in layouts} == {1, 2} and (not model.moe or {lay.ep for lay in layouts} == {1, 2, 4})
     fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
     result = search(model, cluster, train, top=3)
-    assert (result.enumerated, result.fitting) == (len(layouts), len(fitting)) and len(fitting) > RUNNER_UP_POOL
+    assert result.enumerated == len(layouts) and result.fitting <= min(result.checked, len(fitting))
+    assert len(fitting) > RUNNER_UP_POOL
     # enumeration order breaks exact ties of the rank key, as in the search
     brute = [e for _, e in sorted(enumerate(fitting), key=lambda ie: (_rank_key(ie[1]), ie[0]))][:RUNNER_UP_POOL]
     brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
     assert [e.layout for e in result.pool] == [e.layout for e in brute]
     assert [e.time.step_s for e in result.pool] == [e.time.step_s for e in brute]
+
+
+def test_header_says_when_the_fit_count_covers_only_the_checked_layouts():
+    """The header's fit count is exact when every layout's memory was checked, and says "of the N
+    checked" when the search stopped early; the JSON carries both counts."""
+    from meshwise.plan.planner import Plan
+
+    exact = Plan((), (), (), 1000, 40, checked=1000)
+    early = Plan((), (), (), 1000, 40, checked=120)
+    assert exact.fit_words() == "1,000 layouts searched, 40 fit"
+    assert early.fit_words().startswith("1,000 layouts searched, 40 fit of the 120 checked for memory")
+    assert early.as_json()["checked"] == 120 and exact.as_json()["checked"] == 1000
+    model, cluster = load_model("llama3-8b"), load_cluster("h100", 64)
+    p = plan(model, cluster, TrainSpec(64, 4096, "bf16-mixed"), top=3)
+    assert p.checked < p.enumerated and f"of the {p.checked:,} checked" in p.fit_words()
 
 
 def test_per_micro_batch_reads_ep_only_as_above_one():

@@ -503,13 +503,9 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     m = layout.accum(train.global_batch)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:
-        local = local_train(train, layout)
-        total = kernels.rank_seconds(model, accel, local, layout.mbs, layout.tp, layout.sp, layout.ac, shape.blocks,
-                                     shape.has_embedding, shape.has_head, layout.cp)
+        total = _op_model_blocks_s(model, accel, train, layout, shape)
         if model.moe:  # the MLPs of a mixture of experts, dense blocks' and MoE blocks' (cost/moe_block.py)
-            total += moe_block.rank_mlp_seconds(model, accel, local, layout.mbs, layout.tp, layout.ep,
-                                                layout.ep_folds_tp, layout.ac, shape.blocks,
-                                                moe_block.moe_blocks_of(model, shape.expert_params))
+            total += _op_model_mlps_s(model, accel, train, layout, shape)
         return m * total
     tokens_mb = train.seq_len // layout.cp * layout.mbs  # each local token attends over the whole sequence
     if model.states_only:
@@ -547,6 +543,22 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
     return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
+
+
+def _op_model_blocks_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout,
+                       shape: RankShape) -> float:
+    """kernels.rank_seconds of the rank: one micro-batch, every block (less a mixture of experts' MLPs)
+    and the model's ends, on the op model."""
+    return kernels.rank_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp, layout.sp, layout.ac,
+                                shape.blocks, shape.has_embedding, shape.has_head, layout.cp)
+
+
+def _op_model_mlps_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout,
+                     shape: RankShape) -> float:
+    """moe_block.rank_mlp_seconds of the rank: one micro-batch of a mixture of experts' MLPs."""
+    return moe_block.rank_mlp_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp, layout.ep,
+                                      layout.ep_folds_tp, layout.ac, shape.blocks,
+                                      moe_block.moe_blocks_of(model, shape.expert_params))
 
 
 def _moe_split(model: ModelSpec, accel: AcceleratorSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int,
@@ -647,9 +659,26 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
     own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
     blocks, model ends and (for a bare parameter count) parameters, and the schedule only as
     zero-bubble or not (its split backward, cost/host.py); bounds and estimates of layouts that
-    differ in ZeRO or another schedule (or, for a dense model, in ep) share it."""
+    differ in ZeRO or another schedule (or, for a dense model, in ep) share it. On the op model its
+    two per-micro-batch parts are kept apart, each by the fields it reads (the blocks' by no ep, dp
+    nor schedule), and multiplied by the micro-batch count as compute_seconds does."""
     if cache is None:
         return compute_seconds(model, cluster, train, layout, shape)
+    accel = cluster.accelerator
+    if accel.has_op_model and not model.states_only:  # compute_seconds' op-model path, its parts cached apart
+        key = ("blocks", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, shape.blocks, shape.has_embedding,
+               shape.has_head)
+        total = cache.get(key)
+        if total is None:
+            total = cache[key] = _op_model_blocks_s(model, accel, train, layout, shape)
+        if model.moe:
+            key = ("mlps", layout.tp, layout.cp, layout.mbs, layout.ac, shape.blocks, shape.expert_params, layout.ep,
+                   layout.ep_folds_tp)
+            mlps = cache.get(key)
+            if mlps is None:
+                mlps = cache[key] = _op_model_mlps_s(model, accel, train, layout, shape)
+            total += mlps
+        return layout.accum(train.global_batch) * total
     key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
            shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp,
            layout.schedule == "zero-bubble" and layout.pp > 1, layout.ep if model.moe else 1)

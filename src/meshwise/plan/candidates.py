@@ -207,7 +207,8 @@ class SearchResult:
     best: list[Estimate] = field(default_factory=list)
     pool: list[Estimate] = field(default_factory=list)  # the best RUNNER_UP_POOL, for the explanation
     enumerated: int = 0
-    fitting: int = 0
+    checked: int = 0  # those whose memory was worked out (all of them unless the search stopped early)
+    fitting: int = 0  # those of the checked that fit
 
 
 def _with(base: Layout, mbs: int, ac: str) -> Layout:

@@ -113,7 +113,7 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
             tuple(line for p in evaluated for line in p.explanation if line.startswith("Evaluated: "))
         warnings = tuple(dict.fromkeys(w for p in evaluated for w in p.warnings))
         result = planner.Plan(ranked, lines, warnings, first.enumerated, first.fitting, figures=first.figures,
-                              band=first.band)
+                              band=first.band, checked=first.checked)
     else:
         result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen[0] if chosen else None)
     if verify:

@@ -24,7 +24,7 @@ from meshwise.cost.estimate import (
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache, plan_cache
-from meshwise.layout import Layout
+from meshwise.layout import AC_MODES, Layout
 from meshwise.plan.candidates import (
     RUNNER_UP_POOL,
     SearchResult,
@@ -40,6 +40,7 @@ from meshwise.plan.candidates import (
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline schedules
+_AC_ORDER = {ac: i for i, ac in enumerate(AC_MODES)}  # the enumeration's order of checkpointing modes
 
 
 def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bound: bool = True) -> Iterator[tuple]:
@@ -61,89 +62,149 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
                     headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
                     cp_bound: bool = True, cache: PlanCache | None = None) -> SearchResult:
     """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
-    only when no layout within it is valid (search._structure_fields). ``cache``: the plan's."""
-    keep = max(top, RUNNER_UP_POOL)
-    capacity = cluster.accelerator.memory_bytes
-    usable = capacity * (1 - headroom)
-    result = SearchResult()
+    only when no layout within it is valid (search._structure_fields). ``cache``: the plan's. As in
+    plan/search.py, the layouts are weighed in order of their compute-only bound, and memory is worked
+    out only for those no bound refuses: ``result.checked`` counts them, ``result.fitting`` those of
+    them that fit."""
     cache = plan_cache(model, cluster, train, cache)
-    stages = cache.stages
-    transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
-    # the fitting layouts grouped by what their compute-only bound reads: (enumeration index, structure,
-    # mbs, ac, states, transient parts) each, in enumeration order
+    result = SearchResult()
+    # the structures by what their compute-only bound reads but (mbs, ac): (enumeration index, base,
+    # the (mbs, micro-batches) the schedule admits, the (ac, mbs) ``where`` admits or None for all)
     groups: dict[tuple, list[tuple]] = {}
     index = 0
+    acs = _ac_modes(model)
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
             model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-        runs = [(mbs, train.global_batch // (dp * mbs)) for mbs in mbs_options
-                if _schedule_ok(base, train.global_batch // (dp * mbs))]
-        shapes = rank_shapes(model, base)
-        states = [states_of(model, train, base, sh) for sh in shapes]
-        if any(sum(st) > usable for st in states):  # the states alone overflow: no mbs or ac fits
-            result.enumerated += len(runs) * len(_ac_modes(model))
-            continue
-        local = local_train(train, base)
-        folded, overlap = base.ep_folds_tp, tp_overlap_on(train, base)
-        for ac in _ac_modes(model):
-            for mbs, m in runs:
-                if where is not None and not where(_with(base, mbs, ac)):
-                    continue
-                result.enumerated += 1
-                # megatron_memory.rank_memory, its two parts cached apart
-                key = (tp, sp, mbs, ac, ep, folded, schedule, pp, vpp, overlap)
-                # the rank shapes follow tp, pp, vpp and the schedule (in the key), the local setting cp
-                parts = transients.get((key, m, cp))
-                if parts is None:
-                    parts = transients[key, m, cp] = [transient(model, local, key, m, sh) for sh in shapes]
-                if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > usable:
-                    continue
-                result.fitting += 1
-                bkey = (tp, cp, pp, vpp, schedule, mbs, ac, sp, folded, ep if model.moe else 1)  # MoE compute reads ep
-                found = groups.get(bkey)
-                if found is None:
-                    found = groups[bkey] = []
-                found.append((index, base, mbs, ac, states, parts))
-                index += 1
+        runs = tuple((mbs, train.global_batch // (dp * mbs)) for mbs in mbs_options
+                     if _schedule_ok(base, train.global_batch // (dp * mbs)))
+        admitted = None
+        if where is not None:
+            admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
+            result.enumerated += len(admitted)
+        else:
+            result.enumerated += len(runs) * len(acs)
+        gkey = (tp, cp, pp, vpp, schedule, sp, base.ep_folds_tp, ep if model.moe else 1)  # MoE compute reads ep
+        members = groups.get(gkey)
+        if members is None:
+            members = groups[gkey] = []
+        members.append((index, base, admitted))
+        index += 1
     if cp_bound and not result.enumerated:
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
-    _rank(model, cluster, train, groups, result, headroom, stages, keep)
-    result.best = break_ties(result.best, usable)
+    _Weigh(model, cluster, train, headroom, cache.stages, max(top, RUNNER_UP_POOL)).run(groups, result)
+    result.best = break_ties(result.best, cluster.accelerator.memory_bytes * (1 - headroom))
     result.pool = result.best[:]
     del result.best[top:]
     return result
 
 
-def _rank(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, groups: dict[tuple, list[tuple]],
-          result: SearchResult, headroom: float, stages: dict, keep: int) -> None:
-    """Estimate the fitting layouts, group by group in order of their compute-only lower bound (one per
-    group: it reads only the group's key), into ``result.best`` (the best max(top, RUNNER_UP_POOL), held
-    by (_rank_key, enumeration index), so the order of the estimates changes nothing): once they are
-    known, a group whose bound is slower than the worst of them ends the search, and a layout whose
-    tighter bounds are slower (:class:`_Slower`) is skipped."""
-    capacity = cluster.accelerator.memory_bytes
-    slower = _Slower(model, cluster, train, stages)
-    bounded = []
-    for members in groups.values():
-        _, base, mbs, ac, _, _ = members[0]
-        first = _with(base, mbs, ac)
-        # a mixture of experts: compute plus the expert all-to-alls, which read the group's fields too
-        bound = (slower.experts(first) if model.moe else
-                 lower_bound_step_s(model, cluster, train, first, compute_only=True, stage_cache=stages))
-        bounded.append((bound, members[0][0], members))
-    bounded.sort(key=lambda b: (b[0], b[1]))
-    keys: list[tuple] = []
-    for bound, _, members in bounded:
-        if len(result.best) >= keep and bound > result.best[-1].time.step_s:
-            break
-        for index, base, mbs, ac, states, parts in members:
-            if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+class _Weigh:
+    """The ranking of search_megatron: every group's (ac, mbs) by its compute-only bound, fastest first,
+    each layout's Megatron-Core memory (megatron_memory, its two parts cached apart) checked and the
+    fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so the order
+    of the estimates changes nothing), until the next bound is slower than the worst of the best
+    ``keep``. Once they are known, a group whose compute plus expert all-to-alls (a mixture of
+    experts) is slower is skipped before its memory is worked out, and so are its members past the
+    first that fits once the group's tighter bound (worked out there) is slower; a fitting layout
+    whose own bounds are slower (:class:`_Slower`) is not estimated."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict,
+                 keep: int) -> None:
+        self.model, self.cluster, self.train, self.headroom, self.stages, self.keep = (
+            model, cluster, train, headroom, stages, keep)
+        self.capacity = cluster.accelerator.memory_bytes
+        self.usable = self.capacity * (1 - headroom)
+        self.slower = _Slower(model, cluster, train, stages)
+        self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
+        self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
+
+    def run(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> None:
+        keys: list[tuple] = []
+        best = result.best
+        for bound, _, gkey, ac, mbs, m in self._bounded(groups, result):
+            if len(best) >= self.keep and bound > best[-1].time.step_s:
                 break
-            layout = _with(base, mbs, ac)
-            if len(result.best) >= keep and slower(layout, result.best[-1].time.step_s):
+            members = groups[gkey]
+            first = _with(members[0][1], mbs, ac)
+            if len(best) >= self.keep and self.model.moe and self.slower.experts(first) > best[-1].time.step_s:
+                continue  # compute plus the expert all-to-alls, which read the group's fields too
+            tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
+            for index, base, admitted in members:
+                if admitted is not None and (ac, mbs) not in admitted:
+                    continue
+                full = len(best) >= self.keep
+                if full:
+                    worst = best[-1].time.step_s
+                    if bound > worst:
+                        break
+                    busy = tight.get(base.zero >= 2)
+                    if busy is not None and busy > worst:  # the optimizer step is >= 0: _Slower would say so too
+                        continue
+                result.checked += 1
+                mems = self._memories(index, base, ac, mbs, m)
+                if mems is None:
+                    continue
+                result.fitting += 1
+                layout = _with(base, mbs, ac)
+                if full:
+                    busy = tight.get(base.zero >= 2)
+                    if busy is None:  # worked out at the first member that fits
+                        busy = tight[base.zero >= 2] = self.slower.tight_s(layout)
+                    if busy > worst or self.slower(layout, worst):
+                        continue
+                e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
+                keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), self.keep)
+
+    def _bounded(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> list[tuple]:
+        """(compute-only bound, first enumeration index, group, ac, mbs, micro-batches) of every group's
+        (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp); a
+        group none of whose members' states fit is left out."""
+        out = []
+        acs = _ac_modes(self.model)
+        for gkey, members in groups.items():
+            index, base, _ = members[0]
+            runs = [(mbs, self.train.global_batch // (base.dp * mbs)) for mbs in (1, 2, 4, 8, 16, 32)
+                    if not self.train.global_batch % (base.dp * mbs)
+                    and _schedule_ok(base, self.train.global_batch // (base.dp * mbs))]
+            if not any(self._structure(i, b) for i, b, _ in members):
+                # every member's states alone overflow: none of its layouts fits (checked, as a whole)
+                result.checked += sum(len(runs) * len(acs) if a is None else len(a) for _, _, a in members)
                 continue
-            mems = tuple(Memory(*st, activations=a, other=o, capacity=capacity) for st, (a, o) in zip(states, parts))
-            keep_ranked(result.best, keys, estimate(model, cluster, train, layout, headroom, stages, mems), index, keep)
+            for mbs, m in runs:
+                for ac in acs:
+                    bound = lower_bound_step_s(self.model, self.cluster, self.train, _with(base, mbs, ac),
+                                               compute_only=True, stage_cache=self.stages)
+                    out.append((bound, (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
+        out.sort(key=lambda b: (b[0], b[1]))
+        return out
+
+    def _structure(self, index: int, base: Layout) -> tuple | None:
+        """The structure's (rank shapes, their states, local setting, TP overlap), or None when its
+        states alone overflow a rank (no mbs or ac fits)."""
+        found = self.structures.get(index, False)
+        if found is False:
+            shapes = rank_shapes(self.model, base)
+            states = [states_of(self.model, self.train, base, sh) for sh in shapes]
+            found = self.structures[index] = None if any(sum(st) > self.usable for st in states) else (
+                shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+        return found
+
+    def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
+        """Every rank's Megatron-Core memory (megatron_memory.rank_memory, its states and transient parts
+        cached apart) when the layout fits on every rank, else None."""
+        found = self._structure(index, base)
+        if found is None:
+            return None
+        shapes, states, local, overlap = found
+        key = (base.tp, base.sp, mbs, ac, base.ep, base.ep_folds_tp, base.schedule, base.pp, base.vpp, overlap)
+        # the rank shapes follow tp, pp, vpp and the schedule (in the key), the local setting cp
+        parts = self.transients.get((key, m, base.cp))
+        if parts is None:
+            parts = self.transients[key, m, base.cp] = [transient(self.model, local, key, m, sh) for sh in shapes]
+        if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > self.usable:
+            return None
+        return tuple(Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(states, parts))
 
 
 class _Slower:
@@ -168,14 +229,20 @@ class _Slower:
             opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, rank_shapes(model, layout))
         if model.moe and self.experts(layout) + opt_s > worst:
             return True
+        if self.tight_s(layout) + opt_s > worst:
+            return True
+        return lower_bound_with_dp_s(model, cluster, train, layout, self.stages) + opt_s > worst
+
+    def tight_s(self, layout: Layout) -> float:
+        """estimate.lower_bound_step_s (every part of the step but the data-parallel collectives), by the
+        fields it reads (of ZeRO only ``zero >= 2``, no ``shard``)."""
         key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
                layout.sp, layout.ep_folds_tp, layout.zero >= 2)
         busy = self.tight.get(key)
         if busy is None:
-            busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
-        if busy + opt_s > worst:
-            return True
-        return lower_bound_with_dp_s(model, cluster, train, layout, self.stages) + opt_s > worst
+            busy = self.tight[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
+                                                        stage_cache=self.stages)
+        return busy
 
     def experts(self, layout: Layout) -> float:
         """estimate.lower_bound_experts_s, by the fields it reads (no ZeRO field, ``shard`` only through

@@ -61,6 +61,17 @@ class Plan:
     why_nothing_fits: tuple[str, ...] = ()  # when the search found none: why, then what would fit
     figures: dict = field(default_factory=dict)  # Explained.figures: what each step's line quotes
     band: Band | None = None  # how far every figure can be off (plan/band.py); the same for every row
+    checked: int | None = None  # layouts whose memory was worked out, when the search stopped before all
+
+    def fit_words(self) -> str:
+        """The header's count: how many fit, exact when every layout's memory was checked, else of those
+        checked (the search weighs layouts fastest lower bound first and stops where no later one can
+        make the top ``RUNNER_UP_POOL``)."""
+        searched = f"{self.enumerated:,} layouts searched"
+        if self.checked is None or self.checked >= self.enumerated:
+            return f"{searched}, {self.fitting:,} fit"
+        return (f"{searched}, {self.fitting:,} fit of the {self.checked:,} checked for memory (the rest are slower "
+                f"than the best {RUNNER_UP_POOL} by their lower bound)")
 
     @property
     def nothing_fits(self) -> bool:
@@ -71,7 +82,7 @@ class Plan:
         status = "fits" if not self.nothing_fits else "nothing fits" if not self.candidates else "does not fit"
         out = {"status": status, "candidates": [e.as_json() | figure_bands(self.band, e) for e in self.candidates],
                "explanation": list(self.explanation), "warnings": list(self.warnings), "enumerated": self.enumerated,
-               "fitting": self.fitting}
+               "fitting": self.fitting, "checked": self.enumerated if self.checked is None else self.checked}
         out["order"] = ORDER
         out["explanation_figures"] = self.figures
         if self.why_nothing_fits:
@@ -571,7 +582,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
         band = band_for(model, cluster.accelerator, train)
         lines = [with_band(line, band, (e,)) for line in lines]
         return Plan((e,), tuple(lines), tuple(warnings), result.enumerated, result.fitting, figures=said.figures,
-                    band=band)
+                    band=band, checked=result.checked)
     result = search(model, cluster, train, top, headroom, cache=cache)
     said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
     lines = said.lines
@@ -585,7 +596,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
     band = band_for(model, cluster.accelerator, train)
     lines = [with_band(line, band, result.best[:1]) for line in lines]
     return Plan(tuple(result.best), tuple(lines), tuple(warnings_for(model, cluster, train, best, headroom, cache)),
-                result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures, band)
+                result.enumerated, result.fitting, tuple(why) if not result.best else (), said.figures, band,
+                result.checked)
 
 
 def plan_notes(cluster: ClusterSpec, train: TrainSpec, shown: tuple[Estimate, ...] = ()) -> list[str]:

@@ -28,7 +28,7 @@ from meshwise.cost.estimate import (
 from meshwise.cost.memory import RankShape
 from meshwise.cost.memory_peaks import RankEntry
 from meshwise.cost.plan_cache import PlanCache, plan_cache
-from meshwise.layout import Layout, runs_here
+from meshwise.layout import AC_MODES, Layout, runs_here
 from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's names, as before)
     _RUNS_HERE_FIELDS,
     CP_MIN_TOKENS,
@@ -60,7 +60,7 @@ from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's
 from meshwise.plan.megatron_search import search_megatron
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
-_Found = list[tuple[Layout, int, tuple[RankShape, ...]]]  # (layout, mbs, its rank shapes) of one structure
+_AC_ORDER = {ac: i for i, ac in enumerate(AC_MODES)}  # the enumeration's order of checkpointing modes
 
 
 @contextmanager
@@ -81,9 +81,10 @@ def _collector_paused() -> Iterator[None]:
 def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
            headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
            cache: PlanCache | None = None) -> SearchResult:
-    """Exhaustive search with two exact prunings: a layout whose memory exceeds the device is never
-    timed, and, the fitting ones taken fastest lower bound first, one whose compute + bubble alone
-    is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the search. ``where``
+    """Exhaustive search with two exact prunings: the layouts taken fastest lower bound first, one whose
+    compute + bubble alone is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the
+    search (the memory of those after it is never worked out: ``result.checked``), and a layout whose
+    memory exceeds the device is never timed. ``where``
     restricts the search (it sees each layout with mbs=1); by default, for meshwise's own runtime,
     to what that runtime runs (:func:`meshwise.layout.runs_here`). ``cache``: the plan's caches
     (cost/plan_cache.py), where it serves this model, cluster and setting; else the search makes its own."""
@@ -118,25 +119,42 @@ class _Search:
         self.widest_fits: dict[tuple, bool] = {}  # the floor of a whole-dp sharding group
         self.local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
         self.rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}  # memory.rank_shapes by what it reads
-        self.widest_found: dict[tuple, _Found] = {}  # what fits a whole-dp sharding group, by the rest
-        self.narrower_fit: dict[tuple, frozenset] = {}  # (ac, mbs) that fit a narrower group, by the rest
-        self.sp_on_empty: dict[tuple, tuple] = {}  # the options of SP-on structures where nothing fits
-        self.fewer_experts_fit: dict[tuple, tuple[int, frozenset]] = {}  # (ep, (ac, mbs) that fit) by the rest
         self.stages = cache.stages  # estimate's per-rank memo, bounds and estimates alike
         self.bounds: dict[tuple, float] = {}  # the compute-only bound
         self.optimizers: dict[tuple, float] = {}  # estimate.optimizer_seconds
         self.with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s
         self.tight: dict[tuple, float] = {}  # the tighter bound: everything but the DP collectives
-        self.fitting: list[tuple[float, int, Layout, tuple[RankShape, ...]]] = []  # (bound, index, layout, shapes)
+        # the structures by what their compute-only bound reads: (enumeration index, fields, options) each
+        self.groups: dict[tuple, list[tuple[int, tuple, tuple[list[int], list[str]]]]] = {}
+        self.structures = 0
+        self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
+        self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
 
     def run(self) -> SearchResult:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
             for fields in _structure_fields(self.model, self.cluster.world_size, self.train.global_batch,
                                             self.train.seq_len, cp_bound):
-                self._collect(*fields)
+                self._enumerate(*fields)
             if self.result.enumerated:
                 break
         return self._rank()
+
+    def _enumerate(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
+                   schedule: str, ep: int, all_mbs: list[int]) -> None:
+        """Count the structure's layouts and file it under what its compute-only bound reads (no
+        DP/ZeRO field: dp is fixed by tp, cp and pp; ep only for a mixture of experts). Eleven
+        arguments: one structure of _structure_fields, unpacked."""
+        opts = self._options(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs)
+        mbs_options, acs = opts
+        if not acs:
+            return
+        self.result.enumerated += len(acs) * len(mbs_options)
+        gkey = (tp, cp, pp, vpp, schedule, sp, ep if self.model.moe else 1)
+        members = self.groups.get(gkey)
+        if members is None:
+            members = self.groups[gkey] = []
+        members.append((self.structures, (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep), opts))
+        self.structures += 1
 
     # ------------------------------------------------------------------ what fits
     def _options(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
@@ -151,79 +169,6 @@ class _Search:
             acs = [ac for ac in _ac_modes(self.model) if self.where is None or self.where(_with(base, base.mbs, ac))]
             opts = self.options[okey] = (mbs_options, acs)
         return opts
-
-    def _collect(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str,
-                 ep: int, all_mbs: list[int]) -> None:
-        """Add the structure's fitting layouts, each with the compute-only lower bound of its step."""
-        opts = self._options(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs)
-        mbs_options, acs = opts
-        if not acs:
-            return
-        self.result.enumerated += len(acs) * len(mbs_options)
-        # With SP off a rank holds more activations than with it on and nothing less (checked over every
-        # layout of 4 cases): where SP on fits at no mbs or ac, SP off does not (SP on comes first).
-        skey = (dp, zero, shard, cp, tp, pp, vpp, schedule, ep) if tp > 1 else None
-        if skey is not None and not sp and self.sp_on_empty.get(skey) == opts:
-            return
-        found = self._found(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-        if not found and sp and skey is not None:
-            self.sp_on_empty[skey] = opts
-        for layout, mbs, shapes in found:
-            self.result.fitting += 1
-            # the compute-only bound reads no DP/ZeRO field (dp is fixed by tp, cp, pp) and ep only for a
-            # mixture of experts (cost/moe_block.py)
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, mbs, layout.ac, layout.sp,
-                   layout.ep if self.model.moe else 1)
-            bound = self.bounds.get(key)
-            if bound is None:
-                bound = self.bounds[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
-                                                              compute_only=True, stage_cache=self.stages)
-            self.fitting.append((bound, len(self.fitting), layout, shapes))
-
-    def _found(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str,
-               ep: int, mbs_options: list[int], acs: list[str]) -> _Found:
-        """What fits the structure. Whether a layout fits only improves as the sharding group grows
-        (every state is divided by it or does not read it; FSDP2's padded shard, ceil(rows / shard),
-        shrinks too): a narrower group tries only what fits the whole dp group, and what fits it fits
-        every wider one."""
-        fields = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options, acs)
-        wkey = (dp, cp, zero, tp, sp, pp, vpp, schedule, ep)
-        if zero and 1 < shard < dp:
-            if wkey not in self.widest_found:
-                self.widest_found[wkey] = self._structure_fits(dp, zero, dp, *fields[3:])
-            widest = self.widest_found[wkey]
-            found = widest and self._structure_fits(*fields, self.narrower_fit.get(wkey, frozenset()),
-                                                    frozenset((lay.ac, mbs) for lay, mbs, _ in widest))
-            if found:
-                self.narrower_fit[wkey] = self.narrower_fit.get(wkey, frozenset()) | {
-                    (lay.ac, mbs) for lay, mbs, _ in found}
-            return found
-        if zero and shard == dp > 1:
-            found = self.widest_found.pop(wkey, None)
-            if found is not None:
-                return found
-        return self._structure_fits(*fields)
-
-    def _structure_fits(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                        schedule: str, ep: int, mbs_options: list[int], acs: list[str], known: frozenset = frozenset(),
-                        possible: frozenset | None = None) -> _Found:
-        """The layouts of one structure that fit, in the order of the mbs and ac loop; the (ac, mbs) in
-        ``known`` fit without being worked out, and so do those that fit the same structure with a
-        smaller ep > 1 (a rank's states only shrink as ep grows, and its per-micro-batch parts read
-        ep only as ep > 1); those not in ``possible`` (when given) do not."""
-        ekey = (dp, zero, shard, cp, tp, sp, pp, vpp, schedule) if ep > 1 else None
-        if ekey is not None:
-            narrower_ep = self.fewer_experts_fit.get(ekey)
-            if narrower_ep is not None and narrower_ep[0] < ep:
-                known = known | narrower_ep[1]
-        found: _Found = []
-        fit = self._floor_fit(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep)
-        if fit:
-            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-            found = self._fitting_mbs(base, fit, mbs_options, acs, known, possible)
-        if ekey is not None:  # the eps of a structure come in ascending order (_structure_fields)
-            self.fewer_experts_fit[ekey] = (ep, frozenset((lay.ac, mbs) for lay, mbs, _ in found))
-        return found
 
     def _shapes_of(self, layout: Layout) -> tuple[RankShape, ...]:
         key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
@@ -258,38 +203,6 @@ class _Search:
         self.floor_fits[fkey] = fit = fit and (shapes, [self.peaks.rank_entry(base, sh, self.train) for sh in shapes])
         return fit
 
-    def _fitting_mbs(self, base: Layout, fit: tuple, mbs_options: list[int], acs: list[str], known: frozenset,
-                     possible: frozenset | None) -> _Found:
-        """The (ac, mbs) of a structure whose floor fits that fit in full. Memory grows with mbs while
-        earlier micro-batches leave gradients (m > 1), so after one overflows a larger mbs is not
-        tried, unless it is a single micro-batch (no gradients at the forward's end) or the
-        interleaved runtime reduces each chunk's gradients after its last backward (fewer
-        micro-batches can then hold fewer chunks' gradients at once)."""
-        shapes, entries = fit
-        lt = self.local_trains.get(base.cp)
-        if lt is None:
-            lt = self.local_trains[base.cp] = local_train(self.train, base)
-        table = self.peaks.table_of(base)
-        monotone = not memory.frees_gradients(base)
-        found: _Found = []
-        for ac in acs:
-            overflowed = False
-            for mbs in mbs_options:
-                m = self.train.global_batch // (base.dp * mbs)
-                if overflowed and m > 1 and monotone:
-                    continue
-                if (ac, mbs) in known:
-                    layout, fits = None, True
-                elif possible is not None and (ac, mbs) not in possible:
-                    layout, fits = None, False
-                else:
-                    layout, fits = self._fits(base, entries, table, lt, m, ac, mbs)
-                if not fits:
-                    overflowed = True
-                    continue
-                found.append((layout or _with(base, mbs, ac), mbs, shapes))
-        return found
-
     def _fits(self, base: Layout, entries: list[RankEntry], table: dict, lt: TrainSpec, m: int, ac: str,
               mbs: int) -> tuple[Layout | None, bool]:
         """Whether ``base`` at (ac, mbs) fits on every rank, and its layout when one was built: every
@@ -321,27 +234,111 @@ class _Search:
 
     # ------------------------------------------------------------------ ranking
     def _rank(self) -> SearchResult:
-        """Estimate the fitting layouts in order of their lower bound: once the ``keep`` best are known,
-        the first whose bound is slower than the worst of them ends the search, and one whose tighter
-        bound (every part of the step but the data-parallel collectives) is slower is skipped. Exact
-        ties between rank keys go to the earlier enumerated layout, as if estimated in that order."""
+        """Weigh the layouts in order of their compute-only lower bound, which reads no memory: each
+        group of layouts sharing one bound is checked for memory, and its fitting ones estimated, until
+        the ``keep`` best are known and the next bound is slower than the worst of them (no layout
+        after it can make the top), so the memory of the layouts past that point is never worked out:
+        ``result.checked`` counts those weighed, ``result.fitting`` those of them that fit. A fitting
+        layout whose tighter bound (every part of the step but the data-parallel collectives) is slower
+        is not estimated. Exact ties between rank keys go to the earlier enumerated layout, as if
+        estimated in that order."""
         result, keep = self.result, self.keep
         keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
-        self.fitting.sort()  # by (bound, enumeration index): the index is unique, no layout is compared
-        for bound, index, layout, shapes in self.fitting:
-            if len(result.best) >= keep:
-                worst = result.best[-1].time.step_s
-                if bound > worst:
-                    break
-                if self._slower_than(layout, shapes, worst):
+        for bound, _, gkey, ac, mbs in self._bounded():
+            if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+                break
+            widest_failed: set[int] = set()  # the ZeRO stages whose whole-dp sharding group does not fit
+            for s_index, fields, (mbs_options, acs) in self._widest_first(gkey):
+                if not self.shared_where and (ac not in acs or mbs not in mbs_options):
                     continue
-            e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
-                         self.peaks.memories(layout, shapes, self.capacity))
-            keep_ranked(result.best, keys, e, index, keep)
+                result.checked += 1
+                dp, zero, shard = fields[:3]
+                if zero and 1 < shard < dp and zero in widest_failed:
+                    continue  # what does not fit the whole-dp sharding group fits no narrower one
+                layout, shapes = self._fitting(s_index, fields, ac, mbs)
+                if layout is None:
+                    if zero and shard == dp:
+                        widest_failed.add(zero)
+                    continue
+                result.fitting += 1
+                if len(result.best) >= keep:
+                    worst = result.best[-1].time.step_s
+                    if bound > worst:
+                        break
+                    if self._slower_than(layout, shapes, worst):
+                        continue
+                e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
+                             self.peaks.memories(layout, shapes, self.capacity))
+                keep_ranked(result.best, keys, e, (s_index, _AC_ORDER[ac], mbs), keep)
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
         del result.best[self.top:]
         return result
+
+    def _widest_first(self, gkey: tuple) -> list[tuple]:
+        """The group's structures, for each ZeRO stage the whole-dp sharding group first. Whether a
+        layout fits only improves as the sharding group grows (every state is divided by it or does not
+        read it; FSDP2's padded shard, ceil(rows / shard), shrinks too): what does not fit the whole dp
+        group fits no narrower one. The order of the estimates changes nothing (:meth:`_rank`)."""
+        members = self.ordered.get(gkey)
+        if members is None:
+            members = self.ordered[gkey] = sorted(self.groups[gkey], key=lambda s: (s[1][1], s[1][2] != s[1][0]))
+        return members
+
+    def _bounded(self) -> list[tuple[float, tuple, tuple, str, int]]:
+        """(compute-only bound, first enumeration index, group, ac, mbs) of every group and (ac, mbs)
+        of its structures, fastest first; a group none of whose structures has a memory floor that
+        fits is left out."""
+        out = []
+        for gkey, members in self.groups.items():
+            if not any(self._floor_fit(*fields) for _, fields, _ in members):
+                # no member's memory floor fits: none of its layouts does (checked, as a whole)
+                self.result.checked += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
+                continue
+            seen: set[tuple] = set()
+            for s_index, fields, (mbs_options, acs) in members:
+                for ac in acs:
+                    for mbs in mbs_options:
+                        if (ac, mbs) in seen:
+                            continue
+                        seen.add((ac, mbs))
+                        out.append((self._bound(fields, ac, mbs), (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
+                if self.shared_where:  # every member has the same options
+                    break
+        out.sort(key=lambda b: (b[0], b[1]))
+        return out
+
+    def _bound(self, fields: tuple, ac: str, mbs: int) -> float:
+        """The compute-only lower bound of the structure ``fields`` at (ac, mbs), cached by what it reads."""
+        dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep = fields
+        key = (tp, cp, pp, vpp, schedule, mbs, ac, sp, ep if self.model.moe else 1)
+        bound = self.bounds.get(key)
+        if bound is None:
+            layout = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, mbs, ac, ep)
+            bound = self.bounds[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
+                                                          compute_only=True, stage_cache=self.stages)
+        return bound
+
+    def _fitting(self, s_index: int, fields: tuple, ac: str, mbs: int) -> tuple[Layout | None, tuple]:
+        """The structure's layout at (ac, mbs) and its rank shapes if it fits on every rank, else None:
+        the structure's memory floor first (cached), then the layout's peaks."""
+        base = self.bases.get(s_index)
+        if base is None:
+            fit = self._floor_fit(*fields)
+            if not fit:
+                self.bases[s_index] = base = (None, (), None, {})
+            else:
+                layout = _layout(*fields[:9], 1, "none", fields[9])
+                lt = self.local_trains.get(layout.cp)
+                if lt is None:
+                    lt = self.local_trains[layout.cp] = local_train(self.train, layout)
+                self.bases[s_index] = base = (layout, fit, lt, self.peaks.table_of(layout))
+        layout, fit, lt, table = base
+        if layout is None:
+            return None, ()
+        shapes, entries = fit
+        found, fits = self._fits(layout, entries, table, lt, self.train.global_batch // (layout.dp * mbs), ac, mbs)
+        return ((found or _with(layout, mbs, ac)) if fits else None), shapes
 
     def _slower_than(self, layout: Layout, shapes: tuple[RankShape, ...], worst: float) -> bool:
         """Whether a lower bound of the layout's step is above ``worst``: the optimizer plus, for a

@@ -31,7 +31,7 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
         console.print(model.exclusion_note, soft_wrap=True)
     console.print(f"{cluster.world_size} x {cluster.accelerator.name} ({cluster.nodes} node(s) of {cluster.gpus_per_node}); "
                   f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
-                  f"{plan.enumerated:,} layouts searched, {plan.fitting:,} fit")
+                  f"{plan.fit_words()}")
     if plan.candidates:
         title = (f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
                  "simplest first")

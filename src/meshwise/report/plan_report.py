@@ -112,7 +112,7 @@ def write_plan_report(path: str, model: ModelSpec, cluster: ClusterSpec, train: 
     sections: list[tuple[str, str]] = []
     setting = (f"{cluster.world_size} x {accel.name} ({cluster.nodes} node(s) of "
                f"{cluster.gpus_per_node}); global batch {train.global_batch} x {train.seq_len} tokens; "
-               f"{train.precision}, {train.optimizer}; {plan.enumerated:,} layouts searched, {plan.fitting:,} fit.")
+               f"{train.precision}, {train.optimizer}; {plan.fit_words()}.")
     setting += "".join(f" Note: {line}." for line in plan_notes(cluster, train))
     # model and accelerator names come from user files: escaped like every other string of the page
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
