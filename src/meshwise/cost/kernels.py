@@ -239,6 +239,7 @@ def linears_seconds(accel: AcceleratorSpec, train: TrainSpec, tokens: float,
     return fwd, bwd
 
 
+@lru_cache(maxsize=4096)
 def mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, tokens: float, tp: int,
                 width: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of a dense MLP of ``width`` (default: the block's, ``_mlp_width``) on

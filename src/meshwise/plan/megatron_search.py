@@ -82,6 +82,8 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
         if where is not None:
             admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
             result.enumerated += len(admitted)
+            if not admitted:
+                continue  # ``where`` admits none of its layouts: nothing to bound or weigh
         else:
             result.enumerated += len(runs) * len(acs)
         gkey = (tp, cp, pp, vpp, schedule, sp, base.ep_folds_tp, ep if model.moe else 1)  # MoE compute reads ep
