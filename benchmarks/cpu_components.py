@@ -33,7 +33,8 @@ from meshwise.cost import host
 from meshwise.cost.context_parallel import ring_step_seconds
 from meshwise.measure import auto_profile, probe
 from meshwise.measure.calibrate import LOSS_SHAPES
-from meshwise.measure.plan_shapes import time_loss
+from meshwise.measure.calibrate_worker import ring_step
+from meshwise.measure.plan_shapes import sdpa_call, time_loss
 from meshwise.spec import ModelSpec, load_cluster
 
 HIDDEN, TOKENS = 192, 256  # the grid's middle width (benchmarks/cpu_time_grid.py), one rank's tokens
@@ -76,36 +77,14 @@ def loss_case(vocab: int):
 
 
 def sdpa_case(seq: int):
-    from meshwise.runtime.model import causal_attention
-
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, HEADS, seq, HEAD_DIM, generator=gen, requires_grad=True)
-    k, v = (torch.randn(1, KV_HEADS, seq, HEAD_DIM, generator=gen, requires_grad=True) for _ in range(2))
-    g = torch.randn(1, HEADS, seq, HEAD_DIM, generator=gen)
-
-    def run() -> None:
-        causal_attention(q, k, v).backward(g)
-        q.grad = k.grad = v.grad = None
-    return run
+    """One causal attention call forward + backward (measure/plan_shapes.py ``sdpa_call``)."""
+    return sdpa_call(seq, HEAD_DIM, HEADS, KV_HEADS)
 
 
 def ring_case(local: int):
-    """One ring step of context parallelism's attention (runtime/context_parallel.py's blocks, as
-    measure/calibrate_worker.py ``bench_ring`` times them): forward then backward of one K/V block."""
-    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
-
-    gen = torch.Generator().manual_seed(0)
-    q, dout = (torch.randn(1, HEADS, local, HEAD_DIM, generator=gen) for _ in range(2))
-    kb, vb = (torch.randn(1, KV_HEADS, local, HEAD_DIM, generator=gen) for _ in range(2))
-    q_pos, k_pos = positions(local, 2, 0), positions(local, 2, 1)
-    stats = torch.full((1, HEADS, local, 1), float("-inf")), torch.zeros(1, HEADS, local, 1)
-    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
-
-    def run() -> None:
-        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
-    return run
+    """One ring step of context parallelism's attention (measure/calibrate_worker.py ``ring_step``, as
+    ``bench_ring`` times it): forward then backward of one K/V block."""
+    return ring_step(local, HEAD_DIM, HEADS, KV_HEADS)
 
 
 def predictions(accel, loss_rows: tuple) -> dict[str, tuple[float, ...]]:

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from meshwise.cost.compute import attention_core_flops_per_token
@@ -36,31 +37,38 @@ def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     return out
 
 
-def bench_ring(repeats: int) -> list[list[float]]:
-    """``[score elements, head width, seconds]`` of one ring step of context parallelism's attention
-    (meshwise.runtime.context_parallel ``forward_block`` then ``backward_block``, the runtime's own
-    functions, fp32, no transfer) per (local sequence, head width) of ``calibrate.RING_SHAPES``,
-    ``RING_HEADS`` query heads over ``RING_KV_HEADS`` K/V heads: the median of several timings
-    (probe.typical_time: a step pays the kernel's typical time)."""
+def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
+    """One bare ring step of context parallelism's attention (meshwise.runtime.context_parallel
+    ``forward_block`` then ``backward_block`` of one half-masked K/V block, fp32, no transfer) over
+    ``seq`` local tokens, ``heads`` query heads over ``kv_heads`` K/V heads, ready to time."""
     import torch
 
-    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
     from meshwise.runtime.context_parallel import backward_block, forward_block, positions
 
     gen = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(1, heads, seq, head_dim, generator=gen) for _ in range(2))
+    kb, vb = (torch.randn(1, kv_heads, seq, head_dim, generator=gen) for _ in range(2))
+    q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
+    stats = torch.full((1, heads, seq, 1), float("-inf")), torch.zeros(1, heads, seq, 1)
+    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+    def step() -> None:
+        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+    return step
+
+
+def bench_ring(repeats: int) -> list[list[float]]:
+    """``[score elements, head width, seconds]`` of one ring step (:func:`ring_step`) per (local
+    sequence, head width) of ``calibrate.RING_SHAPES``, ``RING_HEADS`` query heads over
+    ``RING_KV_HEADS`` K/V heads: the median of several timings (probe.typical_time: a step pays the
+    kernel's typical time)."""
+    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+
     out = []
     for seq, d in RING_SHAPES:
-        q, dout = (torch.randn(1, RING_HEADS, seq, d, generator=gen) for _ in range(2))
-        kb, vb = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen) for _ in range(2))
-        q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
-        stats = torch.full((1, RING_HEADS, seq, 1), float("-inf")), torch.zeros(1, RING_HEADS, seq, 1)
-        acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-        lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
-
-        def step() -> None:
-            forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-            backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
-
+        step = ring_step(seq, d, RING_HEADS, RING_KV_HEADS)
         step()
         out.append([float(RING_HEADS * seq * seq), float(d), _typical_time(step, 3 * repeats, 0.002)])
     return out

@@ -72,43 +72,36 @@ def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
     return _typical_time(call, runs)
 
 
-def time_sdpa(seq: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
-    """Seconds of one causal attention call (runtime/model.py ``causal_attention``) forward +
-    backward, ``SDPA_HEADS`` query heads over ``SDPA_KV_HEADS`` K/V heads of one sequence."""
+def sdpa_call(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
+    """One causal attention call (runtime/model.py ``causal_attention``) forward + backward, ``heads``
+    query heads over ``kv_heads`` K/V heads of one sequence, ready to time."""
     import torch
 
     from meshwise.runtime.model import causal_attention
 
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, SDPA_HEADS, seq, head_dim, generator=gen, requires_grad=True)
-    k, v = (torch.randn(1, SDPA_KV_HEADS, seq, head_dim, generator=gen, requires_grad=True) for _ in range(2))
-    grad = torch.randn(1, SDPA_HEADS, seq, head_dim, generator=gen)
+    q = torch.randn(1, heads, seq, head_dim, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, seq, head_dim, generator=gen, requires_grad=True) for _ in range(2))
+    grad = torch.randn(1, heads, seq, head_dim, generator=gen)
 
     def call() -> None:
         causal_attention(q, k, v).backward(grad)
         q.grad = k.grad = v.grad = None
-    return _typical_time(call, runs)
+    return call
+
+
+def time_sdpa(seq: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
+    """Seconds of :func:`sdpa_call` at ``SDPA_HEADS`` query heads over ``SDPA_KV_HEADS`` K/V heads."""
+    return _typical_time(sdpa_call(seq, head_dim, SDPA_HEADS, SDPA_KV_HEADS), runs)
 
 
 def time_ring(local: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
     """Seconds of one bare ring step of context parallelism's attention (runtime/context_parallel.py
     ``forward_block`` then ``backward_block`` of one half-masked K/V block, no transfer) over
     ``local`` tokens, ``SDPA_HEADS`` query heads over ``SDPA_KV_HEADS`` K/V heads."""
-    import torch
+    from meshwise.measure.calibrate_worker import ring_step
 
-    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
-
-    gen = torch.Generator().manual_seed(0)
-    q, dout = (torch.randn(1, SDPA_HEADS, local, head_dim, generator=gen) for _ in range(2))
-    kb, vb = (torch.randn(1, SDPA_KV_HEADS, local, head_dim, generator=gen) for _ in range(2))
-    q_pos, k_pos = positions(local, 2, 0), positions(local, 2, 1)  # a block half masked, as most are
-    stats = torch.full((1, SDPA_HEADS, local, 1), float("-inf")), torch.zeros(1, SDPA_HEADS, local, 1)
-    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
-
-    def step() -> None:
-        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+    step = ring_step(local, head_dim, SDPA_HEADS, SDPA_KV_HEADS)
     return _typical_time(step, runs)
 
 

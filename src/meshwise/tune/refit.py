@@ -86,29 +86,28 @@ def profile_text(table: dict[str, Any]) -> str:
     """The profile as TOML: ``meshwise calibrate``'s keys in its order, then any other key the base
     profile held (a catalog entry's), so that ``plan --gpu FILE`` reads the same accelerator."""
     lines = [format_toml(table).rstrip("\n")]
-    for key in sorted(k for k in table if k not in PROFILE_KEYS and k != "aliases"):
-        value = table[key]
-        if isinstance(value, bool):
-            lines.append(f"{key} = {str(value).lower()}")
-        elif isinstance(value, (int, float)):
-            lines.append(f"{key} = {value!r}")
-        elif isinstance(value, str):
-            lines.append(f"{key} = {json.dumps(value)}")
+    lines += [_scalar(key, table[key]) for key in sorted(k for k in table if k not in PROFILE_KEYS and k != "aliases")
+              if _scalar(key, table[key])]
     for key in sorted(k for k, v in table.items() if isinstance(v, dict)):  # a catalog GPU's op-model tables
         lines += _sub_table(key, table[key])
     return "\n".join(lines) + "\n"
 
 
+def _scalar(key: str, value: Any) -> str:
+    """``key = value`` in TOML for a bool, number or string; "" for anything else (a table, a list)."""
+    if isinstance(value, bool):
+        return f"{key} = {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"{key} = {value!r}"
+    if isinstance(value, str):
+        return f"{key} = {json.dumps(value)}"
+    return ""
+
+
 def _sub_table(path: str, table: dict[str, Any]) -> list[str]:
     """``[path]`` and its scalars, then its own sub-tables (TOML: a table's keys before its children)."""
     lines = ["", f"[{path}]"]
-    for key, value in table.items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {str(value).lower()}")
-        elif isinstance(value, (int, float)):
-            lines.append(f"{key} = {value!r}")
-        elif isinstance(value, str):
-            lines.append(f"{key} = {json.dumps(value)}")
+    lines += [_scalar(key, value) for key, value in table.items() if _scalar(key, value)]
     for key, value in table.items():
         if isinstance(value, dict):
             lines += _sub_table(f"{path}.{key}", value)
