@@ -34,6 +34,12 @@ STEPS = 6
 LOSS_RTOL = 1e-3  # relative loss, 6 steps
 FIRST_LOSS_RTOL = 1e-6
 NORM_RTOLS = (1e-4, 3e-4)  # the first two steps' gradient norms
+# Under TP the float8 casts see each rank's shard and its GEMMs sum in another order: on an AMX-capable
+# Xeon host the first two gradient norms of tp=2 read 1.7e-4 and 1.8e-3 from one process's (the same at
+# 1732076 as now, so the host, not a change), while the losses stay within LOSS_RTOL and the first loss
+# within FIRST_LOSS_RTOL, which still tell a wrong layout apart (test_wrong_rows_are_caught,
+# test_checks_tell_fp8_from_fp32).
+NORM_RTOLS_TP = (3e-4, 3e-3)
 CASES = {
     2: [Case("dp=2,zero=3", precision="fp8", steps=STEPS), Case("tp=2,sp=off,mbs=4", precision="fp8", steps=STEPS),
         Case("pp=2,schedule=1f1b", precision="fp8", steps=STEPS),
@@ -62,14 +68,14 @@ def _result(world: int, case: Case) -> dp.Run:
     return g.runs[case.name]
 
 
-def _problems(run: dp.Run, ref: dp.Run) -> list[str]:
+def _problems(run: dp.Run, ref: dp.Run, norm_rtols: tuple[float, float] = NORM_RTOLS) -> list[str]:
     """What differs; a run of fewer steps than ``ref`` is compared on its steps (no eval loss)."""
     problems = []
     for i, (got, want) in enumerate(zip(run.losses, ref.losses[:len(run.losses)], strict=True)):
         tol = FIRST_LOSS_RTOL if i == 0 else LOSS_RTOL
         if abs(got - want) > tol * abs(want):
             problems.append(f"step {i}: loss {got:.9g} vs {want:.9g} (rel {abs(got - want) / want:.1e} > {tol:g})")
-    for i, (got, want, tol) in enumerate(zip(run.grad_norms, ref.grad_norms, NORM_RTOLS)):
+    for i, (got, want, tol) in enumerate(zip(run.grad_norms, ref.grad_norms, norm_rtols)):
         if abs(got - want) > tol * abs(want):
             problems.append(f"step {i}: gradient norm {got:.9g} vs {want:.9g}")
     if len(run.losses) == len(ref.losses) and abs(run.eval_loss - ref.eval_loss) > LOSS_RTOL * abs(ref.eval_loss):
@@ -89,8 +95,10 @@ GOOD = [(w, c) for w, cases in CASES.items() for c in cases if not c.corrupt]
 
 @pytest.mark.parametrize("world,case", GOOD, ids=[f"{w}:{c.name}" for w, c in GOOD])
 def test_fp8_layout_matches_one_process_fp8(world: int, case: Case) -> None:
+    from meshwise.layout import parse
+
     run, ref = _result(world, case), _reference_for(world, case)
-    problems = _problems(run, ref)
+    problems = _problems(run, ref, NORM_RTOLS_TP if parse(case.layout, world).tp > 1 else NORM_RTOLS)
     assert not problems, f"{case.name} differs from one-process {case.precision}:\n" + "\n".join(problems)
     worst = max(abs(a - b) / b for a, b in zip(run.losses, ref.losses))
     print(f"{world}:{case.name}: max relative loss difference over {STEPS} steps {worst:.1e}")
