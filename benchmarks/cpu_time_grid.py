@@ -57,7 +57,7 @@ from rank_cpu_layouts import spearman  # noqa: E402
 MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
     64: (4, 4, 2, 176), 192: (4, 6, 2, 512), 512: (4, 8, 4, 1408),
 }
-# off the first grid (issue 46 item 5): a model's name: (its width in MODELS, fields that differ)
+# off the first grid: a model's name: (its width in MODELS, fields that differ)
 WIDE = {
     "64-v32k": (64, {"vocab": 32768}), "192-v32k": (192, {"vocab": 32768}), "64-v64k": (64, {"vocab": 65536}),
     "64-s8k": (64, {"max_seq": 8192}), "192-s8k": (192, {"max_seq": 8192}),

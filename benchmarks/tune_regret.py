@@ -19,7 +19,7 @@ fastest of them. Then, per round:
 (a pick outside the exhaustive field, tried after a re-ranking, is read from the tune's own
 measurement and marked ``*``). The profile's error is ``(predicted - measured) / measured`` of
 the exhaustive steps, mean absolute, under the base profile and under the tune's refitted one,
-over the layouts the tune tried and over all N. The acceptance (issue 50): tune within 3% of the
+over the layouts the tune tried and over all N. The target: tune within 3% of the
 best, at most a third of the field's trials; the refitted profile within 10% on the tried layouts.
 
 Scenarios: ``one`` (1 process, ``small``, this machine's calibration), ``two`` (2 processes,

@@ -1,4 +1,4 @@
-"""meshwise verify of a mixture of experts in float8 with expert parallelism (issue 49): Qwen3-30B-A3B
+"""meshwise verify of a mixture of experts in float8 with expert parallelism: Qwen3-30B-A3B
 (its published config.json) at dp=16,zero=3,ep=8 on 16 H100 under --precision fp8, one rank traced on
 fake devices with balanced routing (measure/verify_worker.py; the plan prices the same). The plan's
 total per rank, float8 copies included (cost/fp8.float8_copy_bytes: the routed experts, bf16 in

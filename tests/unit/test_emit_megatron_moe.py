@@ -1,4 +1,4 @@
-"""``plan --emit megatron`` of mixtures of experts, end to end: the six families of issue 49 (and MoE
+"""``plan --emit megatron`` of mixtures of experts, end to end: six MoE families (and MoE
 shapes it did not list) planned by ``meshwise plan`` on 64, 256 and 1,024 H100 and emitted. Each
 command is either refused in one line naming what Megatron cannot express, or parsed by Megatron-LM's
 argument table, built into megatron-core 0.16.1's TransformerConfig (MLA's when it is MLA), passed

@@ -27,7 +27,7 @@ CASES = [
     ("llama3-debug", 8, "dp=2,zero=3,tp=2,pp=2,vpp=3,ac=full", 16, 256, "bf16-mixed"),
     (QWEN3_MOE_DEBUG, 8, "dp=4,zero=3,ep=4,tp=2", 32, 512, "bf16-mixed"),
     (QWEN3_MOE_DEBUG, 16, "dp=4,zero=3,ep=8,cp=2,tp=2,ac=full", 32, 4096, "bf16-mixed"),
-    # the MoE families torchtitan 0.3.0 registers, at the sizes issue 49 planned them
+    # the MoE families torchtitan 0.3.0 registers, at the sizes planned for them
     ("deepseek-v3", 256, "dp=32,zero=3,ep=32,pp=8,ac=full", 1024, 4096, "bf16-mixed"),
     ("deepseek-v3", 1024, "dp=128,zero=3,shard=64,ep=64,pp=8,ac=full", 1024, 4096, "fp8-rowwise"),
     ("gpt-oss-120b", 64, "dp=64,zero=3,ep=8,ac=selective", 512, 4096, "bf16-mixed"),

@@ -55,7 +55,7 @@ PLANS = {
     "mixtral-64": ["--model", "MIXTRAL", "--gpus", "64", "--seq-len", "4096", "--global-batch", "256"],
     "mixtral-64k-cp": ["--model", "MIXTRAL", "--gpus", "64", "--seq-len", "65536", "--global-batch", "64"],
     "deepseek-v3-2048": ["--model", "DEEPSEEK_V3", "--gpus", "2048", "--global-batch", "15360"],
-    # issue 49: the MoE step on an NVL72 rack and under Megatron-LM's runtime
+    # the MoE step on an NVL72 rack and under Megatron-LM's runtime
     "deepseek-v3-gb200-256": ["--model", "DEEPSEEK_V3", "--gpu", "gb200", "--gpus", "256"],
     "deepseek-v3-megatron-1024": ["--model", "DEEPSEEK_V3", "--gpus", "1024", "--runtime", "megatron"],
     "tiny-moe-cpu": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "64", "--global-batch", "8"],
@@ -238,7 +238,7 @@ MOE_LINE = re.compile(r"a MoE block holds ([\d.]+)B params .*?ep=(\d+)(?:: each 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-gb200-256", "deepseek-v3-megatron-1024", "mixtral-64"])
 def test_moe_step_reads_moe_figures(name, tmp_path, capsys):
-    """The MoE step (issue 49): a MoE block's own parameters as transformers builds one (meta device),
+    """The MoE step: a MoE block's own parameters as transformers builds one (meta device),
     experts per rank under the chosen ep, and the deciding layout of the other kind estimated as
     ``plan --layout`` would, its step and memory as quoted; on GB200 the NVLink domain is named."""
     transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""Float8 copies of a MoE model's weights per rank (issue 49): the rank's own experts, not all of them.
+"""Float8 copies of a MoE model's weights per rank: the rank's own experts, not all of them.
 
 DeepSeek-V3 on 256 H100 in fp8 was "Nothing fits" while bf16-mixed fit at 66.4 GB: every format
 added ~22 GB, float8 copies of all 256 experts of a block whatever ep. Now: meshwise's runtime keeps

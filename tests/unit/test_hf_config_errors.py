@@ -1,4 +1,4 @@
-"""A config.json refused in the file's own words (issue 49): the keys it holds, not meshwise's fields;
+"""A config.json refused in the file's own words: the keys it holds, not meshwise's fields;
 a mixture-of-experts config without experts refused, not planned as a dense model; the router read
 from the file (the keys Megatron's emit needs)."""
 

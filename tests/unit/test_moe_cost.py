@@ -65,7 +65,7 @@ def test_explanation_says_why_ep(tmp_path):
     best = p.candidates[0]
     assert best.fits and best.layout.ep > 1
     line = next(x for x in p.explanation if x.startswith("E. Experts"))
-    # why: the best layout with ep=1 from the same search (issue 49: no longer all experts against one rank)
+    # why: the best layout with ep=1 from the same search (not all experts against one rank)
     assert f"ep={best.layout.ep}: each rank keeps {model.experts // best.layout.ep} of" in line
     assert "all-to-all moves" in line and "chosen because" in line and "the best with ep=1" in line
 

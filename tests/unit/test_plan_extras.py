@@ -163,7 +163,7 @@ def test_report_has_the_same_time_and_cost(tmp_path, capsys):
 
 
 def test_no_valid_layout_names_the_batch_with_the_most_degrees():
-    """Issue 49: DeepSeek-V3 on 1,000 H100 at batch 1,024 has no valid layout; the refusal named 1,025
+    """DeepSeek-V3 on 1,000 H100 at batch 1,024 has no valid layout; the refusal named 1,025
     (whose only layouts run dp=25, a 40-stage GPipe) where 1,000 admits every degree of the world."""
     import re
 
@@ -181,7 +181,7 @@ def test_no_valid_layout_names_the_batch_with_the_most_degrees():
 
 
 def test_zero3_rows_with_empty_columns_say_what_the_columns_are(capsys):
-    """Issue 49: ZeRO-3 rows of DeepSeek-V3 read params or grads 0.0 GB with no word why."""
+    """ZeRO-3 rows of DeepSeek-V3 read params or grads 0.0 GB with no word why."""
     from meshwise.cli import main
 
     assert main(["plan", "--model", "deepseek-v3", "--gpus", "256", "--json"]) == 0
