@@ -33,8 +33,7 @@ from meshwise.cost import host
 from meshwise.cost.context_parallel import ring_step_seconds
 from meshwise.measure import auto_profile, probe
 from meshwise.measure.calibrate import LOSS_SHAPES
-from meshwise.measure.calibrate_worker import ring_step
-from meshwise.measure.plan_shapes import sdpa_call, time_loss
+from meshwise.measure.plan_shapes import ring_step, sdpa_call, time_loss
 from meshwise.spec import ModelSpec, load_cluster
 
 HIDDEN, TOKENS = 192, 256  # the grid's middle width (benchmarks/cpu_time_grid.py), one rank's tokens
@@ -82,8 +81,8 @@ def sdpa_case(seq: int):
 
 
 def ring_case(local: int):
-    """One ring step of context parallelism's attention (measure/calibrate_worker.py ``ring_step``, as
-    ``bench_ring`` times it): forward then backward of one K/V block."""
+    """One ring step of context parallelism's attention (measure/plan_shapes.py ``ring_step``, as
+    calibrate_worker ``bench_ring`` times it): forward then backward of one K/V block."""
     return ring_step(local, HEAD_DIM, HEADS, KV_HEADS)
 
 

@@ -8,7 +8,6 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from meshwise.cost.compute import attention_core_flops_per_token
@@ -37,34 +36,13 @@ def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     return out
 
 
-def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
-    """One bare ring step of context parallelism's attention (meshwise.runtime.context_parallel
-    ``forward_block`` then ``backward_block`` of one half-masked K/V block, fp32, no transfer) over
-    ``seq`` local tokens, ``heads`` query heads over ``kv_heads`` K/V heads, ready to time."""
-    import torch
-
-    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
-
-    gen = torch.Generator().manual_seed(0)
-    q, dout = (torch.randn(1, heads, seq, head_dim, generator=gen) for _ in range(2))
-    kb, vb = (torch.randn(1, kv_heads, seq, head_dim, generator=gen) for _ in range(2))
-    q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
-    stats = torch.full((1, heads, seq, 1), float("-inf")), torch.zeros(1, heads, seq, 1)
-    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
-
-    def step() -> None:
-        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
-        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
-    return step
-
-
 def bench_ring(repeats: int) -> list[list[float]]:
-    """``[score elements, head width, seconds]`` of one ring step (:func:`ring_step`) per (local
+    """``[score elements, head width, seconds]`` of one ring step (plan_shapes ``ring_step``) per (local
     sequence, head width) of ``calibrate.RING_SHAPES``, ``RING_HEADS`` query heads over
     ``RING_KV_HEADS`` K/V heads: the median of several timings (probe.typical_time: a step pays the
     kernel's typical time)."""
     from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
+    from meshwise.measure.plan_shapes import ring_step
 
     out = []
     for seq, d in RING_SHAPES:

@@ -95,12 +95,32 @@ def time_sdpa(seq: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
     return _typical_time(sdpa_call(seq, head_dim, SDPA_HEADS, SDPA_KV_HEADS), runs)
 
 
+def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
+    """One bare ring step of context parallelism's attention (meshwise.runtime.context_parallel
+    ``forward_block`` then ``backward_block`` of one half-masked K/V block, fp32, no transfer) over
+    ``seq`` local tokens, ``heads`` query heads over ``kv_heads`` K/V heads, ready to time."""
+    import torch
+
+    from meshwise.runtime.context_parallel import backward_block, forward_block, positions
+
+    gen = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(1, heads, seq, head_dim, generator=gen) for _ in range(2))
+    kb, vb = (torch.randn(1, kv_heads, seq, head_dim, generator=gen) for _ in range(2))
+    q_pos, k_pos = positions(seq, 2, 0), positions(seq, 2, 1)  # a block half masked, as most are
+    stats = torch.full((1, heads, seq, 1), float("-inf")), torch.zeros(1, heads, seq, 1)
+    acc, row_max, row_sum = forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+    lse, delta = row_max + torch.log(row_sum), (dout * acc / row_sum).sum(-1, keepdim=True)
+
+    def step() -> None:
+        forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
+        backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+    return step
+
+
 def time_ring(local: int, head_dim: int, runs: int = TIMED_RUNS) -> float:
     """Seconds of one bare ring step of context parallelism's attention (runtime/context_parallel.py
     ``forward_block`` then ``backward_block`` of one half-masked K/V block, no transfer) over
     ``local`` tokens, ``SDPA_HEADS`` query heads over ``SDPA_KV_HEADS`` K/V heads."""
-    from meshwise.measure.calibrate_worker import ring_step
-
     step = ring_step(local, head_dim, SDPA_HEADS, SDPA_KV_HEADS)
     return _typical_time(step, runs)
 
