@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import meshwise_here, meshwise_launch
+from _cli import meshwise_here, meshwise_launch, run_nodes
 from _models import micro_model
 from meshwise.launch import free_port
 
@@ -115,17 +115,7 @@ def test_two_nodes_on_one_machine_layout_auto(tmp_path) -> None:
                     f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m", "meshwise.train", "--model", model,
                     "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--schedule.eval_batches", "1",
                     "--prompt=", "--layout", "auto", "--checkpoint-dir", "ck", "--metrics", "m.jsonl")
-    agents = [subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True) for _ in range(2)]
-    outs = []
-    try:
-        for agent in agents:
-            outs.append(agent.communicate(timeout=300)[0])
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-    assert all(a.returncode == 0 for a in agents), "\n".join(o[-3000:] for o in outs)
+    outs = run_nodes(cmd, tmp_path, _env())
     out = "\n".join(outs)
     assert "Layout (auto, planner on 2 node(s) x 2 cpu):" in out
     nodes, tp_text = re.search(r"Placement: node of each rank \[([\d, ]+)\]; (TP groups[^\n]*)", out).groups()

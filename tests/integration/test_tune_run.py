@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli import meshwise_launch
+from _cli import meshwise_launch, run_nodes
 from meshwise.launch import free_port
 from meshwise.layout import parse
 from meshwise.spec import load_cluster
@@ -105,17 +105,7 @@ def test_two_nodes_on_loopback_pick_as_one_launch(tmp_path) -> None:
            "-m", "meshwise.tune", *COMMON, "--out", "two", "--trials", "1", "--json"]
     # one thread per rank, as the one launch gives each of its 2 processes on this machine's cores
     env = {**os.environ, "OMP_NUM_THREADS": "1", THREADS_ENV: "1"}
-    agents = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True) for _ in range(2)]
-    outs = []
-    try:
-        for agent in agents:
-            outs.append(agent.communicate(timeout=300)[0])
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-    assert all(a.returncode == 0 for a in agents), "\n".join(o[-3000:] for o in outs)
+    outs = run_nodes(cmd, tmp_path, env)
     two = json.loads(next(line for o in outs for line in o.splitlines() if line.startswith("{")))
     single = json.loads(next(line for line in one.stdout.splitlines() if line.startswith("{")))
     assert two["pick"] == single["pick"] and two["field"] == single["field"]
