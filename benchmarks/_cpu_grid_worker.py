@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         folder = Path(args.out) / str(i)
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(folder / f"rank{dist.get_rank()}.json",
-                         json.dumps({"rank": dist.get_rank(), "steps": steps}))
+        write_atomically(folder / f"rank{dist.get_rank()}.json", json.dumps({"rank": dist.get_rank(), "steps": steps}))
     end_process_group()
     return 0
 

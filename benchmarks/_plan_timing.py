@@ -39,8 +39,16 @@ def _timed(cmd: list[str], runs: int, env: dict[str, str], from_source: bool) ->
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     print(next(line for line in out.splitlines() if "layouts searched" in line).strip())
-    print("modules: " + ("compiled from source on every run (MESHWISE_BENCH_FROM_SOURCE=1)" if from_source
-                         else "from a warm bytecode cache, as installed"))
-    print("whole-process seconds: " + ", ".join(f"{t:.3f}" for t in times) + f"; best {min(times):.3f} s (target < 1 s)")
+    print(
+        "modules: "
+        + (
+            "compiled from source on every run (MESHWISE_BENCH_FROM_SOURCE=1)"
+            if from_source
+            else "from a warm bytecode cache, as installed"
+        )
+    )
+    print(
+        "whole-process seconds: " + ", ".join(f"{t:.3f}" for t in times) + f"; best {min(times):.3f} s (target < 1 s)"
+    )
     print("CPU seconds of the process (robust to a busy machine): " + ", ".join(f"{c:.3f}" for c in cpu))
     return out

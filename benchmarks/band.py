@@ -99,8 +99,15 @@ def build(points: list[Point], coverage: float, widen: float = 1.0) -> dict[str,
             errors = [p.error for p in group]
             mid = statistics.median(errors)
             low = max(mid + widen * (quantile(errors, tail) - mid), -0.95)
-            table[key] = {"category": key, "low": round(low, 4), "high": round(mid + widen * (quantile(errors, 1 - tail) - mid), 4),
-                          "coverage": coverage, "widen": widen, "runs": len(group), "sources": sources}
+            table[key] = {
+                "category": key,
+                "low": round(low, 4),
+                "high": round(mid + widen * (quantile(errors, 1 - tail) - mid), 4),
+                "coverage": coverage,
+                "widen": widen,
+                "runs": len(group),
+                "sources": sources,
+            }
     return table
 
 
@@ -137,40 +144,66 @@ def floored(rows: dict[str, dict], table: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for key, row in rows.items():
         floor = table.get(f"{key.split('/')[0]}/{KINDS[0]}")
-        out[key] = row if floor is None else row | {"low": min(row["low"], floor["low"]),
-                                                    "high": max(row["high"], floor["high"])}
+        out[key] = (
+            row
+            if floor is None
+            else row | {"low": min(row["low"], floor["low"]), "high": max(row["high"], floor["high"])}
+        )
     return out
 
 
 def report(kind: str, points: list[Point], cal: list[Point], coverage: float, widen: float) -> list[str]:
-    lines = [f"{kind}: the central {coverage:.0%} of each row's errors, widened {widen:g} times about their median "
-             f"(the narrowest pair reaching {TARGET_COVERAGE:.0%} leave-one-source-out on dev, else the most covering); "
-             f"{len(points)} dev runs, {len({p.origin for p in points})} sources", "",
-             "Leave-one-source-out on dev (each source banded by the table built without it):"]
+    lines = [
+        f"{kind}: the central {coverage:.0%} of each row's errors, widened {widen:g} times about their median "
+        f"(the narrowest pair reaching {TARGET_COVERAGE:.0%} leave-one-source-out on dev, else the most covering); "
+        f"{len(points)} dev runs, {len({p.origin for p in points})} sources",
+        "",
+        "Leave-one-source-out on dev (each source banded by the table built without it):",
+    ]
     for name, pts in (("catalog", points), ("calibrated", cal)):
         if len({p.origin for p in pts}) < MIN_SOURCES:
             lines.append(f"  {name:16s} {len(pts):3d} runs: not measurable, fewer than {MIN_SOURCES} sources")
         elif pts:
             inside, half = scores(leave_one_source_out(pts, coverage, widen))
-            lines.append(f"  {name:16s} {len(pts):3d} runs: {inside:.0%} inside their band, median half-width {half:.1%}")
-    lines += ["", "| run | source | category | e = published/predicted - 1 | band (LOSO) | row |", "|---|---|---|---:|---|---|"]
+            lines.append(
+                f"  {name:16s} {len(pts):3d} runs: {inside:.0%} inside their band, median half-width {half:.1%}"
+            )
+    lines += [
+        "",
+        "| run | source | category | e = published/predicted - 1 | band (LOSO) | row |",
+        "|---|---|---|---:|---|---|",
+    ]
     for p, lo, hi, row in leave_one_source_out(points, coverage, widen):
         mark = "" if lo <= p.error <= hi else " (outside)"
-        lines.append(f"| {p.id} | {p.origin} | {p.category.keys()[0]} | {p.error:+.1%} | {lo:+.1%} .. {hi:+.1%}{mark} | {row} |")
+        lines.append(
+            f"| {p.id} | {p.origin} | {p.category.keys()[0]} | {p.error:+.1%} | {lo:+.1%} .. {hi:+.1%}{mark} | {row} |"
+        )
     return lines
 
 
 def toml_text(table: dict[str, dict]) -> str:
-    head = ["# The band the planner prints around step time, tokens/s, days and cost (src/meshwise/plan/band.py).",
-            "# Written by benchmarks/band.py from the time model's errors on the published dev runs",
-            "# (benchmarks/fidelity.py --set dev): e = published step / predicted step - 1; each row holds the",
-            "# central `coverage` of its runs' e, widened `widen` times about their median.",
-            "# Do not edit: rerun `python benchmarks/band.py`.", ""]
+    head = [
+        "# The band the planner prints around step time, tokens/s, days and cost (src/meshwise/plan/band.py).",
+        "# Written by benchmarks/band.py from the time model's errors on the published dev runs",
+        "# (benchmarks/fidelity.py --set dev): e = published step / predicted step - 1; each row holds the",
+        "# central `coverage` of its runs' e, widened `widen` times about their median.",
+        "# Do not edit: rerun `python benchmarks/band.py`.",
+        "",
+    ]
     rows = []
     for key in sorted(table):
         r = table[key]
-        rows += ["[[band]]", f'category = "{key}"', f"low = {r['low']}", f"high = {r['high']}",
-                 f"coverage = {r['coverage']}", f"widen = {r['widen']}", f"runs = {r['runs']}", f"sources = {r['sources']}", ""]
+        rows += [
+            "[[band]]",
+            f'category = "{key}"',
+            f"low = {r['low']}",
+            f"high = {r['high']}",
+            f"coverage = {r['coverage']}",
+            f"widen = {r['widen']}",
+            f"runs = {r['runs']}",
+            f"sources = {r['sources']}",
+            "",
+        ]
     return "\n".join(head + rows)
 
 
@@ -184,9 +217,18 @@ def main(argv: list[str]) -> None:
         pairs[kind] = pairs[KINDS[0]] if thin else choose(pts)
         rows = build(pts, *pairs[kind]) | build(cal_pts, *pairs[kind])
         table |= floored(rows, table) if thin else rows
-        lines += report(kind, pts, cal_pts, *pairs[kind]) + (
-            [f"  ({kind} has fewer than {MIN_SOURCES} sources: {KINDS[0]}'s coverage and widening, its rows no "
-             f"narrower than {KINDS[0]}'s)"] if thin else []) + [""]
+        lines += (
+            report(kind, pts, cal_pts, *pairs[kind])
+            + (
+                [
+                    f"  ({kind} has fewer than {MIN_SOURCES} sources: {KINDS[0]}'s coverage and widening, its rows no "
+                    f"narrower than {KINDS[0]}'s)"
+                ]
+                if thin
+                else []
+            )
+            + [""]
+        )
     print("\n".join(lines))
     TABLE.write_text(toml_text(table))
     RESULT.write_text("\n".join(lines) + "\n")

@@ -21,8 +21,19 @@ from pathlib import Path
 from meshwise.measure import auto_profile
 from meshwise.measure.calibrate import calibrate
 
-KEYS = ("op_overhead_s", "tp_op_s", "checkpoint_call_s", "intra_latency_s", "intra_bytes_per_s", "fsdp_call_s",
-        "fsdp_param_s", "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "sdpa_call_s", "hbm_bytes_per_s")
+KEYS = (
+    "op_overhead_s",
+    "tp_op_s",
+    "checkpoint_call_s",
+    "intra_latency_s",
+    "intra_bytes_per_s",
+    "fsdp_call_s",
+    "fsdp_param_s",
+    "cpu_gemm_flops_per_s",
+    "cpu_gemm_call_s",
+    "sdpa_call_s",
+    "hbm_bytes_per_s",
+)
 
 
 def main() -> int:
@@ -43,10 +54,15 @@ def main() -> int:
             calibrate(args.nproc, auto_profile.MODEL, str(out), auto_profile.SEQ_LEN, quick=True, note="repeat")
             t = tomllib.loads(out.read_text())
             rates.append(t["peak_fp32_flops_per_s"] * t["efficiency_max"])
-            print(f"{i}  {time.perf_counter() - start:.0f}  {rates[-1]:.3g}  "
-                  + "  ".join(f"{t.get(k, 0.0):.3g}" for k in KEYS), flush=True)
-    print(f"rate: least {min(rates):.3g}, median {statistics.median(rates):.3g}, largest {max(rates):.3g} "
-          f"({max(rates) / min(rates):.2f}x)")
+            print(
+                f"{i}  {time.perf_counter() - start:.0f}  {rates[-1]:.3g}  "
+                + "  ".join(f"{t.get(k, 0.0):.3g}" for k in KEYS),
+                flush=True,
+            )
+    print(
+        f"rate: least {min(rates):.3g}, median {statistics.median(rates):.3g}, largest {max(rates):.3g} "
+        f"({max(rates) / min(rates):.2f}x)"
+    )
     return 0
 
 

@@ -44,16 +44,20 @@ def main() -> None:
     mesh = build_mesh(layout, spec, args.batch, backend="gloo")
     data = torch.randint(0, spec.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1234))
     x, y = data[:, :-1], data[:, 1:]
-    print(f"{args.model}, batch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    runs = {"eager": parallelize(spec, layout, mesh, args.batch, seq_len=args.seq),
-            "compiled": parallelize(spec, layout, mesh, args.batch, seq_len=args.seq, compile=True)}
+    print(
+        f"{args.model}, batch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    runs = {
+        "eager": parallelize(spec, layout, mesh, args.batch, seq_len=args.seq),
+        "compiled": parallelize(spec, layout, mesh, args.batch, seq_len=args.seq, compile=True),
+    }
     print(f"compile (warm-up forward/backward): {warm_up(runs['compiled'], x, y):.1f} s")
     for pm in runs.values():
         pm.step(x, y)  # untimed
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(args.rounds):
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+        for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
             start = time.perf_counter()
             for _ in range(args.steps):
                 runs[name].step(x, y)
@@ -62,7 +66,9 @@ def main() -> None:
     for name, ts in times.items():
         ms = sorted(t * 1e3 for t in ts)
         print(f"  {name:9s} {ms[0]:8.1f} {statistics.median(ms):8.1f} {ms[-1]:8.1f}")
-    print(f"  speed-up compiled vs eager (median): {statistics.median(times['eager']) / statistics.median(times['compiled']):.3f}")
+    print(
+        f"  speed-up compiled vs eager (median): {statistics.median(times['eager']) / statistics.median(times['compiled']):.3f}"
+    )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     end_process_group()
 

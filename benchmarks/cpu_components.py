@@ -48,8 +48,18 @@ def load() -> str:
 
 
 def grid_model(vocab: int) -> ModelSpec:
-    return ModelSpec(name=f"h{HIDDEN}-v{vocab}", layers=4, hidden=HIDDEN, heads=6, kv_heads=2, ffn_hidden=512,
-                     vocab=vocab, mlp="swiglu", tied_embeddings=False, max_seq=8192)
+    return ModelSpec(
+        name=f"h{HIDDEN}-v{vocab}",
+        layers=4,
+        hidden=HIDDEN,
+        heads=6,
+        kv_heads=2,
+        ffn_hidden=512,
+        vocab=vocab,
+        mlp="swiglu",
+        tied_embeddings=False,
+        max_seq=8192,
+    )
 
 
 def head_case(vocab: int):
@@ -61,6 +71,7 @@ def head_case(vocab: int):
     def run() -> None:
         F.linear(x, w).backward(g)
         x.grad = w.grad = None
+
     return run
 
 
@@ -72,6 +83,7 @@ def loss_case(vocab: int):
     def run() -> None:  # runtime/model.py loss_sum
         F.cross_entropy(logits.float(), targets, reduction="sum").backward()
         logits.grad = None
+
     return run
 
 
@@ -127,8 +139,10 @@ def main() -> int:
     torch.set_num_threads(1)
     path = args.profile or str(auto_profile.cached(2) or auto_profile.cached(1) or "")
     if not path:
-        print("--profile: no cached calibration on this machine; give a profile (meshwise calibrate --out FILE)",
-              file=sys.stderr)
+        print(
+            "--profile: no cached calibration on this machine; give a profile (meshwise calibrate --out FILE)",
+            file=sys.stderr,
+        )
         return 2
     table = tomllib.loads(Path(path).read_text())
     accel = load_cluster(path, 1, 1).accelerator
@@ -141,8 +155,10 @@ def main() -> int:
     say("$ " + " ".join([Path(sys.executable).name, *sys.argv]))
     say(f"{platform.node()}, {os.cpu_count()} cores, profile {path}; load at the start {load()}")
     loss_rows = tuple((float(t), float(v), time_loss(t, v) / t) for t, v in LOSS_SHAPES)
-    say("loss table timed at calibrate's shapes (tokens, vocab, us per token): "
-        + ", ".join(f"({t:.0f}, {v:.0f}, {sec * 1e6:.1f})" for t, v, sec in loss_rows))
+    say(
+        "loss table timed at calibrate's shapes (tokens, vocab, us per token): "
+        + ", ".join(f"({t:.0f}, {v:.0f}, {sec * 1e6:.1f})" for t, v, sec in loss_rows)
+    )
     predicted, runs = predictions(accel, loss_rows), cases()
     times: dict[str, list[float]] = {name: [] for name in runs}
     drifts = []
@@ -154,8 +170,10 @@ def main() -> int:
             times[name].append(time.perf_counter() - start)
         drifts.append(probe.drift(table, probe.probe()) if all(k in table for k in probe.PROBE_KEYS) else 0.0)
         say(f"round {r + 1}: load {load()}, the machine reads {drifts[-1]:+.0%} against the profile")
-    say(f"\n{'component':<22} {'meas ms':>9} {'pred ms':>9} {'meas/pred':>9}  spread over rounds; "
-        "the loss predicted three ways: cache bytes (v17) | DRAM past 4 MiB | table")
+    say(
+        f"\n{'component':<22} {'meas ms':>9} {'pred ms':>9} {'meas/pred':>9}  spread over rounds; "
+        "the loss predicted three ways: cache bytes (v17) | DRAM past 4 MiB | table"
+    )
     for name in runs:
         meas = statistics.median(times[name])
         spread = (max(times[name]) - min(times[name])) / meas

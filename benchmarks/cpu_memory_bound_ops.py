@@ -43,6 +43,7 @@ def fwd_bwd(make, *shapes):
         for x in inputs:
             x.grad = None
         make(*inputs).sum().backward() if make is not None else None
+
     return run
 
 
@@ -56,11 +57,18 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     targets = torch.randint(0, VOCAB, (t,), generator=gen)
     cases = [
-        ("rms_norm", fwd_bwd(lambda x: F.rms_norm(x, (HIDDEN,), weight, 1e-5), (t, HIDDEN)), 3 * p["norm"] * t * HIDDEN * E),
+        (
+            "rms_norm",
+            fwd_bwd(lambda x: F.rms_norm(x, (HIDDEN,), weight, 1e-5), (t, HIDDEN)),
+            3 * p["norm"] * t * HIDDEN * E,
+        ),
         ("residual add", fwd_bwd(lambda a, b: a + b, (t, HIDDEN), (t, HIDDEN)), 3 * p["residual"] * t * HIDDEN * E),
         ("swiglu", fwd_bwd(lambda g, u: F.silu(g) * u, (t, FFN), (t, FFN)), 3 * p["swiglu"] * t * FFN * E),
-        ("loss", fwd_bwd(lambda z: F.cross_entropy(z.float(), targets, reduction="sum"), (t, VOCAB)),
-         p["loss_bytes"] * t * VOCAB),
+        (
+            "loss",
+            fwd_bwd(lambda z: F.cross_entropy(z.float(), targets, reduction="sum"), (t, VOCAB)),
+            p["loss_bytes"] * t * VOCAB,
+        ),
     ]
     print(f"{t} tokens, 1 thread; bytes as cost/kernels.py PASSES['meshwise'] charges forward + backward")
     for name, run, moved in cases:
@@ -69,7 +77,9 @@ def main() -> int:
     for size in (8 << 20, 128 << 20):
         src, dst = torch.empty(size // 4), torch.empty(size // 4)
         s = best(lambda: dst.copy_(src), 10)
-        print(f"  copy {size >> 20:>4} MiB {s * 1e3:7.3f} ms  {2 * size / s / 1e9:6.2f} GB/s (2 x bytes / time, as calibrate)")
+        print(
+            f"  copy {size >> 20:>4} MiB {s * 1e3:7.3f} ms  {2 * size / s / 1e9:6.2f} GB/s (2 x bytes / time, as calibrate)"
+        )
     return 0
 
 

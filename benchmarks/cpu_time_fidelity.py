@@ -45,15 +45,28 @@ from rank_cpu_layouts import MODEL_TOML, spearman  # noqa: E402
 
 GLOBAL_BATCH, SEQ_LEN = 8, 256
 LAYOUTS = {
-    2: ("dp=2,zero=0,mbs=4", "dp=2,zero=1,mbs=4", "dp=2,zero=2,mbs=4", "dp=2,zero=3,mbs=4",
-        "tp=2,sp=off,mbs=8", "tp=2,sp=on,mbs=8", "pp=2,schedule=gpipe,mbs=2", "pp=2,schedule=1f1b,mbs=2",
-        "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", "pp=2,vpp=2,schedule=zero-bubble,mbs=2"),
+    2: (
+        "dp=2,zero=0,mbs=4",
+        "dp=2,zero=1,mbs=4",
+        "dp=2,zero=2,mbs=4",
+        "dp=2,zero=3,mbs=4",
+        "tp=2,sp=off,mbs=8",
+        "tp=2,sp=on,mbs=8",
+        "pp=2,schedule=gpipe,mbs=2",
+        "pp=2,schedule=1f1b,mbs=2",
+        "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2",
+        "pp=2,vpp=2,schedule=zero-bubble,mbs=2",
+    ),
     4: ("dp=4,zero=1,mbs=2", "dp=2,tp=2,mbs=4", "pp=2,dp=2,mbs=2"),
     8: ("dp=2,tp=2,pp=2,mbs=2",),
 }
 LAYOUT_BOUND, PAIR_BOUND, SPEARMAN_BOUND = 0.25, 0.30, 0.9
-PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
-         ("optimizer_s", "optimizer_s"))
+PARTS = (
+    ("compute_s", "compute_s"),
+    ("comm_exposed_s", "comm_s"),
+    ("bubble_s", "idle_s"),
+    ("optimizer_s", "optimizer_s"),
+)
 
 
 def load() -> str:
@@ -94,19 +107,31 @@ def main() -> int:
             cluster = load_cluster(profile, n, n)
             saved["profiles"][str(n)] = Path(profile).read_text()
             a = cluster.accelerator
-            print(f"[{n} processes] profile {profile} ({cal_s:.1f} s to calibrate or read): matmul "
-                  f"{a.peak_fp32_flops_per_s / 1e9:.1f} GFLOP/s x {a.efficiency_max:.2f}, copy {a.hbm_bytes_per_s / 1e9:.1f}"
-                  f" GB/s, gloo {cluster.intra.bytes_per_s / 1e9:.2f} GB/s + {cluster.intra.latency_s * 1e6:.0f} us, "
-                  f"{a.op_overhead_s * 1e6:.1f} us/op, {a.tp_op_s * 1e6:.0f} us/DTensor op", flush=True)
+            print(
+                f"[{n} processes] profile {profile} ({cal_s:.1f} s to calibrate or read): matmul "
+                f"{a.peak_fp32_flops_per_s / 1e9:.1f} GFLOP/s x {a.efficiency_max:.2f}, copy {a.hbm_bytes_per_s / 1e9:.1f}"
+                f" GB/s, gloo {cluster.intra.bytes_per_s / 1e9:.2f} GB/s + {cluster.intra.latency_s * 1e6:.0f} us, "
+                f"{a.op_overhead_s * 1e6:.1f} us/op, {a.tp_op_s * 1e6:.0f} us/DTensor op",
+                flush=True,
+            )
             print(f"  load average before the launch: {load()}", flush=True)
             start = time.perf_counter()
             records = run_workers(n, list(LAYOUTS[n]), str(model_file), GLOBAL_BATCH, SEQ_LEN, args.steps)
-            print(f"  measured {len(LAYOUTS[n])} layouts in one launch in {time.perf_counter() - start:.0f} s; "
-                  f"load average after: {load()}", flush=True)
+            print(
+                f"  measured {len(LAYOUTS[n])} layouts in one launch in {time.perf_counter() - start:.0f} s; "
+                f"load average after: {load()}",
+                flush=True,
+            )
             for text, recs in zip(LAYOUTS[n], records):
                 slowest = max(recs, key=lambda r: r["time"]["step_s"])
-                rows.append({"n": n, "layout": text, "pred": estimate(model, cluster, train, parse(text, n)).time,
-                             "meas": slowest["time"]})
+                rows.append(
+                    {
+                        "n": n,
+                        "layout": text,
+                        "pred": estimate(model, cluster, train, parse(text, n)).time,
+                        "meas": slowest["time"],
+                    }
+                )
                 saved["measured"].append({"n": n, "layout": text, "time": slowest["time"]})
             if args.save:
                 Path(args.save).write_text(json.dumps(saved))
@@ -148,24 +173,34 @@ def replay(path: str) -> int:
         for n, text in alone_profiles(saved["profiles"], saved.get("calibration_version", 2)).items():
             (Path(tmp) / f"{n}.toml").write_text(text)
             clusters[int(n)] = load_cluster(str(Path(tmp) / f"{n}.toml"), int(n), int(n))
-        rows = [{"n": r["n"], "layout": r["layout"], "meas": r["time"],
-                 "pred": estimate(model, clusters[r["n"]], train, parse(r["layout"], r["n"])).time}
-                for r in saved["measured"]]
+        rows = [
+            {
+                "n": r["n"],
+                "layout": r["layout"],
+                "meas": r["time"],
+                "pred": estimate(model, clusters[r["n"]], train, parse(r["layout"], r["n"])).time,
+            }
+            for r in saved["measured"]
+        ]
     return report(rows)
 
 
 def report(rows: list[dict]) -> int:
-    print(f"\n{'n':>2} {'layout':<44} {'pred s':>7} {'meas s':>7} {'error':>7}   "
-          "predicted / measured: compute, comm, bubble|idle, optimizer (+ measured other)")
+    print(
+        f"\n{'n':>2} {'layout':<44} {'pred s':>7} {'meas s':>7} {'error':>7}   "
+        "predicted / measured: compute, comm, bubble|idle, optimizer (+ measured other)"
+    )
     ok = 0
     for r in rows:
         p, m = r["pred"], r["meas"]
         err = p.step_s / m["step_s"] - 1
         ok += abs(err) <= LAYOUT_BOUND
         parts = ", ".join(f"{getattr(p, a):.3f}/{m[b]:.3f}" for a, b in PARTS)
-        print(f"{r['n']:>2} {r['layout']:<44} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{'' if abs(err) <= LAYOUT_BOUND else ' x'}"
-              f"   {parts} (+{m.get('fixed_s', m.get('other_s', 0.0)):.3f} fixed)"
-              f"; steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}")
+        print(
+            f"{r['n']:>2} {r['layout']:<44} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{'' if abs(err) <= LAYOUT_BOUND else ' x'}"
+            f"   {parts} (+{m.get('fixed_s', m.get('other_s', 0.0)):.3f} fixed)"
+            f"; steps {', '.join(f'{s:.3f}' for s in m['steps_s'])}"
+        )
     pred = [r["pred"].step_s for r in rows]
     meas = [r["meas"]["step_s"] for r in rows]
     rho = spearman(pred, meas)
@@ -174,7 +209,9 @@ def report(rows: list[dict]) -> int:
     for n in sorted({r["n"] for r in rows}):
         idx = [i for i, r in enumerate(rows) if r["n"] == n]
         if len(idx) > 2:
-            print(f"Spearman ({n} processes, {len(idx)} layouts): {spearman([pred[i] for i in idx], [meas[i] for i in idx]):.3f}")
+            print(
+                f"Spearman ({n} processes, {len(idx)} layouts): {spearman([pred[i] for i in idx], [meas[i] for i in idx]):.3f}"
+            )
     print(f"\nevery pair (a, b): measured step(a)/step(b) against predicted; 'x' beyond {PAIR_BOUND:.0%}")
     passes, total, same = 0, 0, [0, 0]
     for i, j in itertools.combinations(range(len(rows)), 2):
@@ -186,11 +223,15 @@ def report(rows: list[dict]) -> int:
         if rows[i]["n"] == rows[j]["n"]:
             same[0] += good
             same[1] += 1
-        print(f"  {rows[i]['n']}:{rows[i]['layout']:<44} / {rows[j]['n']}:{rows[j]['layout']:<44} "
-              f"meas {mr:6.3f} pred {pr:6.3f} {err:+7.1%}{'' if good else ' x'}")
+        print(
+            f"  {rows[i]['n']}:{rows[i]['layout']:<44} / {rows[j]['n']}:{rows[j]['layout']:<44} "
+            f"meas {mr:6.3f} pred {pr:6.3f} {err:+7.1%}{'' if good else ' x'}"
+        )
     print(f"\npairs within {PAIR_BOUND:.0%}: {passes} of {total} (same launch: {same[0]} of {same[1]})")
-    print(f"SUMMARY layouts {ok}/{len(rows)} within {LAYOUT_BOUND:.0%}; Spearman {rho:.3f}; "
-          f"pairs {passes}/{total} within {PAIR_BOUND:.0%}")
+    print(
+        f"SUMMARY layouts {ok}/{len(rows)} within {LAYOUT_BOUND:.0%}; Spearman {rho:.3f}; "
+        f"pairs {passes}/{total} within {PAIR_BOUND:.0%}"
+    )
     return 0
 
 

@@ -55,53 +55,109 @@ from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 from rank_cpu_layouts import spearman  # noqa: E402
 
 MODELS = {  # hidden: (layers, heads, kv_heads, ffn_hidden); Llama-style, untied byte vocabulary
-    64: (4, 4, 2, 176), 192: (4, 6, 2, 512), 512: (4, 8, 4, 1408),
+    64: (4, 4, 2, 176),
+    192: (4, 6, 2, 512),
+    512: (4, 8, 4, 1408),
 }
 # off the first grid: a model's name: (its width in MODELS, fields that differ)
 WIDE = {
-    "64-v32k": (64, {"vocab": 32768}), "192-v32k": (192, {"vocab": 32768}), "64-v64k": (64, {"vocab": 65536}),
-    "64-s8k": (64, {"max_seq": 8192}), "192-s8k": (192, {"max_seq": 8192}),
+    "64-v32k": (64, {"vocab": 32768}),
+    "192-v32k": (192, {"vocab": 32768}),
+    "64-v64k": (64, {"vocab": 65536}),
+    "64-s8k": (64, {"max_seq": 8192}),
+    "192-s8k": (192, {"max_seq": 8192}),
     "64-moe8": (64, {"experts": 8, "experts_per_token": 2, "expert_ffn_hidden": 64}),
 }
 # (processes, hidden, layout, global batch, sequence length)
 POINTS = [
-    (1, 64, "mbs=1", 4, 256), (1, 64, "mbs=4", 8, 128), (1, 64, "mbs=16", 16, 32), (1, 64, "mbs=8,ac=full", 8, 64),
-    (1, 64, "mbs=2,ac=selective", 4, 1024), (1, 64, "mbs=4", 8, 512), (1, 64, "mbs=1", 8, 32),
-    (1, 192, "mbs=1", 2, 512), (1, 192, "mbs=2", 4, 128), (1, 192, "mbs=8", 8, 64), (1, 192, "mbs=16", 16, 32),
-    (1, 192, "mbs=4,ac=full", 4, 128), (1, 192, "mbs=1,ac=selective", 1, 1024),
-    (1, 512, "mbs=1", 1, 256), (1, 512, "mbs=1", 2, 64), (1, 512, "mbs=4", 4, 32), (1, 512, "mbs=2,ac=full", 2, 64),
-    (1, 512, "mbs=8", 8, 32), (1, 512, "mbs=1,ac=selective", 1, 256), (1, 192, "mbs=1", 1, 1024),
-    (2, 64, "dp=2,zero=0,mbs=4", 8, 64), (2, 192, "dp=2,zero=1,mbs=2", 8, 128), (2, 512, "dp=2,zero=2,mbs=1", 4, 64),
-    (2, 64, "dp=2,zero=3,mbs=1", 8, 128), (2, 192, "dp=2,zero=3,mbs=4", 8, 64), (2, 512, "dp=2,zero=3,mbs=2", 4, 32),
-    (2, 64, "tp=2,sp=off,mbs=8", 16, 32), (2, 192, "tp=2,sp=on,mbs=2", 4, 256), (2, 512, "tp=2,sp=off,mbs=1", 2, 128),
-    (2, 192, "tp=2,sp=off,mbs=1", 1, 1024), (2, 64, "pp=2,schedule=gpipe,mbs=2", 8, 128),
-    (2, 192, "pp=2,schedule=1f1b,mbs=1", 4, 256), (2, 512, "pp=2,schedule=1f1b,mbs=1", 4, 32),
+    (1, 64, "mbs=1", 4, 256),
+    (1, 64, "mbs=4", 8, 128),
+    (1, 64, "mbs=16", 16, 32),
+    (1, 64, "mbs=8,ac=full", 8, 64),
+    (1, 64, "mbs=2,ac=selective", 4, 1024),
+    (1, 64, "mbs=4", 8, 512),
+    (1, 64, "mbs=1", 8, 32),
+    (1, 192, "mbs=1", 2, 512),
+    (1, 192, "mbs=2", 4, 128),
+    (1, 192, "mbs=8", 8, 64),
+    (1, 192, "mbs=16", 16, 32),
+    (1, 192, "mbs=4,ac=full", 4, 128),
+    (1, 192, "mbs=1,ac=selective", 1, 1024),
+    (1, 512, "mbs=1", 1, 256),
+    (1, 512, "mbs=1", 2, 64),
+    (1, 512, "mbs=4", 4, 32),
+    (1, 512, "mbs=2,ac=full", 2, 64),
+    (1, 512, "mbs=8", 8, 32),
+    (1, 512, "mbs=1,ac=selective", 1, 256),
+    (1, 192, "mbs=1", 1, 1024),
+    (2, 64, "dp=2,zero=0,mbs=4", 8, 64),
+    (2, 192, "dp=2,zero=1,mbs=2", 8, 128),
+    (2, 512, "dp=2,zero=2,mbs=1", 4, 64),
+    (2, 64, "dp=2,zero=3,mbs=1", 8, 128),
+    (2, 192, "dp=2,zero=3,mbs=4", 8, 64),
+    (2, 512, "dp=2,zero=3,mbs=2", 4, 32),
+    (2, 64, "tp=2,sp=off,mbs=8", 16, 32),
+    (2, 192, "tp=2,sp=on,mbs=2", 4, 256),
+    (2, 512, "tp=2,sp=off,mbs=1", 2, 128),
+    (2, 192, "tp=2,sp=off,mbs=1", 1, 1024),
+    (2, 64, "pp=2,schedule=gpipe,mbs=2", 8, 128),
+    (2, 192, "pp=2,schedule=1f1b,mbs=1", 4, 256),
+    (2, 512, "pp=2,schedule=1f1b,mbs=1", 4, 32),
     (2, 64, "pp=2,vpp=2,schedule=interleaved-1f1b,mbs=1", 4, 512),
-    (2, 192, "pp=2,vpp=2,schedule=zero-bubble,mbs=2", 8, 64), (2, 64, "dp=2,zero=3,ac=selective,mbs=2", 8, 256),
-    (2, 192, "tp=2,sp=on,ac=selective,mbs=4", 8, 64), (2, 64, "dp=2,zero=0,ac=full,mbs=16", 32, 32),
-    (2, 192, "pp=2,schedule=1f1b,ac=full,mbs=2", 8, 64), (2, 64, "cp=2,mbs=1", 2, 1024), (2, 192, "cp=2,mbs=2", 4, 256),
-    (2, 512, "dp=2,zero=0,mbs=1", 2, 256), (2, 64, "dp=2,zero=1,mbs=8", 16, 64), (2, 192, "dp=2,zero=2,mbs=1", 4, 512),
-    (4, 64, "dp=2,tp=2,mbs=2", 8, 64), (4, 192, "dp=2,tp=2,mbs=1", 4, 128), (4, 512, "dp=2,tp=2,mbs=1", 2, 64),
-    (4, 64, "dp=2,zero=3,tp=2,mbs=2", 8, 128), (4, 192, "dp=2,zero=3,tp=2,mbs=1", 2, 256),
-    (4, 64, "pp=2,tp=2,mbs=2", 8, 64), (4, 192, "pp=2,tp=2,mbs=1", 4, 128), (4, 64, "pp=2,dp=2,zero=1,mbs=1", 8, 128),
-    (4, 192, "pp=2,dp=2,zero=1,mbs=2", 8, 64), (4, 512, "pp=2,dp=2,zero=1,mbs=1", 4, 32),
-    (4, 64, "pp=2,dp=2,zero=3,mbs=4", 16, 32), (4, 192, "pp=2,dp=2,zero=3,mbs=1", 4, 256),
-    (4, 64, "dp=4,zero=3,shard=2,mbs=2", 8, 256), (4, 192, "dp=4,zero=3,shard=2,mbs=1", 4, 128),
-    (4, 64, "dp=2,zero=3,tp=2,ac=full,mbs=4", 8, 64), (4, 192, "pp=2,dp=2,zero=1,ac=selective,mbs=1", 4, 128),
-    (4, 64, "dp=2,zero=1,tp=2,sp=off,mbs=8", 16, 32), (4, 64, "cp=2,dp=2,zero=3,mbs=1", 2, 1024),
-    (4, 192, "cp=2,dp=2,zero=1,mbs=1", 2, 512), (4, 64, "cp=2,tp=2,mbs=4", 4, 256), (4, 64, "cp=2,pp=2,mbs=1", 4, 512),
+    (2, 192, "pp=2,vpp=2,schedule=zero-bubble,mbs=2", 8, 64),
+    (2, 64, "dp=2,zero=3,ac=selective,mbs=2", 8, 256),
+    (2, 192, "tp=2,sp=on,ac=selective,mbs=4", 8, 64),
+    (2, 64, "dp=2,zero=0,ac=full,mbs=16", 32, 32),
+    (2, 192, "pp=2,schedule=1f1b,ac=full,mbs=2", 8, 64),
+    (2, 64, "cp=2,mbs=1", 2, 1024),
+    (2, 192, "cp=2,mbs=2", 4, 256),
+    (2, 512, "dp=2,zero=0,mbs=1", 2, 256),
+    (2, 64, "dp=2,zero=1,mbs=8", 16, 64),
+    (2, 192, "dp=2,zero=2,mbs=1", 4, 512),
+    (4, 64, "dp=2,tp=2,mbs=2", 8, 64),
+    (4, 192, "dp=2,tp=2,mbs=1", 4, 128),
+    (4, 512, "dp=2,tp=2,mbs=1", 2, 64),
+    (4, 64, "dp=2,zero=3,tp=2,mbs=2", 8, 128),
+    (4, 192, "dp=2,zero=3,tp=2,mbs=1", 2, 256),
+    (4, 64, "pp=2,tp=2,mbs=2", 8, 64),
+    (4, 192, "pp=2,tp=2,mbs=1", 4, 128),
+    (4, 64, "pp=2,dp=2,zero=1,mbs=1", 8, 128),
+    (4, 192, "pp=2,dp=2,zero=1,mbs=2", 8, 64),
+    (4, 512, "pp=2,dp=2,zero=1,mbs=1", 4, 32),
+    (4, 64, "pp=2,dp=2,zero=3,mbs=4", 16, 32),
+    (4, 192, "pp=2,dp=2,zero=3,mbs=1", 4, 256),
+    (4, 64, "dp=4,zero=3,shard=2,mbs=2", 8, 256),
+    (4, 192, "dp=4,zero=3,shard=2,mbs=1", 4, 128),
+    (4, 64, "dp=2,zero=3,tp=2,ac=full,mbs=4", 8, 64),
+    (4, 192, "pp=2,dp=2,zero=1,ac=selective,mbs=1", 4, 128),
+    (4, 64, "dp=2,zero=1,tp=2,sp=off,mbs=8", 16, 32),
+    (4, 64, "cp=2,dp=2,zero=3,mbs=1", 2, 1024),
+    (4, 192, "cp=2,dp=2,zero=1,mbs=1", 2, 512),
+    (4, 64, "cp=2,tp=2,mbs=4", 4, 256),
+    (4, 64, "cp=2,pp=2,mbs=1", 4, 512),
     (4, 64, "dp=4,zero=1,mbs=16", 64, 32),
     # wide vocabularies: the head's GEMMs and the loss over 32k and 64k logits per token
-    (1, "64-v32k", "mbs=1", 2, 256), (1, "192-v32k", "mbs=2", 4, 128), (1, "64-v64k", "mbs=1", 1, 512),
-    (2, "64-v32k", "tp=2,sp=off,mbs=1", 2, 256), (2, "192-v32k", "dp=2,zero=3,mbs=1", 4, 128),
-    (2, "64-v64k", "pp=2,schedule=1f1b,mbs=1", 4, 128), (4, "64-v32k", "dp=2,tp=2,mbs=1", 4, 256),
+    (1, "64-v32k", "mbs=1", 2, 256),
+    (1, "192-v32k", "mbs=2", 4, 128),
+    (1, "64-v64k", "mbs=1", 1, 512),
+    (2, "64-v32k", "tp=2,sp=off,mbs=1", 2, 256),
+    (2, "192-v32k", "dp=2,zero=3,mbs=1", 4, 128),
+    (2, "64-v64k", "pp=2,schedule=1f1b,mbs=1", 4, 128),
+    (4, "64-v32k", "dp=2,tp=2,mbs=1", 4, 256),
     # sequences of 2k to 8k: attention, CP's ring and TP at length
-    (1, "64-s8k", "mbs=1", 1, 2048), (1, "64-s8k", "mbs=1", 1, 4096), (1, "192-s8k", "mbs=1", 1, 2048),
-    (1, "64-s8k", "mbs=1,ac=full", 1, 8192), (2, "64-s8k", "cp=2,mbs=1", 1, 2048), (2, "64-s8k", "cp=2,mbs=1", 1, 4096),
-    (2, "192-s8k", "tp=2,sp=off,mbs=1", 1, 2048), (2, "64-s8k", "tp=2,sp=on,mbs=1", 1, 4096),
-    (4, "64-s8k", "cp=2,dp=2,zero=1,mbs=1", 2, 4096), (4, "192-s8k", "cp=2,tp=2,mbs=1", 1, 2048),
+    (1, "64-s8k", "mbs=1", 1, 2048),
+    (1, "64-s8k", "mbs=1", 1, 4096),
+    (1, "192-s8k", "mbs=1", 1, 2048),
+    (1, "64-s8k", "mbs=1,ac=full", 1, 8192),
+    (2, "64-s8k", "cp=2,mbs=1", 1, 2048),
+    (2, "64-s8k", "cp=2,mbs=1", 1, 4096),
+    (2, "192-s8k", "tp=2,sp=off,mbs=1", 1, 2048),
+    (2, "64-s8k", "tp=2,sp=on,mbs=1", 1, 4096),
+    (4, "64-s8k", "cp=2,dp=2,zero=1,mbs=1", 2, 4096),
+    (4, "192-s8k", "cp=2,tp=2,mbs=1", 1, 2048),
     # mixture of experts, 8 experts top-2 under ep=2 (priced by cost/experts.py)
-    (2, "64-moe8", "dp=2,ep=2,mbs=1", 4, 128), (2, "64-moe8", "dp=2,zero=3,ep=2,mbs=2", 8, 64),
+    (2, "64-moe8", "dp=2,ep=2,mbs=1", 4, 128),
+    (2, "64-moe8", "dp=2,zero=3,ep=2,mbs=2", 8, 64),
     (4, "64-moe8", "dp=2,tp=2,ep=2,mbs=1", 4, 128),
 ]
 WITHIN, NONE_BEYOND, SHARE_WITHIN, SPEARMAN_BOUND = 0.25, 0.50, 0.90, 0.9
@@ -109,8 +165,13 @@ WITHIN, NONE_BEYOND, SHARE_WITHIN, SPEARMAN_BOUND = 0.25, 0.50, 0.90, 0.9
 # calibration. On this 2-core VM quiet rounds read within ±3% and moving ones up to ±122%
 # (docs/fidelity.md); a grid on a moving host times the host, not the model.
 QUIET_DRIFT = 0.10
-PARTS = (("compute_s", "compute_s"), ("comm_exposed_s", "comm_s"), ("bubble_s", "idle_s"),
-         ("optimizer_s", "optimizer_s"), ("fixed_s", "fixed_s"))
+PARTS = (
+    ("compute_s", "compute_s"),
+    ("comm_exposed_s", "comm_s"),
+    ("bubble_s", "idle_s"),
+    ("optimizer_s", "optimizer_s"),
+    ("fixed_s", "fixed_s"),
+)
 
 
 def load() -> str:
@@ -123,11 +184,24 @@ def model_toml(key) -> str:
     ``WIDE``: such a width with some fields changed."""
     width, changed = (key, {}) if key in MODELS else WIDE[key]
     layers, heads, kv, ffn = MODELS[width]
-    fields = {"name": f"grid-h{key}", "layers": layers, "hidden": width, "heads": heads, "kv_heads": kv,
-              "ffn_hidden": ffn, "mlp": "swiglu", "vocab": 256, "tied_embeddings": False, "max_seq": 1024,
-              **changed, "source": "benchmarks/cpu_time_grid.py"}
-    return "".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v).replace(chr(39), chr(34))}\n"
-                   for k, v in fields.items())
+    fields = {
+        "name": f"grid-h{key}",
+        "layers": layers,
+        "hidden": width,
+        "heads": heads,
+        "kv_heads": kv,
+        "ffn_hidden": ffn,
+        "mlp": "swiglu",
+        "vocab": 256,
+        "tied_embeddings": False,
+        "max_seq": 1024,
+        **changed,
+        "source": "benchmarks/cpu_time_grid.py",
+    }
+    return "".join(
+        f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v).replace(chr(39), chr(34))}\n"
+        for k, v in fields.items()
+    )
 
 
 def measure_round(n: int, points: list[tuple], files: dict[int, str], steps: int, tmp: Path) -> list[list[dict]]:
@@ -150,11 +224,19 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per point per round (default 3)")
     ap.add_argument("--nproc", type=int, action="append", help="process counts (default: 1, 2 and 4)")
     ap.add_argument("--every", type=int, default=1, help="keep every k-th point of each count (a short subset)")
-    ap.add_argument("--only", choices=("all", "wide", "first"), default="all",
-                    help="all points (default), the 20 off the first grid, or the first grid's 66")
+    ap.add_argument(
+        "--only",
+        choices=("all", "wide", "first"),
+        default="all",
+        help="all points (default), the 20 off the first grid, or the first grid's 66",
+    )
     ap.add_argument("--profile-dir", help="a folder of <n>.toml profiles (default: this machine's calibration)")
-    ap.add_argument("--calibration", choices=("fresh", "recheck"), default="fresh",
-                    help="before each round: calibrate afresh (default), or re-check the cached calibration")
+    ap.add_argument(
+        "--calibration",
+        choices=("fresh", "recheck"),
+        default="fresh",
+        help="before each round: calibrate afresh (default), or re-check the cached calibration",
+    )
     ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
     ap.add_argument("--replay", help="predict again for the measurements of a --save file (no measuring)")
     ap.add_argument("--report", help="also write the report, with the command and the load, to this file")
@@ -197,20 +279,30 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     """Profiles and measurements of every point: ``{"profiles": {n: toml}, "points": [...]}``."""
     counts = args.nproc or [1, 2, 4]
     chosen = [p for p in POINTS if args.only == "all" or (p[1] in WIDE) == (args.only == "wide")]
-    by_n = {n: [p for p in chosen if p[0] == n][::args.every] for n in counts}
+    by_n = {n: [p for p in chosen if p[0] == n][:: args.every] for n in counts}
     for n, points in by_n.items():  # refuse a bad point before measuring anything
         for _, hidden, layout, gb, seq in points:
             check_runnable(parse(layout, n), load_model(files[hidden]), n, gb, seq)
     profiles: dict[int, list[str]] = {n: [] for n in counts}  # per round, the profile's text
     # the loss and attention at every point's shapes, where the calibration's tables stop short
-    shapes = {n: sorted({shapes_of(load_model(files[h]), seq, parse(layout, n).mbs, parse(layout, n).tp,
-                                   parse(layout, n).cp) for _, h, layout, _, seq in points},
-                        key=lambda s: (-s.seq, -s.tokens * s.vocab)) for n, points in by_n.items()}
+    shapes = {
+        n: sorted(
+            {
+                shapes_of(load_model(files[h]), seq, parse(layout, n).mbs, parse(layout, n).tp, parse(layout, n).cp)
+                for _, h, layout, _, seq in points
+            },
+            key=lambda s: (-s.seq, -s.tokens * s.vocab),
+        )
+        for n, points in by_n.items()
+    }
 
     def profile(n: int) -> str:
         start = time.perf_counter()
-        path = (str(Path(args.profile_dir) / f"{n}.toml") if args.profile_dir
-                else str(auto_profile.ensure(n, say, fresh=args.calibration == "fresh", shapes=shapes[n])))
+        path = (
+            str(Path(args.profile_dir) / f"{n}.toml")
+            if args.profile_dir
+            else str(auto_profile.ensure(n, say, fresh=args.calibration == "fresh", shapes=shapes[n]))
+        )
         say(f"[{n} processes] profile {path} ({time.perf_counter() - start:.0f} s to calibrate, check or read)")
         profiles[n].append(Path(path).read_text())
         return path
@@ -225,11 +317,16 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
             for p, measured in zip(by_n[n], measure_round(n, by_n[n], files, args.steps, tmp)):
                 steps[p] += [{**m, "round": r} for m in measured]
             drifts.append([r, n, drift(path)])
-            say(f"round {r + 1}, {n} processes: {len(by_n[n])} points in {time.perf_counter() - t0:.0f} s, "
-                f"load {load()}, the machine reads {drifts[-1][2]:+.0%} against its calibration")
+            say(
+                f"round {r + 1}, {n} processes: {len(by_n[n])} points in {time.perf_counter() - t0:.0f} s, "
+                f"load {load()}, the machine reads {drifts[-1][2]:+.0%} against its calibration"
+            )
     say(f"measured in {time.perf_counter() - start:.0f} s")
-    return {"profiles": {str(n): texts for n, texts in profiles.items()}, "drifts": drifts,
-            "points": [{"point": list(p), "steps": s} for p, s in steps.items()]}
+    return {
+        "profiles": {str(n): texts for n, texts in profiles.items()},
+        "drifts": drifts,
+        "points": [{"point": list(p), "steps": s} for p, s in steps.items()],
+    }
 
 
 def quiet(drifts: list[list[float]]) -> tuple[bool | None, str]:
@@ -239,11 +336,15 @@ def quiet(drifts: list[list[float]]) -> tuple[bool | None, str]:
         return None, ""
     r, n, worst = max(drifts, key=lambda d: abs(d[2]))
     if abs(worst) <= QUIET_DRIFT:
-        return True, (f"a quiet machine: after every round the probe read within ±{QUIET_DRIFT:.0%} of the round's "
-                      f"calibration (largest {worst:+.0%})")
-    return False, (f"NOT a quiet machine: after round {int(r) + 1} at {int(n)} processes the probe read {worst:+.0%} "
-                   f"against the round's calibration (quiet: within ±{QUIET_DRIFT:.0%}); these figures time "
-                   "the host's moves as much as the model")
+        return True, (
+            f"a quiet machine: after every round the probe read within ±{QUIET_DRIFT:.0%} of the round's "
+            f"calibration (largest {worst:+.0%})"
+        )
+    return False, (
+        f"NOT a quiet machine: after round {int(r) + 1} at {int(n)} processes the probe read {worst:+.0%} "
+        f"against the round's calibration (quiet: within ±{QUIET_DRIFT:.0%}); these figures time "
+        "the host's moves as much as the model"
+    )
 
 
 def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
@@ -261,17 +362,29 @@ def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
         n, hidden, layout, gb, seq = entry["point"]
         median = sorted(entry["steps"], key=lambda s: s["step_s"])[len(entry["steps"]) // 2]
         rounds = [min(s.get("round", 0), len(clusters[n]) - 1) for s in entry["steps"]]
-        by_round = {r: estimate(load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"),
-                                parse(layout, n)).time for r in set(rounds)}
+        by_round = {
+            r: estimate(
+                load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"), parse(layout, n)
+            ).time
+            for r in set(rounds)
+        }
         each = sorted((by_round[r] for r in rounds), key=lambda t: t.step_s)
-        rows.append({"point": entry["point"], "pred": each[len(each) // 2], "meas": median,
-                     "all": [s["step_s"] for s in entry["steps"]]})
+        rows.append(
+            {
+                "point": entry["point"],
+                "pred": each[len(each) // 2],
+                "meas": median,
+                "all": [s["step_s"] for s in entry["steps"]],
+            }
+        )
     return rows
 
 
 def report(rows: list[dict], say, machine: tuple[bool | None, str] = (None, "")) -> int:
-    say(f"\n{'n':>1} {'model':>8} {'layout':<44} {'gb':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'error':>7}  "
-        "predicted/measured: compute, comm, idle, optimizer, fixed; spread of the measured steps")
+    say(
+        f"\n{'n':>1} {'model':>8} {'layout':<44} {'gb':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'error':>7}  "
+        "predicted/measured: compute, comm, idle, optimizer, fixed; spread of the measured steps"
+    )
     errors = []
     for r in rows:
         n, hidden, layout, gb, seq = r["point"]
@@ -281,14 +394,18 @@ def report(rows: list[dict], say, machine: tuple[bool | None, str] = (None, ""))
         parts = ", ".join(f"{getattr(p, a, 0.0):.3f}/{m.get(b, 0.0):.3f}" for a, b in PARTS)
         spread = (max(r["all"]) - min(r["all"])) / statistics.median(r["all"])
         flag = "" if abs(err) <= WITHIN else (" x" if abs(err) <= NONE_BEYOND else " X")
-        say(f"{n:>1} {hidden!s:>8} {layout:<44} {gb:>3} {seq:>4} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{flag:2}"
-            f" {parts}; {spread:.0%}")
+        say(
+            f"{n:>1} {hidden!s:>8} {layout:<44} {gb:>3} {seq:>4} {p.step_s:7.3f} {m['step_s']:7.3f} {err:+7.1%}{flag:2}"
+            f" {parts}; {spread:.0%}"
+        )
     within = sum(abs(e) <= WITHIN for e in errors)
     beyond = sum(abs(e) > NONE_BEYOND for e in errors)
     ok = within >= SHARE_WITHIN * len(rows) and beyond == 0
-    say(f"\nwithin {WITHIN:.0%}: {within} of {len(rows)} ({within / len(rows):.0%}; bound {SHARE_WITHIN:.0%}); "
+    say(
+        f"\nwithin {WITHIN:.0%}: {within} of {len(rows)} ({within / len(rows):.0%}; bound {SHARE_WITHIN:.0%}); "
         f"beyond {NONE_BEYOND:.0%}: {beyond} (bound 0); mean |error| "
-        f"{sum(abs(e) for e in errors) / len(errors):.1%}")
+        f"{sum(abs(e) for e in errors) / len(errors):.1%}"
+    )
     for n in sorted({r["point"][0] for r in rows}):
         idx = [i for i, r in enumerate(rows) if r["point"][0] == n]
         rho = spearman([rows[i]["pred"].step_s for i in idx], [rows[i]["meas"]["step_s"] for i in idx])
@@ -297,8 +414,10 @@ def report(rows: list[dict], say, machine: tuple[bool | None, str] = (None, ""))
     if machine[1]:
         say(machine[1])
     held = {True: "; a quiet machine", False: "; the machine moved", None: ""}[machine[0]]
-    say(f"SUMMARY {'pass' if ok else 'FAIL'}: {within}/{len(rows)} within {WITHIN:.0%}, "
-        f"{beyond} beyond {NONE_BEYOND:.0%}{held}")
+    say(
+        f"SUMMARY {'pass' if ok else 'FAIL'}: {within}/{len(rows)} within {WITHIN:.0%}, "
+        f"{beyond} beyond {NONE_BEYOND:.0%}{held}"
+    )
     return 0
 
 

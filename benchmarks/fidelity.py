@@ -69,9 +69,15 @@ def _published_step_s(rec: dict, model: ModelSpec, train: TrainSpec, layout: Lay
 def _searched_layout(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, fixed: str) -> Layout:
     """The planner's best layout with the published keys fixed (schedule 1F1B or interleaved)."""
     keys = dict(kv.split("=") for kv in fixed.split(","))
-    result = search(model, cluster, train, top=1,
-                    where=lambda l: all(str(getattr(l, k)) == v for k, v in keys.items())
-                    and l.schedule in ("1f1b", "interleaved-1f1b"))
+    result = search(
+        model,
+        cluster,
+        train,
+        top=1,
+        where=lambda l: (
+            all(str(getattr(l, k)) == v for k, v in keys.items()) and l.schedule in ("1f1b", "interleaved-1f1b")
+        ),
+    )
     if not result.best:
         raise RuntimeError(f"no layout with {fixed} fits")
     return result.best[0].layout
@@ -99,22 +105,38 @@ def load_runs(prefix: str = "", set_name: str | None = None, original: bool = Fa
             continue
         model = models.get(rec["model"]) or load_model(rec["model"])
         cluster = load_cluster(rec["gpu"], rec["gpus"])
-        train = TrainSpec(global_batch=rec["global_batch"], seq_len=rec["seq_len"],
-                          precision=rec.get("precision", "bf16-mixed"),
-                          runtime=rec["runtime"], overlap_dp_comm=rec.get("overlap_dp_comm", True),
-                          overlap_tp_comm=rec.get("overlap_tp_comm", False), fused_attention=rec.get("fused_attention", True),
-                          selective_policy=rec.get("selective_policy", "meshwise"),
-                          model_code=rec.get("model_code", "meshwise"),
-                          overlap_ep_comm=rec.get("overlap_ep_comm", False),
-                          moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
-                          moe_balancing=rec.get("moe_balancing", "aux-loss"))
+        train = TrainSpec(
+            global_batch=rec["global_batch"],
+            seq_len=rec["seq_len"],
+            precision=rec.get("precision", "bf16-mixed"),
+            runtime=rec["runtime"],
+            overlap_dp_comm=rec.get("overlap_dp_comm", True),
+            overlap_tp_comm=rec.get("overlap_tp_comm", False),
+            fused_attention=rec.get("fused_attention", True),
+            selective_policy=rec.get("selective_policy", "meshwise"),
+            model_code=rec.get("model_code", "meshwise"),
+            overlap_ep_comm=rec.get("overlap_ep_comm", False),
+            moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
+            moe_balancing=rec.get("moe_balancing", "aux-loss"),
+        )
         if "layout" in rec:
             layout = parse(rec["layout"], rec["gpus"])
         else:
             layout = _searched_layout(model, cluster, train, rec["search"])
-        runs.append(Run(rec["id"], rec["source"], model, cluster, train, layout,
-                        _published_step_s(rec, model, train, layout, rec["gpus"]),
-                        rec["set"], rec["origin"], rec["moe"]))
+        runs.append(
+            Run(
+                rec["id"],
+                rec["source"],
+                model,
+                cluster,
+                train,
+                layout,
+                _published_step_s(rec, model, train, layout, rec["gpus"]),
+                rec["set"],
+                rec["origin"],
+                rec["moe"],
+            )
+        )
     return runs
 
 
@@ -157,15 +179,20 @@ def in_band(run: Run, error: float) -> tuple[bool, float] | None:
 
 def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]:
     """The per-run table, then the summary by group and the band's coverage, as lines."""
-    lines = [f"Set: {set_name} ({len(runs)} runs; benchmarks/fidelity.py --set {set_name})", "",
-             "| run | kind | precision | GPU | layout | band | published s | predicted s | error | in plan's band |",
-             "|---|---|---|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"Set: {set_name} ({len(runs)} runs; benchmarks/fidelity.py --set {set_name})",
+        "",
+        "| run | kind | precision | GPU | layout | band | published s | predicted s | error | in plan's band |",
+        "|---|---|---|---|---|---|---:|---:|---:|---|",
+    ]
     banded = {r.id: in_band(r, errors[r.id]) for r in runs}
     for r in runs:
         p = r.published_step_s * (1 + errors[r.id])
         inside = "n/a" if banded[r.id] is None else ("yes" if banded[r.id][0] else "no")
-        lines.append(f"| {r.id} | {r.kind} | {r.train.precision} | {r.gpu} x {r.cluster.world_size} | `{r.layout}` | "
-                     f"{band(r)} | {r.published_step_s:.3f} | {p:.3f} | {errors[r.id]:+.1%} | {inside} |")
+        lines.append(
+            f"| {r.id} | {r.kind} | {r.train.precision} | {r.gpu} x {r.cluster.world_size} | `{r.layout}` | "
+            f"{band(r)} | {r.published_step_s:.3f} | {p:.3f} | {errors[r.id]:+.1%} | {inside} |"
+        )
     lines += ["", f"{set_name} set (nothing fitted to these runs):"]
     for name, (n, mean, worst) in report(runs, errors).items():
         lines.append(f"  {name:22s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
@@ -173,8 +200,10 @@ def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]
     for kind in sorted({r.kind for r in runs}):
         got = [banded[r.id] for r in runs if r.kind == kind and banded[r.id] is not None]
         if got:
-            lines.append(f"  {kind:22s} {len(got):2d} runs: {sum(i for i, _ in got) / len(got):.0%} inside, "
-                         f"median half-width {statistics.median(h for _, h in got):.1%}")
+            lines.append(
+                f"  {kind:22s} {len(got):2d} runs: {sum(i for i, _ in got) / len(got):.0%} inside, "
+                f"median half-width {statistics.median(h for _, h in got):.1%}"
+            )
     return lines
 
 

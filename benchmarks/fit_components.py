@@ -43,8 +43,11 @@ def read(name: str) -> list[dict[str, str]]:
 
 # ------------------------------------------------------------------------------------------- GEMM
 def gemm_points(gpu: str, dtype: str) -> list[tuple[int, int, int, int, float]]:
-    rows = [r for r in read("components_gemm_xla.csv") + read("components_gemm.csv")
-            if r["gpu"] == gpu and r["dtype"] == dtype]
+    rows = [
+        r
+        for r in read("components_gemm_xla.csv") + read("components_gemm.csv")
+        if r["gpu"] == gpu and r["dtype"] == dtype
+    ]
     return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r["tflops"]) * 1e12) for r in rows]
 
 
@@ -66,16 +69,24 @@ def _grouped_pairs(rows_half: float | None) -> list[tuple[float, float]]:
     for r in read("components_grouped_gemm.csv"):
         g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
         factor = 1.0 if rows_half is None else m / (m + rows_half)
-        out.append((kernels.gemm_seconds(m, n, k, accel, peak, 1, g, "fp8") / factor,
-                    2.0 * g * m * n * k / (float(r["tflops"]) * 1e12)))
+        out.append(
+            (
+                kernels.gemm_seconds(m, n, k, accel, peak, 1, g, "fp8") / factor,
+                2.0 * g * m * n * k / (float(r["tflops"]) * 1e12),
+            )
+        )
     return out
 
 
 def fit_grouped() -> dict:
     """``GROUPED_ROWS_HALF`` minimising the mean |log error| of the grouped table's times."""
     half = golden(lambda v: mean_log(_grouped_pairs(v)), 0.0, 1000.0)
-    return {"rows_half": half, "errors": log_errors(_grouped_pairs(half)), "without": log_errors(_grouped_pairs(None)),
-            "points": len(_grouped_pairs(None))}
+    return {
+        "rows_half": half,
+        "errors": log_errors(_grouped_pairs(half)),
+        "without": log_errors(_grouped_pairs(None)),
+        "points": len(_grouped_pairs(None)),
+    }
 
 
 # -------------------------------------------------------------------------------------- attention
@@ -92,8 +103,10 @@ def fit_attention(kernel: str) -> dict:
     """The runtime kernel's curves on head width 128; ``head64`` = the mean ratio of width 64 to 128."""
     peak = load_cluster("h100", 8).accelerator.peak_bf16_flops_per_s
     rows = attention_points(kernel)
+
     def pick(direction: str, causal: str, width: str) -> list[dict]:
         return [r for r in rows if (r["direction"], r["causal"], r["head_dim"]) == (direction, causal, width)]
+
     fwd = _curve(pick("forward", "false", "128"), peak)
     causal = _curve(pick("forward", "true", "128"), peak)
     bwd = _curve(pick("backward", "false", "128"), peak)
@@ -106,9 +119,18 @@ def fit_attention(kernel: str) -> dict:
         top, half, _ = bwd if r["direction"] == "backward" else curves[r["causal"]]
         width = head64 if r["head_dim"] == "64" else 1.0
         pairs.append((width * kernels._saturating(top, half, int(r["seq"])), float(r["tflops"]) * 1e12 / peak))
-    return {"kernel": kernel, "forward": fwd[0], "forward_seq_half": fwd[1], "forward_causal": causal[0],
-            "forward_causal_seq_half": causal[1], "backward": bwd[0], "backward_seq_half": bwd[1],
-            "head64": head64, "errors": log_errors(pairs), "points": len(rows)}
+    return {
+        "kernel": kernel,
+        "forward": fwd[0],
+        "forward_seq_half": fwd[1],
+        "forward_causal": causal[0],
+        "forward_causal_seq_half": causal[1],
+        "backward": bwd[0],
+        "backward_seq_half": bwd[1],
+        "head64": head64,
+        "errors": log_errors(pairs),
+        "points": len(rows),
+    }
 
 
 def a100_attention_scale(fa2: dict) -> tuple[float, float]:
@@ -147,15 +169,25 @@ def fits() -> dict:
     a100 = fit_gemm("a100", tile=h100["tile"])
     fp8 = fit_gemm("h100", "fp8", floor=h100["kernel_floor_s"], tile=h100["tile"])
     fa2, cudnn = fit_attention("fa2"), fit_attention("cudnn")
-    return {"gemm_h100_bf16": h100, "gemm_a100_bf16": a100, "gemm_h100_fp8": fp8, "attention_fa2": fa2,
-            "attention_cudnn": cudnn, "grouped_gemm": fit_grouped(), "attention_a100": a100_attention_scale(fa2), "nvlink_h100": fit_collectives()}
+    return {
+        "gemm_h100_bf16": h100,
+        "gemm_a100_bf16": a100,
+        "gemm_h100_fp8": fp8,
+        "attention_fa2": fa2,
+        "attention_cudnn": cudnn,
+        "grouped_gemm": fit_grouped(),
+        "attention_a100": a100_attention_scale(fa2),
+        "nvlink_h100": fit_collectives(),
+    }
 
 
 def links_report() -> list[str]:
     out = []
     for r in read("components_links.csv"):
-        out.append(f"  {r['gpu']:5s} {r['kind']:6s} {r['what']:38s} {float(r['gb_per_s']):7.1f} GB/s = "
-                   f"{float(r['gb_per_s']) / float(r['peak_gb_per_s']):.3f} of {r['peak_gb_per_s']} ({r['source']})")
+        out.append(
+            f"  {r['gpu']:5s} {r['kind']:6s} {r['what']:38s} {float(r['gb_per_s']):7.1f} GB/s = "
+            f"{float(r['gb_per_s']) / float(r['peak_gb_per_s']):.3f} of {r['peak_gb_per_s']} ({r['source']})"
+        )
     return out
 
 
@@ -176,21 +208,39 @@ def check_catalog(f: dict) -> list[str]:
             if read_catalog("accelerators.toml")[name].get("table_clock_mhz") != table_mhz:
                 bad.append(f"{name} table_clock_mhz: catalog differs from components_clocks.csv {table_mhz:g}")
     close = lambda a, b: abs(a - b) <= 0.01 * max(abs(b), 1e-9) + 1e-9  # noqa: E731
-    for gpu, key, dtype in (("h100", "gemm_h100_bf16", "bf16"), ("a100-80gb", "gemm_a100_bf16", "bf16"),
-                            ("h100", "gemm_h100_fp8", "fp8")):
+    for gpu, key, dtype in (
+        ("h100", "gemm_h100_bf16", "bf16"),
+        ("a100-80gb", "gemm_a100_bf16", "bf16"),
+        ("h100", "gemm_h100_fp8", "fp8"),
+    ):
         accel = load_cluster(gpu, 8).accelerator
         eff, k_half = kernels.gemm_row(accel, dtype)
         want = f[key]
-        if not (close(eff, want["efficiency"]) and abs(k_half - want["k_half"]) <= 2
-                and close(accel.kernel_floor_s, want["kernel_floor_s"])):
-            bad.append(f"{gpu} gemm.{dtype}: catalog {eff:.3f}, {k_half:.0f}, {accel.kernel_floor_s:.2e}; fit "
-                       f"{want['efficiency']:.3f}, {want['k_half']:.0f}, {want['kernel_floor_s']:.2e}")
+        if not (
+            close(eff, want["efficiency"])
+            and abs(k_half - want["k_half"]) <= 2
+            and close(accel.kernel_floor_s, want["kernel_floor_s"])
+        ):
+            bad.append(
+                f"{gpu} gemm.{dtype}: catalog {eff:.3f}, {k_half:.0f}, {accel.kernel_floor_s:.2e}; fit "
+                f"{want['efficiency']:.3f}, {want['k_half']:.0f}, {want['kernel_floor_s']:.2e}"
+            )
     accel = load_cluster("h100", 8).accelerator
     rows = {r[0]: r for r in accel.attention}
     for runtime, key in (("meshwise", "attention_fa2"), ("megatron", "attention_cudnn")):
         got = rows[runtime][2:]
-        want = [f[key][k] for k in ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half",
-                                    "backward", "backward_seq_half", "head64")]
+        want = [
+            f[key][k]
+            for k in (
+                "forward",
+                "forward_seq_half",
+                "forward_causal",
+                "forward_causal_seq_half",
+                "backward",
+                "backward_seq_half",
+                "head64",
+            )
+        ]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
     grouped = f["grouped_gemm"]["rows_half"]
@@ -208,26 +258,36 @@ def main(argv: list[str]) -> int:
     print("Component fits (each on its own published data; mean / worst |error| against that data):")
     for key in ("gemm_h100_bf16", "gemm_a100_bf16", "gemm_h100_fp8"):
         g = f[key]
-        print(f"  {key:16s} efficiency {g['efficiency']:.3f}, k_half {g['k_half']:.0f}, kernel_floor_s "
-              f"{g['kernel_floor_s']:.2e}, tile {g['tile'][0]}x{g['tile'][1]}: {g['points']} points, time error "
-              f"mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}")
+        print(
+            f"  {key:16s} efficiency {g['efficiency']:.3f}, k_half {g['k_half']:.0f}, kernel_floor_s "
+            f"{g['kernel_floor_s']:.2e}, tile {g['tile'][0]}x{g['tile'][1]}: {g['points']} points, time error "
+            f"mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}"
+        )
     for key in ("attention_fa2", "attention_cudnn"):
         a = f[key]
-        print(f"  {key:16s} forward {a['forward']:.3f}/{a['forward_seq_half']:.0f}, causal {a['forward_causal']:.3f}/"
-              f"{a['forward_causal_seq_half']:.0f}, backward {a['backward']:.3f}/{a['backward_seq_half']:.0f}, "
-              f"head64 {a['head64']:.3f}: {a['points']} points, error mean {a['errors'][0]:.1%}, "
-              f"worst {a['errors'][1]:.1%}")
+        print(
+            f"  {key:16s} forward {a['forward']:.3f}/{a['forward_seq_half']:.0f}, causal {a['forward_causal']:.3f}/"
+            f"{a['forward_causal_seq_half']:.0f}, backward {a['backward']:.3f}/{a['backward_seq_half']:.0f}, "
+            f"head64 {a['head64']:.3f}: {a['points']} points, error mean {a['errors'][0]:.1%}, "
+            f"worst {a['errors'][1]:.1%}"
+        )
     gg = f["grouped_gemm"]
-    print(f"  grouped_gemm     rows_half {gg['rows_half']:.1f}: {gg['points']} points, time error mean "
-          f"{gg['errors'][0]:.1%}, worst {gg['errors'][1]:.1%} (the GEMM model alone: mean {gg['without'][0]:.1%}, "
-          f"worst {gg['without'][1]:.1%})")
+    print(
+        f"  grouped_gemm     rows_half {gg['rows_half']:.1f}: {gg['points']} points, time error mean "
+        f"{gg['errors'][0]:.1%}, worst {gg['errors'][1]:.1%} (the GEMM model alone: mean {gg['without'][0]:.1%}, "
+        f"worst {gg['without'][1]:.1%})"
+    )
     scale, point = f["attention_a100"]
-    print(f"  attention_a100   the H100 FlashAttention-2 curves x {scale:.3f} (one point: {point} TFLOP/s; exact by "
-          f"construction)")
+    print(
+        f"  attention_a100   the H100 FlashAttention-2 curves x {scale:.3f} (one point: {point} TFLOP/s; exact by "
+        f"construction)"
+    )
     nv = f["nvlink_h100"]
-    print(f"  nvlink_h100      latency {nv['latency_s'] * 1e6:.2f} us, bandwidth {nv['bytes_per_s'] / 1e9:.0f} GB/s: "
-          f"{nv['points']} points, error mean {nv['errors'][0]:.1%}, worst {nv['errors'][1]:.1%}; payloads >= 64 MB: "
-          f"mean {nv['errors_large'][0]:.1%}, worst {nv['errors_large'][1]:.1%}")
+    print(
+        f"  nvlink_h100      latency {nv['latency_s'] * 1e6:.2f} us, bandwidth {nv['bytes_per_s'] / 1e9:.0f} GB/s: "
+        f"{nv['points']} points, error mean {nv['errors'][0]:.1%}, worst {nv['errors'][1]:.1%}; payloads >= 64 MB: "
+        f"mean {nv['errors_large'][0]:.1%}, worst {nv['errors_large'][1]:.1%}"
+    )
     print("Single published figures (no fit):")
     print("\n".join(links_report()))
     for gpu, ratio in clocks().items():

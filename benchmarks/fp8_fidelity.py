@@ -26,18 +26,72 @@ from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 # (id, model, gpu, gpus, layout, seq, global batch, precision, published float8 / bf16 tokens/s)
 RUNS = (
-    ("torchtitan-2412-8b-8", "llama3-8b", "h100-hbm2e", 8, "dp=8,zero=3,mbs=2,ac=selective", 8192, 16, "fp8",
-     8532 / 6667),
-    ("torchtitan-2412-8b-128", "llama3-8b", "h100-hbm2e", 128, "dp=128,zero=3,mbs=2,ac=selective", 8192, 256, "fp8",
-     8380 / 6514),
-    ("torchtitan-2506-70b-256-tensorwise", "llama3-70b", "h100-hbm2e", 256, "dp=32,zero=3,tp=8,sp=on,mbs=16,ac=full",
-     8192, 512, "fp8", 809.8 / 597.3),
-    ("torchtitan-2506-8b-64-tensorwise", "llama3-8b", "h100-hbm2e", 64, "dp=8,zero=3,tp=8,sp=on,mbs=12,ac=selective",
-     8192, 96, "fp8", 5078.1 / 4378),
-    ("torchtitan-mxfp8-b200-8-tensorwise", "llama3-8b", "b200", 8, "dp=8,zero=3,mbs=1,ac=selective", 8192, 8, "fp8",
-     10417.0 / 8307.5),
-    ("torchtitan-mxfp8-b200-8-mxfp8", "llama3-8b", "b200", 8, "dp=8,zero=3,mbs=1,ac=selective", 8192, 8, "mxfp8",
-     9969.0 / 8307.5),
+    (
+        "torchtitan-2412-8b-8",
+        "llama3-8b",
+        "h100-hbm2e",
+        8,
+        "dp=8,zero=3,mbs=2,ac=selective",
+        8192,
+        16,
+        "fp8",
+        8532 / 6667,
+    ),
+    (
+        "torchtitan-2412-8b-128",
+        "llama3-8b",
+        "h100-hbm2e",
+        128,
+        "dp=128,zero=3,mbs=2,ac=selective",
+        8192,
+        256,
+        "fp8",
+        8380 / 6514,
+    ),
+    (
+        "torchtitan-2506-70b-256-tensorwise",
+        "llama3-70b",
+        "h100-hbm2e",
+        256,
+        "dp=32,zero=3,tp=8,sp=on,mbs=16,ac=full",
+        8192,
+        512,
+        "fp8",
+        809.8 / 597.3,
+    ),
+    (
+        "torchtitan-2506-8b-64-tensorwise",
+        "llama3-8b",
+        "h100-hbm2e",
+        64,
+        "dp=8,zero=3,tp=8,sp=on,mbs=12,ac=selective",
+        8192,
+        96,
+        "fp8",
+        5078.1 / 4378,
+    ),
+    (
+        "torchtitan-mxfp8-b200-8-tensorwise",
+        "llama3-8b",
+        "b200",
+        8,
+        "dp=8,zero=3,mbs=1,ac=selective",
+        8192,
+        8,
+        "fp8",
+        10417.0 / 8307.5,
+    ),
+    (
+        "torchtitan-mxfp8-b200-8-mxfp8",
+        "llama3-8b",
+        "b200",
+        8,
+        "dp=8,zero=3,mbs=1,ac=selective",
+        8192,
+        8,
+        "mxfp8",
+        9969.0 / 8307.5,
+    ),
 )
 
 
@@ -57,8 +111,19 @@ ABSOLUTE = (
 # seq 4096, batch 15360), its DualPipe taken as 1F1B, its recomputation as Megatron's selective. Its memory
 # (65.5 GB under meshwise's Megatron-Core model with the fp8-blockwise recipe) is tested in
 # tests/unit/test_megatron_activations.py; here only its time is read.
-MOE = (("deepseek-v3-2048-h800", "deepseek-v3", "h800", 2048, "dp=128,zero=1,ep=64,pp=16,ac=selective", 4096, 15360,
-        "fp8-blockwise", 1e12 / (180e3 * 3600)),)
+MOE = (
+    (
+        "deepseek-v3-2048-h800",
+        "deepseek-v3",
+        "h800",
+        2048,
+        "dp=128,zero=1,ep=64,pp=16,ac=selective",
+        4096,
+        15360,
+        "fp8-blockwise",
+        1e12 / (180e3 * 3600),
+    ),
+)
 
 
 def moe_errors() -> list[tuple[str, float, float, float]]:

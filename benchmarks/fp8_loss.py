@@ -44,10 +44,36 @@ class Run:
 
 def run(precision: str, seed: int, args: argparse.Namespace, out: Path) -> Run:
     metrics = out / f"{precision}-{seed}.jsonl"
-    cmd = [sys.executable, "-m", "meshwise.cli", "train", "--model", "small", "--steps", str(args.steps),
-           "--precision", precision, "--nproc-per-node", str(args.nproc), "--layout", args.layout,
-           "--global-batch", str(args.global_batch), "--seq-len", str(args.seq_len), "--checkpoint-dir", "",
-           "--metrics", str(metrics), "--prompt", "", "--eval-every", "50", "--model.seed", str(seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshwise.cli",
+        "train",
+        "--model",
+        "small",
+        "--steps",
+        str(args.steps),
+        "--precision",
+        precision,
+        "--nproc-per-node",
+        str(args.nproc),
+        "--layout",
+        args.layout,
+        "--global-batch",
+        str(args.global_batch),
+        "--seq-len",
+        str(args.seq_len),
+        "--checkpoint-dir",
+        "",
+        "--metrics",
+        str(metrics),
+        "--prompt",
+        "",
+        "--eval-every",
+        "50",
+        "--model.seed",
+        str(seed),
+    ]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=dict(os.environ))
     wall_s = time.perf_counter() - start
@@ -56,8 +82,13 @@ def run(precision: str, seed: int, args: argparse.Namespace, out: Path) -> Run:
     steps = [r for r in rows if "loss" in r]
     evals = [r["eval_loss"] for r in steps if r.get("eval_loss") is not None]
     last = steps[-10:]
-    return Run(sum(r["loss"] for r in last) / len(last), evals[-1], tuple(r["loss"] for r in steps),
-               statistics.median(r["step_s"] for r in steps), wall_s)
+    return Run(
+        sum(r["loss"] for r in last) / len(last),
+        evals[-1],
+        tuple(r["loss"] for r in steps),
+        statistics.median(r["step_s"] for r in steps),
+        wall_s,
+    )
 
 
 def rel(value: float, base: float) -> float:
@@ -72,20 +103,28 @@ def early_gap(run_: Run, base: Run, steps: int) -> float:
 
 def table(results: dict[str, dict[int, Run]], args: argparse.Namespace) -> None:
     seeds = args.seeds
-    print(f"\nsmall, {args.steps} steps of {args.global_batch} x {args.seq_len} tokens, {args.nproc} process(es), "
-          f"layout {args.layout}, weight seeds {' '.join(map(str, seeds))}")
-    print(f"{'precision':<15}{'seed':>5}{'train (last 10)':>17}{'vs default':>12}{'eval':>9}{'vs default':>12}"
-          f"{f'steps 1-{args.early}':>12}{'median step':>13}")
+    print(
+        f"\nsmall, {args.steps} steps of {args.global_batch} x {args.seq_len} tokens, {args.nproc} process(es), "
+        f"layout {args.layout}, weight seeds {' '.join(map(str, seeds))}"
+    )
+    print(
+        f"{'precision':<15}{'seed':>5}{'train (last 10)':>17}{'vs default':>12}{'eval':>9}{'vs default':>12}"
+        f"{f'steps 1-{args.early}':>12}{'median step':>13}"
+    )
     for prec, by_seed in results.items():
         name = "default (fp32)" if prec == "auto" else prec
         for seed in seeds:
             r, b = by_seed[seed], results["auto"][seed]
-            print(f"{name:<15}{seed:>5}{r.train_loss:>17.4f}{rel(r.train_loss, b.train_loss):>+12.2%}"
-                  f"{r.eval_loss:>9.4f}{rel(r.eval_loss, b.eval_loss):>+12.2%}{early_gap(r, b, args.early):>12.1e}"
-                  f"{r.median_step_s * 1e3:>10.0f} ms")
+            print(
+                f"{name:<15}{seed:>5}{r.train_loss:>17.4f}{rel(r.train_loss, b.train_loss):>+12.2%}"
+                f"{r.eval_loss:>9.4f}{rel(r.eval_loss, b.eval_loss):>+12.2%}{early_gap(r, b, args.early):>12.1e}"
+                f"{r.median_step_s * 1e3:>10.0f} ms"
+            )
     print(f"\nmean over the {len(seeds)} seed(s)")
-    print(f"{'precision':<15}{'train (last 10)':>22}{'vs default':>12}{'eval':>9}{'vs default':>12}"
-          f"{'worst seed (train, eval)':>28}")
+    print(
+        f"{'precision':<15}{'train (last 10)':>22}{'vs default':>12}{'eval':>9}{'vs default':>12}"
+        f"{'worst seed (train, eval)':>28}"
+    )
     base_train = statistics.mean(r.train_loss for r in results["auto"].values())
     base_eval = statistics.mean(r.eval_loss for r in results["auto"].values())
     for prec, by_seed in results.items():
@@ -94,8 +133,10 @@ def table(results: dict[str, dict[int, Run]], args: argparse.Namespace) -> None:
         ev = statistics.mean(r.eval_loss for r in by_seed.values())
         worst_t = max((rel(by_seed[s].train_loss, results["auto"][s].train_loss) for s in seeds), key=abs)
         worst_e = max((rel(by_seed[s].eval_loss, results["auto"][s].eval_loss) for s in seeds), key=abs)
-        print(f"{name:<15}{train:>22.4f}{rel(train, base_train):>+12.2%}{ev:>9.4f}{rel(ev, base_eval):>+12.2%}"
-              f"{f'{worst_t:+.2%}, {worst_e:+.2%}':>28}")
+        print(
+            f"{name:<15}{train:>22.4f}{rel(train, base_train):>+12.2%}{ev:>9.4f}{rel(ev, base_eval):>+12.2%}"
+            f"{f'{worst_t:+.2%}, {worst_e:+.2%}':>28}"
+        )
 
 
 def main() -> int:

@@ -51,10 +51,24 @@ class Sizes:
     timeout_s: dict[str, int]
 
 
-GPU = Sizes(["--device", "cuda", "--model", "llama3-8b"], str(MODELS / "llama3.2-1b.toml"), "dp=1,mbs=2", 8, 2048,
-            2048, {"calibrate": 170, "measure": 120, "torchtitan": 150})
-CPU = Sizes(["--toy", "--model", "small"], "tiny", "dp=1,mbs=1", 2, 32, 128,
-            {"calibrate": 120, "measure": 120, "torchtitan": 150})
+GPU = Sizes(
+    ["--device", "cuda", "--model", "llama3-8b"],
+    str(MODELS / "llama3.2-1b.toml"),
+    "dp=1,mbs=2",
+    8,
+    2048,
+    2048,
+    {"calibrate": 170, "measure": 120, "torchtitan": 150},
+)
+CPU = Sizes(
+    ["--toy", "--model", "small"],
+    "tiny",
+    "dp=1,mbs=1",
+    2,
+    32,
+    128,
+    {"calibrate": 120, "measure": 120, "torchtitan": 150},
+)
 
 
 def run(cmd: list[str], timeout_s: int, env: dict[str, str] | None = None, cwd: Path | None = None):
@@ -92,10 +106,22 @@ def _row(rows: list[dict], figure: str) -> dict | None:
 def step_measure(sizes: Sizes, profile: Path, precision: str, say) -> bool:
     """``measure`` beside ``plan`` for one precision (``auto``: the device's own, fp32 on a CPU):
     step time, MFU and memory."""
-    common = ["--model", sizes.model, "--layout", sizes.layout, "--global-batch", str(sizes.global_batch),
-              "--seq-len", str(sizes.seq_len), "--gpu", str(profile)]
-    rc, out, seconds = run(meshwise("measure", "--nproc-per-node", "1", "--steps", "3", *common, "--precision",
-                                    precision, "--json"), sizes.timeout_s["measure"])
+    common = [
+        "--model",
+        sizes.model,
+        "--layout",
+        sizes.layout,
+        "--global-batch",
+        str(sizes.global_batch),
+        "--seq-len",
+        str(sizes.seq_len),
+        "--gpu",
+        str(profile),
+    ]
+    rc, out, seconds = run(
+        meshwise("measure", "--nproc-per-node", "1", "--steps", "3", *common, "--precision", precision, "--json"),
+        sizes.timeout_s["measure"],
+    )
     say(f"## measure {Path(sizes.model).stem} {sizes.layout} {precision}: exit {rc}, {seconds:.1f} s")
     if rc != 0:
         say(*[f"  {line}" for line in out.strip().splitlines()[-15:]])
@@ -107,15 +133,24 @@ def step_measure(sizes: Sizes, profile: Path, precision: str, say) -> bool:
     if prc == 0 and step:
         plan = json.loads(pout)["candidates"][0]
         mfu = plan["mfu"] * step["predicted"] / step["measured"]
-        say(f"  step {step['measured']:.4f} s measured, {step['predicted']:.4f} s planned ({step['rel_error']:+.1%}); "
-            f"MFU {mfu:.1%} measured, {plan['mfu']:.1%} planned")
-    for figure in ("memory.total", "memory.cuda_peak_allocated", "memory.cuda_peak_reserved", "time.compute_s",
-                   "time.optimizer_s"):
+        say(
+            f"  step {step['measured']:.4f} s measured, {step['predicted']:.4f} s planned ({step['rel_error']:+.1%}); "
+            f"MFU {mfu:.1%} measured, {plan['mfu']:.1%} planned"
+        )
+    for figure in (
+        "memory.total",
+        "memory.cuda_peak_allocated",
+        "memory.cuda_peak_reserved",
+        "time.compute_s",
+        "time.optimizer_s",
+    ):
         row = _row(rows, figure)
         if row:
             unit, scale = ("s", 1) if figure.startswith("time.") else ("GB", 1e9)
-            say(f"  {figure}: {row['measured'] / scale:.4g} {unit} measured, {row['predicted'] / scale:.4g} {unit} "
-                f"planned ({row['rel_error']:+.1%})")
+            say(
+                f"  {figure}: {row['measured'] / scale:.4g} {unit} measured, {row['predicted'] / scale:.4g} {unit} "
+                f"planned ({row['rel_error']:+.1%})"
+            )
     return step is not None
 
 
@@ -128,11 +163,14 @@ def titan_assets(folder: Path) -> tuple[str, str]:
     data_dir.mkdir()
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(TITAN_TEXT, trainers.BpeTrainer(vocab_size=500, special_tokens=[
-        "<unk>", "<|begin_of_text|>", "<|end_of_text|>"]))
+    tok.train_from_iterator(
+        TITAN_TEXT,
+        trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>", "<|begin_of_text|>", "<|end_of_text|>"]),
+    )
     tok.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|begin_of_text|>",
-                                                                "eos_token": "<|end_of_text|>"}))
+    (tok_dir / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})
+    )
     (data_dir / "rows.txt").write_text("\n".join(TITAN_TEXT))
     return str(tok_dir), str(data_dir)
 
@@ -140,20 +178,51 @@ def titan_assets(folder: Path) -> tuple[str, str]:
 def step_torchtitan(sizes: Sizes, cpu: bool, say) -> bool:
     """``plan --emit torchtitan`` for the debug model on one device, then 3 steps of torchtitan's trainer."""
     seq = str(sizes.titan_seq_len)
-    emitted = subprocess.run(meshwise("plan", "--model", str(MODELS / "llama3-debug.toml"), "--gpus", "1", "--gpu",
-                                      "h100", "--layout", "dp=1,mbs=1", "--global-batch", "2", "--seq-len", seq,
-                                      "--emit", "torchtitan"), capture_output=True, text=True, timeout=60)
+    emitted = subprocess.run(
+        meshwise(
+            "plan",
+            "--model",
+            str(MODELS / "llama3-debug.toml"),
+            "--gpus",
+            "1",
+            "--gpu",
+            "h100",
+            "--layout",
+            "dp=1,mbs=1",
+            "--global-batch",
+            "2",
+            "--seq-len",
+            seq,
+            "--emit",
+            "torchtitan",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if emitted.returncode != 0:
-        say(f"## torchtitan: plan --emit torchtitan failed (exit {emitted.returncode})",
-            *emitted.stderr.strip().splitlines()[-5:])
+        say(
+            f"## torchtitan: plan --emit torchtitan failed (exit {emitted.returncode})",
+            *emitted.stderr.strip().splitlines()[-5:],
+        )
         return False
     body = " ".join(line for line in emitted.stdout.splitlines() if not line.startswith("#")).replace("\\", " ")
     words = shlex.split(body.replace("$MASTER_ADDR", "localhost"))
-    args = words[words.index("torchtitan.train") + 1:]
+    args = words[words.index("torchtitan.train") + 1 :]
     with tempfile.TemporaryDirectory(prefix="meshwise-gpu-check-titan-") as tmp:
         tok, data = titan_assets(Path(tmp))
-        local = ["--training.steps", "3", "--hf_assets_path", tok, "--dataloader.dataset_path", data,
-                 "--dump_folder", str(Path(tmp) / "out"), "--metrics.log_freq", "1"]
+        local = [
+            "--training.steps",
+            "3",
+            "--hf_assets_path",
+            tok,
+            "--dataloader.dataset_path",
+            data,
+            "--dump_folder",
+            str(Path(tmp) / "out"),
+            "--metrics.log_freq",
+            "1",
+        ]
         args = args[:-1] + local + args[-1:]  # the checkpointing subcommand stays last
         stubs = [str(ROOT / "tests" / "_stubs")] if _missing("datasets") else []
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([*stubs, str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -164,8 +233,10 @@ def step_torchtitan(sizes: Sizes, cpu: bool, say) -> bool:
     say(f"## torchtitan {' '.join(args[:4])} ... (3 steps, seq {seq}): exit {rc}, {seconds:.1f} s")
     say(*[f"  {line[-160:]}" for line in steps[-3:]])
     if cpu and rc != 0 and "FlexAttention does not support backward on CPU" in log:
-        say("  on the CPU torchtitan stops at its first backward (FlexAttention has no CPU backward): "
-            "built, sharded and ran its forward; the steps need a CUDA device")
+        say(
+            "  on the CPU torchtitan stops at its first backward (FlexAttention has no CPU backward): "
+            "built, sharded and ran its forward; the steps need a CUDA device"
+        )
         return "Training starts at step 1" in log
     if rc != 0:
         say(*[f"  {line}" for line in log.strip().splitlines()[-12:]])
@@ -186,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device: torch.cuda.is_available() is False (torch "
-              f"{torch.__version__}); --cpu runs the steps on the CPU at toy sizes", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device: torch.cuda.is_available() is False (torch "
+            f"{torch.__version__}); --cpu runs the steps on the CPU at toy sizes",
+            file=sys.stderr,
+        )
         return 2
     sizes, name = (CPU if args.cpu else GPU), device_name(args.cpu)
     from meshwise.measure.calibrate_gpu import slug
@@ -205,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(line + "\n")
 
     start = time.perf_counter()
-    say(f"# gpu check: {name}, {datetime.now(UTC):%Y-%m-%d %H:%M UTC}, torch {torch.__version__}, "
-        f"{torch.cuda.device_count() if not args.cpu else 0} CUDA device(s){', --cpu toy sizes' if args.cpu else ''}")
+    say(
+        f"# gpu check: {name}, {datetime.now(UTC):%Y-%m-%d %H:%M UTC}, torch {torch.__version__}, "
+        f"{torch.cuda.device_count() if not args.cpu else 0} CUDA device(s){', --cpu toy sizes' if args.cpu else ''}"
+    )
     with tempfile.TemporaryDirectory(prefix="meshwise-gpu-check-") as tmp:
         profile = Path(tmp) / "profile.toml"
         ok = {"calibrate": step_calibrate(sizes, profile, say)}
@@ -216,12 +292,20 @@ def main(argv: list[str] | None = None) -> int:
             for precision in ["bf16-mixed"] + (["fp8"] if fp8 else []):
                 ok[f"measure {precision}"] = step_measure(sizes, profile, "auto" if args.cpu else precision, say)
             if not fp8:
-                say("## measure fp8: left out (" + ("torchao's float8 GEMMs take ~50 s a step on a CPU)" if args.cpu
-                                                   else "the device has no float8 tensor cores)"))
+                say(
+                    "## measure fp8: left out ("
+                    + (
+                        "torchao's float8 GEMMs take ~50 s a step on a CPU)"
+                        if args.cpu
+                        else "the device has no float8 tensor cores)"
+                    )
+                )
         ok["torchtitan"] = step_torchtitan(sizes, args.cpu, say)
     failed = [k for k, v in ok.items() if not v]
-    say(f"# {len(ok) - len(failed)} of {len(ok)} steps passed in {time.perf_counter() - start:.0f} s"
-        + (f"; failed: {', '.join(failed)}" if failed else ""))
+    say(
+        f"# {len(ok) - len(failed)} of {len(ok)} steps passed in {time.perf_counter() - start:.0f} s"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     print(f"wrote {out}")
     return 1 if failed else 0
 

@@ -30,14 +30,16 @@ def gemm_rate(threads: int) -> float:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(GEMM_SIDE, GEMM_SIDE, generator=gen), torch.randn(GEMM_SIDE, GEMM_SIDE, generator=gen)
-    return 2.0 * GEMM_SIDE ** 3 / best_time(lambda: torch.mm(a, b), 15, 0.002)
+    return 2.0 * GEMM_SIDE**3 / best_time(lambda: torch.mm(a, b), 15, 0.002)
 
 
 def summary(name: str, values: list[float], unit: str) -> str:
     mid = statistics.median(values)
     off = sum(abs(v / mid - 1) > BOUND for v in values) / len(values)
-    return (f"{name}: least {min(values):.3g}, median {mid:.3g}, largest {max(values):.3g} {unit}; "
-            f"{off:.0%} of readings beyond ±{BOUND:.0%} of the median")
+    return (
+        f"{name}: least {min(values):.3g}, median {mid:.3g}, largest {max(values):.3g} {unit}; "
+        f"{off:.0%} of readings beyond ±{BOUND:.0%} of the median"
+    )
 
 
 def main() -> int:
@@ -55,8 +57,11 @@ def main() -> int:
         ops.append(probe()["probe_op_s"] * 1e6)
         time.sleep(0.7)  # the three readings take about 0.3 s: about one a second
     print(f"{len(ops)} readings over {args.seconds:.0f} s, {cores} cores")
-    for name, values, unit in (("GEMM, 1 thread", one, "GFLOP/s"), (f"GEMM, {cores} threads", every, "GFLOP/s"),
-                               ("operator", ops, "us")):
+    for name, values, unit in (
+        ("GEMM, 1 thread", one, "GFLOP/s"),
+        (f"GEMM, {cores} threads", every, "GFLOP/s"),
+        ("operator", ops, "us"),
+    ):
         print(summary(name, values, unit))
         print("  " + " ".join(f"{v:.3g}" for v in values))
     print(f"{cores} threads over 1: " + " ".join(f"{b / a:.2f}" for a, b in zip(one, every)))

@@ -15,11 +15,29 @@ from _plan_timing import time_plan
 
 PLAN = [sys.executable, "-m", "meshwise.cli", "plan"]
 CASES = {
-    "Llama 3 405B, 16,384 H100": ["--model", "llama3-405b", "--gpu", "h100", "--gpus", "16384", "--gpus-per-node", "8",
-                                  "--seq-len", "8192", "--global-batch", "2048"],
+    "Llama 3 405B, 16,384 H100": [
+        "--model",
+        "llama3-405b",
+        "--gpu",
+        "h100",
+        "--gpus",
+        "16384",
+        "--gpus-per-node",
+        "8",
+        "--seq-len",
+        "8192",
+        "--global-batch",
+        "2048",
+    ],
     "DeepSeek-V3, 16,384 H100": ["--model", "deepseek-v3", "--gpus", "16384"],
-    "DeepSeek-V3, 16,384 H100, --runtime megatron": ["--model", "deepseek-v3", "--gpus", "16384", "--runtime",
-                                                     "megatron"],
+    "DeepSeek-V3, 16,384 H100, --runtime megatron": [
+        "--model",
+        "deepseek-v3",
+        "--gpus",
+        "16384",
+        "--runtime",
+        "megatron",
+    ],
 }
 
 

@@ -11,8 +11,20 @@ import sys
 
 from _plan_timing import time_plan
 
-CMD = [sys.executable, "-m", "meshwise.cli", "plan", "--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "512",
-       "--seq-len", "131072"]
+CMD = [
+    sys.executable,
+    "-m",
+    "meshwise.cli",
+    "plan",
+    "--model",
+    "llama3.1-70b",
+    "--gpu",
+    "h100",
+    "--gpus",
+    "512",
+    "--seq-len",
+    "131072",
+]
 
 
 def main(runs: int = 3) -> None:

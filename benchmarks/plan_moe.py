@@ -15,18 +15,41 @@ from pathlib import Path
 
 from _plan_timing import time_plan
 
-MIXTRAL_8X22B = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 6144,
-                 "intermediate_size": 16384, "num_hidden_layers": 56, "num_attention_heads": 48,
-                 "num_key_value_heads": 8, "vocab_size": 32768, "max_position_embeddings": 65536,
-                 "rope_theta": 1e6, "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5}
+MIXTRAL_8X22B = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_size": 6144,
+    "intermediate_size": 16384,
+    "num_hidden_layers": 56,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 8,
+    "vocab_size": 32768,
+    "max_position_embeddings": 65536,
+    "rope_theta": 1e6,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+}
 
 
 def main(runs: int = 3) -> None:
     folder = Path(tempfile.mkdtemp()) / "mixtral-8x22b"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(MIXTRAL_8X22B))
-    cmd = [sys.executable, "-m", "meshwise.cli", "plan", "--model", str(folder), "--gpu", "h100", "--gpus", "256",
-           "--top", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshwise.cli",
+        "plan",
+        "--model",
+        str(folder),
+        "--gpu",
+        "h100",
+        "--gpus",
+        "256",
+        "--top",
+        "3",
+    ]
     out = time_plan(cmd, runs)
     for line in out.splitlines():
         if line.startswith(("E. Experts", "Chosen:")):

@@ -44,8 +44,16 @@ source = "benchmarks/rank_cpu_layouts.py: an untied byte model of 3,082,496 para
 """
 GLOBAL_BATCH = 8
 SEQ_LEN = 256
-LAYOUTS = ("dp=2,zero=0", "dp=2,zero=2", "dp=2,zero=3", "dp=2,zero=0,mbs=4", "tp=2,sp=off", "tp=2,sp=on",
-           "pp=2,schedule=1f1b", "pp=2,schedule=gpipe")
+LAYOUTS = (
+    "dp=2,zero=0",
+    "dp=2,zero=2",
+    "dp=2,zero=3",
+    "dp=2,zero=0,mbs=4",
+    "tp=2,sp=off",
+    "tp=2,sp=on",
+    "pp=2,schedule=1f1b",
+    "pp=2,schedule=gpipe",
+)
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -91,21 +99,29 @@ def main() -> int:
         predicted = [estimate(model, cluster, train, parse(t, 2)) for t in LAYOUTS]
         records = run_workers(2, list(LAYOUTS), str(model_file), GLOBAL_BATCH, SEQ_LEN, args.steps)
     acc = cluster.accelerator
-    print(f"profile: {acc.name}, matmul {acc.peak_fp32_flops_per_s / 1e9:.1f} GFLOP/s, efficiency "
-          f"{acc.efficiency_max:.2f}, copy {acc.hbm_bytes_per_s / 1e9:.1f} GB/s, link {cluster.intra.bytes_per_s / 1e9:.2f}"
-          f" GB/s + {cluster.intra.latency_s * 1e6:.0f} us")
+    print(
+        f"profile: {acc.name}, matmul {acc.peak_fp32_flops_per_s / 1e9:.1f} GFLOP/s, efficiency "
+        f"{acc.efficiency_max:.2f}, copy {acc.hbm_bytes_per_s / 1e9:.1f} GB/s, link {cluster.intra.bytes_per_s / 1e9:.2f}"
+        f" GB/s + {cluster.intra.latency_s * 1e6:.0f} us"
+    )
     print(f"model: {model.describe()}; global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens, fp32, 2 ranks\n")
     pred_s = [e.time.step_s for e in predicted]
     meas_s = [max(r["time"]["step_s"] for r in recs) for recs in records]
     pr, mr = ranks(pred_s), ranks(meas_s)
-    print(f"{'layout':<22} {'pred s':>8} {'rank':>4} {'meas s':>8} {'rank':>4}  {'pred: compute/comm/bubble/opt':<32}"
-          f" meas: compute/comm/idle (rank 0)")
+    print(
+        f"{'layout':<22} {'pred s':>8} {'rank':>4} {'meas s':>8} {'rank':>4}  {'pred: compute/comm/bubble/opt':<32}"
+        f" meas: compute/comm/idle (rank 0)"
+    )
     for i, text in enumerate(LAYOUTS):
         t, m = predicted[i].time, records[i][0]["time"]
-        print(f"{text:<22} {pred_s[i]:8.3f} {pr[i]:4g} {meas_s[i]:8.3f} {mr[i]:4g}  "
-              f"{t.compute_s:.3f}/{t.comm_exposed_s:.3f}/{t.bubble_s:.3f}/{t.optimizer_s:.3f}".ljust(76)
-              + f" {m['compute_s']:.3f}/{m['comm_s']:.3f}/{m['idle_s']:.3f}")
-    print("\npredicted ranking: " + " < ".join(LAYOUTS[i] for i in sorted(range(len(LAYOUTS)), key=lambda i: pred_s[i])))
+        print(
+            f"{text:<22} {pred_s[i]:8.3f} {pr[i]:4g} {meas_s[i]:8.3f} {mr[i]:4g}  "
+            f"{t.compute_s:.3f}/{t.comm_exposed_s:.3f}/{t.bubble_s:.3f}/{t.optimizer_s:.3f}".ljust(76)
+            + f" {m['compute_s']:.3f}/{m['comm_s']:.3f}/{m['idle_s']:.3f}"
+        )
+    print(
+        "\npredicted ranking: " + " < ".join(LAYOUTS[i] for i in sorted(range(len(LAYOUTS)), key=lambda i: pred_s[i]))
+    )
     print("measured ranking:  " + " < ".join(LAYOUTS[i] for i in sorted(range(len(LAYOUTS)), key=lambda i: meas_s[i])))
     print(f"Spearman rank correlation: {spearman(pred_s, meas_s):.3f}")
     return 0

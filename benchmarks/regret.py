@@ -55,36 +55,78 @@ class Scenario:
     model: str
     batch: int
     seq: int
-    nproc: int | None                 # None: meshwise chooses (the default command)
-    field: list[tuple[str, int]]      # (layout, processes)
+    nproc: int | None  # None: meshwise chooses (the default command)
+    field: list[tuple[str, int]]  # (layout, processes)
     memory_bytes: float | None = None
     picks: list[str] = field(default_factory=list)
     labels: dict[tuple[str, int], str] = field(default_factory=dict)  # field entry -> layout it ran
 
 
 def scenarios(cores: int) -> list[Scenario]:
-    two = [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("tp=2,mbs=8", 2),
-           ("pp=2,mbs=2", 2)]
+    two = [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("tp=2,mbs=8", 2), ("pp=2,mbs=2", 2)]
     return [
-        Scenario("default", "default `meshwise train` (small, B=8, seq 128)", "small", 8, 128, None,
-                 [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1)] + two),
-        Scenario("one", "one process (small, B=8, seq 128)", "small", 8, 128, 1,
-                 [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1), ("dp=1,mbs=2", 1), ("dp=1,mbs=8,ac=full", 1)]),
-        Scenario("two", "two processes (medium, B=8, seq 256)", "medium", 8, 256, 2,
-                 [("dp=2,mbs=4", 2), ("dp=2,zero=1,mbs=4", 2), ("dp=2,zero=3,mbs=4", 2), ("dp=2,mbs=2", 2),
-                  ("tp=2,mbs=8", 2), ("pp=2,mbs=2", 2)]),
-        Scenario("tight", "memory-tight (medium, B=8, seq 256, one process, 550 MB profile)", "medium", 8, 256, 1,
-                 [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1), ("dp=1,mbs=2", 1), ("dp=1,mbs=1", 1),
-                  ("dp=1,mbs=8,ac=full", 1), ("dp=1,mbs=8,ac=selective", 1), ("dp=1,mbs=4,ac=full", 1)],
-                 memory_bytes=550e6),
+        Scenario(
+            "default",
+            "default `meshwise train` (small, B=8, seq 128)",
+            "small",
+            8,
+            128,
+            None,
+            [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1)] + two,
+        ),
+        Scenario(
+            "one",
+            "one process (small, B=8, seq 128)",
+            "small",
+            8,
+            128,
+            1,
+            [("dp=1,mbs=8", 1), ("dp=1,mbs=4", 1), ("dp=1,mbs=2", 1), ("dp=1,mbs=8,ac=full", 1)],
+        ),
+        Scenario(
+            "two",
+            "two processes (medium, B=8, seq 256)",
+            "medium",
+            8,
+            256,
+            2,
+            [
+                ("dp=2,mbs=4", 2),
+                ("dp=2,zero=1,mbs=4", 2),
+                ("dp=2,zero=3,mbs=4", 2),
+                ("dp=2,mbs=2", 2),
+                ("tp=2,mbs=8", 2),
+                ("pp=2,mbs=2", 2),
+            ],
+        ),
+        Scenario(
+            "tight",
+            "memory-tight (medium, B=8, seq 256, one process, 550 MB profile)",
+            "medium",
+            8,
+            256,
+            1,
+            [
+                ("dp=1,mbs=8", 1),
+                ("dp=1,mbs=4", 1),
+                ("dp=1,mbs=2", 1),
+                ("dp=1,mbs=1", 1),
+                ("dp=1,mbs=8,ac=full", 1),
+                ("dp=1,mbs=8,ac=selective", 1),
+                ("dp=1,mbs=4,ac=full", 1),
+            ],
+            memory_bytes=550e6,
+        ),
     ]
 
 
 def write_profile(folder: Path, memory_bytes: float) -> str:
     table = dict(tomllib.loads(CPU_ENTRY.read_text())["cpu"])
     table["memory_bytes"] = memory_bytes
-    lines = [f"{k} = {json.dumps(v) if isinstance(v, str) else ('true' if v is True else 'false' if v is False else v)}"
-             for k, v in table.items()]
+    lines = [
+        f"{k} = {json.dumps(v) if isinstance(v, str) else ('true' if v is True else 'false' if v is False else v)}"
+        for k, v in table.items()
+    ]
     path = folder / "tight.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -96,15 +138,36 @@ def fits(s: Scenario, layout_text: str, nproc: int, profile: str) -> bool:
     return estimate(model, cluster, TrainSpec(s.batch, s.seq, "fp32"), parse(layout_text, nproc)).fits
 
 
-def run_once(s: Scenario, layout_text: str, nproc: int | None, steps: int, profile: str,
-             folder: Path) -> tuple[float, str]:
+def run_once(
+    s: Scenario, layout_text: str, nproc: int | None, steps: int, profile: str, folder: Path
+) -> tuple[float, str]:
     """(median step seconds after the warm-up, the layout line printed)."""
     metrics = folder / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "meshwise.cli", "train", "--model.name", s.model, "--layout", layout_text,
-           "--schedule.global_batch", str(s.batch), "--data.seq_len", str(s.seq), "--schedule.steps", str(steps),
-           "--schedule.eval_every", "0", "--checkpoint.dir", "", "--metrics.file", str(metrics),
-           "--generate.tokens", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshwise.cli",
+        "train",
+        "--model.name",
+        s.model,
+        "--layout",
+        layout_text,
+        "--schedule.global_batch",
+        str(s.batch),
+        "--data.seq_len",
+        str(s.seq),
+        "--schedule.steps",
+        str(steps),
+        "--schedule.eval_every",
+        "0",
+        "--checkpoint.dir",
+        "",
+        "--metrics.file",
+        str(metrics),
+        "--generate.tokens",
+        "0",
+    ]
     if nproc is not None:
         cmd += ["--nproc-per-node", str(nproc)]
     if profile:
@@ -155,15 +218,14 @@ def main() -> int:
         profiles = {s.name: write_profile(folder, s.memory_bytes) if s.memory_bytes else "" for s in chosen}
         for s in chosen:
             # "pp=2 where it runs": the runtime refuses some layouts of some models (pp with tied embeddings)
-            s.field = [(t, n) for t, n in s.field
-                       if runtime_refusal(parse(t, n), load_model(s.model), s.seq) is None]
+            s.field = [(t, n) for t, n in s.field if runtime_refusal(parse(t, n), load_model(s.model), s.seq) is None]
             if profiles[s.name]:
                 s.field = [(t, n) for t, n in s.field if fits(s, t, n, profiles[s.name])]
         times: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for s in chosen:
                 runs = [("auto", s.nproc)] + [(t, n) for t, n in s.field]
-                runs = runs[r % len(runs):] + runs[:r % len(runs)]  # auto is not always the first launch
+                runs = runs[r % len(runs) :] + runs[: r % len(runs)]  # auto is not always the first launch
                 for text, n in runs:
                     t, label = run_once(s, text, n, args.steps, profiles[s.name], folder)
                     key = "auto" if text == "auto" else field_key(text, n)

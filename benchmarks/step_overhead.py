@@ -35,9 +35,14 @@ from meshwise.measure import auto_profile  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
 # (hidden, layout, global batch, sequence): points of benchmarks/cpu_time_grid.py at 2 processes
-POINTS = [(64, "dp=2,zero=0,mbs=4", 8, 64), (64, "dp=2,zero=1,mbs=8", 16, 64), (192, "dp=2,zero=3,mbs=4", 8, 64),
-          (64, "pp=2,schedule=gpipe,mbs=2", 8, 128), (192, "pp=2,schedule=1f1b,mbs=1", 4, 256),
-          (512, "pp=2,schedule=1f1b,mbs=1", 4, 32)]
+POINTS = [
+    (64, "dp=2,zero=0,mbs=4", 8, 64),
+    (64, "dp=2,zero=1,mbs=8", 16, 64),
+    (192, "dp=2,zero=3,mbs=4", 8, 64),
+    (64, "pp=2,schedule=gpipe,mbs=2", 8, 128),
+    (192, "pp=2,schedule=1f1b,mbs=1", 4, 256),
+    (512, "pp=2,schedule=1f1b,mbs=1", 4, 32),
+]
 
 
 def main() -> int:
@@ -61,16 +66,22 @@ def main() -> int:
             argv += ["--point", f"{tmp / f'h{hidden}.toml'}|{layout}|{gb}|{seq}"]
         cluster = load_cluster(str(auto_profile.ensure(args.nproc, lines.append, fresh=True)), args.nproc, args.nproc)
         launch_logged("_step_overhead_worker", argv, args.nproc, tmp / "logs", "step overhead")
-        lines.append(f"{'h':>3} {'layout':<28} {'gb':>3} {'seq':>4} {'step compute':>12} {'plain, at once':>14} "
-                     f"{'plain, alone':>12} {'ratio':>6} {'predicted compute':>17}")
+        lines.append(
+            f"{'h':>3} {'layout':<28} {'gb':>3} {'seq':>4} {'step compute':>12} {'plain, at once':>14} "
+            f"{'plain, alone':>12} {'ratio':>6} {'predicted compute':>17}"
+        )
         for i, (hidden, layout, gb, seq) in enumerate(points):
             ranks = [json.loads(f.read_text()) for f in sorted((tmp / "out" / str(i)).glob("rank*.json"))]
-            fig = {k: statistics.median(max(v) for v in zip(*(r[k] for r in ranks))) for k in ("compute_s", "bare_both_s")}
+            fig = {
+                k: statistics.median(max(v) for v in zip(*(r[k] for r in ranks))) for k in ("compute_s", "bare_both_s")
+            }
             alone = statistics.median(x for r in ranks for x in r["bare_alone_s"])
-            lines.append(f"{hidden:>3} {layout:<28} {gb:>3} {seq:>4} {fig['compute_s'] * 1e3:10.1f} ms "
-                         f"{fig['bare_both_s'] * 1e3:11.1f} ms {alone * 1e3:9.1f} ms "
-                         f"{fig['compute_s'] / fig['bare_both_s']:6.2f} "
-                         f"{predicted_compute_s(cluster, tmp / f'h{hidden}.toml', layout, gb, seq) * 1e3:14.1f} ms")
+            lines.append(
+                f"{hidden:>3} {layout:<28} {gb:>3} {seq:>4} {fig['compute_s'] * 1e3:10.1f} ms "
+                f"{fig['bare_both_s'] * 1e3:11.1f} ms {alone * 1e3:9.1f} ms "
+                f"{fig['compute_s'] / fig['bare_both_s']:6.2f} "
+                f"{predicted_compute_s(cluster, tmp / f'h{hidden}.toml', layout, gb, seq) * 1e3:14.1f} ms"
+            )
     lines.append(f"load average at the end {load()}")
     print("\n".join(lines))
     if args.report:
@@ -100,8 +111,9 @@ def runnable_point(text: str, models: Path, nproc: int) -> tuple[int, str, int, 
 
 def predicted_compute_s(cluster, model_file: Path, layout: str, gb: int, seq: int) -> float:
     """The cost model's compute part of the step (StepTime.compute_s), fp32."""
-    return estimate(load_model(str(model_file)), cluster, TrainSpec(gb, seq, precision="fp32"),
-                    parse(layout, cluster.world_size)).time.compute_s
+    return estimate(
+        load_model(str(model_file)), cluster, TrainSpec(gb, seq, precision="fp32"), parse(layout, cluster.world_size)
+    ).time.compute_s
 
 
 if __name__ == "__main__":

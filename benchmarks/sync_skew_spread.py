@@ -31,7 +31,7 @@ def one_core_flops_per_s(gemms: int = 200) -> float:
         start = time.perf_counter()
         for _ in range(gemms):
             torch.mm(a, b)
-        rate[0] = gemms * 2 * SKEW_GEMM_SIDE ** 3 / (time.perf_counter() - start)
+        rate[0] = gemms * 2 * SKEW_GEMM_SIDE**3 / (time.perf_counter() - start)
     dist.broadcast(rate, 0)
     return float(rate[0])
 
@@ -52,8 +52,10 @@ def main() -> None:
                 cells = " ".join(f"[{f / 1e6:.0f} {alone * 1e3:.1f} {both * 1e3:.1f}]" for f, alone, both, *_ in rows)
                 print(f"repeat {i}, {calls} calls: ratio {ratio:.2f}  {cells}", flush=True)
     if dist.get_rank() == 0:
-        print(f"{len(ratios)} ratios: median {statistics.median(ratios):.2f}, least {min(ratios):.2f}, "
-              f"largest {max(ratios):.2f} (one-core GEMM rate {rate / 1e9:.1f} GFLOP/s)")
+        print(
+            f"{len(ratios)} ratios: median {statistics.median(ratios):.2f}, least {min(ratios):.2f}, "
+            f"largest {max(ratios):.2f} (one-core GEMM rate {rate / 1e9:.1f} GFLOP/s)"
+        )
     dist.destroy_process_group()
 
 

@@ -33,11 +33,24 @@ def predict(row: tuple, cluster: ClusterSpec | None = None) -> float:
     cluster = cluster or load_cluster("a100-80gb", gpus, 8)
     # Megatron-LM (2021) reduced data-parallel gradients after the backward, without overlap.
     # Megatron-LM 2021: no TP overlap and an unfused softmax attention (flash attention came in 2022).
-    train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed", overlap_dp_comm=False,
-                      runtime="megatron", overlap_tp_comm=False, fused_attention=False)
-    result = search(model, cluster, train, top=1,
-                    where=lambda l: l.tp == tp and l.pp == pp and l.zero == 0 and l.ac == "full"
-                    and l.schedule in ("1f1b", "interleaved-1f1b"))
+    train = TrainSpec(
+        global_batch=batch,
+        seq_len=SEQ,
+        precision="bf16-mixed",
+        overlap_dp_comm=False,
+        runtime="megatron",
+        overlap_tp_comm=False,
+        fused_attention=False,
+    )
+    result = search(
+        model,
+        cluster,
+        train,
+        top=1,
+        where=lambda l: (
+            l.tp == tp and l.pp == pp and l.zero == 0 and l.ac == "full" and l.schedule in ("1f1b", "interleaved-1f1b")
+        ),
+    )
     if not result.best:
         raise RuntimeError(f"{name}: no layout with tp={tp}, pp={pp} fits")
     return result.best[0].hardware_tflops_per_gpu
@@ -47,4 +60,6 @@ if __name__ == "__main__":
     print(f"{'model':<12}{'TP':>4}{'PP':>4}{'GPUs':>6}{'batch':>7}{'published':>11}{'predicted':>11}{'error':>8}")
     for row in ROWS:
         pred = predict(row)
-        print(f"{row[0]:<12}{row[1]:>4}{row[2]:>4}{row[3]:>6}{row[4]:>7}{row[5]:>11}{pred:>11.1f}{pred / row[5] - 1:>8.1%}")
+        print(
+            f"{row[0]:<12}{row[1]:>4}{row[2]:>4}{row[3]:>6}{row[4]:>7}{row[5]:>11}{pred:>11.1f}{pred / row[5] - 1:>8.1%}"
+        )

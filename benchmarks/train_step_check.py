@@ -30,8 +30,23 @@ def load() -> str:
 def main(extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="meshwise-train-check-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
-        cmd = [sys.executable, "-m", "meshwise.cli", "train", "--checkpoint-dir", "", "--schedule.eval_every", "0",
-               "--steps", "15", "--metrics.file", str(metrics), "--generate.prompt", "", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "meshwise.cli",
+            "train",
+            "--checkpoint-dir",
+            "",
+            "--schedule.eval_every",
+            "0",
+            "--steps",
+            "15",
+            "--metrics.file",
+            str(metrics),
+            "--generate.prompt",
+            "",
+            *extra,
+        ]
         print("$ meshwise " + " ".join(cmd[3:]), flush=True)
         print(f"load average before: {load()}", flush=True)
         start = time.perf_counter()
@@ -45,7 +60,8 @@ def main(extra: list[str]) -> int:
             if line.startswith(("Profile:", "Processes:", "Layout", "Chosen:", "Calibrat")):
                 print("  " + line)
         chosen = re.search(r"Chosen: .*? - ([0-9.eE+-]+) s/step", text) or re.search(
-            r"Processes: .*?, ([0-9.eE+-]+) s/step", text)
+            r"Processes: .*?, ([0-9.eE+-]+) s/step", text
+        )
         steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     times = [s["step_s"] for s in steps if 5 <= s.get("step", -1) <= 14]
     if not chosen or not times:
@@ -53,8 +69,10 @@ def main(extra: list[str]) -> int:
         return 1
     predicted, measured = float(chosen.group(1)), statistics.median(times)
     print(f"steps 5-14: {', '.join(f'{t:.3f}' for t in times)}")
-    print(f"predicted {predicted:.3f} s/step, measured median {measured:.3f} s/step: error {predicted / measured - 1:+.1%}"
-          f" (bound 15%)")
+    print(
+        f"predicted {predicted:.3f} s/step, measured median {measured:.3f} s/step: error {predicted / measured - 1:+.1%}"
+        f" (bound 15%)"
+    )
     return 0
 
 

@@ -59,14 +59,36 @@ class Scenario:
     catalog: bool = False  # plan from the catalog's cpu profile instead of this machine's calibration
 
 
-SCENARIOS = (Scenario("one", 1, "small", 128, 8), Scenario("two", 2, "tiny", 64, 8),
-             Scenario("four", 4, "small", 128, 8, catalog=True))
+SCENARIOS = (
+    Scenario("one", 1, "small", 128, 8),
+    Scenario("two", 2, "tiny", 64, 8),
+    Scenario("four", 4, "small", 128, 8, catalog=True),
+)
 
 
 def _tune(s: Scenario, out: Path, args: argparse.Namespace, profile: str | None, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "meshwise.cli", "tune", "--model", s.model, "--seq-len", str(s.seq),
-           "--global-batch", str(s.batch), "--nproc-per-node", str(s.nproc), "--out", str(out), "--json",
-           "--trial-warmup", str(args.warmup), "--trial-steps", str(args.steps), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshwise.cli",
+        "tune",
+        "--model",
+        s.model,
+        "--seq-len",
+        str(s.seq),
+        "--global-batch",
+        str(s.batch),
+        "--nproc-per-node",
+        str(s.nproc),
+        "--out",
+        str(out),
+        "--json",
+        "--trial-warmup",
+        str(args.warmup),
+        "--trial-steps",
+        str(args.steps),
+        *extra,
+    ]
     if profile:
         cmd += ["--layout.profile", profile]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -96,10 +118,13 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
     measured = {k: statistics.median(v) for k, v in steps.items()}
     best = min(measured.values())
     threads = max(1, (os.cpu_count() or 1) // s.nproc)
-    predictor = Predictor(load_model(s.model), TrainSpec(global_batch=s.batch, seq_len=s.seq, precision="fp32"),
-                          s.nproc, s.nproc, threads)
-    print(f"\n{s.name}: {s.model}, {s.nproc} process(es) x {threads} thread(s), batch {s.batch} x {s.seq}, "
-          f"{len(measured)} layouts measured exhaustively, best {best:.4g} s/step")
+    predictor = Predictor(
+        load_model(s.model), TrainSpec(global_batch=s.batch, seq_len=s.seq, precision="fp32"), s.nproc, s.nproc, threads
+    )
+    print(
+        f"\n{s.name}: {s.model}, {s.nproc} process(es) x {threads} thread(s), batch {s.batch} x {s.seq}, "
+        f"{len(measured)} layouts measured exhaustively, best {best:.4g} s/step"
+    )
     print("round  trials used  regret(tune)  regret(auto)  error before/after (tried)  (all N)")
     for r, tune in enumerate(tunes):
         pick = tune["pick"]
@@ -109,11 +134,13 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
         tried = [t["layout"] for t in tune["trials"]]
         start = _base_table(tune["base_profile"])
         refitted = read_toml(Path(tune["profile"]), "profile")
-        print(f"{r + 1:>5}  {len(tried):>3} / {len(measured):<5}  {pick_s / best - 1:>+11.1%}{mark:1}  "
-              f"{auto_s / best - 1:>+11.1%}  {_errors(start, tried, measured, predictor):>11.1%} / "
-              f"{_errors(refitted, tried, measured, predictor):<13.1%}  "
-              f"{_errors(start, list(measured), measured, predictor):.1%} / "
-              f"{_errors(refitted, list(measured), measured, predictor):.1%}")
+        print(
+            f"{r + 1:>5}  {len(tried):>3} / {len(measured):<5}  {pick_s / best - 1:>+11.1%}{mark:1}  "
+            f"{auto_s / best - 1:>+11.1%}  {_errors(start, tried, measured, predictor):>11.1%} / "
+            f"{_errors(refitted, tried, measured, predictor):<13.1%}  "
+            f"{_errors(start, list(measured), measured, predictor):.1%} / "
+            f"{_errors(refitted, list(measured), measured, predictor):.1%}"
+        )
 
 
 def _base_table(source: str) -> dict:

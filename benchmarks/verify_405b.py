@@ -34,14 +34,17 @@ def main() -> int:
     train = TrainSpec(global_batch=BATCH, seq_len=SEQ, precision="bf16-mixed")
     paper = parse(PAPER, WORLD)
     top = planner.plan(model, cluster, train, top=5).candidates
-    layouts = [paper] + [e.layout for e in top if e.layout != paper][:args.others]
+    layouts = [paper] + [e.layout for e in top if e.layout != paper][: args.others]
     out = []
     for layout in layouts:
         start = time.perf_counter()
         rows, records = verify(model, cluster, train, layout, _auto(layout))
         seconds = time.perf_counter() - start
-        print(f"\n{layout.short()}: ranks {[r['rank'] for r in records]} traced in {seconds:.0f} s "
-              f"({', '.join(str(round(r['trace_s'])) for r in records)} s each)", flush=True)
+        print(
+            f"\n{layout.short()}: ranks {[r['rank'] for r in records]} traced in {seconds:.0f} s "
+            f"({', '.join(str(round(r['trace_s'])) for r in records)} s each)",
+            flush=True,
+        )
         for r in rows:
             err = "-" if r.rel_error == float("inf") else f"{r.rel_error:+.2%}"
             print(f"  {r.rank:>6} {r.figure:<42} {r.predicted:>20,.0f} {r.measured:>20,.0f} {err:>9}")
@@ -54,6 +57,7 @@ def main() -> int:
 
 def _auto(layout):
     from meshwise.measure.verify import auto_ranks
+
     return auto_ranks(layout)
 
 

@@ -47,8 +47,9 @@ def plain_runner(spec, world: int, cfg: OptimizerConfig, seed: int):
         for block in model.layers.values():
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         opt.zero_grad(set_to_none=True)
@@ -57,6 +58,7 @@ def plain_runner(spec, world: int, cfg: OptimizerConfig, seed: int):
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         return loss.item()
+
     return step
 
 
@@ -80,8 +82,9 @@ def timed(step, x, y, steps: int) -> float:
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(args.threads or max(1, CORES // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     spec = load_model(args.model)
@@ -89,9 +92,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> N
     rows = args.batch // world
     gen = torch.Generator().manual_seed(1234)
     data = torch.randint(0, spec.vocab, (args.batch, args.seq + 1), generator=gen)
-    x, y = data[rank * rows:(rank + 1) * rows, :-1], data[rank * rows:(rank + 1) * rows, 1:]
-    runs = {"plain torch": plain_runner(spec, world, cfg, 0),
-            "meshwise": meshwise_runner(spec, world, args.batch, args.seq, cfg, 0)}
+    x, y = data[rank * rows : (rank + 1) * rows, :-1], data[rank * rows : (rank + 1) * rows, 1:]
+    runs = {
+        "plain torch": plain_runner(spec, world, cfg, 0),
+        "meshwise": meshwise_runner(spec, world, args.batch, args.seq, cfg, 0),
+    }
     for step in runs.values():
         step(x, y)  # untimed
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -128,12 +133,15 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
     args = ap.parse_args()
-    print(f"{args.model}, global batch {args.batch} x {args.seq} tokens, one micro-batch per rank, "
-          f"{args.rounds} interleaved rounds of {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.model}, global batch {args.batch} x {args.seq} tokens, one micro-batch per rank, "
+        f"{args.rounds} interleaved rounds of {args.steps} steps, load average {os.getloadavg()[0]:.1f}"
+    )
     for world in map(int, args.worlds.split(",")):
         times = measure(world, args)
-        print(f"{world} process(es), {args.threads or max(1, CORES // world)} thread(s) each: "
-              "ms/step min / median / max")
+        print(
+            f"{world} process(es), {args.threads or max(1, CORES // world)} thread(s) each: ms/step min / median / max"
+        )
         for name, ts in times.items():
             ms = sorted(t * 1e3 for t in ts)
             print(f"  {name:12s} {ms[0]:8.1f} {statistics.median(ms):8.1f} {ms[-1]:8.1f}")

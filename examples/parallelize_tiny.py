@@ -41,8 +41,10 @@ def main() -> int:
         return 2
     model = meshwise.parallelize(spec, layout, mesh, args.global_batch, seed=0)
     if dist.get_rank() == 0:
-        print(f"{spec.describe()}\nlayout {layout.short()}: {model.accum} micro-batches per step, "
-              f"chunks {model.chunk_ids} on rank 0")
+        print(
+            f"{spec.describe()}\nlayout {layout.short()}: {model.accum} micro-batches per step, "
+            f"chunks {model.chunk_ids} on rank 0"
+        )
     gen = torch.Generator().manual_seed(0)  # same data on every rank; each replica takes its rows
     for step in range(args.steps):
         tokens = torch.randint(0, spec.vocab, (args.global_batch, spec.max_seq + 1), generator=gen)

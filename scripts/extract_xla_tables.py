@@ -23,7 +23,7 @@ ELEMENT_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
 def _device_section(text: str, key: str) -> str:
     start = text.index(f'key: "{key}"')
     end = text.find('\nentries {\n  key: "', start)
-    return text[start:end if end > 0 else len(text)]
+    return text[start : end if end > 0 else len(text)]
 
 
 def gemm_rows(text: str) -> list[str]:
@@ -59,7 +59,8 @@ def main(matmul: str, collective: str) -> None:
         "# H100 SXM GEMM throughput by shape, measured by OpenXLA (sm_90 rows of\n"
         "# xla/service/gpu/model/default_matmul_perf_table.txtpb @ ad6eaee1b2f13931e3ceb26dc50bf3ac6b425496;\n"
         "# source key xla). tflops = 2*b*m*n*k / time. Written by scripts/extract_xla_tables.py.\n"
-        "gpu,dtype,b,m,n,k,tflops,source\n" + "\n".join(gemm) + "\n")
+        "gpu,dtype,b,m,n,k,tflops,source\n" + "\n".join(gemm) + "\n"
+    )
     coll = sorted(set(collective_rows(Path(collective).read_text())))
     (CATALOG / "components_collectives.csv").write_text(
         "# H100 SXM (one 8-GPU NVLink node) collective times by payload and group size, measured by\n"
@@ -67,7 +68,8 @@ def main(matmul: str, collective: str) -> None:
         "# @ ad6eaee1b2f13931e3ceb26dc50bf3ac6b425496; source key xla): bytes = the size of the instruction's result\n"
         "# (all-gather: the gathered tensor; reduce-scatter: one shard; all-reduce, all-to-all: the buffer),\n"
         "# seconds = bytes / the table's network_throughput_bytes_per_sec. Written by scripts/extract_xla_tables.py.\n"
-        "gpu,op,ranks,bytes,seconds,source\n" + "\n".join(coll) + "\n")
+        "gpu,op,ranks,bytes,seconds,source\n" + "\n".join(coll) + "\n"
+    )
     print(f"{len(gemm)} GEMM rows, {len(coll)} collective rows")
 
 

@@ -25,10 +25,13 @@ def table(parser: argparse.ArgumentParser) -> dict[str, dict]:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
         kind = type(action).__name__.strip("_").replace("Action", "").lower()
-        entry = {"dest": action.dest, "kind": kind,
-                 "type": getattr(action.type, "__name__", None) if action.type else None,
-                 "choices": None if action.choices is None else [str(getattr(c, "name", c)) for c in action.choices],
-                 "nargs": action.nargs if isinstance(action.nargs, (str, type(None))) else int(action.nargs)}
+        entry = {
+            "dest": action.dest,
+            "kind": kind,
+            "type": getattr(action.type, "__name__", None) if action.type else None,
+            "choices": None if action.choices is None else [str(getattr(c, "name", c)) for c in action.choices],
+            "nargs": action.nargs if isinstance(action.nargs, (str, type(None))) else int(action.nargs),
+        }
         for option in action.option_strings:
             out[option] = entry
     return dict(sorted(out.items()))
@@ -39,14 +42,28 @@ def main(checkout: str, commit: str = "") -> None:
     from megatron.training.arguments import add_megatron_arguments
 
     parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    commit = commit or subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True,
-                                      text=True).stdout.strip()
-    tag = subprocess.run(["git", "-C", checkout, "describe", "--tags", "--exact-match"], capture_output=True,
-                         text=True).stdout.strip()
-    print(json.dumps({"source": {"repository": "https://github.com/NVIDIA/Megatron-LM", "tag": tag, "commit": commit,
-                                 "file": "megatron/training/arguments.py (add_megatron_arguments)",
-                                 "megatron_core": package_info.__version__},
-                      "arguments": table(parser)}, indent=1))
+    commit = (
+        commit
+        or subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    tag = subprocess.run(
+        ["git", "-C", checkout, "describe", "--tags", "--exact-match"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "source": {
+                    "repository": "https://github.com/NVIDIA/Megatron-LM",
+                    "tag": tag,
+                    "commit": commit,
+                    "file": "megatron/training/arguments.py (add_megatron_arguments)",
+                    "megatron_core": package_info.__version__,
+                },
+                "arguments": table(parser),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,24 @@ def _moe_commands():
         for gpus in (64, 256, 1024) if name in CONFIGS else (256,):
             out = io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-                rc = main(["plan", "--model", write(tmp, name), "--gpu", "h100", "--gpus", str(gpus),
-                           "--seq-len", "4096", "--global-batch", "1024", "--emit", "megatron", "--json"])
+                rc = main(
+                    [
+                        "plan",
+                        "--model",
+                        write(tmp, name),
+                        "--gpu",
+                        "h100",
+                        "--gpus",
+                        str(gpus),
+                        "--seq-len",
+                        "4096",
+                        "--global-batch",
+                        "1024",
+                        "--emit",
+                        "megatron",
+                        "--json",
+                    ]
+                )
             if rc == 0:
                 plan = json.loads(out.getvalue())
                 layout = plan["emit"]["text"].split(", ")[1].split(" on ")[0]
@@ -62,8 +78,13 @@ def main() -> int:
     failed = total = 0
     for label, world, text, vocab in _cases():
         total += 1
-        argv = command_args(text, "pretrain_gpt.py") + ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                                                        "--vocab-size", str(vocab)]
+        argv = command_args(text, "pretrain_gpt.py") + [
+            "--mock-data",
+            "--tokenizer-type",
+            "NullTokenizer",
+            "--vocab-size",
+            str(vocab),
+        ]
         args = megatron_args.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv)
         args.world_size, args.rank = world, 0
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
@@ -72,7 +93,9 @@ def main() -> int:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 megatron_args.validate_args(args)
-            print(f"ok   {world:>5} {label}: dp={args.data_parallel_size}, vpp={args.virtual_pipeline_model_parallel_size}")
+            print(
+                f"ok   {world:>5} {label}: dp={args.data_parallel_size}, vpp={args.virtual_pipeline_model_parallel_size}"
+            )
         except (AssertionError, ValueError, RuntimeError) as err:
             failed += 1
             print(f"FAIL {world:>5} {label}: {err}")

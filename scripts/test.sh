@@ -33,8 +33,10 @@ if ! command -v g++ >/dev/null 2>&1 && [ -z "${CXX:-}" ]; then
     echo "scripts/test.sh: the fake CUDA device test needs a C++ compiler; run: sudo apt-get install g++" >&2
   fi
 fi
-# Lint first: ruff (errors, import order, likely bugs) and the layer contracts of docs/design.md.
+# Lint first: ruff (errors, import order, likely bugs), ruff's formatter, and the layer contracts
+# of docs/design.md.
 ruff check --quiet .
+ruff format --check --quiet .
 lint-imports --no-cache >/dev/null || lint-imports --no-cache
 # Two pytest workers (pytest-xdist); the integration tests are two units of work, each run in order
 # on one worker (tests/conftest.py work_unit). Pass -n 0 to run in this process (as -s needs).

@@ -78,16 +78,17 @@ def meshwise_launch(*args: str, cwd: Path, env: dict[str, str] | None = None) ->
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
-    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout + workers_out,
-                                       done.stderr + workers_err)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout + workers_out, done.stderr + workers_err)
 
 
 def run_nodes(cmd: list[str], cwd, env: dict, nodes: int = 2, timeout_s: float = 300) -> list[str]:
     """``cmd`` started ``nodes`` times at once (torchrun "nodes" meeting on a loopback rendezvous), each
     waited for up to ``timeout_s``; their outputs, after asserting every one exited 0 (a straggler is
     killed)."""
-    agents = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for _ in range(nodes)]
+    agents = [
+        subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(nodes)
+    ]
     outs = []
     try:
         for agent in agents:

@@ -72,8 +72,14 @@ class Run:
     eval_loss: float | None = None  # on ``held_out`` after the last step
 
 
-def reference(seed: int = SEED, model: str = MODEL, precision: str = "", steps: int = STEPS, tp: int = 1,
-              micro_rows: int = GLOBAL_BATCH) -> Run:
+def reference(
+    seed: int = SEED,
+    model: str = MODEL,
+    precision: str = "",
+    steps: int = STEPS,
+    tp: int = 1,
+    micro_rows: int = GLOBAL_BATCH,
+) -> Run:
     """Plain single-process training: whole global batch at once, torch's own clipping and AdamW.
     ``precision`` fp8 / fp8-rowwise: the same model with torchao's float8 linears, converted as the
     runtime converts them under ``tp`` (the same linears kept in high precision). ``micro_rows``:
@@ -88,8 +94,9 @@ def reference(seed: int = SEED, model: str = MODEL, precision: str = "", steps: 
         from meshwise.runtime import float8
 
         float8.convert(model, precision, tp)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
     data = batches(model_spec, steps)
     losses, norms = [], []
     for step in range(steps):
@@ -129,8 +136,13 @@ class Case:
     @property
     def name(self) -> str:
         model = "" if self.model == MODEL else f"{self.model}:"
-        return (model + self.layout + (f"[{self.corrupt}]" if self.corrupt else "")
-                + ("[compile]" if self.compile else "") + (f"[{self.precision}]" if self.precision else ""))
+        return (
+            model
+            + self.layout
+            + (f"[{self.corrupt}]" if self.corrupt else "")
+            + ("[compile]" if self.compile else "")
+            + (f"[{self.precision}]" if self.precision else "")
+        )
 
 
 def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str, torch.Tensor], float]:
@@ -146,8 +158,16 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
     model_spec = spec(case.model)
     layout = parse(case.layout, world)
     mesh = build_mesh(layout, model_spec, GLOBAL_BATCH)
-    pm = parallelize(model_spec, layout, mesh, GLOBAL_BATCH, seed=1 if case.corrupt == "seed" else SEED,
-                     optim=optim_config(), compile=case.compile, precision=case.precision or None)
+    pm = parallelize(
+        model_spec,
+        layout,
+        mesh,
+        GLOBAL_BATCH,
+        seed=1 if case.corrupt == "seed" else SEED,
+        optim=optim_config(),
+        compile=case.compile,
+        precision=case.precision or None,
+    )
     if case.corrupt == "cp-local":
         from meshwise.runtime.model import Attention
 
@@ -164,7 +184,7 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
 
     def rows(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if case.corrupt == "same-data":
-            return x[:pm.replica_rows], y[:pm.replica_rows]
+            return x[: pm.replica_rows], y[: pm.replica_rows]
         return pm.local_batch(x), pm.local_batch(y)
 
     for step in range(case.steps):
@@ -185,8 +205,14 @@ def run_case(case: Case, world: int) -> tuple[list[float], list[float], dict[str
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], out: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -314,8 +340,9 @@ def _next_report(out: mp.Queue, zygote, deadline: float, timeout_s: float) -> tu
         return ""
 
 
-def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str], run_dir: str, log_dir: str,
-                   out: mp.Queue) -> None:
+def _module_worker(
+    rank: int, world: int, port: int, module: str, argv: list[str], run_dir: str, log_dir: str, out: mp.Queue
+) -> None:
     """One rank of ``python -m module ARGV`` as meshwise's launcher starts it (the environment of
     ``launch._loopback_env``: a FileStore in ``run_dir``), its stdout and stderr in
     ``log_dir/<rank>/``; ends with ``module.main``'s exit status."""
@@ -323,9 +350,17 @@ def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str
     folder.mkdir(parents=True, exist_ok=True)
     for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
         os.dup2(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                      MESHWISE_RUN_DIR=run_dir)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        MESHWISE_RUN_DIR=run_dir,
+    )
     if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
@@ -337,15 +372,17 @@ def _module_worker(rank: int, world: int, port: int, module: str, argv: list[str
     exit_worker(code if isinstance(code, int) else 1)
 
 
-def launch_forked(module: str, argv: list[str], nproc: int, log_dir: Path, what: str, tail_lines: int = 10,
-                  timeout_s: float = 900) -> None:
+def launch_forked(
+    module: str, argv: list[str], nproc: int, log_dir: Path, what: str, tail_lines: int = 10, timeout_s: float = 900
+) -> None:
     """In place of ``meshwise.launch.launch_logged`` for a test: the same worker module, environment and
     logs, its ranks forked from one process that imported ``module`` (``_zygote``) instead of each
     starting Python and importing torch (torch's elastic agent starts them one by one). A failed
     run raises RuntimeError naming ``what``, with the tail of each rank's stderr."""
     with tempfile.TemporaryDirectory(prefix="meshwise-run-") as run_dir:
-        zygote, out = _start_zygote(nproc, (module,), _module_worker, (free_port(), module, argv, run_dir,
-                                                                         str(log_dir)))
+        zygote, out = _start_zygote(
+            nproc, (module,), _module_worker, (free_port(), module, argv, run_dir, str(log_dir))
+        )
         deadline, error = time.monotonic() + timeout_s, ""
         try:
             while True:
@@ -362,8 +399,9 @@ def launch_forked(module: str, argv: list[str], nproc: int, log_dir: Path, what:
         finally:
             _end_zygote(zygote)
     if error:
-        tail = "\n".join(line for f in sorted(Path(log_dir).rglob("stderr.log"))
-                         for line in f.read_text().splitlines()[-tail_lines:])
+        tail = "\n".join(
+            line for f in sorted(Path(log_dir).rglob("stderr.log")) for line in f.read_text().splitlines()[-tail_lines:]
+        )
         raise RuntimeError(f"{what} failed: {error}\n{tail}")
 
 
@@ -398,8 +436,9 @@ def mismatch(run: Run, ref: Run, weight_tol: float = WEIGHT_TOL, loss_rtol: floa
     for i, (got, want) in enumerate(zip(run.grad_norms, ref.grad_norms)):
         if abs(got - want) > loss_rtol * abs(want):
             problems.append(f"step {i}: gradient norm {got:.9g} vs reference {want:.9g}")
-    if ref.eval_loss is not None and (run.eval_loss is None
-                                      or abs(run.eval_loss - ref.eval_loss) > loss_rtol * abs(ref.eval_loss)):
+    if ref.eval_loss is not None and (
+        run.eval_loss is None or abs(run.eval_loss - ref.eval_loss) > loss_rtol * abs(ref.eval_loss)
+    ):
         problems.append(f"eval loss {run.eval_loss} vs reference {ref.eval_loss:.9g}")
     missing = sorted(set(ref.weights) - set(run.weights))
     extra = sorted(set(run.weights) - set(ref.weights))

@@ -12,25 +12,43 @@ from _dist_parity import Case
 
 CASES: dict[int, list[Case]] = {
     2: [
-        Case("dp=2,zero=0"), Case("dp=2,zero=1"), Case("dp=2,zero=2"), Case("dp=2,zero=3"),
-        Case("tp=2,sp=off,mbs=4"), Case("tp=2,sp=on,mbs=4"),
-        Case("pp=2,schedule=gpipe"), Case("pp=2,schedule=1f1b"),
-        Case("pp=2,vpp=2,schedule=interleaved-1f1b"), Case("pp=2,vpp=2,schedule=zero-bubble"),
-        Case("dp=2,zero=3,ac=selective"), Case("tp=2,sp=on,mbs=4,ac=selective"),
-        Case("dp=2,zero=0,ac=full"), Case("pp=2,schedule=1f1b,ac=full"),
+        Case("dp=2,zero=0"),
+        Case("dp=2,zero=1"),
+        Case("dp=2,zero=2"),
+        Case("dp=2,zero=3"),
+        Case("tp=2,sp=off,mbs=4"),
+        Case("tp=2,sp=on,mbs=4"),
+        Case("pp=2,schedule=gpipe"),
+        Case("pp=2,schedule=1f1b"),
+        Case("pp=2,vpp=2,schedule=interleaved-1f1b"),
+        Case("pp=2,vpp=2,schedule=zero-bubble"),
+        Case("dp=2,zero=3,ac=selective"),
+        Case("tp=2,sp=on,mbs=4,ac=selective"),
+        Case("dp=2,zero=0,ac=full"),
+        Case("pp=2,schedule=1f1b,ac=full"),
         # Deliberately wrong runs: the comparison must catch them.
-        Case("dp=2,zero=2", corrupt="same-data"), Case("dp=2,zero=2", corrupt="seed"),
+        Case("dp=2,zero=2", corrupt="same-data"),
+        Case("dp=2,zero=2", corrupt="seed"),
         # Context parallelism; the wrong run attends only to its own tokens (no ring).
-        Case("cp=2"), Case("cp=2", corrupt="cp-local"),
+        Case("cp=2"),
+        Case("cp=2", corrupt="cp-local"),
     ],
     4: [
-        Case("dp=2,tp=2,mbs=2"), Case("dp=2,zero=3,tp=2,mbs=2"), Case("pp=2,tp=2,mbs=2"),
-        Case("pp=2,dp=2,zero=1"), Case("pp=2,dp=2,zero=3"), Case("dp=4,zero=3,shard=2"),
-        Case("dp=2,zero=3,tp=2,mbs=2,ac=full"), Case("pp=2,dp=2,zero=1,ac=selective"),
+        Case("dp=2,tp=2,mbs=2"),
+        Case("dp=2,zero=3,tp=2,mbs=2"),
+        Case("pp=2,tp=2,mbs=2"),
+        Case("pp=2,dp=2,zero=1"),
+        Case("pp=2,dp=2,zero=3"),
+        Case("dp=4,zero=3,shard=2"),
+        Case("dp=2,zero=3,tp=2,mbs=2,ac=full"),
+        Case("pp=2,dp=2,zero=1,ac=selective"),
         Case("dp=2,zero=1,tp=2,sp=off,mbs=2"),
         # cp with ZeRO-3 peaks inside the ring attention's backward of the last block but one
         # (cost/memory.py's "ring" moment)
-        Case("cp=2,dp=2,zero=3"), Case("cp=2,dp=2,zero=1"), Case("cp=2,tp=2,mbs=4"), Case("cp=2,pp=2"),
+        Case("cp=2,dp=2,zero=3"),
+        Case("cp=2,dp=2,zero=1"),
+        Case("cp=2,tp=2,mbs=4"),
+        Case("cp=2,pp=2"),
     ],
     8: [Case("dp=2,tp=2,pp=2"), Case("dp=2,zero=3,tp=2,pp=2,vpp=2,schedule=interleaved-1f1b,ac=selective")],
 }
@@ -44,19 +62,31 @@ CASES: dict[int, list[Case]] = {
 # experts' layouts are also measured (tests/test_measure.py, in the launch of their world size),
 # but those marked measured=False.
 MODEL_CASES: dict[int, list[Case]] = {
-    2: [Case("dp=2,zero=0", "tiny-tied"), Case("tp=2,sp=on,mbs=4", "tiny-tied"),
-        Case("tp=2,sp=on,mbs=4", "tiny-qwen3"), Case("pp=2,schedule=1f1b", "tiny-qwen3"),
-        Case("dp=2,ep=2", "tiny-moe"), Case("dp=2,zero=1,ep=2", "tiny-moe"),
+    2: [
+        Case("dp=2,zero=0", "tiny-tied"),
+        Case("tp=2,sp=on,mbs=4", "tiny-tied"),
+        Case("tp=2,sp=on,mbs=4", "tiny-qwen3"),
+        Case("pp=2,schedule=1f1b", "tiny-qwen3"),
+        Case("dp=2,ep=2", "tiny-moe"),
+        Case("dp=2,zero=1,ep=2", "tiny-moe"),
         # the start of the backward and the end of the forward are predicted 0.6% apart; the workers
         # record that the peak fell in a backward, so both ranks are compared there (2026-12-03:
         # params -0.1%, grads -4.3%, activations +2.9% and +6.6%)
         Case("dp=2,zero=3,ep=2", "tiny-moe"),
         Case("dp=2,ep=2", "tiny-moe", corrupt="same-data"),
         # Gemma 3's and OLMo 2's blocks (catalog tiny-gemma3, tiny-olmo2), parity only
-        Case("tp=2,sp=on,mbs=4", "tiny-gemma3"), Case("pp=2,schedule=1f1b,ac=selective", "tiny-gemma3"),
-        Case("dp=2,zero=3,ac=full", "tiny-olmo2"), Case("pp=2,schedule=1f1b", "tiny-olmo2")],
-    4: [Case("dp=2,zero=3,tp=2,mbs=2", "tiny-tied"), Case("dp=2,zero=3,tp=2,mbs=2", "tiny-gemma3"),
-        Case("dp=4,zero=3,ep=2", "tiny-moe"), Case("dp=2,ep=2,tp=2,mbs=2", "tiny-moe"), Case("pp=2,dp=2,ep=2", "tiny-moe")],
+        Case("tp=2,sp=on,mbs=4", "tiny-gemma3"),
+        Case("pp=2,schedule=1f1b,ac=selective", "tiny-gemma3"),
+        Case("dp=2,zero=3,ac=full", "tiny-olmo2"),
+        Case("pp=2,schedule=1f1b", "tiny-olmo2"),
+    ],
+    4: [
+        Case("dp=2,zero=3,tp=2,mbs=2", "tiny-tied"),
+        Case("dp=2,zero=3,tp=2,mbs=2", "tiny-gemma3"),
+        Case("dp=4,zero=3,ep=2", "tiny-moe"),
+        Case("dp=2,ep=2,tp=2,mbs=2", "tiny-moe"),
+        Case("pp=2,dp=2,ep=2", "tiny-moe"),
+    ],
     # ep with cp: the peak falls inside the ring attention's backward of the last block (a MoE
     # block's tensors outweigh its weights) or, on a rank or step whose routing keeps more, inside
     # the last block's shared expert's backward; the workers record which (2026-12-04: params

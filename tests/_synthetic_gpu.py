@@ -24,7 +24,9 @@ def attention_rate(direction: str, causal: bool, seq: int, head_dim: int) -> flo
     width = head64 if head_dim == 64 else 1.0
     if direction == "backward":
         return width * kernels._saturating(bwd, bwd_half, seq)
-    return width * (kernels._saturating(causal_top, causal_half, seq) if causal else kernels._saturating(fwd, fwd_half, seq))
+    return width * (
+        kernels._saturating(causal_top, causal_half, seq) if causal else kernels._saturating(fwd, fwd_half, seq)
+    )
 
 
 def seconds(key: tuple) -> float:

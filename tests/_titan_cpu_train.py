@@ -19,9 +19,13 @@ import torch._utils
 if not torch.cuda.is_available():
     torch._utils._get_available_device_type = lambda: "cpu"
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    shims = {"get_device_name": lambda *a: "cpu", "reset_peak_memory_stats": lambda *a: None,
-             "empty_cache": lambda *a: None, "memory_stats": lambda *a: {},
-             "get_device_properties": lambda *a: types.SimpleNamespace(total_memory=memory)}
+    shims = {
+        "get_device_name": lambda *a: "cpu",
+        "reset_peak_memory_stats": lambda *a: None,
+        "empty_cache": lambda *a: None,
+        "memory_stats": lambda *a: {},
+        "get_device_properties": lambda *a: types.SimpleNamespace(total_memory=memory),
+    }
     for name, fn in shims.items():
         if not hasattr(torch.cpu, name):
             setattr(torch.cpu, name, fn)

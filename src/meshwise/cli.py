@@ -37,8 +37,10 @@ def _require_runtime(command: str, module: str = "torch") -> None:
     (``pip install meshwise`` plans without torch; ``meshwise[train]`` adds torch, numpy, tokenizers and
     safetensors), before any work starts."""
     if importlib.util.find_spec(module) is None:
-        raise MeshwiseError(f"{command}: needs {module}, which is not installed here; "
-                            "install the runtime with: pip install 'meshwise[train]'")
+        raise MeshwiseError(
+            f"{command}: needs {module}, which is not installed here; "
+            "install the runtime with: pip install 'meshwise[train]'"
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,10 +64,12 @@ def field_first(message: str) -> str:
 def _given(what: str):
     """An argparse type refusing an empty value (``--model ''``), which would otherwise be read as
     'not given' and silently replaced by the default; ``what`` says what would be valid."""
+
     def text(value: str) -> str:
         if not value.strip():
             raise argparse.ArgumentTypeError(f"an empty value; give {what}")
         return value
+
     text.__name__ = "text"
     return text
 
@@ -85,49 +89,87 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshwise", description="Plan, run and measure the parallel layout of transformer training.")
     parser.add_argument("--version", action="version", version=f"meshwise {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    p = sub.add_parser("plan", help="search every layout, pick the best that fits, explain why",
-                       description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
-                                   "schedules, activation checkpointing) and rank those that fit.",
-                       epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
-                              "explanation and the JSON's why_nothing_fits say why and what would fit).")
+    p = sub.add_parser(
+        "plan",
+        help="search every layout, pick the best that fits, explain why",
+        description="Estimate memory and step time of every layout (DP, ZeRO-1/2/3, HSDP, TP+SP, PP "
+        "schedules, activation checkpointing) and rank those that fit.",
+        epilog="Exit status: 0 a plan, 2 bad input (one line), 3 nothing fits on these devices (the "
+        "explanation and the JSON's why_nothing_fits say why and what would fit).",
+    )
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--model", type=_given(MODEL_WHAT),
-                   help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})")
+    which.add_argument(
+        "--model", type=_given(MODEL_WHAT), help=f"catalog name, TOML file or HF config.json (default: {DEFAULT_MODEL})"
+    )
     which.add_argument("--params", type=_positive_float, help="a bare parameter count, e.g. 70e9 (model states only)")
-    _add_cluster_arguments(p, "number of devices",
-                           f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
-    p.add_argument("--precision", default="bf16-mixed",
-                   help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); float8 GEMMs over bf16-mixed: "
-                   "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed")
+    _add_cluster_arguments(p, "number of devices", f"; {DEFAULT_SEQ_STATES_ONLY} with --params")
+    p.add_argument(
+        "--precision",
+        default="bf16-mixed",
+        help="bf16 (12 B/param), bf16-mixed (16), fp32 (16); float8 GEMMs over bf16-mixed: "
+        "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed",
+    )
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
-    p.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
-                   help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
-                        "(Megatron-LM/NeMo: distributed optimizer, fused kernels, Megatron-Core's memory); default: the "
-                        "profile's runtime key, else meshwise")
-    p.add_argument("--tp-comm-overlap", action="store_true",
-                   help="with --runtime megatron: the run turns on Transformer Engine's TP communication overlap "
-                        "(Megatron-LM's --tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives "
-                        "hidden behind GEMMs, its userbuffers counted in memory; needs sp=on")
-    p.add_argument("--moe-capacity-factor", type=float, default=0.0, metavar="C",
-                   help="mixture of experts: Megatron's --moe-expert-capacity-factor with inputs padded to it (every "
-                        "expert runs C x its mean load); default 0: dropless, the busiest rank at the measured "
-                        "imbalance of --moe-balancing")
-    p.add_argument("--moe-balancing", choices=MOE_BALANCING, default="aux-loss",
-                   help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default) or "
-                        "aux-loss-free (per-expert bias, DeepSeek-V3)")
-    p.add_argument("--moe-comm-overlap", action="store_true",
-                   help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
-                        "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute")
-    p.add_argument("--layout", action="append", type=_given(LAYOUT_WHAT),
-                   help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
-                        "separate layouts with ';', to compare several in one table, best first")
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default=None,
+        help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
+        "(Megatron-LM/NeMo: distributed optimizer, fused kernels, Megatron-Core's memory); default: the "
+        "profile's runtime key, else meshwise",
+    )
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="with --runtime megatron: the run turns on Transformer Engine's TP communication overlap "
+        "(Megatron-LM's --tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives "
+        "hidden behind GEMMs, its userbuffers counted in memory; needs sp=on",
+    )
+    p.add_argument(
+        "--moe-capacity-factor",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="mixture of experts: Megatron's --moe-expert-capacity-factor with inputs padded to it (every "
+        "expert runs C x its mean load); default 0: dropless, the busiest rank at the measured "
+        "imbalance of --moe-balancing",
+    )
+    p.add_argument(
+        "--moe-balancing",
+        choices=MOE_BALANCING,
+        default="aux-loss",
+        help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default) or "
+        "aux-loss-free (per-expert bias, DeepSeek-V3)",
+    )
+    p.add_argument(
+        "--moe-comm-overlap",
+        action="store_true",
+        help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
+        "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute",
+    )
+    p.add_argument(
+        "--layout",
+        action="append",
+        type=_given(LAYOUT_WHAT),
+        help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
+        "separate layouts with ';', to compare several in one table, best first",
+    )
     p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
     p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
-    p.add_argument("--verify", type=int, default=0, metavar="K",
-                   help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit")
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
-                   help="also write a self-contained HTML report with pictures (needs meshwise[report])")
+    p.add_argument(
+        "--report",
+        metavar="HTML",
+        type=_given(REPORT_WHAT),
+        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
+    )
     _add_emit_arguments(p)
     _add_train_commands(sub)
     _add_calibrate_command(sub)
@@ -138,59 +180,107 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
     """plan's --emit and its time-and-cost figures (plan/emit.py, plan/budget.py)."""
-    p.add_argument("--emit", choices=EMIT_CHOICES,
-                   help="print the chosen layout (or each --layout) as that framework's configuration on stdout: "
-                        "torchtitan command-line overrides, Megatron-LM arguments, or a DeepSpeed JSON")
-    p.add_argument("--tokens", type=_positive_float, metavar="N",
-                   help="token budget (e.g. 15e12): add wall-clock days and GPU-hours to each layout")
-    p.add_argument("--price-per-gpu-hour", type=_positive_float, metavar="P",
-                   help="price of one GPU-hour (needs --tokens): add the cost of the budget to each layout")
+    p.add_argument(
+        "--emit",
+        choices=EMIT_CHOICES,
+        help="print the chosen layout (or each --layout) as that framework's configuration on stdout: "
+        "torchtitan command-line overrides, Megatron-LM arguments, or a DeepSpeed JSON",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive_float,
+        metavar="N",
+        help="token budget (e.g. 15e12): add wall-clock days and GPU-hours to each layout",
+    )
+    p.add_argument(
+        "--price-per-gpu-hour",
+        type=_positive_float,
+        metavar="P",
+        help="price of one GPU-hour (needs --tokens): add the cost of the budget to each layout",
+    )
     _add_failure_arguments(p)
 
 
 def _add_failure_arguments(p: argparse.ArgumentParser) -> None:
     """plan's failure model (cost/failures.py; defaults and sources: catalog/failures.toml). Checked by
     plan/failures.py, so a bad value is one line naming the field."""
-    p.add_argument("--failure-rate", type=float, metavar="R",
-                   help="interruptions per GPU-hour (default: the catalog's, per GPU, node and NIC)")
+    p.add_argument(
+        "--failure-rate",
+        type=float,
+        metavar="R",
+        help="interruptions per GPU-hour (default: the catalog's, per GPU, node and NIC)",
+    )
     p.add_argument("--mtbf-hours", type=float, metavar="H", help="the whole job's mean time between failures")
-    p.add_argument("--storage-gbps", type=float, metavar="G",
-                   help="checkpoint storage bandwidth per node in Gb/s (default: 7.8, Llama 3's 2 TB/s over 2,048 nodes)")
-    p.add_argument("--restart-minutes", type=float, metavar="MIN",
-                   help="minutes from a failure to training again, before reading the checkpoint (default: 11)")
+    p.add_argument(
+        "--storage-gbps",
+        type=float,
+        metavar="G",
+        help="checkpoint storage bandwidth per node in Gb/s (default: 7.8, Llama 3's 2 TB/s over 2,048 nodes)",
+    )
+    p.add_argument(
+        "--restart-minutes",
+        type=float,
+        metavar="MIN",
+        help="minutes from a failure to training again, before reading the checkpoint (default: 11)",
+    )
 
 
 def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note: str = "") -> None:
     """The options plan and verify share: the accelerator, the devices, the sequence and the batch."""
-    p.add_argument("--gpu", default=DEFAULT_GPU, type=_given(GPU_WHAT),
-                   help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})")
+    p.add_argument(
+        "--gpu",
+        default=DEFAULT_GPU,
+        type=_given(GPU_WHAT),
+        help=f"accelerator: catalog name or profile .toml (default: {DEFAULT_GPU})",
+    )
     p.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"{gpus_help} (default: {DEFAULT_GPUS})")
     p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: the accelerator's, 8)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}{seq_note})")
-    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help=f"tokens per sequence (default: the model's max sequence, capped at {DEFAULT_SEQ_CAP}{seq_note})",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=DEFAULT_GLOBAL_BATCH,
+        help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH})",
+    )
 
 
-VERIFY_DESCRIPTION = ("Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
-                      "process group, fake tensors, the target device's precision policy), trace one training step, "
-                      "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
-                      "does.")
+VERIFY_DESCRIPTION = (
+    "Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
+    "process group, fake tensors, the target device's precision policy), trace one training step, "
+    "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
+    "does."
+)
 
 
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
-    v = sub.add_parser("verify", help="trace ranks of a layout at full scale on fake devices, beside the plan",
-                       description=VERIFY_DESCRIPTION)
-    v.add_argument("--layout", required=True, type=_given(LAYOUT_WHAT),
-                   help="the layout to trace (e.g. dp=8,zero=3,tp=8)")
-    v.add_argument("--model", default=DEFAULT_MODEL, type=_given(MODEL_WHAT),
-                   help=f"catalog name or model file (default: {DEFAULT_MODEL})")
+    v = sub.add_parser(
+        "verify",
+        help="trace ranks of a layout at full scale on fake devices, beside the plan",
+        description=VERIFY_DESCRIPTION,
+    )
+    v.add_argument(
+        "--layout", required=True, type=_given(LAYOUT_WHAT), help="the layout to trace (e.g. dp=8,zero=3,tp=8)"
+    )
+    v.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        type=_given(MODEL_WHAT),
+        help=f"catalog name or model file (default: {DEFAULT_MODEL})",
+    )
     _add_cluster_arguments(v, "world size traced")
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
-    v.add_argument("--precision", default="auto", help="auto (the runtime's: bf16-mixed on GPU, fp32 on CPU), "
-                                                       "fp8 or fp8-rowwise (torchao float8 linears)")
+    v.add_argument(
+        "--precision",
+        default="auto",
+        help="auto (the runtime's: bf16-mixed on GPU, fp32 on CPU), fp8 or fp8-rowwise (torchao float8 linears)",
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -199,41 +289,79 @@ def _verify(args: argparse.Namespace) -> int:
 
     _warn_untested_torch()
 
-    return verify_main(args.model, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
-                       args.layout, args.ranks, args.depth, args.json, args.precision)
+    return verify_main(
+        args.model,
+        args.gpu,
+        args.gpus,
+        args.gpus_per_node,
+        args.seq_len,
+        args.global_batch,
+        args.layout,
+        args.ranks,
+        args.depth,
+        args.json,
+        args.precision,
+    )
 
 
 def _add_measure_command(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("measure", help="run a layout for a few steps: predicted beside measured",
-                       description="Run the layout through the real runtime on local processes (gloo on CPU) and "
-                                   "print, per rank and figure, what 'plan' predicts, what was measured and the "
-                                   "relative error: memory by category, collectives per kind and mesh dimension, "
-                                   "step time.")
-    m.add_argument("--layout", type=_given(LAYOUT_WHAT),
-                   help="the layout (e.g. dp=2,zero=3); dp defaults to the process count")
+    m = sub.add_parser(
+        "measure",
+        help="run a layout for a few steps: predicted beside measured",
+        description="Run the layout through the real runtime on local processes (gloo on CPU) and "
+        "print, per rank and figure, what 'plan' predicts, what was measured and the "
+        "relative error: memory by category, collectives per kind and mesh dimension, "
+        "step time.",
+    )
+    m.add_argument(
+        "--layout", type=_given(LAYOUT_WHAT), help="the layout (e.g. dp=2,zero=3); dp defaults to the process count"
+    )
     m.add_argument("--nproc-per-node", type=int, default=2, help="local processes (default: 2)")
-    m.add_argument("--model", default="tiny", type=_given(MODEL_WHAT),
-                   help="catalog name or model file (default: tiny)")
-    m.add_argument("--steps", type=int, default=3, help="timed steps after the measured one; 0 = memory and collectives only (default: 3)")
+    m.add_argument(
+        "--model", default="tiny", type=_given(MODEL_WHAT), help="catalog name or model file (default: tiny)"
+    )
+    m.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="timed steps after the measured one; 0 = memory and collectives only (default: 3)",
+    )
     m.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     m.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's max_seq)")
-    m.add_argument("--gpu", default=None, type=_given(GPU_WHAT),
-                   help="profile the prediction uses: catalog name or calibrated .toml "
-                   "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)")
-    m.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
-                   help="the runtime measured; only meshwise (this project's own) can run here")
-    m.add_argument("--precision", default="auto", help="auto (the runtime's: bf16-mixed on CUDA, fp32 on CPU), "
-                                                       "fp8 or fp8-rowwise (torchao float8 linears, CUDA)")
+    m.add_argument(
+        "--gpu",
+        default=None,
+        type=_given(GPU_WHAT),
+        help="profile the prediction uses: catalog name or calibrated .toml "
+        "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)",
+    )
+    m.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default="meshwise",
+        help="the runtime measured; only meshwise (this project's own) can run here",
+    )
+    m.add_argument(
+        "--precision",
+        default="auto",
+        help="auto (the runtime's: bf16-mixed on CUDA, fp32 on CPU), fp8 or fp8-rowwise (torchao float8 linears, CUDA)",
+    )
     m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
-    m.add_argument("--report", metavar="HTML", type=_given(REPORT_WHAT),
-                   help="also write an HTML report with pictures (needs meshwise[report])")
+    m.add_argument(
+        "--report",
+        metavar="HTML",
+        type=_given(REPORT_WHAT),
+        help="also write an HTML report with pictures (needs meshwise[report])",
+    )
 
 
 def _only_meshwise(runtime: str, command: str) -> None:
     """measure and calibrate run this project's runtime; Megatron-LM is not installed to be timed."""
     if runtime != "meshwise":
-        raise MeshwiseError(f"--runtime: {command} can only run meshwise's own runtime here, not {runtime!r}; "
-                            f"use 'meshwise plan --runtime {runtime}' for its prediction")
+        raise MeshwiseError(
+            f"--runtime: {command} can only run meshwise's own runtime here, not {runtime!r}; "
+            f"use 'meshwise plan --runtime {runtime}' for its prediction"
+        )
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -243,27 +371,53 @@ def _measure(args: argparse.Namespace) -> int:
 
     _warn_untested_torch()
 
-    return measure_main(args.layout or "", args.nproc_per_node, args.model, args.steps, args.global_batch, args.seq_len,
-                        args.gpu, args.json, args.report, args.precision)
+    return measure_main(
+        args.layout or "",
+        args.nproc_per_node,
+        args.model,
+        args.steps,
+        args.global_batch,
+        args.seq_len,
+        args.gpu,
+        args.json,
+        args.report,
+        args.precision,
+    )
 
 
 def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("calibrate", help="microbenchmark this machine into an accelerator profile (.toml)",
-                       description="Measure matmul FLOP/s at the model's shapes, achieved efficiency, memory bandwidth "
-                                   "and gloo collective bandwidth/latency on N local processes; write a profile that "
-                                   "'plan --gpu FILE' reads.")
+    c = sub.add_parser(
+        "calibrate",
+        help="microbenchmark this machine into an accelerator profile (.toml)",
+        description="Measure matmul FLOP/s at the model's shapes, achieved efficiency, memory bandwidth "
+        "and gloo collective bandwidth/latency on N local processes; write a profile that "
+        "'plan --gpu FILE' reads.",
+    )
     c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
-    c.add_argument("--model", default=None,
-                   help="model whose shapes are timed (default: small on CPU, llama3-8b on CUDA)")
+    c.add_argument(
+        "--model", default=None, help="model whose shapes are timed (default: small on CPU, llama3-8b on CUDA)"
+    )
     c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
-    c.add_argument("--runtime", choices=RUNTIME_CHOICES, default="meshwise",
-                   help="the runtime calibrated; only meshwise (this project's own) can run here")
+    c.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default="meshwise",
+        help="the runtime calibrated; only meshwise (this project's own) can run here",
+    )
     c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
-    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: the GPU op model's components on CUDA when torch sees a device, else this CPU's "
-                        "profile (docs/runtime.md)")
-    c.add_argument("--toy", action="store_true", help="the CUDA calibration's steps at toy sizes, on the CPU "
-                                                      "without a device (checks its plumbing; figures describe nothing)")
+    c.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: the GPU op model's components on CUDA when torch sees a device, else this CPU's "
+        "profile (docs/runtime.md)",
+    )
+    c.add_argument(
+        "--toy",
+        action="store_true",
+        help="the CUDA calibration's steps at toy sizes, on the CPU "
+        "without a device (checks its plumbing; figures describe nothing)",
+    )
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -276,14 +430,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     from meshwise.measure.calibrate import calibrate
 
     table = calibrate(args.nproc_per_node, args.model or "small", args.out, args.seq_len)
-    print(f"{args.out}: matmul {table['peak_fp32_flops_per_s'] / 1e9:.1f} GFLOP/s, efficiency "
-          f"{table['efficiency_max']:.2f}, memory {table['hbm_bytes_per_s'] / 1e9:.1f} GB/s, link "
-          f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "
-          f"{table['memory_bytes'] / 1e9:.1f} GB per rank")
-    print(f"  per operator {table['op_overhead_s'] * 1e6:.1f} us (DTensor +{table['tp_op_s'] * 1e6:.0f} us); FSDP2 "
-          f"{table['fsdp_call_s'] * 1e6:.0f} us per call + {table['fsdp_param_s'] * 1e6:.1f} us per tensor + "
-          f"{table.get('fsdp_byte_s', 0) * 1e9:.2f} ms per MB; GEMMs "
-          f"{table.get('cpu_gemm_flops_per_s', 0) / 1e9:.1f} GFLOP/s + {table.get('cpu_gemm_call_s', 0) * 1e6:.1f} us")
+    print(
+        f"{args.out}: matmul {table['peak_fp32_flops_per_s'] / 1e9:.1f} GFLOP/s, efficiency "
+        f"{table['efficiency_max']:.2f}, memory {table['hbm_bytes_per_s'] / 1e9:.1f} GB/s, link "
+        f"{table['intra_bytes_per_s'] / 1e9:.2f} GB/s + {table['intra_latency_s'] * 1e6:.0f} us, "
+        f"{table['memory_bytes'] / 1e9:.1f} GB per rank"
+    )
+    print(
+        f"  per operator {table['op_overhead_s'] * 1e6:.1f} us (DTensor +{table['tp_op_s'] * 1e6:.0f} us); FSDP2 "
+        f"{table['fsdp_call_s'] * 1e6:.0f} us per call + {table['fsdp_param_s'] * 1e6:.1f} us per tensor + "
+        f"{table.get('fsdp_byte_s', 0) * 1e9:.2f} ms per MB; GEMMs "
+        f"{table.get('cpu_gemm_flops_per_s', 0) / 1e9:.1f} GFLOP/s + {table.get('cpu_gemm_call_s', 0) * 1e6:.1f} us"
+    )
     for clause in table["source"].split("; "):  # each fitted component's own error on its own data
         if "error" in clause:
             print(f"  {clause}")
@@ -293,11 +451,21 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     """train / export / generate; their work (and torch) is imported only when they run."""
     # No option prefix: every argument after "train" goes, untouched, to meshwise.train.command.
-    t = sub.add_parser("train", add_help=False, prefix_chars="\x01", help="train a model under a layout (auto: the planner's)",
-                       description="meshwise train --help lists every option")
+    t = sub.add_parser(
+        "train",
+        add_help=False,
+        prefix_chars="\x01",
+        help="train a model under a layout (auto: the planner's)",
+        description="meshwise train --help lists every option",
+    )
     t.add_argument("train_args", nargs=argparse.REMAINDER)
-    u = sub.add_parser("tune", add_help=False, prefix_chars="\x01", help="measure the planner's closest layouts; "
-                       "pick the fastest, refit the profile", description="meshwise tune --help lists every option")
+    u = sub.add_parser(
+        "tune",
+        add_help=False,
+        prefix_chars="\x01",
+        help="measure the planner's closest layouts; pick the fastest, refit the profile",
+        description="meshwise tune --help lists every option",
+    )
     u.add_argument("tune_args", nargs=argparse.REMAINDER)
     e = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (safetensors, config.json)")
     e.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
@@ -305,7 +473,9 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     k = sub.add_parser("tokenize", help="pre-tokenize text / JSONL / Parquet into a .bin token array")
     k.add_argument("--data", required=True, help="a text, .jsonl or .parquet file, or a folder of them")
     k.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json, or its folder")
-    k.add_argument("--out", required=True, help="the .bin file to write (uint16, or uint32 for vocabularies over 65,536)")
+    k.add_argument(
+        "--out", required=True, help="the .bin file to write (uint16, or uint32 for vocabularies over 65,536)"
+    )
     k.add_argument("--text-field", default="text", help="the text field of JSONL / Parquet rows (default: text)")
     g = sub.add_parser("generate", help="sample text from a checkpoint")
     g.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
@@ -359,13 +529,37 @@ def _plan(args: argparse.Namespace) -> int:
     from meshwise.plan.command import Extras, plan_main
     from meshwise.plan.failures import FailureOptions
 
-    extras = Extras(emit=args.emit, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
-                    failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes))
-    return plan_main(args.model, args.params, args.gpu, args.gpus, args.gpus_per_node, args.seq_len, args.global_batch,
-                     args.precision, args.optimizer, args.layout, args.top, args.headroom, args.json, args.report,
-                     args.runtime, args.verify, extras, tp_comm_overlap=args.tp_comm_overlap,
-                     moe={"moe_capacity_factor": args.moe_capacity_factor, "moe_balancing": args.moe_balancing,
-                          "overlap_ep_comm": args.moe_comm_overlap})
+    extras = Extras(
+        emit=args.emit,
+        tokens=args.tokens,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes),
+    )
+    return plan_main(
+        args.model,
+        args.params,
+        args.gpu,
+        args.gpus,
+        args.gpus_per_node,
+        args.seq_len,
+        args.global_batch,
+        args.precision,
+        args.optimizer,
+        args.layout,
+        args.top,
+        args.headroom,
+        args.json,
+        args.report,
+        args.runtime,
+        args.verify,
+        extras,
+        tp_comm_overlap=args.tp_comm_overlap,
+        moe={
+            "moe_capacity_factor": args.moe_capacity_factor,
+            "moe_balancing": args.moe_balancing,
+            "overlap_ep_comm": args.moe_comm_overlap,
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,8 +568,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    command = {"plan": _plan, "train": _train, "export": _export, "generate": _generate, "tokenize": _tokenize,
-               "tune": _tune, "calibrate": _calibrate, "measure": _measure, "verify": _verify}[args.command]
+    command = {
+        "plan": _plan,
+        "train": _train,
+        "export": _export,
+        "generate": _generate,
+        "tokenize": _tokenize,
+        "tune": _tune,
+        "calibrate": _calibrate,
+        "measure": _measure,
+        "verify": _verify,
+    }[args.command]
     return run_command(lambda: command(args))
 
 

@@ -147,8 +147,9 @@ def parse(text: str, world_size: int | None = None, explicit: bool = False) -> L
     given: dict[str, str] = {}
     items = [p.strip() for p in text.split(",")]
     if explicit and text.strip() and not all(items):
-        raise MeshwiseError(f"layout: {text!r} has an empty item; give key=value pairs separated by single commas, "
-                            "e.g. dp=8,tp=8")
+        raise MeshwiseError(
+            f"layout: {text!r} has an empty item; give key=value pairs separated by single commas, e.g. dp=8,tp=8"
+        )
     for item in items:
         if not item:
             continue
@@ -161,7 +162,9 @@ def parse(text: str, world_size: int | None = None, explicit: bool = False) -> L
         if key in given:
             raise MeshwiseError(f"layout: {key} given twice")
         given[key] = value
-    ints = {k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "cp", "tp", "pp", "vpp", "mbs")}
+    ints = {
+        k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "cp", "tp", "pp", "vpp", "mbs")
+    }
     tp, pp, cp = ints.get("tp", 1), ints.get("pp", 1), ints.get("cp", 1)
     if "dp" in ints:
         dp = ints["dp"]
@@ -187,8 +190,20 @@ def parse(text: str, world_size: int | None = None, explicit: bool = False) -> L
     ac = given.get("ac", "none")
     if ac not in AC_MODES:
         raise MeshwiseError(f"layout: ac={ac!r} must be one of {', '.join(AC_MODES)}")
-    layout = Layout(dp=dp, zero=zero, shard=shard, cp=cp, tp=tp, sp=sp_text == "on" and tp > 1, pp=pp, vpp=vpp,
-                    schedule=schedule, mbs=ints.get("mbs", 1), ac=ac, ep=ints.get("ep", 1))
+    layout = Layout(
+        dp=dp,
+        zero=zero,
+        shard=shard,
+        cp=cp,
+        tp=tp,
+        sp=sp_text == "on" and tp > 1,
+        pp=pp,
+        vpp=vpp,
+        schedule=schedule,
+        mbs=ints.get("mbs", 1),
+        ac=ac,
+        ep=ints.get("ep", 1),
+    )
     check_shape(layout)
     if explicit:
         check_applies(given, layout)
@@ -199,11 +214,15 @@ def check_applies(given: dict[str, str], layout: Layout) -> None:
     """Keys the user wrote that would do nothing are refused, as ``vpp`` without ``pp`` is:
     ``sp=on`` without tp > 1, a pipeline ``schedule`` other than the default without pp > 1."""
     if given.get("sp") == "on" and layout.tp == 1:
-        raise MeshwiseError("layout: sp=on splits the sequence over the tensor-parallel ranks; it needs tp > 1 "
-                            "(drop sp, or add tp=2 or more)")
+        raise MeshwiseError(
+            "layout: sp=on splits the sequence over the tensor-parallel ranks; it needs tp > 1 "
+            "(drop sp, or add tp=2 or more)"
+        )
     if "schedule" in given and layout.pp == 1 and layout.schedule != "1f1b":
-        raise MeshwiseError(f"layout: schedule={layout.schedule} is a pipeline schedule; it needs pp > 1 "
-                            "(drop schedule, or add pp=2 or more)")
+        raise MeshwiseError(
+            f"layout: schedule={layout.schedule} is a pipeline schedule; it needs pp > 1 "
+            "(drop schedule, or add pp=2 or more)"
+        )
 
 
 def check_shape(layout: Layout) -> None:
@@ -213,49 +232,72 @@ def check_shape(layout: Layout) -> None:
     carved = layout.shard * layout.cp
     if carved % layout.ep and (layout.ep % layout.tp or (carved * layout.tp) % layout.ep):
         source = f"dp_shard x cp = {layout.shard} x {layout.cp} = {carved}" if layout.cp > 1 else f"dp_shard = {carved}"
-        fold = f", or be folded over tp={layout.tp} (a multiple of tp dividing {carved * layout.tp})" \
-            if layout.tp > 1 else ""
-        raise MeshwiseError(f"layout: ep={layout.ep} must divide the ranks it is carved from ({source}){fold}; "
-                            f"valid ep: {', '.join(map(str, _valid_ep(layout)))}")
+        fold = (
+            f", or be folded over tp={layout.tp} (a multiple of tp dividing {carved * layout.tp})"
+            if layout.tp > 1
+            else ""
+        )
+        raise MeshwiseError(
+            f"layout: ep={layout.ep} must divide the ranks it is carved from ({source}){fold}; "
+            f"valid ep: {', '.join(map(str, _valid_ep(layout)))}"
+        )
     if layout.vpp > 1 and layout.pp == 1:
         raise MeshwiseError(f"layout: vpp={layout.vpp} needs pp > 1")
     if layout.vpp > 1 and layout.schedule in ("gpipe", "1f1b"):
-        raise MeshwiseError(f"layout: vpp={layout.vpp} needs schedule=interleaved-1f1b or zero-bubble, not {layout.schedule}")
+        raise MeshwiseError(
+            f"layout: vpp={layout.vpp} needs schedule=interleaved-1f1b or zero-bubble, not {layout.schedule}"
+        )
     if layout.schedule == "interleaved-1f1b" and layout.pp > 1 and layout.vpp < 2:
         raise MeshwiseError("layout: schedule=interleaved-1f1b needs vpp >= 2")
 
 
 def _valid_ep(layout: Layout) -> list[int]:
     carved = layout.shard * layout.cp
-    return [e for e in range(1, carved * layout.tp + 1)
-            if carved % e == 0 or (e % layout.tp == 0 and (carved * layout.tp) % e == 0)]
+    return [
+        e
+        for e in range(1, carved * layout.tp + 1)
+        if carved % e == 0 or (e % layout.tp == 0 and (carved * layout.tp) % e == 0)
+    ]
 
 
 def validate(layout: Layout, model: ModelSpec, world_size: int, global_batch: int) -> None:
     """Refuse a layout that cannot run, in one line naming the field and what would be valid."""
     check_shape(layout)
     if layout.world_size != world_size:
-        raise MeshwiseError(f"layout: dp*cp*tp*pp = {layout.dp}*{layout.cp}*{layout.tp}*{layout.pp} = {layout.world_size}, "
-                            f"but the world size is {world_size}")
+        raise MeshwiseError(
+            f"layout: dp*cp*tp*pp = {layout.dp}*{layout.cp}*{layout.tp}*{layout.pp} = {layout.world_size}, "
+            f"but the world size is {world_size}"
+        )
     if not model.states_only:
-        for name, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
-                           ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)):
+        for name, size in (
+            ("heads", model.heads),
+            ("kv_heads", model.kv_heads),
+            ("ffn_hidden", model.ffn_hidden),
+            ("vocab", model.vocab),
+        ):
             if size % layout.tp:
                 valid = [t for t in range(1, size + 1) if size % t == 0 and world_size % t == 0]
-                raise MeshwiseError(f"layout: tp={layout.tp} does not divide the model's {name} ({size}); "
-                                    f"valid tp: {', '.join(map(str, valid[:8]))}")
+                raise MeshwiseError(
+                    f"layout: tp={layout.tp} does not divide the model's {name} ({size}); "
+                    f"valid tp: {', '.join(map(str, valid[:8]))}"
+                )
         if layout.stages > model.layers:
             raise MeshwiseError(f"layout: pp*vpp = {layout.stages} is more than the model's {model.layers} layers")
     if layout.ep > 1 and not model.moe:
-        raise MeshwiseError(f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, "
-                            "use ep=1")
+        raise MeshwiseError(
+            f"layout: ep={layout.ep} needs a mixture-of-experts model; {model.name!r} has no experts, use ep=1"
+        )
     if layout.ep > 1 and model.experts % layout.ep:
         valid = [e for e in _valid_ep(layout) if model.experts % e == 0]
-        raise MeshwiseError(f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
-                            f"{', '.join(map(str, valid))}")
+        raise MeshwiseError(
+            f"layout: ep={layout.ep} does not divide the model's {model.experts} experts; valid ep: "
+            f"{', '.join(map(str, valid))}"
+        )
     if global_batch % (layout.mbs * layout.dp):
-        raise MeshwiseError(f"layout: global batch {global_batch} is not divisible by mbs*dp = "
-                            f"{layout.mbs}*{layout.dp}; pick a batch that is a multiple of {layout.mbs * layout.dp}")
+        raise MeshwiseError(
+            f"layout: global batch {global_batch} is not divisible by mbs*dp = "
+            f"{layout.mbs}*{layout.dp}; pick a batch that is a multiple of {layout.mbs * layout.dp}"
+        )
     check_microbatches(layout, layout.accum(global_batch))
 
 
@@ -266,12 +308,16 @@ def check_microbatches(layout: Layout, m: int) -> None:
     if layout.pp == 1:
         return
     if layout.schedule == "1f1b" and m < layout.pp:
-        raise MeshwiseError(f"layout: schedule=1f1b needs at least pp={layout.pp} micro-batches per step, got "
-                            f"{m} (global batch / (mbs*dp)); use a larger batch, a smaller mbs, or gpipe")
+        raise MeshwiseError(
+            f"layout: schedule=1f1b needs at least pp={layout.pp} micro-batches per step, got "
+            f"{m} (global batch / (mbs*dp)); use a larger batch, a smaller mbs, or gpipe"
+        )
     rounds = max(1, m // layout.pp)
     if layout.schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
-        raise MeshwiseError(f"layout: schedule={layout.schedule} needs the {m} micro-batches per step to be a "
-                            f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}")
+        raise MeshwiseError(
+            f"layout: schedule={layout.schedule} needs the {m} micro-batches per step to be a "
+            f"multiple of {rounds} rounds (m // pp); use a multiple of pp={layout.pp}"
+        )
 
 
 def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str = "meshwise") -> str | None:
@@ -289,31 +335,49 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
     no learned position table over sp or cp (Megatron-LM slices the positions with the sequence).
     """
     if layout.cp > 1 and seq_len % (2 * layout.cp):
-        return (f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
-                "(causal load balancing: each cp rank holds two of 2*cp chunks)")
+        return (
+            f"layout: cp={layout.cp} needs the sequence ({seq_len}) divisible by 2*cp = {2 * layout.cp} "
+            "(causal load balancing: each cp rank holds two of 2*cp chunks)"
+        )
     if layout.sp and (seq_len // layout.cp) % layout.tp:
         per_rank = f"per cp rank ({seq_len} / cp={layout.cp})" if layout.cp > 1 else f"({seq_len})"
         return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if runtime != "meshwise":
         return None
     if layout.ep_folds_tp:
-        return (f"layout: ep={layout.ep} folded over tp={layout.tp} (it does not divide dp_shard x cp = "
-                f"{layout.shard * layout.cp}) is planned for --runtime megatron only; meshwise's runtime carves ep "
-                f"from dp_shard x cp: use an ep dividing {layout.shard * layout.cp}")
+        return (
+            f"layout: ep={layout.ep} folded over tp={layout.tp} (it does not divide dp_shard x cp = "
+            f"{layout.shard * layout.cp}) is planned for --runtime megatron only; meshwise's runtime carves ep "
+            f"from dp_shard x cp: use an ep dividing {layout.shard * layout.cp}"
+        )
     if model.tied_embeddings and layout.pp > 1:
-        return (f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
-                "runtime; use pp=1")
+        return (
+            f"layout: pp={layout.pp} with the tied embeddings of {model.name!r} is not supported by the "
+            "runtime; use pp=1"
+        )
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "selective":
-        return ("layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
-                "backward runs a selectively checkpointed region twice); use ac=full or another schedule")
+        return (
+            "layout: ac=selective with schedule=zero-bubble is not supported by the runtime (the split "
+            "backward runs a selectively checkpointed region twice); use ac=full or another schedule"
+        )
     if layout.tp > 1 and not model.states_only and model.qk_norm and model.qk_norm_scope == "projection":
-        return (f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
-                "supported by the runtime; use tp=1")
-    if layout.cp > 1 and not model.states_only and (
-            (model.sliding_window and model.sliding_window < seq_len) or model.attn_sinks
-            or (model.query_scale and model.query_scale != model.head_dim)):
-        return (f"layout: cp > 1 with {model.family}'s sliding-window attention or query scaling is not supported by "
-                "the runtime's ring attention; use cp=1")
+        return (
+            f"layout: tp={layout.tp} with {model.family}'s q/k norms over the whole projection (all heads) is not "
+            "supported by the runtime; use tp=1"
+        )
+    if (
+        layout.cp > 1
+        and not model.states_only
+        and (
+            (model.sliding_window and model.sliding_window < seq_len)
+            or model.attn_sinks
+            or (model.query_scale and model.query_scale != model.head_dim)
+        )
+    ):
+        return (
+            f"layout: cp > 1 with {model.family}'s sliding-window attention or query scaling is not supported by "
+            "the runtime's ring attention; use cp=1"
+        )
     if layout.cp > 1 and not model.states_only and model.position == "learned":
         return "layout: cp > 1 with learned positions (GPT-2) is not supported by the runtime; use cp=1"
     if layout.sp and not model.states_only and model.position == "learned":
@@ -330,8 +394,13 @@ def expert_mesh_shape(layout: Layout) -> dict[str, int]:
     same order. The ``ep`` ranks are ``tp`` apart, cp ranks first, then dp_shard ones. Experts are
     sharded ``ep`` ways and, like dense weights, by the layout's ZeRO over the expert data-parallel
     ranks that remain (``dp_replicate`` x ``dp_shard_mod_ep``)."""
-    return {"pp": layout.pp, "dp_replicate": layout.replicate,
-            "dp_shard_mod_ep": layout.shard * layout.cp // layout.ep, "ep": layout.ep, "tp": layout.tp}
+    return {
+        "pp": layout.pp,
+        "dp_replicate": layout.replicate,
+        "dp_shard_mod_ep": layout.shard * layout.cp // layout.ep,
+        "ep": layout.ep,
+        "tp": layout.tp,
+    }
 
 
 def expert_group_ranks(layout: Layout, rank: int, dim: str) -> tuple[int, ...]:
@@ -360,6 +429,7 @@ def runs_here(model: ModelSpec, seq_len: int) -> Callable[[Layout], bool]:
         if key not in answers:
             answers[key] = runtime_refusal(layout, model, seq_len) is None
         return answers[key]
+
     runs.reads = ("pp", "schedule", "ac", "cp", "sp", "tp")  # type: ignore[attr-defined]  # the search caches by these
     return runs
 
@@ -375,16 +445,27 @@ def check_seq_len(model: ModelSpec, seq_len: int, field: str = "seq_len", runtim
     if seq_len < 1:
         raise MeshwiseError(f"{field}: {seq_len} must be at least 1")
     if seq_len > MAX_SEQ_LEN:
-        raise MeshwiseError(f"{field}: {seq_len} is past meshwise's bound of {MAX_SEQ_LEN:,} tokens per sequence "
-                            "(the longest published context window is 10M)")
+        raise MeshwiseError(
+            f"{field}: {seq_len} is past meshwise's bound of {MAX_SEQ_LEN:,} tokens per sequence "
+            "(the longest published context window is 10M)"
+        )
     if runtime == "meshwise" and not model.states_only and seq_len > model.max_seq:
-        raise MeshwiseError(f"{field}: {seq_len} is longer than the model's max_seq {model.max_seq} (meshwise's "
-                            f"runtime holds that many rotary positions); use at most {model.max_seq} ('plan --runtime "
-                            "megatron' plans a longer context)")
+        raise MeshwiseError(
+            f"{field}: {seq_len} is longer than the model's max_seq {model.max_seq} (meshwise's "
+            f"runtime holds that many rotary positions); use at most {model.max_seq} ('plan --runtime "
+            "megatron' plans a longer context)"
+        )
 
 
-def check_runnable(layout: Layout, model: ModelSpec, world_size: int, global_batch: int, seq_len: int,
-                   seq_field: str = "seq_len", runtime: str = "meshwise") -> None:
+def check_runnable(
+    layout: Layout,
+    model: ModelSpec,
+    world_size: int,
+    global_batch: int,
+    seq_len: int,
+    seq_field: str = "seq_len",
+    runtime: str = "meshwise",
+) -> None:
     """The one answer to "can this layout run here?": :func:`validate`, the sequence length (named
     ``seq_field``, as the caller's user spells it), then :func:`runtime_refusal` for ``runtime``
     (meshwise's own for train, measure and verify; ``plan --runtime megatron`` asks Megatron's). No torch needed."""

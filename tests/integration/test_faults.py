@@ -23,8 +23,23 @@ from _cli import meshwise_here, meshwise_launch
 
 MICRO = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nkv_heads = 2\nffn_hidden = 64\nvocab = 256\nmax_seq = 32\n"
 STEPS = 10
-COMMON = ["--model", "micro.toml", "--seq-len", "16", "--eval-every", "0", "--prompt=", "--layout", "dp=2",
-          "--nproc-per-node", "2", "--metrics", "m.jsonl", "--checkpoint-dir", "ck"]
+COMMON = [
+    "--model",
+    "micro.toml",
+    "--seq-len",
+    "16",
+    "--eval-every",
+    "0",
+    "--prompt=",
+    "--layout",
+    "dp=2",
+    "--nproc-per-node",
+    "2",
+    "--metrics",
+    "m.jsonl",
+    "--checkpoint-dir",
+    "ck",
+]
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -64,8 +79,14 @@ def _alive(pid: int) -> bool:
 
 def _start_long_run(folder: Path, *args: str) -> tuple[subprocess.Popen, list[int]]:
     """A run that trains for long; returns once both workers have logged steps."""
-    proc = subprocess.Popen(_cmd("--steps", "100000", "--checkpoint-every", "100000", *args), cwd=folder, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cmd("--steps", "100000", "--checkpoint-every", "100000", *args),
+        cwd=folder,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         metrics = folder / "m.jsonl"
@@ -82,8 +103,9 @@ def reference(tmp_path_factory) -> dict[int, float]:
     folder = tmp_path_factory.mktemp("reference")
     (folder / "micro.toml").write_text(MICRO)
     # no fault: the launcher in this process, the workers new processes (tests/_cli.py)
-    r = meshwise_launch("train", *COMMON, "--steps", str(STEPS), "--checkpoint-every", "100", cwd=folder,
-                        env={"OMP_NUM_THREADS": "1"})
+    r = meshwise_launch(
+        "train", *COMMON, "--steps", str(STEPS), "--checkpoint-every", "100", cwd=folder, env={"OMP_NUM_THREADS": "1"}
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     losses = _losses(folder)
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -98,8 +120,11 @@ def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(referenc
     assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    m = re.fullmatch(r"meshwise: error: stopped by SIGTERM after step (\d+): checkpoint ck/step-\1 written; "
-                     r"--resume auto continues from it", lines[0])
+    m = re.fullmatch(
+        r"meshwise: error: stopped by SIGTERM after step (\d+): checkpoint ck/step-\1 written; "
+        r"--resume auto continues from it",
+        lines[0],
+    )
     assert m, lines[0]
     stopped = int(m.group(1))
     assert stopped >= 4 and max(_losses(tmp_path)) == stopped
@@ -114,8 +139,16 @@ def test_max_restarts_without_resume_resumes_its_own_run(reference, tmp_path) ->
     """Attempt 0 loses a worker to SIGKILL before step 7; attempt 1 continues from step-5 (not from
     step 1, not deleting anything), and every loss equals the uninterrupted run's."""
     (tmp_path / "micro.toml").write_text(MICRO)
-    r = _run(tmp_path, "--steps", str(STEPS), "--checkpoint-every", "5", "--max-restarts", "1",
-             env={"MESHWISE_FAULTS": "kill@7"})
+    r = _run(
+        tmp_path,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "5",
+        "--max-restarts",
+        "1",
+        env={"MESHWISE_FAULTS": "kill@7"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from ck/step-5 (step 5," in r.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
@@ -165,8 +198,9 @@ def test_a_stopped_rank_ends_the_run_within_the_timeout_naming_it(tmp_path) -> N
                 os.kill(w, signal.SIGKILL)
     assert proc.returncode == 1, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0] == ("meshwise: error: rank 1 stopped answering: a collective waited "
-                                            "--timeout 5 s; the run was stopped"), err
+    assert len(lines) == 1 and lines[0] == (
+        "meshwise: error: rank 1 stopped answering: a collective waited --timeout 5 s; the run was stopped"
+    ), err
     assert took_s < 5 + 15, took_s  # the timeout plus slack, well inside torch's 30 s shutdown grace
     assert not any(_alive(w) for w in workers)
 
@@ -175,23 +209,55 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_loads(tmp_path) -> No
     """A 1400 KiB tmpfs holds one checkpoint of the micro model (about 965 KB), not two."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k", "tmpfs", str(disk)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k", "tmpfs", str(disk)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
     try:
         (tmp_path / "micro.toml").write_text(MICRO)
-        r = subprocess.run([sys.executable, "-m", "meshwise.cli", "train", "--model", "micro.toml", "--seq-len", "16",
-                            "--steps", "4", "--nproc-per-node", "1", "--checkpoint-dir", str(disk), "--checkpoint-every",
-                            "2", "--keep", "2", "--prompt=", "--eval-every", "0"], cwd=tmp_path, env=_env(),
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "meshwise.cli",
+                "train",
+                "--model",
+                "micro.toml",
+                "--seq-len",
+                "16",
+                "--steps",
+                "4",
+                "--nproc-per-node",
+                "1",
+                "--checkpoint-dir",
+                str(disk),
+                "--checkpoint-every",
+                "2",
+                "--keep",
+                "2",
+                "--prompt=",
+                "--eval-every",
+                "0",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 1, r.stderr[-3000:]
         err = r.stderr.strip()
         assert "\n" not in err and "Traceback" not in err, err
-        assert f"--checkpoint.dir: no space left in {disk} while saving step 4: it needs about 1.0 MB (the size of step-2)" in err, err
+        assert (
+            f"--checkpoint.dir: no space left in {disk} while saving step 4: it needs about 1.0 MB (the size of step-2)"
+            in err
+        ), err
         assert "the partial step-4.tmp was removed and the last complete one is step-2" in err, err
         assert sorted(p.name for p in disk.iterdir()) == ["step-2"]
-        r = meshwise_here("export", "--checkpoint", str(disk / "step-2"), "--out", str(tmp_path / "m.safetensors"),
-                          cwd=tmp_path)  # one process: in this one (tests/_cli.py)
+        r = meshwise_here(
+            "export", "--checkpoint", str(disk / "step-2"), "--out", str(tmp_path / "m.safetensors"), cwd=tmp_path
+        )  # one process: in this one (tests/_cli.py)
         assert r.returncode == 0, r.stderr
     finally:
         subprocess.run(["umount", str(disk)], check=False)
@@ -205,17 +271,38 @@ def test_a_fresh_run_refuses_checkpoints_and_overwrite_removes_only_meshwises_ow
     for name in ("step-notes", "step-by-step-notes", "step-7", "step-8.tmp"):  # the user's, not meshwise's
         (ck / name).mkdir(parents=True)
         (ck / name / "mine.txt").write_text("keep me")
-    args = ["train", "--model", str(tmp_path / "micro.toml"), "--seq-len", "16", "--steps", "2", "--nproc-per-node",
-            "1", "--checkpoint-dir", str(ck), "--prompt=", "--eval-every", "0"]
+    args = [
+        "train",
+        "--model",
+        str(tmp_path / "micro.toml"),
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        str(ck),
+        "--prompt=",
+        "--eval-every",
+        "0",
+    ]
     assert main(args) == 0  # nothing of meshwise's there: a fresh run may start
     assert main(args) == 2  # now step-2 is meshwise's: refused
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already holds checkpoints (latest step-2)" in err
     assert main(args + ["--checkpoint.overwrite", "true"]) == 0
-    assert sorted(p.name for p in ck.iterdir()) == ["step-2", "step-7", "step-8.tmp", "step-by-step-notes",
-                                                     "step-notes"]
-    assert all((ck / n / "mine.txt").read_text() == "keep me"
-               for n in ("step-notes", "step-by-step-notes", "step-7", "step-8.tmp"))
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "step-2",
+        "step-7",
+        "step-8.tmp",
+        "step-by-step-notes",
+        "step-notes",
+    ]
+    assert all(
+        (ck / n / "mine.txt").read_text() == "keep me"
+        for n in ("step-notes", "step-by-step-notes", "step-7", "step-8.tmp")
+    )
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -237,14 +324,25 @@ def test_a_save_slower_than_the_grace_ends_in_one_line_naming_the_latest_complet
     workers give the save up before the SIGKILL and the run ends in one line that says the grace was
     too short and names step-3, which stays complete and loadable."""
     (tmp_path / "micro.toml").write_text(MICRO)
-    r = _run(tmp_path, "--steps", "1000", "--checkpoint-every", "3", "--stop-grace", "3",
-             env={"MESHWISE_FAULTS": "term+slowsave@4"})
+    r = _run(
+        tmp_path,
+        "--steps",
+        "1000",
+        "--checkpoint-every",
+        "3",
+        "--stop-grace",
+        "3",
+        env={"MESHWISE_FAULTS": "term+slowsave@4"},
+    )
     assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert re.fullmatch(r"meshwise: error: stopped by SIGTERM after step 4: the 3 s grace \(--stop-grace\) was too "
-                        r"short for the save of step 4 \(still writing after [\d.]+ s; step-4\.tmp is partial\); the "
-                        r"latest complete checkpoint is ck/step-3; --resume auto continues from it", lines[0]), lines[0]
+    assert re.fullmatch(
+        r"meshwise: error: stopped by SIGTERM after step 4: the 3 s grace \(--stop-grace\) was too "
+        r"short for the save of step 4 \(still writing after [\d.]+ s; step-4\.tmp is partial\); the "
+        r"latest complete checkpoint is ck/step-3; --resume auto continues from it",
+        lines[0],
+    ), lines[0]
     assert (tmp_path / "ck" / "step-3" / "meshwise.json").is_file()
     assert not (tmp_path / "ck" / "step-4").exists()
     from meshwise.train.checkpoint import resolve_resume
@@ -258,13 +356,26 @@ def test_checkpoint_every_auto_measures_its_saves_and_a_kill_loses_at_most_one_i
     chose; a worker SIGKILLed before step 15 and again before step 30 (faults ``kill@15,kill@30``)
     resumes each time from a checkpoint at most one interval (the one in force) behind."""
     (tmp_path / "micro.toml").write_text(MICRO)
-    r = _run(tmp_path, "--steps", "40", "--checkpoint-every", "auto", "--failure-rate", "2000", "--max-restarts", "2",
-             env={"MESHWISE_FAULTS": "kill@15,kill@30"})
+    r = _run(
+        tmp_path,
+        "--steps",
+        "40",
+        "--checkpoint-every",
+        "auto",
+        "--failure-rate",
+        "2000",
+        "--max-restarts",
+        "2",
+        env={"MESHWISE_FAULTS": "kill@15,kill@30"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     every, kills, resumed = None, iter([15, 30]), []
     for line in r.stdout.splitlines():
-        m = re.match(r"Checkpoint interval \((auto|re-derived, the save was slower)\): every (\d+) steps \([\d.e+-]+ s\): "
-                     r"the save of step \d+ took [\d.e+-]+ s \(staging [\d.e+-]+ s, write [\d.e+-]+ s; ", line)
+        m = re.match(
+            r"Checkpoint interval \((auto|re-derived, the save was slower)\): every (\d+) steps \([\d.e+-]+ s\): "
+            r"the save of step \d+ took [\d.e+-]+ s \(staging [\d.e+-]+ s, write [\d.e+-]+ s; ",
+            line,
+        )
         if m:
             every = int(m.group(2))
         m = re.match(r"Resumed from ck/step-(\d+) ", line)

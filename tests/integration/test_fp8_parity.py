@@ -41,9 +41,12 @@ NORM_RTOLS = (1e-4, 3e-4)  # the first two steps' gradient norms
 # test_checks_tell_fp8_from_fp32).
 NORM_RTOLS_TP = (3e-4, 3e-3)
 CASES = {
-    2: [Case("dp=2,zero=3", precision="fp8", steps=STEPS), Case("tp=2,sp=off,mbs=4", precision="fp8", steps=STEPS),
+    2: [
+        Case("dp=2,zero=3", precision="fp8", steps=STEPS),
+        Case("tp=2,sp=off,mbs=4", precision="fp8", steps=STEPS),
         Case("pp=2,schedule=1f1b", precision="fp8", steps=STEPS),
-        Case("dp=2,zero=3", precision="fp8", steps=2, corrupt="same-data")],
+        Case("dp=2,zero=3", precision="fp8", steps=2, corrupt="same-data"),
+    ],
     4: [Case("dp=2,tp=2,sp=on,mbs=2", precision="fp8", steps=STEPS)],
 }
 GROUP_TIMEOUT_S = 300  # hang guard, not a timing assertion
@@ -71,7 +74,7 @@ def _result(world: int, case: Case) -> dp.Run:
 def _problems(run: dp.Run, ref: dp.Run, norm_rtols: tuple[float, float] = NORM_RTOLS) -> list[str]:
     """What differs; a run of fewer steps than ``ref`` is compared on its steps (no eval loss)."""
     problems = []
-    for i, (got, want) in enumerate(zip(run.losses, ref.losses[:len(run.losses)], strict=True)):
+    for i, (got, want) in enumerate(zip(run.losses, ref.losses[: len(run.losses)], strict=True)):
         tol = FIRST_LOSS_RTOL if i == 0 else LOSS_RTOL
         if abs(got - want) > tol * abs(want):
             problems.append(f"step {i}: loss {got:.9g} vs {want:.9g} (rel {abs(got - want) / want:.1e} > {tol:g})")

@@ -18,8 +18,15 @@ torch = pytest.importorskip("torch")
 from _cli import meshwise_here, meshwise_launch  # noqa: E402
 from meshwise.train.export import read_safetensors  # noqa: E402
 
-TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=256, max_position_embeddings=64)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=64,
+)
 
 
 def save_tiny(folder: Path, cls: str = "Qwen3Config", **kw) -> Path:
@@ -49,15 +56,35 @@ def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
 COMMON = ("--seq-len", "16", "--global-batch", "4", "--eval-every", "0", "--prompt", "")
 
 
-@pytest.mark.parametrize("cls, nproc, layout", [("Qwen3Config", "1", "dp=1"), ("Phi3Config", "1", "dp=1"),
-                                                ("Qwen3Config", "2", "dp=2,zero=3"), ("Qwen3Config", "2", "tp=2,sp=on"),
-                                                ("Phi3Config", "2", "pp=2,schedule=1f1b")])
+@pytest.mark.parametrize(
+    "cls, nproc, layout",
+    [
+        ("Qwen3Config", "1", "dp=1"),
+        ("Phi3Config", "1", "dp=1"),
+        ("Qwen3Config", "2", "dp=2,zero=3"),
+        ("Qwen3Config", "2", "tp=2,sp=on"),
+        ("Phi3Config", "2", "pp=2,schedule=1f1b"),
+    ],
+)
 def test_steps_0_is_a_bit_exact_conversion(tmp_path, cls, nproc, layout):
     kw = {"pad_token_id": 0} if cls == "Phi3Config" else {"head_dim": 24}
     hf = save_tiny(tmp_path / "hf", cls, **kw)
     run = meshwise_here if nproc == "1" else meshwise  # one process starts no worker: tests/_cli.py
-    r = run("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", nproc, "--layout", layout,
-            "--checkpoint-dir", "ck", *COMMON, cwd=tmp_path)
+    r = run(
+        "train",
+        "--model.from",
+        str(hf),
+        "--steps",
+        "0",
+        "--nproc-per-node",
+        nproc,
+        "--layout",
+        layout,
+        "--checkpoint-dir",
+        "ck",
+        *COMMON,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "ck" / "step-0").is_dir()
     r = meshwise_here("export", "--checkpoint", "ck", "--out", "out/model.safetensors", cwd=tmp_path)
@@ -79,8 +106,23 @@ def test_fine_tune_equal_under_two_layouts(tmp_path):
     runs = {}
     for layout in ("dp=2,zero=3", "tp=2,sp=on"):
         metrics = tmp_path / f"{layout}.jsonl"
-        r = meshwise("train", "--model.from", str(hf), "--steps", "3", "--nproc-per-node", "2", "--layout", layout,
-                     "--checkpoint-dir", "", "--metrics", str(metrics), *COMMON, cwd=tmp_path)
+        r = meshwise(
+            "train",
+            "--model.from",
+            str(hf),
+            "--steps",
+            "3",
+            "--nproc-per-node",
+            "2",
+            "--layout",
+            layout,
+            "--checkpoint-dir",
+            "",
+            "--metrics",
+            str(metrics),
+            *COMMON,
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         runs[layout] = losses(metrics)
     print("fine-tuning losses per layout:", runs)
@@ -110,9 +152,30 @@ def test_step_0_eval_loss_equals_transformers_under_pp(tmp_path):
     from meshwise.train.data import build_corpus
 
     hf = save_tiny(tmp_path / "hf", head_dim=24)
-    r = meshwise("train", "--model.from", str(hf), "--steps", "0", "--nproc-per-node", "2", "--layout",
-                 "pp=2,schedule=1f1b", "--checkpoint-dir", "", "--seq-len", "16", "--global-batch", "4",
-                 "--eval-every", "1", "--schedule.eval_batches", "2", "--prompt", "", cwd=tmp_path)
+    r = meshwise(
+        "train",
+        "--model.from",
+        str(hf),
+        "--steps",
+        "0",
+        "--nproc-per-node",
+        "2",
+        "--layout",
+        "pp=2,schedule=1f1b",
+        "--checkpoint-dir",
+        "",
+        "--seq-len",
+        "16",
+        "--global-batch",
+        "4",
+        "--eval-every",
+        "1",
+        "--schedule.eval_batches",
+        "2",
+        "--prompt",
+        "",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     printed = float(re.search(r"eval loss at step 0: ([0-9.]+)", r.stdout).group(1))
     corpus = build_corpus(DataConfig(seq_len=16), 256)

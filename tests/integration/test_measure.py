@@ -42,8 +42,14 @@ MODEL = load_model("tiny")
 TRAIN = TrainSpec(global_batch=8, seq_len=64, precision="fp32")
 # The mixture of experts' measured layouts (``model:layout``) join the launch of their world size;
 # the other model cases (tied, Qwen3) are parity only.
-LAYOUTS = {w: [c.name for c in cases + [m for m in MODEL_CASES.get(w, []) if m.model == "tiny-moe"]
-               if not c.corrupt and c.measured] for w, cases in CASES.items()}
+LAYOUTS = {
+    w: [
+        c.name
+        for c in cases + [m for m in MODEL_CASES.get(w, []) if m.model == "tiny-moe"]
+        if not c.corrupt and c.measured
+    ]
+    for w, cases in CASES.items()
+}
 # The 8-rank launch also measures the mixture of experts under ep with cp, for its expert- and
 # context-parallel traffic (test_ep_and_cp_traffic_is_exact), whether or not its memory is compared.
 EP_CP = next(c.name for c in MODEL_CASES[8] if "ep=" in c.layout and "cp=" in c.layout)
@@ -56,10 +62,19 @@ _records: dict[int, list[list[dict]]] = {}
 
 def records(world: int) -> list[list[dict]]:
     if world not in _records:
+
         def launch() -> list[list[dict]]:
             with mock.patch.object(measure_run, "launch_logged", launch_forked):
-                return run_workers(world, LAYOUTS[world] + EXTRA.get(world, []), "tiny", TRAIN.global_batch,
-                                   TRAIN.seq_len, steps=0, timeout_s=600)
+                return run_workers(
+                    world,
+                    LAYOUTS[world] + EXTRA.get(world, []),
+                    "tiny",
+                    TRAIN.global_batch,
+                    TRAIN.seq_len,
+                    steps=0,
+                    timeout_s=600,
+                )
+
         _records[world] = once_more_on_transport_error(launch)
     return _records[world]
 
@@ -87,25 +102,36 @@ def test_prediction_matches_measurement(world: int, index: int, layout: str) -> 
         for r in rows:
             tol = tolerance(r.figure)
             if tol == 0.0 and r.predicted != r.measured:
-                bad.append(f"rank {r.rank} {r.figure}: predicted {r.predicted:,.0f}, "
-                           f"measured {r.measured:,.0f} (exact)")
+                bad.append(
+                    f"rank {r.rank} {r.figure}: predicted {r.predicted:,.0f}, measured {r.measured:,.0f} (exact)"
+                )
             elif tol is not None and abs(r.rel_error) > tol:
-                bad.append(f"rank {r.rank} {r.figure}: predicted {r.predicted:,.0f}, measured {r.measured:,.0f} "
-                           f"({r.rel_error:+.1%}, tolerance {tol:.0%})")
+                bad.append(
+                    f"rank {r.rank} {r.figure}: predicted {r.predicted:,.0f}, measured {r.measured:,.0f} "
+                    f"({r.rel_error:+.1%}, tolerance {tol:.0%})"
+                )
         moved = sorted({f.split(".")[1] for f in by if f.startswith("peak_moved.")})
         at = {c: by[f"peak_moved.{moved[0]}.{c}" if moved else f"memory.{c}"] for c in (*AT_PEAK, "other")}
         for c, tol in AT_PEAK.items():
             if abs(at[c].rel_error) > tol:
-                bad.append(f"rank {record['rank']} {at[c].figure}: predicted {at[c].predicted:,.0f}, measured "
-                           f"{at[c].measured:,.0f} ({at[c].rel_error:+.1%}, tolerance {tol:.0%})")
+                bad.append(
+                    f"rank {record['rank']} {at[c].figure}: predicted {at[c].predicted:,.0f}, measured "
+                    f"{at[c].measured:,.0f} ({at[c].rel_error:+.1%}, tolerance {tol:.0%})"
+                )
         total, other = by["memory.total"], at["other"]
         other_share = abs(other.predicted - other.measured) / total.measured
         if other_share > OTHER_SHARE:
-            bad.append(f"rank {record['rank']} {other.figure}: predicted {other.predicted:,.0f}, measured "
-                       f"{other.measured:,.0f} ({other_share:.1%} of the total, bound {OTHER_SHARE:.0%})")
+            bad.append(
+                f"rank {record['rank']} {other.figure}: predicted {other.predicted:,.0f}, measured "
+                f"{other.measured:,.0f} ({other_share:.1%} of the total, bound {OTHER_SHARE:.0%})"
+            )
         errors = {c: at[c].rel_error for c in AT_PEAK} | {"total": total.rel_error}
-        print(f"{layout} rank {record['rank']}: " + ", ".join(f"{c} {e:+.1%}" for c, e in errors.items())
-              + f", other {other_share:.1%} of total" + (f", peak moved to {moved[0]}" if moved else ""))
+        print(
+            f"{layout} rank {record['rank']}: "
+            + ", ".join(f"{c} {e:+.1%}" for c, e in errors.items())
+            + f", other {other_share:.1%} of total"
+            + (f", peak moved to {moved[0]}" if moved else "")
+        )
     assert not bad, "\n".join(bad)
 
 
@@ -122,9 +148,21 @@ def test_ep_and_cp_traffic_is_exact() -> None:
     assert len(records_) == 8
     for record in records_:
         rows = {r.figure: r for r in rows_for(record, model, cluster, TRAIN)}
-        exact = [f for f in rows if f.startswith(("comm.all_to_all.ep.", "comm.all_reduce.cp.", "comm.send.cp.",
-                                                   "comm.recv.cp.", "comm.all_gather.dp_shard_cp.",
-                                                   "comm.reduce_scatter.dp_shard_cp.")) or ".edp." in f]
+        exact = [
+            f
+            for f in rows
+            if f.startswith(
+                (
+                    "comm.all_to_all.ep.",
+                    "comm.all_reduce.cp.",
+                    "comm.send.cp.",
+                    "comm.recv.cp.",
+                    "comm.all_gather.dp_shard_cp.",
+                    "comm.reduce_scatter.dp_shard_cp.",
+                )
+            )
+            or ".edp." in f
+        ]
         assert len(exact) == 16, sorted(rows)
         for figure in exact:
             assert rows[figure].predicted == rows[figure].measured > 0, (record["rank"], figure, rows[figure])
@@ -134,10 +172,13 @@ def test_a_pipeline_with_a_bubble_measures_idle_time() -> None:
     """pp=2 under 1F1B, one timed step: each stage waits on the other (the bubble), and that wait is
     read as idle (pipelining's _wait_batch_p2p, runtime/_torch_private.timed_waits), not as compute.
     A hook torch no longer calls would read 0 here."""
+
     def launch() -> list[list[dict]]:
         with mock.patch.object(measure_run, "launch_logged", launch_forked):
-            return run_workers(2, ["pp=2,schedule=1f1b"], "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=1,
-                               timeout_s=600)
+            return run_workers(
+                2, ["pp=2,schedule=1f1b"], "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=1, timeout_s=600
+            )
+
     cluster = load_cluster("cpu", 2, 2)
     for record in once_more_on_transport_error(launch)[0]:
         rows = {r.figure: r for r in rows_for(record, MODEL, cluster, TRAIN)}
@@ -155,14 +196,28 @@ def test_a_wrong_prediction_is_caught() -> None:
 
 
 def test_measure_cli_json_and_bad_input() -> None:
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "measure", "--layout", "dp=2,zero=2", "--steps", "1",
-                        "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "meshwise.cli", "measure", "--layout", "dp=2,zero=2", "--steps", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)["rows"]
     figures = {row["figure"] for row in rows}
-    assert {"memory.params", "memory.grads", "memory.optimizer", "memory.activations", "memory.other",
-            "comm.all_gather.dp.bytes_per_step", "comm.reduce_scatter.dp.count_per_step",
-            "time.step_s", "time.compute_s", "time.comm_s", "time.idle_s"} <= figures
+    assert {
+        "memory.params",
+        "memory.grads",
+        "memory.optimizer",
+        "memory.activations",
+        "memory.other",
+        "comm.all_gather.dp.bytes_per_step",
+        "comm.reduce_scatter.dp.count_per_step",
+        "time.step_s",
+        "time.compute_s",
+        "time.comm_s",
+        "time.idle_s",
+    } <= figures
     assert {row["rank"] for row in rows} == {0, 1}
     for rank in (0, 1):
         time = {row["figure"]: row for row in rows if row["rank"] == rank and row["figure"].startswith("time.")}

@@ -20,13 +20,41 @@ from _cli import meshwise_here, meshwise_launch
 pytestmark = pytest.mark.integration
 
 STEPS = 6
-COMMON = ["--model", "tiny-moe", "--seq-len", "16", "--steps", str(STEPS), "--checkpoint-every", "3", "--keep", "5",
-          "--eval-every", "6", "--schedule.eval_batches", "1", "--prompt=", "--schedule.global_batch", "8"]
+COMMON = [
+    "--model",
+    "tiny-moe",
+    "--seq-len",
+    "16",
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    "3",
+    "--keep",
+    "5",
+    "--eval-every",
+    "6",
+    "--schedule.eval_batches",
+    "1",
+    "--prompt=",
+    "--schedule.global_batch",
+    "8",
+]
 
 
 def _train(folder: Path, layout: str, nproc: str, *extra: str) -> subprocess.CompletedProcess:
-    args = ["train", *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck", "--metrics",
-            "m.jsonl", *extra]
+    args = [
+        "train",
+        *COMMON,
+        "--layout",
+        layout,
+        "--nproc-per-node",
+        nproc,
+        "--checkpoint-dir",
+        "ck",
+        "--metrics",
+        "m.jsonl",
+        *extra,
+    ]
     if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
         return meshwise_here(*args, cwd=folder)
     return meshwise_launch(*args, cwd=folder, env={"OMP_NUM_THREADS": "1"})  # the launcher here, the workers not

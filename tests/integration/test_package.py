@@ -76,8 +76,11 @@ def _build_wheels(folder: Path, tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tree / name)
     shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(folder),
-                    str(tree)], check=True, env=_clean_env())
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(folder), str(tree)],
+        check=True,
+        env=_clean_env(),
+    )
     todo, seen = ["rich"], set()
     while todo:
         name = todo.pop()
@@ -97,19 +100,24 @@ def clean_venv(tmp_path_factory) -> Path:
     wheel = _build_wheels(wheels, tmp)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_clean_env())
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
-                    str(wheel)], check=True, env=_clean_env())
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), str(wheel)],
+        check=True,
+        env=_clean_env(),
+    )
     return venv
 
 
 def _meshwise(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin/meshwise"), *args], capture_output=True, text=True, timeout=120,
-                          env=_clean_env(), cwd=venv)
+    return subprocess.run(
+        [str(venv / "bin/meshwise"), *args], capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=venv
+    )
 
 
 def test_the_wheel_installs_without_torch_and_plans(clean_venv: Path) -> None:
-    no_torch = subprocess.run([str(clean_venv / "bin/python"), "-c", "import torch"], capture_output=True,
-                              env=_clean_env())
+    no_torch = subprocess.run(
+        [str(clean_venv / "bin/python"), "-c", "import torch"], capture_output=True, env=_clean_env()
+    )
     assert no_torch.returncode != 0  # the clean venv really has no torch
     plan = _meshwise(clean_venv, "plan", "--model", "llama3-8b", "--gpus", "8", "--json")
     assert plan.returncode == 0, plan.stderr
@@ -118,8 +126,9 @@ def test_the_wheel_installs_without_torch_and_plans(clean_venv: Path) -> None:
     assert version.returncode == 0 and version.stdout == f"meshwise {__version__}\n"
 
 
-@pytest.mark.parametrize("command", [["train"], ["measure", "--layout", "dp=2"], ["verify", "--layout", "dp=8"],
-                                     ["calibrate"]])
+@pytest.mark.parametrize(
+    "command", [["train"], ["measure", "--layout", "dp=2"], ["verify", "--layout", "dp=8"], ["calibrate"]]
+)
 def test_the_runtime_commands_refuse_in_one_line_without_torch(clean_venv: Path, command: list[str]) -> None:
     run = _meshwise(clean_venv, *command)
     assert run.returncode == 2

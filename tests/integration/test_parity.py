@@ -21,8 +21,11 @@ from _transport import is_transport_error
 GROUP_TIMEOUT_S = {2: 360, 4: 330, 8: 300}  # hang guards (26, 17 and 3 cases), not timing assertions
 # torch.compile per block, composed with replicate, FSDP2, TP/SP and both recompute modes: few
 # cases, since compiling takes tens of seconds on CPU (inductor's on-disk cache makes later runs faster).
-COMPILE_CASES = [Case("dp=2,zero=0", compile=True), Case("dp=2,zero=3,ac=selective", compile=True),
-                 Case("tp=2,sp=on,ac=full", compile=True)]
+COMPILE_CASES = [
+    Case("dp=2,zero=0", compile=True),
+    Case("dp=2,zero=3,ac=selective", compile=True),
+    Case("tp=2,sp=on,ac=full", compile=True),
+]
 COMPILE_TIMEOUT_S = 480
 
 _groups: dict[tuple[int, bool], dp.GroupResult] = {}
@@ -76,9 +79,12 @@ def test_reference_exercises_clipping(reference: dp.Run) -> None:
 
 @pytest.mark.parametrize("world,case", GOOD, ids=[f"{w}:{c.name}" for w, c in GOOD])
 def test_layout_matches_reference(world: int, case: Case) -> None:
-    problems = dp.mismatch(result(world, case), reference_of(case.model),
-                           dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL),
-                           dp.LOSS_RTOL_BY_MODEL.get(case.model, dp.LOSS_RTOL))
+    problems = dp.mismatch(
+        result(world, case),
+        reference_of(case.model),
+        dp.WEIGHT_TOL_BY_MODEL.get(case.model, dp.WEIGHT_TOL),
+        dp.LOSS_RTOL_BY_MODEL.get(case.model, dp.LOSS_RTOL),
+    )
     assert not problems, f"{case.name} differs from the single-process reference:\n{problems}"
 
 

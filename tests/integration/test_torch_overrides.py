@@ -20,9 +20,16 @@ from meshwise.runtime import _torch_private  # noqa: E402
 
 LAYOUT = "pp=2,dp=2,zero=3,tp=2"
 # every replacement of a torch function (runtime/_torch_private.OVERRIDE_CALLS' keys)
-OVERRIDES = ("Work.wait", "wait_tensor", "_wait_batch_p2p", "_PipelineSchedule._warmup_p2p",
-             "MemTracker._update_peak_stats", "MemTracker._pre_fw_hook", "ModTracker._fw_pre_hook",
-             "ShardingPropagator._propagate_tensor_meta_non_cached")
+OVERRIDES = (
+    "Work.wait",
+    "wait_tensor",
+    "_wait_batch_p2p",
+    "_PipelineSchedule._warmup_p2p",
+    "MemTracker._update_peak_stats",
+    "MemTracker._pre_fw_hook",
+    "ModTracker._fw_pre_hook",
+    "ShardingPropagator._propagate_tensor_meta_non_cached",
+)
 
 
 def _gloo_wait() -> None:
@@ -66,8 +73,12 @@ def _traced_step() -> dict:
     missing = []
     groups = _torch_private.fsdp_param_groups(seen["pm"].modules)
     states = [m._get_fsdp_state() for c in seen["pm"].modules for m in c.modules() if hasattr(m, "_get_fsdp_state")]
-    holders = {"FSDPState": states, "FSDPParamGroup": groups, "FSDPCommContext": [g.comm_ctx for g in groups],
-               "FSDPParam": [fp for g in groups for fp in g.fsdp_params]}
+    holders = {
+        "FSDPState": states,
+        "FSDPParamGroup": groups,
+        "FSDPCommContext": [g.comm_ctx for g in groups],
+        "FSDPParam": [fp for g in groups for fp in g.fsdp_params],
+    }
     for names in (_torch_private.FSDP_NAMES, _torch_private.FSDP_LAZY_NAMES):
         for kind, attrs in names.items():
             assert holders[kind], kind

@@ -28,8 +28,23 @@ from _models import micro_model
 from meshwise.launch import free_port
 
 STEPS = 20
-COMMON = ["--seq-len", "16", "--steps", str(STEPS), "--checkpoint-every", "5", "--keep", "10", "--eval-every", "10",
-          "--schedule.eval_batches", "1", "--prompt=", "--lr", "3e-3"]  # lr: the loss falls by 0.5 in 20 steps
+COMMON = [
+    "--seq-len",
+    "16",
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    "5",
+    "--keep",
+    "10",
+    "--eval-every",
+    "10",
+    "--schedule.eval_batches",
+    "1",
+    "--prompt=",
+    "--lr",
+    "3e-3",
+]  # lr: the loss falls by 0.5 in 20 steps
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -50,8 +65,22 @@ def reference(tmp_path_factory) -> tuple[Path, dict[int, float]]:
     folder = tmp_path_factory.mktemp("reference")
     model = micro_model(folder)
     # the launcher in this process, the 4 workers new processes (tests/_cli.py)
-    r = meshwise_launch("train", "--model", model, *COMMON, "--layout", "dp=2,tp=2", "--nproc-per-node", "4",
-                        "--checkpoint-dir", "ck", "--metrics", "m.jsonl", cwd=folder, env={"OMP_NUM_THREADS": "1"})
+    r = meshwise_launch(
+        "train",
+        "--model",
+        model,
+        *COMMON,
+        "--layout",
+        "dp=2,tp=2",
+        "--nproc-per-node",
+        "4",
+        "--checkpoint-dir",
+        "ck",
+        "--metrics",
+        "m.jsonl",
+        cwd=folder,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     losses = dict(_losses(folder / "m.jsonl"))
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -61,11 +90,32 @@ def reference(tmp_path_factory) -> tuple[Path, dict[int, float]]:
 def test_sigkill_and_crash_during_save_resume_bit_for_bit(reference, tmp_path) -> None:
     ref_folder, ref = reference
     model = micro_model(tmp_path)
-    cmd = _torchrun("--nproc-per-node", "4", "--max-restarts", "2", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "meshwise.train", "--model", model, *COMMON,
-                    "--layout", "dp=2,tp=2", "--checkpoint-dir", "ck", "--resume", "auto", "--metrics", "m.jsonl")
-    r = subprocess.run(cmd, cwd=tmp_path, env=_env({"MESHWISE_FAULTS": "kill@12,save@15"}), capture_output=True,
-                       text=True, timeout=400)
+    cmd = _torchrun(
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "-m",
+        "meshwise.train",
+        "--model",
+        model,
+        *COMMON,
+        "--layout",
+        "dp=2,tp=2",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+        "--metrics",
+        "m.jsonl",
+    )
+    r = subprocess.run(
+        cmd, cwd=tmp_path, env=_env({"MESHWISE_FAULTS": "kill@12,save@15"}), capture_output=True, text=True, timeout=400
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     resumed = re.findall(r"Resumed from (\S+) \(step (\d+)", out)
@@ -92,8 +142,22 @@ def test_resume_under_another_layout_and_world_size(reference, tmp_path, layout,
     model = micro_model(tmp_path)
     (tmp_path / "ck").mkdir()
     shutil.copytree(ref_folder / "ck" / "step-10", tmp_path / "ck" / "step-10")
-    args = ["train", "--model", model, *COMMON, "--layout", layout, "--nproc-per-node", nproc, "--checkpoint-dir", "ck",
-            "--resume", "auto", "--metrics", "m.jsonl"]
+    args = [
+        "train",
+        "--model",
+        model,
+        *COMMON,
+        "--layout",
+        layout,
+        "--nproc-per-node",
+        nproc,
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+        "--metrics",
+        "m.jsonl",
+    ]
     if nproc == "1":  # one process starts no worker: in this one (tests/_cli.py)
         r = meshwise_here(*args, cwd=tmp_path)
     else:  # the launcher in this process, the workers new processes
@@ -111,10 +175,37 @@ def test_two_nodes_on_one_machine_layout_auto(tmp_path) -> None:
     """Two torchrun agents (--nnodes 2, 2 processes each, c10d rendezvous on 127.0.0.1)."""
     model = micro_model(tmp_path)
     port = free_port()
-    cmd = _torchrun("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m", "meshwise.train", "--model", model,
-                    "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--schedule.eval_batches", "1",
-                    "--prompt=", "--layout", "auto", "--checkpoint-dir", "ck", "--metrics", "m.jsonl")
+    cmd = _torchrun(
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "two-nodes",
+        "-m",
+        "meshwise.train",
+        "--model",
+        model,
+        "--seq-len",
+        "16",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--schedule.eval_batches",
+        "1",
+        "--prompt=",
+        "--layout",
+        "auto",
+        "--checkpoint-dir",
+        "ck",
+        "--metrics",
+        "m.jsonl",
+    )
     outs = run_nodes(cmd, tmp_path, _env())
     out = "\n".join(outs)
     assert "Layout (auto, planner on 2 node(s) x 2 cpu):" in out
@@ -129,9 +220,21 @@ def test_checkpoint_of_another_model_shape_is_refused(reference, tmp_path, capsy
     from meshwise.cli import main
 
     ref_folder, _ = reference
-    args = ["train", "--model", "tiny", "--seq-len", "16", "--nproc-per-node", "1", "--resume",
-            str(ref_folder / "ck" / "step-10"), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics",
-            str(tmp_path / "m.jsonl")]
+    args = [
+        "train",
+        "--model",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--nproc-per-node",
+        "1",
+        "--resume",
+        str(ref_folder / "ck" / "step-10"),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--metrics",
+        str(tmp_path / "m.jsonl"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("meshwise: error: checkpoint") and "layers=2" in err and "layers=4" in err, err

@@ -22,9 +22,27 @@ def meshwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_non_finite_loss_stops_before_saving_that_state(tmp_path) -> None:
     """A real NaN (every weight poisoned before step 2): exit 2, one line naming the step, and
     step 1's checkpoint is the last one; the metrics file holds step 1 only."""
-    r = meshwise("train", "--model", micro_model(tmp_path), "--seq-len", "16", "--steps", "4", "--nproc-per-node",
-                 "1", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--metrics", "m.jsonl", "--prompt=",
-                 "--inject-nan-at-step", "2", cwd=tmp_path)
+    r = meshwise(
+        "train",
+        "--model",
+        micro_model(tmp_path),
+        "--seq-len",
+        "16",
+        "--steps",
+        "4",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "1",
+        "--metrics",
+        "m.jsonl",
+        "--prompt=",
+        "--inject-nan-at-step",
+        "2",
+        cwd=tmp_path,
+    )
     assert r.returncode == 2, r.stderr
     err = r.stderr.strip()
     assert "\n" not in err and "step 2: non-finite loss nan" in err and "last checkpoint is step-1" in err, err
@@ -36,9 +54,30 @@ def test_non_finite_loss_stops_before_saving_that_state(tmp_path) -> None:
 def test_export_and_generate(tmp_path) -> None:
     from meshwise.train.export import hf_name, read_safetensors
 
-    r = meshwise("train", "--model", micro_model(tmp_path), "--seq-len", "16", "--steps", "3", "--nproc-per-node",
-                 "1", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep", "2", "--metrics", "m.jsonl",
-                 "--prompt", "1 + 1 =", "--eval-every", "0", cwd=tmp_path)
+    r = meshwise(
+        "train",
+        "--model",
+        micro_model(tmp_path),
+        "--seq-len",
+        "16",
+        "--steps",
+        "3",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "1",
+        "--keep",
+        "2",
+        "--metrics",
+        "m.jsonl",
+        "--prompt",
+        "1 + 1 =",
+        "--eval-every",
+        "0",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-2", "step-3"]  # the last --keep 2
     assert "Sample from ck/step-3:\n1 + 1 =" in r.stdout
@@ -63,8 +102,18 @@ def test_export_and_generate(tmp_path) -> None:
     for name, p in params.items():
         assert torch.equal(tensors[hf_name(name)], p.detach()), name
 
-    r = meshwise("generate", "--checkpoint", "ck", "--prompt", "7 + 1", "--tokens", "10",  # ck: its latest
-                 "--temperature", "0", cwd=tmp_path)
+    r = meshwise(
+        "generate",
+        "--checkpoint",
+        "ck",
+        "--prompt",
+        "7 + 1",
+        "--tokens",
+        "10",  # ck: its latest
+        "--temperature",
+        "0",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and r.stdout.startswith("7 + 1") and len(r.stdout.rstrip("\n")) >= 6, r.stderr
     r = meshwise("export", "--checkpoint", "nowhere", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a complete meshwise checkpoint" in r.stderr

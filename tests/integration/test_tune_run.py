@@ -25,8 +25,20 @@ from meshwise.train.layout_choice import THREADS_ENV
 pytestmark = pytest.mark.integration
 
 PROFILE = str(Path(__file__).parents[1] / "data" / "tune_profile_2p.toml")
-COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--layout.profile", PROFILE,
-          "--trial-warmup", "1", "--trial-steps", "3"]
+COMMON = [
+    "--model",
+    "tiny",
+    "--seq-len",
+    "64",
+    "--global-batch",
+    "8",
+    "--layout.profile",
+    PROFILE,
+    "--trial-warmup",
+    "1",
+    "--trial-steps",
+    "3",
+]
 
 
 def _trials(folder: Path) -> list[dict]:
@@ -34,8 +46,19 @@ def _trials(folder: Path) -> list[dict]:
 
 
 def test_two_process_tune_over_a_field_then_resume(tmp_path) -> None:
-    r = meshwise_launch("tune", *COMMON, "--nproc-per-node", "2", "--out", "t", "--trials", "3", "--json",
-                        cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    r = meshwise_launch(
+        "tune",
+        *COMMON,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        "t",
+        "--trials",
+        "3",
+        "--json",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     summary = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
     # the refit may end the tune before --trials: once no untried layout can beat the measured best
@@ -50,12 +73,30 @@ def test_two_process_tune_over_a_field_then_resume(tmp_path) -> None:
     assert cfg.layout.choice == pick["layout"] and cfg.layout.profile.endswith("profile.toml")
     load_cluster(str(tmp_path / "t" / "profile.toml"), 2, 2)  # what plan --gpu reads
 
-    r = meshwise_launch("tune", *COMMON, "--nproc-per-node", "2", "--out", "t", "--trials", "5", "--resume",
-                        "--emit", "deepspeed", "--tokens", "1e9", "--price-per-gpu-hour", "2", "--report", "t.html",
-                        cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    r = meshwise_launch(
+        "tune",
+        *COMMON,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        "t",
+        "--trials",
+        "5",
+        "--resume",
+        "--emit",
+        "deepspeed",
+        "--tokens",
+        "1e9",
+        "--price-per-gpu-hour",
+        "2",
+        "--report",
+        "t.html",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     after = [t["layout"] for t in _trials(tmp_path / "t")]
-    assert after[:len(first)] == first and len(set(after)) == len(after) <= 5
+    assert after[: len(first)] == first and len(set(after)) == len(after) <= 5
     assert f"({len(first)} resumed)" in r.stdout and "Pick: " in r.stdout
     assert "Budget: 1B tokens in " in r.stdout and "GPU-hours on 2 device(s), cost " in r.stdout
     pick = next(line for line in r.stdout.splitlines() if line.startswith("Pick: ")).split()[1]
@@ -68,12 +109,24 @@ def test_two_process_tune_over_a_field_then_resume(tmp_path) -> None:
 
 def test_sigterm_mid_tune_then_resume_repeats_no_finished_trial(tmp_path) -> None:
     # --exhaustive 4: four trials whatever the refit says, so the signal finds one running
-    cmd = [sys.executable, "-m", "meshwise.cli", "tune", *COMMON, "--nproc-per-node", "2", "--out", "t",
-           "--exhaustive", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshwise.cli",
+        "tune",
+        *COMMON,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        "t",
+        "--exhaustive",
+        "4",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # trials of up to 200 steps (seconds each): the signal comes during the second
-    proc = subprocess.Popen([*cmd, "--trial-steps", "200"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cmd, "--trial-steps", "200"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     results = tmp_path / "t" / "trials.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -90,19 +143,50 @@ def test_sigterm_mid_tune_then_resume_repeats_no_finished_trial(tmp_path) -> Non
     done = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     after = [t["layout"] for t in _trials(tmp_path / "t")]
-    assert after[:len(finished)] == finished and len(set(after)) == len(after) == 4
+    assert after[: len(finished)] == finished and len(set(after)) == len(after) == 4
 
 
 def test_two_nodes_on_loopback_pick_as_one_launch(tmp_path) -> None:
     """Two torchrun agents of one process each (c10d rendezvous on 127.0.0.1) against one launch of
     two processes: one trial each, so the pick is the field's first, which both must agree on."""
-    one = meshwise_launch("tune", *COMMON, "--nproc-per-node", "2", "--out", "one", "--trials", "1", "--json",
-                          cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    one = meshwise_launch(
+        "tune",
+        *COMMON,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        "one",
+        "--trials",
+        "1",
+        "--json",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
     port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "tune-two-nodes",
-           "-m", "meshwise.tune", *COMMON, "--out", "two", "--trials", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "tune-two-nodes",
+        "-m",
+        "meshwise.tune",
+        *COMMON,
+        "--out",
+        "two",
+        "--trials",
+        "1",
+        "--json",
+    ]
     # one thread per rank, as the one launch gives each of its 2 processes on this machine's cores
     env = {**os.environ, "OMP_NUM_THREADS": "1", THREADS_ENV: "1"}
     outs = run_nodes(cmd, tmp_path, env)

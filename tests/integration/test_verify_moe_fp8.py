@@ -27,8 +27,11 @@ def test_fp8_moe_memory_within_ten_percent_of_the_trace():
     by = {r.figure: r for r in rows}
     total = by["memory.total"]
     assert abs(total.predicted / total.measured - 1) < 0.10, (total.predicted, total.measured)
-    a2a = [r for f, r in by.items() if f.startswith("comm.all_to_all.") and f.endswith(".bytes_per_step")
-           and r.predicted]
+    a2a = [
+        r for f, r in by.items() if f.startswith("comm.all_to_all.") and f.endswith(".bytes_per_step") and r.predicted
+    ]
     assert a2a and all(r.predicted == pytest.approx(r.measured, rel=1e-6) or r.measured == 0 for r in a2a)
-    traced = sum(r.measured for f, r in by.items() if f.startswith("comm.all_to_all.") and f.endswith(".bytes_per_step"))
+    traced = sum(
+        r.measured for f, r in by.items() if f.startswith("comm.all_to_all.") and f.endswith(".bytes_per_step")
+    )
     assert traced == pytest.approx(sum(r.predicted for r in a2a), rel=1e-6)

@@ -36,6 +36,7 @@ def traced_70b():
             train = TrainSpec(global_batch=batch, seq_len=SEQ, precision="bf16-mixed")
             traced[text] = v.verify(model, cluster, train, parse(text, 64), ranks)
         return traced[text]
+
     return trace
 
 

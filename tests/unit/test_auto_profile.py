@@ -35,12 +35,14 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 def test_the_key_names_host_cores_torch_and_process_count() -> None:
     key = auto_profile.machine_key(2, host="box", arch="x86_64", cores=2, torch="2.13.0")
     assert key == f"cpu-v{auto_profile.CALIBRATION_VERSION}-box-x86_64-2c-torch2.13.0-2p"
-    others = [auto_profile.machine_key(4, host="box", arch="x86_64", cores=2, torch="2.13.0"),
-              auto_profile.machine_key(2, host="other", arch="x86_64", cores=2, torch="2.13.0"),
-              auto_profile.machine_key(2, host="box", arch="x86_64", cores=8, torch="2.13.0"),
-              auto_profile.machine_key(2, host="box", arch="x86_64", cores=2, torch="2.14.0+cpu")]
+    others = [
+        auto_profile.machine_key(4, host="box", arch="x86_64", cores=2, torch="2.13.0"),
+        auto_profile.machine_key(2, host="other", arch="x86_64", cores=2, torch="2.13.0"),
+        auto_profile.machine_key(2, host="box", arch="x86_64", cores=8, torch="2.13.0"),
+        auto_profile.machine_key(2, host="box", arch="x86_64", cores=2, torch="2.14.0+cpu"),
+    ]
     assert len({key, *others}) == 5
-    assert auto_profile.machine_key(1, host="a/b c", arch="x", cores=1, torch="1") .count("/") == 0
+    assert auto_profile.machine_key(1, host="a/b c", arch="x", cores=1, torch="1").count("/") == 0
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -80,8 +82,9 @@ def test_a_damaged_or_foreign_file_is_measured_again(empty_cache: list[tuple]) -
     assert auto_profile.cached(2) == path
 
 
-def test_workers_read_the_launch_profile_else_the_cache_else_the_catalog(empty_cache: list[tuple],
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_read_the_launch_profile_else_the_cache_else_the_catalog(
+    empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from meshwise.train.layout_choice import live_cluster
 
     assert auto_profile.resolved(2) == ""
@@ -93,7 +96,8 @@ def test_workers_read_the_launch_profile_else_the_cache_else_the_catalog(empty_c
 
 
 def test_more_processes_than_cores_take_the_cores_profile_s_per_rank_figures(
-        empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One per-rank speed per machine: a 4-process profile on 2 cores keeps its own links and takes
     the 2-process profile's per-rank figures (measured first if missing)."""
     import os
@@ -123,8 +127,9 @@ def _probed(empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch, then: dic
 
     def fake(nproc, model, out, seq, quick=False, note=""):
         empty_cache.append((nproc,))
-        Path(out).write_text(format_toml({"name": f"measured-{nproc}", **read_catalog("accelerators.toml")["cpu"],
-                                          **then}))
+        Path(out).write_text(
+            format_toml({"name": f"measured-{nproc}", **read_catalog("accelerators.toml")["cpu"], **then})
+        )
 
     now: list[dict] = []
     monkeypatch.setattr(calibrate_mod, "calibrate", fake)
@@ -137,7 +142,8 @@ THEN = {"probe_gemm_flops_per_s": 80e9, "probe_op_s": 5e-6, "calibrated_unix_s":
 
 
 def test_a_cached_calibration_is_rechecked_and_used_while_the_machine_holds(
-        empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = _probed(empty_cache, monkeypatch, THEN)
     auto_profile.ensure(2, say=lambda _: None)
     now.append({"probe_gemm_flops_per_s": 72e9, "probe_op_s": 5.5e-6, "calibrated_unix_s": 1_800_002_400})
@@ -149,8 +155,9 @@ def test_a_cached_calibration_is_rechecked_and_used_while_the_machine_holds(
 
 
 @pytest.mark.parametrize("gemm, op", [(40e9, 5e-6), (80e9, 3.5e-6)])
-def test_a_machine_that_moved_is_calibrated_again(empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch,
-                                                  gemm: float, op: float) -> None:
+def test_a_machine_that_moved_is_calibrated_again(
+    empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch, gemm: float, op: float
+) -> None:
     """Twice as slow at GEMMs (the 2x drift seen on shared hosts), or operators 30% faster: measured again."""
     now = _probed(empty_cache, monkeypatch, THEN)
     auto_profile.ensure(2, say=lambda _: None)
@@ -163,7 +170,8 @@ def test_a_machine_that_moved_is_calibrated_again(empty_cache: list[tuple], monk
 
 
 def test_the_recheck_can_be_switched_off_and_skips_a_profile_without_a_probe(
-        empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    empty_cache: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = _probed(empty_cache, monkeypatch, THEN)
     auto_profile.ensure(2, say=lambda _: None)
     now.append({"probe_gemm_flops_per_s": 10e9, "probe_op_s": 5e-5, "calibrated_unix_s": 1_800_000_600})

@@ -22,8 +22,10 @@ def _row(key, low, high, runs=9, sources=3):
 
 
 def test_the_most_specific_row_answers_then_the_broader_ones_in_order():
-    table = {k: _row(k, -0.1, 0.1) for k in ("catalog/dense/hopper/fp8", "catalog/dense/hopper", "catalog/dense/*/fp8",
-                                           "catalog/dense")}
+    table = {
+        k: _row(k, -0.1, 0.1)
+        for k in ("catalog/dense/hopper/fp8", "catalog/dense/hopper", "catalog/dense/*/fp8", "catalog/dense")
+    }
     cat = category_of(False, "h100", "fp8", calibrated=False)
     got = []
     for key in cat.keys():
@@ -104,8 +106,12 @@ def test_leave_one_source_out_bands_a_source_without_it():
 
 
 def test_plan_json_carries_the_band_of_every_figure(capsys):
-    assert cli.main(["plan", "--model", "llama3-8b", "--gpus", "8", "--json", "--tokens", "1e12",
-                     "--price-per-gpu-hour", "2"]) == 0
+    assert (
+        cli.main(
+            ["plan", "--model", "llama3-8b", "--gpus", "8", "--json", "--tokens", "1e12", "--price-per-gpu-hour", "2"]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     for c in data["candidates"]:
         b = c["band"]

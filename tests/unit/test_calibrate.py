@@ -18,6 +18,7 @@ from meshwise.spec.host_keys import PROBE_KEYS
 
 def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[float]]:
     """The GEMM benchmark's figures as cost/host.py's model makes them, over calibrate's grid."""
+
     def seconds(m: int, n: int, k: int) -> float:
         moved = 4.0 * (m * k + k * n + m * n)
         return 2 * m * n * k / rate + call_s + (moved / bytes_per_s if bytes_per_s else 0)
@@ -25,16 +26,26 @@ def _gemm_grid(rate: float, call_s: float, bytes_per_s: float) -> list[list[floa
     return [[m, n, k, seconds(m, n, k)] for m, n, k in cal.gemm_grid(quick=False)]
 
 
-RESULT = {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "dram_copy_bytes_per_s": 2e9,
-           "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
-          "matmul_flops_per_s": 30e9, "fwd_bwd_s": 0.5, "model_flops": 9e9, "copy_bytes_per_s": 5e9,
-          "collectives": [], "what": "synthetic", "model_ops": 1000, "blocks": 4,
-          "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01}, "cores": 2,
-          "matmul_all_threads_flops_per_s": 48e9,
-          "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
-          "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
-          "loss": [[128.0, 256.0, 1e-4], [128.0, 65536.0, 0.06]],
-          "ring_includes_sends": True}
+RESULT = {
+    "gemm_grid": _gemm_grid(40e9, 3e-6, 50e9),
+    "dram_copy_bytes_per_s": 2e9,
+    "gemm_reference_shapes": [[128, 192, 192], [128, 512, 192]],
+    "matmul_flops_per_s": 30e9,
+    "fwd_bwd_s": 0.5,
+    "model_flops": 9e9,
+    "copy_bytes_per_s": 5e9,
+    "collectives": [],
+    "what": "synthetic",
+    "model_ops": 1000,
+    "blocks": 4,
+    "host_s": {"none": 0.01, "full": 0.01, "selective": 0.01},
+    "cores": 2,
+    "matmul_all_threads_flops_per_s": 48e9,
+    "ring": [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+    "sdpa": [[4.0 * s * s, d, 5e-5 + 4.0 * s * s * (3e-9 + d * 1e-10)] for s, d in ((64, 16), (512, 16), (256, 64))],
+    "loss": [[128.0, 256.0, 1e-4], [128.0, 65536.0, 0.06]],
+    "ring_includes_sends": True,
+}
 
 
 def _samples(alpha: float, beta: float, n: int, rs_ratio: float = 0.0) -> list[tuple[str, int, float, float]]:
@@ -91,8 +102,9 @@ def test_ring_kernels_replace_the_attention_core_under_cp():
     from meshwise.spec import TrainSpec, load_model
 
     base = load_cluster("cpu", 2, 2)
-    ring = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, cp_step_s=1e-4,
-                                                                     cp_score_s=8e-9, cp_score_dim_s=2e-10))
+    ring = dataclasses.replace(
+        base, accelerator=dataclasses.replace(base.accelerator, cp_step_s=1e-4, cp_score_s=8e-9, cp_score_dim_s=2e-10)
+    )
     model, train = load_model("tiny"), TrainSpec(4, 256, precision="fp32")
     for text in ("dp=2", "tp=2"):
         assert estimate(model, ring, train, parse(text, 2)).time == estimate(model, base, train, parse(text, 2)).time
@@ -100,11 +112,10 @@ def test_ring_kernels_replace_the_attention_core_under_cp():
     for ac in ("none", "full"):
         layout = parse(f"cp=2,ac={ac}", 2)
         a, b = (estimate(model, c, train, layout).time.compute_s for c in (base, ring))
-        m, blocks, e = 4, model.layers, model.heads * 128.0 ** 2  # mbs 1, 128 local tokens
+        m, blocks, e = 4, model.layers, model.heads * 128.0**2  # mbs 1, 128 local tokens
         charged = m * blocks * 2 * (1 + (ac != "none") / 3) * (1e-4 + e * (8e-9 + model.head_dim * 2e-10))
         accel = base.accelerator
-        rate = (accel.peak_fp32_flops_per_s * _efficiency(model, base, layout)
-                * gemm_shape_factor(model, accel, 128, 1))
+        rate = accel.peak_fp32_flops_per_s * _efficiency(model, base, layout) * gemm_shape_factor(model, accel, 128, 1)
         core_s = 128 * m * compute.recompute_factor(ac) * blocks * 4.0 * 256 * model.hidden / rate
         extra[ac] = b - a
         assert b - a == pytest.approx(core_share(accel, 2) * (charged - core_s), rel=1e-9)
@@ -124,8 +135,10 @@ def test_ring_steps_timed_with_their_sends_expose_no_ring_transfer_again(tmp_pat
     base = load_cluster("cpu", 2, 2)
     timed = dataclasses.replace(base.accelerator, cp_step_s=1e-4, cp_score_s=8e-9, cp_score_dim_s=2e-10)
     model, train, layout = load_model("tiny"), TrainSpec(4, 256, precision="fp32"), parse("cp=2", 2)
-    bare, whole = (estimate(model, dataclasses.replace(base, accelerator=a), train, layout)
-                   for a in (timed, dataclasses.replace(timed, cp_step_includes_sends=True)))
+    bare, whole = (
+        estimate(model, dataclasses.replace(base, accelerator=a), train, layout)
+        for a in (timed, dataclasses.replace(timed, cp_step_includes_sends=True))
+    )
     assert bare.time.comm_exposed_s > whole.time.comm_exposed_s
     assert whole.time.compute_s == bare.time.compute_s
     assert whole.time.step_s < bare.time.step_s
@@ -155,17 +168,18 @@ def test_sdpa_kernel_replaces_the_attention_core_without_cp():
     fitted = (table["sdpa_call_s"], table["sdpa_score_s"], table["sdpa_score_dim_s"])
     assert fitted == pytest.approx((5e-5, 3e-9, 1e-10), rel=1e-6)
     base = load_cluster("cpu", 1, 1)
-    timed = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, sdpa_call_s=5e-5,
-                                                                      sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10))
+    timed = dataclasses.replace(
+        base,
+        accelerator=dataclasses.replace(base.accelerator, sdpa_call_s=5e-5, sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10),
+    )
     model, train = load_model("tiny"), TrainSpec(4, 256, precision="fp32")
     for ac, again in (("none", 0), ("selective", 0), ("full", 1)):
         layout = parse(f"mbs=2,ac={ac}", 1)
         a, b = (estimate(model, c, train, layout).time.compute_s for c in (base, timed))
-        m, blocks, e = 2, model.layers, 2 * model.heads * 256.0 ** 2
+        m, blocks, e = 2, model.layers, 2 * model.heads * 256.0**2
         charged = m * blocks * (1 + again / 3) * (5e-5 + e * (3e-9 + model.head_dim * 1e-10))
         accel = base.accelerator
-        rate = (accel.peak_fp32_flops_per_s * _efficiency(model, base, layout)
-                * gemm_shape_factor(model, accel, 512, 1))
+        rate = accel.peak_fp32_flops_per_s * _efficiency(model, base, layout) * gemm_shape_factor(model, accel, 512, 1)
         core_s = 512 * m * compute.recompute_factor(ac) * blocks * 4.0 * 256 * model.hidden / rate
         assert b - a == pytest.approx(core_share(accel, 1) * (charged - core_s), rel=1e-9)
 
@@ -179,10 +193,12 @@ def test_small_gemms_run_below_the_calibration_s_efficiency():
     from meshwise.cost.host import gemm_shape_factor
     from meshwise.spec import load_model
 
-    fields = cal.gemm_fields({"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9),
-                              "gemm_reference_shapes": cal_reference("small", 128)})
-    accel = dataclasses.replace(load_cluster("cpu", 2, 2).accelerator,
-                                **{k: v for k, v in fields.items() if k != "note"})
+    fields = cal.gemm_fields(
+        {"gemm_grid": _gemm_grid(40e9, 3e-6, 50e9), "gemm_reference_shapes": cal_reference("small", 128)}
+    )
+    accel = dataclasses.replace(
+        load_cluster("cpu", 2, 2).accelerator, **{k: v for k, v in fields.items() if k != "note"}
+    )
     tiny, small = load_model("tiny"), load_model("small")
     wide = dataclasses.replace(small, hidden=512, ffn_hidden=1408, heads=8, kv_heads=4)
     assert gemm_shape_factor(small, accel, 128, 1) == pytest.approx(1.0)
@@ -204,8 +220,9 @@ def test_fit_never_returns_a_negative_latency():
     assert alpha == 0.0 and beta > 0
 
 
-def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, units: int,
-                 byte_s: float, wide: bool = True) -> dict[str, list[float]]:
+def _fsdp_result(
+    call_s: float, param_s: float, plain_s: float, tensors: int, units: int, byte_s: float, wide: bool = True
+) -> dict[str, list[float]]:
     """The FSDP2 benchmark's figures as cost/host.py's model makes them (calls: ZeRO-3 per unit, two
     gathers and a reduction each, the root once each; ``units`` - 1 blocks, wrapped one or two a unit;
     ``wide``: the blocks wrapping again over five times the bytes, its own plain pass slower)."""
@@ -219,8 +236,9 @@ def _fsdp_result(call_s: float, param_s: float, plain_s: float, tensors: int, un
     return out
 
 
-@pytest.mark.parametrize("call_s, param_s, byte_s", [(150e-6, 8e-6, 3e-10), (0.0, 12e-6, 2e-10), (300e-6, 0.0, 4e-10),
-                                                     (150e-6, 8e-6, 0.0)])
+@pytest.mark.parametrize(
+    "call_s, param_s, byte_s", [(150e-6, 8e-6, 3e-10), (0.0, 12e-6, 2e-10), (300e-6, 0.0, 4e-10), (150e-6, 8e-6, 0.0)]
+)
 def test_fsdp_constants_recover_the_per_call_per_tensor_and_per_byte_costs(call_s, param_s, byte_s):
     fake = _fsdp_result(call_s, param_s, plain_s=0.02, tensors=57, units=7, byte_s=byte_s)
     got = cal.fsdp_constants(fake, 0.02, 57, 6, 20e9)
@@ -255,8 +273,9 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
     from meshwise.spec import TrainSpec, load_model
 
     cluster = load_cluster("cpu", 2, 2)
-    costly = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, fsdp_call_s=200e-6,
-                                                                          fsdp_param_s=10e-6))
+    costly = dataclasses.replace(
+        cluster, accelerator=dataclasses.replace(cluster.accelerator, fsdp_call_s=200e-6, fsdp_param_s=10e-6)
+    )
     model, train = load_model("tiny"), TrainSpec(8, 64, precision="fp32")
     extra = {}
     for text in ("dp=2,zero=0", "dp=2,zero=1", "dp=2,zero=3", "tp=2"):
@@ -275,7 +294,9 @@ def test_fsdp_host_cost_follows_the_calls_of_each_zero_stage():
         a, b = (estimate(model, c, train, parse(text, 2)) for c in (cluster, per_byte))
         moved = sum(op.bytes_per_step for op in host.fsdp_ops(list(a.comm)))
         assert moved > 0
-        assert b.time.compute_s - a.time.compute_s == pytest.approx(moved * (3e-10 - 2 / cluster.accelerator.hbm_bytes_per_s), rel=1e-4)
+        assert b.time.compute_s - a.time.compute_s == pytest.approx(
+            moved * (3e-10 - 2 / cluster.accelerator.hbm_bytes_per_s), rel=1e-4
+        )
 
 
 def test_reduce_scatter_is_charged_as_the_all_reduce_gloo_times_it_as(tmp_path):
@@ -303,8 +324,9 @@ def test_no_reduce_scatter_samples_keep_the_ring_formula():
 
 
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
-    table = cal.profile_table({**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0)}, nproc=2,
-                              ram_bytes=16 << 30)
+    table = cal.profile_table(
+        {**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0)}, nproc=2, ram_bytes=16 << 30
+    )
     # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
     catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
     assert set(table) == catalog_keys
@@ -336,17 +358,26 @@ def test_the_calibrated_profile_predicts_its_own_forward_backward(tmp_path):
 
     model, seq = load_model("small"), 128
     moved = cal.calibration_memory_bound_bytes(model, seq)
-    result = {**RESULT, "model_flops": model_flops(model, seq, seq), "model_ops": ops_per_microbatch(model.layers, True, True),
-              "blocks": model.layers, "memory_bound_bytes": moved, "fwd_bwd_s": 0.2, "loss_logits": [seq, model.vocab],
-              "sdpa_model": [model.heads, seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
-              "gemm_reference_shapes": cal_reference("small", seq)}  # with the GEMM grid's factor (1 here)
+    result = {
+        **RESULT,
+        "model_flops": model_flops(model, seq, seq),
+        "model_ops": ops_per_microbatch(model.layers, True, True),
+        "blocks": model.layers,
+        "memory_bound_bytes": moved,
+        "fwd_bwd_s": 0.2,
+        "loss_logits": [seq, model.vocab],
+        "sdpa_model": [model.heads, seq, model.head_dim, 3 * model.layers * seq * 4.0 * seq * model.hidden],
+        "gemm_reference_shapes": cal_reference("small", seq),
+    }  # with the GEMM grid's factor (1 here)
     table = cal.profile_table(result, nproc=1, ram_bytes=16 << 30)
     assert moved > 0
     path = tmp_path / "cpu.toml"
     cal.write_profile(path, table)
     cluster = load_cluster(str(path), 1, 1)
     layout = parse("dp=1,mbs=1", 1)
-    seconds = compute_seconds(model, cluster, TrainSpec(1, seq, precision="fp32"), layout, rank_shapes(model, layout)[0])
+    seconds = compute_seconds(
+        model, cluster, TrainSpec(1, seq, precision="fp32"), layout, rank_shapes(model, layout)[0]
+    )
     assert seconds == pytest.approx(0.2, rel=1e-4)
     # a profile from before the term (and before SDPA's constants), converted as replay does, gives
     # the same efficiency as one calibrated now without the SDPA grid
@@ -363,13 +394,16 @@ def test_one_process_profile_has_no_measured_links():
     assert "not measured" in table["source"]
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--nproc-per-node", "0"], "--nproc-per-node"),
-    (["--out", "profile.txt"], "--out"),
-    (["--out", "/no/such/folder/p.toml"], "--out"),
-    (["--model", "no-such-model"], "--model"),
-    (["--model", "tiny", "--seq-len", "100000"], "--seq-len"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node"),
+        (["--out", "profile.txt"], "--out"),
+        (["--out", "/no/such/folder/p.toml"], "--out"),
+        (["--model", "no-such-model"], "--model"),
+        (["--model", "tiny", "--seq-len", "100000"], "--seq-len"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, field, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["calibrate", *argv]) == 2
@@ -413,19 +447,33 @@ def test_host_constants_are_net_of_the_host_benchmark_s_own_gemms_and_attention(
 
     model, blocks = load_model("small"), load_model("small").layers
     gemm, ring = cal.gemm_fields(RESULT), cal.ring_fields(RESULT)
-    result = {**RESULT, "blocks": blocks,
-              "host_block_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, False),
-              "host_head_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:],
-              "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim]}
+    result = {
+        **RESULT,
+        "blocks": blocks,
+        "host_block_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, False),
+        "host_head_gemms": host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:],
+        "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim],
+    }
     whole_s, block_forward_s = cal.host_arithmetic_seconds(result, gemm, ring)
-    fitted = AcceleratorSpec("fit", 1, 40e9, 40e9, 1.0, cpu_gemm_flops_per_s=gemm["cpu_gemm_flops_per_s"],
-                             cpu_gemm_call_s=gemm["cpu_gemm_call_s"], cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"])
+    fitted = AcceleratorSpec(
+        "fit",
+        1,
+        40e9,
+        40e9,
+        1.0,
+        cpu_gemm_flops_per_s=gemm["cpu_gemm_flops_per_s"],
+        cpu_gemm_call_s=gemm["cpu_gemm_call_s"],
+        cpu_gemm_bytes_per_s=gemm["cpu_gemm_bytes_per_s"],
+    )
     gemms_s = sum(host.cpu_gemm_seconds(fitted, *s) for s in host.linear_gemm_shapes(model, HOST_TOKENS, 1, True)[-3:])
     assert whole_s > gemms_s > 0 and 0 < block_forward_s < whole_s / blocks
     accel = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=4e-6, checkpoint_call_s=3e-4, selective_op_s=2e-5)
     launches = {ac: host.host_seconds(accel, blocks, True, True, ac, 1) for ac in ("none", "full", "selective")}
-    times = {"none": launches["none"] + whole_s, "full": launches["full"] + whole_s + blocks * block_forward_s,
-             "selective": launches["selective"] + whole_s + blocks * block_forward_s}
+    times = {
+        "none": launches["none"] + whole_s,
+        "full": launches["full"] + whole_s + blocks * block_forward_s,
+        "selective": launches["selective"] + whole_s + blocks * block_forward_s,
+    }
     ops = host.ops_per_microbatch(blocks, True, True)
     assert cal.host_constants(times, ops, blocks, (whole_s, block_forward_s)) == pytest.approx((4e-6, 3e-4, 2e-5))
     assert cal.host_constants(times, ops, blocks)[0] > 4e-6 * 1.1  # the kernels left in: a per-op cost too high
@@ -449,13 +497,19 @@ def test_ring_steps_are_read_off_the_measured_table(tmp_path):
 
     from meshwise.cost.context_parallel import ring_step_seconds
 
-    rows = [[4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10) * (1.5 if s >= 512 else 1.0)]
-            for s, d in ((64, 16), (256, 16), (512, 16), (64, 64), (256, 64), (512, 64))]
-    accel = dataclasses.replace(load_cluster("cpu", 2, 2).accelerator, cp_step_s=1e-4, cp_score_s=8e-9,
-                                cp_ring_table=tuple(tuple(r) for r in rows))
+    rows = [
+        [4.0 * s * s, d, 1e-4 + 4.0 * s * s * (8e-9 + d * 2e-10) * (1.5 if s >= 512 else 1.0)]
+        for s, d in ((64, 16), (256, 16), (512, 16), (64, 64), (256, 64), (512, 64))
+    ]
+    accel = dataclasses.replace(
+        load_cluster("cpu", 2, 2).accelerator,
+        cp_step_s=1e-4,
+        cp_score_s=8e-9,
+        cp_ring_table=tuple(tuple(r) for r in rows),
+    )
     for e, d, s in rows:
         assert ring_step_seconds(accel, e, d) == pytest.approx(s)
-    e0, e1 = 4.0 * 256 ** 2, 4.0 * 512 ** 2
+    e0, e1 = 4.0 * 256**2, 4.0 * 512**2
     mid = ring_step_seconds(accel, (e0 + e1) / 2, 16)
     assert mid == pytest.approx((rows[1][2] + rows[2][2]) / 2)
     assert ring_step_seconds(accel, e1, 40) == pytest.approx((rows[2][2] + rows[5][2]) / 2)
@@ -464,8 +518,9 @@ def test_ring_steps_are_read_off_the_measured_table(tmp_path):
     assert ring_step_seconds(accel, 1.0, 1.0) == pytest.approx(min(r[2] for r in rows))
     line = dataclasses.replace(accel, cp_ring_table=())  # without a table, the fitted line
     assert ring_step_seconds(line, e1, 16) == pytest.approx(1e-4 + e1 * (8e-9 + 16 * accel.cp_score_dim_s))
-    table = cal.profile_table({**RESULT, "ring": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2,
-                              ram_bytes=16 << 30)
+    table = cal.profile_table(
+        {**RESULT, "ring": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30
+    )
     path = tmp_path / "p.toml"
     cal.write_profile(path, table)
     read = load_cluster(str(path), 2, 2).accelerator.cp_ring_table
@@ -480,9 +535,11 @@ def test_thread_efficiency_is_the_second_best_paired_speedup():
     five here) do not pull the efficiency down, and one pair whose one-thread timing was the
     disturbed one does not push it up; without pairs (older results) the two rates are compared as
     before."""
+
     def efficiency(speedups: list[float]) -> float:
-        return cal.profile_table({**RESULT, "thread_speedups": speedups, "collectives": _samples(50e-6, 2e9, 2)},
-                                 nproc=2, ram_bytes=16 << 30)["thread_efficiency"]
+        return cal.profile_table(
+            {**RESULT, "thread_speedups": speedups, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30
+        )["thread_efficiency"]
 
     assert efficiency([1.7, 1.2, 1.25, 1.72, 1.3]) == pytest.approx(0.70)
     assert efficiency([1.7, 1.68, 1.2, 1.72, 1.69]) == pytest.approx(0.70)
@@ -506,12 +563,18 @@ def test_sdpa_calls_are_read_off_their_measured_table(tmp_path):
     def timed(s, d):  # a score element dearer at 512 tokens than at 1,024, as torch's CPU kernel on a 2-core host
         return 5e-5 + RING_HEADS * s * s * (3e-9 + d * 1e-10) * (1.3 if s == 512 else 1.0)
 
-    rows = [[RING_HEADS * s * s, d, timed(s, d)] for s, d in ((64, 16), (256, 16), (512, 16), (1024, 16),
-                                                            (64, 64), (256, 64), (512, 64), (1024, 64))]
+    rows = [
+        [RING_HEADS * s * s, d, timed(s, d)]
+        for s, d in ((64, 16), (256, 16), (512, 16), (1024, 16), (64, 64), (256, 64), (512, 64), (1024, 64))
+    ]
     fields = cal.ring_fields({"sdpa": rows})
-    accel = dataclasses.replace(load_cluster("cpu", 1, 1).accelerator, sdpa_call_s=fields["sdpa_call_s"],
-                                sdpa_score_s=fields["sdpa_score_s"], sdpa_score_dim_s=fields["sdpa_score_dim_s"],
-                                sdpa_head_table=tuple(tuple(r) for r in fields["sdpa_head_table"]))
+    accel = dataclasses.replace(
+        load_cluster("cpu", 1, 1).accelerator,
+        sdpa_call_s=fields["sdpa_call_s"],
+        sdpa_score_s=fields["sdpa_score_s"],
+        sdpa_score_dim_s=fields["sdpa_score_dim_s"],
+        sdpa_head_table=tuple(tuple(r) for r in fields["sdpa_head_table"]),
+    )
     for s, d in ((256, 16), (512, 16), (1024, 64)):
         assert sdpa_call_seconds(accel, RING_HEADS, s, d) == pytest.approx(timed(s, d))
     four = sdpa_call_seconds(accel, 4 * RING_HEADS, 512, 16)
@@ -522,8 +585,9 @@ def test_sdpa_calls_are_read_off_their_measured_table(tmp_path):
     assert middle == pytest.approx((timed(512, 16) + timed(512, 64)) / 2)
     short = sdpa_call_seconds(accel, RING_HEADS, 32, 16) - accel.sdpa_call_s
     assert short == pytest.approx((sdpa_call_seconds(accel, RING_HEADS, 64, 16) - accel.sdpa_call_s) / 4)
-    table = cal.profile_table({**RESULT, "sdpa": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2,
-                              ram_bytes=16 << 30)
+    table = cal.profile_table(
+        {**RESULT, "sdpa": rows, "collectives": _samples(50e-6, 2e9, 2)}, nproc=2, ram_bytes=16 << 30
+    )
     path = tmp_path / "p.toml"
     cal.write_profile(path, table)
     read = load_cluster(str(path), 2, 2).accelerator.sdpa_head_table
@@ -551,8 +615,9 @@ def test_sync_skew_is_the_median_of_its_passes():
     rate = 100e9
 
     def one_pass(index: float, ratio: float) -> list[list[float]]:
-        return [[0.0, 0.0, 5e-3, index]] + [[f, 2 * f / rate, 2 * f / rate + 5e-3 + ratio * f / rate, index]
-                                            for f in (1.3e8, 5e8)]
+        return [[0.0, 0.0, 5e-3, index]] + [
+            [f, 2 * f / rate, 2 * f / rate + 5e-3 + ratio * f / rate, index] for f in (1.3e8, 5e8)
+        ]
 
     rows = [row for i, r in enumerate((0.5, 0.6, 3.0, 0.0, 0.55)) for row in one_pass(float(i), r)]
     ratio, slice_s = cal.sync_skew(rows, rate)
@@ -575,8 +640,9 @@ def test_ranks_beyond_the_cores_wait_at_each_collective():
         cluster = load_cluster("cpu", n, n)
         cores = dataclasses.replace(cluster.accelerator, cores_per_node=2)
         plain = dataclasses.replace(cluster, accelerator=cores)
-        skewed = dataclasses.replace(cluster, accelerator=dataclasses.replace(cores, sync_skew_ratio=0.7,
-                                                                              sync_skew_slice_s=2e-3))
+        skewed = dataclasses.replace(
+            cluster, accelerator=dataclasses.replace(cores, sync_skew_ratio=0.7, sync_skew_slice_s=2e-3)
+        )
         layout = parse("dp=2,tp=2" if n == 4 else "dp=2", n)
         a, b = (estimate(model, c, train, layout) for c in (plain, skewed))
         wait = b.time.comm_exposed_s - a.time.comm_exposed_s
@@ -594,16 +660,23 @@ def test_dtensor_costs_are_net_of_their_collectives_waits_and_the_optimizer_s_ow
     (the estimate charges the collectives themselves); optimizer_dtensor_s: the DTensor AdamW step
     less the plain one, per tensor; neither below 0."""
     base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2), "tp_collectives": 20}
-    table = cal.profile_table({**base, "tp_host_s": 0.05, "tp_waits_s": 0.01,
-                               "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=2, ram_bytes=16 << 30)
+    table = cal.profile_table(
+        {**base, "tp_host_s": 0.05, "tp_waits_s": 0.01, "optimizer_host_s": [0.006, 0.002, 40.0]},
+        nproc=2,
+        ram_bytes=16 << 30,
+    )
     assert table["tp_op_s"] == pytest.approx((0.05 - 0.01 - 0.01) / 1000)
     assert table["optimizer_dtensor_s"] == pytest.approx(0.004 / 40)
     older = cal.profile_table({**base, "tp_host_s": 0.05}, nproc=2, ram_bytes=16 << 30)  # no waits timed
     assert older["tp_op_s"] == pytest.approx((0.05 - 0.01 - 20 * 50e-6) / 1000, rel=1e-3)
     assert older["optimizer_dtensor_s"] == 0.0
     assert cal.optimizer_dtensor_seconds([0.001, 0.002, 40.0]) == 0.0
-    assert cal.profile_table({**base, "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=1,
-                             ram_bytes=16 << 30)["optimizer_dtensor_s"] == 0.0
+    assert (
+        cal.profile_table({**base, "optimizer_host_s": [0.006, 0.002, 40.0]}, nproc=1, ram_bytes=16 << 30)[
+            "optimizer_dtensor_s"
+        ]
+        == 0.0
+    )
 
 
 def test_zero_bubble_cost_is_the_split_backward_less_the_plain_one_per_block():
@@ -612,8 +685,12 @@ def test_zero_bubble_cost_is_the_split_backward_less_the_plain_one_per_block():
     one = cal.profile_table({**RESULT, "split_backward_s": [0.016, 0.028]}, nproc=1, ram_bytes=16 << 30)
     assert one["zb_split_block_s"] == pytest.approx(0.012 / RESULT["blocks"])
     assert cal.profile_table(RESULT, nproc=1, ram_bytes=16 << 30)["zb_split_block_s"] == 0.0
-    assert cal.profile_table({**RESULT, "split_backward_s": [0.02, 0.019]}, nproc=1,
-                             ram_bytes=16 << 30)["zb_split_block_s"] == 0.0
+    assert (
+        cal.profile_table({**RESULT, "split_backward_s": [0.02, 0.019]}, nproc=1, ram_bytes=16 << 30)[
+            "zb_split_block_s"
+        ]
+        == 0.0
+    )
 
 
 def test_pipeline_cost_is_the_schedule_s_step_less_the_plain_passes_per_stage_call():
@@ -621,8 +698,9 @@ def test_pipeline_cost_is_the_schedule_s_step_less_the_plain_passes_per_stage_ca
     the rows (one process, older results) and never below 0."""
     base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2)}
     rows = [[0.030, 0.022, 8], [0.036, 0.024, 8]]  # rank 0: 1 ms per call, rank 1: 1.5 ms
-    assert cal.profile_table({**base, "pp_host_s": rows}, nproc=2, ram_bytes=16 << 30)["pp_call_s"] == \
-        pytest.approx(0.010 / 8)
+    assert cal.profile_table({**base, "pp_host_s": rows}, nproc=2, ram_bytes=16 << 30)["pp_call_s"] == pytest.approx(
+        0.010 / 8
+    )
     assert cal.profile_table(base, nproc=2, ram_bytes=16 << 30)["pp_call_s"] == 0.0
     assert cal.pipeline_call_seconds({"pp_host_s": [[0.02, 0.021, 8]]}) == 0.0
 
@@ -630,8 +708,13 @@ def test_pipeline_cost_is_the_schedule_s_step_less_the_plain_passes_per_stage_ca
 def test_sequence_parallel_cost_is_the_sp_pass_less_the_plain_tp_pass_net_of_waits_per_block():
     """tp_sp_block_s: (SP pass - its waits) - (TP pass - its waits), per block of the calibration
     model; 0 where the SP pass was not timed (older results, one process) and never below 0."""
-    base = {**RESULT, "collectives": _samples(50e-6, 2e9, 2), "tp_collectives": 20,
-            "tp_host_s": 0.05, "tp_waits_s": 0.01}
+    base = {
+        **RESULT,
+        "collectives": _samples(50e-6, 2e9, 2),
+        "tp_collectives": 20,
+        "tp_host_s": 0.05,
+        "tp_waits_s": 0.01,
+    }
     table = cal.profile_table({**base, "tp_sp_host_s": 0.09, "tp_sp_waits_s": 0.02}, nproc=2, ram_bytes=16 << 30)
     assert table["tp_sp_block_s"] == pytest.approx((0.07 - 0.04) / RESULT["blocks"])
     assert cal.profile_table(base, nproc=2, ram_bytes=16 << 30)["tp_sp_block_s"] == 0.0

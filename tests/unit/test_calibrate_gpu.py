@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_H100 = ("NVIDIA H100 80GB HBM3", 132, 85_000_000_000, True, 1)
 
 
-@pytest.mark.parametrize("name, entry", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
-                                         ("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 4090", None)])
+@pytest.mark.parametrize(
+    "name, entry",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_the_device_name_finds_its_catalog_entry(name, entry):
     found = calibrate_gpu.catalog_name(name)
     assert (found and load_cluster(found, 1, 1).accelerator.name) == entry
@@ -45,8 +52,9 @@ def calibrated(tmp_path_factory) -> tuple[dict, Path, dict]:
     """The calibration's parts on meta tensors, timed by the catalog H100's model; the profile written."""
     tmp_path = tmp_path_factory.mktemp("calibrated")
     device = gpu_bench.Device(FAKE_H100[0], "meta", *FAKE_H100[1:])
-    samples = calibrate_gpu.measure_parts(load_model("llama3-8b"), 4096, device, calibrate_gpu.FULL, CatalogTimer(),
-                                          lambda line: None)
+    samples = calibrate_gpu.measure_parts(
+        load_model("llama3-8b"), 4096, device, calibrate_gpu.FULL, CatalogTimer(), lambda line: None
+    )
     table = calibrate_gpu.profile_table(device, samples, None, "llama3-8b at 4096 tokens")
     out = tmp_path / "h100-measured.toml"
     out.write_text(calibrate_gpu.format_profile(table))
@@ -70,8 +78,21 @@ def test_the_fits_give_the_catalog_back(calibrated):
 
 
 def _step_s(profile: str, precision: str, cwd: Path) -> float:
-    done = meshwise_here("plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", profile, "--layout", "dp=8,zero=3",
-                         "--precision", precision, "--json", cwd=cwd)
+    done = meshwise_here(
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--gpu",
+        profile,
+        "--layout",
+        "dp=8,zero=3",
+        "--precision",
+        precision,
+        "--json",
+        cwd=cwd,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["candidates"][0]["time"]["step_s"]
 
@@ -89,8 +110,12 @@ def test_the_link_fit_gives_the_catalog_link_back():
     from meshwise.cost import comm
 
     link = load_cluster("h100", 8).intra
-    rows = [[kind, n, size, comm.collective_seconds(kind, n, size, link)] for kind in ("all_reduce", "all_gather")
-            for n in (2, 8) for size in (4 << 10, 1 << 20, 64 << 20, 256 << 20)]
+    rows = [
+        [kind, n, size, comm.collective_seconds(kind, n, size, link)]
+        for kind in ("all_reduce", "all_gather")
+        for n in (2, 8)
+        for size in (4 << 10, 1 << 20, 64 << 20, 256 << 20)
+    ]
     fit = calibrate_gpu.link_fields(rows)
     assert fit["bytes_per_s"] == pytest.approx(link.bytes_per_s, rel=0.01)
     assert fit["latency_s"] == pytest.approx(link.latency_s, rel=0.02)
@@ -109,14 +134,16 @@ def test_a_device_the_catalog_lacks_is_profiled_from_its_own_figures(calibrated,
     out = tmp_path / "acme.toml"
     out.write_text(calibrate_gpu.format_profile(table))
     assert _step_s(str(out), "bf16-mixed", tmp_path) > 0
-    done = meshwise_here("plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", str(out), "--precision", "fp8",
-                         cwd=tmp_path)
+    done = meshwise_here(
+        "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", str(out), "--precision", "fp8", cwd=tmp_path
+    )
     assert done.returncode == 2 and "has no float8 tensor cores" in done.stderr  # refused, as the catalog's a100
 
 
 def test_measure_refuses_a_precision_the_device_does_not_train(tmp_path):
-    done = meshwise_here("measure", "--nproc-per-node", "1", "--model", "tiny", "--precision", "bf16-mixed",
-                         "--gpu", "cpu", cwd=tmp_path)
+    done = meshwise_here(
+        "measure", "--nproc-per-node", "1", "--model", "tiny", "--precision", "bf16-mixed", "--gpu", "cpu", cwd=tmp_path
+    )
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "--precision bf16-mixed: the runtime trains in fp32 on cpu" in done.stderr
 
@@ -167,9 +194,18 @@ def test_the_cuda_code_paths_run_on_the_fake_device():
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     kinds = {(k, what) for k, what, _, _ in result["seen"]}
-    assert {("gemm", "bf16"), ("gemm", "fp8"), ("attention", "forward"), ("attention", "backward"), ("copy", 1 << 30)} <= kinds
-    assert all(set(devices) == {"cuda:0"} and set(dtypes) == {"torch.bfloat16"}
-               for k, _, devices, dtypes in result["seen"] if k in ("gemm", "attention"))
+    assert {
+        ("gemm", "bf16"),
+        ("gemm", "fp8"),
+        ("attention", "forward"),
+        ("attention", "backward"),
+        ("copy", 1 << 30),
+    } <= kinds
+    assert all(
+        set(devices) == {"cuda:0"} and set(dtypes) == {"torch.bfloat16"}
+        for k, _, devices, dtypes in result["seen"]
+        if k in ("gemm", "attention")
+    )
     assert result["efficiency"] == pytest.approx(kernels.gemm_row(H100, "bf16")[0], rel=0.01)
 
 
@@ -181,10 +217,17 @@ def test_a_cuda_record_puts_the_allocator_beside_the_plan():
     from meshwise.spec import TrainSpec
 
     record = synthetic_records("dp=2")[0] | {"cuda_peak_allocated": 2_000_000, "cuda_peak_reserved": 4_000_000}
-    rows = {r.figure: r for r in rows_for(record, load_model("tiny"), load_cluster("cpu", 2), TrainSpec(8, 64, precision="fp32"))}
+    rows = {
+        r.figure: r
+        for r in rows_for(record, load_model("tiny"), load_cluster("cpu", 2), TrainSpec(8, 64, precision="fp32"))
+    }
     assert rows["memory.cuda_peak_allocated"].measured == 2_000_000
     assert rows["memory.cuda_peak_reserved"].measured == 4_000_000
     assert rows["memory.cuda_peak_allocated"].predicted == rows["memory.total"].predicted
-    cpu = {r.figure for r in rows_for(synthetic_records("dp=2")[0], load_model("tiny"), load_cluster("cpu", 2),
-                                      TrainSpec(8, 64, precision="fp32"))}
+    cpu = {
+        r.figure
+        for r in rows_for(
+            synthetic_records("dp=2")[0], load_model("tiny"), load_cluster("cpu", 2), TrainSpec(8, 64, precision="fp32")
+        )
+    }
     assert not any("cuda" in f for f in cpu)

@@ -16,7 +16,9 @@ from table1 import ROWS, predict  # noqa: E402
 def test_table1_row_within_10_percent(row):
     predicted = predict(row)
     published = row[5]
-    print(f"{row[0]}: published {published} TFLOP/s per GPU, predicted {predicted:.1f} ({predicted / published - 1:+.1%})")
+    print(
+        f"{row[0]}: published {published} TFLOP/s per GPU, predicted {predicted:.1f} ({predicted / published - 1:+.1%})"
+    )
     assert abs(predicted / published - 1) <= 0.10
 
 

@@ -24,9 +24,27 @@ def trained(tmp_path_factory) -> Path:
     """A micro model's run with complete checkpoints step-2 and step-3."""
     folder = tmp_path_factory.mktemp("trained")
     (folder / "micro.toml").write_text(MICRO)
-    r = meshwise_here("train", "--model", "micro.toml", "--seq-len", "16", "--steps", "3", "--nproc-per-node", "1",
-                      "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep", "2", "--prompt=", "--eval-every",
-                      "0", cwd=folder)
+    r = meshwise_here(
+        "train",
+        "--model",
+        "micro.toml",
+        "--seq-len",
+        "16",
+        "--steps",
+        "3",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "1",
+        "--keep",
+        "2",
+        "--prompt=",
+        "--eval-every",
+        "0",
+        cwd=folder,
+    )
     assert r.returncode == 0, r.stderr
     return folder
 
@@ -84,8 +102,24 @@ def _command(which: str, ck: Path, folder: Path) -> list[str]:
     if which == "generate":
         return ["generate", "--checkpoint", str(ck), "--prompt", "1 +", "--tokens", "3"]
     (folder / "micro.toml").write_text(MICRO)
-    return ["train", "--model", str(folder / "micro.toml"), "--seq-len", "16", "--steps", "4", "--nproc-per-node", "1",
-            "--checkpoint-dir", str(folder / "ck2"), "--resume", str(ck), "--prompt=", "--eval-every", "0"]
+    return [
+        "train",
+        "--model",
+        str(folder / "micro.toml"),
+        "--seq-len",
+        "16",
+        "--steps",
+        "4",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        str(folder / "ck2"),
+        "--resume",
+        str(ck),
+        "--prompt=",
+        "--eval-every",
+        "0",
+    ]
 
 
 def _one_line(capsys) -> str:
@@ -123,9 +157,33 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(trained, tmp_pa
     shutil.copytree(trained / "ck", tmp_path / "ck")
     _truncate(_shard(tmp_path / "ck" / "step-3"))
     (tmp_path / "micro.toml").write_text(MICRO)
-    assert main(["train", "--model", str(tmp_path / "micro.toml"), "--seq-len", "16", "--steps", "4",
-                 "--nproc-per-node", "1", "--checkpoint-dir", str(tmp_path / "ck"), "--resume", "auto",
-                 "--checkpoint-every", "1", "--keep", "5", "--prompt=", "--eval-every", "0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(tmp_path / "micro.toml"),
+                "--seq-len",
+                "16",
+                "--steps",
+                "4",
+                "--nproc-per-node",
+                "1",
+                "--checkpoint-dir",
+                str(tmp_path / "ck"),
+                "--resume",
+                "auto",
+                "--checkpoint-every",
+                "1",
+                "--keep",
+                "5",
+                "--prompt=",
+                "--eval-every",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "--resume auto: passing over step-3:" in out and "__0_0.distcp: truncated" in out, out
     assert f"--resume auto: falling back to {tmp_path / 'ck' / 'step-2'}" in out

@@ -23,20 +23,54 @@ def test_memory_wall_acceptance():
 
 
 def test_json_schema(capsys):
-    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "16", "--seq-len", "4096",
-                 "--global-batch", "64", "--top", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100",
+                "--gpus",
+                "16",
+                "--seq-len",
+                "4096",
+                "--global-batch",
+                "64",
+                "--top",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {"candidates", "explanation", "warnings"}
     assert 1 <= len(data["candidates"]) <= 3
     c = data["candidates"][0]
-    assert set(c["layout"]) == {"dp", "zero", "shard", "ep", "cp", "tp", "sp", "pp", "vpp", "schedule", "mbs", "accum",
-                                "ac"}
+    assert set(c["layout"]) == {
+        "dp",
+        "zero",
+        "shard",
+        "ep",
+        "cp",
+        "tp",
+        "sp",
+        "pp",
+        "vpp",
+        "schedule",
+        "mbs",
+        "accum",
+        "ac",
+    }
     assert c["layout"]["sp"] in ("on", "off") and c["layout"]["ac"] in ("none", "selective", "full")
     assert c["fits"] is True
     mem = c["memory"]
     assert set(mem) == {"params", "grads", "optimizer", "activations", "other", "total", "capacity"}
     assert all(isinstance(v, int) for v in mem.values())
-    assert mem["total"] == pytest.approx(sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "other")), abs=5)
+    assert mem["total"] == pytest.approx(
+        sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "other")), abs=5
+    )
     assert set(c["time"]) >= {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
     for op in c["comm"]:
         assert set(op) == {"kind", "dim", "bytes_per_step", "count_per_step"}
@@ -60,20 +94,26 @@ def test_human_output_has_the_table(capsys):
     assert "tokens/s" in out and "MFU" in out and "Chosen:" in out
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "gpt-9000"], "unknown model"),
-    (["--gpu", "tpu9"], "unknown accelerator"),
-    (["--gpus", "8", "--layout", "dp=2,tp=2"], "world size is 8"),
-    (["--model", "llama3-8b", "--gpus", "3", "--layout", "tp=3"], "tp=3 does not divide"),
-    (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--layout", "tp=4"], "kv_heads"),
-    (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--global-batch", "6", "--layout", "dp=4"], "global batch 6"),
-    (["--params", "1e9", "--gpus", "8", "--global-batch", "7"], "--global-batch"),
-    (["--gpus", "zero"], "--gpus"),
-    (["--params", "0"], "--params: '0' must be a finite number above 0"),
-    (["--precision", "fp4"], "--precision"),
-    (["--model", "x.json"], "does not exist"),
-    (["--bogus"], "unrecognized"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "gpt-9000"], "unknown model"),
+        (["--gpu", "tpu9"], "unknown accelerator"),
+        (["--gpus", "8", "--layout", "dp=2,tp=2"], "world size is 8"),
+        (["--model", "llama3-8b", "--gpus", "3", "--layout", "tp=3"], "tp=3 does not divide"),
+        (["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--layout", "tp=4"], "kv_heads"),
+        (
+            ["--model", "tiny", "--gpu", "cpu", "--gpus", "4", "--global-batch", "6", "--layout", "dp=4"],
+            "global batch 6",
+        ),
+        (["--params", "1e9", "--gpus", "8", "--global-batch", "7"], "--global-batch"),
+        (["--gpus", "zero"], "--gpus"),
+        (["--params", "0"], "--params: '0' must be a finite number above 0"),
+        (["--precision", "fp4"], "--precision"),
+        (["--model", "x.json"], "does not exist"),
+        (["--bogus"], "unrecognized"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run("plan", *args)
     assert r.returncode == 2
@@ -84,11 +124,13 @@ def test_bad_input_is_one_line_exit_2(args, needle):
 
 
 def test_plan_never_imports_torch():
-    code = ("import sys, io, contextlib; from meshwise.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--model', 'tiny', '--gpu', 'cpu', '--gpus', '4'])\n"
-            "import meshwise, meshwise.plan.planner, meshwise.cost.estimate, meshwise.plan.show\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n"
-            "assert 'meshwise.launch' not in sys.modules, 'the launch package was imported'\n")
+    code = (
+        "import sys, io, contextlib; from meshwise.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['plan', '--model', 'tiny', '--gpu', 'cpu', '--gpus', '4'])\n"
+        "import meshwise, meshwise.plan.planner, meshwise.cost.estimate, meshwise.plan.show\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'meshwise.launch' not in sys.modules, 'the launch package was imported'\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -117,8 +159,16 @@ def test_version(capsys):
     assert stop.value.code == 0 and capsys.readouterr().out == f"meshwise {__version__}\n"
 
 
-@pytest.mark.parametrize("args", [["train"], ["measure", "--layout", "dp=2"], ["verify", "--layout", "dp=8"],
-                                  ["calibrate"], ["plan", "--verify", "2"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train"],
+        ["measure", "--layout", "dp=2"],
+        ["verify", "--layout", "dp=8"],
+        ["calibrate"],
+        ["plan", "--verify", "2"],
+    ],
+)
 def test_the_runtime_commands_refuse_without_torch(monkeypatch, capsys, args):
     """As a `pip install meshwise` without the train extra sees it (the clean-venv test runs the wheel)."""
     import importlib.util

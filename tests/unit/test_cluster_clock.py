@@ -36,10 +36,15 @@ def test_a_cluster_holding_a_higher_clock_computes_faster_but_no_more_than_the_c
     assert 1575 / 1755 - 1e-9 <= quick.compute_s / base.compute_s < 1
 
 
-@pytest.mark.parametrize("text,field", [('base = "h100"\nsustained_mhz = 2500\n', "sustained_mhz"),
-                                        ('base = "h1000"\n', "base"),
-                                        ('base = "h100"\nsustained_mhz = 1700\nsustained_clock = 0.8\n', "sustained_mhz"),
-                                        ('base = "b200"\nsustained_mhz = 1700\n', "table_clock_mhz")])
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        ('base = "h100"\nsustained_mhz = 2500\n', "sustained_mhz"),
+        ('base = "h1000"\n', "base"),
+        ('base = "h100"\nsustained_mhz = 1700\nsustained_clock = 0.8\n', "sustained_mhz"),
+        ('base = "b200"\nsustained_mhz = 1700\n', "table_clock_mhz"),
+    ],
+)
 def test_a_bad_cluster_clock_is_one_line(tmp_path, capsys, text, field):
     assert cli.main(["plan", "--gpu", _profile(tmp_path, text), "--gpus", "8", "--model", "llama3-8b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

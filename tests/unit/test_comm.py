@@ -21,8 +21,12 @@ def _wire_elements(e, psi, elem_bytes):
 def test_zero_communication_volume(zero, volume):
     # ZeRO Sec. 7: DP and ZeRO-1/2 move 2 Psi per rank per step, ZeRO-3 3 Psi (one micro-batch per step).
     psi = 7.5e9
-    e = estimate(ModelSpec.from_param_count(psi), load_cluster("a100-80gb", 64), TrainSpec(64, 2048, "bf16"),
-                 parse(f"dp=64,zero={zero}"))
+    e = estimate(
+        ModelSpec.from_param_count(psi),
+        load_cluster("a100-80gb", 64),
+        TrainSpec(64, 2048, "bf16"),
+        parse(f"dp=64,zero={zero}"),
+    )
     assert _wire_elements(e, psi, 2) == pytest.approx(volume)
 
 
@@ -51,7 +55,7 @@ def test_tp_collectives_per_layer():
 
 def test_link_tiers():
     c = load_cluster("h100", 64, 8)
-    assert c.link_for(8, 1) == c.intra            # TP of 8 inside a node: NVLink
+    assert c.link_for(8, 1) == c.intra  # TP of 8 inside a node: NVLink
     assert c.link_for(8, 8).bytes_per_s == c.inter.bytes_per_s  # DP across nodes, one rank per node: one NIC
     assert c.link_for(16, 4).bytes_per_s == 2 * c.inter.bytes_per_s  # two ranks of the group per node: two NICs
     assert c.link_for(16, 1).bytes_per_s == 8 * c.inter.bytes_per_s
@@ -72,9 +76,11 @@ def test_tp_across_nodes_is_slower_than_inside():
     train = TrainSpec(64, 4096, "bf16-mixed")
     inside = estimate(model, load_cluster("h100", 16, 8), train, parse("tp=8,zero=3", 16))
     across = estimate(model, load_cluster("h100", 16, 4), train, parse("tp=8,zero=3", 16))
+
     # 4 NICs of 47 GB/s (188 GB/s for the group) instead of NVLink's 300 GB/s bus bandwidth
     def tp_seconds(e):
         return sum(c.seconds_per_step for c in e.comm if c.dim == "tp")
+
     assert tp_seconds(across) > 1.5 * tp_seconds(inside)
 
 
@@ -92,4 +98,3 @@ def test_pipeline_messages():
     assert per_rank == [m, 2 * m, 2 * m, m]  # the end ranks send one way, the middle ranks both
     sends = {(c.kind, c.dim): c for c in estimate(model, load_cluster("h100", 8), train, layout).comm}[("send", "pp")]
     assert sends.count_per_step in per_rank  # the estimate reports its slowest rank's collectives
-

@@ -66,8 +66,11 @@ def test_deepspeed_reads_the_planned_layout(ds_config, case):
     text = emit.emit("deepspeed", target)
     cfg = ds_config(json.loads(text), mpu=_DataParallel(lay.dp))
     assert cfg.world_size == lay.dp
-    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
-        (target.global_batch, lay.mbs, target.accum)
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (
+        target.global_batch,
+        lay.mbs,
+        target.accum,
+    )
     assert int(cfg.zero_optimization_stage) == lay.zero
     assert cfg.gradient_clipping == emit.GRAD_CLIP
     assert cfg.bfloat16_config.enabled == (target.precision != "fp32")
@@ -86,15 +89,18 @@ def test_several_layouts_are_one_json_object_keyed_by_layout(ds_config):
         assert ds_config(both[t.layout.short()], mpu=_DataParallel(t.layout.dp)).gradient_accumulation_steps == t.accum
 
 
-@pytest.mark.parametrize("layout,precision,names", [
-    ("dp=8,zero=3,tp=8", "bf16-mixed", "Megatron-DeepSpeed"),
-    ("dp=16,zero=1,pp=4", "bf16-mixed", "Megatron-DeepSpeed"),
-    ("dp=32,zero=3,cp=2", "bf16-mixed", "cp=2"),
-    ("dp=64,zero=3,shard=8", "bf16-mixed", "shard=8"),
-    ("dp=64,zero=3,ac=selective", "bf16-mixed", "selective"),
-    ("dp=64,zero=3", "fp8", "float8"),
-    ("dp=64", "bf16", "ZeRO stage 1-3"),
-])
+@pytest.mark.parametrize(
+    "layout,precision,names",
+    [
+        ("dp=8,zero=3,tp=8", "bf16-mixed", "Megatron-DeepSpeed"),
+        ("dp=16,zero=1,pp=4", "bf16-mixed", "Megatron-DeepSpeed"),
+        ("dp=32,zero=3,cp=2", "bf16-mixed", "cp=2"),
+        ("dp=64,zero=3,shard=8", "bf16-mixed", "shard=8"),
+        ("dp=64,zero=3,ac=selective", "bf16-mixed", "selective"),
+        ("dp=64,zero=3", "fp8", "float8"),
+        ("dp=64", "bf16", "ZeRO stage 1-3"),
+    ],
+)
 def test_what_deepspeed_cannot_express_is_refused(layout, precision, names):
     target = _target("llama3-8b", 64, layout, 512, 4096, precision)
     with pytest.raises(emit.Unexpressible, match=names) as err:

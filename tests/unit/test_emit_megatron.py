@@ -25,9 +25,21 @@ from meshwise.layout import check_runnable, parse, stage_layers
 from meshwise.plan import emit
 
 ARGS_TABLE = os.path.join(os.path.dirname(__file__), "..", "data", "megatron_lm_args.json")
-MIXTRAL_LIKE = spec.ModelSpec(name="moe-8x", family="mixtral", layers=32, hidden=4096, heads=32, kv_heads=8,
-                              ffn_hidden=14336, vocab=32000, max_seq=32768, experts=8, experts_per_token=2,
-                              expert_ffn_hidden=14336, rope_theta=1e6)
+MIXTRAL_LIKE = spec.ModelSpec(
+    name="moe-8x",
+    family="mixtral",
+    layers=32,
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    ffn_hidden=14336,
+    vocab=32000,
+    max_seq=32768,
+    experts=8,
+    experts_per_token=2,
+    expert_ffn_hidden=14336,
+    rope_theta=1e6,
+)
 
 # (model, world size, layout, global batch, sequence, precision)
 CASES = [
@@ -73,8 +85,14 @@ def megatron_parser() -> argparse.ArgumentParser:
             if not (twin and twin["dest"] == a["dest"]) and option not in parser._option_string_actions:
                 parser.add_argument(option, dest=a["dest"], action=argparse.BooleanOptionalAction, default=None)
         else:
-            parser.add_argument(option, dest=a["dest"], type=types.get(a["type"], str), choices=a["choices"],
-                                nargs=a["nargs"], default=None)
+            parser.add_argument(
+                option,
+                dest=a["dest"],
+                type=types.get(a["type"], str),
+                choices=a["choices"],
+                nargs=a["nargs"],
+                default=None,
+            )
     return parser
 
 
@@ -134,10 +152,14 @@ def parallel_state(ns: argparse.Namespace, world: int) -> dict[str, int]:
             expert_model_parallel_size=ns.expert_model_parallel_size,
             expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
             num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances or 1,
-            create_gloo_process_groups=False)
-        return {"dp": ps.get_data_parallel_world_size(), "expert_dp": ps.get_expert_data_parallel_world_size(),
-                "ep": ps.get_expert_model_parallel_world_size(),
-                "expert_tp": ps.get_expert_tensor_parallel_world_size()}
+            create_gloo_process_groups=False,
+        )
+        return {
+            "dp": ps.get_data_parallel_world_size(),
+            "expert_dp": ps.get_expert_data_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size(),
+            "expert_tp": ps.get_expert_tensor_parallel_world_size(),
+        }
     finally:
         ps.destroy_model_parallel()
         dist.destroy_process_group()
@@ -149,8 +171,12 @@ def test_megatron_reads_the_planned_layout(parser, case):
     lay, world = target.layout, case[1]
     ns = parser.parse_args(command_args(emit.emit("megatron", target), "pretrain_gpt.py"))
     cfg = transformer_config(ns, world)
-    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size,
-            cfg.expert_model_parallel_size) == (lay.tp, lay.pp, lay.cp, lay.ep)
+    assert (
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+        cfg.context_parallel_size,
+        cfg.expert_model_parallel_size,
+    ) == (lay.tp, lay.pp, lay.cp, lay.ep)
     groups = parallel_state(ns, world)
     assert groups["dp"] == lay.dp and groups["ep"] == lay.ep
     if target.model.moe:  # meshwise's experts are whole on a rank: expert-TP 1
@@ -160,8 +186,12 @@ def test_megatron_reads_the_planned_layout(parser, case):
     # Megatron-LM's batch rule: data-parallel size = world / (tp pp cp), micro-batches = gbs / (mbs dp)
     dp = world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * ns.context_parallel_size)
     assert dp == lay.dp and ns.global_batch_size // (ns.micro_batch_size * dp) == target.accum
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size) == \
-        (target.model.layers, target.model.hidden, target.model.heads, target.model.ffn_hidden)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size) == (
+        target.model.layers,
+        target.model.hidden,
+        target.model.heads,
+        target.model.ffn_hidden,
+    )
     assert (cfg.num_query_groups or cfg.num_attention_heads) == target.model.kv_heads
     recompute = {"none": (None, None), "selective": ("selective", None), "full": ("full", "uniform")}[lay.ac]
     assert (cfg.recompute_granularity, cfg.recompute_method) == recompute
@@ -184,22 +214,32 @@ def _check_data_parallel(ns: argparse.Namespace, lay) -> None:
     """ZeRO stage as megatron-core's DistributedDataParallelConfig holds it."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(DistributedDataParallelConfig)
-          if getattr(ns, f.name, None) is not None}
+    kw = {
+        f.name: getattr(ns, f.name)
+        for f in dataclasses.fields(DistributedDataParallelConfig)
+        if getattr(ns, f.name, None) is not None
+    }
     ddp = DistributedDataParallelConfig(**kw)
-    stage = {0: (False, False, "no_shard"), 1: (True, False, "no_shard"), 2: (False, True, "optim_grads"),
-             3: (False, True, "optim_grads_params")}[lay.zero]
+    stage = {
+        0: (False, False, "no_shard"),
+        1: (True, False, "no_shard"),
+        2: (False, True, "optim_grads"),
+        3: (False, True, "optim_grads_params"),
+    }[lay.zero]
     assert (ddp.use_distributed_optimizer, ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy) == stage
     assert ddp.num_distributed_optimizer_instances == (lay.replicate if lay.zero else 1)
 
 
-@pytest.mark.parametrize("layout,precision,names", [
-    ("dp=8,zero=3,tp=8", "bf16", "bf16"),
-    ("dp=8,zero=3,tp=8", "fp8-rowwise", "fp8-rowwise"),
-    ("dp=4,zero=1,tp=8,pp=2,schedule=gpipe", "bf16-mixed", "gpipe"),
-    ("dp=4,zero=1,tp=8,pp=2,schedule=zero-bubble", "bf16-mixed", "zero-bubble"),
-    ("dp=2,zero=1,tp=8,pp=4,vpp=2", "bf16-mixed", "multiple of pp=4"),
-])
+@pytest.mark.parametrize(
+    "layout,precision,names",
+    [
+        ("dp=8,zero=3,tp=8", "bf16", "bf16"),
+        ("dp=8,zero=3,tp=8", "fp8-rowwise", "fp8-rowwise"),
+        ("dp=4,zero=1,tp=8,pp=2,schedule=gpipe", "bf16-mixed", "gpipe"),
+        ("dp=4,zero=1,tp=8,pp=2,schedule=zero-bubble", "bf16-mixed", "zero-bubble"),
+        ("dp=2,zero=1,tp=8,pp=4,vpp=2", "bf16-mixed", "multiple of pp=4"),
+    ],
+)
 def test_what_megatron_cannot_express_is_refused(layout, precision, names):
     batch = 12 if "vpp" in layout else 512  # 6 micro-batches on pp=4: Megatron's interleaving needs a multiple of 4
     target = _target("llama3-70b", 64, layout, batch, 8192, precision)
@@ -219,8 +259,9 @@ def test_moe_run_settings_reach_megatron(parser):
     capacity, the alltoall dispatcher the time model prices and the all-to-all overlap, and validates them
     (the overlap wants virtual stages under pp > 1); full recompute with the overlap is refused."""
     layout = parse("dp=8,zero=1,ep=8,tp=4,pp=2,vpp=2", 64)
-    target = emit.Target(MIXTRAL_LIKE, layout, 256, 4096, "bf16-mixed", 64, 8, moe_capacity_factor=1.0,
-                         overlap_ep_comm=True)
+    target = emit.Target(
+        MIXTRAL_LIKE, layout, 256, 4096, "bf16-mixed", 64, 8, moe_capacity_factor=1.0, overlap_ep_comm=True
+    )
     cfg = transformer_config(parser.parse_args(command_args(emit.emit("megatron", target), "pretrain_gpt.py")), 64)
     assert (cfg.moe_token_dispatcher_type, cfg.moe_expert_capacity_factor) == ("alltoall", 1.0)
     assert cfg.moe_pad_expert_input_to_capacity and cfg.overlap_moe_expert_parallel_comm

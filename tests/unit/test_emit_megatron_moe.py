@@ -30,8 +30,25 @@ def parser():
 
 def _plan(tmp_path, capsys, name: str, gpus: int, extra=()) -> tuple[int, dict | None, str]:
     """(exit status, the plan's JSON, stderr) of ``plan --emit megatron --json``."""
-    rc = main(["plan", "--model", write(tmp_path, name), "--gpu", "h100", "--gpus", str(gpus), "--seq-len", "4096",
-               "--global-batch", "1024", "--emit", "megatron", "--json", *extra])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            write(tmp_path, name),
+            "--gpu",
+            "h100",
+            "--gpus",
+            str(gpus),
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "1024",
+            "--emit",
+            "megatron",
+            "--json",
+            *extra,
+        ]
+    )
     out, err = capsys.readouterr()
     return rc, (json.loads(out) if rc == 0 else None), err
 
@@ -48,14 +65,16 @@ def _router_oracle(cfg: dict) -> dict:
     scale = c.get("routed_scaling_factor", 2.5 if family == "deepseek_v3" else 1.0)
     groups = c.get("n_group", 8 if family == "deepseek_v3" else 0)
     aux = c.get("router_aux_loss_coef", c.get("aux_loss_alpha", _class_default(family, "router_aux_loss_coef")))
-    return {"moe_router_score_function": "sigmoid" if sigmoid else "softmax",
-            "moe_router_pre_softmax": not sigmoid and not norm,
-            "moe_router_topk_scaling_factor": scale if scale != 1.0 else None,
-            "moe_router_num_groups": groups if groups > 1 else None,
-            "moe_router_group_topk": c.get("topk_group", 4) if groups > 1 else None,
-            "moe_router_enable_expert_bias": c.get("topk_method") == "noaux_tc" or family == "glm4_moe",
-            "moe_apply_probs_on_input": family == "llama4_text",
-            "moe_aux_loss_coeff": aux if aux is not None else 0.0001}
+    return {
+        "moe_router_score_function": "sigmoid" if sigmoid else "softmax",
+        "moe_router_pre_softmax": not sigmoid and not norm,
+        "moe_router_topk_scaling_factor": scale if scale != 1.0 else None,
+        "moe_router_num_groups": groups if groups > 1 else None,
+        "moe_router_group_topk": c.get("topk_group", 4) if groups > 1 else None,
+        "moe_router_enable_expert_bias": c.get("topk_method") == "noaux_tc" or family == "glm4_moe",
+        "moe_apply_probs_on_input": family == "llama4_text",
+        "moe_aux_loss_coeff": aux if aux is not None else 0.0001,
+    }
 
 
 def _class_default(family: str, key: str):
@@ -93,11 +112,16 @@ def _check_attention(cfg: dict, tc, text: str, seq: int, max_positions: int) -> 
     if family == "deepseek_v3":  # MLA's q and kv norms, YaRN
         assert tc.qk_layernorm and tc.rope_type == "yarn"
         rope = c["rope_scaling"]
-        assert (tc.rotary_scaling_factor, tc.mscale, tc.mscale_all_dim, tc.original_max_position_embeddings) == \
-            (rope["factor"], rope["mscale"], rope["mscale_all_dim"], rope["original_max_position_embeddings"])
+        assert (tc.rotary_scaling_factor, tc.mscale, tc.mscale_all_dim, tc.original_max_position_embeddings) == (
+            rope["factor"],
+            rope["mscale"],
+            rope["mscale_all_dim"],
+            rope["original_max_position_embeddings"],
+        )
     rope = c.get("rope_scaling") or {}
-    assert max_positions == max(seq, rope.get("original_max_position_embeddings")
-                                             or c.get("max_position_embeddings", 131072))
+    assert max_positions == max(
+        seq, rope.get("original_max_position_embeddings") or c.get("max_position_embeddings", 131072)
+    )
     del layers
 
 
@@ -109,8 +133,12 @@ def _check_command(parser, cfg: dict, plan: dict, gpus: int) -> None:
     groups = parallel_state(ns, gpus)
     c = text_config(cfg)
     assert (ns.expert_tensor_parallel_size, groups["expert_tp"]) == (1, 1)
-    assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.expert_model_parallel_size,
-            groups["dp"]) == (lay["tp"], lay["pp"], lay["ep"], lay["dp"])
+    assert (
+        tc.tensor_model_parallel_size,
+        tc.pipeline_model_parallel_size,
+        tc.expert_model_parallel_size,
+        groups["dp"],
+    ) == (lay["tp"], lay["pp"], lay["ep"], lay["dp"])
     experts = next(c[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in c)
     assert (tc.num_moe_experts, tc.moe_router_topk) == (experts, c.get("num_experts_per_tok", 4))
     assert tc.moe_grouped_gemm and tc.moe_token_dispatcher_type == "alltoall" and tc.moe_router_dtype == "fp32"
@@ -145,8 +173,23 @@ def test_moe_shapes_not_listed_build_too(tmp_path, capsys, parser, name):
 
 
 def test_chunked_attention_past_its_chunk_is_refused(tmp_path, capsys):
-    rc = main(["plan", "--model", write(tmp_path, "llama4-scout"), "--gpu", "h100", "--gpus", "256",
-               "--seq-len", "16384", "--global-batch", "256", "--emit", "megatron"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            write(tmp_path, "llama4-scout"),
+            "--gpu",
+            "h100",
+            "--gpus",
+            "256",
+            "--seq-len",
+            "16384",
+            "--global-batch",
+            "256",
+            "--emit",
+            "megatron",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "chunked attention" in err
 

@@ -68,8 +68,12 @@ def test_torchtitan_reads_the_planned_layout(manager, float8_hardware, case):
     p, t = cfg.parallelism, cfg.training
     # the mesh: replicate x shard x cp x tp x pp is the world, as torchtitan's ParallelDims requires
     assert _dp_degrees(p) == ((lay.replicate, lay.shard) if lay.zero else (lay.dp, 1))
-    assert (p.tensor_parallel_degree, p.context_parallel_degree, p.pipeline_parallel_degree,
-            p.expert_parallel_degree) == (lay.tp, lay.cp, lay.pp, lay.ep)
+    assert (
+        p.tensor_parallel_degree,
+        p.context_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.expert_parallel_degree,
+    ) == (lay.tp, lay.cp, lay.pp, lay.ep)
     assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree * lay.cp * lay.tp * lay.pp == case[1]
     assert p.enable_sequence_parallel == (lay.sp or lay.tp == 1)
     assert p.spmd_backend == "full_dtensor"
@@ -85,10 +89,13 @@ def test_torchtitan_reads_the_planned_layout(manager, float8_hardware, case):
     if lay.pp > 1:
         parts = p.module_fqns_per_model_part
         assert len(parts) == lay.pp * lay.vpp
-        assert [sum(n.startswith("layers.") for n in part) for part in parts] == stage_layers(target.model.layers,
-                                                                                              lay.stages)
-        assert p.pipeline_parallel_schedule == {"gpipe": "GPipe", "1f1b": "1F1B",
-                                                "interleaved-1f1b": "Interleaved1F1B"}[lay.schedule]
+        assert [sum(n.startswith("layers.") for n in part) for part in parts] == stage_layers(
+            target.model.layers, lay.stages
+        )
+        assert (
+            p.pipeline_parallel_schedule
+            == {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}[lay.schedule]
+        )
 
 
 def _shape(config) -> tuple[int, ...]:
@@ -182,13 +189,16 @@ def test_float8_config_is_torchtitans_float8(manager, monkeypatch):
     assert cfg.compile.enable
 
 
-@pytest.mark.parametrize("model,layout,precision,names", [
-    ("llama3-70b", "dp=8,zero=3,tp=8", "fp8", "fp8"),
-    ("llama3-405b", "dp=8,zero=3,tp=8", "bf16-mixed", "float8"),
-    ("mistral-7b", "dp=64,zero=3", "bf16-mixed", "registered config"),
-    ("llama3-8b", "dp=64,zero=1,mbs=1", "bf16-mixed", "zero=1"),
-    ("llama3-8b", "dp=16,zero=3,pp=4,schedule=zero-bubble", "bf16-mixed", "zero-bubble"),
-])
+@pytest.mark.parametrize(
+    "model,layout,precision,names",
+    [
+        ("llama3-70b", "dp=8,zero=3,tp=8", "fp8", "fp8"),
+        ("llama3-405b", "dp=8,zero=3,tp=8", "bf16-mixed", "float8"),
+        ("mistral-7b", "dp=64,zero=3", "bf16-mixed", "registered config"),
+        ("llama3-8b", "dp=64,zero=1,mbs=1", "bf16-mixed", "zero=1"),
+        ("llama3-8b", "dp=16,zero=3,pp=4,schedule=zero-bubble", "bf16-mixed", "zero-bubble"),
+    ],
+)
 def test_what_torchtitan_cannot_express_is_refused(model, layout, precision, names):
     target = _target(model, 64, layout, 512, 4096, precision)
     with pytest.raises(emit.Unexpressible, match=names) as err:

@@ -19,28 +19,80 @@ from meshwise.spec import ModelSpec, TrainSpec, default_seq_len, load_cluster, l
 GB_FIGURE = re.compile(r"(\d[\d,]*\.\d [GM]B)")
 
 # Mixtral 8x22B's published shape (config.json of mistralai/Mixtral-8x22B-v0.1)
-MIXTRAL = {"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 56,
-           "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32768, "num_local_experts": 8,
-           "num_experts_per_tok": 2, "max_position_embeddings": 65536, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
-           "hidden_act": "silu", "tie_word_embeddings": False}
+MIXTRAL = {
+    "model_type": "mixtral",
+    "hidden_size": 6144,
+    "intermediate_size": 16384,
+    "num_hidden_layers": 56,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 8,
+    "vocab_size": 32768,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 65536,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
 
 # DeepSeek-V3's published shape (config.json of deepseek-ai/DeepSeek-V3; the MTP layer aside)
-DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
-               "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-               "first_k_dense_replace": 3,
-               "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
-               "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-               "vocab_size": 129280, "max_position_embeddings": 163840, "n_group": 8, "topk_group": 4,
-               "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "n_group": 8,
+    "topk_group": 4,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000,
+}
 # Qwen2.5 7B's published shape (config.json of Qwen/Qwen2.5-7B)
-QWEN25_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-             "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-             "max_position_embeddings": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+QWEN25_7B = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
 # Llama 3.2 1B's published shape (config.json of meta-llama/Llama-3.2-1B): tied embeddings, so no pipeline here
-LLAMA32_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-              "max_position_embeddings": 131072, "rope_theta": 5e5, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-              "tie_word_embeddings": True}
+LLAMA32_1B = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 5e5,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+}
 CONFIGS = {"MIXTRAL": MIXTRAL, "DEEPSEEK_V3": DEEPSEEK_V3, "QWEN25_7B": QWEN25_7B, "LLAMA32_1B": LLAMA32_1B}
 
 PLANS = {
@@ -48,8 +100,18 @@ PLANS = {
     "70b-64-8k": ["--gpus", "64", "--seq-len", "8192"],
     "70b-bf16": ["--gpus", "64", "--precision", "bf16"],
     "8b-8-8k": ["--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "64"],
-    "8b-one-b200": ["--model", "llama3-8b", "--gpu", "b200", "--gpus", "8", "--seq-len", "1024",
-                    "--global-batch", "64"],
+    "8b-one-b200": [
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "b200",
+        "--gpus",
+        "8",
+        "--seq-len",
+        "1024",
+        "--global-batch",
+        "64",
+    ],
     "405b-16k": ["--model", "llama3-405b", "--gpus", "16384", "--seq-len", "8192", "--global-batch", "2048"],
     "70b-128k-cp": ["--model", "llama3.1-70b", "--gpus", "512", "--seq-len", "131072", "--global-batch", "64"],
     "mixtral-64": ["--model", "MIXTRAL", "--gpus", "64", "--seq-len", "4096", "--global-batch", "256"],
@@ -152,17 +214,22 @@ def test_every_explanation_figure_is_the_tables(name, tmp_path, capsys):
             b = c["band"]
             step = f" ({b['step_s']['low']:.3g}-{b['step_s']['high']:.3g})"
             rate = f" ({b['tokens_per_s']['low']:,.0f}-{b['tokens_per_s']['high']:,.0f})"
-        assert f"Chosen: {_layout_text(c['layout'])} (row #1) - {c['time']['step_s']:.3g}{step} s/step, " \
-               f"{c['tokens_per_s']:,.0f}{rate} tokens/s, MFU {c['mfu']:.1%}, " \
-               f"{_gb(c['memory']['total'])} on the largest" in chosen
+        assert (
+            f"Chosen: {_layout_text(c['layout'])} (row #1) - {c['time']['step_s']:.3g}{step} s/step, "
+            f"{c['tokens_per_s']:,.0f}{rate} tokens/s, MFU {c['mfu']:.1%}, "
+            f"{_gb(c['memory']['total'])} on the largest" in chosen
+        )
         for row, layout in figures["chosen"]["rows"].items():
             k = int(row)
             if k <= len(candidates):
                 assert _layout_text(candidates[k - 1]["layout"]) == layout
                 assert round(figures["chosen"][f"row_{k}_total_bytes"]) == candidates[k - 1]["memory"]["total"]
             if k > 1:
-                assert (f"Row #{k}, {layout}," in chosen or f"{layout} (row #{k})" in chosen
-                        or f"{layout} (#{k} of those that fit: --top {k} shows it)" in chosen), (row, chosen)
+                assert (
+                    f"Row #{k}, {layout}," in chosen
+                    or f"{layout} (row #{k})" in chosen
+                    or f"{layout} (#{k} of those that fit: --top {k} shows it)" in chosen
+                ), (row, chosen)
     if "--layout" in args:  # the table is the evaluated layout's row alone: the search's ranks are named so
         assert any(line.startswith("Chosen:") and "(the search's #1)" in line for line in data["explanation"])
     if data["status"] == "fits":
@@ -210,8 +277,11 @@ def test_binds_column_and_explanation_are_one_rule():
     result = plan(model, load_cluster("h100", 8), TrainSpec(64, 8192, "bf16-mixed"), top=5)
     chosen = next(line for line in result.explanation if line.startswith("Chosen:"))
     assert "binding constraint" not in chosen
-    said = re.findall(r"Row #(\d+), [^ ]+, is [\d.]+% slower: [^()]*\(what binds it, as in the table's binds "
-                      r"column: ([a-z]+(?: \d+%)?)\)", chosen)
+    said = re.findall(
+        r"Row #(\d+), [^ ]+, is [\d.]+% slower: [^()]*\(what binds it, as in the table's binds "
+        r"column: ([a-z]+(?: \d+%)?)\)",
+        chosen,
+    )
     assert said, chosen
     for row, words in said:
         assert words == binding(result.candidates[int(row) - 1]), (row, words, chosen)
@@ -222,18 +292,37 @@ def test_table_order_is_stated_and_kept(capsys):
     the JSON states the order, and no row after the band is faster than one before it."""
     from meshwise.plan.planner import TIE
 
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "64",
-                 "--top", "8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpus",
+                "8",
+                "--seq-len",
+                "8192",
+                "--global-batch",
+                "64",
+                "--top",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert "tie" in data["order"] and f"{TIE:.0%}" in data["order"]
     steps = [c["time"]["step_s"] for c in data["candidates"]]
     band = [s for s in steps if s <= min(steps) * (1 + TIE)]
-    assert steps[:len(band)] == band and steps[len(band):] == sorted(steps[len(band):])
+    assert steps[: len(band)] == band and steps[len(band) :] == sorted(steps[len(band) :])
 
 
-MOE_LINE = re.compile(r"a MoE block holds ([\d.]+)B params .*?ep=(\d+)(?:: each rank keeps (\d+) of each MoE block's "
-                      r"(\d+) experts)?.*?the best with (ep=1|ep > 1), ([^ ]+), takes ([\d.]+) s/step "
-                      r"\(([+-][\d.]+)%, ([\d,.]+ GB) per rank\)")
+MOE_LINE = re.compile(
+    r"a MoE block holds ([\d.]+)B params .*?ep=(\d+)(?:: each rank keeps (\d+) of each MoE block's "
+    r"(\d+) experts)?.*?the best with (ep=1|ep > 1), ([^ ]+), takes ([\d.]+) s/step "
+    r"\(([+-][\d.]+)%, ([\d,.]+ GB) per rank\)"
+)
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-gb200-256", "deepseek-v3-megatron-1024", "mixtral-64"])
@@ -255,7 +344,10 @@ def test_moe_step_reads_moe_figures(name, tmp_path, capsys):
     chosen = data["candidates"][0]["layout"]
     assert int(m.group(2)) == chosen.get("ep", 1)
     if m.group(3):
-        assert (int(m.group(3)), int(m.group(4))) == (data["model"]["experts"] // chosen["ep"], data["model"]["experts"])
+        assert (int(m.group(3)), int(m.group(4))) == (
+            data["model"]["experts"] // chosen["ep"],
+            data["model"]["experts"],
+        )
     assert (m.group(5) == "ep=1") == (chosen.get("ep", 1) > 1)
     model = load_model(args[args.index("--model") + 1])
     gpu = args[args.index("--gpu") + 1] if "--gpu" in args else "h100"
@@ -263,7 +355,9 @@ def test_moe_step_reads_moe_figures(name, tmp_path, capsys):
     seq = int(args[args.index("--seq-len") + 1]) if "--seq-len" in args else default_seq_len(model)
     batch = int(args[args.index("--global-batch") + 1]) if "--global-batch" in args else 512
     cluster = load_cluster(gpu, int(args[args.index("--gpus") + 1]))
-    other = estimate(model, cluster, TrainSpec(batch, seq, "bf16-mixed", runtime=runtime), parse(m.group(6), cluster.world_size))
+    other = estimate(
+        model, cluster, TrainSpec(batch, seq, "bf16-mixed", runtime=runtime), parse(m.group(6), cluster.world_size)
+    )
     assert m.group(7) == f"{other.time.step_s:.3g}" and m.group(9) == _gb(other.memory.total), line
     now = data["candidates"][0]["time"]["step_s"]
     assert m.group(8) == f"{other.time.step_s / now - 1:+.1%}"[:-1], line

@@ -24,7 +24,9 @@ def test_young_first_order_interval() -> None:
 @pytest.mark.parametrize("mtbf_s, published_min", [(24 * HOUR, 117), (6 * HOUR, 57), (15 * MIN, 9.1)])
 def test_daly_higher_order_interval_at_the_papers_values(mtbf_s, published_min) -> None:
     """Daly (2006), Figs. 3-5: delta = 5 min (R = 10 min, Ts = 500 h) -> tau_opt 117, 57 and 9.1 min."""
-    assert f.daly_interval_s(5 * MIN, mtbf_s) / MIN == pytest.approx(published_min, abs=0.5 if published_min > 10 else 0.05)
+    assert f.daly_interval_s(5 * MIN, mtbf_s) / MIN == pytest.approx(
+        published_min, abs=0.5 if published_min > 10 else 0.05
+    )
 
 
 def test_daly_interval_is_the_mtbf_when_saves_outlast_twice_it() -> None:
@@ -43,8 +45,9 @@ def test_goodput_is_best_near_dalys_interval() -> None:
     assert f.goodput(f.daly_interval_s(delta, m), delta, m, r) > f.goodput(20 * MIN, delta, m, r) + 0.01
 
 
-def _simulate(work_s: float, tau: float, delta: float, write: float, restart: float, mtbf: float,
-              rng: random.Random) -> float:
+def _simulate(
+    work_s: float, tau: float, delta: float, write: float, restart: float, mtbf: float, rng: random.Random
+) -> float:
     """Wall time to finish ``work_s`` of compute: segments of tau compute then delta blocking staging; the
     staged state is committed ``write`` seconds later (in the background); a failure (exponential, mean
     ``mtbf``, during anything, restarts included) rolls back to the last committed state and costs
@@ -108,8 +111,9 @@ def _cost(layout_text: str, world: int = 64, model_name: str = "llama3-8b"):
     model = spec.load_model(model_name)
     train = spec.TrainSpec(global_batch=512, seq_len=4096, precision="bf16-mixed", optimizer="adamw")
     host = f.HostSpec(link_bytes_per_s=64e9, memory_bytes=2e12)
-    return model, f.checkpoint_cost(model, train, parse(layout_text, world), 8, host, storage_gbps=8.0,
-                                    restart_minutes=10)
+    return model, f.checkpoint_cost(
+        model, train, parse(layout_text, world), 8, host, storage_gbps=8.0, restart_minutes=10
+    )
 
 
 def test_checkpoint_bytes_replicated_against_sharded() -> None:
@@ -138,11 +142,16 @@ def test_interval_never_shorter_than_the_write_or_a_step() -> None:
     assert f.plan_interval(1e-6, HOUR, 60, step_s=5.0)[1] == 1
 
 
-@pytest.mark.parametrize("kwargs, field", [({"failure_rate": -1.0}, "--failure-rate"),
-                                           ({"mtbf_hours": 0.0}, "--mtbf-hours"),
-                                           ({"storage_gbps": 0.0}, "--storage-gbps"),
-                                           ({"restart_minutes": float("nan")}, "--restart-minutes"),
-                                           ({"failure_rate": 1e-5, "mtbf_hours": 3.0}, "--mtbf-hours")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"failure_rate": -1.0}, "--failure-rate"),
+        ({"mtbf_hours": 0.0}, "--mtbf-hours"),
+        ({"storage_gbps": 0.0}, "--storage-gbps"),
+        ({"restart_minutes": float("nan")}, "--restart-minutes"),
+        ({"failure_rate": 1e-5, "mtbf_hours": 3.0}, "--mtbf-hours"),
+    ],
+)
 def test_bad_failure_options_name_the_field(kwargs, field) -> None:
     from meshwise.errors import MeshwiseError
 
@@ -194,8 +203,10 @@ def test_one_node_without_options_shows_no_failure_columns(capsys) -> None:
     assert out["candidates"][0]["reliability"]["mtbf_hours"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("flag, value", [("--failure-rate", "-1"), ("--storage-gbps", "0"),
-                                         ("--mtbf-hours", "nan"), ("--restart-minutes", "-5")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--failure-rate", "-1"), ("--storage-gbps", "0"), ("--mtbf-hours", "nan"), ("--restart-minutes", "-5")],
+)
 def test_bad_values_are_one_line_and_exit_2(capsys, flag, value) -> None:
     from meshwise.cli import main
 
@@ -209,8 +220,10 @@ def test_the_report_has_a_failures_section(tmp_path, capsys) -> None:
 
     pytest.importorskip("matplotlib")
     page = tmp_path / "p.html"
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "16", "--top", "2", "--tokens", "1e12",
-                 "--report", str(page)]) == 0
+    assert (
+        main(["plan", "--model", "llama3-8b", "--gpus", "16", "--top", "2", "--tokens", "1e12", "--report", str(page)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "goodput" in out and "days w/ fail" in out
     html = page.read_text()

@@ -22,8 +22,10 @@ CLUSTER = load_cluster("h100", 256)
 def _extra(runtime: str, text: str, precision: str = "fp8") -> float:
     """What ``precision`` adds to bf16-mixed's memory per rank for layout ``text``."""
     lay = parse(text, 256)
-    total = {p: estimate(MODEL, CLUSTER, TrainSpec(512, 4096, p, runtime=runtime), lay).memory.total
-             for p in ("bf16-mixed", precision)}
+    total = {
+        p: estimate(MODEL, CLUSTER, TrainSpec(512, 4096, p, runtime=runtime), lay).memory.total
+        for p in ("bf16-mixed", precision)
+    }
     return total[precision] - total["bf16-mixed"]
 
 
@@ -42,7 +44,9 @@ def test_meshwise_runtime_copies_no_experts():
 def test_megatron_copies_the_ranks_own_experts():
     """Without weight sharding (distributed optimizer): the copies shrink by 2 B per expert parameter the
     rank gives up, 2 x E x (1/8 - 1/64) from ep=8 to ep=64, E the routed experts' parameters."""
-    drop = _extra("megatron", "dp=256,zero=1,ep=8,mbs=1,ac=full") - _extra("megatron", "dp=256,zero=1,ep=64,mbs=1,ac=full")
+    drop = _extra("megatron", "dp=256,zero=1,ep=8,mbs=1,ac=full") - _extra(
+        "megatron", "dp=256,zero=1,ep=64,mbs=1,ac=full"
+    )
     assert drop == pytest.approx(2 * MODEL.expert_params * (1 / 8 - 1 / 64), rel=1e-9)
 
 

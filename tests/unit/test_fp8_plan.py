@@ -27,8 +27,22 @@ def _plan_json(capsys, *args: str) -> dict:
 @pytest.mark.parametrize("gpu", GPUS)
 def test_every_supported_format_plans_and_names_its_precision(capsys, gpu):
     for precision in FORMATS:
-        args = ["--model", "llama3-8b", "--gpu", gpu, "--gpus", "16", "--global-batch", "64", "--seq-len", "2048",
-                "--precision", precision, "--layout", "dp=16,zero=3"]
+        args = [
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            gpu,
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--seq-len",
+            "2048",
+            "--precision",
+            precision,
+            "--layout",
+            "dp=16,zero=3",
+        ]
         if precision == "mxfp8" and gpu in ("h100", "h800"):
             assert main(["plan", *args]) == 2  # Hopper has no MX tensor cores: refused in one line
             err = capsys.readouterr().err.strip().splitlines()
@@ -119,8 +133,10 @@ def test_published_float8_speedups_within_tolerance():
     these runs): mean |error| <= 8%, worst <= 15%."""
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from fp8_fidelity import errors
+
     errs = [abs(e[3]) for e in errors()]
     assert len(errs) == 12 and sum(errs) / len(errs) <= 0.08 and max(errs) <= 0.15
 
@@ -134,8 +150,21 @@ def test_expert_parallelism_folded_over_tp_is_written_planned_for_megatron_and_r
     assert not parse("dp=16,zero=1,tp=2,pp=8,ep=8", 256).ep_folds_tp  # divides dp_shard: carved as before
     with pytest.raises(MeshwiseError, match="ep=3"):
         parse("dp=16,tp=2,pp=8,ep=3", 256)
-    args = ["plan", "--model", "qwen3-235b-a22b", "--gpu", "h100", "--gpus", "256", "--seq-len", "4096",
-            "--global-batch", "1024", "--layout", QWEN3_LAYOUT]
+    args = [
+        "plan",
+        "--model",
+        "qwen3-235b-a22b",
+        "--gpu",
+        "h100",
+        "--gpus",
+        "256",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "1024",
+        "--layout",
+        QWEN3_LAYOUT,
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--runtime megatron" in err[0]
@@ -148,14 +177,15 @@ def test_expert_parallelism_folded_over_tp_is_written_planned_for_megatron_and_r
     tokens_per_rank = 4096 / 2
     assert comm["all_to_all", "ep"]["bytes_per_step"] == pytest.approx(
         m * moe_blocks * (4 * tokens_per_rank * model.experts_per_token * model.hidden * 2 + model.experts * 8),
-        rel=1e-6)
+        rel=1e-6,
+    )
 
 
 def test_folded_experts_shard_over_expert_data_parallel_ranks():
     model = load_model("qwen3-235b-a22b")
     train = TrainSpec(1024, 4096, runtime="megatron")
-    folded = parse("dp=16,zero=1,tp=2,pp=8,ep=32", 256)   # expert-dp 1
-    carved = parse("dp=16,zero=1,tp=2,pp=8,ep=16", 256)   # expert-dp 1 (carved from dp)
+    folded = parse("dp=16,zero=1,tp=2,pp=8,ep=32", 256)  # expert-dp 1
+    carved = parse("dp=16,zero=1,tp=2,pp=8,ep=16", 256)  # expert-dp 1 (carved from dp)
     shape = rank_shapes(model, folded)[1]
     mf = megatron_memory.rank_memory(model, train, folded, shape, 64, 80e9)
     mc = megatron_memory.rank_memory(model, train, carved, shape, 64, 80e9)
@@ -167,6 +197,7 @@ def test_folded_experts_shard_over_expert_data_parallel_ranks():
 
 def test_megatron_search_finds_folded_layouts():
     from meshwise.plan.megatron_search import _fields
+
     model = load_model("qwen3-235b-a22b")
     eps = {f[9] for f in _fields(model, 64, 64, 4096) if f[2] == 16 and f[4] == 4}
     assert {1, 2, 4, 8, 16, 32, 64} <= eps  # tp=4 over 16 dp_shard ranks: ep=32, 64 fold over tp

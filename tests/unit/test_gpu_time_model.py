@@ -85,12 +85,21 @@ def test_profiles_without_gpu_fields_keep_the_flat_curve():
     layout = parse("dp=2", 2)
     shape = est.memory.rank_shapes(model, layout)[0]
     m = layout.accum(train.global_batch)
-    flops = 64 * layout.mbs * m * 3 * (shape.blocks * est.compute.block_forward_flops_per_token(model, 64)
-                                       + est.compute.head_forward_flops_per_token(model))
+    flops = (
+        64
+        * layout.mbs
+        * m
+        * 3
+        * (
+            shape.blocks * est.compute.block_forward_flops_per_token(model, 64)
+            + est.compute.head_forward_flops_per_token(model)
+        )
+    )
     expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
     expected += est.host.host_seconds(cpu.accelerator, shape.blocks, True, True, "none", m)  # launch time (CPU)
-    expected += est.host.memory_bound_seconds(model, cpu.accelerator, train, layout.mbs, 1, False, "none",
-                                              shape.blocks, True, True, m)  # memory-bound bytes (CPU)
+    expected += est.host.memory_bound_seconds(
+        model, cpu.accelerator, train, layout.mbs, 1, False, "none", shape.blocks, True, True, m
+    )  # memory-bound bytes (CPU)
     assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
 
 
@@ -108,8 +117,11 @@ def test_megatron_hides_tp_collectives_that_meshwise_exposes():
     """Only with TP communication overlap turned on (Megatron-LM's --tp-comm-overlap, off by default)."""
     model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
     layout = parse("dp=8,zero=1,tp=8,mbs=1", 64)
-    trains = {"meshwise": TrainSpec(512, 4096), "megatron": TrainSpec(512, 4096, runtime="megatron"),
-              "overlap": TrainSpec(512, 4096, runtime="megatron", overlap_tp_comm=True)}
+    trains = {
+        "meshwise": TrainSpec(512, 4096),
+        "megatron": TrainSpec(512, 4096, runtime="megatron"),
+        "overlap": TrainSpec(512, 4096, runtime="megatron", overlap_tp_comm=True),
+    }
     exposed = {k: est.estimate(model, cluster, t, layout).time.comm_exposed_s for k, t in trains.items()}
     assert exposed["overlap"] < 0.5 * exposed["meshwise"]
     assert exposed["overlap"] < 0.5 * exposed["megatron"]
@@ -129,9 +141,11 @@ def test_runtime_is_checked():
 
 def test_bad_gpu_field_in_a_profile_is_one_line(tmp_path, capsys):
     profile = tmp_path / "p.toml"
-    profile.write_text("memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
-                       "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
-                       "inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 1.5\n")
+    profile.write_text(
+        "memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
+        "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
+        "inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 1.5\n"
+    )
     assert cli.main(["plan", "--gpu", str(profile), "--gpus", "8", "--model", "llama3-8b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gemm_efficiency" in err[0]
@@ -139,9 +153,11 @@ def test_bad_gpu_field_in_a_profile_is_one_line(tmp_path, capsys):
 
 def test_profile_runtime_key_is_the_plan_default(tmp_path, capsys):
     profile = tmp_path / "p.toml"
-    profile.write_text("memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
-                       "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
-                       "inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 0.6\nruntime = \"megatron\"\n")
+    profile.write_text(
+        "memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
+        "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
+        'inter_latency_s = 1e-5\nsm_count = 132\ngemm_efficiency = 0.6\nruntime = "megatron"\n'
+    )
     assert cli.main(["plan", "--gpu", str(profile), "--gpus", "8", "--model", "llama3-8b", "--json"]) == 0
     assert '"runtime": "megatron"' in capsys.readouterr().out
 
@@ -158,14 +174,19 @@ HELD_OUT = ("Korthikanti", "MegaScale", "Megatron-LM README", "2407.21783")
 
 def test_held_out_sources_are_not_in_the_calibration_set():
     text = (Path(__file__).resolve().parents[2] / "src/meshwise/catalog/published_runs.toml").read_text()
-    runs_part = text[text.index("[[run]]"):]
+    runs_part = text[text.index("[[run]]") :]
     assert not any(name in runs_part for name in HELD_OUT)
 
 
 # The figures docs/fidelity.md states for the 39 runs the model was first checked on (dev data;
 # python benchmarks/fidelity.py --set dev): (runs, mean, worst) |error|.
-STATED = {"all": (39, 0.039, 0.099), "< 10B": (6, 0.049, 0.091), "10-100B": (16, 0.044, 0.099),
-          "> 100B": (17, 0.029, 0.068), "all, MT-NLG left out": (36, 0.037, 0.099)}
+STATED = {
+    "all": (39, 0.039, 0.099),
+    "< 10B": (6, 0.049, 0.091),
+    "10-100B": (16, 0.044, 0.099),
+    "> 100B": (17, 0.029, 0.068),
+    "all, MT-NLG left out": (36, 0.037, 0.099),
+}
 
 
 def test_published_runs_as_a_test_set_match_the_stated_figures():
@@ -180,9 +201,11 @@ def test_published_runs_as_a_test_set_match_the_stated_figures():
 
 def test_bad_gemm_row_in_a_profile_is_one_line(tmp_path, capsys):
     profile = tmp_path / "p.toml"
-    profile.write_text("memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
-                       "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
-                       "inter_latency_s = 1e-5\nsm_count = 132\ngemm.bf16 = { efficiency = 2.0 }\n")
+    profile.write_text(
+        "memory_bytes = 8e10\npeak_bf16_flops_per_s = 1e15\nhbm_bytes_per_s = 3e12\n"
+        "intra_bytes_per_s = 4e11\nintra_latency_s = 5e-6\ninter_bytes_per_s = 5e10\n"
+        "inter_latency_s = 1e-5\nsm_count = 132\ngemm.bf16 = { efficiency = 2.0 }\n"
+    )
     assert cli.main(["plan", "--gpu", str(profile), "--gpus", "8", "--model", "llama3-8b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gemm.bf16.efficiency" in err[0]
@@ -204,8 +227,9 @@ def test_mtnlg_scaling_fixes_its_unstated_micro_batch():
     published = small.published_step_s / large.published_step_s
 
     def ratio(mbs: int) -> float:
-        times = [est.estimate(r.model, r.cluster, r.train, replace(r.layout, mbs=mbs)).time.step_s
-                 for r in (small, large)]
+        times = [
+            est.estimate(r.model, r.cluster, r.train, replace(r.layout, mbs=mbs)).time.step_s for r in (small, large)
+        ]
         return times[0] / times[1]
 
     errors = {mbs: abs(ratio(mbs) / published - 1) for mbs in (1, 2, 4)}

@@ -19,67 +19,243 @@ from meshwise.spec import load_model
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192}
+LLAMA31_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # name: (config class, published shape of the checkpoint's config.json, published active params or None)
 CASES = {
-    "llama2-7b": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                      num_attention_heads=32, vocab_size=32000, max_position_embeddings=4096)),
-    "llama3.1-8b": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                        max_position_embeddings=131072, rope_theta=500000.0,
-                                        rope_scaling=LLAMA31_SCALING)),
-    "llama3.1-405b": ("LlamaConfig", dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
-                                          num_attention_heads=128, num_key_value_heads=8, vocab_size=128256,
-                                          max_position_embeddings=131072, rope_theta=500000.0,
-                                          rope_scaling=LLAMA31_SCALING)),
-    "llama3.2-1b": ("LlamaConfig", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                                        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-                                        max_position_embeddings=131072, tie_word_embeddings=True)),
-    "mistral-7b-v0.3": ("MistralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                              num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
-                                              sliding_window=None, rope_theta=1e6)),
-    "qwen2.5-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                                         tie_word_embeddings=True)),
-    "qwen2.5-7b": ("Qwen2Config", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)),
-    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                                       tie_word_embeddings=True)),
-    "gemma-7b": ("GemmaConfig", dict(hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
-                                     num_attention_heads=16, num_key_value_heads=16, head_dim=256, vocab_size=256000)),
-    "gemma2-9b": ("Gemma2Config", dict(hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
-                                       num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=256000)),
-    "phi3-mini": ("Phi3Config", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
-                                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32064)),
+    "llama2-7b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+        ),
+    ),
+    "llama3.1-8b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rope_scaling=LLAMA31_SCALING,
+        ),
+    ),
+    "llama3.1-405b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=16384,
+            intermediate_size=53248,
+            num_hidden_layers=126,
+            num_attention_heads=128,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rope_scaling=LLAMA31_SCALING,
+        ),
+    ),
+    "llama3.2-1b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "mistral-7b-v0.3": (
+        "MistralConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=32768,
+            sliding_window=None,
+            rope_theta=1e6,
+        ),
+    ),
+    "qwen2.5-0.5b": (
+        "Qwen2Config",
+        dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen2.5-7b": (
+        "Qwen2Config",
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+        ),
+    ),
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gemma-7b": (
+        "GemmaConfig",
+        dict(
+            hidden_size=3072,
+            intermediate_size=24576,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            head_dim=256,
+            vocab_size=256000,
+        ),
+    ),
+    "gemma2-9b": (
+        "Gemma2Config",
+        dict(
+            hidden_size=3584,
+            intermediate_size=14336,
+            num_hidden_layers=42,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            vocab_size=256000,
+        ),
+    ),
+    "phi3-mini": (
+        "Phi3Config",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32064,
+        ),
+    ),
     "gpt2": ("GPT2Config", dict()),
-    "mixtral-8x7b": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                           num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)),
-    "mixtral-8x22b": ("MixtralConfig", dict(hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
-                                            num_attention_heads=48, num_key_value_heads=8, vocab_size=32768,
-                                            max_position_embeddings=65536, rope_theta=1e6)),
-    "qwen1.5-moe-a2.7b": ("Qwen2MoeConfig", dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-                                                 shared_expert_intermediate_size=5632, num_experts=60,
-                                                 num_experts_per_tok=4, num_hidden_layers=24, num_attention_heads=16,
-                                                 vocab_size=151936)),
-    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                                             num_experts=128, num_local_experts=128, num_experts_per_tok=8,
-                                             num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                                             head_dim=128, vocab_size=151936)),
-    "deepseek-v2-lite": ("DeepseekV2Config", dict(hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
-                                                  n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
-                                                  first_k_dense_replace=1, num_hidden_layers=27, num_attention_heads=16,
-                                                  num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512,
-                                                  qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                                                  vocab_size=102400)),
+    "mixtral-8x7b": (
+        "MixtralConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=32000,
+        ),
+    ),
+    "mixtral-8x22b": (
+        "MixtralConfig",
+        dict(
+            hidden_size=6144,
+            intermediate_size=16384,
+            num_hidden_layers=56,
+            num_attention_heads=48,
+            num_key_value_heads=8,
+            vocab_size=32768,
+            max_position_embeddings=65536,
+            rope_theta=1e6,
+        ),
+    ),
+    "qwen1.5-moe-a2.7b": (
+        "Qwen2MoeConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=5632,
+            moe_intermediate_size=1408,
+            shared_expert_intermediate_size=5632,
+            num_experts=60,
+            num_experts_per_tok=4,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            vocab_size=151936,
+        ),
+    ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_local_experts=128,
+            num_experts_per_tok=8,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+        ),
+    ),
+    "deepseek-v2-lite": (
+        "DeepseekV2Config",
+        dict(
+            hidden_size=2048,
+            intermediate_size=10944,
+            moe_intermediate_size=1408,
+            n_routed_experts=64,
+            n_shared_experts=2,
+            num_experts_per_tok=6,
+            first_k_dense_replace=1,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            q_lora_rank=None,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            vocab_size=102400,
+        ),
+    ),
     "deepseek-v3": ("DeepseekV3Config", dict()),  # the class defaults are DeepSeek-V3's 671B shape
 }
 
 # Published totals / active parameters (model cards and papers), to 3 significant figures.
-PUBLISHED = {"mixtral-8x7b": (46.7e9, 12.9e9), "mixtral-8x22b": (141e9, 39e9), "deepseek-v2-lite": (15.7e9, None), "qwen3-30b-a3b": (30.5e9, 3.3e9), "deepseek-v3": (671e9, 37e9),
-             "llama3.1-8b": (8.03e9, None), "gemma-7b": (8.54e9, None), "gpt2": (124e6, None)}
+PUBLISHED = {
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+    "mixtral-8x22b": (141e9, 39e9),
+    "deepseek-v2-lite": (15.7e9, None),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "deepseek-v3": (671e9, 37e9),
+    "llama3.1-8b": (8.03e9, None),
+    "gemma-7b": (8.54e9, None),
+    "gpt2": (124e6, None),
+}
 
 
 def hf_folder(tmp_path, name):
@@ -135,7 +311,9 @@ def test_plan_json_has_the_model(tmp_path, capsys):
 
 
 def one_line_exit_2(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "meshwise.cli", "plan", *args], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stdout == ""
@@ -205,8 +383,11 @@ def test_checkpoint_of_another_architecture_is_refused():
     from meshwise.train import checkpoint
 
     tiny = load_model("tiny")
-    old = {k: v for k, v in checkpoint.model_meta(tiny).items()
-           if k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")}
+    old = {
+        k: v
+        for k, v in checkpoint.model_meta(tiny).items()
+        if k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings")
+    }
     checkpoint.check_shape({"model": old}, tiny, "ck/step-1")  # saved before the family fields: same model
     with pytest.raises(MeshwiseError, match="family='llama'.*has family='qwen3'"):
         checkpoint.check_shape({"model": checkpoint.model_meta(tiny)}, load_model("tiny-qwen3"), "ck/step-1")

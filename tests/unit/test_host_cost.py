@@ -102,8 +102,9 @@ def test_more_microbatches_cost_more_host_time_at_equal_flops():
 
     sums = host.grad_accumulation_seconds(a, rank_shapes(model, parse("mbs=1", 1))[0].params, 4, 8)  # 7 gradient sums
     assert sums > 0
-    assert eight.compute_s - one.compute_s == pytest.approx(7 * host.ops_per_microbatch(6, True, True) * a.op_overhead_s
-                                                            + sums)
+    assert eight.compute_s - one.compute_s == pytest.approx(
+        7 * host.ops_per_microbatch(6, True, True) * a.op_overhead_s + sums
+    )
 
 
 def test_recompute_host_time_per_mode():
@@ -121,19 +122,22 @@ def test_recompute_under_tp_runs_dtensor_operators_again():
     assert host.recompute_seconds_per_block(a, "full", tp=2) == pytest.approx(plain + host.BLOCK_FORWARD_OPS * 4e-5)
     base = host.host_seconds(a, 4, True, True, "none", 2, tp=2)
     assert host.host_seconds(a, 4, True, True, "full", 2, tp=2) - base == pytest.approx(
-        2 * 4 * host.recompute_seconds_per_block(a, "full", tp=2))
+        2 * 4 * host.recompute_seconds_per_block(a, "full", tp=2)
+    )
 
 
 def test_sequence_parallel_adds_its_redistributions_per_block_under_tp_only():
     """tp_sp_block_s per block per micro-batch under tp > 1 with SP on, the forward's half again
     under checkpointing; nothing without TP or SP."""
-    a = AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, checkpoint_call_s=1e-3, tp_op_s=4e-5,
-                        tp_sp_block_s=2e-3)
+    a = AcceleratorSpec(
+        "x", 1, 1.0, 1.0, 1.0, op_overhead_s=1e-5, checkpoint_call_s=1e-3, tp_op_s=4e-5, tp_sp_block_s=2e-3
+    )
     for ac, factor in (("none", 1.0), ("full", 1.5), ("selective", 1.5)):
         off = host.host_seconds(a, 4, True, True, ac, 3, tp=2, sp=False)
         assert host.host_seconds(a, 4, True, True, ac, 3, tp=2, sp=True) - off == pytest.approx(3 * 4 * 2e-3 * factor)
-    assert host.host_seconds(a, 4, True, True, "none", 3, tp=1, sp=True) == host.host_seconds(a, 4, True, True,
-                                                                                              "none", 3)
+    assert host.host_seconds(a, 4, True, True, "none", 3, tp=1, sp=True) == host.host_seconds(
+        a, 4, True, True, "none", 3
+    )
 
 
 def test_zero_bubble_pays_its_split_backward_per_block_and_micro_batch():
@@ -142,21 +146,25 @@ def test_zero_bubble_pays_its_split_backward_per_block_and_micro_batch():
     without the constant pay nothing; the planner's compute cache tells the schedules apart."""
     from dataclasses import replace
 
-    assert host.split_backward_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, zb_split_block_s=2e-3),
-                                       "zero-bubble", 2, 3, 4) == pytest.approx(4 * 3 * 2e-3)
+    assert host.split_backward_seconds(
+        AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, zb_split_block_s=2e-3), "zero-bubble", 2, 3, 4
+    ) == pytest.approx(4 * 3 * 2e-3)
     model, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
     cpu = load_cluster("cpu", 2, 2)
     timed = replace(cpu, accelerator=replace(cpu.accelerator, zb_split_block_s=2e-3))
     zb, one = parse("pp=2,vpp=2,schedule=zero-bubble,mbs=2", 2), parse("pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", 2)
     m, blocks = zb.accum(train.global_batch), model.layers // 2  # each rank: two chunks of one block
-    assert estimate(model, timed, train, zb).time.compute_s - estimate(model, cpu, train, zb).time.compute_s \
-        == pytest.approx(m * blocks * 2e-3)
+    assert estimate(model, timed, train, zb).time.compute_s - estimate(
+        model, cpu, train, zb
+    ).time.compute_s == pytest.approx(m * blocks * 2e-3)
     for other in (one, parse("pp=2,mbs=2", 2)):
         assert estimate(model, timed, train, other).time.compute_s == estimate(model, cpu, train, other).time.compute_s
     cache: dict = {}  # the same rank shapes as 1F1B's, so only the schedule tells their compute apart
     plain_zb = parse("pp=2,schedule=zero-bubble,mbs=2", 2)
     estimate(model, timed, train, parse("pp=2,schedule=1f1b,mbs=2", 2), stage_cache=cache)
-    assert estimate(model, timed, train, plain_zb, stage_cache=cache).time == estimate(model, timed, train, plain_zb).time
+    assert (
+        estimate(model, timed, train, plain_zb, stage_cache=cache).time == estimate(model, timed, train, plain_zb).time
+    )
 
 
 def test_a_pipeline_schedule_pays_its_own_work_per_stage_call():
@@ -164,8 +172,9 @@ def test_a_pipeline_schedule_pays_its_own_work_per_stage_call():
     under pp > 1, in its compute (time-shared as the rest of it); nothing without pp or the constant."""
     from dataclasses import replace
 
-    assert host.pipeline_call_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, pp_call_s=1e-3), 2, 2, 4) == \
-        pytest.approx(2 * 4 * 2 * 1e-3)
+    assert host.pipeline_call_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, pp_call_s=1e-3), 2, 2, 4) == pytest.approx(
+        2 * 4 * 2 * 1e-3
+    )
     assert host.pipeline_call_seconds(AcceleratorSpec("x", 1, 1.0, 1.0, 1.0, pp_call_s=1e-3), 1, 1, 4) == 0.0
     model, train = load_model("tiny"), TrainSpec(8, 64, "fp32")
     cpu = load_cluster("cpu", 2, 2)
@@ -173,7 +182,9 @@ def test_a_pipeline_schedule_pays_its_own_work_per_stage_call():
     for text, chunks in (("pp=2,mbs=2", 1), ("pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2", 2)):
         layout = parse(text, 2)
         m = layout.accum(train.global_batch)
-        extra = estimate(model, timed, train, layout).time.compute_s - estimate(model, cpu, train, layout).time.compute_s
+        extra = (
+            estimate(model, timed, train, layout).time.compute_s - estimate(model, cpu, train, layout).time.compute_s
+        )
         assert extra == pytest.approx(2 * m * chunks * 1e-3)
     plain = parse("dp=2,mbs=2", 2)
     assert estimate(model, timed, train, plain).time == estimate(model, cpu, train, plain).time
@@ -212,9 +223,17 @@ def test_threads_scale_a_rank_s_flops_by_the_profile_s_efficiency():
     k = 1 + cluster.accelerator.thread_efficiency
     assert two.peak_fp32_flops_per_s == pytest.approx(cluster.accelerator.peak_fp32_flops_per_s * k)
     assert two.op_overhead_s == cluster.accelerator.op_overhead_s  # launching does not parallelise
-    timed = dataclasses.replace(cluster, accelerator=dataclasses.replace(
-        cluster.accelerator, sdpa_call_s=5e-5, sdpa_score_s=3e-9, sdpa_score_dim_s=1e-10, cp_score_s=8e-9,
-        sdpa_head_table=((64.0, 16.0, 2e-5), (512.0, 16.0, 1e-3))))
+    timed = dataclasses.replace(
+        cluster,
+        accelerator=dataclasses.replace(
+            cluster.accelerator,
+            sdpa_call_s=5e-5,
+            sdpa_score_s=3e-9,
+            sdpa_score_dim_s=1e-10,
+            cp_score_s=8e-9,
+            sdpa_head_table=((64.0, 16.0, 2e-5), (512.0, 16.0, 1e-3)),
+        ),
+    )
     two = layout_choice.with_threads(timed, 2).accelerator  # the attention kernels' rows split over threads
     assert (two.sdpa_score_s, two.sdpa_score_dim_s, two.cp_score_s) == pytest.approx((3e-9 / k, 1e-10 / k, 8e-9 / k))
     assert [t for _, _, t in two.sdpa_head_table] == pytest.approx([2e-5 / k, 1e-3 / k])
@@ -249,7 +268,9 @@ def test_more_ranks_than_cores_time_share_and_fill_the_bubble_with_other_ranks_w
     two = load_cluster("cpu", 2, 2)
     two_shared = replace(two, accelerator=replace(two.accelerator, cores_per_node=2))
     for text in ("pp=2,mbs=2", "dp=2,mbs=2", "tp=2,mbs=4"):
-        assert estimate(model, two_shared, train, parse(text, 2)).time == estimate(model, two, train, parse(text, 2)).time
+        assert (
+            estimate(model, two_shared, train, parse(text, 2)).time == estimate(model, two, train, parse(text, 2)).time
+        )
 
 
 def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token():
@@ -260,8 +281,10 @@ def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token(
 
     model, accel = load_model("small"), load_cluster("cpu", 2).accelerator
     train, blocks, bw = TrainSpec(8, 128, "fp32"), load_model("small").layers, accel.hbm_bytes_per_s
-    one, off, on = (host.memory_bound_seconds(model, accel, train, mbs, tp, sp, "none", blocks, True, True, 1)
-                    for mbs, tp, sp in ((4, 1, False), (8, 2, False), (8, 2, True)))
+    one, off, on = (
+        host.memory_bound_seconds(model, accel, train, mbs, tp, sp, "none", blocks, True, True, 1)
+        for mbs, tp, sp in ((4, 1, False), (8, 2, False), (8, 2, True))
+    )
     tokens, p = 4 * 128, kernels.PASSES["meshwise"]
     assert on - one == pytest.approx(tokens * model.vocab * p["loss_bytes"] / bw)
     replicated = (blocks * 3 * (2 * p["norm"] + 2 * p["residual"]) + 3 * p["norm"] + 5) * tokens * model.hidden * 4
@@ -299,7 +322,9 @@ def test_gradient_sums_over_micro_batches_are_charged_on_cpu_ranks():
         half = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, dram_bytes_per_s=10e9))
         layout = parse(text, n)
         m = layout.accum(train.global_batch)
-        slow[text] = estimate(model, half, train, layout).time.compute_s - estimate(model, fast, train, layout).time.compute_s
+        slow[text] = (
+            estimate(model, half, train, layout).time.compute_s - estimate(model, fast, train, layout).time.compute_s
+        )
         params = memory.rank_shapes(model, layout)[0].params / (2 if "zero=3" in text else 1)
         assert slow[text] == pytest.approx((m - 1) * 3 * params * 4 * (1 / 10e9 - 1 / 20e9), rel=1e-6)
     assert slow["mbs=8"] == 0 and slow["mbs=2"] > slow["dp=2,zero=3,mbs=1"] > 0
@@ -318,8 +343,9 @@ def test_context_parallel_ranks_pay_fsdp2_s_dtensor_optimizer_and_norm():
 
     model, train = load_model("tiny"), TrainSpec(4, 64, precision="fp32")
     cluster = load_cluster("cpu", 2, 2)
-    timed = dataclasses.replace(cluster, accelerator=dataclasses.replace(
-        cluster.accelerator, optimizer_dtensor_s=1e-3, tp_op_s=2e-3))
+    timed = dataclasses.replace(
+        cluster, accelerator=dataclasses.replace(cluster.accelerator, optimizer_dtensor_s=1e-3, tp_op_s=2e-3)
+    )
     extra = {}
     for text in ("dp=2,zero=1,mbs=1", "cp=2,zero=1,mbs=1", "pp=2,mbs=1"):
         layout = parse(text, 2)
@@ -334,7 +360,8 @@ def test_context_parallel_ranks_pay_fsdp2_s_dtensor_optimizer_and_norm():
     zero2 = parse("cp=2,zero=2,mbs=1", 2)
     shape = memory.rank_shapes(model, zero2)[0]
     assert _accumulation_s(model, cluster.accelerator, train, zero2, shape, 4) == pytest.approx(
-        _accumulation_s(model, cluster.accelerator, train, parse("mbs=1", 1), shape, 4) / 2)
+        _accumulation_s(model, cluster.accelerator, train, parse("mbs=1", 1), shape, 4) / 2
+    )
 
 
 def test_loss_reads_its_cost_per_logit_off_the_measured_table():
@@ -342,9 +369,9 @@ def test_loss_reads_its_cost_per_logit_off_the_measured_table():
     8,388,608 at 7 ns; between them linear in the logits, flat past both ends."""
     table = ((128.0, 256.0, 256 * 1e-9), (128.0, 65536.0, 65536 * 7e-9))
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 1e10, loss_token_table=table)
-    assert host.loss_seconds(a, 64, 256) == pytest.approx(64 * 256 * 1e-9)           # below the table: 1 ns
-    assert host.loss_seconds(a, 512, 65536) == pytest.approx(512 * 65536 * 7e-9)     # past it: 7 ns
-    mid = (32768 + 8388608) / 2                                                        # halfway: 4 ns
+    assert host.loss_seconds(a, 64, 256) == pytest.approx(64 * 256 * 1e-9)  # below the table: 1 ns
+    assert host.loss_seconds(a, 512, 65536) == pytest.approx(512 * 65536 * 7e-9)  # past it: 7 ns
+    mid = (32768 + 8388608) / 2  # halfway: 4 ns
     assert host.loss_seconds(a, 1, mid) == pytest.approx(mid * 4e-9)
 
 
@@ -352,10 +379,11 @@ def test_loss_without_a_table_streams_from_dram_past_the_cache():
     """28 bytes per logit (cost/kernels.py) over the cache bandwidth while the fp32 logits fit in 4 MiB,
     over the DRAM bandwidth past it."""
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 2e10, dram_bytes_per_s=5e9)
-    assert host.loss_seconds(a, 128, 256) == pytest.approx(128 * 256 * 28 / 2e10)     # 128 KiB of logits
+    assert host.loss_seconds(a, 128, 256) == pytest.approx(128 * 256 * 28 / 2e10)  # 128 KiB of logits
     assert host.loss_seconds(a, 256, 32768) == pytest.approx(256 * 32768 * 28 / 5e9)  # 32 MiB of logits
-    assert host.loss_seconds(dataclasses.replace(a, dram_bytes_per_s=0.0), 256, 32768) == \
-        pytest.approx(256 * 32768 * 28 / 2e10)
+    assert host.loss_seconds(dataclasses.replace(a, dram_bytes_per_s=0.0), 256, 32768) == pytest.approx(
+        256 * 32768 * 28 / 2e10
+    )
 
 
 def test_memory_bound_time_holds_the_loss_once():
@@ -370,6 +398,6 @@ def test_memory_bound_time_holds_the_loss_once():
     rest = kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, True, 0.0)
     per_logit = 1e-9 + 6e-9 * (256 * 256 - 32768) / (8388608 - 32768)  # 65,536 logits: between the rows
     assert got == pytest.approx(3 * (rest / 1e10 + 256 * 256 * per_logit))
-    assert host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, False, 3) == \
-        pytest.approx(3 * kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, False,
-                                                          0.0) / 1e10)
+    assert host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, False, 3) == pytest.approx(
+        3 * kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, False, 0.0) / 1e10
+    )

@@ -26,7 +26,7 @@ intra_latency_s = 1e-5
 inter_bytes_per_s = 1e10
 inter_latency_s = 1e-5
 """
-NOT_UTF8 = b"name = \"\xff\xfe\"\n"
+NOT_UTF8 = b'name = "\xff\xfe"\n'
 BAD_TEXT = os.fsdecode(b"\xff 7 =")  # what Python makes of command-line bytes that are not UTF-8
 
 
@@ -38,8 +38,23 @@ def _profile(folder: Path, memory: str = "80e9", flops: str = "1e15", name: str 
 
 def _train(folder: Path, *extra: str) -> list[str]:
     (folder / "micro.toml").write_text(MICRO)
-    return ["train", "--model", str(folder / "micro.toml"), "--seq-len", "16", "--steps", "2", "--nproc-per-node", "1",
-            "--checkpoint-dir", str(folder / "ck"), "--metrics", str(folder / "m.jsonl"), "--prompt=", *extra]
+    return [
+        "train",
+        "--model",
+        str(folder / "micro.toml"),
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--checkpoint-dir",
+        str(folder / "ck"),
+        "--metrics",
+        str(folder / "m.jsonl"),
+        "--prompt=",
+        *extra,
+    ]
 
 
 def _fifo(folder: Path) -> str:
@@ -76,7 +91,11 @@ CASES = [
     ("beta2-negative", lambda f: _train(f, "--optimizer.beta2=-0.1"), "--optimizer.beta2: -0.1 must be in [0, 1)"),
     ("weight-decay-negative", lambda f: _train(f, "--optimizer.weight_decay=-1"), "must not be negative"),
     ("eps-negative", lambda f: _train(f, "--optimizer.eps=-1e-8"), "--optimizer.eps: -1e-08 must be positive"),
-    ("grad-clip-nan", lambda f: _train(f, "--optimizer.grad_clip", "nan"), "--optimizer.grad_clip: nan must be a finite"),
+    (
+        "grad-clip-nan",
+        lambda f: _train(f, "--optimizer.grad_clip", "nan"),
+        "--optimizer.grad_clip: nan must be a finite",
+    ),
     ("train-temperature-inf", lambda f: _train(f, "--generate.temperature", "inf"), "--generate.temperature: inf"),
     ("seed-past-64-bits", lambda f: _train(f, "--model.seed", str(2**70)), "--model.seed: 1180591620717411303424"),
     ("data-seed-negative", lambda f: _train(f, "--data.seed=-1"), "--data.seed: -1 must be in [0, 2**64)"),
@@ -85,54 +104,100 @@ CASES = [
     ("timeout-zero", lambda f: _train(f, "--timeout", "0"), "--timeout: 0 must be a positive, finite number"),
     ("timeout-nan", lambda f: _train(f, "--timeout", "nan"), "--timeout: nan must be a positive, finite number"),
     ("train-prompt-not-utf8", lambda f: _train(f, "--prompt", BAD_TEXT), "--generate.prompt: not valid UTF-8"),
-    ("generate-temperature-nan", lambda f: ["generate", "--checkpoint", str(f), "--temperature", "nan"],
-     "--temperature: nan must be a finite number"),
-    ("generate-temperature-inf", lambda f: ["generate", "--checkpoint", str(f), "--temperature", "inf"],
-     "--temperature: inf must be a finite number"),
-    ("generate-seed-past-64-bits", lambda f: ["generate", "--checkpoint", str(f), "--seed", str(2**64)],
-     "--seed: 18446744073709551616 must be in [0, 2**64)"),
-    ("generate-prompt-not-utf8", lambda f: ["generate", "--checkpoint", str(f), "--prompt", BAD_TEXT],
-     "--prompt: not valid UTF-8"),
+    (
+        "generate-temperature-nan",
+        lambda f: ["generate", "--checkpoint", str(f), "--temperature", "nan"],
+        "--temperature: nan must be a finite number",
+    ),
+    (
+        "generate-temperature-inf",
+        lambda f: ["generate", "--checkpoint", str(f), "--temperature", "inf"],
+        "--temperature: inf must be a finite number",
+    ),
+    (
+        "generate-seed-past-64-bits",
+        lambda f: ["generate", "--checkpoint", str(f), "--seed", str(2**64)],
+        "--seed: 18446744073709551616 must be in [0, 2**64)",
+    ),
+    (
+        "generate-prompt-not-utf8",
+        lambda f: ["generate", "--checkpoint", str(f), "--prompt", BAD_TEXT],
+        "--prompt: not valid UTF-8",
+    ),
     ("measure-nproc-0", lambda f: ["measure", "--nproc-per-node", "0"], "--nproc-per-node: 0 must be at least 1"),
-    ("calibrate-nproc-0", lambda f: ["calibrate", "--nproc-per-node", "0", "--out", str(f / "p.toml")],
-     "--nproc-per-node: 0 must be at least 1"),
+    (
+        "calibrate-nproc-0",
+        lambda f: ["calibrate", "--nproc-per-node", "0", "--out", str(f / "p.toml")],
+        "--nproc-per-node: 0 must be at least 1",
+    ),
     # input files
     ("config-not-utf8", lambda f: _train(f, "--config", _file(f, "c.toml", NOT_UTF8)), "is not UTF-8 text"),
     ("config-a-folder", lambda f: _train(f, "--config", _dir(f, "c.toml")), "c.toml is a folder; give a TOML file"),
     ("gpu-a-folder", lambda f: ["plan", "--gpu", _dir(f, "g")], "is a folder; give a catalog name"),
-    ("pretrained-a-plain-folder", lambda f: _train(f, "--model.pretrained", _dir(f, "hf")),
-     "--model.pretrained: "),
+    ("pretrained-a-plain-folder", lambda f: _train(f, "--model.pretrained", _dir(f, "hf")), "--model.pretrained: "),
     ("gpu-profile-not-utf8", lambda f: ["plan", "--gpu", _file(f, "g.toml", NOT_UTF8)], "is not UTF-8 text"),
-    ("gpu-profile-string", lambda f: ["plan", "--gpu", _profile(f, flops='"fast"')],
-     "peak_bf16_flops_per_s must be a number, got 'fast'"),
-    ("gpu-profile-zero", lambda f: ["plan", "--gpu", _profile(f, flops="0")],
-     "peak_bf16_flops_per_s must be a finite number above 0"),
-    ("gpu-profile-nan", lambda f: ["plan", "--gpu", _profile(f, memory="nan")],
-     "memory_bytes must be a finite number above 0"),
-    ("gpu-profile-inf", lambda f: ["plan", "--gpu", _profile(f, flops="inf")],
-     "peak_bf16_flops_per_s must be a finite number above 0"),
+    (
+        "gpu-profile-string",
+        lambda f: ["plan", "--gpu", _profile(f, flops='"fast"')],
+        "peak_bf16_flops_per_s must be a number, got 'fast'",
+    ),
+    (
+        "gpu-profile-zero",
+        lambda f: ["plan", "--gpu", _profile(f, flops="0")],
+        "peak_bf16_flops_per_s must be a finite number above 0",
+    ),
+    (
+        "gpu-profile-nan",
+        lambda f: ["plan", "--gpu", _profile(f, memory="nan")],
+        "memory_bytes must be a finite number above 0",
+    ),
+    (
+        "gpu-profile-inf",
+        lambda f: ["plan", "--gpu", _profile(f, flops="inf")],
+        "peak_bf16_flops_per_s must be a finite number above 0",
+    ),
     ("data-fifo", lambda f: _train(f, "--data", _fifo(f)), "is not a regular file or a folder"),
     ("data-dev-zero", lambda f: _train(f, "--data", "/dev/zero"), "/dev/zero is not a regular file or a folder"),
     # output paths
-    ("checkpoint-dir-a-file", lambda f: _train(f) + ["--checkpoint-dir", _file(f, "plain")],
-     "exists and is not a folder"),
-    ("checkpoint-dir-under-proc", lambda f: _train(f) + ["--checkpoint-dir", "/proc/meshwise-ck"],
-     "is on a kernel file system"),
-    ("checkpoint-dir-holding-checkpoints", lambda f: _train(f) + ["--checkpoint-dir", _holding_checkpoint(f)],
-     "already holds checkpoints (latest step-3); continue them with --resume auto"),
+    (
+        "checkpoint-dir-a-file",
+        lambda f: _train(f) + ["--checkpoint-dir", _file(f, "plain")],
+        "exists and is not a folder",
+    ),
+    (
+        "checkpoint-dir-under-proc",
+        lambda f: _train(f) + ["--checkpoint-dir", "/proc/meshwise-ck"],
+        "is on a kernel file system",
+    ),
+    (
+        "checkpoint-dir-holding-checkpoints",
+        lambda f: _train(f) + ["--checkpoint-dir", _holding_checkpoint(f)],
+        "already holds checkpoints (latest step-3); continue them with --resume auto",
+    ),
     ("metrics-a-folder", lambda f: _train(f) + ["--metrics", _dir(f, "metrics")], "--metrics.file: "),
-    ("metrics-missing-folder", lambda f: _train(f) + ["--metrics.file", str(f / "nowhere" / "m.jsonl")],
-     "--metrics.file: folder "),
-    ("plan-report-missing-folder", lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2",
-                                              "--report", str(f / "nowhere" / "r.html")], "does not exist"),
-    ("plan-report-onto-folder", lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2",
-                                           "--report", _dir(f, "r.html")], "is a folder; give a file name"),
+    (
+        "metrics-missing-folder",
+        lambda f: _train(f) + ["--metrics.file", str(f / "nowhere" / "m.jsonl")],
+        "--metrics.file: folder ",
+    ),
+    (
+        "plan-report-missing-folder",
+        lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2", "--report", str(f / "nowhere" / "r.html")],
+        "does not exist",
+    ),
+    (
+        "plan-report-onto-folder",
+        lambda f: ["plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2", "--report", _dir(f, "r.html")],
+        "is a folder; give a file name",
+    ),
     ("measure-report-onto-folder", lambda f: ["measure", "--report", _dir(f, "m.html")], "is a folder"),
-    ("calibrate-out-missing-folder", lambda f: ["calibrate", "--out", str(f / "nowhere" / "p.toml")],
-     "does not exist"),
+    ("calibrate-out-missing-folder", lambda f: ["calibrate", "--out", str(f / "nowhere" / "p.toml")], "does not exist"),
     ("calibrate-out-onto-folder", lambda f: ["calibrate", "--out", _dir(f, "p.toml")], "is a folder"),
-    ("export-out-onto-folder", lambda f: ["export", "--checkpoint", str(f), "--out", _dir(f, "o.safetensors")],
-     "is a folder"),
+    (
+        "export-out-onto-folder",
+        lambda f: ["export", "--checkpoint", str(f), "--out", _dir(f, "o.safetensors")],
+        "is a folder",
+    ),
     # empty values: refused, never read as "not given" (the default)
     ("plan-model-empty", lambda f: ["plan", "--model", ""], "--model: an empty value; give a catalog name"),
     ("plan-layout-empty", lambda f: ["plan", "--layout", ""], "--layout: an empty value; give key=value"),
@@ -150,37 +215,62 @@ CASES = [
     ("plan-gpus-not-a-number", lambda f: ["plan", "--gpus", "abc"], "meshwise: error: --gpus: invalid int value 'abc'"),
     ("plan-params-zero", lambda f: ["plan", "--params", "0"], "meshwise: error: --params: '0' must be a finite"),
     # verify checks as plan does, before any trace
-    ("verify-seq-len-0", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "0"],
-     "--seq-len: 0 must be at least 1"),
-    ("verify-seq-past-max-seq", lambda f: ["verify", "--layout", "dp=64", "--seq-len", "8193"],
-     "--seq-len: 8193 is longer than the model's max_seq 8192"),
-    ("verify-chunks-past-layers",
-     lambda f: ["verify", "--gpus", "8", "--layout", "dp=1,pp=8,vpp=11,schedule=interleaved-1f1b"],
-     "layout: pp*vpp = 88 is more than the model's 80 layers"),
+    (
+        "verify-seq-len-0",
+        lambda f: ["verify", "--layout", "dp=64", "--seq-len", "0"],
+        "--seq-len: 0 must be at least 1",
+    ),
+    (
+        "verify-seq-past-max-seq",
+        lambda f: ["verify", "--layout", "dp=64", "--seq-len", "8193"],
+        "--seq-len: 8193 is longer than the model's max_seq 8192",
+    ),
+    (
+        "verify-chunks-past-layers",
+        lambda f: ["verify", "--gpus", "8", "--layout", "dp=1,pp=8,vpp=11,schedule=interleaved-1f1b"],
+        "layout: pp*vpp = 88 is more than the model's 80 layers",
+    ),
     # measure checks every flag before calibrating (a calibration would write ~/.cache: see _isolated_cache)
-    ("measure-global-batch-0", lambda f: ["measure", "--global-batch", "0", "--nproc-per-node", "1"],
-     "--global-batch: 0 must be at least 1"),
-    ("measure-seq-len-0", lambda f: ["measure", "--seq-len", "0", "--nproc-per-node", "1"],
-     "--seq-len: 0 must be at least 1"),
+    (
+        "measure-global-batch-0",
+        lambda f: ["measure", "--global-batch", "0", "--nproc-per-node", "1"],
+        "--global-batch: 0 must be at least 1",
+    ),
+    (
+        "measure-seq-len-0",
+        lambda f: ["measure", "--seq-len", "0", "--nproc-per-node", "1"],
+        "--seq-len: 0 must be at least 1",
+    ),
     # train checks a given layout before calibrating
     ("train-layout-unknown-key", lambda f: _train(f, "--layout.choice", "foo=2"), "layout: unknown key 'foo'"),
     ("train-layout-wrong-world", lambda f: _train(f, "--layout.choice", "dp=2"), "but the world size is 1"),
     # keys that would do nothing, as vpp without pp
     ("plan-sp-without-tp", lambda f: ["plan", "--gpus", "64", "--layout", "dp=64,sp=on"], "sp=on splits the sequence"),
-    ("plan-schedule-without-pp", lambda f: ["plan", "--gpus", "64", "--layout", "dp=64,schedule=interleaved-1f1b"],
-     "schedule=interleaved-1f1b is a pipeline schedule; it needs pp > 1"),
+    (
+        "plan-schedule-without-pp",
+        lambda f: ["plan", "--gpus", "64", "--layout", "dp=64,schedule=interleaved-1f1b"],
+        "schedule=interleaved-1f1b is a pipeline schedule; it needs pp > 1",
+    ),
     # absurd sizes: a documented bound, answered at once
-    ("plan-seq-len-absurd", lambda f: ["plan", "--seq-len", "99999999999999999999"],
-     "--seq-len: 99999999999999999999 is past meshwise's bound of 16,777,216"),
-    ("plan-seq-past-max-seq-search", lambda f: ["plan", "--seq-len", "524288", "--global-batch", "2"],
-     "--seq-len: 524288 is longer than the model's max_seq 8192"),
+    (
+        "plan-seq-len-absurd",
+        lambda f: ["plan", "--seq-len", "99999999999999999999"],
+        "--seq-len: 99999999999999999999 is past meshwise's bound of 16,777,216",
+    ),
+    (
+        "plan-seq-past-max-seq-search",
+        lambda f: ["plan", "--seq-len", "524288", "--global-batch", "2"],
+        "--seq-len: 524288 is longer than the model's max_seq 8192",
+    ),
     ("plan-params-absurd", lambda f: ["plan", "--params", "1e30"], "--params: 1e+30 is past meshwise's bound"),
     ("plan-gpus-absurd", lambda f: ["plan", "--gpus", "100000000000"], "--gpus: 100000000000 is past meshwise's bound"),
-    ("train-global-batch-past-corpus", lambda f: _train(f, "--schedule.global_batch", "100000000000"),
-     "--schedule.global_batch: 100000000000 sequences per step is more than the training set's"),
+    (
+        "train-global-batch-past-corpus",
+        lambda f: _train(f, "--schedule.global_batch", "100000000000"),
+        "--schedule.global_batch: 100000000000 sequences per step is more than the training set's",
+    ),
     # too big
-    ("model-too-big-for-this-machine", lambda f: _train(f) + ["--model", "llama3-405b"],
-     "needs about"),
+    ("model-too-big-for-this-machine", lambda f: _train(f) + ["--model", "llama3-405b"], "needs about"),
 ]
 
 
@@ -230,8 +320,10 @@ def test_report_escapes_a_hostile_model_name(tmp_path, capsys) -> None:
     model.write_text(MICRO.replace("[model]\n", '[model]\nname = "<script>alert(1)</script>"\n'))
     gpu = _profile(tmp_path, name="<img src=x onerror=alert(2)>")
     out = tmp_path / "r.html"
-    assert main(["plan", "--model", str(model), "--gpu", gpu, "--gpus", "2", "--global-batch", "8",
-                 "--report", str(out)]) == 0
+    assert (
+        main(["plan", "--model", str(model), "--gpu", gpu, "--gpus", "2", "--global-batch", "8", "--report", str(out)])
+        == 0
+    )
     html = out.read_text()
     assert "<script>" not in html and "<img src=x" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x onerror=alert(2)&gt;" in html

@@ -40,8 +40,9 @@ def test_the_busiest_moment_holds_the_chunks_in_flight():
     assert pipeline.busiest_blocks(16, 4, 16, 15, (2, 2, 2, 1)) == 48 * 2 + 1
 
 
-@pytest.mark.parametrize("rank, count, traced_bytes", [(0, 10, 7_426_539_520), (8, 10, 7_969_832_960),
-                                                       (15, 10, 7_701_364_736)])
+@pytest.mark.parametrize(
+    "rank, count, traced_bytes", [(0, 10, 7_426_539_520), (8, 10, 7_969_832_960), (15, 10, 7_701_364_736)]
+)
 def test_fsdp_all_gathers_on_dp_as_traced(rank, count, traced_bytes):
     model, cluster = load_model("llama3-405b"), load_cluster("h100", 16384, 8)
     layout = parse(PAPER, 16384)
@@ -51,13 +52,19 @@ def test_fsdp_all_gathers_on_dp_as_traced(rank, count, traced_bytes):
     assert ops["all_gather", "dp"].bytes_per_step == pytest.approx(traced_bytes, rel=1e-9)
 
 
-@pytest.mark.parametrize("layout_text, pp_rank, traced", [
-    # (params, grads, optimizer, activations, other) at the traced peak, bytes
-    (PAPER, 0, (4_781_899_776, 3_624_140_800, 286_135_296, 100_344_650_240, 33_554_432)),
-    (PAPER, 15, (4_513_431_552, 2_644_705_280, 286_284_288, 102_598_555_648, 33_554_432)),
-    ("dp=256,zero=1,shard=4,tp=8,sp=on,pp=8,vpp=7,schedule=interleaved-1f1b,ac=full", 0,
-     (2_390_949_888, 9_203_023_872, 18_720_129_024, 6_661_613_056, 2_178_023_424)),
-])
+@pytest.mark.parametrize(
+    "layout_text, pp_rank, traced",
+    [
+        # (params, grads, optimizer, activations, other) at the traced peak, bytes
+        (PAPER, 0, (4_781_899_776, 3_624_140_800, 286_135_296, 100_344_650_240, 33_554_432)),
+        (PAPER, 15, (4_513_431_552, 2_644_705_280, 286_284_288, 102_598_555_648, 33_554_432)),
+        (
+            "dp=256,zero=1,shard=4,tp=8,sp=on,pp=8,vpp=7,schedule=interleaved-1f1b,ac=full",
+            0,
+            (2_390_949_888, 9_203_023_872, 18_720_129_024, 6_661_613_056, 2_178_023_424),
+        ),
+    ],
+)
 def test_the_peak_against_the_trace(layout_text, pp_rank, traced):
     # the plan's own prediction (its largest moment, what plan decides fit on), fixed before the
     # trace: states and other within 1%, activations within 10%, the total within 2%

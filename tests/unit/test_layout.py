@@ -9,7 +9,16 @@ from meshwise.spec import load_model
 
 def test_defaults_and_round_trip():
     lay = parse("tp=2,pp=2", world_size=16)
-    assert (lay.dp, lay.zero, lay.shard, lay.sp, lay.vpp, lay.schedule, lay.mbs, lay.ac) == (4, 0, 4, True, 1, "1f1b", 1, "none")
+    assert (lay.dp, lay.zero, lay.shard, lay.sp, lay.vpp, lay.schedule, lay.mbs, lay.ac) == (
+        4,
+        0,
+        4,
+        True,
+        1,
+        "1f1b",
+        1,
+        "none",
+    )
     assert parse(lay.format()) == lay
     assert parse("pp=2,vpp=2", world_size=4).schedule == "interleaved-1f1b"
     hsdp = parse("dp=4,zero=3,shard=2")
@@ -17,13 +26,24 @@ def test_defaults_and_round_trip():
     assert parse(hsdp.short()) == hsdp
 
 
-@pytest.mark.parametrize("text, match", [
-    ("tp=two", "tp"), ("foo=1", "unknown key 'foo'"), ("zero=4", "zero=4"), ("dp=4,shard=3,zero=1", "shard=3"),
-    ("schedule=zigzag", "schedule"), ("ac=some", "ac"), ("pp=2,vpp=2,schedule=1f1b", "vpp"), ("dp", "key=value"),
-    ("pp=2,schedule=interleaved-1f1b", "vpp >= 2"), ("dp=4,shard=2", "zero"),
-    ("dp=4,ep=3", "ep=3 must divide .*dp_shard = 4.*valid ep: 1, 2, 4"), ("dp=4,zero=1,shard=2,ep=4", "ep=4"),
-    ("ep=0", "ep=0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("tp=two", "tp"),
+        ("foo=1", "unknown key 'foo'"),
+        ("zero=4", "zero=4"),
+        ("dp=4,shard=3,zero=1", "shard=3"),
+        ("schedule=zigzag", "schedule"),
+        ("ac=some", "ac"),
+        ("pp=2,vpp=2,schedule=1f1b", "vpp"),
+        ("dp", "key=value"),
+        ("pp=2,schedule=interleaved-1f1b", "vpp >= 2"),
+        ("dp=4,shard=2", "zero"),
+        ("dp=4,ep=3", "ep=3 must divide .*dp_shard = 4.*valid ep: 1, 2, 4"),
+        ("dp=4,zero=1,shard=2,ep=4", "ep=4"),
+        ("ep=0", "ep=0 must be at least 1"),
+    ],
+)
 def test_parse_errors_name_the_field(text, match):
     with pytest.raises(MeshwiseError, match=match):
         parse(text)
@@ -71,8 +91,11 @@ def test_ep_round_trip_and_validation():
         validate(parse("dp=2,ep=2"), load_model("tiny"), 2, 8)
     with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4"):
         validate(parse("dp=8,ep=8"), moe, 8, 8)
-    with pytest.raises(MeshwiseError, match=r"ep=3 must divide the ranks it is carved from \(dp_shard = 4\); "
-                                            "valid ep: 1, 2, 4"):
+    with pytest.raises(
+        MeshwiseError,
+        match=r"ep=3 must divide the ranks it is carved from \(dp_shard = 4\); "
+        "valid ep: 1, 2, 4",
+    ):
         parse("dp=4,ep=3")
 
 
@@ -98,8 +121,11 @@ def test_ep_is_carved_from_dp_shard_and_cp():
     assert shape[2] * shape[3] == expert_mesh_shape(lay)["dp_shard_mod_ep"] * expert_mesh_shape(lay)["ep"]
     for world, text in ((8, "dp=2,cp=4,ep=4"), (8, "dp=2,cp=4,ep=8"), (4, "dp=1,cp=4,ep=2")):
         validate(parse(text, world), load_model("tiny-moe") if "ep=8" not in text else _moe(8), world, 8)
-    with pytest.raises(MeshwiseError, match=r"ep=8 must divide the ranks it is carved from "
-                                            r"\(dp_shard x cp = 2 x 2 = 4\); valid ep: 1, 2, 4"):
+    with pytest.raises(
+        MeshwiseError,
+        match=r"ep=8 must divide the ranks it is carved from "
+        r"\(dp_shard x cp = 2 x 2 = 4\); valid ep: 1, 2, 4",
+    ):
         parse("dp=2,cp=2,ep=8", 4)
     with pytest.raises(MeshwiseError, match="ep=8 does not divide the model's 4 experts; valid ep: 1, 2, 4$"):
         validate(parse("dp=4,cp=2,ep=8", 8), moe, 8, 8)

@@ -25,17 +25,42 @@ def synthetic_records(text: str = "pp=2,schedule=1f1b") -> list[dict]:
     ops = simulate(layout.schedule, layout.pp, layout.vpp, m, 1e-3, 2e-3)
     records = []
     for rank in range(2):
-        records.append({
-            "rank": rank, "pp_rank": rank if layout.pp > 1 else 0, "layout": layout.format(), "global_batch": 8, "seq_len": 64, "world": 2,
-            "memory": {"Parameter": 400_000, "Gradient": 400_000, "Optstate": 800_000, "Activation": 300_000,
-                       "Temp": 50_000},
-            "comm": [{"kind": "send", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072},
-                     {"kind": "recv", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072}],
-            "time": {"step_s": 0.03, "compute_s": 0.022, "comm_s": 0.002, "idle_s": 0.004, "optimizer_s": 0.001,
-                     "fixed_s": 0.001, "untimed_s": 0.0, "steps_s": [0.03, 0.031, 0.029]},
-            "timeline": [{"kind": o.kind, "chunk": o.chunk, "microbatch": o.microbatch, "start": o.start, "end": o.end}
-                         for o in ops if o.rank == rank],
-        })
+        records.append(
+            {
+                "rank": rank,
+                "pp_rank": rank if layout.pp > 1 else 0,
+                "layout": layout.format(),
+                "global_batch": 8,
+                "seq_len": 64,
+                "world": 2,
+                "memory": {
+                    "Parameter": 400_000,
+                    "Gradient": 400_000,
+                    "Optstate": 800_000,
+                    "Activation": 300_000,
+                    "Temp": 50_000,
+                },
+                "comm": [
+                    {"kind": "send", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072},
+                    {"kind": "recv", "dim": "pp", "count_per_step": 8, "bytes_per_step": 131072},
+                ],
+                "time": {
+                    "step_s": 0.03,
+                    "compute_s": 0.022,
+                    "comm_s": 0.002,
+                    "idle_s": 0.004,
+                    "optimizer_s": 0.001,
+                    "fixed_s": 0.001,
+                    "untimed_s": 0.0,
+                    "steps_s": [0.03, 0.031, 0.029],
+                },
+                "timeline": [
+                    {"kind": o.kind, "chunk": o.chunk, "microbatch": o.microbatch, "start": o.start, "end": o.end}
+                    for o in ops
+                    if o.rank == rank
+                ],
+            }
+        )
     return records
 
 
@@ -60,11 +85,19 @@ def test_predicted_timeline_spans_the_estimated_compute():
     ops = predicted_ops(model, cluster, train, layout)
     busy = [sum(o.end - o.start for o in ops if o.rank == r) for r in range(2)]
     from meshwise.cost.estimate import estimate
+
     assert max(busy) == pytest.approx(estimate(model, cluster, train, layout).time.compute_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("text", ["pp=2,schedule=1f1b", "pp=2,schedule=gpipe", "pp=2,vpp=2,schedule=interleaved-1f1b",
-                                  "pp=2,vpp=2,schedule=zero-bubble"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pp=2,schedule=1f1b",
+        "pp=2,schedule=gpipe",
+        "pp=2,vpp=2,schedule=interleaved-1f1b",
+        "pp=2,vpp=2,schedule=zero-bubble",
+    ],
+)
 def test_pp_report_is_self_contained_with_bars_and_both_timelines(tmp_path, text):
     model, cluster, train, layout, rows, records = _setup(text)
     out = tmp_path / "run.html"
@@ -85,6 +118,7 @@ def test_report_without_pipeline_has_no_timeline(tmp_path, text):
     model, cluster, train, layout, rows, records = _setup(text)
     out = tmp_path / "dp.html"
     from meshwise.measure.compare import time_verdicts
+
     write_measure_report(out, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
     text = out.read_text()
     assert len(re.findall(r"data:image/png;base64,", text)) == 3
@@ -92,7 +126,9 @@ def test_report_without_pipeline_has_no_timeline(tmp_path, text):
     assert "Step split" in text and "largest residual" in text and "add up to the step" in text
 
 
-@pytest.mark.parametrize("text,backward_over_forward", [("pp=2,schedule=1f1b", 2.0), ("pp=2,schedule=1f1b,ac=full", 3.0)])
+@pytest.mark.parametrize(
+    "text,backward_over_forward", [("pp=2,schedule=1f1b", 2.0), ("pp=2,schedule=1f1b,ac=full", 3.0)]
+)
 def test_predicted_timeline_splits_by_the_cost_models_recompute_factor(text, backward_over_forward):
     """Both reports draw the same rule: backward = 2 x forward, 3 x under full recompute."""
     model, cluster, train, _, _, _ = _setup()

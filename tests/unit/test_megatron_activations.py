@@ -132,8 +132,9 @@ def test_llama3_405b_layout_fits_megatron_without_recompute():
         e = estimate(model, cluster, _bf16(8192, 2048), parse(f"{LLAMA_405B},ac={ac}", 16384))
         assert e.fits and e.memory.other == 0
         assert 128 * 0.533e9 < e.memory.activations and 0.95 * usable < e.memory.total < usable
-    overlapped = estimate(model, cluster, TrainSpec(2048, 8192, runtime="megatron", overlap_tp_comm=True),
-                          parse(LLAMA_405B, 16384))
+    overlapped = estimate(
+        model, cluster, TrainSpec(2048, 8192, runtime="megatron", overlap_tp_comm=True), parse(LLAMA_405B, 16384)
+    )
     assert not overlapped.fits and overlapped.memory.other == pytest.approx(8192 * model.hidden * 24)
     assert estimate(model, cluster, _bf16(8192, 2048), parse(f"{LLAMA_405B},ac=full", 16384)).fits
 

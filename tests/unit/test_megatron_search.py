@@ -19,8 +19,12 @@ def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
     layouts = []
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(model, gpus, 16, seq):
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-        layouts += [_with(base, mbs, ac) for ac in _ac_modes(model) for mbs in mbs_options
-                    if _schedule_ok(base, 16 // (dp * mbs))]
+        layouts += [
+            _with(base, mbs, ac)
+            for ac in _ac_modes(model)
+            for mbs in mbs_options
+            if _schedule_ok(base, 16 // (dp * mbs))
+        ]
     assert any(lay.ep_folds_tp for lay in layouts)
     fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
     result = search_megatron(model, cluster, train, top=3)

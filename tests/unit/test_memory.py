@@ -58,8 +58,14 @@ def test_pipeline_stage_holds_its_layers_and_the_heaviest_rank_is_reported():
 
 # Korthikanti et al. 2022 Table 3 models (s = 2048, t = 8): 22B, 175B, 530B, 1T.
 KORTHIKANTI = [(64, 6144, 4), (96, 12288, 1), (128, 20480, 1), (160, 25600, 1)]
-SETTINGS = [("none", 1, False, "none"), ("tp", 8, False, "none"), ("tp+sp", 8, True, "none"),
-            ("tp+selective", 8, False, "selective"), ("tp+sp+selective", 8, True, "selective"), ("full", 1, False, "full")]
+SETTINGS = [
+    ("none", 1, False, "none"),
+    ("tp", 8, False, "none"),
+    ("tp+sp", 8, True, "none"),
+    ("tp+selective", 8, False, "selective"),
+    ("tp+sp+selective", 8, True, "selective"),
+    ("full", 1, False, "full"),
+]
 
 
 @pytest.mark.parametrize("a, h, b", KORTHIKANTI)
@@ -85,9 +91,13 @@ def test_torch_deviations_are_what_the_docstring_says():
     assert act.block_bytes(gelu_mha, 2 * s, b, 2, 1, False, "none", act.TORCH) == pytest.approx(2 * torch_bytes)
     # GQA narrows K and V; SwiGLU keeps four f-wide tensors.
     gqa = act.Shapes(h=h, q=h, kv=h // 4, f=4 * h, a=a, swiglu=False)
-    assert torch_bytes - act.block_bytes(gqa, s, b, 2, 1, False, "none", act.TORCH) == pytest.approx(s * b * 2 * (2 * h * 3 / 4))
+    assert torch_bytes - act.block_bytes(gqa, s, b, 2, 1, False, "none", act.TORCH) == pytest.approx(
+        s * b * 2 * (2 * h * 3 / 4)
+    )
     swiglu = act.Shapes(h=h, q=h, kv=h, f=4 * h, a=a, swiglu=True)
-    assert act.block_bytes(swiglu, s, b, 2, 1, False, "none", act.TORCH) - torch_bytes == pytest.approx(s * b * 2 * 2 * 4 * h)
+    assert act.block_bytes(swiglu, s, b, 2, 1, False, "none", act.TORCH) - torch_bytes == pytest.approx(
+        s * b * 2 * 2 * 4 * h
+    )
     # Full recompute keeps the block input only.
     assert act.block_bytes(swiglu, s, b, 2, 1, False, "full", act.TORCH) == s * b * h * 2
 
@@ -114,7 +124,10 @@ def test_in_flight_micro_batches():
 def test_activation_checkpointing_orders_memory():
     model, cluster = load_model("llama3-8b"), load_cluster("h100", 8)
     train = TrainSpec(8, 8192, "bf16-mixed")
-    acts = [estimate(model, cluster, train, parse(f"dp=8,zero=3,ac={ac}")).memory.activations for ac in ("none", "selective", "full")]
+    acts = [
+        estimate(model, cluster, train, parse(f"dp=8,zero=3,ac={ac}")).memory.activations
+        for ac in ("none", "selective", "full")
+    ]
     assert acts[0] > acts[1] > acts[2]
 
 
@@ -134,8 +147,9 @@ def test_context_parallelism_splits_activations_and_shares_weights():
     cap = cluster.accelerator.memory_bytes
     # at the same moment (the peaks differ: under cp it falls inside a ring attention's backward)
     cp = memory.moment_memories(model, train, layout, shape, 4, cap)["forward"]
-    wide = memory.moment_memories(model, TrainSpec(32, 8192, "bf16-mixed"), parse("dp=8,zero=3", 8), shape, 4,
-                                  cap)["forward"]  # same accum
+    wide = memory.moment_memories(model, TrainSpec(32, 8192, "bf16-mixed"), parse("dp=8,zero=3", 8), shape, 4, cap)[
+        "forward"
+    ]  # same accum
     assert (cp.params, cp.optimizer) == pytest.approx((wide.params, wide.optimizer))
     ring = ring_bytes(model, short, layout)
     assert ring == 2048 * 2 * model.kv_dim * (2 * 2 + 2 * 4)

@@ -44,6 +44,7 @@ def test_load_factor_is_the_padded_capacity_else_the_measured_imbalance():
 
 def test_bad_moe_settings_name_the_field():
     from meshwise.errors import MeshwiseError
+
     with pytest.raises(MeshwiseError, match="--moe-capacity-factor"):
         TrainSpec(8, 4096, moe_capacity_factor=-1.0)
     with pytest.raises(MeshwiseError, match="--moe-balancing: 'bias'"):
@@ -146,17 +147,19 @@ def test_imbalance_and_ep_move_the_experts(v3):
 
 
 # step seconds of dense layouts at b46bb6e, before this module: a dense model never reads it
-DENSE = [("llama3-70b", "h100", 64, "dp=8,zero=1,tp=8", "bf16-mixed", "meshwise", 39.65074085342961),
-         ("llama3-8b", "h100", 8, "dp=8,zero=3,mbs=2", "fp8-rowwise", "meshwise", 21.337422598866436),
-         ("llama3-70b", "h100", 64, "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=selective", "bf16-mixed", "megatron",
-          41.93137082782891),
-         ("mistral-7b", "a100-80gb", 16, "dp=16,zero=2,ac=full", "bf16-mixed", "meshwise", 44.1740101162865)]
+DENSE = [
+    ("llama3-70b", "h100", 64, "dp=8,zero=1,tp=8", "bf16-mixed", "meshwise", 39.65074085342961),
+    ("llama3-8b", "h100", 8, "dp=8,zero=3,mbs=2", "fp8-rowwise", "meshwise", 21.337422598866436),
+    ("llama3-70b", "h100", 64, "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=selective", "bf16-mixed", "megatron", 41.93137082782891),
+    ("mistral-7b", "a100-80gb", 16, "dp=16,zero=2,ac=full", "bf16-mixed", "meshwise", 44.1740101162865),
+]
 
 
 @pytest.mark.parametrize("name, gpu, gpus, layout, precision, runtime, step_s", DENSE)
 def test_dense_predictions_unchanged(name, gpu, gpus, layout, precision, runtime, step_s):
-    e = estimate(load_model(name), load_cluster(gpu, gpus), TrainSpec(512, 4096, precision, runtime=runtime),
-                 parse(layout, gpus))
+    e = estimate(
+        load_model(name), load_cluster(gpu, gpus), TrainSpec(512, 4096, precision, runtime=runtime), parse(layout, gpus)
+    )
     assert e.time.step_s == step_s and "moe_block_s" not in e.time.as_json()
 
 
@@ -173,7 +176,6 @@ def test_json_carries_the_moe_split(v3):
     calls = {moe_block.moe_blocks_of(v3, s.expert_params) * lay.accum(512) for s in rank_shapes(v3, lay)}
     assert any(split["experts_s"] == pytest.approx(per_call * c) for c in calls if c)
     assert sum(v for k, v in split.items() if k != "dispatch_combine_s") < e.time.compute_s
-
 
 
 def test_tp_splits_the_experts_only_where_the_runtime_does(v3):
@@ -203,11 +205,12 @@ def test_flat_path_splits_moe_over_tp_as_the_op_model_does():
     for runtime in ("megatron", "meshwise"):
         train = TrainSpec(256, 4096, "bf16-mixed", runtime=runtime)
         for tp in (1, 4):
-            compute_s[runtime, tp] = estimate(model, gb200, train, parse(f"dp={64 // tp},tp={tp},mbs=1", 64)).time.compute_s
+            compute_s[runtime, tp] = estimate(
+                model, gb200, train, parse(f"dp={64 // tp},tp={tp},mbs=1", 64)
+            ).time.compute_s
     # tp=4 ranks see 4x the tokens of a tp=1 rank: Megatron's divide all of it by 4, meshwise's not the experts'
     assert compute_s["megatron", 4] == pytest.approx(compute_s["megatron", 1], rel=0.15)
     assert compute_s["meshwise", 4] > 2.0 * compute_s["megatron", 4]
-
 
 
 def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
@@ -215,6 +218,7 @@ def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
     compute, so only their excess over the rank's compute is exposed; off, all of it."""
     from meshwise.cost import comm, experts
     from meshwise.errors import MeshwiseError
+
     link = load_cluster("h100", 16).inter
     ops = [comm.collective("all_to_all", "ep", 16, 1e8, 10, link)]
     total = ops[0].seconds_per_step

@@ -29,7 +29,10 @@ def test_expert_states_split_by_ep_then_by_zero(moe):
 
 def test_active_flops_and_moe_activations(moe):
     assert moe.active_params < moe.params
-    assert compute.block_forward_flops_per_token(moe, 64) == 2 * (moe.attention_params + moe.active_mlp_params) + 4 * 64 * 64
+    assert (
+        compute.block_forward_flops_per_token(moe, 64)
+        == 2 * (moe.attention_params + moe.active_mlp_params) + 4 * 64 * 64
+    )
     cluster, train = load_cluster("cpu", 2), TrainSpec(8, 64, "fp32")
     one = estimate(moe, cluster, train, parse("dp=2", 2))
     two = estimate(moe, cluster, train, parse("dp=2,ep=2", 2))
@@ -40,8 +43,11 @@ def test_all_to_all_per_moe_block_and_micro_batch(moe):
     cluster, train = load_cluster("cpu", 2), TrainSpec(8, 64, "fp32")
     lay = parse("dp=2,ep=2", 2)  # 4 micro-batches per replica, 3 MoE blocks
     shape = memory.rank_shapes(moe, lay)[0]
-    ops = {(c.kind, c.dim, c.count_per_step): c.bytes_per_step for c in rank_collectives(moe, cluster, train, lay, shape)
-           if c.kind == "all_to_all"}
+    ops = {
+        (c.kind, c.dim, c.count_per_step): c.bytes_per_step
+        for c in rank_collectives(moe, cluster, train, lay, shape)
+        if c.kind == "all_to_all"
+    }
     tokens = 64 * 2 * 64 * 4  # T * k * h * e
     # 48 of the token copies (dispatch, combine; forward, backward) + 12 of the expert counts (E int64)
     assert ops == {("all_to_all", "ep", 3 * 4 * 4 + 12): 3 * 4 * 4 * tokens + 12 * 4 * 8}
@@ -57,9 +63,16 @@ def test_search_covers_ep_only_for_moe(moe):
 
 def test_explanation_says_why_ep(tmp_path):
     transformers = pytest.importorskip("transformers")
-    transformers.MixtralConfig(hidden_size=6144, intermediate_size=16384, num_hidden_layers=56, num_attention_heads=48,
-                               num_key_value_heads=8, vocab_size=32768, max_position_embeddings=65536,
-                               rope_theta=1e6).save_pretrained(tmp_path)
+    transformers.MixtralConfig(
+        hidden_size=6144,
+        intermediate_size=16384,
+        num_hidden_layers=56,
+        num_attention_heads=48,
+        num_key_value_heads=8,
+        vocab_size=32768,
+        max_position_embeddings=65536,
+        rope_theta=1e6,
+    ).save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
     p = plan(model, load_cluster("h100", 256), TrainSpec(512, 4096, moe_balancing="aux-loss-free"), top=3)
     best = p.candidates[0]
@@ -77,7 +90,9 @@ def test_ep_with_cp_collectives_and_states(moe):
     cluster, train = load_cluster("cpu", 8, 8), TrainSpec(8, 64, "fp32")
     lay = parse("dp=4,zero=3,cp=2,ep=4", 8)  # 2 micro-batches per replica, 3 MoE blocks, 32 tokens per rank
     shape = memory.rank_shapes(moe, lay)[0]
-    ops = {(c.kind, c.dim): (c.count_per_step, c.bytes_per_step) for c in rank_collectives(moe, cluster, train, lay, shape)}
+    ops = {
+        (c.kind, c.dim): (c.count_per_step, c.bytes_per_step) for c in rank_collectives(moe, cluster, train, lay, shape)
+    }
     tokens = 32 * 2 * 64 * 4  # T k h e, T = s / cp
     assert ops[("all_to_all", "ep")] == (3 * 2 * 4 + 3 * 2, 3 * 2 * 4 * tokens + 3 * 2 * 4 * 8)
     assert ops[("all_reduce", "cp")] == (3 * 2, 3 * 2 * 4 * 4)  # mbs x E float32
@@ -85,8 +100,9 @@ def test_ep_with_cp_collectives_and_states(moe):
     assert ops[("all_gather", "edp")] == (3 * 2 * 2, 3 * 2 * 2 * per_block / 4)  # ZeRO-3: forward and backward
     assert ops[("reduce_scatter", "edp")] == (3 * 2, 3 * 2 * per_block / 4)
     assert ("all_gather", "dp_shard_cp") in ops
-    assert memory.states(shape.params, train, parse("dp=8,zero=3,ep=4", 8), shape.expert_params) == \
-        memory.states(shape.params, train, memory.weights_layout(lay), shape.expert_params)  # cp ranks share weights
+    assert memory.states(shape.params, train, parse("dp=8,zero=3,ep=4", 8), shape.expert_params) == memory.states(
+        shape.params, train, memory.weights_layout(lay), shape.expert_params
+    )  # cp ranks share weights
     plain = {(c.kind, c.dim) for c in rank_collectives(moe, cluster, train, parse("dp=4,zero=3,cp=2", 8), shape)}
     assert ("all_reduce", "cp") in plain and ("all_to_all", "ep") not in plain  # the loss's counts, ep or not
 
@@ -107,6 +123,7 @@ def test_ep_with_cp_moments_and_fsdp_padding(moe):
     to multiples of the 8 shards."""
     from meshwise.cost.context_parallel import weights_layout
     from meshwise.cost.estimate import fsdp_padding
+
     train, layout = TrainSpec(8, 64, "fp32"), parse("dp=4,zero=3,cp=2,ep=4", 8)
     shape = memory.all_rank_shapes(moe, layout)[0]
     moments = memory.moment_memories(moe, train, layout, shape, 2, 1e12)
@@ -130,6 +147,7 @@ def test_a_peak_inside_an_attention_under_cp_is_the_rings():
 
     from meshwise.measure._torch_tools import peak_moments
     from meshwise.measure.compare import moments_seen
+
     inside = SimpleNamespace(peak_in_backward=True, peak_in_module=True, peak_in_attention=True)
     mlp = SimpleNamespace(peak_in_backward=True, peak_in_module=True, peak_in_attention=False)
     assert peak_moments(inside, ring=True) == ["ring"] and peak_moments(mlp, ring=True) == ["backward"]
@@ -151,8 +169,10 @@ def test_megatron_expert_tp_splits_the_expert_gradients_and_the_dispatch(moe):
     ops = {}
     for runtime in ("meshwise", "megatron"):
         train = TrainSpec(8, 64, "bf16-mixed", runtime=runtime)
-        ops[runtime] = {(c.kind, c.dim): (c.count_per_step, c.bytes_per_step)
-                        for c in rank_collectives(moe, cluster, train, lay, shape)}
+        ops[runtime] = {
+            (c.kind, c.dim): (c.count_per_step, c.bytes_per_step)
+            for c in rank_collectives(moe, cluster, train, lay, shape)
+        }
     mesh, mega = ops["meshwise"], ops["megatron"]
     assert mega[("reduce_scatter", "edp")][1] == pytest.approx(mesh[("reduce_scatter", "edp")][1] / 2)
     calls, moved = mesh[("all_to_all", "ep")]
@@ -170,8 +190,25 @@ def test_plan_flags_reach_the_moe_model(capsys):
     import json
 
     from meshwise.cli import main
-    base = ["plan", "--model", "deepseek-v3", "--gpu", "h800", "--gpus", "2048", "--runtime", "megatron",
-            "--seq-len", "4096", "--global-batch", "15360", "--layout", "pp=16,ep=64,zero=1,mbs=1", "--json"]
+
+    base = [
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h800",
+        "--gpus",
+        "2048",
+        "--runtime",
+        "megatron",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "15360",
+        "--layout",
+        "pp=16,ep=64,zero=1,mbs=1",
+        "--json",
+    ]
 
     def step_s(*extra: str) -> float:
         assert main(base + list(extra)) == 0

@@ -5,7 +5,14 @@ import pytest
 
 from meshwise.cost.pipeline import bubble_fraction, simulate, simulated_bubble_fraction
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("zero-bubble", 1), ("zero-bubble", 2)]
+SCHEDULES = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("interleaved-1f1b", 4),
+    ("zero-bubble", 1),
+    ("zero-bubble", 2),
+]
 # m >= p everywhere, and m < p where torch allows it (GPipe, interleaved: layout.check_microbatches)
 CASES = [(sch, v, p, m) for sch, v in SCHEDULES for p in (2, 4, 8) for m in (p, 2 * p, 4 * p)]
 CASES += [(sch, v, p, m) for sch, v in SCHEDULES if sch in ("gpipe", "interleaved-1f1b") for p, m in ((4, 2), (8, 3))]
@@ -44,14 +51,19 @@ def test_long_walk_equals_full_walk(monkeypatch, p, v):
         m = max(m, pipeline.WALK_ROUNDS * p + p)
         assert pipeline.walked_microbatches(p, m) < m
         for rank in range(p):
-            short = ([pipeline.interleaved_moments(p, v, m, rank, e, f) for e in (0, 1) for f in (0, 1)],
-                     pipeline.interleaved_gathers(p, v, m, rank),
-                     pipeline._busiest_flights(p, v, pipeline.walked_microbatches(p, m), rank))
+            short = (
+                [pipeline.interleaved_moments(p, v, m, rank, e, f) for e in (0, 1) for f in (0, 1)],
+                pipeline.interleaved_gathers(p, v, m, rank),
+                pipeline._busiest_flights(p, v, pipeline.walked_microbatches(p, m), rank),
+            )
             with monkeypatch.context() as mp:
                 mp.setattr(pipeline, "WALK_ROUNDS", 10**9)
                 pipeline.interleaved_moments.cache_clear(), pipeline.interleaved_gathers.cache_clear()
-                full = ([pipeline.interleaved_moments(p, v, m, rank, e, f) for e in (0, 1) for f in (0, 1)],
-                        pipeline.interleaved_gathers(p, v, m, rank), pipeline._busiest_flights(p, v, m, rank))
+                full = (
+                    [pipeline.interleaved_moments(p, v, m, rank, e, f) for e in (0, 1) for f in (0, 1)],
+                    pipeline.interleaved_gathers(p, v, m, rank),
+                    pipeline._busiest_flights(p, v, m, rank),
+                )
             pipeline.interleaved_moments.cache_clear(), pipeline.interleaved_gathers.cache_clear()
             assert short == full, (p, v, m, rank)
 
@@ -71,8 +83,13 @@ def test_huge_batch_walks_a_bounded_step(monkeypatch, capsys):
         return order(p, v, m, rank)
 
     monkeypatch.setattr(pipeline, "_local_order", spy)
-    for fn in (pipeline.interleaved_moments, pipeline.interleaved_gathers, pipeline.busiest_blocks,
-               pipeline._busiest_flights, pipeline._lookahead_of):
+    for fn in (
+        pipeline.interleaved_moments,
+        pipeline.interleaved_gathers,
+        pipeline.busiest_blocks,
+        pipeline._busiest_flights,
+        pipeline._lookahead_of,
+    ):
         fn.cache_clear()
     assert main(["plan", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "100000000", "--json"]) == 0
     assert walked
@@ -83,8 +100,10 @@ def test_huge_batch_plans_in_bounded_memory():
     import subprocess
     import sys
 
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); from meshwise.cli import "
-            "main; raise SystemExit(main(['plan', '--model', 'llama3-8b', '--gpus', '64', '--global-batch', "
-            "'100000000', '--json']))")
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); from meshwise.cli import "
+        "main; raise SystemExit(main(['plan', '--model', 'llama3-8b', '--gpus', '64', '--global-batch', "
+        "'100000000', '--json']))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

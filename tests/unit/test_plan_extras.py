@@ -35,19 +35,41 @@ def _rows(text: str) -> list[list[str]]:
 
 
 def test_table_figures_agree_with_tokens_per_s_to_the_rounding_shown(capsys):
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "64", "--tokens", "15e12", "--price-per-gpu-hour",
-                 "2.5"]) == 0
+    assert (
+        main(["plan", "--model", "llama3-8b", "--gpus", "64", "--tokens", "15e12", "--price-per-gpu-hour", "2.5"]) == 0
+    )
     rows = _rows(capsys.readouterr().out)
     assert rows and len(rows) % 2 == 0  # the layouts' table, then the time-to-train table, row for row
     half = len(rows) // 2
     for row, budget_row in zip(rows[:half], rows[half:]):
-        cells = dict(zip(["#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s",
-                          "MFU", "fits", "binds"], row))
+        cells = dict(
+            zip(
+                [
+                    "#",
+                    "layout",
+                    "params",
+                    "grads",
+                    "optim",
+                    "activ",
+                    "other",
+                    "total",
+                    "step s",
+                    "tokens/s",
+                    "MFU",
+                    "fits",
+                    "binds",
+                ],
+                row,
+            )
+        )
         cells |= dict(zip(["#", "layout", "days", "GPU-h", "cost"], budget_row))
         assert budget_row[0] == row[0]
         tps, tps_low, tps_high = _banded(cells["tokens/s"])  # shown to the token/s: within 0.5 of the estimate
-        for name, value, unit in (("days", TOKENS / 86400, 0.05), ("GPU-h", TOKENS * 64 / 3600, 0.5),
-                                  ("cost", TOKENS * 64 / 3600 * 2.5, 0.5)):
+        for name, value, unit in (
+            ("days", TOKENS / 86400, 0.05),
+            ("GPU-h", TOKENS * 64 / 3600, 0.5),
+            ("cost", TOKENS * 64 / 3600 * 2.5, 0.5),
+        ):
             shown, shown_low, shown_high = _banded(cells[name])
             low, high = value / (tps + 0.5), value / (tps - 0.5)
             assert low - unit <= shown <= high + unit, (name, shown, low, high)
@@ -63,8 +85,14 @@ def _banded(cell: str) -> tuple[float, float, float]:
     return float(value), float(low), float(high)
 
 
-@pytest.mark.parametrize("bad,field", [(["--tokens", "0"], "--tokens"), (["--tokens", "nan"], "--tokens"),
-                                       (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour")])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        (["--tokens", "0"], "--tokens"),
+        (["--tokens", "nan"], "--tokens"),
+        (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour"),
+    ],
+)
 def test_bad_budget_is_one_line(capsys, bad, field):
     with pytest.raises(SystemExit) if bad[1] in ("0", "nan") else _no_raise():
         code = main(["plan", "--model", "llama3-8b", "--gpus", "8", *bad])
@@ -84,17 +112,21 @@ class _no_raise:
 LAYOUTS = ["dp=8,zero=3,tp=8", "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=full", "dp=64,zero=3"]
 
 
-@pytest.mark.parametrize("flags", [
-    ["--layout", LAYOUTS[0], "--layout", LAYOUTS[1], "--layout", LAYOUTS[2]],
-    ["--layout", ";".join(LAYOUTS)],
-    ["--layout", LAYOUTS[0], "--layout", ";".join(LAYOUTS[1:])],
-], ids=["repeated", "semicolons", "both"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--layout", LAYOUTS[0], "--layout", LAYOUTS[1], "--layout", LAYOUTS[2]],
+        ["--layout", ";".join(LAYOUTS)],
+        ["--layout", LAYOUTS[0], "--layout", ";".join(LAYOUTS[1:])],
+    ],
+    ids=["repeated", "semicolons", "both"],
+)
 def test_several_layouts_one_table_best_first(capsys, flags):
     out = _json(capsys, "--model", "llama3-70b", "--gpus", "64", *flags)
     cands = out["candidates"]
     assert len(cands) == 3  # none dropped
     fitting = [c for c in cands if c["fits"]]
-    assert cands[:len(fitting)] == fitting  # fitting first
+    assert cands[: len(fitting)] == fitting  # fitting first
     assert [c["tokens_per_s"] for c in fitting] == sorted((c["tokens_per_s"] for c in fitting), reverse=True)
     assert main(["plan", "--model", "llama3-70b", "--gpus", "64", *flags]) == 0
     rows = _rows(capsys.readouterr().out)
@@ -103,8 +135,12 @@ def test_several_layouts_one_table_best_first(capsys, flags):
 
 
 def test_a_layout_given_twice_is_refused(capsys):
-    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--layout", "dp=8,zero=3,tp=8",
-                 "--layout", "tp=8,zero=3"]) == 2
+    assert (
+        main(
+            ["plan", "--model", "llama3-70b", "--gpus", "64", "--layout", "dp=8,zero=3,tp=8", "--layout", "tp=8,zero=3"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "given twice" in err and err.count("\n") == 1
 
@@ -138,12 +174,28 @@ def test_emit_prints_only_the_configuration_on_stdout(capsys):
 
 
 def test_emit_of_several_layouts_and_refusal(capsys):
-    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--emit", "megatron",
-                 "--layout", "dp=8,zero=3,tp=8;dp=2,zero=1,tp=8,pp=4,vpp=5,ac=full"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-70b",
+                "--gpus",
+                "64",
+                "--emit",
+                "megatron",
+                "--layout",
+                "dp=8,zero=3,tp=8;dp=2,zero=1,tp=8,pp=4,vpp=5,ac=full",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("pretrain_gpt.py") == 2
-    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--emit", "deepspeed",
-                 "--layout", "dp=8,zero=3,tp=8"]) == 2
+    assert (
+        main(["plan", "--model", "llama3-70b", "--gpus", "64", "--emit", "deepspeed", "--layout", "dp=8,zero=3,tp=8"])
+        == 2
+    )
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "Megatron-DeepSpeed" in captured.err
 
@@ -151,8 +203,27 @@ def test_emit_of_several_layouts_and_refusal(capsys):
 def test_report_has_the_same_time_and_cost(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "plan.html"
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "16", "--top", "2", "--tokens", "2e12",
-                 "--price-per-gpu-hour", "3", "--report", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpus",
+                "16",
+                "--top",
+                "2",
+                "--tokens",
+                "2e12",
+                "--price-per-gpu-hour",
+                "3",
+                "--report",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     first = json.loads(capsys.readouterr().out)["candidates"][0]["train_time"]
     page = out.read_text()
     assert "GPU-hours" in page and "<th>cost</th>" in page
@@ -186,9 +257,29 @@ def test_zero3_rows_with_empty_columns_say_what_the_columns_are(capsys):
 
     assert main(["plan", "--model", "deepseek-v3", "--gpus", "256", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    empty = [c for c in data["candidates"] if c["layout"].get("zero") == 3
-             and min(c["memory"]["params"], c["memory"]["grads"]) < 0.05e9]
+    empty = [
+        c
+        for c in data["candidates"]
+        if c["layout"].get("zero") == 3 and min(c["memory"]["params"], c["memory"]["grads"]) < 0.05e9
+    ]
     assert empty and any("peak moment" in n and "ZeRO-3" in n for n in data["notes"])
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "64",
-                 "--layout", "dp=8,zero=1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpus",
+                "8",
+                "--seq-len",
+                "8192",
+                "--global-batch",
+                "64",
+                "--layout",
+                "dp=8,zero=1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert not any("peak moment" in n for n in json.loads(capsys.readouterr().out)["notes"])

@@ -8,8 +8,11 @@ from meshwise.measure.calibrate import write_profile
 from meshwise.measure.plan_shapes import PlanShapes, top_up
 from meshwise.spec import load_cluster, load_model
 
-TABLE = {"loss_token_table": [[128.0, 256.0, 2.6e-7], [128.0, 65536.0, 4.6e-4]], "sdpa_call_s": 1e-4,
-         "sdpa_head_table": [[64.0, 16.0, 1e-5], [1024.0, 16.0, 6e-3], [64.0, 64.0, 2e-4], [1024.0, 64.0, 2e-2]]}
+TABLE = {
+    "loss_token_table": [[128.0, 256.0, 2.6e-7], [128.0, 65536.0, 4.6e-4]],
+    "sdpa_call_s": 1e-4,
+    "sdpa_head_table": [[64.0, 16.0, 1e-5], [1024.0, 16.0, 6e-3], [64.0, 64.0, 2e-4], [1024.0, 64.0, 2e-2]],
+}
 
 
 class _Timers:
@@ -59,9 +62,22 @@ def test_shapes_of_a_run():
 def test_the_cached_profile_is_topped_up_at_the_runs_shapes(tmp_path, monkeypatch):
     """``ensure`` with the run's shapes asks for them and writes the rows into the cached profile."""
     profile = tmp_path / "p.toml"
-    write_profile(profile, {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
-                            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 2, "intra_bytes_per_s": 1e9,
-                            "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9, "inter_latency_s": 1e-4, **TABLE})
+    write_profile(
+        profile,
+        {
+            "name": "cpu-calibrated",
+            "memory_bytes": 10**9,
+            "peak_bf16_flops_per_s": 1e11,
+            "peak_fp32_flops_per_s": 1e11,
+            "hbm_bytes_per_s": 2e10,
+            "gpus_per_node": 2,
+            "intra_bytes_per_s": 1e9,
+            "intra_latency_s": 1e-4,
+            "inter_bytes_per_s": 1e9,
+            "inter_latency_s": 1e-4,
+            **TABLE,
+        },
+    )
     monkeypatch.setattr(auto_profile, "cached", lambda n: profile)
     monkeypatch.setattr(auto_profile, "still_holds", lambda path, say: True)
     timers, lines = _Timers(), []
@@ -77,10 +93,22 @@ def test_a_bad_loss_table_is_refused_in_one_line(tmp_path):
     from meshwise.errors import MeshwiseError
 
     profile = tmp_path / "p.toml"
-    write_profile(profile, {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
-                            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 1,
-                            "intra_bytes_per_s": 1e9, "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9,
-                            "inter_latency_s": 1e-4, "loss_token_table": [[128, 256, 2.0], [128, 0, 1e-4]]})
+    write_profile(
+        profile,
+        {
+            "name": "cpu-calibrated",
+            "memory_bytes": 10**9,
+            "peak_bf16_flops_per_s": 1e11,
+            "peak_fp32_flops_per_s": 1e11,
+            "hbm_bytes_per_s": 2e10,
+            "gpus_per_node": 1,
+            "intra_bytes_per_s": 1e9,
+            "intra_latency_s": 1e-4,
+            "inter_bytes_per_s": 1e9,
+            "inter_latency_s": 1e-4,
+            "loss_token_table": [[128, 256, 2.0], [128, 0, 1e-4]],
+        },
+    )
     with pytest.raises(MeshwiseError, match=r"loss_token_table must be two or more rows \[tokens, vocab, seconds\]"):
         load_cluster(str(profile), 1, 1)
 
@@ -88,8 +116,14 @@ def test_a_bad_loss_table_is_refused_in_one_line(tmp_path):
 def test_the_ring_is_carried_to_the_runs_local_sequence():
     """A row at the run's local sequence per head width: the table's longest step plus the bare
     step's growth from the table's end to there (4 query heads: 4 * 512**2 score elements)."""
-    ring = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [4.0 * 512 * 512, 16.0, 0.04],
-                              [4.0 * 64 * 64, 64.0, 0.003], [4.0 * 512 * 512, 64.0, 0.05]]}
+    ring = {
+        "cp_ring_table": [
+            [4.0 * 64 * 64, 16.0, 0.002],
+            [4.0 * 512 * 512, 16.0, 0.04],
+            [4.0 * 64 * 64, 64.0, 0.003],
+            [4.0 * 512 * 512, 64.0, 0.05],
+        ]
+    }
     asked = []
 
     def bare(local: int, width: int) -> float:
@@ -107,11 +141,14 @@ def test_the_ring_is_carried_to_the_runs_local_sequence():
     assert top_up(out, plan_shapes.shapes_of(load_model("small"), 1200, 1, cp=2), (None, None, bare))[1] == []
     far = {"cp_ring_table": [[4.0 * 512 * 512, 16.0, 0.04], [4.0 * 2048 * 2048, 16.0, 0.9]]}
     seen = []
-    top_up(far, plan_shapes.shapes_of(load_model("small"), 2048, 1, cp=2),
-           (None, None, lambda local, width: seen.append(local) or local * local * 1e-8))
+    top_up(
+        far,
+        plan_shapes.shapes_of(load_model("small"), 2048, 1, cp=2),
+        (None, None, lambda local, width: seen.append(local) or local * local * 1e-8),
+    )
     assert sorted(seen) == [512, 1024]  # from the row short of it, not the one past it
     # a row written to a profile (6 significant digits) still reaches its local sequence
-    rounded = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [1.67772e+07, 16.0, 0.9]]}
+    rounded = {"cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [1.67772e07, 16.0, 0.9]]}
     assert top_up(rounded, plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2), (None, None, bare))[1] == []
 
 
@@ -121,9 +158,18 @@ def test_a_ring_row_over_a_second_still_loads(tmp_path):
     from meshwise.errors import MeshwiseError
     from meshwise.spec.host_keys import TABLE_MAX_S
 
-    base = {"name": "cpu-calibrated", "memory_bytes": 10**9, "peak_bf16_flops_per_s": 1e11,
-            "peak_fp32_flops_per_s": 1e11, "hbm_bytes_per_s": 2e10, "gpus_per_node": 1, "intra_bytes_per_s": 1e9,
-            "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9, "inter_latency_s": 1e-4}
+    base = {
+        "name": "cpu-calibrated",
+        "memory_bytes": 10**9,
+        "peak_bf16_flops_per_s": 1e11,
+        "peak_fp32_flops_per_s": 1e11,
+        "hbm_bytes_per_s": 2e10,
+        "gpus_per_node": 1,
+        "intra_bytes_per_s": 1e9,
+        "intra_latency_s": 1e-4,
+        "inter_bytes_per_s": 1e9,
+        "inter_latency_s": 1e-4,
+    }
     profile = tmp_path / "p.toml"
     write_profile(profile, {**base, "cp_ring_table": [[1048576.0, 16.0, 0.05], [16777216.0, 16.0, 1.5]]})
     assert load_cluster(str(profile), 1, 1).accelerator.cp_ring_table[-1][2] == 1.5
@@ -136,6 +182,9 @@ def test_context_parallelism_times_the_ring_not_sdpa():
     timers = _Timers()
     asked = []
     ring = {**TABLE, "cp_ring_table": [[4.0 * 64 * 64, 16.0, 0.002], [4.0 * 512 * 512, 16.0, 0.04]]}
-    top_up(ring, plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2),
-           (timers.loss, timers.sdpa, lambda local, width: asked.append(local) or 0.01))
+    top_up(
+        ring,
+        plan_shapes.shapes_of(load_model("small"), 4096, 1, cp=2),
+        (timers.loss, timers.sdpa, lambda local, width: asked.append(local) or 0.01),
+    )
     assert timers.asked == [] and sorted(asked) == [512, 2048]

@@ -89,8 +89,9 @@ def test_per_micro_batch_reads_ep_only_as_above_one():
     assert differs
 
 
-@pytest.mark.parametrize("name, gpu, gpus, batch, seq", [("tiny-moe", "a100-40gb", 8, 16, 16384),
-                                                        ("llama3-8b", "h100", 16, 64, 16384)])
+@pytest.mark.parametrize(
+    "name, gpu, gpus, batch, seq", [("tiny-moe", "a100-40gb", 8, 16, 16384), ("llama3-8b", "h100", 16, 64, 16384)]
+)
 def test_peak_cache_memories_are_rank_memories(name, gpu, gpus, batch, seq):
     """The search hands estimate() each rank's memory from its peak cache (PeakCache.memories): for
     every layout, in enumeration order (the tables filling as in a search), it is rank_memories'."""
@@ -189,7 +190,9 @@ def test_anti_pattern_warnings():
     model, train = load_model("llama3-70b"), TrainSpec(64, 4096, "bf16-mixed")
     across = plan(model, load_cluster("h100", 16, 4), train, layout=parse("tp=8,zero=3", 16))
     assert any("spans nodes" in w for w in across.warnings)
-    few = plan(model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), layout=parse("tp=8,pp=2,zero=1", 16))
+    few = plan(
+        model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), layout=parse("tp=8,pp=2,zero=1", 16)
+    )
     assert any("micro-batches" in w for w in few.warnings)
     assert any("checkpoint interval" in w for w in few.warnings)
     huge = plan(model, load_cluster("h100", 64), TrainSpec(16384, 4096, "bf16-mixed"), top=1)
@@ -222,6 +225,7 @@ def test_tie_explanation_names_only_what_differs():
     """Both recompute (ac=full): the reason is the lower ZeRO stage, never 'no recompute'."""
     from meshwise.layout import Layout
     from meshwise.plan.search import simpler_in
+
     w = Layout(dp=256, zero=1, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     r = Layout(dp=256, zero=2, shard=256, tp=8, sp=True, pp=8, vpp=8, schedule="interleaved-1f1b", ac="full")
     assert simpler_in(w, r) == "a lower ZeRO stage (1, not 2)"
@@ -265,16 +269,28 @@ def test_no_valid_layout_names_a_batch_that_has_one(tmp_path):
 
     from meshwise.layout import check_runnable
 
-    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = load_model(str(tmp_path))
     assert not list(enumerate_layouts(model, 3, 2, runs_here(model, 4096), seq_len=4096))
     with pytest.raises(MeshwiseError) as err:
         plan(model, load_cluster("h100", 3), TrainSpec(2, 4096, "bf16-mixed"), top=1)
-    m = re.fullmatch(r"--global-batch: 2 leaves no valid layout on 3 devices \(dp must divide it\); "
-                     r"--global-batch (\d+) has one \((\S+)\)", str(err.value))
+    m = re.fullmatch(
+        r"--global-batch: 2 leaves no valid layout on 3 devices \(dp must divide it\); "
+        r"--global-batch (\d+) has one \((\S+)\)",
+        str(err.value),
+    )
     assert m, err.value
     check_runnable(parse(m.group(2)), model, 3, int(m.group(1)), 4096)
 
@@ -287,9 +303,18 @@ def test_cp_past_its_usual_bound_when_nothing_else_is_valid(tmp_path):
 
     from meshwise.plan.search import cp_degrees
 
-    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = load_model(str(tmp_path))
     assert cp_degrees(model, 16384, 4096) == [1]

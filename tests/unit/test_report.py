@@ -23,8 +23,9 @@ LAYOUTS = {
 }
 PNG = b"\x89PNG\r\n\x1a\n"
 # matplotlib is in the test extra (scripts/test.sh installs it); without it only the drawing tests skip.
-needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="matplotlib is not installed: pip install -e '.[test]'")
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed: pip install -e '.[test]'"
+)
 
 
 def _images(html: str) -> list[bytes]:
@@ -35,8 +36,28 @@ def _images(html: str) -> list[bytes]:
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_plan_report_renders(name, tmp_path, capsys):
     out = tmp_path / f"{name}.html"
-    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "16", "--seq-len", "2048",
-                 "--global-batch", "64", "--layout", LAYOUTS[name], "--report", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100",
+                "--gpus",
+                "16",
+                "--seq-len",
+                "2048",
+                "--global-batch",
+                "64",
+                "--layout",
+                LAYOUTS[name],
+                "--report",
+                str(out),
+            ]
+        )
+        == 0
+    )
     html = out.read_text()
     images = _images(html)
     # memory bars, scaling curve, and the pipeline timeline only for a layout with a pipeline
@@ -60,25 +81,54 @@ def test_search_report_shows_top_layouts(tmp_path, capsys):
 @needs_matplotlib
 def test_plan_html_renders_in_headless_chromium(tmp_path, capsys):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium package is needed (scripts/test.sh installs it as root): apt-get install chromium"
+    assert chromium, (
+        "Debian's chromium package is needed (scripts/test.sh installs it as root): apt-get install chromium"
+    )
     out = tmp_path / "plan.html"
-    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--layout", "dp=8,tp=4,pp=2,zero=1",
-                 "--report", str(out)]) == 0
+    assert (
+        main(
+            ["plan", "--model", "llama3-70b", "--gpus", "64", "--layout", "dp=8,tp=4,pp=2,zero=1", "--report", str(out)]
+        )
+        == 0
+    )
     # A probe, added to a copy only: records page errors and whether every image decoded.
-    probe_head = ("<script>window.__errors=[];window.addEventListener('error',"
-                  "e=>window.__errors.push(String(e.message||(e.target&&e.target.src))),true);</script>")
-    probe_tail = ("<script>window.addEventListener('load',()=>{const imgs=[...document.images];"
-                  "const broken=imgs.filter(i=>!(i.complete&&i.naturalWidth>0)).length;"
-                  "const p=document.createElement('pre');p.id='probe';"
-                  "p.textContent=JSON.stringify({images:imgs.length,broken:broken,errors:window.__errors});"
-                  "document.body.appendChild(p);});</script>")
+    probe_head = (
+        "<script>window.__errors=[];window.addEventListener('error',"
+        "e=>window.__errors.push(String(e.message||(e.target&&e.target.src))),true);</script>"
+    )
+    probe_tail = (
+        "<script>window.addEventListener('load',()=>{const imgs=[...document.images];"
+        "const broken=imgs.filter(i=>!(i.complete&&i.naturalWidth>0)).length;"
+        "const p=document.createElement('pre');p.id='probe';"
+        "p.textContent=JSON.stringify({images:imgs.length,broken:broken,errors:window.__errors});"
+        "document.body.appendChild(p);});</script>"
+    )
     checked = tmp_path / "checked.html"
-    checked.write_text(out.read_text().replace("<head>", "<head>" + probe_head, 1).replace("</body>", probe_tail + "</body>"))
-    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-                        "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()],
-                       capture_output=True, text=True, timeout=120)
+    checked.write_text(
+        out.read_text().replace("<head>", "<head>" + probe_head, 1).replace("</body>", probe_tail + "</body>")
+    )
+    r = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            checked.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r'<pre id="probe">([^<]*)</pre>', r.stdout)
     assert found, f"the page did not finish loading: {r.stderr[-2000:]}"
     probe = json.loads(found.group(1).replace("&quot;", '"'))
@@ -91,9 +141,26 @@ def test_without_matplotlib_one_line_says_how_to_install(tmp_path):
     fake = tmp_path / "matplotlib"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
-    r = subprocess.run([sys.executable, "-m", "meshwise.cli", "plan", "--model", "tiny", "--gpu", "cpu", "--gpus", "2",
-                        "--report", str(tmp_path / "x.html")], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshwise.cli",
+            "plan",
+            "--model",
+            "tiny",
+            "--gpu",
+            "cpu",
+            "--gpus",
+            "2",
+            "--report",
+            str(tmp_path / "x.html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == "meshwise: error: --report needs matplotlib: pip install 'meshwise[report]'"
     assert not (tmp_path / "x.html").exists()
@@ -131,30 +198,59 @@ def test_report_text_never_overlaps_at_1280_px(tmp_path, capsys, monkeypatch):
         return png(fig)
 
     monkeypatch.setattr(figures, "_png", checked_png)
-    plans = {"fsdp": ["--gpus", "64"],
-             "pipeline": ["--model", "llama3-405b", "--gpus", "2048", "--seq-len", "8192", "--global-batch", "512",
-                          "--top", "5"],
-             "moe": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "64", "--global-batch", "8"]}
+    plans = {
+        "fsdp": ["--gpus", "64"],
+        "pipeline": [
+            "--model",
+            "llama3-405b",
+            "--gpus",
+            "2048",
+            "--seq-len",
+            "8192",
+            "--global-batch",
+            "512",
+            "--top",
+            "5",
+        ],
+        "moe": ["--model", "tiny-moe", "--gpu", "cpu", "--gpus", "4", "--seq-len", "64", "--global-batch", "8"],
+    }
     for name, args in plans.items():
         out = tmp_path / f"{name}.html"
         assert main(["plan", *args, "--report", str(out)]) == 0
-        probe = ("<script>window.addEventListener('load',()=>{const r=e=>e.getBoundingClientRect();"
-                 "const imgs=[...document.images].map(i=>[r(i).width,i.naturalWidth]);"
-                 "const els=[...document.querySelectorAll('h1,h2,p,li,figcaption,th,td,img')]"
-                 ".filter(e=>!e.querySelector('img,li,p,td'));let bad=[];"
-                 "for(let i=0;i<els.length;i++)for(let j=i+1;j<els.length;j++){const a=r(els[i]),b=r(els[j]);"
-                 "if(Math.min(a.right,b.right)-Math.max(a.left,b.left)>1&&Math.min(a.bottom,b.bottom)-"
-                 "Math.max(a.top,b.top)>1&&!els[i].contains(els[j])&&!els[j].contains(els[i]))"
-                 "bad.push([els[i].tagName,els[j].tagName,els[i].textContent.slice(0,40)]);}"
-                 "const p=document.createElement('pre');p.id='probe';p.textContent=JSON.stringify({imgs,bad,"
-                 "width:document.documentElement.scrollWidth});document.body.appendChild(p);});</script>")
+        probe = (
+            "<script>window.addEventListener('load',()=>{const r=e=>e.getBoundingClientRect();"
+            "const imgs=[...document.images].map(i=>[r(i).width,i.naturalWidth]);"
+            "const els=[...document.querySelectorAll('h1,h2,p,li,figcaption,th,td,img')]"
+            ".filter(e=>!e.querySelector('img,li,p,td'));let bad=[];"
+            "for(let i=0;i<els.length;i++)for(let j=i+1;j<els.length;j++){const a=r(els[i]),b=r(els[j]);"
+            "if(Math.min(a.right,b.right)-Math.max(a.left,b.left)>1&&Math.min(a.bottom,b.bottom)-"
+            "Math.max(a.top,b.top)>1&&!els[i].contains(els[j])&&!els[j].contains(els[i]))"
+            "bad.push([els[i].tagName,els[j].tagName,els[i].textContent.slice(0,40)]);}"
+            "const p=document.createElement('pre');p.id='probe';p.textContent=JSON.stringify({imgs,bad,"
+            "width:document.documentElement.scrollWidth});document.body.appendChild(p);});</script>"
+        )
         checked = tmp_path / f"{name}-checked.html"
         checked.write_text(out.read_text().replace("</body>", probe + "</body>"))
-        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
-                            "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--window-size=1280,2000",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+                checked.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         found = re.search(r'<pre id="probe">([^<]*)</pre>', r.stdout)
         assert found, r.stderr[-2000:]
         page = json.loads(found.group(1).replace("&quot;", '"'))

@@ -16,12 +16,15 @@ from meshwise.layout import Layout, parse
 from meshwise.spec import load_model
 
 
-@pytest.mark.parametrize("text,world,field", [
-    ("tp=3", 3, "tp=3 does not divide the model's heads"),
-    ("dp=2,tp=2", 8, "but the world size is 8"),
-    ("pp=4,vpp=2", 8, "pp*vpp = 8 is more than the model's 4 layers"),
-    ("dp=3", 3, "global batch 8 is not divisible by mbs*dp"),
-])
+@pytest.mark.parametrize(
+    "text,world,field",
+    [
+        ("tp=3", 3, "tp=3 does not divide the model's heads"),
+        ("dp=2,tp=2", 8, "but the world size is 8"),
+        ("pp=4,vpp=2", 8, "pp*vpp = 8 is more than the model's 4 layers"),
+        ("dp=3", 3, "global batch 8 is not divisible by mbs*dp"),
+    ],
+)
 def test_bad_layout_is_refused_before_any_process_group(monkeypatch, text, world, field) -> None:
     from meshwise.runtime import build_mesh
 
@@ -35,10 +38,12 @@ def test_bad_layout_is_refused_before_any_process_group(monkeypatch, text, world
 
 
 def test_importing_meshwise_does_not_import_torch() -> None:
-    code = ("import sys, meshwise, meshwise.layout, meshwise.spec\n"
-            "assert 'torch' not in sys.modules, 'torch imported eagerly'\n"
-            "assert callable(meshwise.parallelize) and 'torch' in sys.modules\n"
-            "try:\n    meshwise.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n")
+    code = (
+        "import sys, meshwise, meshwise.layout, meshwise.spec\n"
+        "assert 'torch' not in sys.modules, 'torch imported eagerly'\n"
+        "assert callable(meshwise.parallelize) and 'torch' in sys.modules\n"
+        "try:\n    meshwise.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -147,8 +152,9 @@ def test_parallelize_refuses_tied_embeddings_under_pp() -> None:
     from meshwise.runtime import parallelize
     from meshwise.spec import ModelSpec
 
-    tied = ModelSpec(name="tied", layers=2, hidden=32, heads=2, kv_heads=2, ffn_hidden=64, vocab=64,
-                     tied_embeddings=True, max_seq=16)
+    tied = ModelSpec(
+        name="tied", layers=2, hidden=32, heads=2, kv_heads=2, ffn_hidden=64, vocab=64, tied_embeddings=True, max_seq=16
+    )
 
     class FakeMesh:  # parallelize validates before it touches the mesh's groups
         def size(self) -> int:
@@ -161,15 +167,17 @@ def test_parallelize_refuses_tied_embeddings_under_pp() -> None:
 def test_a_worker_ends_with_its_code_and_its_output_flushed() -> None:
     """exit_worker skips the interpreter's shutdown (where gloo's threads can abort a process) but
     must keep what the worker printed and the status it returns; end_process_group leaves no group."""
-    code = ("import sys\n"
-            "import torch.distributed as dist\n"
-            "from meshwise.runtime.mesh import end_process_group, exit_worker\n"
-            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
-            "dist.barrier()\n"
-            "end_process_group()\n"
-            "sys.stdout.write('ended' if not dist.is_initialized() else 'still initialised')\n"
-            "sys.stderr.write('unterminated line')\n"
-            "exit_worker(3)\n")
+    code = (
+        "import sys\n"
+        "import torch.distributed as dist\n"
+        "from meshwise.runtime.mesh import end_process_group, exit_worker\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        "dist.barrier()\n"
+        "end_process_group()\n"
+        "sys.stdout.write('ended' if not dist.is_initialized() else 'still initialised')\n"
+        "sys.stderr.write('unterminated line')\n"
+        "exit_worker(3)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "ended"

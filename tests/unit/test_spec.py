@@ -15,10 +15,18 @@ def test_every_catalog_model_loads_with_a_source(name):
     assert m.params > 0 and m.source
 
 
-@pytest.mark.parametrize("name, published", [
-    ("llama2-7b", 6.74e9), ("llama2-13b", 13.0e9), ("llama2-70b", 69.0e9),
-    ("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 405.9e9), ("mistral-7b", 7.24e9),
-])
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("llama2-7b", 6.74e9),
+        ("llama2-13b", 13.0e9),
+        ("llama2-70b", 69.0e9),
+        ("llama3-8b", 8.03e9),
+        ("llama3-70b", 70.6e9),
+        ("llama3-405b", 405.9e9),
+        ("mistral-7b", 7.24e9),
+    ],
+)
 def test_parameter_counts_match_published(name, published):
     # Hugging Face model cards: Llama 2 6.74B/13.0B/69.0B, Llama 3 8.03B/70.6B/405.9B, Mistral 7.24B.
     assert load_model(name).params == pytest.approx(published, rel=0.005)
@@ -39,9 +47,18 @@ def test_every_accelerator_loads(name):
 
 
 def test_hf_config_llama_and_gpt2(tmp_path):
-    llama = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-             "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}
+    llama = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(llama))
     m = load_model(str(tmp_path / "config.json"))
     assert m.params == load_model("llama3-8b").params and m.mlp == "swiglu" and m.family == "llama"
@@ -59,7 +76,7 @@ def test_toml_model(tmp_path):
     p.write_text('[model]\nname = "mine"\nlayers = 2\nhidden = 32\nheads = 4\nffn_hidden = 64\nvocab = 100\n')
     m = load_model(str(p))
     assert m.name == "mine" and m.kv_heads == 4
-    p.write_text('layers = 2\nhidden = 32\nheads = 4\nffn_hidden = 64\nvocab = 100\nbogus = 1\n')
+    p.write_text("layers = 2\nhidden = 32\nheads = 4\nffn_hidden = 64\nvocab = 100\nbogus = 1\n")
     with pytest.raises(MeshwiseError, match="bogus"):
         load_model(str(p))
 
@@ -82,10 +99,22 @@ def test_precision_conventions():
     assert [TrainSpec(1, 1, p).state_bytes_per_param for p in ("bf16", "bf16-mixed", "fp32")] == [12, 16, 16]
 
 
-@pytest.mark.parametrize("given, name", [("H100", "h100"), ("h100-sxm", "h100"), ("h100-80gb", "h100"),
-                                         ("H100 SXM", "h100"), ("A100-80GB", "a100-80gb"), ("B200", "b200"),
-                                         ("h200_sxm", "h200"), ("MI300X", "mi300x"),
-                                         ("GB200 NVL72", "gb200"), ("gb300-nvl72", "gb300"), ("H800-SXM", "h800")])
+@pytest.mark.parametrize(
+    "given, name",
+    [
+        ("H100", "h100"),
+        ("h100-sxm", "h100"),
+        ("h100-80gb", "h100"),
+        ("H100 SXM", "h100"),
+        ("A100-80GB", "a100-80gb"),
+        ("B200", "b200"),
+        ("h200_sxm", "h200"),
+        ("MI300X", "mi300x"),
+        ("GB200 NVL72", "gb200"),
+        ("gb300-nvl72", "gb300"),
+        ("H800-SXM", "h800"),
+    ],
+)
 def test_gpu_names_resolve_with_any_case_and_aliases(given, name):
     assert load_cluster(given, 8).accelerator.name == name
 
@@ -100,8 +129,7 @@ def test_every_alias_names_one_entry():
             assert catalog_accelerator(alias) == entry, alias
 
 
-@pytest.mark.parametrize("given, guess", [("a100", "a100-40gb or a100-80gb"), ("mi300", "mi300x"),
-                                          ("h10", "h100")])
+@pytest.mark.parametrize("given, guess", [("a100", "a100-40gb or a100-80gb"), ("mi300", "mi300x"), ("h10", "h100")])
 def test_unknown_gpu_says_did_you_mean(given, guess):
     with pytest.raises(MeshwiseError) as e:
         load_cluster(given, 8)

@@ -12,11 +12,14 @@ from meshwise.measure.timing import PARTS, check_sum, split
 WINDOWS = {"fb": 0.7, "opt": 0.1, "fixed": 0.17}
 
 
-@pytest.mark.parametrize("waits", [
-    {("fb", "comm"): 0.2, ("fb", "idle"): 0.1, ("fixed", "comm"): 0.01},
-    {("fb", "comm"): 0.6, ("fb", "idle"): 0.3, ("opt", "comm"): 0.5},  # more than the windows hold
-    {},
-])
+@pytest.mark.parametrize(
+    "waits",
+    [
+        {("fb", "comm"): 0.2, ("fb", "idle"): 0.1, ("fixed", "comm"): 0.01},
+        {("fb", "comm"): 0.6, ("fb", "idle"): 0.3, ("opt", "comm"): 0.5},  # more than the windows hold
+        {},
+    ],
+)
 def test_the_parts_and_the_untimed_rest_add_up_to_the_step(waits: dict) -> None:
     parts = split(1.0, WINDOWS, waits)
     assert set(parts) == set(PARTS) | {"untimed_s"}
@@ -26,10 +29,12 @@ def test_the_parts_and_the_untimed_rest_add_up_to_the_step(waits: dict) -> None:
 
 
 def test_waits_are_charged_to_their_window() -> None:
-    parts = split(1.0, WINDOWS, {("fb", "comm"): 0.2, ("fb", "idle"): 0.1, ("fixed", "comm"): 0.04,
-                                 ("rest", "comm"): 0.01})
-    assert parts == pytest.approx({"compute_s": 0.4, "comm_s": 0.25, "idle_s": 0.1, "optimizer_s": 0.1,
-                                   "fixed_s": 0.13, "untimed_s": 0.02})
+    parts = split(
+        1.0, WINDOWS, {("fb", "comm"): 0.2, ("fb", "idle"): 0.1, ("fixed", "comm"): 0.04, ("rest", "comm"): 0.01}
+    )
+    assert parts == pytest.approx(
+        {"compute_s": 0.4, "comm_s": 0.25, "idle_s": 0.1, "optimizer_s": 0.1, "fixed_s": 0.13, "untimed_s": 0.02}
+    )
 
 
 def test_a_split_that_misses_a_window_fails_the_check() -> None:
@@ -51,10 +56,24 @@ def _rows(predicted: dict, measured: dict) -> list[Row]:
 def test_the_largest_residual_names_the_missing_part() -> None:
     """An FSDP2-like miss (measured compute far above the prediction) is named as compute; an
     over-counted optimizer as over-counted; a split whose parts miss the step is reported."""
-    pred = {"step_s": 0.16, "compute_s": 0.055, "comm_s": 0.089, "idle_s": 0.0, "optimizer_s": 0.016,
-            "fixed_s": 0.002, "untimed_s": 0.0}
-    meas = {"step_s": 0.23, "compute_s": 0.12, "comm_s": 0.092, "idle_s": 0.0, "optimizer_s": 0.015,
-            "fixed_s": 0.002, "untimed_s": 0.001}
+    pred = {
+        "step_s": 0.16,
+        "compute_s": 0.055,
+        "comm_s": 0.089,
+        "idle_s": 0.0,
+        "optimizer_s": 0.016,
+        "fixed_s": 0.002,
+        "untimed_s": 0.0,
+    }
+    meas = {
+        "step_s": 0.23,
+        "compute_s": 0.12,
+        "comm_s": 0.092,
+        "idle_s": 0.0,
+        "optimizer_s": 0.015,
+        "fixed_s": 0.002,
+        "untimed_s": 0.001,
+    }
     lines = time_verdicts(_rows(pred, meas))
     assert "add up" in lines[0] and "does not hold" not in lines[0]
     assert "largest residual compute +65.0 ms" in lines[1] and "missing from" in lines[1]

@@ -24,7 +24,7 @@ def test_jsonl_is_encoded_by_the_tokenizer(tmp_path):
     ids = load_tokens(DataConfig(path=str(data), tokenizer=tok_path))
     tok = HFTokenizer(tok_path)
     assert ids.tolist() == [i for line in LINES for i in tok.encode(line + "\n")]
-    assert tok.decode(ids[:20].tolist()) == "".join(line + "\n" for line in LINES)[:len(tok.decode(ids[:20].tolist()))]
+    assert tok.decode(ids[:20].tolist()) == "".join(line + "\n" for line in LINES)[: len(tok.decode(ids[:20].tolist()))]
     assert ids.numel() < sum(len(line) + 1 for line in LINES) / 2  # BPE merges: far fewer ids than bytes
 
 

@@ -51,10 +51,13 @@ def test_every_private_name_exists() -> None:
     assert missing_private_names() == []
 
 
-@pytest.mark.parametrize("module,name", [
-    ("torch.distributed.pipelining.schedules", "_wait_batch_p2p"),
-    ("torch.distributed._tools.mem_tracker", "MemTracker._update_peak_stats"),
-])
+@pytest.mark.parametrize(
+    "module,name",
+    [
+        ("torch.distributed.pipelining.schedules", "_wait_batch_p2p"),
+        ("torch.distributed._tools.mem_tracker", "MemTracker._update_peak_stats"),
+    ],
+)
 def test_a_renamed_name_fails_the_canary(monkeypatch, module: str, name: str) -> None:
     owner, _, attr = f"{module}.{name}".rpartition(".")
     holder = _resolve(module, name.rpartition(".")[0]) if "." in name else importlib.import_module(module)
@@ -88,8 +91,11 @@ def test_the_commands_that_import_torch_warn_at_start_up(monkeypatch, capsys, co
     from meshwise.cli import main
 
     monkeypatch.setattr(metadata, "version", lambda name: "2.99.0")
-    bad = {"train": ["train", "--steps", "-1"], "measure": ["measure", "--layout", "tp=3"],
-           "verify": ["verify", "--layout", "tp=3"]}[command]
+    bad = {
+        "train": ["train", "--steps", "-1"],
+        "measure": ["measure", "--layout", "tp=3"],
+        "verify": ["verify", "--layout", "tp=3"],
+    }[command]
     main(bad)
     err = capsys.readouterr().err
     assert err.splitlines()[0].startswith("meshwise: warning: torch 2.99.0 is untested")

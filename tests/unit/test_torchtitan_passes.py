@@ -36,8 +36,9 @@ class ByteCounter(TorchDispatchMode):
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         read = {t.untyped_storage().data_ptr() for t in ins}
         if not any(t.untyped_storage().data_ptr() in read for t in outs):  # views (and _unsafe_view) move nothing
-            self.bytes += sum(t.untyped_storage().nbytes() for t in ins) + sum(t.numel() * t.element_size()
-                                                                                for t in outs)
+            self.bytes += sum(t.untyped_storage().nbytes() for t in ins) + sum(
+                t.numel() * t.element_size() for t in outs
+            )
         return out
 
 

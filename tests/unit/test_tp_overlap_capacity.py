@@ -20,12 +20,12 @@ MIB = 2**20
 ARGS_TABLE = Path(__file__).parent.parent / "data" / "megatron_lm_args.json"
 # (catalog name, marketed bytes, nvidia-smi's total in MiB with its source)
 CAPACITIES = [
-    ("a100-40gb", 40e9, 40_960),   # modal-labs/modal-client#2797
-    ("a100-80gb", 80e9, 81_920),   # modal-labs/modal-client#2797
-    ("h100", 80e9, 81_559),        # NVIDIA/nccl#1264
-    ("h800", 80e9, 81_559),        # the H100 80GB HBM3's memory
-    ("h200", 141e9, 143_771),      # thundergolfer.com/blog/nvidia-gpu-memory-capacity
-    ("b200", 180e9, 183_359),      # NVIDIA/TensorRT-LLM#10278
+    ("a100-40gb", 40e9, 40_960),  # modal-labs/modal-client#2797
+    ("a100-80gb", 80e9, 81_920),  # modal-labs/modal-client#2797
+    ("h100", 80e9, 81_559),  # NVIDIA/nccl#1264
+    ("h800", 80e9, 81_559),  # the H100 80GB HBM3's memory
+    ("h200", 141e9, 143_771),  # thundergolfer.com/blog/nvidia-gpu-memory-capacity
+    ("b200", 180e9, 183_359),  # NVIDIA/TensorRT-LLM#10278
 ]
 
 
@@ -73,7 +73,8 @@ def test_emitted_megatron_flag_follows_the_setting():
     assert "--tp-comm-overlap" in on
     assert "--tp-comm-overlap" not in emit.emit("megatron", emit.Target(model, with_sp, 128, 8192, "bf16-mixed", 64, 8))
     assert "--tp-comm-overlap" not in emit.emit(
-        "megatron", emit.Target(model, without, 128, 8192, "bf16-mixed", 64, 8, tp_comm_overlap=True))
+        "megatron", emit.Target(model, without, 128, 8192, "bf16-mixed", 64, 8, tp_comm_overlap=True)
+    )
 
 
 def test_cli_refuses_overlap_without_megatron(capsys):

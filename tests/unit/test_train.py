@@ -31,9 +31,10 @@ def meshwise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 # -------------------------------------------------------------------------------------- config
 def test_config_file_overrides_and_print_config(tmp_path, capsys) -> None:
     cfg_file = tmp_path / "run.toml"
-    cfg_file.write_text('[optimizer]\nlr = 1\n[schedule]\nsteps = 7\n[data]\nseq_len = 16\n')
-    assert main(["train", "--config", str(cfg_file), "--steps", "9", "--optimizer.beta2", "0.99",
-                 "--print-config"]) == 0
+    cfg_file.write_text("[optimizer]\nlr = 1\n[schedule]\nsteps = 7\n[data]\nseq_len = 16\n")
+    assert (
+        main(["train", "--config", str(cfg_file), "--steps", "9", "--optimizer.beta2", "0.99", "--print-config"]) == 0
+    )
     printed = capsys.readouterr().out
     (tmp_path / "printed.toml").write_text(printed)
     cfg = config.load(str(tmp_path / "printed.toml"))
@@ -41,12 +42,15 @@ def test_config_file_overrides_and_print_config(tmp_path, capsys) -> None:
     assert cfg.model == config.ModelConfig()  # untouched sections keep their defaults
 
 
-@pytest.mark.parametrize("text,message", [
-    ("[optimizer]\nlearning_rate = 0.1\n", "unknown key optimizer.learning_rate"),
-    ("[optimiser]\nlr = 0.1\n", "unknown section [optimiser]"),
-    ('[schedule]\nsteps = "ten"\n', "schedule.steps: expected int, got str"),
-    ("[checkpoint]\nkeep = true\n", "checkpoint.keep: expected int, got bool"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[optimizer]\nlearning_rate = 0.1\n", "unknown key optimizer.learning_rate"),
+        ("[optimiser]\nlr = 0.1\n", "unknown section [optimiser]"),
+        ('[schedule]\nsteps = "ten"\n', "schedule.steps: expected int, got str"),
+        ("[checkpoint]\nkeep = true\n", "checkpoint.keep: expected int, got bool"),
+    ],
+)
 def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, text, message) -> None:
     cfg_file = tmp_path / "bad.toml"
     cfg_file.write_text(text)
@@ -122,25 +126,52 @@ def test_only_committed_checkpoints_count(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("case", ["missing data", "empty file", "empty folder", "layout vs world",
-                                  "seq longer than model", "resume missing", "compile with pp"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing data",
+        "empty file",
+        "empty folder",
+        "layout vs world",
+        "seq longer than model",
+        "resume missing",
+        "compile with pp",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case) -> None:
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "empty_dir").mkdir()
-    extra = {"missing data": ["--data", str(tmp_path / "nope.txt")],
-             "empty file": ["--data", str(tmp_path / "empty.txt")],
-             "empty folder": ["--data", str(tmp_path / "empty_dir")],
-             "layout vs world": ["--layout", "dp=2,tp=2", "--nproc-per-node", "2"],
-             "seq longer than model": ["--seq-len", "64"],
-             "resume missing": ["--resume", str(tmp_path / "ck" / "step-3")],
-             "compile with pp": ["--compile", "--layout", "pp=2", "--nproc-per-node", "2"]}[case]
-    expected = {"missing data": "nope.txt does not exist", "empty file": "is empty",
-                "empty folder": "holds no files", "layout vs world": "but the world size is 2",
-                "seq longer than model": "longer than the model's max_seq 32",
-                "resume missing": "does not exist",
-                "compile with pp": "compile: not supported with pipeline parallelism (pp=2)"}[case]
-    args = ["train", "--model", micro_model(tmp_path), "--seq-len", "16", *(["--nproc-per-node", "1"] * (
-            "--nproc-per-node" not in extra)), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics", str(tmp_path / "m.jsonl"), *extra]
+    extra = {
+        "missing data": ["--data", str(tmp_path / "nope.txt")],
+        "empty file": ["--data", str(tmp_path / "empty.txt")],
+        "empty folder": ["--data", str(tmp_path / "empty_dir")],
+        "layout vs world": ["--layout", "dp=2,tp=2", "--nproc-per-node", "2"],
+        "seq longer than model": ["--seq-len", "64"],
+        "resume missing": ["--resume", str(tmp_path / "ck" / "step-3")],
+        "compile with pp": ["--compile", "--layout", "pp=2", "--nproc-per-node", "2"],
+    }[case]
+    expected = {
+        "missing data": "nope.txt does not exist",
+        "empty file": "is empty",
+        "empty folder": "holds no files",
+        "layout vs world": "but the world size is 2",
+        "seq longer than model": "longer than the model's max_seq 32",
+        "resume missing": "does not exist",
+        "compile with pp": "compile: not supported with pipeline parallelism (pp=2)",
+    }[case]
+    args = [
+        "train",
+        "--model",
+        micro_model(tmp_path),
+        "--seq-len",
+        "16",
+        *(["--nproc-per-node", "1"] * ("--nproc-per-node" not in extra)),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--metrics",
+        str(tmp_path / "m.jsonl"),
+        *extra,
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("meshwise: error:") and expected in err and "\n" not in err, err
@@ -151,9 +182,11 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case
 
 
 def test_plan_does_not_import_torch_with_train_commands_registered() -> None:
-    code = ("import sys\nfrom meshwise.cli import build_parser\nbuild_parser()\n"
-            "import meshwise.train, meshwise.train.config, meshwise.train.command\n"
-            "assert 'torch' not in sys.modules\n")
+    code = (
+        "import sys\nfrom meshwise.cli import build_parser\nbuild_parser()\n"
+        "import meshwise.train, meshwise.train.config, meshwise.train.command\n"
+        "assert 'torch' not in sys.modules\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -57,8 +57,13 @@ def _measure(predictor: Predictor, truth: dict, text: str, status: str = MEASURE
         return Trial(text, status, predicted, peak_bytes=2000)
     t = predictor.step(truth, parse(text))
     k = 1 + wobble * math.sin(zlib.crc32(text.encode()))
-    parts = {"compute_s": t.compute_s * k, "comm_s": t.comm_exposed_s * k, "idle_s": t.bubble_s * k,
-             "optimizer_s": t.optimizer_s * k, "fixed_s": t.fixed_s * k}
+    parts = {
+        "compute_s": t.compute_s * k,
+        "comm_s": t.comm_exposed_s * k,
+        "idle_s": t.bubble_s * k,
+        "optimizer_s": t.optimizer_s * k,
+        "fixed_s": t.fixed_s * k,
+    }
     return Trial(text, status, predicted, [t.step_s * k] * 3, parts, 1000)
 
 
@@ -88,10 +93,12 @@ def test_early_stop_only_beyond_the_noise():
 
 
 def test_best_trial_ignores_what_did_not_fit_or_stopped_early():
-    trials = [Trial("a", MEASURED, 1.0, [2.0, 2.2, 2.1], {"compute_s": 1.5, "comm_s": 0.6}),
-              Trial("b", STOPPED, 1.0, [1.0], {"compute_s": 1.0}),
-              Trial("c", OVER_LIMIT, 0.5, peak_bytes=10),
-              Trial("d", MEASURED, 1.0, [1.9, 1.95, 5.0], {"comm_s": 1.5, "compute_s": 0.4})]
+    trials = [
+        Trial("a", MEASURED, 1.0, [2.0, 2.2, 2.1], {"compute_s": 1.5, "comm_s": 0.6}),
+        Trial("b", STOPPED, 1.0, [1.0], {"compute_s": 1.0}),
+        Trial("c", OVER_LIMIT, 0.5, peak_bytes=10),
+        Trial("d", MEASURED, 1.0, [1.9, 1.95, 5.0], {"comm_s": 1.5, "compute_s": 0.4}),
+    ]
     assert best_trial(trials).layout == "d"
     assert trials[3].measured_step_s == 1.95 and trials[2].measured_step_s is None
     assert (trials[0].binds, trials[2].binds, trials[3].binds) == ("compute", "memory", "communication")
@@ -100,8 +107,10 @@ def test_best_trial_ignores_what_did_not_fit_or_stopped_early():
 
 def test_results_file_round_trip_and_refusal(tmp_path):
     path = tmp_path / "trials.jsonl"
-    trials = [Trial("dp=2", MEASURED, 1.0, [1.0, 1.1], {"compute_s": 0.9}, 123, 0),
-              Trial("pp=2", OVER_LIMIT, 0.8, peak_bytes=456, round=1)]
+    trials = [
+        Trial("dp=2", MEASURED, 1.0, [1.0, 1.1], {"compute_s": 0.9}, 123, 0),
+        Trial("pp=2", OVER_LIMIT, 0.8, peak_bytes=456, round=1),
+    ]
     inputs = {"model": "tiny", "world": 2}
     write_results(path, inputs, trials)
     assert read_results(path, inputs) == trials
@@ -123,10 +132,12 @@ def test_refit_recovers_known_factors(model, seq):
     table, factors = refit(CPU, measured, predictor)
     assert factors["compute"] == pytest.approx(1.6, rel=0.05)
     for text in [c.text for c in pool[6:12]] + texts:  # trialled and untried alike
-        assert predictor.step(table, parse(text)).step_s == pytest.approx(predictor.step(truth, parse(text)).step_s,
-                                                                          rel=0.05)
-    base_error = max(abs(predictor.step(CPU, parse(t)).step_s / predictor.step(truth, parse(t)).step_s - 1)
-                     for t in texts)
+        assert predictor.step(table, parse(text)).step_s == pytest.approx(
+            predictor.step(truth, parse(text)).step_s, rel=0.05
+        )
+    base_error = max(
+        abs(predictor.step(CPU, parse(t)).step_s / predictor.step(truth, parse(t)).step_s - 1) for t in texts
+    )
     assert base_error > 0.2  # the test can fail: the base profile was far off
 
 

@@ -15,22 +15,25 @@ PROFILE = str(Path(__file__).parents[1] / "data" / "tune_profile_2p.toml")
 BASE = ["tune", "--model", "tiny", "--seq-len", "32", "--layout.profile", PROFILE, "--nproc-per-node", "1"]
 
 
-@pytest.mark.parametrize("extra, field", [
-    (["--layout", "dp=1"], "--layout: 'dp=1': tune chooses the layout"),
-    (["--trials", "0"], "--trials: 0 must be at least 1"),
-    (["--trial-steps", "0"], "--trial-steps: 0 must be at least 1"),
-    (["--budget-minutes", "-1"], "--budget-minutes: -1.0 must be a positive"),
-    (["--budget-minutes", "nan"], "--budget-minutes: nan must be a positive"),
-    (["--memory-limit", "lots"], "--memory-limit: 'lots' is not a size"),
-    (["--memory-limit", "0GB"], "--memory-limit: '0GB' is not a size"),
-    (["--emit", "jax"], "--emit: 'jax' is not one of"),
-    (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour: needs --tokens"),
-    (["--tokens", "0"], "--tokens: 0.0 must be"),
-    (["--resume"], "--resume: "),
-    (["--model", "no-such-model"], "model"),
-    (["--global-batch", "0"], "global_batch"),
-    (["--trials", "x"], "--trials"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        (["--layout", "dp=1"], "--layout: 'dp=1': tune chooses the layout"),
+        (["--trials", "0"], "--trials: 0 must be at least 1"),
+        (["--trial-steps", "0"], "--trial-steps: 0 must be at least 1"),
+        (["--budget-minutes", "-1"], "--budget-minutes: -1.0 must be a positive"),
+        (["--budget-minutes", "nan"], "--budget-minutes: nan must be a positive"),
+        (["--memory-limit", "lots"], "--memory-limit: 'lots' is not a size"),
+        (["--memory-limit", "0GB"], "--memory-limit: '0GB' is not a size"),
+        (["--emit", "jax"], "--emit: 'jax' is not one of"),
+        (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour: needs --tokens"),
+        (["--tokens", "0"], "--tokens: 0.0 must be"),
+        (["--resume"], "--resume: "),
+        (["--model", "no-such-model"], "model"),
+        (["--global-batch", "0"], "global_batch"),
+        (["--trials", "x"], "--trials"),
+    ],
+)
 def test_bad_input_is_one_line_before_any_launch(tmp_path, extra, field):
     r = meshwise_here(*BASE, "--out", str(tmp_path / "tune"), *extra, cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -46,7 +49,8 @@ def test_out_holding_a_tune_is_refused_without_resume(tmp_path):
     r = meshwise_here(*BASE, "--out", "tune", "--resume", cwd=tmp_path)
     assert r.returncode == 2 and "was tuned with model = 'small', not 'tiny'" in r.stderr
     (tmp_path / "tune" / "trials.jsonl").write_text(
-        '{"tune": 1, "inputs": {"model": "tiny", "global_batch": 8, "seq_len": 32, "world": 2, "local_world": 2}}\n')
+        '{"tune": 1, "inputs": {"model": "tiny", "global_batch": 8, "seq_len": 32, "world": 2, "local_world": 2}}\n'
+    )
     r = meshwise_here(*BASE, "--out", "tune", "--resume", cwd=tmp_path)
     assert r.returncode == 2 and "was tuned with world = 2, not 1" in r.stderr
 
@@ -129,8 +133,14 @@ def test_report_page_has_the_chart_and_every_trial(tmp_path):
     from meshwise.report.tune_report import write_tune_report
 
     path = tmp_path / "tune.html"
-    write_tune_report(path, "meshwise tune", ("#", "layout"), [("1", "dp=2,mbs=4"), ("2", "pp=2,mbs=2")],
-                      [(0.10, 0.08, 0.11), (0.20, 0.25, 0.19)], ["pick: dp=2,mbs=4"])
+    write_tune_report(
+        path,
+        "meshwise tune",
+        ("#", "layout"),
+        [("1", "dp=2,mbs=4"), ("2", "pp=2,mbs=2")],
+        [(0.10, 0.08, 0.11), (0.20, 0.25, 0.19)],
+        ["pick: dp=2,mbs=4"],
+    )
     text = path.read_text()
     assert text.count("data:image/png;base64,") == 1 and "pp=2,mbs=2" in text and "pick: dp=2,mbs=4" in text
 
@@ -140,6 +150,8 @@ def test_choosing_and_refitting_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nimport meshwise.tune.command, meshwise.tune.driver, meshwise.tune.tuner\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    code = (
+        "import sys\nimport meshwise.tune.command, meshwise.tune.driver, meshwise.tune.tuner\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

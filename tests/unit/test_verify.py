@@ -16,13 +16,19 @@ from meshwise.spec import TrainSpec, load_cluster, load_model
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("args,field", [
-    (["--layout", "dp=8,zero=3,tp=3"], "layout"),           # tp does not divide the world
-    (["--layout", "pp=2,dp=32", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "63"], "global"),
-    (["--layout", "dp=64", "--ranks", "64"], "--ranks"),
-    (["--layout", "dp=64", "--depth", "half"], "--depth"),
-    (["--layout", "pp=2,dp=2", "--model", "tiny-tied", "--gpus", "4", "--gpu", "cpu", "--global-batch", "8"], "tied"),
-])
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (["--layout", "dp=8,zero=3,tp=3"], "layout"),  # tp does not divide the world
+        (["--layout", "pp=2,dp=32", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "63"], "global"),
+        (["--layout", "dp=64", "--ranks", "64"], "--ranks"),
+        (["--layout", "dp=64", "--depth", "half"], "--depth"),
+        (
+            ["--layout", "pp=2,dp=2", "--model", "tiny-tied", "--gpus", "4", "--gpu", "cpu", "--global-batch", "8"],
+            "tied",
+        ),
+    ],
+)
 def test_verify_refuses_what_the_runtime_refuses(args: list[str], field: str, capsys) -> None:
     from meshwise.cli import main
 
@@ -52,8 +58,11 @@ def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypa
 
     def overflowing(model, cluster, train, layout, ranks, depth="auto"):  # the trace of a layout that does not fit
         big = cluster.accelerator.memory_bytes
-        return [Row("memory.activations", 0, 1e6, big), Row("memory.params", 0, 1e6, 1e6),
-                Row("memory.total", 0, 2e6, big + 1e6)], []
+        return [
+            Row("memory.activations", 0, 1e6, big),
+            Row("memory.params", 0, 1e6, 1e6),
+            Row("memory.total", 0, 2e6, big + 1e6),
+        ], []
 
     monkeypatch.setattr(v, "verify", overflowing)
     dropped = v.verify_plan(model, cluster, train, plan, 1, 0.1)

@@ -26,8 +26,12 @@ CASES = [
 
 
 def _plan(capsys, model: str, gpus: int, layout: str, batch: int) -> dict:
-    assert main(["plan", "--model", model, "--gpus", str(gpus), "--layout", layout, "--global-batch", str(batch),
-                 "--json"]) == 0
+    assert (
+        main(
+            ["plan", "--model", model, "--gpus", str(gpus), "--layout", layout, "--global-batch", str(batch), "--json"]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)["candidates"][0]
 
 
@@ -44,8 +48,13 @@ def test_verify_predicts_what_plan_prints(model_name: str, gpus: int, text: str,
     assert planned["memory"] == {k: v_ for k, v_ in largest.items() if k != "pp_ranks"}
     for entry in ranks:
         for pp_rank in entry["pp_ranks"]:  # the lowest stands for the others (rank_shapes): the same figures
-            record = {"layout": layout.format(), "rank": pp_rank * per_stage + per_stage - 1, "pp_rank": pp_rank,
-                      "memory": {}, "comm": []}
+            record = {
+                "layout": layout.format(),
+                "rank": pp_rank * per_stage + per_stage - 1,
+                "pp_rank": pp_rank,
+                "memory": {},
+                "comm": [],
+            }
             rows = {r.figure: r.predicted for r in v.verify_rows(model, cluster, train, record)}
             for c in (*MEMORY, "total"):
                 assert rows[f"memory.{c}"] == pytest.approx(entry[c], abs=1.0), (pp_rank, c)

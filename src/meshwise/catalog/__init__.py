@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 _CATALOG_DIR = Path(__file__).parent  # the package's own files: importlib.resources and
-                                                  # the zipfile it imports took ~0.02 s of each start
+# the zipfile it imports took ~0.02 s of each start
 
 
 def read_catalog(name: str) -> dict[str, dict[str, Any]]:

@@ -40,10 +40,12 @@ class Conventions:
     norm_stats: bool  # the norms' per-token statistics (the paper leaves them out)
 
 
-MEGATRON = Conventions(dropout=True, fused_attention=False, sp_keeps_gathered_input=False, out_proj_input_is_copy=False,
-                       norm_stats=False)
-TORCH = Conventions(dropout=False, fused_attention=True, sp_keeps_gathered_input=True, out_proj_input_is_copy=True,
-                    norm_stats=True)
+MEGATRON = Conventions(
+    dropout=True, fused_attention=False, sp_keeps_gathered_input=False, out_proj_input_is_copy=False, norm_stats=False
+)
+TORCH = Conventions(
+    dropout=False, fused_attention=True, sp_keeps_gathered_input=True, out_proj_input_is_copy=True, norm_stats=True
+)
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,20 @@ class Shapes:
     @classmethod
     @lru_cache(maxsize=64)
     def of(cls, model: ModelSpec) -> Shapes:
-        return cls(h=model.hidden, q=model.heads * model.head_dim, kv=model.kv_dim, f=model.ffn_hidden,
-                   a=model.heads, swiglu=model.mlp == "swiglu")
+        return cls(
+            h=model.hidden,
+            q=model.heads * model.head_dim,
+            kv=model.kv_dim,
+            f=model.ffn_hidden,
+            a=model.heads,
+            swiglu=model.mlp == "swiglu",
+        )
 
 
 @lru_cache(maxsize=4096)
-def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool, ac: str,
-                conv: Conventions = TORCH) -> float:
+def block_bytes(
+    shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp: bool, ac: str, conv: Conventions = TORCH
+) -> float:
     """Bytes one block keeps for backward, per micro-batch, on one rank.
 
     ``ac`` = ``none`` (everything below), ``selective`` (meshwise's recipe in meshwise.runtime.activation_checkpointing, or
@@ -75,9 +84,9 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
     t = tp
     sb = seq * mbs
     e = elem_bytes
-    rep = 1 / t if sp else 1.0                      # replicated over TP unless sequence parallel
+    rep = 1 / t if sp else 1.0  # replicated over TP unless sequence parallel
     gathered = 1.0 if (not sp or conv.sp_keeps_gathered_input) else 1 / t
-    shard = 1 / t                                   # split by TP (heads or MLP columns)
+    shard = 1 / t  # split by TP (heads or MLP columns)
     h, q, kv, f, a = shapes.h, shapes.q, shapes.kv, shapes.f, shapes.a
 
     if ac == "full":
@@ -90,31 +99,31 @@ def block_bytes(shapes: Shapes, seq: int, mbs: int, elem_bytes: int, tp: int, sp
 
     total = 0.0
     # attention sub-block
-    total += sb * h * e * rep                       # norm 1 input
+    total += sb * h * e * rep  # norm 1 input
     if conv.norm_stats:
-        total += 2 * sb * 4 * rep                   # both norms' float32 inverse RMS
-    total += sb * h * e * gathered                  # QKV matmul input (norm 1 output)
-    total += sb * (q + kv) * e * shard              # Q and K (after rotary)
-    total += sb * kv * e * shard                    # V
-    scores = a * seq * seq * mbs                    # a*s^2*b attention-score elements
+        total += 2 * sb * 4 * rep  # both norms' float32 inverse RMS
+    total += sb * h * e * gathered  # QKV matmul input (norm 1 output)
+    total += sb * (q + kv) * e * shard  # Q and K (after rotary)
+    total += sb * kv * e * shard  # V
+    scores = a * seq * seq * mbs  # a*s^2*b attention-score elements
     if conv.fused_attention:
-        total += sb * q * e * shard                 # SDPA output
-        total += sb * a * LSE_BYTES * shard         # SDPA log-sum-exp
-    elif ac != "selective":                         # the paper's selective recompute drops these
-        total += scores * e * shard                 # softmax output
+        total += sb * q * e * shard  # SDPA output
+        total += sb * a * LSE_BYTES * shard  # SDPA log-sum-exp
+    elif ac != "selective":  # the paper's selective recompute drops these
+        total += scores * e * shard  # softmax output
         if conv.dropout:
-            total += scores * MASK_BYTES * shard    # attention dropout mask
-            total += scores * e * shard             # dropout output (input of scores @ V)
+            total += scores * MASK_BYTES * shard  # attention dropout mask
+            total += scores * e * shard  # dropout output (input of scores @ V)
     if conv.out_proj_input_is_copy or not conv.fused_attention:
-        total += sb * q * e * shard                 # output projection input
+        total += sb * q * e * shard  # output projection input
     if conv.dropout:
-        total += sb * h * MASK_BYTES * rep          # dropout mask after attention
+        total += sb * h * MASK_BYTES * rep  # dropout mask after attention
     # MLP sub-block
-    total += sb * h * e * rep                       # norm 2 input
-    total += sb * h * e * gathered                  # first MLP matmul input (norm 2 output)
-    total += sb * f * e * shard * (4 if shapes.swiglu else 2)   # SwiGLU: gate, SiLU, up, product; GeLU: in, out
+    total += sb * h * e * rep  # norm 2 input
+    total += sb * h * e * gathered  # first MLP matmul input (norm 2 output)
+    total += sb * f * e * shard * (4 if shapes.swiglu else 2)  # SwiGLU: gate, SiLU, up, product; GeLU: in, out
     if conv.dropout:
-        total += sb * h * MASK_BYTES * rep          # dropout mask after the MLP
+        total += sb * h * MASK_BYTES * rep  # dropout mask after the MLP
     return total
 
 
@@ -199,8 +208,9 @@ def ids_bytes(seq: int, mbs: int) -> float:
 CAPACITY_FACTOR = 1.25
 
 
-def moe_mlp_bytes(model: ModelSpec, seq: int, mbs: int, elem_bytes: int, ep: int, ac: str,
-                  capacity: float = CAPACITY_FACTOR) -> float:
+def moe_mlp_bytes(
+    model: ModelSpec, seq: int, mbs: int, elem_bytes: int, ep: int, ac: str, capacity: float = CAPACITY_FACTOR
+) -> float:
     """What one MoE block's MLP part keeps for backward, per micro-batch, on one rank (the runtime
     runs it whole on the whole sequence under TP, see runtime/moe.py), in place of a dense MLP's:
 

@@ -39,8 +39,12 @@ class Collective:
     seconds_per_step: float
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "dim": self.dim, "bytes_per_step": int(round(self.bytes_per_step)),
-                "count_per_step": self.count_per_step}
+        return {
+            "kind": self.kind,
+            "dim": self.dim,
+            "bytes_per_step": int(round(self.bytes_per_step)),
+            "count_per_step": self.count_per_step,
+        }
 
 
 def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) -> float:

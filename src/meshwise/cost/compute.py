@@ -59,7 +59,9 @@ def model_flops(model: ModelSpec, seq: int, tokens: float) -> float:
     """Model FLOPs for ``tokens`` tokens (6*N*tokens plus attention, for a model with a known shape)."""
     if model.states_only:
         return 6.0 * model.params * tokens
-    return 3.0 * tokens * (model.layers * block_forward_flops_per_token(model, seq) + head_forward_flops_per_token(model))
+    return (
+        3.0 * tokens * (model.layers * block_forward_flops_per_token(model, seq) + head_forward_flops_per_token(model))
+    )
 
 
 def hardware_flops(model: ModelSpec, seq: int, tokens: float, ac: str) -> float:

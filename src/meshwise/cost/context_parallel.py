@@ -85,8 +85,9 @@ def ring_bytes(model: ModelSpec, local: TrainSpec, layout: Layout) -> float:
     return 2 * kv * local.activation_bytes + 2 * kv * 4
 
 
-def cp_collectives(model: ModelSpec, local: TrainSpec, layout: Layout, shape, m: int,
-                    cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+def cp_collectives(
+    model: ModelSpec, local: TrainSpec, layout: Layout, shape, m: int, cluster: ClusterSpec
+) -> tuple[list[Collective], list[Collective]]:
     """(K/V sends, dK/dV sends) of the cp ring for one rank (a memory.RankShape) and step, per block and micro-batch
     (meshwise.runtime.context_parallel): forward cp-1 K/V blocks (again under recompute, full or selective),
     backward cp-1 K/V blocks and cp float32 dK/dV accumulators; each K/V block is ``T * 2kv/t * e``
@@ -129,8 +130,9 @@ def cp_dim(dim: str, layout: Layout) -> str:
     return "cp" if layout.shard == 1 else "dp_shard_cp"
 
 
-def cp_exposed(model: ModelSpec, train: TrainSpec, kv_ops: list[Collective], grad_ops: list[Collective],
-                compute_s: float) -> float:
+def cp_exposed(
+    model: ModelSpec, train: TrainSpec, kv_ops: list[Collective], grad_ops: list[Collective], compute_s: float
+) -> float:
     """Seconds of the cp ring on the critical path: K/V sends beyond the attention share of the
     rank's compute (``4sh / (2 P_block + 4sh)`` of a block's FLOPs), and every dK/dV send."""
     if not kv_ops:
@@ -144,7 +146,7 @@ def cp_exposed(model: ModelSpec, train: TrainSpec, kv_ops: list[Collective], gra
 def ring_scores_per_step(model: ModelSpec, local: TrainSpec, layout: Layout) -> float:
     """Score elements one ring step computes on one rank: ``mbs * heads / tp * (s/cp)^2``, the local
     queries of every local head against one K/V block (``local`` is :func:`local_train`'s)."""
-    return layout.mbs * model.heads / layout.tp * local.seq_len ** 2
+    return layout.mbs * model.heads / layout.tp * local.seq_len**2
 
 
 def ring_kernel_seconds(model: ModelSpec, accel, local: TrainSpec, layout: Layout, blocks: int, m: int) -> float:

@@ -72,7 +72,7 @@ class StageParts(NamedTuple):
     tp_ops: list[Collective]
     pp_ops: list[Collective]
     ep_ops: list[Collective]
-    kv_ops: list[Collective]      # cp K/V
+    kv_ops: list[Collective]  # cp K/V
     cp_grad_ops: list[Collective]  # cp dK/dV
 
 
@@ -87,8 +87,14 @@ class StepTime:
     moe_block_s: tuple[tuple[str, float], ...] = ()  # the slowest rank's MoE parts per step (moe_block.step_parts)
 
     def as_json(self) -> dict:
-        out = {"step_s": self.step_s, "compute_s": self.compute_s, "comm_exposed_s": self.comm_exposed_s,
-               "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s, "fixed_s": self.fixed_s}
+        out = {
+            "step_s": self.step_s,
+            "compute_s": self.compute_s,
+            "comm_exposed_s": self.comm_exposed_s,
+            "bubble_s": self.bubble_s,
+            "optimizer_s": self.optimizer_s,
+            "fixed_s": self.fixed_s,
+        }
         if self.moe_block_s:
             out["moe_block_s"] = dict(self.moe_block_s)
         return out
@@ -99,10 +105,10 @@ class Estimate:
     layout: Layout
     global_batch: int
     fits: bool
-    memory: Memory                 # the largest rank
+    memory: Memory  # the largest rank
     rank_memory: tuple[Memory, ...]  # one per distinct pipeline rank (memory.rank_shapes)
     time: StepTime
-    comm: tuple[Collective, ...]   # the slowest pipeline rank's collectives
+    comm: tuple[Collective, ...]  # the slowest pipeline rank's collectives
     tokens_per_s: float
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
@@ -112,16 +118,24 @@ class Estimate:
 
     def as_json(self) -> dict:
         ranks = [{"pp_ranks": list(p), **mm.as_json()} for p, mm in zip(self.rank_pp, self.rank_memory)]
-        return {"layout": self.layout.to_json(self.global_batch), "fits": self.fits,
-                "memory": self.memory.as_json(), **({"rank_memory": ranks} if ranks else {}),
-                "time": self.time.as_json(),
-                "comm": [c.as_json() for c in self.comm], "tokens_per_s": self.tokens_per_s,
-                "model_tflops_per_gpu": self.model_tflops_per_gpu,
-                "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu}
+        return {
+            "layout": self.layout.to_json(self.global_batch),
+            "fits": self.fits,
+            "memory": self.memory.as_json(),
+            **({"rank_memory": ranks} if ranks else {}),
+            "time": self.time.as_json(),
+            "comm": [c.as_json() for c in self.comm],
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+        }
 
 
-def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    cluster: ClusterSpec) -> list[Collective]:
+def _tp_collectives(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+) -> list[Collective]:
     """Per micro-batch, as the runtime issues them (docs/runtime.md; Korthikanti et al. 2022 Sec. 4.2):
 
     sp off: 2 all-reduces of ``T h e`` per block forward and 2 backward, 1 for the head's input
@@ -179,15 +193,23 @@ def _tp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     return out
 
 
-def _dp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+def _dp_collectives(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+) -> tuple[list[Collective], list[Collective]]:
     """Data parallelism's collectives, over dp x cp under context parallelism (``context``)."""
     per_mb, per_step = _dp_collectives_of(model, train, weights_layout(layout), shape, m, cluster)
     return cp_named(per_mb, layout), cp_named(per_step, layout)
 
 
-def _dp_exposed_s(train: TrainSpec, accel: AcceleratorSpec, layout: Layout, shape: RankShape, m: int, compute_s: float,
-                  dp_ops: tuple[list[Collective], list[Collective]]) -> float:
+def _dp_exposed_s(
+    train: TrainSpec,
+    accel: AcceleratorSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    compute_s: float,
+    dp_ops: tuple[list[Collective], list[Collective]],
+) -> float:
     """Seconds of the rank's data-parallel collectives (``dp_ops``: per micro-batch, per step) on the
     critical path: per micro-batch beside that micro-batch's compute (when the runtime overlaps), the
     per-step reductions beside the backward, the per-step gathers beside the forward under Megatron's
@@ -208,8 +230,9 @@ def _dp_exposed_s(train: TrainSpec, accel: AcceleratorSpec, layout: Layout, shap
     return dp_s
 
 
-def lower_bound_with_dp_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                          stage_cache: dict | None = None) -> float:
+def lower_bound_with_dp_s(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
+) -> float:
     """:func:`lower_bound_step_s`'s tighter bound with the data-parallel collectives' exposed seconds
     added as :func:`estimate` adds them: every part of the step but the host work beside the kernels
     (FSDP2's, the gradient sums'), the optimizer and the fixed seconds (all >= 0), so it is below the
@@ -221,31 +244,60 @@ def lower_bound_with_dp_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     busy_s, stages = [], []
     for shape in memory.rank_shapes(model, layout):
         st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
-        dp_s = _dp_exposed_s(train, cluster.accelerator, layout, shape, m, st.compute_s,
-                             _dp_of(stage_cache, model, train, layout, shape, m, cluster))
+        dp_s = _dp_exposed_s(
+            train,
+            cluster.accelerator,
+            layout,
+            shape,
+            m,
+            st.compute_s,
+            _dp_of(stage_cache, model, train, layout, shape, m, cluster),
+        )
         busy_s.append(st.compute_s + st.tp_s + st.pp_s + dp_s + st.cp_s)
         stages.append(st.compute_s + st.tp_s + st.cp_s)
-    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages,
-                                         _shape_counts(stage_cache, model, layout))
+    return max(busy_s) + _bubble_seconds(
+        model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout)
+    )
 
 
-def _dp_of(cache: dict | None, model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-           cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+def _dp_of(
+    cache: dict | None,
+    model: ModelSpec,
+    train: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    cluster: ClusterSpec,
+) -> tuple[list[Collective], list[Collective]]:
     """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
     reads: every layout field but mbs (only through ``m``), ac and sp, and the rank's pipeline position.
     The lists are shared: callers only read them."""
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
-    key = ("dp", layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule,
-           layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    key = (
+        "dp",
+        layout.dp,
+        layout.zero,
+        layout.shard,
+        layout.cp,
+        layout.tp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.ep,
+        shape.pp_rank,
+        shape.chunk_blocks,
+        m,
+    )
     found = cache.get(key)
     if found is None:
         found = cache[key] = _dp_collectives(model, train, layout, shape, m, cluster)
     return found
 
 
-def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                       cluster: ClusterSpec) -> tuple[list[Collective], list[Collective]]:
+def _dp_collectives_of(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+) -> tuple[list[Collective], list[Collective]]:
     """(per-micro-batch collectives, per-step collectives) of data parallelism for one rank, one call
     per FSDP2 unit (docs/runtime.md):
 
@@ -268,10 +320,14 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     torch_evicts = memory.evicts_chunks(layout) and train.runtime != "megatron"
     regathered = _regathered(model, layout, shape, m) if torch_evicts else (0.0, 0)
     # per-tensor float8 gathers the linear layers (all but the model's ends) in float8 (cost/fp8.py)
-    gather = fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0) \
-        if train.fp8 else None
-    per_mb, per_step = _dp_ops(train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered,
-                               gather)
+    gather = (
+        fp8.gather_bytes_per_param(train, 1 - shape.root_params / shape.params if shape.params else 0.0)
+        if train.fp8
+        else None
+    )
+    per_mb, per_step = _dp_ops(
+        train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered, gather
+    )
     if not experts:
         return per_mb, per_step
     moe_units = round(experts / (model.expert_params / model.moe_layers))
@@ -280,9 +336,18 @@ def _dp_collectives_of(model: ModelSpec, train: TrainSpec, layout: Layout, shape
     folded = layout.ep_folds_tp
     # Megatron's expert TP (its default: the TP size) holds 1/tp of each expert on a rank (cost/moe_block.py)
     expert_tp = layout.tp if train.runtime == "megatron" and not folded else 1
-    e_mb, e_step = _dp_ops(train, layout, m, cluster, shape.expert_params / (layout.ep * expert_tp), moe_units,
-                           layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep,
-                           gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None)
+    e_mb, e_step = _dp_ops(
+        train,
+        layout,
+        m,
+        cluster,
+        shape.expert_params / (layout.ep * expert_tp),
+        moe_units,
+        layout.expert_dp,
+        "edp",
+        layout.ep if folded else layout.tp * layout.ep,
+        gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None,
+    )
     return per_mb + e_mb, per_step + e_step
 
 
@@ -299,9 +364,15 @@ def _regathered(model: ModelSpec, layout: Layout, shape: RankShape, m: int) -> t
         embedding, head = shape.has_embedding and j == 0, shape.has_head and j == last
         root = shape.root_params if (embedding or head) else 0.0
         chunk = dataclasses.replace(
-            shape, chunk_blocks=(blocks,), has_embedding=embedding, has_head=head, root_params=root,
-            params=blocks * shape.block_params + root, root_units=int(bool(root)),
-            expert_params=shape.expert_params * blocks / max(shape.blocks, 1))
+            shape,
+            chunk_blocks=(blocks,),
+            has_embedding=embedding,
+            has_head=head,
+            root_params=root,
+            params=blocks * shape.block_params + root,
+            root_units=int(bool(root)),
+            expert_params=shape.expert_params * blocks / max(shape.blocks, 1),
+        )
         experts = chunk.expert_params if layout.ep > 1 else 0.0
         params += (n - 1) * (chunk.params - experts + fsdp_padding(model, layout, chunk))
         units += (n - 1) * chunk.units
@@ -338,7 +409,9 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
         if model.qkv_bias:
             attention += _padding(q / t, 1, n) + 2 * _padding(kv / t, 1, n)
     norm_elems = 2 if model.norm == "layernorm" else 1
-    norms = model.norms_per_layer * _padding(h, norm_elems, n) + (2 * _padding(model.head_dim, 1, n) if model.qk_norm else 0)
+    norms = model.norms_per_layer * _padding(h, norm_elems, n) + (
+        2 * _padding(model.head_dim, 1, n) if model.qk_norm else 0
+    )
     gated = model.mlp != "gelu"
     dense_mlp = (1 + gated) * _padding(model.ffn_hidden / t, h, n) + _padding(h, model.ffn_hidden / t, n)
     moe_mlp = _padding(model.experts, h, n)
@@ -351,15 +424,31 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
     moe_blocks = round(shape.expert_params / (model.expert_params / model.moe_layers)) if model.moe else 0
     out = shape.blocks * (attention + norms) + (shape.blocks - moe_blocks) * dense_mlp + moe_blocks * moe_mlp
     if shape.has_embedding:
-        out += _padding(model.vocab / t if model.tied_embeddings and t > 1 else model.vocab, h / (1 if model.tied_embeddings else t), n)
+        out += _padding(
+            model.vocab / t if model.tied_embeddings and t > 1 else model.vocab,
+            h / (1 if model.tied_embeddings else t),
+            n,
+        )
     if shape.has_head:
-        out += _padding(h, norm_elems, n) + (_padding(model.vocab / t, h, n) if not (model.tied_embeddings and shape.has_embedding) else 0.0)
+        out += _padding(h, norm_elems, n) + (
+            _padding(model.vocab / t, h, n) if not (model.tied_embeddings and shape.has_embedding) else 0.0
+        )
     return out
 
 
-def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, params: float, units: int, n: int,
-            dim: str, stride: int, regathered: tuple[float, int] = (0.0, 0), gather_bytes: float | None = None
-            ) -> tuple[list[Collective], list[Collective]]:
+def _dp_ops(
+    train: TrainSpec,
+    layout: Layout,
+    m: int,
+    cluster: ClusterSpec,
+    params: float,
+    units: int,
+    n: int,
+    dim: str,
+    stride: int,
+    regathered: tuple[float, int] = (0.0, 0),
+    gather_bytes: float | None = None,
+) -> tuple[list[Collective], list[Collective]]:
     """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
     under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered);
     ``gather_bytes``: bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
@@ -379,18 +468,24 @@ def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, para
             weight = (params + regathered[0]) * gather_bytes / (units + regathered[1])
             gathers_step = units + regathered[1]
         per_mb: list[Collective] = []
-        per_step = [comm.collective("all_gather", dim, n, weight, gathers_step, link),
-                    comm.collective("reduce_scatter", dim, n, grad, units, link)]
+        per_step = [
+            comm.collective("all_gather", dim, n, weight, gathers_step, link),
+            comm.collective("reduce_scatter", dim, n, grad, units, link),
+        ]
         reductions, target = 1, per_step
     elif layout.zero == 1:
         per_mb = []
-        per_step = [comm.collective("all_gather", dim, n, weight, units, link),
-                    comm.collective("reduce_scatter", dim, n, grad, units, link)]
+        per_step = [
+            comm.collective("all_gather", dim, n, weight, units, link),
+            comm.collective("reduce_scatter", dim, n, grad, units, link),
+        ]
         reductions, target = 1, per_step
     else:
         gathers = 2 if layout.zero == 3 else 1
-        per_mb = [comm.collective("all_gather", dim, n, weight, gathers * units * m, link),
-                  comm.collective("reduce_scatter", dim, n, grad, units * m, link)]
+        per_mb = [
+            comm.collective("all_gather", dim, n, weight, gathers * units * m, link),
+            comm.collective("reduce_scatter", dim, n, grad, units * m, link),
+        ]
         per_step, reductions, target = [], m, per_mb
     if n == 1:
         target.clear()
@@ -400,8 +495,9 @@ def _dp_ops(train: TrainSpec, layout: Layout, m: int, cluster: ClusterSpec, para
     return per_mb, per_step
 
 
-def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    cluster: ClusterSpec) -> list[Collective]:
+def _pp_collectives(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+) -> list[Collective]:
     """Per micro-batch, every chunk boundary that crosses ranks carries the activations forward and
     their gradient back (``T h e``, the local sequence shard under SP): this rank sends
     ``shape.sends_per_mb`` messages and receives as many."""
@@ -410,8 +506,10 @@ def _pp_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: R
     link = cluster.link_for(2, layout.tp * layout.cp * layout.dp)
     message = train.seq_len * layout.mbs * model.hidden * train.activation_bytes / (layout.tp if layout.sp else 1)
     sends = m * shape.sends_per_mb
-    return [comm.collective("send", "pp", 2, message, sends, link),
-            comm.collective("recv", "pp", 2, message, sends, link)]
+    return [
+        comm.collective("send", "pp", 2, message, sends, link),
+        comm.collective("recv", "pp", 2, message, sends, link),
+    ]
 
 
 def world_dim(layout: Layout) -> str:
@@ -434,16 +532,24 @@ def _world_collectives(layout: Layout, cluster: ClusterSpec) -> list[Collective]
     return [comm.collective("all_reduce", world_dim(layout), n, 8, 2, cluster.link_for(n, 1))]
 
 
-def rank_collectives(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                     shape: RankShape) -> list[Collective]:
+def rank_collectives(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
+) -> list[Collective]:
     """Every collective one rank of ``shape`` issues in a step, summed per kind and mesh dimension."""
     m = layout.accum(train.global_batch)
     local = local_train(train, layout)
     per_mb, per_step = _dp_collectives(model, train, layout, shape, m, cluster)
     kv, grads = cp_collectives(model, local, layout, shape, m, cluster)
-    return _merge(per_mb + per_step + _tp_collectives(model, local, layout, shape, m, cluster) + kv + grads
-                  + experts.ep_collectives(model, local, layout, shape, m, cluster)
-                  + _pp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster))
+    return _merge(
+        per_mb
+        + per_step
+        + _tp_collectives(model, local, layout, shape, m, cluster)
+        + kv
+        + grads
+        + experts.ep_collectives(model, local, layout, shape, m, cluster)
+        + _pp_collectives(model, local, layout, shape, m, cluster)
+        + _world_collectives(layout, cluster)
+    )
 
 
 def _merge(ops: list[Collective]) -> list[Collective]:
@@ -453,8 +559,13 @@ def _merge(ops: list[Collective]) -> list[Collective]:
         key = (op.kind, op.dim)
         if key in merged:
             prev = merged[key]
-            op = Collective(op.kind, op.dim, prev.bytes_per_step + op.bytes_per_step,
-                            prev.count_per_step + op.count_per_step, prev.seconds_per_step + op.seconds_per_step)
+            op = Collective(
+                op.kind,
+                op.dim,
+                prev.bytes_per_step + op.bytes_per_step,
+                prev.count_per_step + op.count_per_step,
+                prev.seconds_per_step + op.seconds_per_step,
+            )
         merged[key] = op
     return list(merged.values())
 
@@ -495,8 +606,9 @@ def _efficiency(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float
     return accel.efficiency_max if model.states_only else accel.efficiency(model.hidden)
 
 
-def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                    shape: RankShape) -> float:
+def compute_seconds(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
+) -> float:
     """Seconds of one step's FLOPs on one rank of ``shape``, at the calibrated efficiency, plus the
     host time of launching its operators and, on CPU ranks, its memory-bound bytes over the copy
     bandwidth (cost/host.py; both 0 on GPU profiles)."""
@@ -512,7 +624,8 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
         flops = 6.0 * shape.params * tokens_mb * m
     else:
         blocks_fwd = shape.blocks * compute.tp_rank_flops_per_token(
-            model, train.seq_len, layout.tp, compute.tp_divides_moe(layout.ep_folds_tp, train.runtime))
+            model, train.seq_len, layout.tp, compute.tp_divides_moe(layout.ep_folds_tp, train.runtime)
+        )
         head_fwd = compute.head_forward_flops_per_token(model) if shape.has_head else 0.0
         flops = tokens_mb * m * (compute.recompute_factor(layout.ac) * blocks_fwd + 3 * head_fwd / layout.tp)
     # the attention kernels timed on their own (cost/context_parallel.py, cost/host.py) hold the attention core
@@ -521,18 +634,34 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     else:
         ring_s = host.sdpa_seconds(model, accel, train.seq_len, layout.mbs, layout.tp, layout.ac, shape.blocks, m)
     if ring_s:
-        flops -= (tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks
-                  * compute.attention_core_flops_per_token(model, train.seq_len) / layout.tp)
+        flops -= (
+            tokens_mb
+            * m
+            * compute.recompute_factor(layout.ac)
+            * shape.blocks
+            * compute.attention_core_flops_per_token(model, train.seq_len)
+            / layout.tp
+        )
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
     launch_s = memory_s = 0.0
     if not model.states_only:
-        launch_s = (host.host_seconds(accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m,
-                                      layout.tp, layout.sp)
-                    + host.split_backward_seconds(accel, layout.schedule, layout.pp, shape.blocks, m))
+        launch_s = host.host_seconds(
+            accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp, layout.sp
+        ) + host.split_backward_seconds(accel, layout.schedule, layout.pp, shape.blocks, m)
     if not model.states_only and host.is_host_bound(accel):
-        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp,
-                                             layout.sp, layout.ac, shape.blocks, shape.has_embedding,
-                                             shape.has_head, m)
+        memory_s = host.memory_bound_seconds(
+            model,
+            accel,
+            local_train(train, layout),
+            layout.mbs,
+            layout.tp,
+            layout.sp,
+            layout.ac,
+            shape.blocks,
+            shape.has_embedding,
+            shape.has_head,
+            m,
+        )
     share = host.core_share(accel, cluster.gpus_per_node)
     eff = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
     fp8_s = 0.0
@@ -545,30 +674,68 @@ def compute_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
 
 
-def _op_model_blocks_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout,
-                       shape: RankShape) -> float:
+def _op_model_blocks_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape
+) -> float:
     """kernels.rank_seconds of the rank: one micro-batch, every block (less a mixture of experts' MLPs)
     and the model's ends, on the op model."""
-    return kernels.rank_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp, layout.sp, layout.ac,
-                                shape.blocks, shape.has_embedding, shape.has_head, layout.cp)
+    return kernels.rank_seconds(
+        model,
+        accel,
+        local_train(train, layout),
+        layout.mbs,
+        layout.tp,
+        layout.sp,
+        layout.ac,
+        shape.blocks,
+        shape.has_embedding,
+        shape.has_head,
+        layout.cp,
+    )
 
 
-def _op_model_mlps_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout,
-                     shape: RankShape) -> float:
+def _op_model_mlps_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape
+) -> float:
     """moe_block.rank_mlp_seconds of the rank: one micro-batch of a mixture of experts' MLPs."""
-    return moe_block.rank_mlp_seconds(model, accel, local_train(train, layout), layout.mbs, layout.tp, layout.ep,
-                                      layout.ep_folds_tp, layout.ac, shape.blocks,
-                                      moe_block.moe_blocks_of(model, shape.expert_params))
+    return moe_block.rank_mlp_seconds(
+        model,
+        accel,
+        local_train(train, layout),
+        layout.mbs,
+        layout.tp,
+        layout.ep,
+        layout.ep_folds_tp,
+        layout.ac,
+        shape.blocks,
+        moe_block.moe_blocks_of(model, shape.expert_params),
+    )
 
 
-def _moe_split(model: ModelSpec, accel: AcceleratorSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int,
-               ops: list[Collective]) -> tuple[tuple[str, float], ...]:
+def _moe_split(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    local: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    ops: list[Collective],
+) -> tuple[tuple[str, float], ...]:
     """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model, else none."""
     if not model.moe or model.states_only or not accel.has_op_model:
         return ()
     a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
-    return moe_block.step_parts(model, accel, local, layout.mbs, layout.tp, layout.ep, layout.ep_folds_tp,
-                                moe_block.moe_blocks_of(model, shape.expert_params) * m, a2a_s)
+    return moe_block.step_parts(
+        model,
+        accel,
+        local,
+        layout.mbs,
+        layout.tp,
+        layout.ep,
+        layout.ep_folds_tp,
+        moe_block.moe_blocks_of(model, shape.expert_params) * m,
+        a2a_s,
+    )
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
@@ -586,8 +753,14 @@ def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: Rank
     return m * shape.blocks * flops, m * shape.blocks * casts
 
 
-def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                       compute_only: bool = False, stage_cache: dict | None = None) -> float:
+def lower_bound_step_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    compute_only: bool = False,
+    stage_cache: dict | None = None,
+) -> float:
     """A step no shorter than :func:`estimate`'s, without its data-parallel collectives (their exposed
     seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
     bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
@@ -612,8 +785,9 @@ def lower_bound_step_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
 
 
-def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                          stage_cache: dict | None = None) -> float:
+def lower_bound_experts_s(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
+) -> float:
     """Between :func:`lower_bound_step_s`'s compute-only bound and its tighter one, for a mixture of
     experts: the slowest rank's compute plus its expert-parallel collectives (experts.ep_collectives,
     on the critical path), plus the bubble over the mean compute. The tighter bound adds the same
@@ -630,31 +804,58 @@ def lower_bound_experts_s(model: ModelSpec, cluster: ClusterSpec, train: TrainSp
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return max(times) + bubble_s
     local = local_train(train, layout)
-    ep_s = [experts.exposed_s(experts.ep_collectives(model, local, layout, s, m, cluster), t, train)
-            for s, t in zip(shapes, times)]
+    ep_s = [
+        experts.exposed_s(experts.ep_collectives(model, local, layout, s, m, cluster), t, train)
+        for s, t in zip(shapes, times)
+    ]
     return max(t + e for t, e in zip(times, ep_s)) + bubble_s
 
 
-def _stage_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec,
-              layout: Layout, shape: RankShape, m: int) -> StageParts:
+def _stage_of(
+    cache: dict | None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    local: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
     as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
     whether ep is folded over tp (Layout.ep_folds_tp),
     so a structure's sharding groups mostly share it."""
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
-    key = (layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-           layout.ep_folds_tp, layout.zero >= 2, layout.dp, shape.pp_rank, shape.chunk_blocks,
-           # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
-           layout.replicate > 1 and layout.shard > 1, layout.replicate == 1, layout.zero == 0)
+    key = (
+        layout.tp,
+        layout.sp,
+        layout.cp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.mbs,
+        layout.ac,
+        layout.ep,
+        layout.ep_folds_tp,
+        layout.zero >= 2,
+        layout.dp,
+        shape.pp_rank,
+        shape.chunk_blocks,
+        # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
+        layout.replicate > 1 and layout.shard > 1,
+        layout.replicate == 1,
+        layout.zero == 0,
+    )
     found = cache.get(key)
     if found is None:
         found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m, cache)
     return found
 
 
-def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                shape: RankShape) -> float:
+def _compute_of(
+    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
+) -> float:
     """:func:`compute_seconds`, kept in ``cache`` (when given; :func:`_stage_of`'s, under keys of their
     own) by the fields it reads: dp and mbs (the micro-batch count), tp, sp, ac, cp, and the rank's
     blocks, model ends and (for a bare parameter count) parameters, and the schedule only as
@@ -666,37 +867,77 @@ def _compute_of(cache: dict | None, model: ModelSpec, cluster: ClusterSpec, trai
         return compute_seconds(model, cluster, train, layout, shape)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:  # compute_seconds' op-model path, its parts cached apart
-        key = ("blocks", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, shape.blocks, shape.has_embedding,
-               shape.has_head)
+        key = (
+            "blocks",
+            layout.tp,
+            layout.sp,
+            layout.cp,
+            layout.mbs,
+            layout.ac,
+            shape.blocks,
+            shape.has_embedding,
+            shape.has_head,
+        )
         total = cache.get(key)
         if total is None:
             total = cache[key] = _op_model_blocks_s(model, accel, train, layout, shape)
         if model.moe:
-            key = ("mlps", layout.tp, layout.cp, layout.mbs, layout.ac, shape.blocks, shape.expert_params, layout.ep,
-                   layout.ep_folds_tp)
+            key = (
+                "mlps",
+                layout.tp,
+                layout.cp,
+                layout.mbs,
+                layout.ac,
+                shape.blocks,
+                shape.expert_params,
+                layout.ep,
+                layout.ep_folds_tp,
+            )
             mlps = cache.get(key)
             if mlps is None:
                 mlps = cache[key] = _op_model_mlps_s(model, accel, train, layout, shape)
             total += mlps
         return layout.accum(train.global_batch) * total
-    key = ("compute", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp, shape.blocks,
-           shape.has_embedding, shape.has_head, shape.params, layout.ep > 1 and layout.ep_folds_tp,
-           layout.schedule == "zero-bubble" and layout.pp > 1, layout.ep if model.moe else 1)
+    key = (
+        "compute",
+        layout.tp,
+        layout.sp,
+        layout.cp,
+        layout.mbs,
+        layout.ac,
+        layout.dp,
+        shape.blocks,
+        shape.has_embedding,
+        shape.has_head,
+        shape.params,
+        layout.ep > 1 and layout.ep_folds_tp,
+        layout.schedule == "zero-bubble" and layout.pp > 1,
+        layout.ep if model.moe else 1,
+    )
     found = cache.get(key)
     if found is None:
         found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
     return found
 
 
-def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, local: TrainSpec, layout: Layout,
-                   shape: RankShape, m: int, cache: dict | None = None) -> StageParts:
+def _stage_seconds(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    local: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    cache: dict | None = None,
+) -> StageParts:
     """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s); its compute holds the
     pipeline schedule's own host work per stage call (cost/host.py ``pipeline_call_seconds``)."""
     accel = cluster.accelerator
     compute_s = _compute_of(cache, model, cluster, train, layout, shape)
     if accel.pp_call_s and not model.states_only:  # 0 without pp (host.pipeline_call_seconds)
-        compute_s += (host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m)
-                      * host.core_share(accel, cluster.gpus_per_node))
+        compute_s += host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m) * host.core_share(
+            accel, cluster.gpus_per_node
+        )
     tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
     pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
     ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
@@ -708,8 +949,15 @@ def _stage_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, loc
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
 
-def _bubble_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, m: int,
-                    stages: list[float], counts: tuple[int, ...]) -> float:
+def _bubble_seconds(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    m: int,
+    stages: list[float],
+    counts: tuple[int, ...],
+) -> float:
     """The schedule's bubble fraction of the mean stage's seconds, plus one P2P latency per stage
     boundary crossed while filling and draining."""
     mean_stage_s = sum(c * t for c, t in zip(counts, stages)) / sum(counts)
@@ -719,13 +967,16 @@ def _bubble_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, la
     return bubble_s
 
 
-def optimizer_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                      shapes: tuple[RankShape, ...]) -> float:
+def optimizer_seconds(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shapes: tuple[RankShape, ...]
+) -> float:
     """The optimizer step of the busiest rank (memory-bound; on CPU ranks plus its operator launches),
     times the ranks per core. Reads zero only as ``zero >= 1``."""
     accel = cluster.accelerator
-    local_opt_params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 1
-                           else memory.held(s.params, s.expert_params, layout) for s in shapes)
+    local_opt_params = max(
+        s.params / (layout.shard * layout.cp) if layout.zero >= 1 else memory.held(s.params, s.expert_params, layout)
+        for s in shapes
+    )
     opt_bytes = local_opt_params * (2 * train.optimizer_bytes + 2 * train.weight_bytes + train.grad_bytes)
     optimizer_s = opt_bytes / accel.hbm_bytes_per_s
     if host.is_host_bound(accel) and accel.dram_bytes_per_s:  # CPU ranks: DRAM, then the cache (cost/host.py)
@@ -747,8 +998,9 @@ def _fsdp_host_s(model: ModelSpec, accel: AcceleratorSpec, dp_ops: list[Collecti
     return copies + host.fsdp_host_seconds(accel, dp_ops, tensors, shape.units)
 
 
-def _accumulation_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape,
-                    m: int) -> float:
+def _accumulation_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+) -> float:
     """The rank's gradient sums over its micro-batches on host-bound (CPU) ranks (cost/host.py
     ``grad_accumulation_seconds``): of its gradient shards where FSDP2 reduces each micro-batch's
     gradients as computed (ZeRO-2/3 without PP, _dp_collectives_of), else of the gradients it holds
@@ -756,22 +1008,30 @@ def _accumulation_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, 
     if model.states_only or not host.is_host_bound(accel) or m < 2:
         return 0.0
     sharded = fsdp_wrapped(layout) and layout.zero >= 2 and layout.pp == 1
-    grads = shape.params / (layout.shard * layout.cp) if sharded else memory.held(shape.params, shape.expert_params, layout)
+    grads = (
+        shape.params / (layout.shard * layout.cp) if sharded else memory.held(shape.params, shape.expert_params, layout)
+    )
     return host.grad_accumulation_seconds(accel, grads, train.grad_bytes, m)
 
 
-def fixed_seconds(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-                  shapes: tuple[RankShape, ...]) -> float:
+def fixed_seconds(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shapes: tuple[RankShape, ...]
+) -> float:
     """The step's fixed work on the busiest rank, times the ranks per core: on CPU ranks
     cost/host.py ``fixed_host_seconds``; 0 on GPU profiles."""
     accel = cluster.accelerator
     if model.states_only or not host.is_host_bound(accel):
         return 0.0
     tensors = max(host.parameter_tensors(model, s.blocks, s.has_embedding, s.has_head) for s in shapes)
-    params = max(s.params / (layout.shard * layout.cp) if layout.zero >= 2  # the local gradients
-                 else memory.held(s.params, s.expert_params, layout) for s in shapes)
-    return host.fixed_host_seconds(accel, tensors, dtensor_parameters(layout), params, train.grad_bytes) \
-        * host.core_share(accel, cluster.gpus_per_node)
+    params = max(
+        s.params / (layout.shard * layout.cp)
+        if layout.zero >= 2  # the local gradients
+        else memory.held(s.params, s.expert_params, layout)
+        for s in shapes
+    )
+    return host.fixed_host_seconds(
+        accel, tensors, dtensor_parameters(layout), params, train.grad_bytes
+    ) * host.core_share(accel, cluster.gpus_per_node)
 
 
 def _shape_counts(cache: dict | None, model: ModelSpec, layout: Layout) -> tuple[int, ...]:
@@ -799,9 +1059,15 @@ def _tp_exposed(tp_s: float, compute_s: float, train: TrainSpec, layout: Layout)
     return max(tp_s - compute_s, tp_s / layout.tp)
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout,
-             headroom: float = DEFAULT_HEADROOM, stage_cache: dict | None = None,
-             memories: tuple[Memory, ...] | None = None) -> Estimate:
+def estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    headroom: float = DEFAULT_HEADROOM,
+    stage_cache: dict | None = None,
+    memories: tuple[Memory, ...] | None = None,
+) -> Estimate:
     """Estimate one (already validated) layout (``stage_cache``: a plan's per-rank memo, cost/plan_cache.py's
     ``PlanCache.stages``, shared with :func:`lower_bound_step_s` over one model, cluster and setting;
     ``memories``: :func:`rank_memories`' answer for the layout where the caller has it, as the search
@@ -823,19 +1089,28 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
         dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
         dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
         # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
-        beside_s = share * (_fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
-                            + _accumulation_s(model, accel, train, layout, shape, m))
+        beside_s = share * (
+            _fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+            + _accumulation_s(model, accel, train, layout, shape, m)
+        )
         busy = compute_s + beside_s + tp_s + pp_s + dp_s + cp_s
         stages.append(compute_s + tp_s + cp_s)
         if worst is None or busy > worst[0]:
-            worst = (busy, compute_s + beside_s, tp_s, pp_s + dp_s + cp_s, shape,
-                     _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops))
+            worst = (
+                busy,
+                compute_s + beside_s,
+                tp_s,
+                pp_s + dp_s + cp_s,
+                shape,
+                _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops),
+            )
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
     if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
-        skew_s = host.sync_skew_seconds(accel, cluster.gpus_per_node, compute_s / share,
-                                        sum(op.count_per_step for op in ops if op.kind != "recv"))
+        skew_s = host.sync_skew_seconds(
+            accel, cluster.gpus_per_node, compute_s / share, sum(op.count_per_step for op in ops if op.kind != "recv")
+        )
         busy, other_comm_s = busy + skew_s, other_comm_s + skew_s
     if share > 1 and bubble_s > 0:
         # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
@@ -857,11 +1132,25 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: L
     hw_tflops = hw_flops / (world * step_s) / 1e12
     largest = max(mems, key=lambda mm: mm.total)
     return Estimate(
-        layout=layout, global_batch=train.global_batch,
+        layout=layout,
+        global_batch=train.global_batch,
         fits=fits(largest.total, cluster, headroom),
-        memory=largest, rank_memory=mems,
-        time=StepTime(step_s, compute_s, tp_s + other_comm_s, bubble_s, optimizer_s, fixed_s,
-                      _moe_split(model, accel, local, layout, shape, m, ops)),
-        comm=tuple(ops), tokens_per_s=tokens / step_s,
-        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops,
-        mfu=model_tflops * 1e12 / peak, hfu=hw_tflops * 1e12 / peak, rank_pp=memory.rank_groups(model, layout))
+        memory=largest,
+        rank_memory=mems,
+        time=StepTime(
+            step_s,
+            compute_s,
+            tp_s + other_comm_s,
+            bubble_s,
+            optimizer_s,
+            fixed_s,
+            _moe_split(model, accel, local, layout, shape, m, ops),
+        ),
+        comm=tuple(ops),
+        tokens_per_s=tokens / step_s,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hw_tflops,
+        mfu=model_tflops * 1e12 / peak,
+        hfu=hw_tflops * 1e12 / peak,
+        rank_pp=memory.rank_groups(model, layout),
+    )

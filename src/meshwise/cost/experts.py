@@ -10,8 +10,9 @@ from meshwise.layout import Layout
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
-def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    cluster: ClusterSpec) -> list[Collective]:
+def ep_collectives(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, cluster: ClusterSpec
+) -> list[Collective]:
     """Per micro-batch and MoE block, as runtime/moe.py issues them (``train`` is the rank's own
     setting, a sequence of s/cp tokens under context parallelism):
 
@@ -44,15 +45,27 @@ def ep_collectives(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
         tokens = train.seq_len * layout.mbs / (layout.tp if folded or gathered else 1)
         padded = train.moe_capacity_factor if train.moe_capacity_factor > 0 else 1.0
         payload = padded * tokens * model.experts_per_token * model.hidden * train.activation_bytes
-        out += [comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
-                comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link)]
+        out += [
+            comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
+            comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link),
+        ]
         if gathered:
             tp_link = cluster.link_for(layout.tp, 1)
-            out += [comm.collective(kind, "tp", layout.tp, layout.tp * payload, calls * (forwards + 1), tp_link)
-                    for kind in ("all_gather", "reduce_scatter")]
+            out += [
+                comm.collective(kind, "tp", layout.tp, layout.tp * payload, calls * (forwards + 1), tp_link)
+                for kind in ("all_gather", "reduce_scatter")
+            ]
     if layout.cp > 1 and calls:
-        out.append(comm.collective("all_reduce", "cp", layout.cp, layout.mbs * model.experts * 4, calls * forwards,
-                                   cluster.link_for(layout.cp, layout.tp)))
+        out.append(
+            comm.collective(
+                "all_reduce",
+                "cp",
+                layout.cp,
+                layout.mbs * model.experts * 4,
+                calls * forwards,
+                cluster.link_for(layout.cp, layout.tp),
+            )
+        )
     return out
 
 

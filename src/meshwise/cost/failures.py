@@ -57,8 +57,7 @@ class FailureRates:
 
     def breakdown(self, gpus: int, nodes: int, nics: int) -> dict[str, float]:
         """Failures per hour of the job by what they scale with."""
-        return {"gpus": self.per_gpu_hour * gpus, "nodes": self.per_node_hour * nodes,
-                "nics": self.per_nic_hour * nics}
+        return {"gpus": self.per_gpu_hour * gpus, "nodes": self.per_node_hour * nodes, "nics": self.per_nic_hour * nics}
 
 
 @dataclass(frozen=True)
@@ -88,10 +87,12 @@ def catalog_rates() -> FailureRates:
     rate, shares = _table()["rate"], _table()["shares"]
     per_node_hour = rate["failures_per_node_day"] / HOURS_PER_DAY
     total = shares["gpu"] + shares["node"] + shares["nic"]
-    return FailureRates(per_gpu_hour=per_node_hour * shares["gpu"] / total / rate["gpus_per_node"],
-                        per_node_hour=per_node_hour * shares["node"] / total,
-                        per_nic_hour=per_node_hour * shares["nic"] / total / rate["nics_per_node"],
-                        source=rate["source"] + "; " + shares["source"])
+    return FailureRates(
+        per_gpu_hour=per_node_hour * shares["gpu"] / total / rate["gpus_per_node"],
+        per_node_hour=per_node_hour * shares["node"] / total,
+        per_nic_hour=per_node_hour * shares["nic"] / total / rate["nics_per_node"],
+        source=rate["source"] + "; " + shares["source"],
+    )
 
 
 def flat_rates(per_gpu_hour: float) -> FailureRates:
@@ -107,18 +108,22 @@ def host_for(accelerator: str) -> HostSpec:
 
 def checkpoint_defaults() -> CheckpointDefaults:
     c = _table()["checkpoint"]
-    return CheckpointDefaults(float(c["storage_gbps"]), float(c["restart_minutes"]), c["storage_source"],
-                              c["restart_source"])
+    return CheckpointDefaults(
+        float(c["storage_gbps"]), float(c["restart_minutes"]), c["storage_source"], c["restart_source"]
+    )
 
 
-def check_failure_options(failure_rate: float | None, mtbf_hours: float | None, storage_gbps: float | None,
-                          restart_minutes: float | None) -> None:
+def check_failure_options(
+    failure_rate: float | None, mtbf_hours: float | None, storage_gbps: float | None, restart_minutes: float | None
+) -> None:
     """Refuse values that cannot be rates, times or bandwidths, before any work starts."""
     if failure_rate is not None and mtbf_hours is not None:
         raise MeshwiseError("--mtbf-hours: give it or --failure-rate, not both (the MTBF is 1 / (rate x GPUs))")
-    checks = (("--failure-rate", failure_rate, "failures per GPU-hour, more than 0 (e.g. 2e-5)"),
-              ("--mtbf-hours", mtbf_hours, "hours between the whole job's failures, more than 0 (e.g. 3)"),
-              ("--storage-gbps", storage_gbps, "gigabits per second per node, more than 0 (e.g. 7.8)"))
+    checks = (
+        ("--failure-rate", failure_rate, "failures per GPU-hour, more than 0 (e.g. 2e-5)"),
+        ("--mtbf-hours", mtbf_hours, "hours between the whole job's failures, more than 0 (e.g. 3)"),
+        ("--storage-gbps", storage_gbps, "gigabits per second per node, more than 0 (e.g. 7.8)"),
+    )
     for name, value, valid in checks:
         if value is not None and not (math.isfinite(value) and value > 0):
             raise MeshwiseError(f"{name}: {value!r} must be {valid}")
@@ -170,10 +175,17 @@ class CheckpointCost:
         return self.staged_bytes_per_node <= self.host_memory_bytes
 
     def as_json(self) -> dict:
-        return {"staged_bytes_per_rank": self.staged_bytes_per_rank, "staged_bytes_per_node": self.staged_bytes_per_node,
-                "write_bytes_per_node": self.write_bytes_per_node, "stage_s": self.stage_s, "write_s": self.write_s,
-                "read_s": self.read_s, "restart_s": self.restart_s, "host_memory_bytes": self.host_memory_bytes,
-                "staging_fits": self.staging_fits}
+        return {
+            "staged_bytes_per_rank": self.staged_bytes_per_rank,
+            "staged_bytes_per_node": self.staged_bytes_per_node,
+            "write_bytes_per_node": self.write_bytes_per_node,
+            "stage_s": self.stage_s,
+            "write_s": self.write_s,
+            "read_s": self.read_s,
+            "restart_s": self.restart_s,
+            "host_memory_bytes": self.host_memory_bytes,
+            "staging_fits": self.staging_fits,
+        }
 
 
 def saved_bytes(params: float, expert_params: float, train, layout) -> tuple[float, float]:
@@ -191,8 +203,9 @@ def replicas(layout) -> tuple[int, int]:
     return (outside if layout.zero >= 3 else layout.dp), outside
 
 
-def checkpoint_cost(model, train, layout, gpus_per_node: int, host: HostSpec, storage_gbps: float,
-                    restart_minutes: float) -> CheckpointCost:
+def checkpoint_cost(
+    model, train, layout, gpus_per_node: int, host: HostSpec, storage_gbps: float, restart_minutes: float
+) -> CheckpointCost:
     """The checkpoint of ``layout``: the largest pipeline rank's states staged, each node's share written."""
     from meshwise.cost.memory import rank_shapes
 
@@ -204,9 +217,16 @@ def checkpoint_cost(model, train, layout, gpus_per_node: int, host: HostSpec, st
     per_node = min(gpus_per_node, layout.world_size)
     storage_bytes_per_s = storage_gbps * 1e9 / BITS_PER_BYTE
     read_s = staged * per_node / storage_bytes_per_s
-    return CheckpointCost(staged, staged * per_node, written * per_node, stage_s=staged / host.link_bytes_per_s,
-                          write_s=written * per_node / storage_bytes_per_s, read_s=read_s,
-                          restart_s=restart_minutes * 60 + read_s, host_memory_bytes=host.memory_bytes)
+    return CheckpointCost(
+        staged,
+        staged * per_node,
+        written * per_node,
+        stage_s=staged / host.link_bytes_per_s,
+        write_s=written * per_node / storage_bytes_per_s,
+        read_s=read_s,
+        restart_s=restart_minutes * 60 + read_s,
+        host_memory_bytes=host.memory_bytes,
+    )
 
 
 # ------------------------------------------------------------------------------ reliability
@@ -224,16 +244,23 @@ class Reliability:
     cost: CheckpointCost | None = None
 
     def as_json(self) -> dict:
-        out = {"mtbf_hours": self.mtbf_s / SECONDS_PER_HOUR, "delta_s": self.delta_s, "restart_and_write_s": self.lost_s,
-               "interval_s": self.interval_s, "interval_steps": self.interval_steps, "goodput": self.goodput,
-               "young_interval_s": self.young_interval_s}
+        out = {
+            "mtbf_hours": self.mtbf_s / SECONDS_PER_HOUR,
+            "delta_s": self.delta_s,
+            "restart_and_write_s": self.lost_s,
+            "interval_s": self.interval_s,
+            "interval_steps": self.interval_steps,
+            "goodput": self.goodput,
+            "young_interval_s": self.young_interval_s,
+        }
         if self.cost is not None:
             out["checkpoint"] = self.cost.as_json()
         return out
 
 
-def plan_interval(delta_s: float, mtbf_s: float, lost_s: float, step_s: float, write_s: float = 0.0
-                  ) -> tuple[float, int]:
+def plan_interval(
+    delta_s: float, mtbf_s: float, lost_s: float, step_s: float, write_s: float = 0.0
+) -> tuple[float, int]:
     """Daly's higher-order interval, at least the background write and one step, rounded to whole
     steps: (seconds, steps)."""
     tau = max(daly_interval_s(delta_s, mtbf_s), write_s, step_s)
@@ -245,8 +272,16 @@ def reliability(cost: CheckpointCost, mtbf_s: float, step_s: float) -> Reliabili
     """The planned interval and goodput of a layout whose saves cost ``cost``."""
     lost_s = cost.restart_s + cost.write_s
     tau, steps = plan_interval(cost.stage_s, mtbf_s, lost_s, step_s, cost.write_s)
-    return Reliability(mtbf_s, cost.stage_s, lost_s, tau, steps, goodput(tau, cost.stage_s, mtbf_s, lost_s),
-                       young_interval_s(cost.stage_s, mtbf_s), cost)
+    return Reliability(
+        mtbf_s,
+        cost.stage_s,
+        lost_s,
+        tau,
+        steps,
+        goodput(tau, cost.stage_s, mtbf_s, lost_s),
+        young_interval_s(cost.stage_s, mtbf_s),
+        cost,
+    )
 
 
 def job_mtbf_s(rates: FailureRates | None, mtbf_hours: float | None, gpus: int, nodes: int, nics: int) -> float:

@@ -44,13 +44,14 @@ def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 40) -
     return (lo + hi) / 2
 
 
-def coordinate_fit(loss: Callable[[list[float]], float], start: list[float], bounds: list[tuple[float, float]],
-                   sweeps: int = 6) -> list[float]:
+def coordinate_fit(
+    loss: Callable[[list[float]], float], start: list[float], bounds: list[tuple[float, float]], sweeps: int = 6
+) -> list[float]:
     """Minimise ``loss(params)`` one parameter at a time (golden sections), ``sweeps`` times over."""
     params = list(start)
     for _ in range(sweeps):
         for i, (lo, hi) in enumerate(bounds):
-            params[i] = golden(lambda v: loss(params[:i] + [v] + params[i + 1:]), lo, hi)
+            params[i] = golden(lambda v: loss(params[:i] + [v] + params[i + 1 :]), lo, hi)
     return params
 
 
@@ -65,8 +66,9 @@ def mean_log(pairs: Sequence[tuple[float, float]]) -> float:
     return sum(abs(math.log(p / m)) for p, m in pairs) / len(pairs)
 
 
-def gemm_pairs(accel: AcceleratorSpec, points: Sequence[GemmPoint], dtype: str, peak: float,
-               elem: int) -> list[tuple[float, float]]:
+def gemm_pairs(
+    accel: AcceleratorSpec, points: Sequence[GemmPoint], dtype: str, peak: float, elem: int
+) -> list[tuple[float, float]]:
     """(predicted, measured) seconds of each GEMM point by :func:`kernels.gemm_seconds` on ``accel``."""
     out = []
     for b, m, n, k, flops in points:
@@ -75,22 +77,42 @@ def gemm_pairs(accel: AcceleratorSpec, points: Sequence[GemmPoint], dtype: str, 
     return out
 
 
-def fit_gemm_points(base: AcceleratorSpec, points: Sequence[GemmPoint], dtype: str, peak: float, elem: int,
-                    floor: float | None = None, tile: tuple[int, int] | None = None) -> dict:
+def fit_gemm_points(
+    base: AcceleratorSpec,
+    points: Sequence[GemmPoint],
+    dtype: str,
+    peak: float,
+    elem: int,
+    floor: float | None = None,
+    tile: tuple[int, int] | None = None,
+) -> dict:
     """(efficiency, k_half, kernel_floor_s, tile) minimising the mean |log error| of ``points`` on ``base``
     (its ``sm_count`` and HBM; ``floor`` / ``tile`` given: held, not fitted), with the fit's errors."""
     best = None
     for tm, tn in [tile] if tile else TILES:
+
         def accel_of(p: list[float], tm: int = tm, tn: int = tn) -> AcceleratorSpec:
-            return replace(base, gemm=((dtype, p[0], p[1]),), gemm_tile_m=tm, gemm_tile_n=tn,
-                           kernel_floor_s=p[2] if floor is None else floor)
+            return replace(
+                base,
+                gemm=((dtype, p[0], p[1]),),
+                gemm_tile_m=tm,
+                gemm_tile_n=tn,
+                kernel_floor_s=p[2] if floor is None else floor,
+            )
+
         loss = lambda p: mean_log(gemm_pairs(accel_of(p), points, dtype, peak, elem))  # noqa: E731
         p = coordinate_fit(loss, [0.8, 100.0, 4e-6], [(0.3, 1.0), (0.0, 2000.0), (0.0, 2e-5)])
         if best is None or loss(p) < best[0]:
             best = (loss(p), p, (tm, tn), gemm_pairs(accel_of(p), points, dtype, peak, elem))
     _, p, tile, pairs = best
-    return {"efficiency": p[0], "k_half": p[1], "kernel_floor_s": p[2] if floor is None else floor,
-            "tile": tile, "errors": log_errors(pairs), "points": len(points)}
+    return {
+        "efficiency": p[0],
+        "k_half": p[1],
+        "kernel_floor_s": p[2] if floor is None else floor,
+        "tile": tile,
+        "errors": log_errors(pairs),
+        "points": len(points),
+    }
 
 
 def fit_saturating(points: Sequence[tuple[float, float]]) -> tuple[float, float, tuple[float, float]]:
@@ -106,15 +128,22 @@ def link_pairs(points: Sequence[CollectivePoint], latency_s: float, bytes_per_s:
     return [(comm.collective_seconds(k, n, b, link), s) for k, n, b, s in points]
 
 
-def fit_link(points: Sequence[CollectivePoint], latency_us: tuple[float, float] = (0.1, 50.0),
-             bytes_gb_per_s: tuple[float, float] = (50.0, 900.0)) -> dict:
+def fit_link(
+    points: Sequence[CollectivePoint],
+    latency_us: tuple[float, float] = (0.1, 50.0),
+    bytes_gb_per_s: tuple[float, float] = (50.0, 900.0),
+) -> dict:
     """A link's ``latency_s`` and ``bytes_per_s`` (within the bounds, in us and GB/s) minimising the
     mean |log error| of ``points``, with the fit's errors (all points; payloads of 64 MB or more)."""
     start = [min(max(5.0, latency_us[0]), latency_us[1]), min(max(300.0, bytes_gb_per_s[0]), bytes_gb_per_s[1])]
-    latency, busbw = coordinate_fit(lambda p: mean_log(link_pairs(points, p[0] * 1e-6, p[1] * 1e9)), start,
-                                    [latency_us, bytes_gb_per_s])
+    latency, busbw = coordinate_fit(
+        lambda p: mean_log(link_pairs(points, p[0] * 1e-6, p[1] * 1e9)), start, [latency_us, bytes_gb_per_s]
+    )
     large = [p for p in points if p[2] >= 64e6]
-    return {"latency_s": latency * 1e-6, "bytes_per_s": busbw * 1e9,
-            "errors": log_errors(link_pairs(points, latency * 1e-6, busbw * 1e9)),
-            "errors_large": log_errors(link_pairs(large, latency * 1e-6, busbw * 1e9)) if large else (0.0, 0.0),
-            "points": len(points)}
+    return {
+        "latency_s": latency * 1e-6,
+        "bytes_per_s": busbw * 1e9,
+        "errors": log_errors(link_pairs(points, latency * 1e-6, busbw * 1e9)),
+        "errors_large": log_errors(link_pairs(large, latency * 1e-6, busbw * 1e9)) if large else (0.0, 0.0),
+        "points": len(points),
+    }

@@ -39,11 +39,11 @@ from meshwise.spec import AcceleratorSpec, TrainSpec
 @dataclass(frozen=True)
 class Fp8Format:
     name: str
-    gemm_ratio: float      # float8 GEMM fraction of the float8 peak / bf16 GEMM fraction of the bf16 peak
-    cast_bytes: float      # HBM bytes per element of one quantization from bf16
-    column_bytes: float    # HBM bytes per element of the columnwise copy the backward needs
-    gathers_fp8: bool      # FSDP2 all-gathers the linear weights in float8
-    mx: bool = False       # an MX format: needs the device's MX tensor cores
+    gemm_ratio: float  # float8 GEMM fraction of the float8 peak / bf16 GEMM fraction of the bf16 peak
+    cast_bytes: float  # HBM bytes per element of one quantization from bf16
+    column_bytes: float  # HBM bytes per element of the columnwise copy the backward needs
+    gathers_fp8: bool  # FSDP2 all-gathers the linear weights in float8
+    mx: bool = False  # an MX format: needs the device's MX tensor cores
 
 
 # gemm_ratio, against the block-scaled kernels the ``gemm.fp8`` row is fitted on (benchmarks/fp8_components.py):
@@ -57,12 +57,20 @@ class Fp8Format:
 PER_TENSOR_RATIO = 1.03  # benchmarks/fp8_components.py
 FORMATS = {
     "fp8": Fp8Format("fp8", gemm_ratio=PER_TENSOR_RATIO, cast_bytes=5.0, column_bytes=2.0, gathers_fp8=True),
-    "fp8-rowwise": Fp8Format("fp8-rowwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 4096, column_bytes=3.0,
-                             gathers_fp8=False),
-    "fp8-blockwise": Fp8Format("fp8-blockwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 128, column_bytes=3.0 + 4 / 128,
-                               gathers_fp8=False),
-    "mxfp8": Fp8Format("mxfp8", gemm_ratio=PER_TENSOR_RATIO, cast_bytes=3.0 + 1 / 32, column_bytes=3.0 + 1 / 32,
-                       gathers_fp8=False, mx=True),
+    "fp8-rowwise": Fp8Format(
+        "fp8-rowwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 4096, column_bytes=3.0, gathers_fp8=False
+    ),
+    "fp8-blockwise": Fp8Format(
+        "fp8-blockwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 128, column_bytes=3.0 + 4 / 128, gathers_fp8=False
+    ),
+    "mxfp8": Fp8Format(
+        "mxfp8",
+        gemm_ratio=PER_TENSOR_RATIO,
+        cast_bytes=3.0 + 1 / 32,
+        column_bytes=3.0 + 1 / 32,
+        gathers_fp8=False,
+        mx=True,
+    ),
 }
 # The flat path's float8 GEMMs against its bf16 ones: the H100's fitted rows, fp8 0.763 / bf16 0.869
 # (benchmarks/fit_components.py), the one device with both
@@ -81,8 +89,11 @@ def check_supported(accel: AcceleratorSpec, precision: str) -> None:
         return
     peak = accel.peak_mxfp8_flops_per_s if f.mx else accel.peak_fp8_flops_per_s
     if not peak:
-        kind = "MX (32-element block) float8 tensor cores: Blackwell (b200, b300, gb200, gb300) or mi355x" if f.mx \
+        kind = (
+            "MX (32-element block) float8 tensor cores: Blackwell (b200, b300, gb200, gb300) or mi355x"
+            if f.mx
             else "float8 tensor cores (peak_fp8_flops_per_s): h100, h200, h800, b200, mi300x and later"
+        )
         raise MeshwiseError(f"--precision {precision}: {accel.name} has no {kind}; use bf16-mixed on it")
 
 
@@ -136,7 +147,6 @@ def gather_bytes_per_param(train: TrainSpec, linear_share: float) -> float:
     if f is not None and f.gathers_fp8:
         return train.weight_bytes - linear_share
     return float(train.weight_bytes)
-
 
 
 def float8_copy_bytes(block_params: float) -> float:

@@ -115,9 +115,15 @@ def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -
     biases and q/k norms), the MLP's two or three matrices (biases), the routed experts' when the
     model has them; the embedding; the final norm and an untied head."""
     gated = 3 if model.mlp == "swiglu" else 2
-    per_block = (model.norms_per_layer * (2 if model.norm == "layernorm" else 1) + 4 + 3 * model.qkv_bias
-                 + model.o_bias + 2 * model.qk_norm + gated * (1 + model.mlp_bias)
-                 + (gated * getattr(model, "experts", 0) + 1 if getattr(model, "experts", 0) else 0))
+    per_block = (
+        model.norms_per_layer * (2 if model.norm == "layernorm" else 1)
+        + 4
+        + 3 * model.qkv_bias
+        + model.o_bias
+        + 2 * model.qk_norm
+        + gated * (1 + model.mlp_bias)
+        + (gated * getattr(model, "experts", 0) + 1 if getattr(model, "experts", 0) else 0)
+    )
     head = (1 + (not model.tied_embeddings)) if has_head else 0
     return blocks * per_block + int(has_embedding) + head
 
@@ -139,8 +145,11 @@ def optimizer_memory_seconds(accel: AcceleratorSpec, params: float, elem_bytes: 
     states a DRAM bandwidth: the states' first pass streams from DRAM
     (``STATE_FIRST_PASS_ELEMENTS``), the loop's operators then run on a tensor the cache holds
     (``ADAMW_ELEMENT_PASSES`` at the cache bandwidth ``hbm_bytes_per_s``)."""
-    return params * elem_bytes * (STATE_FIRST_PASS_ELEMENTS / accel.dram_bytes_per_s
-                                  + ADAMW_ELEMENT_PASSES / accel.hbm_bytes_per_s)
+    return (
+        params
+        * elem_bytes
+        * (STATE_FIRST_PASS_ELEMENTS / accel.dram_bytes_per_s + ADAMW_ELEMENT_PASSES / accel.hbm_bytes_per_s)
+    )
 
 
 GRAD_ACCUMULATION_PASSES = 3  # autograd's AccumulateGrad: grad += new reads both and writes the sum
@@ -161,8 +170,9 @@ def grad_accumulation_seconds(accel: AcceleratorSpec, grad_params: float, elem_b
 FIXED_OPS_PER_TENSOR = 2  # per step, per parameter tensor: its share of the gradient norm, the clipping mul_
 
 
-def fixed_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool, params: float = 0.0,
-                       elem_bytes: int = 4) -> float:
+def fixed_host_seconds(
+    accel: AcceleratorSpec, tensors: int, dtensor: bool, params: float = 0.0, elem_bytes: int = 4
+) -> float:
     """Host seconds of a step's fixed work on one rank (runtime/parallelize.py ``step``): zeroing
     gradients (set to None: no operator), the gradient norm and its clipping, ``FIXED_OPS_PER_TENSOR``
     operators per parameter tensor, plus the ``to_local`` of a DTensor gradient (about one DTensor
@@ -175,8 +185,11 @@ def fixed_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool, para
 
 def ops_per_microbatch(blocks: int, has_embedding: bool, has_head: bool) -> int:
     """aten operators one rank launches per micro-batch, forward + backward, without recompute."""
-    return (blocks * (BLOCK_FORWARD_OPS + BLOCK_BACKWARD_OPS) + EMBEDDING_OPS * int(has_embedding)
-            + HEAD_OPS * int(has_head))
+    return (
+        blocks * (BLOCK_FORWARD_OPS + BLOCK_BACKWARD_OPS)
+        + EMBEDDING_OPS * int(has_embedding)
+        + HEAD_OPS * int(has_head)
+    )
 
 
 def recompute_seconds_per_block(accel: AcceleratorSpec, ac: str, tp: int = 1) -> float:
@@ -201,16 +214,25 @@ def sequence_parallel_seconds_per_block(accel: AcceleratorSpec, ac: str) -> floa
     return accel.tp_sp_block_s * (1.0 + (ac != "none") / 2.0)
 
 
-def host_seconds(accel: AcceleratorSpec, blocks: int, has_embedding: bool, has_head: bool, ac: str,
-                 microbatches: int, tp: int = 1, sp: bool = False) -> float:
+def host_seconds(
+    accel: AcceleratorSpec,
+    blocks: int,
+    has_embedding: bool,
+    has_head: bool,
+    ac: str,
+    microbatches: int,
+    tp: int = 1,
+    sp: bool = False,
+) -> float:
     """Host seconds of one step on one rank:
     ``m * (ops * (op_overhead_s + [tp > 1] tp_op_s) + blocks * (recompute extra + [tp > 1, sp] SP extra))``."""
     per_op_s = accel.op_overhead_s + (accel.tp_op_s if tp > 1 else 0.0)
     sp_s = sequence_parallel_seconds_per_block(accel, ac) if tp > 1 and sp else 0.0
     if per_op_s == 0 and sp_s == 0 and accel.checkpoint_call_s == 0 and accel.selective_op_s == 0:
         return 0.0
-    per_mb = (ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s
-              + blocks * (recompute_seconds_per_block(accel, ac, tp) + sp_s))
+    per_mb = ops_per_microbatch(blocks, has_embedding, has_head) * per_op_s + blocks * (
+        recompute_seconds_per_block(accel, ac, tp) + sp_s
+    )
     return microbatches * per_mb
 
 
@@ -242,8 +264,11 @@ def fsdp_ops(dp_ops: list[Collective]) -> list[Collective]:
     """The collectives FSDP2 issues per unit: its all-gathers and reduce-scatters, and ``replicate``'s
     all-reduces (zero 0); not HSDP's all-reduce of the reduced shards across replicas, which rides on
     the reduce-scatter's work."""
-    return [op for op in dp_ops if op.kind in ("all_gather", "reduce_scatter")
-            or (op.kind == "all_reduce" and op.dim != "dp_replicate")]
+    return [
+        op
+        for op in dp_ops
+        if op.kind in ("all_gather", "reduce_scatter") or (op.kind == "all_reduce" and op.dim != "dp_replicate")
+    ]
 
 
 def fsdp_copy_seconds(dp_ops: list[Collective], accel: AcceleratorSpec) -> float:
@@ -290,8 +315,12 @@ def linear_gemm_shapes(model: ModelSpec, tokens: float, tp: int, has_head: bool)
     as cost/kernels.py's ``block_seconds`` lays them out; with ``has_head`` the LM head's too."""
     h = model.hidden
     gated = 2 if model.mlp == "swiglu" else 1
-    layers = [((h + 2 * model.kv_dim) / tp, h), (h, h / tp), (gated * model.ffn_hidden / tp, h),
-              (h, model.ffn_hidden / tp)]
+    layers = [
+        ((h + 2 * model.kv_dim) / tp, h),
+        (h, h / tp),
+        (gated * model.ffn_hidden / tp, h),
+        (h, model.ffn_hidden / tp),
+    ]
     if has_head:
         layers.append((model.vocab / tp, h))
     return [shape for n, k in layers for shape in ((tokens, n, k), (tokens, k, n), (k, n, tokens))]
@@ -338,22 +367,37 @@ def loss_seconds(accel: AcceleratorSpec, tokens: float, vocab: float) -> float:
     if accel.loss_token_table:
         points = sorted((t * v, s / v) for t, v, s in accel.loss_token_table)
         first, last = points[0], points[-1]
-        per_logit = first[1] if logits <= first[0] else last[1] if logits >= last[0] else piecewise_linear(points, logits)
+        per_logit = (
+            first[1] if logits <= first[0] else last[1] if logits >= last[0] else piecewise_linear(points, logits)
+        )
         return logits * per_logit
-    bandwidth = (accel.dram_bytes_per_s if accel.dram_bytes_per_s and 4.0 * logits > LOSS_CACHE_BYTES
-                 else accel.hbm_bytes_per_s)
+    bandwidth = (
+        accel.dram_bytes_per_s if accel.dram_bytes_per_s and 4.0 * logits > LOSS_CACHE_BYTES else accel.hbm_bytes_per_s
+    )
     return logits * kernels.PASSES["meshwise"]["loss_bytes"] / bandwidth
 
 
-def memory_bound_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
-                         ac: str, blocks: int, has_embedding: bool, has_head: bool, microbatches: int) -> float:
+def memory_bound_seconds(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    mbs: int,
+    tp: int,
+    sp: bool,
+    ac: str,
+    blocks: int,
+    has_embedding: bool,
+    has_head: bool,
+    microbatches: int,
+) -> float:
     """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
     per sequence): ``m * (rank_memory_bound_bytes / hbm_bytes_per_s + [head] loss_seconds)``, the
     bytes of kernels.rank_memory_bound_bytes without the loss's, which :func:`loss_seconds` prices
     over the micro-batch's tokens and the logits per token of :func:`loss_vocab`."""
     tokens = mbs * train.seq_len
-    moved = kernels.rank_memory_bound_bytes(model, kernels.ops_key(train), train.activation_bytes, tokens,
-                                            tp, sp, ac, blocks, has_embedding, has_head, 0.0)
+    moved = kernels.rank_memory_bound_bytes(
+        model, kernels.ops_key(train), train.activation_bytes, tokens, tp, sp, ac, blocks, has_embedding, has_head, 0.0
+    )
     loss_s = loss_seconds(accel, tokens, loss_vocab(model, train.runtime, tp)) if has_head else 0.0
     return microbatches * (moved / accel.hbm_bytes_per_s + loss_s)
 
@@ -410,12 +454,14 @@ def sdpa_call_seconds(accel: AcceleratorSpec, heads: float, seq: float, head_dim
     ``E = heads * seq**2`` score elements."""
     if accel.sdpa_head_table:
         return accel.sdpa_call_s + heads * head_table_seconds(accel.sdpa_head_table, seq, head_dim)
-    return score_kernel_seconds(accel.sdpa_call_s, accel.sdpa_score_s, accel.sdpa_score_dim_s,
-                                heads * float(seq) ** 2, head_dim)
+    return score_kernel_seconds(
+        accel.sdpa_call_s, accel.sdpa_score_s, accel.sdpa_score_dim_s, heads * float(seq) ** 2, head_dim
+    )
 
 
-def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, tp: int, ac: str, blocks: int,
-                 microbatches: int) -> float:
+def sdpa_seconds(
+    model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, tp: int, ac: str, blocks: int, microbatches: int
+) -> float:
     """Seconds of one rank's fused causal attention calls in a step (torch's SDPA, runtime/model.py
     ``causal_attention``) on a CPU profile that measured them:
 
@@ -427,8 +473,12 @@ def sdpa_seconds(model: ModelSpec, accel: AcceleratorSpec, seq: int, mbs: int, t
     its rate falls well below the GEMMs' for narrow heads, which the FLOP term cannot see. 0 (the
     attention core stays in the FLOP term) for profiles without the constants (GPU profiles), and
     for windowed or latent attention."""
-    if not (accel.sdpa_score_s or accel.sdpa_score_dim_s or accel.sdpa_head_table) or model.states_only \
-            or model.sliding_window or model.mla:
+    if (
+        not (accel.sdpa_score_s or accel.sdpa_score_dim_s or accel.sdpa_head_table)
+        or model.states_only
+        or model.sliding_window
+        or model.mla
+    ):
         return 0.0
     per_call = sdpa_call_seconds(accel, mbs * model.heads / tp, seq, model.head_dim)
     return microbatches * blocks * (1.0 + (ac == "full") / 3.0) * per_call

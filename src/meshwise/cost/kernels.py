@@ -60,12 +60,36 @@ from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 # multiplies them as complex64 and casts back: 3 + 4 + 3 = 10; repeat_kv expands K and V by copy; its
 # Triton fused RMSNorm (norm_type "fused_rmsnorm") reads and writes once: 2.
 PASSES = {
-    "meshwise": {"norm": 6.0, "residual": 3.0, "rotary": 6.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
-                 "loss_bytes": 28.0, "repeat_kv": 0.0},
-    "torchtitan": {"norm": 18.0, "residual": 3.0, "rotary": 10.0, "swiglu": 5.0, "geglu": 5.0, "gelu": 4.0,
-                   "loss_bytes": 28.0, "repeat_kv": 1.0},
-    "megatron": {"norm": 2.0, "residual": 3.0, "rotary": 2.0, "swiglu": 3.0, "geglu": 3.0, "gelu": 2.0,
-                 "loss_bytes": 14.0, "repeat_kv": 0.0},
+    "meshwise": {
+        "norm": 6.0,
+        "residual": 3.0,
+        "rotary": 6.0,
+        "swiglu": 5.0,
+        "geglu": 5.0,
+        "gelu": 4.0,
+        "loss_bytes": 28.0,
+        "repeat_kv": 0.0,
+    },
+    "torchtitan": {
+        "norm": 18.0,
+        "residual": 3.0,
+        "rotary": 10.0,
+        "swiglu": 5.0,
+        "geglu": 5.0,
+        "gelu": 4.0,
+        "loss_bytes": 28.0,
+        "repeat_kv": 1.0,
+    },
+    "megatron": {
+        "norm": 2.0,
+        "residual": 3.0,
+        "rotary": 2.0,
+        "swiglu": 3.0,
+        "geglu": 3.0,
+        "gelu": 2.0,
+        "loss_bytes": 14.0,
+        "repeat_kv": 0.0,
+    },
 }
 PASSES["torchtitan-fused-norm"] = {**PASSES["torchtitan"], "norm": 2.0}  # its Triton RMSNorm: one read, one write
 # Memory-bound kernels a block's forward launches besides its GEMMs and attention (backward: twice as
@@ -94,8 +118,16 @@ def gemm_row(accel: AcceleratorSpec, dtype: str = "bf16") -> tuple[float, float]
     return (found[0], found[1]) if found else (accel.gemm_efficiency, 0.0)
 
 
-def gemm_seconds(m: float, n: float, k: float, accel: AcceleratorSpec, peak: float, elem_bytes: int,
-                 batch: int = 1, dtype: str = "bf16") -> float:
+def gemm_seconds(
+    m: float,
+    n: float,
+    k: float,
+    accel: AcceleratorSpec,
+    peak: float,
+    elem_bytes: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+) -> float:
     """``batch`` GEMMs of (M, N, K) in ``dtype``: the kernel floor plus tile/wave-quantized compute, slowed by
     the tile's fixed depth ``k_half``, or bytes over HBM, whichever is longer (module docstring)."""
     m, n, k = max(1, math.ceil(m)), max(1, math.ceil(n)), max(1, math.ceil(k))
@@ -115,8 +147,9 @@ def hbm_bytes_per_s(accel: AcceleratorSpec) -> float:
     return accel.hbm_bytes_per_s * accel.hbm_efficiency
 
 
-def linear_seconds(t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int,
-              dtype: str = "bf16") -> tuple[float, float]:
+def linear_seconds(
+    t: int, n: float, k: float, accel: AcceleratorSpec, peak: float, e: int, dtype: str = "bf16"
+) -> tuple[float, float]:
     """(forward, backward) seconds of ``X (t x k) @ W (k x n)`` in ``dtype``."""
     fwd = gemm_seconds(t, n, k, accel, peak, e, dtype=dtype)
     bwd = gemm_seconds(t, k, n, accel, peak, e, dtype=dtype) + gemm_seconds(k, n, t, accel, peak, e, dtype=dtype)
@@ -144,8 +177,17 @@ def attention_efficiency(accel: AcceleratorSpec, runtime: str, seq: int, head_di
     return width * forward, width * backward
 
 
-def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, mbs: int, seq: int, tp: int,
-                 fused: bool, runtime: str = "meshwise") -> tuple[float, float]:
+def _attention_s(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    peak: float,
+    e: int,
+    mbs: int,
+    seq: int,
+    tp: int,
+    fused: bool,
+    runtime: str = "meshwise",
+) -> tuple[float, float]:
     """(forward, backward) seconds of the attention core of one block."""
     heads = model.heads // tp
     if fused:
@@ -155,7 +197,7 @@ def _attention_s(model: ModelSpec, accel: AcceleratorSpec, peak: float, e: int, 
         peak *= accel.sustained_clock
         return floor + fwd_flops / (peak * fwd_eff), floor + FLASH_BACKWARD * fwd_flops / (peak * bwd_eff)
     d, batch = model.head_dim, mbs * heads
-    scores = gemm_seconds(seq, seq, d, accel, peak, e, batch)   # Q K^T
+    scores = gemm_seconds(seq, seq, d, accel, peak, e, batch)  # Q K^T
     context = gemm_seconds(seq, d, seq, accel, peak, e, batch)  # P V
     elements = batch * seq * seq
     fwd = scores + context + elements * SOFTMAX_FWD_BYTES / hbm_bytes_per_s(accel)
@@ -188,8 +230,9 @@ def block_memory_bound_elements(model: ModelSpec, runtime: str, tokens: float, t
     return elems
 
 
-def head_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: float, tp: int, sp: bool,
-                            loss_vocab: float) -> float:
+def head_memory_bound_bytes(
+    model: ModelSpec, runtime: str, e: int, tokens: float, tp: int, sp: bool, loss_vocab: float
+) -> float:
     """Forward + backward bytes of the final norm (3 passes of ``PASSES``' norm) and of the loss's
     softmax / cross-entropy over ``loss_vocab`` logits per token (``loss_bytes`` per logit)."""
     p = PASSES[runtime]
@@ -203,8 +246,19 @@ def embedding_bytes(model: ModelSpec, e: int, tokens: float, tp: int, sp: bool) 
     return 5 * tokens / (tp if sp else 1) * model.hidden * e
 
 
-def rank_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: float, tp: int, sp: bool, ac: str,
-                            blocks: int, has_embedding: bool, has_head: bool, loss_vocab: float) -> float:
+def rank_memory_bound_bytes(
+    model: ModelSpec,
+    runtime: str,
+    e: int,
+    tokens: float,
+    tp: int,
+    sp: bool,
+    ac: str,
+    blocks: int,
+    has_embedding: bool,
+    has_head: bool,
+    loss_vocab: float,
+) -> float:
     """Bytes one micro-batch of ``tokens`` tokens moves through memory-bound operations on one rank,
     forward + backward: ``blocks * e * F * (3 + [ac != none])`` (backward moves twice the forward's
     bytes; ``full`` and meshwise's ``selective`` re-run the forward's memory-bound operations), plus
@@ -219,15 +273,19 @@ def rank_memory_bound_bytes(model: ModelSpec, runtime: str, e: int, tokens: floa
     return total
 
 
-def _block_memory_bound_s(model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int,
-                          sp: bool) -> float:
+def _block_memory_bound_s(
+    model: ModelSpec, accel: AcceleratorSpec, runtime: str, e: int, tokens: int, tp: int, sp: bool
+) -> float:
     """Forward seconds of a block's norms, residual adds, rotary and MLP activation (``KERNELS`` of them)."""
-    return block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / hbm_bytes_per_s(accel) \
+    return (
+        block_memory_bound_elements(model, runtime, tokens, tp, sp) * e / hbm_bytes_per_s(accel)
         + KERNELS[runtime] * accel.kernel_floor_s
+    )
 
 
-def linears_seconds(accel: AcceleratorSpec, train: TrainSpec, tokens: float,
-                    *shapes: tuple[float, float]) -> tuple[float, float]:
+def linears_seconds(
+    accel: AcceleratorSpec, train: TrainSpec, tokens: float, *shapes: tuple[float, float]
+) -> tuple[float, float]:
     """(forward, backward) seconds of linear layers ``X (tokens x k) @ W (k x n)``, one per ``(n, k)``, in
     the precision's GEMM format, with the casts around them over HBM (cost/fp8.py)."""
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
@@ -240,8 +298,9 @@ def linears_seconds(accel: AcceleratorSpec, train: TrainSpec, tokens: float,
 
 
 @lru_cache(maxsize=4096)
-def mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, tokens: float, tp: int,
-                width: float | None = None) -> tuple[float, float]:
+def mlp_seconds(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, tokens: float, tp: int, width: float | None = None
+) -> tuple[float, float]:
     """(forward, backward) seconds of a dense MLP of ``width`` (default: the block's, ``_mlp_width``) on
     one TP rank: gate and up as one GEMM (gated), then down."""
     return linears_seconds(accel, train, tokens, *_mlp_shapes(model, tp, _mlp_width(model) if width is None else width))
@@ -253,8 +312,9 @@ def _mlp_shapes(model: ModelSpec, tp: int, width: float) -> tuple[tuple[float, f
 
 
 @lru_cache(maxsize=4096)
-def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool,
-                  ac: str, cp: int = 1) -> tuple[float, float, float]:
+def block_seconds(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str, cp: int = 1
+) -> tuple[float, float, float]:
     """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank.
 
     Under context parallelism ``train.seq_len`` is the rank's s/cp tokens, and the load-balanced
@@ -269,8 +329,9 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
     mlp = () if model.moe else _mlp_shapes(model, tp, width)
     fwd, bwd = linears_seconds(accel, train, tokens, ((h + 2 * model.kv_dim) / tp, h), (h, h / tp), *mlp)
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
-    attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention,
-                                                                 train.runtime))
+    attn_f, attn_b = (
+        cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention, train.runtime)
+    )
     mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
     fwd += attn_f + mem_f
     bwd += attn_b + 2 * mem_f
@@ -282,8 +343,10 @@ def block_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mb
         recompute = mem_f
         if train.selective_policy == "every-other-matmul":
             up = width / tp
-            recompute += sum(gemm_seconds(tokens, n, k, accel, gemm_peak, ge, dtype=dtype)
-                             for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h)))
+            recompute += sum(
+                gemm_seconds(tokens, n, k, accel, gemm_peak, ge, dtype=dtype)
+                for n, k in ((model.kv_dim / tp, h), (h, h / tp), (up, h))
+            )
     else:
         recompute = 0.0
     return fwd, bwd, recompute
@@ -296,7 +359,11 @@ def head_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs
     e = train.activation_bytes
     tokens = mbs * train.seq_len
     f, b = linear_seconds(tokens, model.vocab / tp, model.hidden, accel, peak, e)
-    return f + b + head_memory_bound_bytes(model, ops_key(train), e, tokens, tp, sp, model.vocab / tp) / hbm_bytes_per_s(accel)
+    return (
+        f
+        + b
+        + head_memory_bound_bytes(model, ops_key(train), e, tokens, tp, sp, model.vocab / tp) / hbm_bytes_per_s(accel)
+    )
 
 
 def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool) -> float:
@@ -304,8 +371,19 @@ def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec
     return embedding_bytes(model, train.activation_bytes, mbs * train.seq_len, tp, sp) / hbm_bytes_per_s(accel)
 
 
-def rank_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str,
-                 blocks: int, has_embedding: bool, has_head: bool, cp: int = 1) -> float:
+def rank_seconds(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    mbs: int,
+    tp: int,
+    sp: bool,
+    ac: str,
+    blocks: int,
+    has_embedding: bool,
+    has_head: bool,
+    cp: int = 1,
+) -> float:
     """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
     (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism); for a mixture of
     experts every block less its MLP (cost/moe_block.py ``rank_mlp_seconds`` times them)."""

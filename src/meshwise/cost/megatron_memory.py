@@ -52,21 +52,23 @@ from meshwise.cost.memory import Memory, RankShape
 from meshwise.layout import Layout
 from meshwise.spec import ModelSpec, TrainSpec
 
-MEGATRON_CORE = act.Conventions(dropout=False, fused_attention=True, sp_keeps_gathered_input=False,
-                                out_proj_input_is_copy=False, norm_stats=True)
-UB_ALL_GATHERS = 8      # TE initialize_ub: qkv_fprop, qkv_dgrad, proj_dgrad, proj_wgrad, fc1_fprop, fc1_dgrad,
+MEGATRON_CORE = act.Conventions(
+    dropout=False, fused_attention=True, sp_keeps_gathered_input=False, out_proj_input_is_copy=False, norm_stats=True
+)
+UB_ALL_GATHERS = 8  # TE initialize_ub: qkv_fprop, qkv_dgrad, proj_dgrad, proj_wgrad, fc1_fprop, fc1_dgrad,
 UB_REDUCE_SCATTERS = 4  # fc2_dgrad, fc2_wgrad; proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad
 # Bytes per linear parameter of TE's cached float8 weights: rowwise and columnwise (Hopper's FP8 GEMM is
 # TN only, so the backward needs a transposed copy; MXFP8 quantizes each direction separately). Blackwell's
 # shared layout for per-tensor scales (one copy) is not told apart: an upper bound there.
 FP8_WEIGHT_COPIES = 2.0
-FP8_TILE = 128    # DeepSeek-V3's 1x128 activation tiles (arXiv 2412.19437 Sec. 3.3.2), one fp32 scale each
+FP8_TILE = 128  # DeepSeek-V3's 1x128 activation tiles (arXiv 2412.19437 Sec. 3.3.2), one fp32 scale each
 FP32_BYTES = 4
 
 
 @lru_cache(maxsize=65536)
-def _states(model: ModelSpec, train: TrainSpec, shard: int, zero: int, ep: int, expert_dp: int, shape: RankShape
-            ) -> tuple[float, float, float]:
+def _states(
+    model: ModelSpec, train: TrainSpec, shard: int, zero: int, ep: int, expert_dp: int, shape: RankShape
+) -> tuple[float, float, float]:
     """(weights incl. float8 casts, fp32 main gradients, optimizer) bytes, over the weights' layout (cp
     folded into dp): dense parameters shard over ``shard``, the rank's 1/ep of the routed experts over
     the ``expert_dp`` expert data-parallel ranks (Layout.expert_dp: ``shard / ep``, folded over tp
@@ -80,6 +82,7 @@ def _states(model: ModelSpec, train: TrainSpec, shard: int, zero: int, ep: int, 
         if zero < stage:
             return dense + experts
         return dense / shard + experts / expert_dp
+
     grad_elem = 2 if train.precision == "bf16" else 4
     w = sharded(3) * train.weight_bytes
     if train.fp8:  # rowwise + columnwise float8 copies of the linear weights (all but the model's ends),
@@ -122,17 +125,18 @@ def attention_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, 
         return kept + q * sh * e + a * sh * FP32_BYTES
     r_q, r_kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
     latents = r_q + r_kv + rope
-    kept += latents * rep * e                      # the latents (the latent norms' inputs, k_pe)
+    kept += latents * rep * e  # the latents (the latent norms' inputs, k_pe)
     if not selective:
         kept += h * rep * (2 * c if c < e else e)  # the input norm's output: one bf16 tensor, or the two down
-                                                     # projections' own float8 copies
+        # projections' own float8 copies
         kept += (r_q + r_kv) * rep * c + 2 * FP32_BYTES * rep  # latent norms' outputs and rsigma
         kept += (2 * a * model.head_dim + a * model.v_head_dim) * sh * e  # Q, K, V after RoPE
     return kept + a * model.v_head_dim * sh * e + a * sh * FP32_BYTES
 
 
-def mlp_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, selective: bool, ep: int,
-                    folded: bool) -> tuple[float, float]:
+def mlp_token_bytes(
+    model: ModelSpec, local: TrainSpec, t: int, sp: bool, selective: bool, ep: int, folded: bool
+) -> tuple[float, float]:
     """(dense block's, MoE block's) MLP bytes kept per token on a TP rank, the residual (the MLP norm's input)
     and its rsigma included.
 
@@ -148,13 +152,13 @@ def mlp_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, select
     e, c, rep, sh = local.activation_bytes, linear_input_bytes(local), (1 / t if sp else 1.0), 1 / t
     h = model.hidden
     residual = h * rep * e + FP32_BYTES * rep
-    gated = 2 if model.mlp != "gelu" else 1                     # fc1's output: gate and up, or GeLU's input
+    gated = 2 if model.mlp != "gelu" else 1  # fc1's output: gate and up, or GeLU's input
     dense = residual + h * rep * c + model.ffn_hidden * sh * (gated * e + c)
     if not model.moe:
         return dense, 0.0
     moe = residual + model.experts * (e + FP32_BYTES)
     if not selective:
-        moe += h * rep * e                                      # the MLP norm's output (router's input, bf16)
+        moe += h * rep * e  # the MLP norm's output (router's input, bf16)
     per_copy = h * c + 2 * model.expert_ffn_hidden * c + FP32_BYTES + (0 if selective else model.expert_ffn_hidden * c)
     routed = (act.CAPACITY_FACTOR if ep > 1 else 1.0) * model.experts_per_token * per_copy
     moe += routed / t if folded else routed
@@ -166,8 +170,9 @@ def mlp_token_bytes(model: ModelSpec, local: TrainSpec, t: int, sp: bool, select
 
 
 @lru_cache(maxsize=65536)
-def _block_kept(model: ModelSpec, local: TrainSpec, tp: int, sp: bool, mbs: int, ac: str, ep: int, folded: bool
-                ) -> tuple[float, float]:
+def _block_kept(
+    model: ModelSpec, local: TrainSpec, tp: int, sp: bool, mbs: int, ac: str, ep: int, folded: bool
+) -> tuple[float, float]:
     """(what one block keeps per micro-batch, what a recomputed one holds while it runs):
     :func:`attention_token_bytes` + :func:`mlp_token_bytes` per token, of the heavier kind of block when the
     model mixes dense and MoE blocks (a stage may hold only that kind: DeepSeek-V3's dense blocks 0-2 sit on
@@ -177,8 +182,9 @@ def _block_kept(model: ModelSpec, local: TrainSpec, tp: int, sp: bool, mbs: int,
     mlp = dense if not model.moe_layers else (moe if model.moe_layers == model.layers else max(dense, moe))
     whole = tokens * (attention_token_bytes(model, local, tp, sp, selective) + mlp)
     if ac == "full":  # the block input kept; the recomputed block holds everything while it runs
-        return act.block_bytes(act.Shapes.of(model), local.seq_len, mbs, local.activation_bytes, tp, sp, "full",
-                               MEGATRON_CORE), whole
+        return act.block_bytes(
+            act.Shapes.of(model), local.seq_len, mbs, local.activation_bytes, tp, sp, "full", MEGATRON_CORE
+        ), whole
     return whole, 0.0
 
 
@@ -214,13 +220,24 @@ def transient(model: ModelSpec, local: TrainSpec, layout_key: tuple, m: int, sha
     return a, other
 
 
-def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                capacity: float) -> Memory:
+def rank_memory(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, capacity: float
+) -> Memory:
     """The rank's memory at its peak under Megatron-Core (see the module's docstring)."""
     w, g, o = states_of(model, train, layout, shape)
     if model.states_only:
         return Memory(params=w, grads=g, optimizer=o, activations=0.0, other=0.0, capacity=capacity)
-    key = (layout.tp, layout.sp, layout.mbs, layout.ac, layout.ep, layout.ep_folds_tp, layout.schedule, layout.pp,
-           layout.vpp, tp_overlap_on(train, layout))
+    key = (
+        layout.tp,
+        layout.sp,
+        layout.mbs,
+        layout.ac,
+        layout.ep,
+        layout.ep_folds_tp,
+        layout.schedule,
+        layout.pp,
+        layout.vpp,
+        tp_overlap_on(train, layout),
+    )
     a, other = transient(model, local_train(train, layout), key, m, shape)
     return Memory(params=w, grads=g, optimizer=o, activations=a, other=other, capacity=capacity)

@@ -64,13 +64,13 @@ class RankShape:
     chunk_blocks: tuple[int, ...]
     has_embedding: bool
     has_head: bool
-    params: float            # after TP
-    block_params: float      # one block, after TP
-    root_params: float       # embedding, final norm and head held by this rank, after TP
-    root_units: int          # chunks of this rank that hold any of those (one FSDP unit each)
-    sends_per_mb: int        # activations and gradients this rank sends to another rank, per micro-batch
+    params: float  # after TP
+    block_params: float  # one block, after TP
+    root_params: float  # embedding, final norm and head held by this rank, after TP
+    root_units: int  # chunks of this rank that hold any of those (one FSDP unit each)
+    sends_per_mb: int  # activations and gradients this rank sends to another rank, per micro-batch
     expert_params: float = 0.0  # routed experts in its blocks, before expert parallelism
-    last_blocks: float = 0.0    # the last block of each of its chunks, summed, after TP (0: block_params each)
+    last_blocks: float = 0.0  # the last block of each of its chunks, summed, after TP (0: block_params each)
     last_blocks_experts: float = 0.0  # the routed experts of those blocks, before expert parallelism
 
     __hash__ = cached_hash
@@ -120,30 +120,30 @@ class Moment(NamedTuple):
 class StaticParts(NamedTuple):
     """What does not depend on mbs or ac, in bytes (:func:`_static_parts`)."""
 
-    weights_forward: float   # weights at a forward's end
+    weights_forward: float  # weights at a forward's end
     weights_backward: float  # weights at a backward's start
     optimizer: float
-    all_grads: float         # gradients after a backward
-    first_grad: float        # the first gradient of a backward
-    fixed_other: float       # fixed buffers
+    all_grads: float  # gradients after a backward
+    first_grad: float  # the first gradient of a backward
+    fixed_other: float  # fixed buffers
     copies: tuple[float, float]  # FSDP2's strided copies (root, block)
-    embed_gap: float         # the embedding's accumulated gradient less its fresh one
-    block_grads: float       # a block's gradients once its MLP is differentiated
-    last_block: float        # the last block gathered (ZeRO-3's prefetch of the one before it)
-    shared_grads: float      # the last block's shared expert's gradients
+    embed_gap: float  # the embedding's accumulated gradient less its fresh one
+    block_grads: float  # a block's gradients once its MLP is differentiated
+    last_block: float  # the last block gathered (ZeRO-3's prefetch of the one before it)
+    shared_grads: float  # the last block's shared expert's gradients
 
 
 class Activations(NamedTuple):
     """Activations at the moments of a micro-batch, in bytes (:func:`_activations` tells each)."""
 
-    forward: float   # at the end of a forward
+    forward: float  # at the end of a forward
     backward: float  # at the start of a backward
-    loss: float      # in the loss's backward (last chunk)
-    second: float    # at the start of the second backward
-    embed: float     # in the embedding's backward (TP)
-    late: float      # late in the second block a backward differentiates
-    kept: float      # what one block keeps per micro-batch
-    extras: float    # what one more chunk-micro-batch in flight adds beside its blocks
+    loss: float  # in the loss's backward (last chunk)
+    second: float  # at the start of the second backward
+    embed: float  # in the embedding's backward (TP)
+    late: float  # late in the second block a backward differentiates
+    kept: float  # what one block keeps per micro-batch
+    extras: float  # what one more chunk-micro-batch in flight adds beside its blocks
 
 
 class PerMicroBatch(NamedTuple):
@@ -157,8 +157,8 @@ class PerMicroBatch(NamedTuple):
     second: float
     embed: float
     late: float
-    ring_last: float   # inside the ring attention's backward of the last block
-    ring: float        # of the last block but one
+    ring_last: float  # inside the ring attention's backward of the last block
+    ring: float  # of the last block but one
     ring_temps: float  # its temporaries
     shared_kept: float
     kept_block: float
@@ -187,9 +187,12 @@ def _distinct_rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: 
 def _standing_for(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[RankShape, ...]:
     """Per pipeline rank, the distinct rank shape that stands for it (the lowest of the same blocks and ends)."""
     shapes: dict[tuple, RankShape] = {}
-    return tuple(shapes.setdefault((s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params,
-                                    s.expert_params, s.last_blocks), s)
-                 for s in _rank_shapes(model, t, pp, vpp, v_shape))
+    return tuple(
+        shapes.setdefault(
+            (s.chunk_blocks, s.has_embedding, s.has_head, s.sends_per_mb, s.params, s.expert_params, s.last_blocks), s
+        )
+        for s in _rank_shapes(model, t, pp, vpp, v_shape)
+    )
 
 
 def plan_rank_shape(model: ModelSpec, layout: Layout, pp_rank: int) -> RankShape:
@@ -208,8 +211,10 @@ def rank_groups(model: ModelSpec, layout: Layout) -> tuple[tuple[int, ...], ...]
 @lru_cache(maxsize=4096)
 def _rank_groups(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> tuple[tuple[int, ...], ...]:
     standing = _standing_for(model, t, pp, vpp, v_shape)
-    return tuple(tuple(p for p, s in enumerate(standing) if s == rep)
-                 for rep in _distinct_rank_shapes(model, t, pp, vpp, v_shape))
+    return tuple(
+        tuple(p for p, s in enumerate(standing) if s == rep)
+        for rep in _distinct_rank_shapes(model, t, pp, vpp, v_shape)
+    )
 
 
 def all_rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
@@ -228,8 +233,10 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     moe = [model.moe and i not in model.dense_layers for i in range(model.layers)]
     dense_mlp, moe_mlp = model._mlp(model.ffn_hidden), model._moe_block(model.experts) if model.moe else 0
     # a block's parameters after TP, for a dense and for a MoE block (the same expression per block)
-    per_layer = {e: (model.attention_params + (0 if e else dense_mlp)) / t + (moe_mlp if e else 0)
-                 + model.layer_norm_params for e in (False, True)}
+    per_layer = {
+        e: (model.attention_params + (0 if e else dense_mlp)) / t + (moe_mlp if e else 0) + model.layer_norm_params
+        for e in (False, True)
+    }
     layer = [per_layer[e] for e in moe]
     experts_per_block = model.experts * model._mlp(model.expert_ffn_hidden) if model.moe else 0.0
     layer_experts = [experts_per_block if e else 0.0 for e in moe]
@@ -248,19 +255,32 @@ def _rank_shapes(model: ModelSpec, t: int, pp: int, vpp: int, v_shape: bool) -> 
     for r in range(pp):
         chunks = rank_chunks[r]
         first_here, last_here = 0 in chunks, last in chunks
-        root = (embed if first_here else 0.0)
+        root = embed if first_here else 0.0
         if last_here:
             root += model.final_norm_params + (head if not model.tied_embeddings or not first_here else 0.0)
         root_units = int(first_here) + int(last_here) - int(first_here and last_here and len(chunks) == 1)
-        sends = sum(1 for c in chunks if c < last and owner[c + 1] != r)        # activations forward
-        sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)          # gradients backward
+        sends = sum(1 for c in chunks if c < last and owner[c + 1] != r)  # activations forward
+        sends += sum(1 for c in chunks if c > 0 and owner[c - 1] != r)  # gradients backward
         blocks = tuple(counts[c] for c in chunks)
         mine = [i for c in chunks for i in range(starts[c], starts[c] + counts[c])]
         held = sum([layer[i] for i in mine])
         lasts = [starts[c] + counts[c] - 1 for c in chunks if counts[c]]
-        shapes.append(RankShape(r, blocks, first_here, last_here, held + root, held / max(len(mine), 1), root,
-                                root_units, sends, sum([layer_experts[i] for i in mine]),
-                                sum(layer[i] for i in lasts), sum(layer_experts[i] for i in lasts)))
+        shapes.append(
+            RankShape(
+                r,
+                blocks,
+                first_here,
+                last_here,
+                held + root,
+                held / max(len(mine), 1),
+                root,
+                root_units,
+                sends,
+                sum([layer_experts[i] for i in mine]),
+                sum(layer[i] for i in lasts),
+                sum(layer_experts[i] for i in lasts),
+            )
+        )
     return tuple(shapes)
 
 
@@ -332,8 +352,9 @@ def _weights(train: TrainSpec, layout: Layout, shape: RankShape, moment: str, ru
     if not train.mixed:
         # replicate keeps no second copy of experts that no other rank shares (dp = ep; measured)
         alone = shape.expert_params / layout.ep if layout.dp == layout.ep else 0.0
-        w += (shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone) \
-            * train.weight_bytes
+        w += (
+            shape.params / layout.shard if layout.zero else held(shape.params, shape.expert_params, layout) - alone
+        ) * train.weight_bytes
     if evicts_chunks(layout):
         # at most three chunks gathered at once; the fewest any moment of the step holds before
         # it ends are the rank's three smallest (pipeline.interleaved_moments)
@@ -350,7 +371,12 @@ def interleaved(layout: Layout) -> bool:
 def evicts_chunks(layout: Layout) -> bool:
     """Whether the interleaved runtime reshards chunks FSDP2 would keep gathered (ZeRO-1/2, more
     chunks than it keeps active)."""
-    return interleaved(layout) and layout.dp * layout.cp > 1 and layout.zero in (1, 2) and layout.vpp > pipeline.ACTIVE_CHUNKS
+    return (
+        interleaved(layout)
+        and layout.dp * layout.cp > 1
+        and layout.zero in (1, 2)
+        and layout.vpp > pipeline.ACTIVE_CHUNKS
+    )
 
 
 def frees_gradients(layout: Layout) -> bool:
@@ -380,11 +406,12 @@ def _chunk_fractions(shape: RankShape) -> tuple[float, ...]:
 def _fewest_gathered(shape: RankShape) -> float:
     """The share of the rank's parameters in its ACTIVE_CHUNKS smallest chunks: the fewest weights
     any busiest moment of the interleaved runtime holds gathered where it evicts chunks."""
-    return sum(sorted(_chunk_fractions(shape))[:pipeline.ACTIVE_CHUNKS])
+    return sum(sorted(_chunk_fractions(shape))[: pipeline.ACTIVE_CHUNKS])
 
 
-def _receive_buffers(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                     ) -> tuple[float, float, float]:
+def _receive_buffers(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
+) -> tuple[float, float, float]:
     """Under PP, torch's PipelineStage allocates, per chunk, a receive buffer for every micro-batch's
     input and one for its output's gradient, kept from the first step on (stage._prepare_forward_infra,
     _setup_backward_recv_info; meshwise verify: 2 x 64 of them on Llama 3 405B, pp=8, vpp=8, m=8):
@@ -444,8 +471,13 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     loss = 0.0
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
-        loss = base + buffers + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp) \
-            + act.loss_backward_bytes(model, seq, mbs) + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
+        loss = (
+            base
+            + buffers
+            + (m - 1 if gpipe else 0) * act.head_bytes(model, seq, mbs, e, t, sp)
+            + act.loss_backward_bytes(model, seq, mbs)
+            + (act.logits_bytes(model, seq, mbs, e) if layout.pp > 1 else 0.0)
+        )
     if shape.has_head:
         gpipe = layout.pp > 1 and layout.schedule == "gpipe"
         forward += (m if gpipe else 1) * act.head_bytes(model, seq, mbs, e, t, sp)
@@ -477,8 +509,7 @@ def _kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout, shapes: 
         dense_mlp = 0.0 if layout.ac == "full" else seq * mbs * model.ffn_hidden * e / t * (4 if shapes.swiglu else 2)
         moe = act.moe_mlp_bytes(model, seq, mbs, e, layout.ep, layout.ac)
         kept += model.moe_layers / model.layers * (moe - dense_mlp)
-    if model.position == "rope" and train.mixed and layout.dp * layout.cp > 1 \
-            and layout.ac != "none":
+    if model.position == "rope" and train.mixed and layout.dp * layout.cp > 1 and layout.ac != "none":
         # FSDP2's policy casts each block's inputs: the float32 rotary cos and sin tables (s x head_dim)
         # become a bf16 copy per block and micro-batch, which a checkpointed block keeps as its inputs
         # (meshwise verify, Llama 3 405B under ac=full and selective: 2 x 2.1 MB per block and
@@ -487,15 +518,26 @@ def _kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout, shapes: 
     return kept
 
 
-def _in_flight(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, shapes: act.Shapes,
-               kept: float, held: int) -> tuple[float, float, float]:
+def _in_flight(
+    model: ModelSpec,
+    train: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    shapes: act.Shapes,
+    kept: float,
+    held: int,
+) -> tuple[float, float, float]:
     """What the ``held`` chunk-micro-batches in flight keep (the schedule's), without the head's:
     (all of it, their blocks' part, the pipeline's receive buffers)."""
     seq, mbs, e, t, sp = train.seq_len, layout.mbs, train.activation_bytes, layout.tp, layout.sp
     per_chunk = shape.blocks / len(shape.chunk_blocks)
     # the chunks in flight at the busiest moment (interleaved: those chunks' own, not the rank's average)
-    blocks_part = kept * (pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks)
-                          if interleaved(layout) else held * per_chunk)
+    blocks_part = kept * (
+        pipeline.busiest_blocks(layout.pp, layout.vpp, m, shape.pp_rank, shape.chunk_blocks)
+        if interleaved(layout)
+        else held * per_chunk
+    )
     base = blocks_part
     if layout.schedule == "zero-bubble" and layout.pp > 1 and layout.ac == "none":
         # torch 2.13 keeps every chunk-micro-batch's weight-gradient tensors until the step ends;
@@ -523,8 +565,7 @@ def _in_flight(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankSh
     return base, blocks_part, buffers
 
 
-def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape
-                   ) -> tuple[float, float, float]:
+def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple[float, float, float]:
     """Inside a ring attention's backward (cp > 1, no checkpointing, ``train`` the rank's s/cp
     setting; traced with meshwise verify, measured with meshwise measure): (activations inside the
     chunk's last block's, inside the last block but one's, backward temporaries).
@@ -544,8 +585,11 @@ def _ring_backward(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Ra
     attention = full - act.mlp_bytes(shapes, seq, mbs, e, t, sp)
     ids = seq * mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     scores = 4 * model.heads / t * mbs * seq * seq * 4
-    return ((shape.blocks - 1) * kept + attention + ids, (shape.blocks - 2) * kept + attention + ids,
-            ring_bytes(model, train, layout) + scores)
+    return (
+        (shape.blocks - 1) * kept + attention + ids,
+        (shape.blocks - 2) * kept + attention + ids,
+        ring_bytes(model, train, layout) + scores,
+    )
 
 
 def _last_block(model: ModelSpec, layout: Layout, shape: RankShape) -> tuple[float, float]:
@@ -577,7 +621,9 @@ def _block_grads_after_mlp(model: ModelSpec, train: TrainSpec, layout: Layout, s
     if model.states_only:
         return 0.0
     attention_in = (model.attention_params - model.heads * model.head_dim * model.hidden) / layout.tp + model.hidden
-    return (_last_block(model, layout, shape)[1] - attention_in) * (reduce_bytes(train) if layout.dp > 1 else train.grad_bytes)
+    return (_last_block(model, layout, shape)[1] - attention_in) * (
+        reduce_bytes(train) if layout.dp > 1 else train.grad_bytes
+    )
 
 
 def _fixed_other(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -620,14 +666,22 @@ def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> StaticParts:
     """What does not depend on mbs or ac (:class:`StaticParts`)."""
-    return _new(StaticParts, (
-        _weights(train, layout, shape, "forward"), _weights(train, layout, shape, "backward"),
-        states(shape.params, train, layout, shape.expert_params)[2], _all_grads(model, train, layout, shape),
-        _first_grad(model, train, layout, shape),
-        _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
-        _strided_copies(train, layout, shape), _embedding_grad_gap(model, train, layout, shape),
-        _block_grads_after_mlp(model, train, layout, shape),
-        _last_block(model, layout, shape)[0] * train.weight_bytes, _shared_expert(model, shape) * train.grad_bytes))
+    return _new(
+        StaticParts,
+        (
+            _weights(train, layout, shape, "forward"),
+            _weights(train, layout, shape, "backward"),
+            states(shape.params, train, layout, shape.expert_params)[2],
+            _all_grads(model, train, layout, shape),
+            _first_grad(model, train, layout, shape),
+            _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
+            _strided_copies(train, layout, shape),
+            _embedding_grad_gap(model, train, layout, shape),
+            _block_grads_after_mlp(model, train, layout, shape),
+            _last_block(model, layout, shape)[0] * train.weight_bytes,
+            _shared_expert(model, shape) * train.grad_bytes,
+        ),
+    )
 
 
 def _embedding_grad_gap(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> float:
@@ -649,23 +703,40 @@ def _strided_copies(train: TrainSpec, layout: Layout, shape: RankShape) -> tuple
     return 0.0, 0.0
 
 
-def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                     ) -> PerMicroBatch:
+def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> PerMicroBatch:
     """What depends on the micro-batch and the schedule, not on DP or ZeRO (:class:`PerMicroBatch`)."""
     shared = 0.0
     if _shared_expert(model, shape):  # act.moe_mlp_bytes: its four SwiGLU tensors and its gated output
-        shared = train.seq_len * layout.mbs * train.activation_bytes * \
-            (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
+        shared = (
+            train.seq_len
+            * layout.mbs
+            * train.activation_bytes
+            * (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
+        )
     acts = _activations(model, train, layout, shape, m)
-    return _new(PerMicroBatch, (acts.forward, acts.backward, acts.loss, acts.second, acts.embed, acts.late,
-                                *_ring_backward(model, train, layout, shape), shared, acts.kept, acts.extras))
+    return _new(
+        PerMicroBatch,
+        (
+            acts.forward,
+            acts.backward,
+            acts.loss,
+            acts.second,
+            acts.embed,
+            acts.late,
+            *_ring_backward(model, train, layout, shape),
+            shared,
+            acts.kept,
+            acts.extras,
+        ),
+    )
 
 
 MOMENTS = ("forward", "backward", "end", "loss", "block", "ring", "embed")
 
 
-def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts,
-                per_mb: PerMicroBatch) -> tuple[Moment, ...]:
+def _candidates(
+    train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts, per_mb: PerMicroBatch
+) -> tuple[Moment, ...]:
     """:class:`Moment` at each of the MOMENTS: the end of the
     busiest forward, its backward (the larger of: its start; where the warm-up holds every
     micro-batch, the start of the second backward), the end of
@@ -674,8 +745,13 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     under cp with ZeRO-3 inside the ring attention's backward of the last block but one (else
     the end of the step), and under TP on the embedding's chunk its embedding's backward (else
     the backward)."""
-    w_fwd, w_bwd, o, all_grads, first = (static.weights_forward, static.weights_backward, static.optimizer,
-                                         static.all_grads, static.first_grad)
+    w_fwd, w_bwd, o, all_grads, first = (
+        static.weights_forward,
+        static.weights_backward,
+        static.optimizer,
+        static.all_grads,
+        static.first_grad,
+    )
     root_copy, block_copy = static.copies
     act_fwd = per_mb.forward
     act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
@@ -683,16 +759,20 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
     ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
     other = static.fixed_other
-    backward = _new(Moment, (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward,
-                             other))
+    backward = _new(
+        Moment, (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward, other)
+    )
     late = _late_moment(train, layout, shape, backward, grads, per_mb.late)
     if static.shared_grads and shape.has_head:
         # the last block is a MoE block with a shared expert, added last in its forward: its backward
         # differentiates the shared expert first, whose fresh gradients then exist beside the
         # head's, its own tensors freed (measured: tiny-moe dp=4,zero=3,cp=2,ep=4 peaks there)
         fresh = static.shared_grads if (grads == 0 or fresh_unsharded) else 0.0
-        backward = max(backward, _new(Moment, (backward.params, backward.grads + fresh, o,
-                                               per_mb.backward - per_mb.shared_kept, other)), key=sum)
+        backward = max(
+            backward,
+            _new(Moment, (backward.params, backward.grads + fresh, o, per_mb.backward - per_mb.shared_kept, other)),
+            key=sum,
+        )
     if warm_up_only and m > 1:
         second = _new(Moment, (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, per_mb.second, other))
         backward = max(backward, second, key=sum)
@@ -709,7 +789,8 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     if interleaved(layout):
         standing_in = ring == end
         forward, backward, end, loss_moment, embed = _interleaved_peaks(
-            train, layout, shape, m, static, act_fwd, per_mb, ids, other, fresh_unsharded)
+            train, layout, shape, m, static, act_fwd, per_mb, ids, other, fresh_unsharded
+        )
         late = backward  # late in a block's backward is a moment of its own only without PP
         if standing_in:
             ring = end
@@ -726,27 +807,31 @@ def _candidates(train: TrainSpec, layout: Layout, shape: RankShape, m: int, stat
     )
 
 
-def _step_gradients(train: TrainSpec, layout: Layout, shape: RankShape, m: int, all_grads: float
-                    ) -> tuple[bool, float, bool]:
+def _step_gradients(
+    train: TrainSpec, layout: Layout, shape: RankShape, m: int, all_grads: float
+) -> tuple[bool, float, bool]:
     """(whether every micro-batch of the step is in flight at once, the gradients earlier backwards of
     the step left, whether the first gradient of a backward is a tensor of its own beside them)."""
     gpipe = layout.pp > 1 and layout.schedule == "gpipe"
     # every micro-batch of the step in flight at once (1F1B's warm-up holds them all, as on the first
     # stages with m <= pp): the busiest forward and the first backward come before any gradient of
     # the step, the second backward after one (found by meshwise verify, pp=4,dp=2,zero=1,tp=8 rank 0)
-    warm_up_only = layout.schedule in ("1f1b", "interleaved-1f1b") and layout.pp > 1 and \
-        pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank) >= m * layout.vpp
+    warm_up_only = (
+        layout.schedule in ("1f1b", "interleaved-1f1b")
+        and layout.pp > 1
+        and pipeline.in_flight(layout.schedule, layout.pp, layout.vpp, m, shape.pp_rank) >= m * layout.vpp
+    )
     grads = 0.0 if (m == 1 or gpipe or warm_up_only) else all_grads  # what earlier backwards of the step left
     # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
     # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
-    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1
-                                                     or train.mixed)
+    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1 or train.mixed)
     return warm_up_only, grads, fresh_unsharded
 
 
-def _late_moment(train: TrainSpec, layout: Layout, shape: RankShape, backward: Moment, grads: float,
-                 act_late: float) -> Moment:
+def _late_moment(
+    train: TrainSpec, layout: Layout, shape: RankShape, backward: Moment, grads: float, act_late: float
+) -> Moment:
     """Late in a block's backward under ZeRO-2/3 without PP (else the backward's start stands in)."""
     if not (layout.zero >= 2 and layout.pp == 1 and layout.dp * layout.cp > 1 and shape.blocks > 1):
         return backward
@@ -764,8 +849,9 @@ def _late_moment(train: TrainSpec, layout: Layout, shape: RankShape, backward: M
     return _new(Moment, (backward.params, late_grads, backward.optimizer, act_late, late_other))
 
 
-def _ring_moment(layout: Layout, shape: RankShape, static: StaticParts, per_mb: PerMicroBatch, grads: float,
-                 end: Moment) -> Moment:
+def _ring_moment(
+    layout: Layout, shape: RankShape, static: StaticParts, per_mb: PerMicroBatch, grads: float, end: Moment
+) -> Moment:
     """Inside a ring attention's backward under cp with ZeRO-3 (else the end of the step stands in)."""
     if not (per_mb.ring and layout.zero == 3 and layout.pp == 1 and shape.has_head and layout.dp * layout.cp > 1):
         return end
@@ -779,13 +865,25 @@ def _ring_moment(layout: Layout, shape: RankShape, static: StaticParts, per_mb: 
     w_bwd, o, other = static.weights_backward, static.optimizer, static.fixed_other
     grads_in = grads + static.first_grad + static.block_grads
     last_block, temps = static.last_block, per_mb.ring_temps
-    return max(_new(Moment, (w_bwd, grads_in, o, per_mb.ring_last, other - static.fixed_other + last_block + temps)),
-               _new(Moment, (w_bwd, grads_in, o, per_mb.ring, other + last_block + temps)), key=sum)
+    return max(
+        _new(Moment, (w_bwd, grads_in, o, per_mb.ring_last, other - static.fixed_other + last_block + temps)),
+        _new(Moment, (w_bwd, grads_in, o, per_mb.ring, other + last_block + temps)),
+        key=sum,
+    )
 
 
-def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts,
-                       act_fwd: float, per_mb: PerMicroBatch, ids: float, other: float, fresh_unsharded: bool
-                       ) -> tuple[Moment, Moment, Moment, Moment, Moment]:
+def _interleaved_peaks(
+    train: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    static: StaticParts,
+    act_fwd: float,
+    per_mb: PerMicroBatch,
+    ids: float,
+    other: float,
+    fresh_unsharded: bool,
+) -> tuple[Moment, Moment, Moment, Moment, Moment]:
     """(forward, backward, end of the step, loss's backward, embedding's backward) under the
     interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
     weights of the chunks gathered, the gradients of the chunks accumulating (their share of every
@@ -794,10 +892,20 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     fewer in flight, and the
     float32 shards of the chunks whose gradients were reduced; at the end of the step only the
     shards remain (every chunk resharded, every gradient reduced)."""
-    w_fwd, w_bwd, o, all_grads, first = (static.weights_forward, static.weights_backward, static.optimizer,
-                                         static.all_grads, static.first_grad)
-    act_bwd, kept_block, extras, act_loss, act_embed = (per_mb.backward, per_mb.kept_block, per_mb.extras,
-                                                        per_mb.loss, per_mb.embed)
+    w_fwd, w_bwd, o, all_grads, first = (
+        static.weights_forward,
+        static.weights_backward,
+        static.optimizer,
+        static.all_grads,
+        static.first_grad,
+    )
+    act_bwd, kept_block, extras, act_loss, act_embed = (
+        per_mb.backward,
+        per_mb.kept_block,
+        per_mb.extras,
+        per_mb.loss,
+        per_mb.embed,
+    )
     evict, frees = evicts_chunks(layout), frees_gradients(layout)
     sharding = layout.shard * layout.cp
     # a block's backward peaks in its MLP's, with the down projection's and the gate's fresh gradients
@@ -805,7 +913,8 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
     fresh = first if shape.has_head else 2 * first
     fractions, top_f, top_b, low_b, smallest, first_chunk, busiest, low_blocks = _moment_fractions(
-        layout.pp, layout.vpp, m, shape, evict, frees)
+        layout.pp, layout.vpp, m, shape, evict, frees
+    )
     unsharded = _gathered_weights(train, layout, shape) if evict else 0.0
     forward = backward = loss = None
     best_f = best_b = best_loss = -1.0
@@ -840,8 +949,16 @@ def _interleaved_peaks(train: TrainSpec, layout: Layout, shape: RankShape, m: in
     if act_embed:
         # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
         g0 = all_grads * first_chunk
-        embed = _new(Moment, (w_bwd + unsharded * (first_chunk - smallest), g0, o,
-                              act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras, other))
+        embed = _new(
+            Moment,
+            (
+                w_bwd + unsharded * (first_chunk - smallest),
+                g0,
+                o,
+                act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras,
+                other,
+            ),
+        )
     return forward, backward, end, loss_moment, embed
 
 
@@ -854,14 +971,21 @@ def interleaved_ceiling(train: TrainSpec, layout: Layout, shape: RankShape, stat
     s = static
     evict = evicts_chunks(layout)
     gathered = _gathered_weights(train, layout, shape) * (1 - _fewest_gathered(shape)) if evict else 0.0
-    return max(s.weights_forward, s.weights_backward) + gathered + s.all_grads * (1 + 1 / (layout.shard * layout.cp)) \
-        + 2 * s.first_grad + s.optimizer + s.fixed_other + sum(s.copies)
+    return (
+        max(s.weights_forward, s.weights_backward)
+        + gathered
+        + s.all_grads * (1 + 1 / (layout.shard * layout.cp))
+        + 2 * s.first_grad
+        + s.optimizer
+        + s.fixed_other
+        + sum(s.copies)
+    )
 
 
 @lru_cache(maxsize=16384)
-def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, frees: bool
-                      ) -> tuple[tuple[tuple[bool, int, int, float, float, float, float], ...], int, int, int, float,
-                                 float, int, int]:
+def _moment_fractions(
+    p: int, v: int, m: int, shape: RankShape, evict: bool, frees: bool
+) -> tuple[tuple[tuple[bool, int, int, float, float, float, float], ...], int, int, int, float, float, int, int]:
     """The rank's interleaved moments (pipeline.interleaved_moments) as (is a forward's end, chunk-
     micro-batches in flight, their blocks, and the shares of the rank's parameters gathered,
     gathered ahead of use, accumulating gradients and reduced), with the most in flight at a
@@ -870,9 +994,18 @@ def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, fre
     at the busiest moment (pipeline.busiest_blocks) and at the fewest-in-flight backward."""
     moments = pipeline.interleaved_moments(p, v, m, shape.pp_rank, evict, frees)
     fr = _chunk_fractions(shape)
-    out = tuple((mo.kind == "F", mo.in_flight, sum(n * b for n, b in zip(mo.flight, shape.chunk_blocks)),
-                 sum(fr[c] for c in mo.gathered), sum(fr[c] for c in mo.pending),
-                 sum(fr[c] for c in mo.accumulating), sum(fr[c] for c in mo.reduced)) for mo in moments)
+    out = tuple(
+        (
+            mo.kind == "F",
+            mo.in_flight,
+            sum(n * b for n, b in zip(mo.flight, shape.chunk_blocks)),
+            sum(fr[c] for c in mo.gathered),
+            sum(fr[c] for c in mo.pending),
+            sum(fr[c] for c in mo.accumulating),
+            sum(fr[c] for c in mo.reduced),
+        )
+        for mo in moments
+    )
     top_f = max(f for is_f, f, *_ in out if is_f)
     top_b = max(f for is_f, f, *_ in out if not is_f)
     low_b, low_blocks = min((f, b) for is_f, f, b, *_ in out if not is_f)
@@ -884,8 +1017,8 @@ def _moment_fractions(p: int, v: int, m: int, shape: RankShape, evict: bool, fre
 class FloorHalves(NamedTuple):
     """The static halves of :func:`candidates_floor`'s two sums, added up once per rank shape."""
 
-    forward: float      # the forward's end: weights + optimizer states
-    backward: float     # the backward's start: weights + optimizer states
+    forward: float  # the forward's end: weights + optimizer states
+    backward: float  # the backward's start: weights + optimizer states
     fixed_other: float  # the fixed buffers
 
 
@@ -900,8 +1033,9 @@ def candidates_floor(halves: FloorHalves, per_mb: PerMicroBatch) -> float:
     and the backward's start without their gradients, strided copies and second backward (each
     term is >= 0, and the sum is taken in the same order, so it is below in floating point too).
     The one fit floor: PeakCache.fits and the search both refuse by it."""
-    return max(halves.forward + per_mb.forward + halves.fixed_other,
-               halves.backward + per_mb.backward + halves.fixed_other)
+    return max(
+        halves.forward + per_mb.forward + halves.fixed_other, halves.backward + per_mb.backward + halves.fixed_other
+    )
 
 
 def ceiling_activations(per_mb: PerMicroBatch) -> float:
@@ -910,14 +1044,14 @@ def ceiling_activations(per_mb: PerMicroBatch) -> float:
     return max(per_mb.forward, per_mb.backward, per_mb.loss, per_mb.embed)
 
 
-def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int
-                 ) -> tuple[Moment, ...]:
+def _all_moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[Moment, ...]:
     wl, lt = weights_layout(layout), local_train(train, layout)
     if model.states_only:  # the convention's states, nothing transient (the shape is unknown)
         w, g, o = states(shape.params, train, wl)
         return (Moment(_weights(train, wl, shape, "forward", runtime=False), g, o, 0.0, 0.0),)
-    return _candidates(lt, layout, shape, m, _static_parts(model, train, wl, shape),
-                       _per_micro_batch(model, lt, layout, shape, m))
+    return _candidates(
+        lt, layout, shape, m, _static_parts(model, train, wl, shape), _per_micro_batch(model, lt, layout, shape, m)
+    )
 
 
 def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int) -> Moment:
@@ -925,14 +1059,16 @@ def _moments(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShap
     return max(_all_moments(model, train, layout, shape, m), key=sum)
 
 
-def rank_memory(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                capacity: float) -> Memory:
+def rank_memory(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, capacity: float
+) -> Memory:
     w, g, o, a, x = _moments(model, train, layout, shape, m)
     return Memory(params=w, grads=g, optimizer=o, activations=a, other=x, capacity=capacity)
 
 
-def moment_memories(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int,
-                    capacity: float) -> dict[str, Memory]:
+def moment_memories(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape, m: int, capacity: float
+) -> dict[str, Memory]:
     """Memory at each of the MOMENTS (rank_memory is the largest). Which one a real run peaks at
     can depend on thread timing when two are close; measure compares against the nearest."""
     moments = dict(zip(MOMENTS, _all_moments(model, train, layout, shape, m)))

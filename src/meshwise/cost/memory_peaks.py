@@ -58,8 +58,17 @@ class PeakCache:
         which tp, pp, vpp, the V placement (zero-bubble with vpp=2) and the pipeline rank fix
         (memory.rank_shapes): those name it here, cheaper to hash than the RankShape itself."""
         cp = layout.cp
-        return (layout.dp * cp, layout.zero, layout.shard * cp, layout.tp, layout.pp, layout.vpp, layout.ep,
-                layout.schedule == "zero-bubble" and layout.vpp == 2, shape.pp_rank)
+        return (
+            layout.dp * cp,
+            layout.zero,
+            layout.shard * cp,
+            layout.tp,
+            layout.pp,
+            layout.vpp,
+            layout.ep,
+            layout.schedule == "zero-bubble" and layout.vpp == 2,
+            shape.pp_rank,
+        )
 
     def _static_of(self, layout: Layout, shape: RankShape) -> StaticParts:
         skey = self._skey(layout, shape)
@@ -82,8 +91,12 @@ class PeakCache:
             return static.weights_forward + (static.all_grads if kept else 0.0) + static.optimizer + static.fixed_other
         # most structures fail here: compute only the four parts the floor reads (as _static_parts does)
         wl = weights_layout(layout)
-        return (_weights(self.train, wl, shape, "forward") + states(shape.params, self.train, wl, shape.expert_params)[2]
-                + (_all_grads(self.model, self.train, wl, shape) if kept else 0.0) + _fixed_other(self.train, wl, shape))
+        return (
+            _weights(self.train, wl, shape, "forward")
+            + states(shape.params, self.train, wl, shape.expert_params)[2]
+            + (_all_grads(self.model, self.train, wl, shape) if kept else 0.0)
+            + _fixed_other(self.train, wl, shape)
+        )
 
     def total(self, layout: Layout, shape: RankShape, m: int) -> float:
         if self.model.states_only:
@@ -95,15 +108,34 @@ class PeakCache:
         :meth:`static_of`, and ``lt``, context.local_train's setting), as the search's inner loop has them."""
         if self.model.states_only:
             return sum(_moments(self.model, self.train, layout, shape, m))
-        akey = (layout.tp, layout.sp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, shape.pp_rank, m,
-                layout.cp, layout.ep > 1)
+        akey = (
+            layout.tp,
+            layout.sp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.mbs,
+            layout.ac,
+            shape.pp_rank,
+            m,
+            layout.cp,
+            layout.ep > 1,
+        )
         per_mb = self._per_mb.get(akey)
         if per_mb is None:
             per_mb = self._per_mb[akey] = _per_micro_batch(self.model, lt, layout, shape, m)
         return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
 
-    def fits(self, layout: Layout, shape: RankShape, m: int, static: StaticParts | None, lt: TrainSpec,
-             usable: float, table: dict) -> bool:
+    def fits(
+        self,
+        layout: Layout,
+        shape: RankShape,
+        m: int,
+        static: StaticParts | None,
+        lt: TrainSpec,
+        usable: float,
+        table: dict,
+    ) -> bool:
         """``total_of(...) <= usable``, with ``table`` from :meth:`table_of` for the layout. Most
         layouts a search tries do not fit, and most of those are refused by
         memory.candidates_floor before the seven moments are built."""
@@ -121,8 +153,9 @@ class PeakCache:
         """memory._per_micro_batch for the rank's setting ``lt`` (context.local_train's)."""
         return _per_micro_batch(self.model, lt, layout, shape, m)
 
-    def total_from(self, layout: Layout, shape: RankShape, m: int, static: StaticParts, lt: TrainSpec,
-                   per_mb: PerMicroBatch) -> float:
+    def total_from(
+        self, layout: Layout, shape: RankShape, m: int, static: StaticParts, lt: TrainSpec, per_mb: PerMicroBatch
+    ) -> float:
         """The peak total from its two halves (:meth:`static_of` and :meth:`per_micro_batch`)."""
         return max(map(sum, _candidates(lt, layout, shape, m, static, per_mb)))
 

@@ -95,8 +95,13 @@ class MoeParts:
         return self.router_s + self.permute_s + self.experts_s + self.shared_s + self.loop_s
 
     def as_json(self) -> dict[str, float]:
-        return {"router_s": self.router_s, "permute_s": self.permute_s, "experts_s": self.experts_s,
-                "shared_s": self.shared_s, "loop_s": self.loop_s}
+        return {
+            "router_s": self.router_s,
+            "permute_s": self.permute_s,
+            "experts_s": self.experts_s,
+            "shared_s": self.shared_s,
+            "loop_s": self.loop_s,
+        }
 
 
 def routed_tokens(tokens: float, tp: int, folded: bool, runtime: str = "meshwise") -> float:
@@ -130,8 +135,9 @@ def _expert_gemms(model: ModelSpec, split: int) -> tuple[tuple[float, float], ..
     return (((1 if model.mlp == "gelu" else 2) * f, h), (h, f))
 
 
-def _experts_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int,
-               split: int) -> tuple[float, float]:
+def _experts_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int, split: int
+) -> tuple[float, float]:
     """(forward, backward) seconds of the rank's experts: Megatron's grouped GEMMs, or meshwise's one
     dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
@@ -144,8 +150,10 @@ def _experts_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows:
         if grouped:
             slow = 1.0 / grouped_factor(rows)
             fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, dtype)
-            bwd += slow * (gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
-                           + gemm_seconds(k, n, rows, accel, peak, e, local, dtype))
+            bwd += slow * (
+                gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
+                + gemm_seconds(k, n, rows, accel, peak, e, local, dtype)
+            )
             continue
         split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
         f, b = linear_seconds(rows, n / split, k, accel, peak, e, dtype)
@@ -154,8 +162,9 @@ def _experts_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows:
 
 
 @lru_cache(maxsize=4096)
-def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int,
-              folded: bool) -> MoeParts:
+def moe_parts(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int, folded: bool
+) -> MoeParts:
     """One MoE block's :class:`MoeParts` (module docstring); ``train.seq_len`` is the rank's s/cp."""
     runtime = "megatron" if train.runtime == "megatron" else "meshwise"
     routed = routed_tokens(mbs * train.seq_len, tp, folded, runtime)
@@ -184,8 +193,9 @@ def moe_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: i
     return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
 
 
-def _shared_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float,
-              split: int) -> tuple[float, float]:
+def _shared_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float, split: int
+) -> tuple[float, float]:
     """(forward, backward) seconds of the shared expert(s): a dense MLP of ``shared_ffn_hidden``, split
     ``split`` ways (Megatron's TP)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
@@ -207,8 +217,18 @@ def moe_blocks_of(model: ModelSpec, expert_params: float) -> int:
 
 
 @lru_cache(maxsize=4096)
-def rank_mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int,
-                     folded: bool, ac: str, blocks: int, moe_blocks: int) -> float:
+def rank_mlp_seconds(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    mbs: int,
+    tp: int,
+    ep: int,
+    folded: bool,
+    ac: str,
+    blocks: int,
+    moe_blocks: int,
+) -> float:
     """One micro-batch's MLPs on a rank of ``blocks`` blocks, ``moe_blocks`` of them MoE blocks (the
     rest dense MLPs of ``ffn_hidden`` split by TP); ``full`` recompute runs each forward again. Ten
     arguments: the fields of the layout and rank shape it reads, kept apart as the cache's key."""
@@ -223,8 +243,17 @@ def rank_mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec,
     return total
 
 
-def step_parts(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, ep: int, folded: bool,
-               calls: int, all_to_all_s: float) -> tuple[tuple[str, float], ...]:
+def step_parts(
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    mbs: int,
+    tp: int,
+    ep: int,
+    folded: bool,
+    calls: int,
+    all_to_all_s: float,
+) -> tuple[tuple[str, float], ...]:
     """The plan's time split of a rank's MoE blocks per step: each part of :class:`MoeParts` times
     ``calls`` (MoE blocks x micro-batches; forward + backward, recompute left out), and the dispatch
     and combine all-to-alls' seconds (cost/experts.py). Nine arguments: moe_parts' and the two totals."""

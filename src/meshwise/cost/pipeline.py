@@ -103,7 +103,7 @@ def _rank_order(schedule: str, p: int, v: int, m: int, r: int) -> list[tuple[str
     order = fwd[:warm]
     for k in range(len(fwd) - warm):
         order += [fwd[warm + k], bwd[k]]
-    return order + bwd[len(fwd) - warm:]
+    return order + bwd[len(fwd) - warm :]
 
 
 def _ready(done: dict[tuple[str, int, int], float], last: int, kind: str, c: int, i: int) -> float | None:
@@ -177,7 +177,7 @@ def _simulate_greedy(p: int, m: int, forward_s: float, backward_s: float) -> lis
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     held = [0] * p
-    next_f = [[0, 0] for _ in range(p)]       # next micro-batch per (down, up) chunk
+    next_f = [[0, 0] for _ in range(p)]  # next micro-batch per (down, up) chunk
     next_b = [[0, 0] for _ in range(p)]
     pending_w: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     ops: list[Op] = []

@@ -96,8 +96,15 @@ def _loopback_env(run_dir: str) -> dict[str, str]:
 def single_process_env() -> Iterator[None]:
     """The environment a launcher would give a one-rank job, for the duration of the run."""
     with tempfile.TemporaryDirectory(prefix="meshwise-run-") as run_dir:
-        values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-                  "MASTER_PORT": "0", **_loopback_env(run_dir)}
+        values = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": "0",
+            "MASTER_PORT": "0",
+            **_loopback_env(run_dir),
+        }
         with _environ(values):
             yield
 
@@ -151,13 +158,21 @@ def launch_logged(module: str, argv: list[str], nproc: int, log_dir: Path, what:
     try:
         launch_local(module, argv, nproc, env={"OMP_NUM_THREADS": "1"}, log_dir=str(log_dir))
     except RunStopped as e:
-        tail = "\n".join(line for f in sorted(log_dir.rglob("stderr.log"))
-                         for line in f.read_text().splitlines()[-tail_lines:])
+        tail = "\n".join(
+            line for f in sorted(log_dir.rglob("stderr.log")) for line in f.read_text().splitlines()[-tail_lines:]
+        )
         raise RuntimeError(f"{what} failed: {e}\n{tail}") from None
 
 
-def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0,
-                 env: dict[str, str] | None = None, log_dir: str | None = None, stop_grace_s: float = 30.0) -> None:
+def launch_local(
+    module: str,
+    argv: list[str],
+    nproc: int,
+    max_restarts: int = 0,
+    env: dict[str, str] | None = None,
+    log_dir: str | None = None,
+    stop_grace_s: float = 30.0,
+) -> None:
     """Run ``python -m module ARGV`` as ``nproc`` workers on this machine and wait for them.
 
     ``log_dir``: the workers' stdout/stderr go to files there instead of this terminal.
@@ -175,14 +190,25 @@ def launch_local(module: str, argv: list[str], nproc: int, max_restarts: int = 0
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
             logging.getLogger(name).setLevel(logging.CRITICAL)  # the failure is reported here, in one line
     handlers = {s: signal.getsignal(s) for s in _LAUNCHER_SIGNALS}  # the agent replaces them
-    with tempfile.TemporaryDirectory(prefix="meshwise-run-") as run_dir, \
-            _environ({**_loopback_env(run_dir), LAUNCHER_ENV: "1", **(env or {})}):
+    with (
+        tempfile.TemporaryDirectory(prefix="meshwise-run-") as run_dir,
+        _environ({**_loopback_env(run_dir), LAUNCHER_ENV: "1", **(env or {})}),
+    ):
         logs = DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL) if log_dir else DefaultLogsSpecs()
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                              rdzv_backend="c10d", rdzv_endpoint=str(Path(run_dir) / "rendezvous"),
-                              rdzv_configs={"store_type": "file"}, local_addr="127.0.0.1",
-                              max_restarts=max_restarts, monitor_interval=0.1, logs_specs=logs,
-                              shutdown_timeout=math.ceil(stop_grace_s))
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            run_id=str(uuid.uuid4()),
+            rdzv_backend="c10d",
+            rdzv_endpoint=str(Path(run_dir) / "rendezvous"),
+            rdzv_configs={"store_type": "file"},
+            local_addr="127.0.0.1",
+            max_restarts=max_restarts,
+            monitor_interval=0.1,
+            logs_specs=logs,
+            shutdown_timeout=math.ceil(stop_grace_s),
+        )
         try:
             elastic_launch(config, sys.executable)("-m", module, *argv)
         except SignalException as e:
@@ -229,7 +255,9 @@ def init_process_group(backend: str, timeout_s: float = 600.0) -> None:
         store = dist.PrefixStore(f"meshwise/attempt-{attempt}", store)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    elif torch.get_num_threads() == 1:  # a one-thread CPU rank: temporaries reused, not faulted in (launch/allocator.py)
+    elif (
+        torch.get_num_threads() == 1
+    ):  # a one-thread CPU rank: temporaries reused, not faulted in (launch/allocator.py)
         keep_freed_host_memory()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 

@@ -24,6 +24,9 @@ def warn_untested_torch(version: str | None = None) -> bool:
             return False  # the command's own import of torch says so
     if version.split("+")[0].split(".")[:2] == TESTED_TORCH.split("."):
         return False
-    print(f"meshwise: warning: torch {version} is untested (tested: {TESTED_TORCH}.x); the private hooks that time "
-          f"and categorise may not run (tests/unit/test_torch_canary.py checks them)", file=sys.stderr)
+    print(
+        f"meshwise: warning: torch {version} is untested (tested: {TESTED_TORCH}.x); the private hooks that time "
+        f"and categorise may not run (tests/unit/test_torch_canary.py checks them)",
+        file=sys.stderr,
+    )
     return True

@@ -71,6 +71,7 @@ def _untracked_propagation(propagate: Callable) -> Callable:
             return propagate(self, op_schema)
         finally:
             _PROPAGATING[0] -= 1
+
     wrapped._meshwise_original = propagate  # type: ignore[attr-defined]
     return wrapped
 
@@ -93,7 +94,8 @@ class StepMemTracker(MemTracker):
     def __enter__(self) -> StepMemTracker:
         if not hasattr(ShardingPropagator._propagate_tensor_meta_non_cached, "_meshwise_original"):
             ShardingPropagator._propagate_tensor_meta_non_cached = _untracked_propagation(
-                ShardingPropagator._propagate_tensor_meta_non_cached)
+                ShardingPropagator._propagate_tensor_meta_non_cached
+            )
         return super().__enter__()
 
     def __exit__(self, *args: Any) -> None:
@@ -153,8 +155,13 @@ class StepMemTracker(MemTracker):
 
 # what a held storage is -> the category it is reported in ("master": a float32 master copy of
 # weights computed in another dtype, optimizer state by the ZeRO paper's convention)
-ROLE_CATEGORY = {"params": "Parameter", "master": "Optstate", "grads": "Gradient", "optimizer": "Optstate",
-                 "buffers": "Comm buffer"}
+ROLE_CATEGORY = {
+    "params": "Parameter",
+    "master": "Optstate",
+    "grads": "Gradient",
+    "optimizer": "Optstate",
+    "buffers": "Comm buffer",
+}
 
 
 class RoleMemTracker(StepMemTracker):
@@ -184,8 +191,11 @@ class RoleMemTracker(StepMemTracker):
         return self
 
     def _counted(self) -> dict:
-        return {dev: snap for dev, snap in self._curr_mem_snap.items()
-                if self._device_type is None or dev.type == self._device_type}
+        return {
+            dev: snap
+            for dev, snap in self._curr_mem_snap.items()
+            if self._device_type is None or dev.type == self._device_type
+        }
 
     def _update_peak_stats(self, peak_state) -> None:  # type: ignore[override]
         OVERRIDE_CALLS["MemTracker._update_peak_stats"] += 1
@@ -220,9 +230,12 @@ class RoleMemTracker(StepMemTracker):
         return {k: v for k, v in out.items() if v}
 
 
-def tracker_for(modules: list, optimizer: Any,
-                held: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None,
-                device_type: str | None = None) -> MemTracker:
+def tracker_for(
+    modules: list,
+    optimizer: Any,
+    held: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None,
+    device_type: str | None = None,
+) -> MemTracker:
     """A tracker over the modules (their parameters and buffers) and the optimizer's states; with
     ``held``, a RoleMemTracker that also splits its peak by what the storages are (on the devices
     of ``device_type``)."""

@@ -49,31 +49,31 @@ from meshwise.errors import MeshwiseError
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
 CALIBRATION_VERSION = 18  # 18: the loss's calls timed by vocabulary (cost/host.py loss_seconds);
-                          # 17: the pipeline schedule's host cost per stage call;
-                          # 16: zero-bubble's split backward, per block;
-                          # 15: host passes, attention calls, FSDP2's, DTensor's and the optimizer's passes
-                          #     the median, not the best; sequence parallelism's cost per block;
-                          # 14: the matmul rate, the model's pass and the host passes, medians of 3 bursts;
-                          # 13: the sync-skew ratio, the median of five passes of its benchmark;
-                          # 12: the threads' speed-up timed with no peer process (after the workers);
-                          # 11: the threads' speed-up, the second best of its paired timings;
-                          # 10: the optimizer's DTensor cost per tensor; DTensor's per-operator cost
-                          #     net of its collectives' measured waits;
-                          # 9: SDPA's calls read off their measured table (cost/host.py); FSDP2's
-                          #    cost per byte; the forward + backward's median pass; the wait for peers
-                          #    with more ranks than cores;
-                          # 8: whole ring calls with their sends; host time net of its GEMMs;
-                          #    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
-                          # 7: ring attention's kernels (cost/context_parallel.py);
-                          # 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
-                          # 5: the efficiency net of the memory-bound term (cost/host.py);
-                          # 4: more ranks than cores take the cores-process profile's per-rank figures;
-                          # 3: per-rank figures with one rank per core; 2: best of single timed calls
-                          # (1: averaged over 50 ms windows)
+# 17: the pipeline schedule's host cost per stage call;
+# 16: zero-bubble's split backward, per block;
+# 15: host passes, attention calls, FSDP2's, DTensor's and the optimizer's passes
+#     the median, not the best; sequence parallelism's cost per block;
+# 14: the matmul rate, the model's pass and the host passes, medians of 3 bursts;
+# 13: the sync-skew ratio, the median of five passes of its benchmark;
+# 12: the threads' speed-up timed with no peer process (after the workers);
+# 11: the threads' speed-up, the second best of its paired timings;
+# 10: the optimizer's DTensor cost per tensor; DTensor's per-operator cost
+#     net of its collectives' measured waits;
+# 9: SDPA's calls read off their measured table (cost/host.py); FSDP2's
+#    cost per byte; the forward + backward's median pass; the wait for peers
+#    with more ranks than cores;
+# 8: whole ring calls with their sends; host time net of its GEMMs;
+#    collectives' median run; gloo's reduce-scatter as a share of an all-reduce;
+# 7: ring attention's kernels (cost/context_parallel.py);
+# 6: a probe to re-check against, FSDP2's per-call and per-parameter costs;
+# 5: the efficiency net of the memory-bound term (cost/host.py);
+# 4: more ranks than cores take the cores-process profile's per-rank figures;
+# 3: per-rank figures with one rank per core; 2: best of single timed calls
+# (1: averaged over 50 ms windows)
 RECHECK_ENV = "MESHWISE_RECHECK"
 DRIFT_BOUND = 0.25  # a machine this much slower or faster than at its calibration is calibrated again
-MODEL = "small"   # whose block shapes are timed: the default model of `meshwise train`
-SEQ_LEN = 128     # the default `--data.seq_len`
+MODEL = "small"  # whose block shapes are timed: the default model of `meshwise train`
+SEQ_LEN = 128  # the default `--data.seq_len`
 
 
 def cache_dir() -> Path:
@@ -91,13 +91,19 @@ def torch_version() -> str:
         return "none"
 
 
-def machine_key(nproc: int, host: str | None = None, arch: str | None = None, cores: int | None = None,
-                torch: str | None = None) -> str:
+def machine_key(
+    nproc: int, host: str | None = None, arch: str | None = None, cores: int | None = None, torch: str | None = None
+) -> str:
     """The cache key: calibration version, host, architecture, cores, torch version, process count
     (characters outside ``[A-Za-z0-9._+-]`` become ``_``)."""
-    parts = (f"cpu-v{CALIBRATION_VERSION}", host if host is not None else socket.gethostname(),
-             arch if arch is not None else platform.machine(), f"{cores if cores is not None else os.cpu_count()}c",
-             f"torch{torch if torch is not None else torch_version()}", f"{nproc}p")
+    parts = (
+        f"cpu-v{CALIBRATION_VERSION}",
+        host if host is not None else socket.gethostname(),
+        arch if arch is not None else platform.machine(),
+        f"{cores if cores is not None else os.cpu_count()}c",
+        f"torch{torch if torch is not None else torch_version()}",
+        f"{nproc}p",
+    )
     return re.sub(r"[^A-Za-z0-9._+-]", "_", "-".join(parts))
 
 
@@ -164,26 +170,33 @@ def _calibrated(nproc: int, say, found: Path | None) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise MeshwiseError(f"{CACHE_ENV}: cannot create the cache folder {path.parent} ({e.strerror}); "
-                            "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)") from None
+        raise MeshwiseError(
+            f"{CACHE_ENV}: cannot create the cache folder {path.parent} ({e.strerror}); "
+            "set it to a writable folder, or give a profile (--gpu FILE / --layout.profile FILE)"
+        ) from None
     say(f"Calibrating this machine for {nproc} process(es) ({'again' if found else 'first use'}; cached in {path}) ...")
     cores = os.cpu_count() or 1
     busy_note, busy = busy_text(cores)
     start = time.perf_counter()
-    table = calibrate(nproc, MODEL, str(path), SEQ_LEN, quick=True,
-                      note=f"auto-calibration (quick), {busy_note} at the start") or {}
+    table = (
+        calibrate(
+            nproc, MODEL, str(path), SEQ_LEN, quick=True, note=f"auto-calibration (quick), {busy_note} at the start"
+        )
+        or {}
+    )
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (table.get("phase_s") or {}).items())
     say(f"Calibrated in {time.perf_counter() - start:.1f} s" + (f" (seconds: {phases})." if phases else "."))
     if nproc > cores:  # one per-rank speed per machine: the cores-process profile's (module docstring)
         share_per_rank_figures(path, ensure(cores, say), cores)
     if busy:
-        say(f"meshwise: warning: the machine was busy as calibrating started ({busy_note}): its figures may be "
-            f"slower than the machine; delete {path} to measure again when it is quiet")
+        say(
+            f"meshwise: warning: the machine was busy as calibrating started ({busy_note}): its figures may be "
+            f"slower than the machine; delete {path} to measure again when it is quiet"
+        )
     return path
 
 
-def other_runnable_threads(samples: int = 10, interval_s: float = 0.03,
-                           path: str = "/proc/loadavg") -> float | None:
+def other_runnable_threads(samples: int = 10, interval_s: float = 0.03, path: str = "/proc/loadavg") -> float | None:
     """The median, over ``samples`` reads ``interval_s`` apart, of the threads the scheduler holds
     runnable now (``/proc/loadavg``'s fourth field, ``running/total``) less this one; None without
     that file. The 1-minute load average also counts what ended within the last minute: right after
@@ -232,11 +245,15 @@ def still_holds(path: Path, say) -> bool:
     moved = probe.drift(table, now)
     age = age_text(max(0.0, now["calibrated_unix_s"] - table["calibrated_unix_s"]))
     if abs(moved) <= DRIFT_BOUND:
-        say(f"Calibration {age} old, re-checked in {time.perf_counter() - start:.1f} s: the machine reads "
-            f"{moved:+.0%} against it (recalibrated beyond ±{DRIFT_BOUND:.0%})")
+        say(
+            f"Calibration {age} old, re-checked in {time.perf_counter() - start:.1f} s: the machine reads "
+            f"{moved:+.0%} against it (recalibrated beyond ±{DRIFT_BOUND:.0%})"
+        )
         return True
-    say(f"The machine reads {moved:+.0%} against its calibration of {age} ago (bound ±{DRIFT_BOUND:.0%}): "
-        "calibrating again")
+    say(
+        f"The machine reads {moved:+.0%} against its calibration of {age} ago (bound ±{DRIFT_BOUND:.0%}): "
+        "calibrating again"
+    )
     return False
 
 

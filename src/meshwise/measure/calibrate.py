@@ -76,16 +76,57 @@ COLLECTIVE_SIZES_BYTES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 
 COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
 DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
-PROFILE_KEYS = ("name", "memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s",
-                "gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s",
-                "reduce_scatter_ratio", "efficiency_max", "efficiency_half_width", "comm_overlap", "op_overhead_s", "checkpoint_call_s",
-                "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s", "cpu_gemm_flops_per_s",
-                "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency", "dram_bytes_per_s", "cp_step_s", "cp_score_s",
-                "cp_score_dim_s", "cp_step_includes_sends", "cp_ring_table", "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s",
-                "sdpa_head_table", "loss_token_table", "thread_efficiency",
-                "cores_per_node", "sync_skew_ratio", "sync_skew_slice_s",
-                "probe_gemm_flops_per_s",
-                "probe_op_s", "calibrated_unix_s", "calibrated_on", "source")
+PROFILE_KEYS = (
+    "name",
+    "memory_bytes",
+    "peak_bf16_flops_per_s",
+    "peak_fp32_flops_per_s",
+    "hbm_bytes_per_s",
+    "gpus_per_node",
+    "intra_bytes_per_s",
+    "intra_latency_s",
+    "inter_bytes_per_s",
+    "inter_latency_s",
+    "reduce_scatter_ratio",
+    "efficiency_max",
+    "efficiency_half_width",
+    "comm_overlap",
+    "op_overhead_s",
+    "checkpoint_call_s",
+    "selective_op_s",
+    "tp_op_s",
+    "tp_sp_block_s",
+    "zb_split_block_s",
+    "pp_call_s",
+    "fsdp_call_s",
+    "fsdp_param_s",
+    "fsdp_byte_s",
+    "optimizer_dtensor_s",
+    "cpu_gemm_flops_per_s",
+    "cpu_gemm_call_s",
+    "cpu_gemm_bytes_per_s",
+    "gemm_reference_efficiency",
+    "dram_bytes_per_s",
+    "cp_step_s",
+    "cp_score_s",
+    "cp_score_dim_s",
+    "cp_step_includes_sends",
+    "cp_ring_table",
+    "sdpa_call_s",
+    "sdpa_score_s",
+    "sdpa_score_dim_s",
+    "sdpa_head_table",
+    "loss_token_table",
+    "thread_efficiency",
+    "cores_per_node",
+    "sync_skew_ratio",
+    "sync_skew_slice_s",
+    "probe_gemm_flops_per_s",
+    "probe_op_s",
+    "calibrated_unix_s",
+    "calibrated_on",
+    "source",
+)
 
 
 # ----------------------------------------------------------------------------- pure arithmetic
@@ -134,6 +175,7 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
     error (each sample's equation divided by its time). Terms whose coefficient comes out negative
     are left out (bandwidth first, then the fixed cost) and the rest refitted; ``bytes_per_s`` 0
     means no bandwidth term."""
+
     def solve(cols: list[int]) -> list[float] | None:
         rows = [[(2 * m * n * k, 1.0, 4.0 * (m * k + k * n + m * n))[c] / t for c in cols] for m, n, k, t in samples]
         return _relative_least_squares(rows)
@@ -143,8 +185,10 @@ def fit_gemm(samples: list[tuple[float, float, float, float]]) -> tuple[float, f
         if coef and all(c >= 0 for c in coef) and coef[0] > 0:
             full = dict(zip(cols, coef))
             g, call, inv_bw = full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0)
-            errors = [abs((2 * m * n * k * g + call + 4.0 * (m * k + k * n + m * n) * inv_bw) / t - 1)
-                      for m, n, k, t in samples]
+            errors = [
+                abs((2 * m * n * k * g + call + 4.0 * (m * k + k * n + m * n) * inv_bw) / t - 1)
+                for m, n, k, t in samples
+            ]
             return 1.0 / g, call, (1.0 / inv_bw if inv_bw else 0.0), sum(errors) / len(errors)
     raise ValueError("no GEMM samples to fit")
 
@@ -212,13 +256,15 @@ def reduce_scatter_ratio(samples: list[tuple[str, int, float, float]]) -> float:
     both were timed at (cost/comm.py: gloo's reduce-scatter times like an all-reduce, not like the
     ring's half of one); 0 when no size has both."""
     times = {(kind, n, payload): seconds for kind, n, payload, seconds in samples}
-    ratios = [seconds / times[("all_reduce", n, payload)] for (kind, n, payload), seconds in times.items()
-              if kind == "reduce_scatter" and times.get(("all_reduce", n, payload), 0) > 0]
+    ratios = [
+        seconds / times[("all_reduce", n, payload)]
+        for (kind, n, payload), seconds in times.items()
+        if kind == "reduce_scatter" and times.get(("all_reduce", n, payload), 0) > 0
+    ]
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 0.0
 
 
-def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s: float,
-                         bytes_per_s: float) -> float:
+def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s: float, bytes_per_s: float) -> float:
     """Mean |relative error| of the fitted latency and bandwidth on the samples they were fitted to."""
     errors = []
     for kind, n, payload, seconds in samples:
@@ -227,8 +273,9 @@ def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s
     return sum(errors) / len(errors)
 
 
-def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated",
-                  note: str = "") -> dict[str, Any]:
+def profile_table(
+    result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated", note: str = ""
+) -> dict[str, Any]:
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
@@ -237,31 +284,40 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
         samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
         latency_s, link_bytes_per_s = fit_alpha_beta(samples)
-        link_note = (f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
-                     f"by kind and size) fitted over gloo with mean |error| "
-                     f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
-                     f"{rs_ratio:.2f} x the all-reduce of its tensor")
+        link_note = (
+            f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
+            f"by kind and size) fitted over gloo with mean |error| "
+            f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
+            f"{rs_ratio:.2f} x the all-reduce of its tensor"
+        )
     else:  # one process: nothing to measure; a copy through shared memory stands in
         latency_s, link_bytes_per_s, rs_ratio = 1e-6, float(result["copy_bytes_per_s"]), 0.0
         link_note = "one process: links not measured (copy bandwidth, 1 us)"
     model_ops, gemm, ring = int(result["model_ops"]), gemm_fields(result), ring_fields(result)
-    op_s, call_s, sel_s = host_constants(result["host_s"], model_ops, int(result["blocks"]),
-                                         host_arithmetic_seconds(result, gemm, ring))
+    op_s, call_s, sel_s = host_constants(
+        result["host_s"], model_ops, int(result["blocks"]), host_arithmetic_seconds(result, gemm, ring)
+    )
     memory_s = calibration_memory_seconds(result)
     attention_s, attention_flops = calibration_attention(result, ring)
-    arithmetic_s = max(float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s,
-                       0.5 * float(result["fwd_bwd_s"]))
-    peak, efficiency = arithmetic_rate(float(result["matmul_flops_per_s"]),
-                                       float(result["model_flops"]) - attention_flops, arithmetic_s)
+    arithmetic_s = max(
+        float(result["fwd_bwd_s"]) - model_ops * op_s - memory_s - attention_s, 0.5 * float(result["fwd_bwd_s"])
+    )
+    peak, efficiency = arithmetic_rate(
+        float(result["matmul_flops_per_s"]), float(result["model_flops"]) - attention_flops, arithmetic_s
+    )
     tp_s = tp_op_seconds(result, latency_s, model_ops) if nproc > 1 else 0.0
     tp_sp_s = tp_sp_block_seconds(result) if nproc > 1 else 0.0
     zb_s = split_backward_block_seconds(result)
     pp_s = pipeline_call_seconds(result)
     fsdp_call_s, fsdp_param_s, fsdp_byte_s = 0.0, 0.0, 0.0
     if result.get("fsdp_host_s") and nproc > 1:
-        fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(result["fsdp_host_s"], float(result["host_s"]["none"]),
-                                                   int(result["model_tensors"]), int(result["blocks"]),
-                                                   float(result["copy_bytes_per_s"]))
+        fsdp_call_s, fsdp_param_s, fsdp_byte_s = fsdp_constants(
+            result["fsdp_host_s"],
+            float(result["host_s"]["none"]),
+            int(result["model_tensors"]),
+            int(result["blocks"]),
+            float(result["copy_bytes_per_s"]),
+        )
     optimizer_dtensor_s = optimizer_dtensor_seconds(result.get("optimizer_host_s", [])) if nproc > 1 else 0.0
     cores = int(result.get("cores", 1))
     skew_ratio, skew_slice_s = sync_skew(result.get("sync_skew", []), float(result["matmul_flops_per_s"]))
@@ -304,8 +360,8 @@ def profile_table(result: dict[str, Any], nproc: int, ram_bytes: int, name: str 
         **({"cp_step_includes_sends": True} if result.get("ring_includes_sends") and "cp_step_s" in ring else {}),
         **({"loss_token_table": [[t, v, s / t] for t, v, s in result["loss"]]} if result.get("loss") else {}),
         "source": f"meshwise calibrate, {when}: {result['what']}; {link_note}; {gemm.get('note', '')}"
-                  f"{ring.get('note', '')}"
-                  f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
+        f"{ring.get('note', '')}"
+        f"memory_bytes = {MEMORY_SHARE} x RAM / {nproc}" + (f"; {note}" if note else ""),
     }
 
 
@@ -334,12 +390,17 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
     if not result.get("gemm_grid"):
         return {}
     rate, call_s, bytes_per_s, error = fit_gemm([tuple(x) for x in result["gemm_grid"]])
-    reference = gemm_grid_efficiency(_gemm_model(rate, call_s, bytes_per_s),
-                                     [tuple(x) for x in result["gemm_reference_shapes"]])
-    return {"cpu_gemm_flops_per_s": rate, "cpu_gemm_call_s": call_s, "cpu_gemm_bytes_per_s": bytes_per_s,
-            "gemm_reference_efficiency": min(1.0, reference),
-            "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
-                    f"{error:.0%}; "}
+    reference = gemm_grid_efficiency(
+        _gemm_model(rate, call_s, bytes_per_s), [tuple(x) for x in result["gemm_reference_shapes"]]
+    )
+    return {
+        "cpu_gemm_flops_per_s": rate,
+        "cpu_gemm_call_s": call_s,
+        "cpu_gemm_bytes_per_s": bytes_per_s,
+        "gemm_reference_efficiency": min(1.0, reference),
+        "note": f"GEMM grid of {len(result['gemm_grid'])} shapes (16 to 2048 per side) fitted with mean |error| "
+        f"{error:.0%}; ",
+    }
 
 
 def _fitted(**fields: Any):
@@ -367,13 +428,19 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
     for key, prefix, what in (("ring", "cp", "ring-attention blocks"), ("sdpa", "sdpa", "SDPA calls")):
         if result.get(key):
             call, score, dim, error = fit_ring([tuple(x) for x in result[key]])
-            out |= {f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call, f"{prefix}_score_s": score,
-                    f"{prefix}_score_dim_s": dim}
-            if prefix == "cp":  # the cost model reads the timings themselves (cost/context_parallel.py ring_step_seconds)
+            out |= {
+                f"{prefix}_{'step' if prefix == 'cp' else 'call'}_s": call,
+                f"{prefix}_score_s": score,
+                f"{prefix}_score_dim_s": dim,
+            }
+            if (
+                prefix == "cp"
+            ):  # the cost model reads the timings themselves (cost/context_parallel.py ring_step_seconds)
                 out["cp_ring_table"] = [[float(x) for x in row] for row in result[key]]
             elif len(result[key]) >= 2:
-                out["sdpa_head_table"] = [[math.sqrt(e / RING_HEADS), float(d), max(t - call, t / 10) / RING_HEADS]
-                                          for e, d, t in result[key]]
+                out["sdpa_head_table"] = [
+                    [math.sqrt(e / RING_HEADS), float(d), max(t - call, t / 10) / RING_HEADS] for e, d, t in result[key]
+                ]
             out["note"] += f"{what} ({len(result[key])} shapes) fitted with mean |error| {error:.0%}; "
     return out if len(out) > 1 else {}
 
@@ -383,9 +450,12 @@ def _sdpa_call_seconds(fields: dict[str, Any], heads: float, seq: float, head_di
     keys), as the cost model reads them (cost/host.py ``sdpa_call_seconds``)."""
     from meshwise.cost.host import sdpa_call_seconds
 
-    accel = _fitted(sdpa_call_s=fields["sdpa_call_s"], sdpa_score_s=fields["sdpa_score_s"],
-                    sdpa_score_dim_s=fields["sdpa_score_dim_s"],
-                    sdpa_head_table=tuple(tuple(r) for r in fields.get("sdpa_head_table", ())))
+    accel = _fitted(
+        sdpa_call_s=fields["sdpa_call_s"],
+        sdpa_score_s=fields["sdpa_score_s"],
+        sdpa_score_dim_s=fields["sdpa_score_dim_s"],
+        sdpa_head_table=tuple(tuple(r) for r in fields.get("sdpa_head_table", ())),
+    )
     return sdpa_call_seconds(accel, heads, seq, head_dim)
 
 
@@ -401,8 +471,9 @@ def calibration_attention(result: dict[str, Any], fields: dict[str, Any]) -> tup
     return int(result["blocks"]) * per_call, flops
 
 
-def fsdp_constants(fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int,
-                   copy_bytes_per_s: float) -> tuple[float, float, float]:
+def fsdp_constants(
+    fsdp_host_s: dict[str, list[float]], plain_s: float, tensors: int, blocks: int, copy_bytes_per_s: float
+) -> tuple[float, float, float]:
     """(fsdp_call_s, fsdp_param_s, fsdp_byte_s) from the FSDP2 benchmark (calibrate_worker.bench_fsdp_host):
     per wrapping ``[seconds, calls, bytes, plain seconds]`` of a forward + backward net of its waits.
     By cost/host.py's model each wrapping's seconds less its model's plain pass are
@@ -516,8 +587,11 @@ def sync_skew(rows: list[list[float]], flops_per_s: float) -> tuple[float, float
     ratios, slices = [], []
     for one in passes.values():
         base = next((both for flops, _, both, *_ in one if flops == 0), None)
-        points = [(flops / flops_per_s, max(both - alone - base, 0.0)) for flops, alone, both, *_ in one
-                  if flops > 0 and base is not None]
+        points = [
+            (flops / flops_per_s, max(both - alone - base, 0.0))
+            for flops, alone, both, *_ in one
+            if flops > 0 and base is not None
+        ]
         if points:
             ratios.append(max(sum(own * wait for own, wait in points) / sum(own * own for own, _ in points), 0.0))
             slices.append(max(own for own, _ in points))
@@ -571,18 +645,47 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
     old_s = flops / (float(table["peak_fp32_flops_per_s"]) * float(table["efficiency_max"]))
     memory_s = calibration_memory_bound_bytes(model, seq) / float(table["hbm_bytes_per_s"])
     peak, efficiency = arithmetic_rate(float(table["peak_fp32_flops_per_s"]), flops, max(old_s - memory_s, 0.5 * old_s))
-    return table | {"peak_fp32_flops_per_s": peak, "peak_bf16_flops_per_s": peak, "efficiency_max": efficiency,
-                    "source": f"{table.get('source', '')}; memory-bound term subtracted (calibration version 5)"}
+    return table | {
+        "peak_fp32_flops_per_s": peak,
+        "peak_bf16_flops_per_s": peak,
+        "efficiency_max": efficiency,
+        "source": f"{table.get('source', '')}; memory-bound term subtracted (calibration version 5)",
+    }
 
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
-PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max",
-                 "op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s",
-                 "optimizer_dtensor_s",
-                 "cpu_gemm_flops_per_s", "cpu_gemm_call_s", "cpu_gemm_bytes_per_s", "gemm_reference_efficiency",
-                 "dram_bytes_per_s", "cp_step_s", "cp_score_s", "cp_score_dim_s", "cp_step_includes_sends",
-                 "cp_ring_table", "sdpa_call_s", "sdpa_score_s",
-                 "sdpa_score_dim_s", "sdpa_head_table", "loss_token_table")
+PER_RANK_KEYS = (
+    "peak_bf16_flops_per_s",
+    "peak_fp32_flops_per_s",
+    "hbm_bytes_per_s",
+    "efficiency_max",
+    "op_overhead_s",
+    "checkpoint_call_s",
+    "selective_op_s",
+    "tp_op_s",
+    "tp_sp_block_s",
+    "zb_split_block_s",
+    "pp_call_s",
+    "fsdp_call_s",
+    "fsdp_param_s",
+    "fsdp_byte_s",
+    "optimizer_dtensor_s",
+    "cpu_gemm_flops_per_s",
+    "cpu_gemm_call_s",
+    "cpu_gemm_bytes_per_s",
+    "gemm_reference_efficiency",
+    "dram_bytes_per_s",
+    "cp_step_s",
+    "cp_score_s",
+    "cp_score_dim_s",
+    "cp_step_includes_sends",
+    "cp_ring_table",
+    "sdpa_call_s",
+    "sdpa_score_s",
+    "sdpa_score_dim_s",
+    "sdpa_head_table",
+    "loss_token_table",
+)
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:
@@ -615,8 +718,9 @@ def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: 
     return blocks * (block_s + attention_s) + head_s, (block_s + attention_s) / 3.0
 
 
-def host_constants(host_s: dict[str, float], model_ops: int, blocks: int,
-                   arithmetic_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float, float]:
+def host_constants(
+    host_s: dict[str, float], model_ops: int, blocks: int, arithmetic_s: tuple[float, float] = (0.0, 0.0)
+) -> tuple[float, float, float]:
     """(op_overhead_s, checkpoint_call_s, selective_op_s) from the forward + backward seconds of the
     host benchmark under each mode (``{"none": t, "full": t, "selective": t}``) less its arithmetic
     (``arithmetic_s``: :func:`host_arithmetic_seconds`, the whole pass's and one block forward's,
@@ -674,8 +778,14 @@ def check_args(nproc: int, out: str, seq_len: int | None, model: ModelSpec) -> i
     return seq
 
 
-def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, seq_len: int | None = None,
-              quick: bool = False, note: str = "") -> dict[str, Any]:
+def calibrate(
+    nproc: int = 2,
+    model_ref: str = "small",
+    out: str = DEFAULT_OUT,
+    seq_len: int | None = None,
+    quick: bool = False,
+    note: str = "",
+) -> dict[str, Any]:
     """Measure with ``nproc`` local gloo processes, write the profile to ``out``; returns its table.
     ``quick``: fewer repetitions and smaller tensors; ``note``: appended to the profile's source."""
     model = load_model(model_ref)
@@ -694,8 +804,10 @@ def calibrate(nproc: int = 2, model_ref: str = "small", out: str = DEFAULT_OUT, 
         result = json.loads(result_file.read_text())
     start = time.perf_counter()
     speedups += thread_speedups_alone(model, seq, quick)
-    result |= {"thread_speedups": speedups, "phase_s": {**result.get("phase_s", {}),
-                                                         "threads": threads_s + time.perf_counter() - start}}
+    result |= {
+        "thread_speedups": speedups,
+        "phase_s": {**result.get("phase_s", {}), "threads": threads_s + time.perf_counter() - start},
+    }
     from meshwise.measure.probe import probe
 
     table = profile_table(result, nproc, physical_memory_bytes(), note=note) | probe()

@@ -56,8 +56,8 @@ class Sizes:
 
     mbs: tuple[int, ...]
     tp: tuple[int, ...]
-    grid: tuple[int, ...]            # sides of the square / deep GEMM grid
-    expert_rows: tuple[int, ...]     # rows per expert of the grouped GEMMs
+    grid: tuple[int, ...]  # sides of the square / deep GEMM grid
+    expert_rows: tuple[int, ...]  # rows per expert of the grouped GEMMs
     attention_seqs: tuple[int, ...]
     attention_tokens: int
     attention_heads: int
@@ -67,15 +67,32 @@ class Sizes:
     budget_s: dict[str, float]
 
 
-FULL = Sizes(mbs=(1, 2), tp=(1, 2, 4, 8), grid=(256, 512, 1024, 2048, 4096, 8192),
-             expert_rows=(16, 32, 64, 128, 256, 512, 1024, 2048), attention_seqs=(512, 1024, 2048, 4096, 8192, 16384),
-             attention_tokens=16384, attention_heads=16, copy_bytes=1 << 30, hold_s=8.0,
-             link_bytes=tuple(4 << (2 * i) for i in range(0, 12, 1) if (4 << (2 * i)) <= 1 << 28),
-             budget_s={"gemm_bf16": 25.0, "grouped": 10.0, "gemm_fp8": 15.0, "attention": 20.0, "links": 20.0})
-TOY = Sizes(mbs=(1,), tp=(1, 2), grid=(16, 64), expert_rows=(4, 16), attention_seqs=(16, 32, 64),
-            attention_tokens=64, attention_heads=2, copy_bytes=1 << 20, hold_s=0.05,
-            link_bytes=(4 << 10, 64 << 10), budget_s={"gemm_bf16": 5.0, "grouped": 2.0, "gemm_fp8": 2.0,
-                                                      "attention": 5.0, "links": 10.0})
+FULL = Sizes(
+    mbs=(1, 2),
+    tp=(1, 2, 4, 8),
+    grid=(256, 512, 1024, 2048, 4096, 8192),
+    expert_rows=(16, 32, 64, 128, 256, 512, 1024, 2048),
+    attention_seqs=(512, 1024, 2048, 4096, 8192, 16384),
+    attention_tokens=16384,
+    attention_heads=16,
+    copy_bytes=1 << 30,
+    hold_s=8.0,
+    link_bytes=tuple(4 << (2 * i) for i in range(0, 12, 1) if (4 << (2 * i)) <= 1 << 28),
+    budget_s={"gemm_bf16": 25.0, "grouped": 10.0, "gemm_fp8": 15.0, "attention": 20.0, "links": 20.0},
+)
+TOY = Sizes(
+    mbs=(1,),
+    tp=(1, 2),
+    grid=(16, 64),
+    expert_rows=(4, 16),
+    attention_seqs=(16, 32, 64),
+    attention_tokens=64,
+    attention_heads=2,
+    copy_bytes=1 << 20,
+    hold_s=0.05,
+    link_bytes=(4 << 10, 64 << 10),
+    budget_s={"gemm_bf16": 5.0, "grouped": 2.0, "gemm_fp8": 2.0, "attention": 5.0, "links": 10.0},
+)
 
 
 def slug(name: str) -> str:
@@ -87,8 +104,9 @@ def catalog_name(device_name: str) -> str | None:
     """The catalog entry (or alias) the device's name holds, the longest run of its words that
     names one (``NVIDIA H100 80GB HBM3`` -> ``h100-80gb``, an alias of ``h100``); None if none does."""
     words = slug(device_name).split("-")
-    runs = sorted({"-".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)},
-                  key=len, reverse=True)
+    runs = sorted(
+        {"-".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}, key=len, reverse=True
+    )
     for run in runs:
         try:
             load_cluster(run, 1, 1)
@@ -132,8 +150,12 @@ def grouped_shapes(model: ModelSpec, sizes: Sizes, tokens: int) -> list[tuple[in
 
 
 def attention_cases(sizes: Sizes) -> list[tuple[str, bool, int, int]]:
-    return [(direction, causal, seq, d) for d in HEAD_WIDTHS[::-1] for seq in sizes.attention_seqs
-            for direction, causal in (("forward", False), ("forward", True), ("backward", False))]
+    return [
+        (direction, causal, seq, d)
+        for d in HEAD_WIDTHS[::-1]
+        for seq in sizes.attention_seqs
+        for direction, causal in (("forward", False), ("forward", True), ("backward", False))
+    ]
 
 
 def link_sizes(model: ModelSpec, seq: int, sizes: Sizes) -> list[int]:
@@ -155,14 +177,20 @@ def gemm_fields(base: AcceleratorSpec, samples: dict[str, list], peak_bf16: floa
     as_points = lambda rows: [(b, m, n, k, 2.0 * b * m * n * k / t) for b, m, n, k, t in rows]  # noqa: E731
     bf16_points = as_points(samples["gemm_bf16"] + samples["grouped"])
     bf16 = fit_gemm_points(short, bf16_points, "bf16", peak_bf16, 2)
-    fitted = replace(short, gemm=(("bf16", bf16["efficiency"], bf16["k_half"]),), gemm_tile_m=bf16["tile"][0],
-                     gemm_tile_n=bf16["tile"][1], kernel_floor_s=bf16["kernel_floor_s"])
+    fitted = replace(
+        short,
+        gemm=(("bf16", bf16["efficiency"], bf16["k_half"]),),
+        gemm_tile_m=bf16["tile"][0],
+        gemm_tile_n=bf16["tile"][1],
+        kernel_floor_s=bf16["kernel_floor_s"],
+    )
     out = {"bf16": bf16}
     if samples["grouped"]:
         out["grouped_errors"] = log_errors(gemm_pairs(fitted, as_points(samples["grouped"]), "bf16", peak_bf16, 2))
     if samples.get("gemm_fp8"):
-        out["fp8"] = fit_gemm_points(short, as_points(samples["gemm_fp8"]), "fp8", peak_fp8, 1,
-                                     floor=bf16["kernel_floor_s"], tile=bf16["tile"])
+        out["fp8"] = fit_gemm_points(
+            short, as_points(samples["gemm_fp8"]), "fp8", peak_fp8, 1, floor=bf16["kernel_floor_s"], tile=bf16["tile"]
+        )
     return out
 
 
@@ -172,8 +200,11 @@ def attention_fields(samples: list[tuple[str, bool, int, int, float, float]], pe
     ``head64`` the mean ratio of width 64's rate to 128's; None without a full set."""
     rate = {(d, c, s, w): flops / t / peak for d, c, s, w, t, flops in samples}
     curves = {}
-    for name, direction, causal in (("forward", "forward", False), ("forward_causal", "forward", True),
-                                    ("backward", "backward", False)):
+    for name, direction, causal in (
+        ("forward", "forward", False),
+        ("forward_causal", "forward", True),
+        ("backward", "backward", False),
+    ):
         points = [(s, y) for (d, c, s, w), y in rate.items() if (d, c, w) == (direction, causal, 128)]
         if len(points) < 2:
             return None
@@ -181,11 +212,17 @@ def attention_fields(samples: list[tuple[str, bool, int, int, float, float]], pe
     ratios = [y / rate[(d, c, s, 128)] for (d, c, s, w), y in rate.items() if w == 64 and (d, c, s, 128) in rate]
     if not ratios:
         return None
-    return {"kernel": "sdpa", "forward": curves["forward"][0], "forward_seq_half": curves["forward"][1],
-            "forward_causal": curves["forward_causal"][0], "forward_causal_seq_half": curves["forward_causal"][1],
-            "backward": curves["backward"][0], "backward_seq_half": curves["backward"][1],
-            "head64": min(1.0, sum(ratios) / len(ratios)),
-            "errors": max((c[2] for c in curves.values()), key=lambda e: e[0])}
+    return {
+        "kernel": "sdpa",
+        "forward": curves["forward"][0],
+        "forward_seq_half": curves["forward"][1],
+        "forward_causal": curves["forward_causal"][0],
+        "forward_causal_seq_half": curves["forward_causal"][1],
+        "backward": curves["backward"][0],
+        "backward_seq_half": curves["backward"][1],
+        "head64": min(1.0, sum(ratios) / len(ratios)),
+        "errors": max((c[2] for c in curves.values()), key=lambda e: e[0]),
+    }
 
 
 def link_fields(rows: list[list]) -> dict:
@@ -205,30 +242,66 @@ def _part(name: str, budget_s: float | None, run, say, phase_s: dict[str, float]
     return result
 
 
-def measure_parts(model: ModelSpec, seq: int, device: gpu_bench.Device, sizes: Sizes, timer: gpu_bench.Timer,
-                  say) -> dict[str, Any]:
+def measure_parts(
+    model: ModelSpec, seq: int, device: gpu_bench.Device, sizes: Sizes, timer: gpu_bench.Timer, say
+) -> dict[str, Any]:
     """Every part's timings on ``device`` (module docstring), each within its budget."""
     dev, budget, phase_s = device.kind, sizes.budget_s, {}
     tokens = [mbs * seq for mbs in sizes.mbs]
-    plan = list(dict.fromkeys(s for t in tokens for tp in sizes.tp if model.heads % tp == 0 and model.kv_heads % tp == 0
-                              for s in plan_gemm_shapes(model, t, tp)))
+    plan = list(
+        dict.fromkeys(
+            s
+            for t in tokens
+            for tp in sizes.tp
+            if model.heads % tp == 0 and model.kv_heads % tp == 0
+            for s in plan_gemm_shapes(model, t, tp)
+        )
+    )
     grid = [s for s in grid_shapes(sizes, tokens[0]) if s not in plan]
-    shapes = grid[:len(sizes.grid)] + plan + grid[len(sizes.grid):]  # squares (the floor) first, deep ones last
+    shapes = grid[: len(sizes.grid)] + plan + grid[len(sizes.grid) :]  # squares (the floor) first, deep ones last
     samples: dict[str, Any] = {"phase_s": phase_s}
-    samples["gemm_bf16"] = _part("GEMMs bf16", budget["gemm_bf16"],
-                                 lambda d: gpu_bench.bench_gemms(shapes, "bf16", dev, timer, d), say, phase_s)
-    samples["grouped"] = _part("grouped GEMMs bf16", budget["grouped"], lambda d: gpu_bench.bench_gemms(
-        grouped_shapes(model, sizes, tokens[0]), "bf16", dev, timer, d), say, phase_s)
+    samples["gemm_bf16"] = _part(
+        "GEMMs bf16", budget["gemm_bf16"], lambda d: gpu_bench.bench_gemms(shapes, "bf16", dev, timer, d), say, phase_s
+    )
+    samples["grouped"] = _part(
+        "grouped GEMMs bf16",
+        budget["grouped"],
+        lambda d: gpu_bench.bench_gemms(grouped_shapes(model, sizes, tokens[0]), "bf16", dev, timer, d),
+        say,
+        phase_s,
+    )
     fp8_shapes = shapes if sizes is not TOY else [(1, s, s, s) for s in sizes.grid]  # a CPU's float8 GEMMs are slow
-    samples["gemm_fp8"] = _part("GEMMs fp8", budget["gemm_fp8"], lambda d: gpu_bench.bench_gemms(
-        fp8_shapes, "fp8", dev, timer, d), say, phase_s) if device.fp8 else []
-    samples["attention"] = _part("attention (SDPA forward, backward)", budget["attention"], lambda d: gpu_bench.bench_attention(
-        attention_cases(sizes), sizes.attention_tokens, sizes.attention_heads, dev, timer, d), say, phase_s)
-    samples["copy_bytes_per_s"] = _part("memory-bound (copy)", None,
-                                        lambda d: gpu_bench.bench_copy(sizes.copy_bytes, dev, timer), say, phase_s)
+    samples["gemm_fp8"] = (
+        _part(
+            "GEMMs fp8",
+            budget["gemm_fp8"],
+            lambda d: gpu_bench.bench_gemms(fp8_shapes, "fp8", dev, timer, d),
+            say,
+            phase_s,
+        )
+        if device.fp8
+        else []
+    )
+    samples["attention"] = _part(
+        "attention (SDPA forward, backward)",
+        budget["attention"],
+        lambda d: gpu_bench.bench_attention(
+            attention_cases(sizes), sizes.attention_tokens, sizes.attention_heads, dev, timer, d
+        ),
+        say,
+        phase_s,
+    )
+    samples["copy_bytes_per_s"] = _part(
+        "memory-bound (copy)", None, lambda d: gpu_bench.bench_copy(sizes.copy_bytes, dev, timer), say, phase_s
+    )
     largest = max(plan, key=lambda s: s[1] * s[2] * s[3])[1:]
-    samples["sustained_clock"] = _part("sustained clock", None, lambda d: gpu_bench.bench_sustained_clock(
-        largest, dev, timer, sizes.hold_s), say, phase_s)
+    samples["sustained_clock"] = _part(
+        "sustained clock",
+        None,
+        lambda d: gpu_bench.bench_sustained_clock(largest, dev, timer, sizes.hold_s),
+        say,
+        phase_s,
+    )
     return samples
 
 
@@ -266,15 +339,20 @@ def reference(device: gpu_bench.Device, samples: dict[str, Any]) -> tuple[str | 
     from meshwise.spec import ClusterSpec, LinkSpec
 
     rates = [2.0 * b * m * n * k / t for b, m, n, k, t in samples["gemm_bf16"]] or [1e12]
-    accel = AcceleratorSpec(slug(device.name), device.memory_bytes, max(rates), max(rates),
-                            float(samples["copy_bytes_per_s"]))
+    accel = AcceleratorSpec(
+        slug(device.name), device.memory_bytes, max(rates), max(rates), float(samples["copy_bytes_per_s"])
+    )
     link = LinkSpec(25e9, 10e-6)
-    return None, accel, ClusterSpec(accelerator=accel, gpus_per_node=max(1, device.count), nodes=1, intra=link,
-                                    inter=link)
+    return (
+        None,
+        accel,
+        ClusterSpec(accelerator=accel, gpus_per_node=max(1, device.count), nodes=1, intra=link, inter=link),
+    )
 
 
-def profile_table(device: gpu_bench.Device, samples: dict[str, Any], links: list[list] | None,
-                  what: str) -> dict[str, Any]:
+def profile_table(
+    device: gpu_bench.Device, samples: dict[str, Any], links: list[list] | None, what: str
+) -> dict[str, Any]:
     """The profile (accelerators.toml's keys, ``gemm.*`` and ``attention.*`` as inline tables) from the
     timings; ``what`` says what was calibrated (model, sequence)."""
     name, base, cluster = reference(device, samples)
@@ -293,19 +371,30 @@ def profile_table(device: gpu_bench.Device, samples: dict[str, Any], links: list
         "memory_bytes": device.memory_bytes,
         "peak_bf16_flops_per_s": peak,
         **({"peak_fp8_flops_per_s": peak_fp8} if device.fp8 and gemm.get("fp8") else {}),
-        "peak_fp32_flops_per_s": cluster.accelerator.peak_fp32_flops_per_s, "hbm_bytes_per_s": hbm_datasheet,
+        "peak_fp32_flops_per_s": cluster.accelerator.peak_fp32_flops_per_s,
+        "hbm_bytes_per_s": hbm_datasheet,
         "gpus_per_node": cluster.gpus_per_node,
         "intra_bytes_per_s": link["bytes_per_s"] if link else cluster.intra.bytes_per_s,
         "intra_latency_s": link["latency_s"] if link else cluster.intra.latency_s,
-        "inter_bytes_per_s": cluster.inter.bytes_per_s, "inter_latency_s": cluster.inter.latency_s,
-        "sm_count": device.sm_count, "gemm_tile_m": gemm["bf16"]["tile"][0], "gemm_tile_n": gemm["bf16"]["tile"][1],
+        "inter_bytes_per_s": cluster.inter.bytes_per_s,
+        "inter_latency_s": cluster.inter.latency_s,
+        "sm_count": device.sm_count,
+        "gemm_tile_m": gemm["bf16"]["tile"][0],
+        "gemm_tile_n": gemm["bf16"]["tile"][1],
         "gemm.bf16": {"efficiency": gemm["bf16"]["efficiency"], "k_half": gemm["bf16"]["k_half"]},
-        **({"gemm.fp8": {"efficiency": gemm["fp8"]["efficiency"], "k_half": gemm["fp8"]["k_half"]}}
-           if gemm.get("fp8") else {}),
-        "kernel_floor_s": gemm["bf16"]["kernel_floor_s"], "sustained_clock": float(samples["sustained_clock"]),
+        **(
+            {"gemm.fp8": {"efficiency": gemm["fp8"]["efficiency"], "k_half": gemm["fp8"]["k_half"]}}
+            if gemm.get("fp8")
+            else {}
+        ),
+        "kernel_floor_s": gemm["bf16"]["kernel_floor_s"],
+        "sustained_clock": float(samples["sustained_clock"]),
         **({"attention.meshwise": {k: v for k, v in attention.items() if k != "errors"}} if attention else {}),
-        **{f"attention.{r[0]}": dict(zip(("kernel", *_ATTENTION_FIELDS), r[1:])) for r in cluster.accelerator.attention
-           if r[0] != "meshwise" or not attention},
+        **{
+            f"attention.{r[0]}": dict(zip(("kernel", *_ATTENTION_FIELDS), r[1:]))
+            for r in cluster.accelerator.attention
+            if r[0] != "meshwise" or not attention
+        },
         "hbm_efficiency": max(1e-3, min(1.0, copy / hbm_datasheet)),
         "calibrated_on": f"meshwise calibrate on {device.name}, {when}",
         "source": _source(name, device, samples, gemm, attention, link, copy, what),
@@ -315,26 +404,44 @@ def profile_table(device: gpu_bench.Device, samples: dict[str, Any], links: list
 
 def _source(name, device, samples, gemm, attention, link, copy, what) -> str:
     """The profile's ``source``: what was measured, each fit's error on its own timings, what was kept."""
-    parts = [f"meshwise calibrate on {device.name} ({what})",
-             f"GEMMs bf16 ({len(samples['gemm_bf16'])} shapes with {len(samples['grouped'])} grouped) fitted with "
-             f"mean |error| {gemm['bf16']['errors'][0]:.0%}"]
+    parts = [
+        f"meshwise calibrate on {device.name} ({what})",
+        f"GEMMs bf16 ({len(samples['gemm_bf16'])} shapes with {len(samples['grouped'])} grouped) fitted with "
+        f"mean |error| {gemm['bf16']['errors'][0]:.0%}",
+    ]
     if "grouped_errors" in gemm:
         parts.append(f"grouped GEMMs under that fit: mean |error| {gemm['grouped_errors'][0]:.0%}")
     if gemm.get("fp8"):
-        parts.append(f"GEMMs fp8 ({gemm['fp8']['points']} shapes) fitted with mean |error| {gemm['fp8']['errors'][0]:.0%}")
+        parts.append(
+            f"GEMMs fp8 ({gemm['fp8']['points']} shapes) fitted with mean |error| {gemm['fp8']['errors'][0]:.0%}"
+        )
     if attention:
-        parts.append(f"SDPA attention ({len(samples['attention'])} calls) fitted with mean |error| up to "
-                     f"{attention['errors'][0]:.0%}")
+        parts.append(
+            f"SDPA attention ({len(samples['attention'])} calls) fitted with mean |error| up to "
+            f"{attention['errors'][0]:.0%}"
+        )
     parts.append(f"copy {copy / 1e9:.0f} GB/s; sustained clock {samples['sustained_clock']:.3f} of the cold GEMM's")
-    parts.append(f"collectives ({link['points']} by kind and size) fitted with mean |error| {link['errors'][0]:.0%}"
-                 if link else "collectives not measured (they need >= 2 GPUs): the catalog's links")
-    parts.append(f"peak FLOP/s, datasheet HBM, scale-out link{', cuDNN attention' if name else ''}: "
-                 + (f"the catalog's {name}" if name else "not in the catalog: the device's own best rates"))
+    parts.append(
+        f"collectives ({link['points']} by kind and size) fitted with mean |error| {link['errors'][0]:.0%}"
+        if link
+        else "collectives not measured (they need >= 2 GPUs): the catalog's links"
+    )
+    parts.append(
+        f"peak FLOP/s, datasheet HBM, scale-out link{', cuDNN attention' if name else ''}: "
+        + (f"the catalog's {name}" if name else "not in the catalog: the device's own best rates")
+    )
     return "; ".join(parts)
 
 
-_ATTENTION_FIELDS = ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half", "backward",
-                     "backward_seq_half", "head64")
+_ATTENTION_FIELDS = (
+    "forward",
+    "forward_seq_half",
+    "forward_causal",
+    "forward_causal_seq_half",
+    "backward",
+    "backward_seq_half",
+    "head64",
+)
 
 
 def _toml_value(value: Any) -> str:
@@ -356,8 +463,16 @@ def format_profile(table: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def calibrate_gpu(model: ModelSpec, model_ref: str, out: str, seq: int, toy: bool, say=print,
-                  timer: gpu_bench.Timer | None = None, device: gpu_bench.Device | None = None) -> dict[str, Any]:
+def calibrate_gpu(
+    model: ModelSpec,
+    model_ref: str,
+    out: str,
+    seq: int,
+    toy: bool,
+    say=print,
+    timer: gpu_bench.Timer | None = None,
+    device: gpu_bench.Device | None = None,
+) -> dict[str, Any]:
     """Measure this machine's first CUDA device (``toy``: at toy sizes, on the CPU without one), fit,
     write the profile to ``out``; returns its table with ``phase_s`` (seconds per part, not written).
     ``timer`` and ``device`` stand in for the device's own in tests."""
@@ -365,14 +480,18 @@ def calibrate_gpu(model: ModelSpec, model_ref: str, out: str, seq: int, toy: boo
 
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cpu" and not toy:
-        raise MeshwiseError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
-                            "--toy runs the GPU calibration's steps on the CPU at toy sizes")
+        raise MeshwiseError(
+            "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+            "--toy runs the GPU calibration's steps on the CPU at toy sizes"
+        )
     device = device or gpu_bench.this_device(kind)
     sizes = TOY if toy else FULL
     timer = timer or gpu_bench.Timer(device.kind, reps=3 if toy else 10)
-    say(f"calibrate: {device.name} ({device.sm_count} SMs, {device.memory_bytes / 2**30:.1f} GiB, "
+    say(
+        f"calibrate: {device.name} ({device.sm_count} SMs, {device.memory_bytes / 2**30:.1f} GiB, "
         f"fp8 {'yes' if device.fp8 else 'no'}, {device.count} visible), {model_ref} at {seq} tokens"
-        + (" (toy sizes: plumbing only)" if toy else ""))
+        + (" (toy sizes: plumbing only)" if toy else "")
+    )
     start = time.perf_counter()
     samples = measure_parts(model, seq, device, sizes, timer, say)
     links = measure_links(model, seq, device, sizes, say)
@@ -406,10 +525,12 @@ def run_gpu_calibration(model_ref: str, out: str, seq_len: int | None, toy: bool
     seq = check_args(1, out, seq_len if seq_len is not None else min(model.max_seq, 4096), model)
     table = calibrate_gpu(model, model_ref, out, seq, toy)
     bf16 = table["gemm.bf16"]
-    print(f"{out}: GEMM bf16 efficiency {bf16['efficiency']:.3f}, k_half {bf16['k_half']:.0f}, floor "
-          f"{table['kernel_floor_s'] * 1e6:.1f} us; HBM {table['hbm_efficiency']:.3f} of the datasheet; sustained clock "
-          f"{table['sustained_clock']:.3f}; link {table['intra_bytes_per_s'] / 1e9:.0f} GB/s + "
-          f"{table['intra_latency_s'] * 1e6:.1f} us")
+    print(
+        f"{out}: GEMM bf16 efficiency {bf16['efficiency']:.3f}, k_half {bf16['k_half']:.0f}, floor "
+        f"{table['kernel_floor_s'] * 1e6:.1f} us; HBM {table['hbm_efficiency']:.3f} of the datasheet; sustained clock "
+        f"{table['sustained_clock']:.3f}; link {table['intra_bytes_per_s'] / 1e9:.0f} GB/s + "
+        f"{table['intra_latency_s'] * 1e6:.1f} us"
+    )
     for clause in table["source"].split("; "):
         print(f"  {clause}")
     return 0

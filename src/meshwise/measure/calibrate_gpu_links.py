@@ -26,8 +26,9 @@ def _timed(kind: str, payload_bytes: int, device: str, reps: int) -> tuple[int, 
     elems = max(world, payload_bytes // dtype.itemsize // world * world)
     full = torch.ones(elems, device=device, dtype=dtype)
     shard = full[: elems // world].clone()
-    call = (lambda: dist.all_reduce(full)) if kind == "all_reduce" else \
-        (lambda: dist.all_gather_into_tensor(full, shard))
+    call = (
+        (lambda: dist.all_reduce(full)) if kind == "all_reduce" else (lambda: dist.all_gather_into_tensor(full, shard))
+    )
     call()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
@@ -56,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     init_process_group("nccl" if device == "cuda" else "gloo")
-    rows = [[kind, dist.get_world_size(), *_timed(kind, size, device, args.reps)]
-            for size in (int(x) for x in args.sizes.split(",")) for kind in KINDS]
+    rows = [
+        [kind, dist.get_world_size(), *_timed(kind, size, device, args.reps)]
+        for size in (int(x) for x in args.sizes.split(","))
+        for kind in KINDS
+    ]
     if dist.get_rank() == 0:
         from meshwise.files import write_atomically
 

@@ -90,8 +90,9 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
             ring_attention(q, k, v, ring).backward(grad)
 
         call()
-        out.append([float(RING_HEADS * seq * seq), float(d),
-                    _lockstep_time(call, 3 * repeats, 1, group, typical=True) / 2])
+        out.append(
+            [float(RING_HEADS * seq * seq), float(d), _lockstep_time(call, 3 * repeats, 1, group, typical=True) / 2]
+        )
     return out
 
 
@@ -316,17 +317,17 @@ def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 10)
         stage.zero_grad(set_to_none=True)
         for i in range(m):
             if rank == 0:
-                out = stage(x[i:i + 1])
+                out = stage(x[i : i + 1])
                 out.backward(torch.ones_like(out))
             else:
-                loss_sum(stage(hidden.clone().requires_grad_()), y[i:i + 1]).backward()
+                loss_sum(stage(hidden.clone().requires_grad_()), y[i : i + 1]).backward()
 
     step()
     plain()
     pairs = []  # each step beside the plain passes just after it: the host's drift cancels in the pair
     for _ in range(count):
-        (seconds, waits), = _passes_with_waits(step, 1)
-        (plain_s, _), = _passes_with_waits(plain, 1)
+        ((seconds, waits),) = _passes_with_waits(step, 1)
+        ((plain_s, _),) = _passes_with_waits(plain, 1)
         pairs.append((seconds - waits, plain_s))
     return [*sorted(pairs, key=lambda p: p[0] - p[1])[len(pairs) // 2], 2 * m]
 
@@ -358,8 +359,14 @@ def wide_model(model: ModelSpec) -> ModelSpec:
     from dataclasses import replace
 
     f = max(2, -(-FSDP_WIDE_HIDDEN // model.hidden))
-    return replace(model, name=f"{model.name}-wide", hidden=model.hidden * f, ffn_hidden=model.ffn_hidden * f,
-                   head_dim=model.head_dim * f if model.head_dim else 0, param_count=None)
+    return replace(
+        model,
+        name=f"{model.name}-wide",
+        hidden=model.hidden * f,
+        ffn_hidden=model.ffn_hidden * f,
+        head_dim=model.head_dim * f if model.head_dim else 0,
+        param_count=None,
+    )
 
 
 def _shard_blocks(net, mesh, per_unit: int) -> None:
@@ -369,7 +376,7 @@ def _shard_blocks(net, mesh, per_unit: int) -> None:
 
     blocks = list(net.layers.values())
     for i in range(0, len(blocks), per_unit):
-        fully_shard(blocks[i:i + per_unit], mesh=mesh, reshard_after_forward=True)
+        fully_shard(blocks[i : i + per_unit], mesh=mesh, reshard_after_forward=True)
     fully_shard(net, mesh=mesh, reshard_after_forward=True)
 
 
@@ -412,7 +419,12 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
         with CollectiveTrace(mesh) as trace:
             run()
         keys = [key for key in trace.calls if key.kind in ("all_gather", "reduce_scatter")]
-        out[mode] = [timed(), float(sum(trace.calls[k] for k in keys)), float(sum(trace.bytes[k] for k in keys)), plain_s]
+        out[mode] = [
+            timed(),
+            float(sum(trace.calls[k] for k in keys)),
+            float(sum(trace.bytes[k] for k in keys)),
+            plain_s,
+        ]
     return out
 
 
@@ -474,8 +486,9 @@ def bench_copy(nbytes: int, repeats: int) -> float:
 COLLECTIVE_RUNS = 5  # lock-step runs per collective and size: the median of five
 
 
-def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int,
-                      repeats: int, group=None) -> list[list[float]]:
+def bench_collectives(
+    model: ModelSpec, tokens: int, sizes: tuple[int, ...], calls: int, repeats: int, group=None
+) -> list[list[float]]:
     """``[kind, n, payload_bytes, seconds]`` per kind and size over ``group`` (default: all ranks).
     Each call follows a slice of compute (one block's GEMMs at ``tokens`` tokens), as in training;
     seconds per call = ``(median time of calls x (compute + call) - median time of calls x compute) /
@@ -488,8 +501,9 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
 
     n = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(0)
-    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(m, k, generator=gen))
-             for k, m in block_gemm_shapes(model)]
+    pairs = [
+        (torch.randn(tokens, k, generator=gen), torch.randn(m, k, generator=gen)) for k, m in block_gemm_shapes(model)
+    ]
 
     def compute() -> None:
         for x, w in pairs:
@@ -504,9 +518,11 @@ def bench_collectives(model: ModelSpec, tokens: int, sizes: tuple[int, ...], cal
         numel = max(n, nbytes // 4 // n * n)
         full = torch.ones(numel)
         shard = torch.ones(numel // n)
-        ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
-               "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
-               "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group)}
+        ops = {
+            "all_reduce": lambda: dist.all_reduce(full, group=group),
+            "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+        }
         for kind, op in ops.items():
             op()
             alone_s = loop(op)
@@ -537,6 +553,7 @@ def bench_sync_skew(repeats: int, calls: int, passes: int = SKEW_PASSES) -> list
     out = []
     for index in range(passes):
         for gemms in SKEW_SLICE_GEMMS:
+
             def compute(k: int = gemms) -> None:
                 for _ in range(k):
                     torch.mm(a, b)
@@ -548,8 +565,14 @@ def bench_sync_skew(repeats: int, calls: int, passes: int = SKEW_PASSES) -> list
             runs = max(COLLECTIVE_RUNS, repeats)
             alone_s = _lockstep_time(compute, runs, calls, typical=True) if gemms else 0.0
             both()
-            out.append([2.0 * gemms * SKEW_GEMM_SIDE ** 3, alone_s,
-                        _lockstep_time(both, runs, calls, typical=True), float(index)])
+            out.append(
+                [
+                    2.0 * gemms * SKEW_GEMM_SIDE**3,
+                    alone_s,
+                    _lockstep_time(both, runs, calls, typical=True),
+                    float(index),
+                ]
+            )
     return out
 
 
@@ -564,19 +587,37 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
     bursts: list[dict] = []
 
     def burst() -> dict:
-        bursts.append({"matmul_flops_per_s": bench_matmul(model, seq, repeats),
-                       "fwd_bwd_s": bench_forward_backward(model, seq, repeats), "host_s": bench_host(model, repeats)})
+        bursts.append(
+            {
+                "matmul_flops_per_s": bench_matmul(model, seq, repeats),
+                "fwd_bwd_s": bench_forward_backward(model, seq, repeats),
+                "host_s": bench_host(model, repeats),
+            }
+        )
         return {}
 
-    benches = (("passes_1", burst),
-               ("gemm_grid", lambda: {"gemm_grid": bench_gemm_grid(quick, repeats)}),
-               ("passes_2", burst),
-               ("copy", lambda: {"copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
-                                 "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats)}),
-               ("ring", lambda: {"ring": bench_ring(repeats), "sdpa": bench_sdpa(repeats),
-                                 "loss": bench_loss(LOSS_SHAPES, repeats),
-                                 "split_backward_s": bench_split_backward(model, repeats)}),
-               ("passes_3", burst))
+    benches = (
+        ("passes_1", burst),
+        ("gemm_grid", lambda: {"gemm_grid": bench_gemm_grid(quick, repeats)}),
+        ("passes_2", burst),
+        (
+            "copy",
+            lambda: {
+                "copy_bytes_per_s": bench_copy(COPY_BYTES, repeats),
+                "dram_copy_bytes_per_s": bench_copy(DRAM_COPY_BYTES, 1 if quick else repeats),
+            },
+        ),
+        (
+            "ring",
+            lambda: {
+                "ring": bench_ring(repeats),
+                "sdpa": bench_sdpa(repeats),
+                "loss": bench_loss(LOSS_SHAPES, repeats),
+                "split_backward_s": bench_split_backward(model, repeats),
+            },
+        ),
+        ("passes_3", burst),
+    )
     mine: dict = {}
     for name, bench in benches:
         if active:
@@ -587,9 +628,11 @@ def _per_rank(model: ModelSpec, seq: int, quick: bool, repeats: int, active: boo
 
 def median_of_bursts(bursts: list[dict]) -> dict:
     """Each figure's median over the bursts (the host passes mode by mode)."""
-    return {"matmul_flops_per_s": statistics.median(b["matmul_flops_per_s"] for b in bursts),
-            "fwd_bwd_s": statistics.median(b["fwd_bwd_s"] for b in bursts),
-            "host_s": {mode: statistics.median(b["host_s"][mode] for b in bursts) for mode in bursts[0]["host_s"]}}
+    return {
+        "matmul_flops_per_s": statistics.median(b["matmul_flops_per_s"] for b in bursts),
+        "fwd_bwd_s": statistics.median(b["fwd_bwd_s"] for b in bursts),
+        "host_s": {mode: statistics.median(b["host_s"][mode] for b in bursts) for mode in bursts[0]["host_s"]},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,8 +714,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: dict[bool, tuple[float, int, float]],
-             collectives: list[list[float]]) -> dict:
+def _slowest(
+    everyone: list[dict],
+    model: ModelSpec,
+    seq: int,
+    cores: int,
+    tp: dict[bool, tuple[float, int, float]],
+    collectives: list[list[float]],
+) -> dict:
     """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
     profile_table needs to read them. Per-rank figures come from the ranks that measured them (one
     per core at most); ``what`` says how many ran."""
@@ -694,26 +743,47 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
         "dram_copy_bytes_per_s": min(r["dram_copy_bytes_per_s"] for r in everyone),
         "model_flops": model_flops(model, seq, seq),
         "model_ops": ops_per_microbatch(model.layers, True, True),
-        "sdpa_model": [model.heads, seq, model.head_dim,
-                       3 * model.layers * seq * attention_core_flops_per_token(model, seq)],
+        "sdpa_model": [
+            model.heads,
+            seq,
+            model.head_dim,
+            3 * model.layers * seq * attention_core_flops_per_token(model, seq),
+        ],
         "memory_bound_bytes": calibration_memory_bound_bytes(model, seq),
         "loss_logits": [seq, model.vocab],
         "blocks": model.layers,
         "model_tensors": parameter_tensors(model, model.layers, True, True),
-        "gemm_grid": [[*shape[:3], max(r["gemm_grid"][i][3] for r in everyone)]
-                      for i, shape in enumerate(everyone[0]["gemm_grid"])],
+        "gemm_grid": [
+            [*shape[:3], max(r["gemm_grid"][i][3] for r in everyone)]
+            for i, shape in enumerate(everyone[0]["gemm_grid"])
+        ],
         "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
         "split_backward_s": [max(r["split_backward_s"][i] for r in everyone) for i in range(2)],
-        **{key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
-           for key in ("ring", "sdpa")},
-        **({"loss": [[*shape[:2], max(r["loss"][i][2] for r in everyone)] for i, shape in enumerate(everyone[0]["loss"])]}
-           if everyone[0].get("loss") else {}),
+        **{
+            key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
+            for key in ("ring", "sdpa")
+        },
+        **(
+            {
+                "loss": [
+                    [*shape[:2], max(r["loss"][i][2] for r in everyone)] for i, shape in enumerate(everyone[0]["loss"])
+                ]
+            }
+            if everyone[0].get("loss")
+            else {}
+        ),
         # the ring's whole calls with their sends replace its bare blocks where two ranks timed them
-        **({"ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
-            "ring_includes_sends": True} if ring_calls else {}),
+        **(
+            {
+                "ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
+                "ring_includes_sends": True,
+            }
+            if ring_calls
+            else {}
+        ),
         "host_block_gemms": host_block,
-        "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block):],
+        "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block) :],
         "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim],
         "cores": cores,
         "tp_host_s": tp[False][0],
@@ -723,10 +793,15 @@ def _slowest(everyone: list[dict], model: ModelSpec, seq: int, cores: int, tp: d
         "tp_sp_waits_s": tp[True][2],
         "collectives": collectives,
         **({"pp_host_s": pp_host} if pp_host else {}),
-        "what": (f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
-                 f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
-                 + (f", per-rank figures with {len(everyone)} process(es) at once (one per core)"
-                    if len(everyone) < n else "")),
+        "what": (
+            f"{n} gloo process(es) x 1 thread on {platform.machine()} ({os.cpu_count()} cores), "
+            f"torch {torch.__version__}, fp32 GEMMs of {model.name} at {seq} tokens"
+            + (
+                f", per-rank figures with {len(everyone)} process(es) at once (one per core)"
+                if len(everyone) < n
+                else ""
+            )
+        ),
     }
 
 

@@ -19,16 +19,28 @@ from meshwise.runtime._torch_private import TorchDispatchMode, resolve_process_g
 
 # op name (namespace::name without overload) -> collective kind
 KINDS = {
-    "allreduce_": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced_": "all_reduce",
-    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "allreduce_": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
     "all_gather_into_tensor_out": "all_gather",
-    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "broadcast_": "broadcast", "broadcast": "broadcast",
-    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+    "broadcast_": "broadcast",
+    "broadcast": "broadcast",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "all_to_all_single": "all_to_all",
     "barrier": "barrier",
 }
 
@@ -60,8 +72,12 @@ class CollectiveTrace(TorchDispatchMode):
     and recv, the gathered output of all-gather, the full input of reduce-scatter.
     """
 
-    def __init__(self, mesh: DeviceMesh, named_groups: dict[str, object] | None = None,
-                 named_ranks: dict[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        named_groups: dict[str, object] | None = None,
+        named_ranks: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
         super().__init__()
         self.calls: Counter = Counter()
         self.bytes: Counter = Counter()
@@ -115,8 +131,9 @@ class CollectiveTrace(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if ns in ("c10d", "_c10d_functional") and name in KINDS:
             kind = KINDS[name]
-            group = next((a for a in args if not isinstance(a, (torch.Tensor, list, tuple, int, float))
-                          and a is not None), None)
+            group = next(
+                (a for a in args if not isinstance(a, (torch.Tensor, list, tuple, int, float)) and a is not None), None
+            )
             if ns == "_c10d_functional":
                 group = args[-1] if isinstance(args[-1], str) else group
             dim, size = self._dim(group)

@@ -32,16 +32,29 @@ def print_rows(rows: list[Row], title: str) -> None:
     for r in rows:
         err = r.rel_error
         shown = "-" if err == float("inf") else f"{err:+.1%}"
-        table.add_row(str(r.rank), r.figure, _figure_text(r.figure, r.predicted), _figure_text(r.figure, r.measured), shown)
+        table.add_row(
+            str(r.rank), r.figure, _figure_text(r.figure, r.predicted), _figure_text(r.figure, r.measured), shown
+        )
     console.print(table)
     for rank, moment in sorted({(r.rank, r.figure.split(".")[1]) for r in rows if r.figure.startswith("peak_moved.")}):
-        console.print(f"rank {rank}: the peak moved: it fell at the '{moment}' moment, not where the plan puts it "
-                      f"(memory.* rows: the plan's prediction; peak_moved.{moment}.*: that moment's)")
+        console.print(
+            f"rank {rank}: the peak moved: it fell at the '{moment}' moment, not where the plan puts it "
+            f"(memory.* rows: the plan's prediction; peak_moved.{moment}.*: that moment's)"
+        )
 
 
-def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, global_batch: int,
-                 seq_len: int | None, gpu: str | None, as_json: bool, report: str | None,
-                 precision: str = "auto") -> int:
+def measure_main(
+    layout_text: str,
+    nproc: int,
+    model_name: str,
+    steps: int,
+    global_batch: int,
+    seq_len: int | None,
+    gpu: str | None,
+    as_json: bool,
+    report: str | None,
+    precision: str = "auto",
+) -> int:
     check_nproc(nproc)
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
@@ -56,12 +69,14 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     fp8 = float8.resolve(precision, device_type)
-    train = TrainSpec(global_batch=global_batch, seq_len=seq,
-                      precision=fp8 or ("bf16-mixed" if device_type == "cuda" else "fp32"))
+    train = TrainSpec(
+        global_batch=global_batch, seq_len=seq, precision=fp8 or ("bf16-mixed" if device_type == "cuda" else "fp32")
+    )
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     if report:
         from meshwise.files import check_output_file
         from meshwise.report import require_matplotlib
+
         check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
     if gpu is not None:
@@ -77,12 +92,16 @@ def measure_main(layout_text: str, nproc: int, model_name: str, steps: int, glob
     if as_json:
         print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows]}))
     else:
-        print_rows(rows, f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
-                         f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}")
+        print_rows(
+            rows,
+            f"[bold]{model.describe()}[/bold]\nlayout {layout.short()} on {nproc} process(es), "
+            f"global batch {global_batch} x {seq}, predicted with --gpu {gpu}",
+        )
         for line in time_verdicts(rows):
             print(line)
     if report:
         from meshwise.report.measure_report import write_measure_report
+
         write_measure_report(report, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
         if not as_json:
             print(f"report: {report}")

@@ -28,8 +28,16 @@ from meshwise.cost.memory import Memory, moment_memories, plan_rank_shape
 from meshwise.layout import Layout, parse
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
-MEASURED_CATEGORY = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
-                     "Temp": "other", "Buffer": "other", "Other": "other", "Comm buffer": "other"}
+MEASURED_CATEGORY = {
+    "Parameter": "params",
+    "Gradient": "grads",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "other",
+    "Buffer": "other",
+    "Other": "other",
+    "Comm buffer": "other",
+}
 MEMORY = ("params", "grads", "optimizer", "activations", "other")
 
 
@@ -50,8 +58,13 @@ class Row:
 
     def as_json(self) -> dict:
         err = self.rel_error
-        return {"figure": self.figure, "rank": self.rank, "predicted": self.predicted, "measured": self.measured,
-                "rel_error": err if err != float("inf") else None}
+        return {
+            "figure": self.figure,
+            "rank": self.rank,
+            "predicted": self.predicted,
+            "measured": self.measured,
+            "rel_error": err if err != float("inf") else None,
+        }
 
 
 def measured_memory(record: dict) -> dict[str, float]:
@@ -61,8 +74,9 @@ def measured_memory(record: dict) -> dict[str, float]:
     return out
 
 
-def plan_peak(model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float
-              ) -> tuple[str, Memory, dict[str, Memory]]:
+def plan_peak(
+    model: ModelSpec, train: TrainSpec, layout: Layout, shape, m: int, capacity: float
+) -> tuple[str, Memory, dict[str, Memory]]:
     """(the moment ``plan`` decides fit at, its memory, every moment's): the largest of the rank's
     moments (memory.rank_memory, what ``plan --json`` prints for the rank), fixed before anything
     is measured."""
@@ -121,23 +135,39 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     for key in sorted(set(predicted) | set(measured)):
         p, q = predicted.get(key), measured.get(key)
         for field in ("bytes_per_step", "count_per_step"):
-            rows.append(Row(f"comm.{key[0]}.{key[1]}.{field}", rank, float(getattr(p, field) if p else 0),
-                            float(q[field] if q else 0)))
+            rows.append(
+                Row(
+                    f"comm.{key[0]}.{key[1]}.{field}",
+                    rank,
+                    float(getattr(p, field) if p else 0),
+                    float(q[field] if q else 0),
+                )
+            )
 
     t = record.get("time")
     if not t:  # measured without timing (steps = 0)
         return rows
     e = estimate(model, cluster, train, layout)
-    predicted_parts = {"compute_s": e.time.compute_s, "comm_s": e.time.comm_exposed_s, "idle_s": e.time.bubble_s,
-                       "optimizer_s": e.time.optimizer_s, "fixed_s": e.time.fixed_s, "untimed_s": 0.0}
+    predicted_parts = {
+        "compute_s": e.time.compute_s,
+        "comm_s": e.time.comm_exposed_s,
+        "idle_s": e.time.bubble_s,
+        "optimizer_s": e.time.optimizer_s,
+        "fixed_s": e.time.fixed_s,
+        "untimed_s": 0.0,
+    }
     rows.append(Row("time.step_s", rank, e.time.step_s, t["step_s"]))
     rows += [Row(f"time.{part}", rank, value, t[part]) for part, value in predicted_parts.items() if part in t]
     return rows
 
 
-TIME_PARTS = {"compute_s": "compute (arithmetic, operator launches, FSDP2's per-parameter work)",
-              "comm_s": "exposed communication", "idle_s": "pipeline idle", "optimizer_s": "the optimizer step",
-              "fixed_s": "the step's fixed work (zeroing, gradient norm, loss)"}
+TIME_PARTS = {
+    "compute_s": "compute (arithmetic, operator launches, FSDP2's per-parameter work)",
+    "comm_s": "exposed communication",
+    "idle_s": "pipeline idle",
+    "optimizer_s": "the optimizer step",
+    "fixed_s": "the step's fixed work (zeroing, gradient norm, loss)",
+}
 
 
 def time_verdicts(rows: list[Row]) -> list[str]:
@@ -152,11 +182,15 @@ def time_verdicts(rows: list[Row]) -> list[str]:
         if not all(p in t for p in (*TIME_PARTS, "step_s")):
             continue
         missed = check_sum(t["step_s"].measured, {p: t[p].measured for p in TIME_PARTS})
-        out.append(f"rank {rank}: " + (f"the split does not hold: {missed}" if missed else
-                                       "the timed parts add up to the step (within 5%)"))
+        out.append(
+            f"rank {rank}: "
+            + (f"the split does not hold: {missed}" if missed else "the timed parts add up to the step (within 5%)")
+        )
         part = max(TIME_PARTS, key=lambda p: abs(t[p].measured - t[p].predicted))
         gap = t[part].measured - t[part].predicted
         share = gap / t["step_s"].measured if t["step_s"].measured else 0.0
-        out.append(f"rank {rank}: largest residual {part[:-2]} {gap * 1e3:+.1f} ms ({share:+.0%} of the step): "
-                   f"{TIME_PARTS[part]} is {'missing from' if gap > 0 else 'over-counted by'} the model")
+        out.append(
+            f"rank {rank}: largest residual {part[:-2]} {gap * 1e3:+.1f} ms ({share:+.0%} of the step): "
+            f"{TIME_PARTS[part]} is {'missing from' if gap > 0 else 'over-counted by'} the model"
+        )
     return out

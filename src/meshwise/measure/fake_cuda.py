@@ -62,8 +62,10 @@ def build() -> Path:
         return path
     cxx = compiler()
     if cxx is None:
-        raise MeshwiseError("verify: tracing a GPU profile on this CPU build of torch needs a C++ compiler (g++) "
-                            "to build its fake CUDA device; install it (Debian: apt-get install g++) or set $CXX")
+        raise MeshwiseError(
+            "verify: tracing a GPU profile on this CPU build of torch needs a C++ compiler (g++) "
+            "to build its fake CUDA device; install it (Debian: apt-get install g++) or set $CXX"
+        )
     from torch.utils import cpp_extension
 
     from meshwise.runtime._torch_private import cxx11_abi
@@ -72,8 +74,22 @@ def build() -> Path:
     lib = _torch_dir() / "lib"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cxx, "-shared", "-fPIC", "-O1", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi()}",
-           *includes, str(SOURCE), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+    cmd = [
+        cxx,
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-std=c++17",
+        f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi()}",
+        *includes,
+        str(SOURCE),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+        "-o",
+        str(tmp),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -159,8 +175,19 @@ def _use_stream(stream) -> Iterator[None]:
 # the current device; the pipeline schedules' and checkpointing's fork_rng: the RNG state), answered
 # as on a device with no work in flight: one default stream, events complete at once, the current
 # device is 0, one device exists, and its RNG state is empty (fake tensors draw nothing).
-_PYTHON_CUDA = ("Stream", "Event", "current_stream", "default_stream", "stream", "synchronize", "current_device",
-                "device_count", "set_device", "get_rng_state", "set_rng_state")
+_PYTHON_CUDA = (
+    "Stream",
+    "Event",
+    "current_stream",
+    "default_stream",
+    "stream",
+    "synchronize",
+    "current_device",
+    "device_count",
+    "set_device",
+    "get_rng_state",
+    "set_rng_state",
+)
 
 
 _KERNELS: list = []  # the torch.library.Library holding the CUDA registrations (kept alive)
@@ -184,8 +211,12 @@ def _register_cuda_kernels() -> None:
 
     lib = torch.library.Library("aten", "IMPL")
     for name in aten_op_names():
-        if name.startswith("aten::") and has_kernel(name, "CompositeImplicitAutograd") and has_kernel(name, "CPU") \
-                and not has_kernel(name, "CUDA"):
+        if (
+            name.startswith("aten::")
+            and has_kernel(name, "CompositeImplicitAutograd")
+            and has_kernel(name, "CPU")
+            and not has_kernel(name, "CUDA")
+        ):
             lib.impl(name.removeprefix("aten::"), _no_kernel, "CUDA")
     _KERNELS.append(lib)
 
@@ -198,11 +229,19 @@ def python_cuda() -> Iterator[None]:
 
     _register_cuda_kernels()
     saved = {name: getattr(torch.cuda, name) for name in _PYTHON_CUDA}
-    fake = dict(Stream=_Stream, Event=_Event, current_stream=lambda device=None: _DEFAULT_STREAM,
-                default_stream=lambda device=None: _DEFAULT_STREAM, stream=_use_stream,
-                synchronize=lambda device=None: None, current_device=lambda: 0, device_count=lambda: 1,
-                set_device=lambda device: None, get_rng_state=lambda device="cuda": torch.empty(0, dtype=torch.uint8),
-                set_rng_state=lambda state, device="cuda": None)
+    fake = dict(
+        Stream=_Stream,
+        Event=_Event,
+        current_stream=lambda device=None: _DEFAULT_STREAM,
+        default_stream=lambda device=None: _DEFAULT_STREAM,
+        stream=_use_stream,
+        synchronize=lambda device=None: None,
+        current_device=lambda: 0,
+        device_count=lambda: 1,
+        set_device=lambda device: None,
+        get_rng_state=lambda device="cuda": torch.empty(0, dtype=torch.uint8),
+        set_rng_state=lambda state, device="cuda": None,
+    )
     for name, value in fake.items():
         setattr(torch.cuda, name, value)
     try:

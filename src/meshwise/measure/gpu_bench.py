@@ -25,12 +25,12 @@ GEMM_ALIGN = 16  # torch._scaled_mm's float8 GEMMs need every side a multiple of
 class Device:
     """What the calibration needs to know of the device it measures."""
 
-    name: str           # torch.cuda.get_device_name(), or "cpu"
-    kind: str           # torch device type: "cuda" or "cpu"
-    sm_count: int       # streaming multiprocessors (cores on a CPU)
-    memory_bytes: int   # what the device gives a program (CUDA's total memory)
-    fp8: bool           # runs float8 GEMMs (compute capability 8.9 or later)
-    count: int          # devices of this kind visible to the process
+    name: str  # torch.cuda.get_device_name(), or "cpu"
+    kind: str  # torch device type: "cuda" or "cpu"
+    sm_count: int  # streaming multiprocessors (cores on a CPU)
+    memory_bytes: int  # what the device gives a program (CUDA's total memory)
+    fp8: bool  # runs float8 GEMMs (compute capability 8.9 or later)
+    count: int  # devices of this kind visible to the process
 
 
 def this_device(kind: str) -> Device:
@@ -41,9 +41,14 @@ def this_device(kind: str) -> Device:
 
     if kind == "cuda":
         props = torch.cuda.get_device_properties(0)
-        return Device(torch.cuda.get_device_name(0), "cuda", int(props.multi_processor_count),
-                      int(props.total_memory), torch.cuda.get_device_capability(0) >= (8, 9),
-                      torch.cuda.device_count())
+        return Device(
+            torch.cuda.get_device_name(0),
+            "cuda",
+            int(props.multi_processor_count),
+            int(props.total_memory),
+            torch.cuda.get_device_capability(0) >= (8, 9),
+            torch.cuda.device_count(),
+        )
     from meshwise.measure.calibrate import physical_memory_bytes
 
     return Device("cpu", "cpu", os.cpu_count() or 1, physical_memory_bytes(), True, 1)
@@ -114,7 +119,10 @@ def gemm_closure(dtype: str, batch: int, m: int, n: int, k: int, device: str) ->
         try:
             torch._grouped_mm(x, w, offs=offs)
             return lambda: torch._grouped_mm(x, w, offs=offs)
-        except (RuntimeError, NotImplementedError):  # a device without the grouped kernel: one GEMM per expert, as runtime/moe.py runs
+        except (
+            RuntimeError,
+            NotImplementedError,
+        ):  # a device without the grouped kernel: one GEMM per expert, as runtime/moe.py runs
             rows = torch.split(x, m)
             return lambda: [r @ w[e] for e, r in enumerate(rows)]
     if dtype == "fp8":
@@ -125,8 +133,9 @@ def gemm_closure(dtype: str, batch: int, m: int, n: int, k: int, device: str) ->
     return lambda: torch.mm(a, b)
 
 
-def bench_gemms(shapes: Sequence[tuple[int, int, int, int]], dtype: str, device: str, timer: Timer,
-                deadline: float) -> list[tuple[int, int, int, int, float]]:
+def bench_gemms(
+    shapes: Sequence[tuple[int, int, int, int]], dtype: str, device: str, timer: Timer, deadline: float
+) -> list[tuple[int, int, int, int, float]]:
     """``(batch, m, n, k, seconds)`` of each ``(batch, m, n, k)`` timed before ``deadline`` (fp8:
     shapes whose sides are multiples of 16 only)."""
     out = []
@@ -146,8 +155,9 @@ def attention_flops(direction: str, causal: bool, batch: int, heads: int, seq: i
     return forward * (2.5 if direction == "backward" else 1.0)
 
 
-def bench_attention(cases: Sequence[tuple[str, bool, int, int]], tokens: int, heads: int, device: str,
-                    timer: Timer, deadline: float) -> list[tuple[str, bool, int, int, float, float]]:
+def bench_attention(
+    cases: Sequence[tuple[str, bool, int, int]], tokens: int, heads: int, device: str, timer: Timer, deadline: float
+) -> list[tuple[str, bool, int, int, float, float]]:
     """``(direction, causal, seq, head_dim, seconds, FLOPs)`` of torch SDPA (the runtime's attention:
     FlashAttention-2 on a CUDA device) in bf16 on ``tokens // seq`` sequences of ``heads`` heads, for
     each ``(direction, causal, seq, head_dim)`` timed before ``deadline``; the backward alone, on a
@@ -160,8 +170,12 @@ def bench_attention(cases: Sequence[tuple[str, bool, int, int]], tokens: int, he
         if time.perf_counter() > deadline:
             break
         batch = max(1, tokens // seq)
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16,
-                               requires_grad=direction == "backward") for _ in range(3))
+        q, k, v = (
+            torch.randn(
+                batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16, requires_grad=direction == "backward"
+            )
+            for _ in range(3)
+        )
         if direction == "forward":
             fn = lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c)  # noqa: E731
         else:
@@ -169,8 +183,9 @@ def bench_attention(cases: Sequence[tuple[str, bool, int, int]], tokens: int, he
             grad = torch.randn_like(o)
             fn = lambda o=o, g=grad, ins=(q, k, v): torch.autograd.grad(o, ins, g, retain_graph=True)  # noqa: E731
         seconds = timer(fn, ("attention", direction, causal, seq, head_dim, batch, heads))
-        out.append((direction, causal, seq, head_dim, seconds,
-                    attention_flops(direction, causal, batch, heads, seq, head_dim)))
+        out.append(
+            (direction, causal, seq, head_dim, seconds, attention_flops(direction, causal, batch, heads, seq, head_dim))
+        )
     return out
 
 

@@ -42,6 +42,7 @@ class PlanShapes:
     """What one rank of the run computes per micro-batch: ``tokens`` (micro-batch x sequence),
     ``vocab`` logits per token in its loss, ``seq`` tokens per attention call, ``ring_seq`` local
     tokens per ring step under context parallelism."""
+
     tokens: int
     vocab: int
     seq: int
@@ -69,6 +70,7 @@ def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
     def call() -> None:
         loss_sum(logits, targets).backward()
         logits.grad = None
+
     return _typical_time(call, runs)
 
 
@@ -87,6 +89,7 @@ def sdpa_call(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[]
     def call() -> None:
         causal_attention(q, k, v).backward(grad)
         q.grad = k.grad = v.grad = None
+
     return call
 
 
@@ -114,6 +117,7 @@ def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[]
     def step() -> None:
         forward_block(q, kb, vb, q_pos, k_pos, torch.zeros_like(q), *stats)
         backward_block(q, kb, vb, dout, delta, lse, q_pos, k_pos)
+
     return step
 
 
@@ -141,8 +145,10 @@ def ring_rows(table: dict[str, Any], local: int, timer: Callable) -> tuple[list[
         ref = max(1, round(math.sqrt(scores / SDPA_HEADS)))
         at_ref, at_local = timer(ref, int(width)), timer(local, int(width))
         rows.append([float(SDPA_HEADS * local * local), width, seconds + max(at_local - at_ref, 0.0)])
-        said.append(f"a bare ring step timed at {local} local tokens, head width {int(width)}: "
-                    f"{at_local * 1e3:.1f} ms, {at_ref * 1e3:.1f} ms at {ref}")
+        said.append(
+            f"a bare ring step timed at {local} local tokens, head width {int(width)}: "
+            f"{at_local * 1e3:.1f} ms, {at_ref * 1e3:.1f} ms at {ref}"
+        )
     return rows, said
 
 
@@ -152,8 +158,9 @@ def loss_row(shapes: PlanShapes) -> tuple[int, int]:
     return tokens, shapes.vocab
 
 
-def top_up(table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ...] | None = None
-           ) -> tuple[dict[str, Any], list[str]]:
+def top_up(
+    table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ...] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """(``table`` with rows added at ``shapes`` where its loss, SDPA (without context parallelism)
     and ring (with it) tables do not reach them, one line per addition). ``timers``: (loss, SDPA, bare ring step) as :func:`time_loss`,
     :func:`time_sdpa`, :func:`time_ring`.
@@ -190,5 +197,9 @@ def shapes_of(model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str 
     token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead)."""
     from meshwise.cost.host import loss_vocab
 
-    return PlanShapes(tokens=mbs * math.ceil(seq / cp), vocab=int(loss_vocab(model, runtime, tp)), seq=seq,
-                      ring_seq=math.ceil(seq / cp) if cp > 1 else 0)
+    return PlanShapes(
+        tokens=mbs * math.ceil(seq / cp),
+        vocab=int(loss_vocab(model, runtime, tp)),
+        seq=seq,
+        ring_seq=math.ceil(seq / cp) if cp > 1 else 0,
+    )

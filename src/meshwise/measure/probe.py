@@ -68,7 +68,7 @@ def probe(repeats: int = 15) -> dict[str, float]:
     try:
         gen = torch.Generator().manual_seed(0)
         pairs = [(torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)) for n in PROBE_GEMM_SIDES]
-        flops = sum(2.0 * n ** 3 for n in PROBE_GEMM_SIDES)
+        flops = sum(2.0 * n**3 for n in PROBE_GEMM_SIDES)
         gemm_s = sum(best_time(lambda a=a, b=b: torch.mm(a, b), repeats, 0.002) for a, b in pairs)
         x = torch.ones(4, requires_grad=True)
 
@@ -87,8 +87,10 @@ def probe(repeats: int = 15) -> dict[str, float]:
 def drift(at_calibration: dict, now: dict) -> float:
     """How far the machine moved since its calibration: of the GEMM time ratio and the operator time
     ratio (now over then), the one farther from 1, less 1 (+0.5: 50% slower; -0.3: 30% faster)."""
-    ratios = (at_calibration["probe_gemm_flops_per_s"] / now["probe_gemm_flops_per_s"],
-              now["probe_op_s"] / at_calibration["probe_op_s"])
+    ratios = (
+        at_calibration["probe_gemm_flops_per_s"] / now["probe_gemm_flops_per_s"],
+        now["probe_op_s"] / at_calibration["probe_op_s"],
+    )
     return max(ratios, key=lambda r: max(r, 1 / r)) - 1
 
 
@@ -104,8 +106,9 @@ def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    pairs = [(torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen))
-             for k, n in block_gemm_shapes(model)]
+    pairs = [
+        (torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen)) for k, n in block_gemm_shapes(model)
+    ]
     flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for _, w in pairs)
 
     def run() -> None:

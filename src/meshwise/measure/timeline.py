@@ -35,8 +35,16 @@ class StageTimeline:
             try:
                 return fn(chunk_id, *args, **kwargs)
             finally:
-                self.events.append({"kind": kind, "chunk": int(stage.stage_index), "microbatch": int(chunk_id),
-                                    "start": start - self.t0, "end": time.perf_counter() - self.t0})
+                self.events.append(
+                    {
+                        "kind": kind,
+                        "chunk": int(stage.stage_index),
+                        "microbatch": int(chunk_id),
+                        "start": start - self.t0,
+                        "end": time.perf_counter() - self.t0,
+                    }
+                )
+
         return timed
 
     def __enter__(self) -> StageTimeline:

@@ -89,6 +89,7 @@ class StepClock:
         def run(*args: Any, **kwargs: Any) -> Any:
             with self.window(window):
                 return fn(*args, **kwargs)
+
         return run
 
     def __enter__(self) -> StepClock:
@@ -141,10 +142,12 @@ def split(step_s: float, seconds: dict[str, float], waits: dict[tuple[str, str],
 
 
 def check_sum(step_s: float, parts: dict[str, float], tolerance: float = SUM_TOLERANCE) -> str:
-    """"" when the timed parts add up to the independently timed step within ``tolerance`` of it,
+    """ "" when the timed parts add up to the independently timed step within ``tolerance`` of it,
     else one line saying by how much they miss."""
     total = sum(parts[p] for p in PARTS)
     if step_s > 0 and abs(step_s - total) <= tolerance * step_s:
         return ""
-    return (f"the timed parts add up to {total:.4f} s, the step took {step_s:.4f} s "
-            f"({(total - step_s) / step_s if step_s else float('inf'):+.1%}; bound {tolerance:.0%})")
+    return (
+        f"the timed parts add up to {total:.4f} s, the step took {step_s:.4f} s "
+        f"({(total - step_s) / step_s if step_s else float('inf'):+.1%}; bound {tolerance:.0%})"
+    )

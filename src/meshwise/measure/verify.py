@@ -51,9 +51,11 @@ def check_model_runs(model: ModelSpec, seq: int) -> None:
     if refusal:
         raise MeshwiseError(refusal)
     if not model.states_only and model.sliding_window and model.sliding_window < seq:
-        raise MeshwiseError(f"model {model.name!r}: its {model.sliding_window}-token sliding window runs SDPA with a "
-                            "mask, which on fake devices is the math kernel (it keeps the s x s scores a GPU's "
-                            f"kernel does not): not traced; use --seq-len {model.sliding_window} or less")
+        raise MeshwiseError(
+            f"model {model.name!r}: its {model.sliding_window}-token sliding window runs SDPA with a "
+            "mask, which on fake devices is the math kernel (it keeps the s x s scores a GPU's "
+            f"kernel does not): not traced; use --seq-len {model.sliding_window} or less"
+        )
 
 
 def device_type(cluster: ClusterSpec) -> str:
@@ -85,8 +87,7 @@ def verify_train(cluster: ClusterSpec, global_batch: int, seq: int, precision: s
     """The step ``verify`` traces and predicts: the runtime's precision on the cluster's device (or
     the float8 format asked for, :func:`trace_precision`), the rest ``plan``'s defaults (so its
     predicted column is ``plan --json``'s for the same layout)."""
-    return TrainSpec(global_batch=global_batch, seq_len=seq,
-                     precision=trace_precision(precision, device_type(cluster)))
+    return TrainSpec(global_batch=global_batch, seq_len=seq, precision=trace_precision(precision, device_type(cluster)))
 
 
 def auto_ranks(layout: Layout) -> list[int]:
@@ -105,8 +106,9 @@ def parse_ranks(text: str, layout: Layout) -> list[int]:
         raise MeshwiseError(f"--ranks: {text!r} must be 'auto' or comma-separated ranks, e.g. 0,63") from None
     bad = [r for r in ranks if not 0 <= r < layout.world_size]
     if not ranks or bad:
-        raise MeshwiseError(f"--ranks: {bad[0] if bad else text!r} is not a rank of the world "
-                            f"(0..{layout.world_size - 1})")
+        raise MeshwiseError(
+            f"--ranks: {bad[0] if bad else text!r} is not a rank of the world (0..{layout.world_size - 1})"
+        )
     return ranks
 
 
@@ -139,14 +141,23 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
         if k.startswith("comm:"):
             _, kind, dim, what = k.split(":")
             comm.setdefault((kind, dim), {"kind": kind, "dim": dim})[
-                "count_per_step" if what == "count" else "bytes_per_step"] = round(v)
+                "count_per_step" if what == "count" else "bytes_per_step"
+            ] = round(v)
     out["comm"] = [comm[k] for k in sorted(comm)]
     out["blocks"] = n
     return out
 
 
-def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
-                 depth: str, precision: str | None = None) -> dict:
+def trace_record(
+    model: ModelSpec,
+    layout: Layout,
+    rank: int,
+    global_batch: int,
+    seq: int,
+    kind: str,
+    depth: str,
+    precision: str | None = None,
+) -> dict:
     """One rank's traced record at the model's real depth (traced, or extrapolated; see above);
     ``precision`` fp8 / fp8-rowwise traces torchao's float8 linears (None: the device's own)."""
     pp_rank = rank // (layout.world_size // layout.pp)
@@ -155,9 +166,11 @@ def trace_record(model: ModelSpec, layout: Layout, rank: int, global_batch: int,
         record = trace_rank(model, layout, rank, global_batch, seq, kind, precision)
         record["blocks"] = n
         return record
+
     def at(k: int) -> dict:
-        return trace_rank(dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind,
-                          precision)
+        return trace_rank(
+            dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind, precision
+        )
 
     k1, k2 = REDUCED
     a, b = at(k1), at(k2)
@@ -170,12 +183,14 @@ def _peak_moved(a: dict, b: dict) -> bool:
     """Whether the peak fell at another kind of moment (``peak_moments``) or a memory category
     shrank with one more block per chunk: the peak fell at another moment of the step in the two
     traces, so they are not on one affine line (one more block is tried)."""
-    return a.get("peak_moments") != b.get("peak_moments") or \
-        any(b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items())
+    return a.get("peak_moments") != b.get("peak_moments") or any(
+        b.get(f, {}).get(k, 0) < v for f in MEMORY_FIELDS for k, v in a.get(f, {}).items()
+    )
 
 
-def trace_rank(model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str,
-               precision: str | None = None) -> dict:
+def trace_rank(
+    model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str, precision: str | None = None
+) -> dict:
     """One trace (meshwise.measure.verify_worker.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
@@ -218,29 +233,43 @@ def verify_rows(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, record
     pred = {r.figure: r.predicted for r in rows}
     meas = measured_memory(record)
     states = ("params", "grads", "optimizer")
-    rows.insert(len(MEMORY), Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states),
-                                 sum(meas[c] for c in states)))
+    rows.insert(
+        len(MEMORY),
+        Row("memory.states", record["rank"], sum(pred[f"memory.{c}"] for c in states), sum(meas[c] for c in states)),
+    )
     return rows
 
 
-def verify(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, ranks: list[int],
-           depth: str = "auto") -> tuple[list[Row], list[dict]]:
+def verify(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, ranks: list[int], depth: str = "auto"
+) -> tuple[list[Row], list[dict]]:
     """Trace ``ranks`` of ``layout``; (rows beside the plan, the traced records with ``trace_s``)."""
     rows: list[Row] = []
     records = []
     for rank in ranks:
         start = time.perf_counter()
-        record = trace_record(model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth,
-                              float8_precision(train))
+        record = trace_record(
+            model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth, float8_precision(train)
+        )
         record["trace_s"] = time.perf_counter() - start
         records.append(record)
         rows += verify_rows(model, cluster, train, record)
     return rows, records
 
 
-def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
-                global_batch: int, layout_text: str, ranks_text: str, depth: str, as_json: bool,
-                precision: str = "auto") -> int:
+def verify_main(
+    model_name: str,
+    gpu: str,
+    gpus: int,
+    gpus_per_node: int | None,
+    seq_len: int | None,
+    global_batch: int,
+    layout_text: str,
+    ranks_text: str,
+    depth: str,
+    as_json: bool,
+    precision: str = "auto",
+) -> int:
     model = load_model(model_name)
     cluster = load_cluster(gpu, gpus, gpus_per_node)
     seq = seq_len if seq_len is not None else default_seq_len(model)  # --seq-len 0 is refused, not the default
@@ -254,20 +283,48 @@ def verify_main(model_name: str, gpu: str, gpus: int, gpus_per_node: int | None,
     kind = device_type(cluster)
     rows, records = verify(model, cluster, train, layout, ranks, depth)
     if as_json:
-        print(json.dumps({"layout": layout.format(), "model": model_name, "rows": [r.as_json() for r in rows],
-                          "traced": [{k: r[k] for k in ("rank", "pp_rank", "blocks", "trace_s", "device", "activation_dtypes",
-                                                        "activation_devices", "float8_inputs", "device_note") if k in r}
-                                     for r in records]}))
+        print(
+            json.dumps(
+                {
+                    "layout": layout.format(),
+                    "model": model_name,
+                    "rows": [r.as_json() for r in rows],
+                    "traced": [
+                        {
+                            k: r[k]
+                            for k in (
+                                "rank",
+                                "pp_rank",
+                                "blocks",
+                                "trace_s",
+                                "device",
+                                "activation_dtypes",
+                                "activation_devices",
+                                "float8_inputs",
+                                "device_note",
+                            )
+                            if k in r
+                        }
+                        for r in records
+                    ],
+                }
+            )
+        )
         return 0
     from meshwise.measure.command import print_rows
 
-    print_rows(rows, f"{model.describe()}\nlayout {layout.short()}, rank(s) {ranks} of {cluster.world_size} traced on "
-                     f"fake {kind} devices ({train.precision}, --depth {depth}), global batch {global_batch} x {seq}, "
-                     f"predicted with --gpu {gpu}")
+    print_rows(
+        rows,
+        f"{model.describe()}\nlayout {layout.short()}, rank(s) {ranks} of {cluster.world_size} traced on "
+        f"fake {kind} devices ({train.precision}, --depth {depth}), global batch {global_batch} x {seq}, "
+        f"predicted with --gpu {gpu}",
+    )
     for r in records:
-        print(f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
-              f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}"
-              + (f" from float8 inputs ({', '.join(r['float8_inputs'])})" if r.get("float8_inputs") else ""))
+        print(
+            f"rank {r['rank']} (pipeline rank {r['pp_rank']}, {r['blocks']} blocks): traced in {r['trace_s']:.1f} s; "
+            f"matmuls computed in {', '.join(r['activation_dtypes'])} on {', '.join(r['activation_devices'])}"
+            + (f" from float8 inputs ({', '.join(r['float8_inputs'])})" if r.get("float8_inputs") else "")
+        )
     for note in sorted({r["device_note"] for r in records if "device_note" in r}):
         print(f"note: {note}")
     return 0
@@ -280,8 +337,10 @@ def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, 
     outgrew its prediction most. Returns the plan with those candidates, lines and warnings."""
     kind = device_type(cluster)
     if train.precision != runtime_precision(kind) and not float8_precision(train):
-        raise MeshwiseError(f"--verify: the runtime trains in {runtime_precision(kind)} on {kind}; "
-                            f"use --precision {runtime_precision(kind)}")
+        raise MeshwiseError(
+            f"--verify: the runtime trains in {runtime_precision(kind)} on {kind}; "
+            f"use --precision {runtime_precision(kind)}"
+        )
     if train.runtime != "meshwise":
         raise MeshwiseError("--verify: only meshwise's own runtime can be traced; use --runtime meshwise")
     check_model_runs(model, train.seq_len)
@@ -292,20 +351,33 @@ def verify_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan, 
         rows, _ = verify(model, cluster, train, e.layout, auto_ranks(e.layout))
         totals = {r.rank: r for r in rows if r.figure == "memory.total"}
         worst = max(totals.values(), key=lambda r: r.measured)
-        line = (f"Verified {e.layout.short()}: traced peak {worst.measured / 1e9:,.1f} GB on rank {worst.rank} "
-                f"(predicted {worst.predicted / 1e9:,.1f} GB, {worst.rel_error:+.1%}) in "
-                f"{time.perf_counter() - start:.0f} s")
+        line = (
+            f"Verified {e.layout.short()}: traced peak {worst.measured / 1e9:,.1f} GB on rank {worst.rank} "
+            f"(predicted {worst.predicted / 1e9:,.1f} GB, {worst.rel_error:+.1%}) in "
+            f"{time.perf_counter() - start:.0f} s"
+        )
         if worst.measured <= limit:
             kept.append(e)
             lines.append(line + ": fits")
             continue
-        over = max((r for r in rows if r.rank == worst.rank and r.figure.startswith("memory.")
-                    and r.figure not in ("memory.total", "memory.states")), key=lambda r: r.measured - r.predicted)
-        warnings.append(f"{e.layout.short()} dropped: the plan said it fits, the trace needs "
-                        f"{worst.measured / 1e9:,.1f} GB of {limit / 1e9:,.1f} GB on rank {worst.rank}; "
-                        f"{over.figure.removeprefix('memory.')} overflowed ({over.measured / 1e9:,.1f} GB traced, "
-                        f"{over.predicted / 1e9:,.1f} GB predicted)")
+        over = max(
+            (
+                r
+                for r in rows
+                if r.rank == worst.rank
+                and r.figure.startswith("memory.")
+                and r.figure not in ("memory.total", "memory.states")
+            ),
+            key=lambda r: r.measured - r.predicted,
+        )
+        warnings.append(
+            f"{e.layout.short()} dropped: the plan said it fits, the trace needs "
+            f"{worst.measured / 1e9:,.1f} GB of {limit / 1e9:,.1f} GB on rank {worst.rank}; "
+            f"{over.figure.removeprefix('memory.')} overflowed ({over.measured / 1e9:,.1f} GB traced, "
+            f"{over.predicted / 1e9:,.1f} GB predicted)"
+        )
         lines.append(line + ": does NOT fit")
     candidates = tuple(kept) + tuple(plan.candidates[k:])
-    return dataclasses.replace(plan, candidates=candidates, explanation=(*plan.explanation, *lines),
-                               warnings=(*plan.warnings, *warnings))
+    return dataclasses.replace(
+        plan, candidates=candidates, explanation=(*plan.explanation, *lines), warnings=(*plan.warnings, *warnings)
+    )

@@ -60,8 +60,16 @@ def trace_device(precision_of: str) -> str:
     return "cuda" if precision_of == "cuda" and fake_cuda.active() else "cpu"
 
 
-def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int,
-               precision_of: str, device: str | None = None, precision: str | None = None) -> dict:
+def trace_rank(
+    spec: ModelSpec,
+    layout: Layout,
+    rank: int,
+    global_batch: int,
+    seq: int,
+    precision_of: str,
+    device: str | None = None,
+    precision: str | None = None,
+) -> dict:
     """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
     plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` and
     ``activation_devices`` (what the step's matrix multiplies computed in and on) and
@@ -71,8 +79,13 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
     world = layout.world_size
     note = None
     if device == "cuda" and not fake_cuda.active():
-        device, note = "cpu", ("the fake CUDA device is not loaded in this trace process (loaded before torch only); "
-                               "traced on the cpu device with the GPU's precision policy")
+        device, note = (
+            "cpu",
+            (
+                "the fake CUDA device is not loaded in this trace process (loaded before torch only); "
+                "traced on the cpu device with the GPU's precision policy"
+            ),
+        )
     device = device or trace_device(precision_of)
     _torch_private.fake_process_group(rank, world)
     try:
@@ -81,8 +94,17 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             shape = layout.mesh_shape
             mesh = init_device_mesh(device, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
             fake = _torch_private.fake_tensor_mode()
-            pm = parallelize(spec, layout, mesh, global_batch, seq_len=seq, seed=0, tensor_mode=fake,
-                             precision_of=precision_of, precision=precision)
+            pm = parallelize(
+                spec,
+                layout,
+                mesh,
+                global_batch,
+                seq_len=seq,
+                seed=0,
+                tensor_mode=fake,
+                precision_of=precision_of,
+                precision=precision,
+            )
             with fake:
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
                 y = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
@@ -99,13 +121,24 @@ def trace_rank(spec: ModelSpec, layout: Layout, rank: int, global_batch: int, se
             entry[0] += calls
             entry[1] += trace.bytes[key]
         return {
-            "rank": rank, "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
-            "global_batch": global_batch, "seq_len": seq, "world": world, "memory": tracker.peak_by_role,
-            "memory_by_creation": peak_by_category(tracker), "peak_moments": peak_moments(tracker),
-            "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                     for (k, d), (c, b) in sorted(comm.items())],
-            "time": None, "device": str(loss.device), "param_device": str(pm.parameters()[0].device),
-            "activation_dtypes": sorted(seen.dtypes), "activation_devices": sorted(seen.devices),
+            "rank": rank,
+            "pp_rank": mesh.get_local_rank("pp"),
+            "layout": layout.format(),
+            "global_batch": global_batch,
+            "seq_len": seq,
+            "world": world,
+            "memory": tracker.peak_by_role,
+            "memory_by_creation": peak_by_category(tracker),
+            "peak_moments": peak_moments(tracker),
+            "comm": [
+                {"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
+                for (k, d), (c, b) in sorted(comm.items())
+            ],
+            "time": None,
+            "device": str(loss.device),
+            "param_device": str(pm.parameters()[0].device),
+            "activation_dtypes": sorted(seen.dtypes),
+            "activation_devices": sorted(seen.devices),
             "float8_inputs": sorted(seen.float8_inputs),
             "step_returns": [type(loss).__name__, type(grad_norm).__name__],
             **({"device_note": note} if note else {}),
@@ -127,6 +160,7 @@ def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
             yield "params", p
             if p.grad is not None:
                 yield "grads", p.grad
+
     return held
 
 
@@ -206,8 +240,8 @@ def _balanced_forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch
     n = dist.get_world_size(self.group)
     local, me = experts // n, dist.get_rank(self.group)
     dist.all_to_all_single(torch.empty_like(counts), counts, group=self.group)  # the counts' exchange
-    send = [sum(per[j * local:(j + 1) * local]) for j in range(n)]
-    mine = per[me * local:(me + 1) * local]  # every rank routes as many rows to each of my experts
+    send = [sum(per[j * local : (j + 1) * local]) for j in range(n)]
+    mine = per[me * local : (me + 1) * local]  # every rank routes as many rows to each of my experts
     recv = [sum(mine)] * n
     received = all_to_all_autograd(routed, recv, send, self.group)
     chunks = torch.split(received, mine * n)  # (source rank, local expert)

@@ -57,8 +57,9 @@ class LayoutRun:
     def __init__(self, spec, layout: Layout, global_batch: int, seq: int, precision: str | None = None) -> None:
         self.layout, self.global_batch, self.seq = layout, global_batch, seq
         self.mesh = build_mesh(layout, spec, global_batch)
-        model = self.model = parallelize(spec, layout, self.mesh, global_batch, seq_len=seq, seed=0,
-                                         precision=precision)
+        model = self.model = parallelize(
+            spec, layout, self.mesh, global_batch, seq_len=seq, seed=0, precision=precision
+        )
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, spec.vocab, (global_batch, seq + 1), generator=gen)
         self.x, self.y = model.local_batch(tokens[:, :-1]), model.local_batch(tokens[:, 1:])
@@ -89,9 +90,21 @@ class LayoutRun:
         if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
             median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
             timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
-        return {**measurement_record(self.mesh, self.layout, self.global_batch, self.seq, self.memory, self.trace,
-                                     self.ep_group, self.moments),
-                "time": timing or None, "timeline": self.timeline.events, **device_memory()}
+        return {
+            **measurement_record(
+                self.mesh,
+                self.layout,
+                self.global_batch,
+                self.seq,
+                self.memory,
+                self.trace,
+                self.ep_group,
+                self.moments,
+            ),
+            "time": timing or None,
+            "timeline": self.timeline.events,
+            **device_memory(),
+        }
 
 
 def device_memory() -> dict[str, int]:
@@ -99,7 +112,10 @@ def device_memory() -> dict[str, int]:
     tensors; ``cuda_peak_reserved``: what it holds from the driver); nothing on a CPU."""
     if not torch.cuda.is_available():
         return {}
-    return {"cuda_peak_allocated": torch.cuda.max_memory_allocated(), "cuda_peak_reserved": torch.cuda.max_memory_reserved()}
+    return {
+        "cuda_peak_allocated": torch.cuda.max_memory_allocated(),
+        "cuda_peak_reserved": torch.cuda.max_memory_reserved(),
+    }
 
 
 def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = MEMORY_STEPS):
@@ -124,8 +140,10 @@ def measure_steps(model, mesh, x: torch.Tensor, y: torch.Tensor, steps: int = ME
             # under PP the tracker does not follow a stage's backward (its inputs are leaves it
             # does not hook: _torch_tools._LeafSafeModTracker), so where the peak fell is not known
             # (measured: the 8-rank interleaved layout's first stage read as "forward", params -57%)
-            memory, moments = peak, (peak_moments(tracker, model.layout.cp > 1) or None) if model.layout.pp == 1 \
-                else None
+            memory, moments = (
+                peak,
+                (peak_moments(tracker, model.layout.cp > 1) or None) if model.layout.pp == 1 else None,
+            )
     return memory, trace, ep_group, moments
 
 
@@ -136,8 +154,16 @@ def _expert_dp_ranks(layout: Layout, ep_group) -> dict[str, tuple[int, ...]]:
     return {"edp": expert_group_ranks(layout, dist.get_rank(), "dp_shard_mod_ep")}
 
 
-def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory: dict[str, int],
-                       trace: CollectiveTrace, ep_group, moments: list[str] | None = None) -> dict:
+def measurement_record(
+    mesh,
+    layout: Layout,
+    global_batch: int,
+    seq: int,
+    memory: dict[str, int],
+    trace: CollectiveTrace,
+    ep_group,
+    moments: list[str] | None = None,
+) -> dict:
     """This rank's record of memory and collectives, without timing (``time`` None, no timeline);
     ``peak_moments`` where the peak fell (compare.peak_moved), if known."""
     comm: dict[tuple[str, str], list[int]] = {}
@@ -158,12 +184,19 @@ def measurement_record(mesh, layout: Layout, global_batch: int, seq: int, memory
         if ("all_to_all", "ep") in comm:
             comm[("all_to_all", "ep")][1] = int(round(ep_bytes.item() / dist.get_world_size(ep_group)))
     return {
-        "rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "layout": layout.format(),
-        "global_batch": global_batch, "seq_len": seq, "world": dist.get_world_size(),
-        "memory": memory, **({"peak_moments": moments} if moments else {}),
-        "comm": [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                 for (k, d), (c, b) in sorted(comm.items())],
-        "time": None, "timeline": [],
+        "rank": dist.get_rank(),
+        "pp_rank": mesh.get_local_rank("pp"),
+        "layout": layout.format(),
+        "global_batch": global_batch,
+        "seq_len": seq,
+        "world": dist.get_world_size(),
+        "memory": memory,
+        **({"peak_moments": moments} if moments else {}),
+        "comm": [
+            {"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b} for (k, d), (c, b) in sorted(comm.items())
+        ],
+        "time": None,
+        "timeline": [],
     }
 
 
@@ -177,8 +210,12 @@ def _refuse(e: MeshwiseError) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--layout", action="append", default=None,
-                    help="repeat to measure several layouts in turn; model:layout for another model than --model")
+    ap.add_argument(
+        "--layout",
+        action="append",
+        default=None,
+        help="repeat to measure several layouts in turn; model:layout for another model than --model",
+    )
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--steps", type=int, default=3)

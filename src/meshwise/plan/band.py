@@ -26,9 +26,20 @@ from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 from meshwise.spec.train import FP8_FORMATS
 
 # GPU families by the accelerator's name (its first matching prefix); others: "other"
-FAMILIES = (("a100", "ampere"), ("a800", "ampere"), ("h100", "hopper"), ("h200", "hopper"), ("h800", "hopper"),
-            ("gh200", "hopper"), ("b200", "blackwell"), ("b300", "blackwell"), ("gb200", "blackwell"),
-            ("gb300", "blackwell"), ("mi", "cdna"), ("cpu", "cpu"))
+FAMILIES = (
+    ("a100", "ampere"),
+    ("a800", "ampere"),
+    ("h100", "hopper"),
+    ("h200", "hopper"),
+    ("h800", "hopper"),
+    ("gh200", "hopper"),
+    ("b200", "blackwell"),
+    ("b300", "blackwell"),
+    ("gb200", "blackwell"),
+    ("gb300", "blackwell"),
+    ("mi", "cdna"),
+    ("cpu", "cpu"),
+)
 OWN_ROWS_ONLY = ("cpu",)  # families no GPU run speaks for: a band only from their own rows (none yet)
 CALIBRATED_PREFIX = "meshwise calibrate"  # AcceleratorSpec.calibrated_on of a profile calibrate wrote
 
@@ -37,10 +48,10 @@ CALIBRATED_PREFIX = "meshwise calibrate"  # AcceleratorSpec.calibrated_on of a p
 class Category:
     """What a band depends on: dense or MoE, GPU family, precision class, catalog or calibrated profile."""
 
-    kind: str       # "dense" | "moe"
-    family: str     # "ampere" | "hopper" | "blackwell" | ...
+    kind: str  # "dense" | "moe"
+    family: str  # "ampere" | "hopper" | "blackwell" | ...
     precision: str  # "bf16" | "fp8"
-    profile: str    # "catalog" | "calibrated"
+    profile: str  # "catalog" | "calibrated"
 
     def keys(self) -> tuple[str, ...]:
         """The table's keys to try, most specific first (:data:`FALLBACK`)."""
@@ -59,8 +70,8 @@ class Band:
 
     low: float
     high: float
-    category: str    # the table row used (its key)
-    asked: str       # the category asked for (differs when a fallback row answered)
+    category: str  # the table row used (its key)
+    asked: str  # the category asked for (differs when a fallback row answered)
     coverage: float
     runs: int
     sources: int
@@ -75,8 +86,15 @@ class Band:
 
     def as_json(self, value: float, rate: bool = False) -> dict:
         lo, hi = self.around_rate(value) if rate else self.around(value)
-        return {"low": lo, "high": hi, "category": self.category, "asked": self.asked,
-                "coverage": self.coverage, "runs": self.runs, "sources": self.sources}
+        return {
+            "low": lo,
+            "high": hi,
+            "category": self.category,
+            "asked": self.asked,
+            "coverage": self.coverage,
+            "runs": self.runs,
+            "sources": self.sources,
+        }
 
 
 def family(accelerator_name: str) -> str:
@@ -85,13 +103,18 @@ def family(accelerator_name: str) -> str:
 
 
 def category(model: ModelSpec, accelerator: AcceleratorSpec, train: TrainSpec) -> Category:
-    return category_of(model.moe, accelerator.name, train.precision,
-                       accelerator.calibrated_on.startswith(CALIBRATED_PREFIX))
+    return category_of(
+        model.moe, accelerator.name, train.precision, accelerator.calibrated_on.startswith(CALIBRATED_PREFIX)
+    )
 
 
 def category_of(moe: bool, accelerator_name: str, precision: str, calibrated: bool) -> Category:
-    return Category("moe" if moe else "dense", family(accelerator_name), "fp8" if precision in FP8_FORMATS else "bf16",
-                    "calibrated" if calibrated else "catalog")
+    return Category(
+        "moe" if moe else "dense",
+        family(accelerator_name),
+        "fp8" if precision in FP8_FORMATS else "bf16",
+        "calibrated" if calibrated else "catalog",
+    )
 
 
 @lru_cache(maxsize=1)
@@ -128,9 +151,13 @@ def figure_bands(band: Band | None, e) -> dict:
     if band is None:
         return {}
     step, rate = band.as_json(e.time.step_s), band.as_json(e.tokens_per_s, rate=True)
-    return {"band": {"step_s": {"low": step["low"], "high": step["high"]},
-                     "tokens_per_s": {"low": rate["low"], "high": rate["high"]},
-                     **{k: step[k] for k in ("category", "asked", "coverage", "runs", "sources")}}}
+    return {
+        "band": {
+            "step_s": {"low": step["low"], "high": step["high"]},
+            "tokens_per_s": {"low": rate["low"], "high": rate["high"]},
+            **{k: step[k] for k in ("category", "asked", "coverage", "runs", "sources")},
+        }
+    }
 
 
 def with_band(line: str, band: Band | None, estimates) -> str:
@@ -151,12 +178,16 @@ def budget_band(band: Band | None, budget) -> dict:
     figures = {"days": budget.days, "gpu_hours": budget.gpu_hours}
     if budget.cost is not None:
         figures["cost"] = budget.cost
-    return {"band": {name: dict(zip(("low", "high"), band.around(v))) for name, v in figures.items()}
-            | {"category": band.category, "coverage": band.coverage}}
+    return {
+        "band": {name: dict(zip(("low", "high"), band.around(v))) for name, v in figures.items()}
+        | {"category": band.category, "coverage": band.coverage}
+    }
 
 
 def band_note(band: Band) -> str:
     """What the brackets mean, for a table's title."""
     fallback = "" if band.category == band.asked else f" (too few runs of {band.asked}: the broader row)"
-    return (f"the time model's error range on {band.runs} published dev runs from {band.sources} sources, "
-            f"{band.category}{fallback} (benchmarks/band.py)")
+    return (
+        f"the time model's error range on {band.runs} published dev runs from {band.sources} sources, "
+        f"{band.category}{fallback} (benchmarks/band.py)"
+    )

@@ -16,7 +16,7 @@ from meshwise.plan.search import TIE, _divisors, search
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MAX_SHIFT = 0.125  # a nearby batch is within 12.5% of the given one
-MAX_TRIES = 2      # extra searches at most
+MAX_TRIES = 2  # extra searches at most
 
 
 def nearby_batches(batch: int, world: int) -> list[int]:
@@ -33,8 +33,9 @@ def nearby_batches(batch: int, world: int) -> list[int]:
     return sorted(found, key=lambda b: (-math.gcd(b, world), abs(b - batch), b))[:MAX_TRIES]
 
 
-def batch_hint(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: Estimate | None,
-               headroom: float) -> str | None:
+def batch_hint(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: Estimate | None, headroom: float
+) -> str | None:
     """One line naming the nearby batch and the faster layout it allows, or None (nothing faster nearby)."""
     if best is None:
         return None
@@ -50,7 +51,9 @@ def batch_hint(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, best: E
     if gain <= TIE:
         return None
     ruled_out = [d for d in _divisors(cluster.world_size) if train.global_batch % d and b % d == 0]
-    return (f"Batch hint: --global-batch {train.global_batch} rules out data-parallel degrees "
-            f"{', '.join(map(str, ruled_out))}; --global-batch {b} ({b / train.global_batch - 1:+.1%} tokens per "
-            f"step) would allow {e.layout.short()} at {e.tokens_per_s:,.0f} tokens/s, {gain:.0%} faster than "
-            f"{best.layout.short()} at {best.tokens_per_s:,.0f}.")
+    return (
+        f"Batch hint: --global-batch {train.global_batch} rules out data-parallel degrees "
+        f"{', '.join(map(str, ruled_out))}; --global-batch {b} ({b / train.global_batch - 1:+.1%} tokens per "
+        f"step) would allow {e.layout.short()} at {e.tokens_per_s:,.0f} tokens/s, {gain:.0%} faster than "
+        f"{best.layout.short()} at {best.tokens_per_s:,.0f}."
+    )

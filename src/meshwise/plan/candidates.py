@@ -32,8 +32,11 @@ def _divisors(n: int) -> list[int]:
 def tp_degrees(model: ModelSpec, world: int) -> list[int]:
     if model.states_only:
         return [1]
-    return [t for t in _divisors(world)
-            if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0]
+    return [
+        t
+        for t in _divisors(world)
+        if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0 and model.vocab % t == 0
+    ]
 
 
 def pipeline_options(pp: int, layers: int) -> list[tuple[str, int]]:
@@ -67,16 +70,19 @@ def _cp_choices(model: ModelSpec, world: int, seq_len: int, bounded: bool) -> li
     return within if bounded else [c for c in cp_degrees(model, world, seq_len, bounded=False) if c not in within]
 
 
-def _structures(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
-                ) -> Iterator[tuple[Layout, list[int]]]:
+def _structures(
+    model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
+) -> Iterator[tuple[Layout, list[int]]]:
     """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _structure_fields(
-            model, world, global_batch, seq_len, cp_bound):
+        model, world, global_batch, seq_len, cp_bound
+    ):
         yield _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep), mbs_options
 
 
-def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: int = 0,
-                      cp_bound: bool = True) -> Iterator[tuple]:
+def _structure_fields(
+    model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
+) -> Iterator[tuple]:
     """:func:`_structures` as (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs options): the
     search builds a layout only for the structures that its cached answers do not already refuse.
     With ``cp_bound`` False, only the structures whose cp is past CP_MIN_TOKENS (:func:`_cp_choices`):
@@ -94,7 +100,9 @@ def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: 
                 continue
             per_replica = global_batch // dp
             mbs_options = [b for b in (1, 2, 4, 8, 16, 32) if b <= MAX_MBS and per_replica % b == 0]
-            zero_shards = [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
+            zero_shards = (
+                [(0, dp)] if dp == 1 else [(0, dp)] + [(z, s) for z in (1, 2, 3) for s in _divisors(dp) if s > 1]
+            )
             schedules = pipeline_options(pp, layers)
             sps = (False,) if tp == 1 else (True, False)
             eps = {shard: expert_degrees(model, shard * cp) for shard in {s for _, s in zero_shards}}
@@ -105,11 +113,37 @@ def _structure_fields(model: ModelSpec, world: int, global_batch: int, seq_len: 
                             yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options
 
 
-def _layout(dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, mbs: int,
-            ac: str, ep: int) -> Layout:
+def _layout(
+    dp: int,
+    zero: int,
+    shard: int,
+    cp: int,
+    tp: int,
+    sp: bool,
+    pp: int,
+    vpp: int,
+    schedule: str,
+    mbs: int,
+    ac: str,
+    ep: int,
+) -> Layout:
     """``Layout(dp=dp, ...)`` through layout.layout_from_fields (the fields in their declared order)."""
-    return layout_from_fields({"dp": dp, "zero": zero, "shard": shard, "cp": cp, "tp": tp, "sp": sp, "pp": pp,
-                               "vpp": vpp, "schedule": schedule, "mbs": mbs, "ac": ac, "ep": ep})
+    return layout_from_fields(
+        {
+            "dp": dp,
+            "zero": zero,
+            "shard": shard,
+            "cp": cp,
+            "tp": tp,
+            "sp": sp,
+            "pp": pp,
+            "vpp": vpp,
+            "schedule": schedule,
+            "mbs": mbs,
+            "ac": ac,
+            "ep": ep,
+        }
+    )
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:
@@ -124,8 +158,9 @@ def _schedule_ok(layout: Layout, m: int) -> bool:
     return True
 
 
-def enumerate_layouts(model: ModelSpec, world: int, global_batch: int,
-                      where: Callable[[Layout], bool] | None = None, seq_len: int = 0) -> Iterator[Layout]:
+def enumerate_layouts(
+    model: ModelSpec, world: int, global_batch: int, where: Callable[[Layout], bool] | None = None, seq_len: int = 0
+) -> Iterator[Layout]:
     """Every valid layout of ``world`` ranks for this model and batch (that ``where`` admits), cp within
     CP_MIN_TOKENS; only when there is none, those with a larger cp (:func:`_structure_fields`)."""
     found = False
@@ -150,20 +185,39 @@ def _simplicity(layout: Layout) -> tuple:
     """Tie-break between equally fast layouts: no recompute and no accumulation first (they buy
     memory, which a fitting layout does not need; fewer micro-batches per step = larger mbs x dp),
     then fewer parallel dimensions and less machinery."""
-    return (layout.ac != "none", -layout.mbs * layout.dp, layout.pp > 1, layout.cp > 1, layout.tp > 1, layout.zero,
-            layout.replicate > 1, layout.vpp, not layout.sp, layout.ep)
+    return (
+        layout.ac != "none",
+        -layout.mbs * layout.dp,
+        layout.pp > 1,
+        layout.cp > 1,
+        layout.tp > 1,
+        layout.zero,
+        layout.replicate > 1,
+        layout.vpp,
+        not layout.sp,
+        layout.ep,
+    )
 
 
 def _simplicity_words(w: Layout, r: Layout, global_batch: int | None = None) -> tuple[str, ...]:
     """How ``w`` reads at each place of :func:`_simplicity` where it is simpler than ``r``."""
-    fewer = (f"fewer micro-batches per step ({w.accum(global_batch)} per replica, not {r.accum(global_batch)})"
-             if global_batch else f"fewer micro-batches per step (larger mbs x dp: {w.mbs * w.dp} sequences at once, "
-                                  f"not {r.mbs * r.dp})")
-    return ("no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})", fewer,
-            "no pipeline", "no context parallelism", "no tensor parallelism",
-            f"a lower ZeRO stage ({w.zero}, not {r.zero})", "no HSDP replication",
-            f"fewer chunks per pipeline rank (vpp={w.vpp}, not {r.vpp})", "sequence parallelism on",
-            f"less expert parallelism (ep={w.ep}, not {r.ep})")
+    fewer = (
+        f"fewer micro-batches per step ({w.accum(global_batch)} per replica, not {r.accum(global_batch)})"
+        if global_batch
+        else f"fewer micro-batches per step (larger mbs x dp: {w.mbs * w.dp} sequences at once, not {r.mbs * r.dp})"
+    )
+    return (
+        "no recompute" if w.ac == "none" else f"lighter recompute (ac={w.ac}, not {r.ac})",
+        fewer,
+        "no pipeline",
+        "no context parallelism",
+        "no tensor parallelism",
+        f"a lower ZeRO stage ({w.zero}, not {r.zero})",
+        "no HSDP replication",
+        f"fewer chunks per pipeline rank (vpp={w.vpp}, not {r.vpp})",
+        "sequence parallelism on",
+        f"less expert parallelism (ep={w.ep}, not {r.ep})",
+    )
 
 
 def simpler_in(w: Layout, r: Layout, global_batch: int | None = None) -> str | None:
@@ -192,7 +246,7 @@ def break_ties(ranked: list[Estimate], usable_bytes: float) -> list[Estimate]:
         return ranked
     fastest = ranked[0].time.step_s
     band = [e for e in ranked if e.time.step_s <= fastest * (1 + TIE)]
-    rest = ranked[len(band):]
+    rest = ranked[len(band) :]
     if ranked[0].memory.total <= (1 - SHORT) * usable_bytes:
         band.sort(key=lambda e: (_simplicity(e.layout), e.time.step_s))
     else:

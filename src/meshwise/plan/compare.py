@@ -31,8 +31,12 @@ def rank(estimates: list[Estimate]) -> list[Estimate]:
     return sorted(estimates, key=lambda e: (not e.fits, -e.tokens_per_s if e.fits else e.memory.total))
 
 
-PART_WORDS = {"comm": "exposed communication", "bubble": "pipeline bubble", "optimizer": "optimizer step",
-              "compute": "compute"}  # the parts of a step, as the binds column and the explanation name them
+PART_WORDS = {
+    "comm": "exposed communication",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+    "compute": "compute",
+}  # the parts of a step, as the binds column and the explanation name them
 
 
 def _parts(e: Estimate) -> dict[str, float]:

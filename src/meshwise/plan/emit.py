@@ -19,8 +19,7 @@ from meshwise.plan import megatron_family as family
 from meshwise.spec import ModelSpec
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
-VERSIONS = {"torchtitan": "torchtitan 0.3.0", "megatron": "Megatron-LM core_v0.16.1",
-            "deepspeed": "DeepSpeed 0.19.8"}
+VERSIONS = {"torchtitan": "torchtitan 0.3.0", "megatron": "Megatron-LM core_v0.16.1", "deepspeed": "DeepSpeed 0.19.8"}
 GRAD_CLIP = 1.0  # max gradient norm: meshwise train's optimizer.grad_clip default, and each framework's own
 FP8_FORMATS = ("fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 
@@ -97,9 +96,11 @@ def _shell(header: list[str], cmd: list[str], args: list[str]) -> str:
 
 def _header(framework: str, target: Target) -> list[str]:
     lay = target.layout
-    return [f"{VERSIONS[framework]}: {target.model.name}, {lay.short()} on {target.world_size} devices; global batch "
-            f"{target.global_batch} x {target.seq_len} tokens, {target.accum} micro-batch(es) of {lay.mbs} per "
-            f"replica; {target.precision} (meshwise plan --emit {framework})"]
+    return [
+        f"{VERSIONS[framework]}: {target.model.name}, {lay.short()} on {target.world_size} devices; global batch "
+        f"{target.global_batch} x {target.seq_len} tokens, {target.accum} micro-batch(es) of {lay.mbs} per "
+        f"replica; {target.precision} (meshwise plan --emit {framework})"
+    ]
 
 
 # ------------------------------------------------------------------------------------------ torchtitan
@@ -120,8 +121,9 @@ class TitanConfig:
 
 
 TITAN_REGISTRY = (
-    TitanConfig("llama3", "llama3_debugmodel", 6, 256, 16, 16, 2048,
-                float8=(("fp8-rowwise", "llama3_debugmodel_float8"),)),
+    TitanConfig(
+        "llama3", "llama3_debugmodel", 6, 256, 16, 16, 2048, float8=(("fp8-rowwise", "llama3_debugmodel_float8"),)
+    ),
     TitanConfig("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, float8=(("mxfp8", "llama3_8b_mxfp8"),)),
     TitanConfig("llama3", "llama3_70b", 80, 8192, 64, 8, 128256),
     TitanConfig("llama3", None, 126, 16384, 128, 8, 128256, float8=(("fp8-rowwise", "llama3_405b"),)),
@@ -132,11 +134,29 @@ TITAN_REGISTRY = (
     TitanConfig("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936),
     TitanConfig("qwen3", "qwen3_moe_debug", 8, 256, 16, 8, 2048, experts=64),
     TitanConfig("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, experts=128),
-    TitanConfig("deepseek_v3", "deepseek_v3_debugmodel", 6, 256, 16, 16, 2048, experts=8,
-                float8=(("mxfp8", "deepseek_v3_debugmodel_mxfp8"),)),
+    TitanConfig(
+        "deepseek_v3",
+        "deepseek_v3_debugmodel",
+        6,
+        256,
+        16,
+        16,
+        2048,
+        experts=8,
+        float8=(("mxfp8", "deepseek_v3_debugmodel_mxfp8"),),
+    ),
     TitanConfig("deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, 16, 102400, experts=64),
-    TitanConfig("deepseek_v3", "deepseek_v3_671b", 61, 7168, 128, 128, 129280, experts=256,
-                float8=(("fp8-rowwise", "deepseek_v3_671b_float8"),)),
+    TitanConfig(
+        "deepseek_v3",
+        "deepseek_v3_671b",
+        61,
+        7168,
+        128,
+        128,
+        129280,
+        experts=256,
+        float8=(("fp8-rowwise", "deepseek_v3_671b_float8"),),
+    ),
     TitanConfig("gpt_oss", "gpt_oss_debugmodel", 4, 256, 64, 8, 2048, experts=8),
     TitanConfig("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, experts=32),
     TitanConfig("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, experts=128),
@@ -145,44 +165,66 @@ TITAN_REGISTRY = (
 # linear attention), Kimi K2.5 and Moonlight (multimodal configs of its kimi_k2_7 module)
 TITAN_UNMODELLED = ("qwen3_5", "kimi_k2_7")
 TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
-TITAN_AC = {"none": "activation-checkpoint:none", "selective": "activation-checkpoint:selective",
-            "full": "activation-checkpoint:full"}
+TITAN_AC = {
+    "none": "activation-checkpoint:none",
+    "selective": "activation-checkpoint:selective",
+    "full": "activation-checkpoint:full",
+}
 
 
 def titan_config(target: Target) -> tuple[str, str]:
     """(module, config function) of the registry entry with the model's shape, in the asked precision."""
     m = target.model
-    entry = next((c for c in TITAN_REGISTRY if (c.layers, c.hidden, c.heads, c.kv_heads, c.vocab, c.experts)
-                  == (m.layers, m.hidden, m.heads, m.kv_heads, m.vocab, m.experts)), None)
+    entry = next(
+        (
+            c
+            for c in TITAN_REGISTRY
+            if (c.layers, c.hidden, c.heads, c.kv_heads, c.vocab, c.experts)
+            == (m.layers, m.hidden, m.heads, m.kv_heads, m.vocab, m.experts)
+        ),
+        None,
+    )
     if entry is None:
         names = ", ".join(c.base or dict(c.float8)["fp8-rowwise"] for c in TITAN_REGISTRY)
-        raise Unexpressible(f"--emit torchtitan: torchtitan 0.3.0 has no registered config with {m.name}'s shape "
-                            f"(it has {names}); register a config function for it and pass its --module/--config")
+        raise Unexpressible(
+            f"--emit torchtitan: torchtitan 0.3.0 has no registered config with {m.name}'s shape "
+            f"(it has {names}); register a config function for it and pass its --module/--config"
+        )
     if target.precision in FP8_FORMATS:
         fn = dict(entry.float8).get(target.precision)
         if fn is None:
             have = ", ".join(f"{p} ({f})" for p, f in entry.float8) or "none"
-            raise Unexpressible(f"--emit torchtitan: --precision {target.precision} has no torchtitan 0.3.0 config for "
-                                f"{m.name} (float8 is set in a config function, not on its command line; "
-                                f"this shape has: {have})")
+            raise Unexpressible(
+                f"--emit torchtitan: --precision {target.precision} has no torchtitan 0.3.0 config for "
+                f"{m.name} (float8 is set in a config function, not on its command line; "
+                f"this shape has: {have})"
+            )
         return entry.module, fn
     if entry.base is None:
-        raise Unexpressible(f"--emit torchtitan: torchtitan 0.3.0's config for {m.name} trains its linear layers in "
-                            f"float8 (rowwise) and its command line cannot turn that off; use --precision fp8-rowwise")
+        raise Unexpressible(
+            f"--emit torchtitan: torchtitan 0.3.0's config for {m.name} trains its linear layers in "
+            f"float8 (rowwise) and its command line cannot turn that off; use --precision fp8-rowwise"
+        )
     return entry.module, entry.base
 
 
 def _titan_refusals(target: Target) -> None:
     lay = target.layout
     if target.precision == "bf16" or target.precision == "fp32":
-        raise Unexpressible(f"--emit torchtitan: --precision {target.precision} is not torchtitan's mixed precision "
-                            "(bf16 compute, fp32 weights and optimizer states); use bf16-mixed")
+        raise Unexpressible(
+            f"--emit torchtitan: --precision {target.precision} is not torchtitan's mixed precision "
+            "(bf16 compute, fp32 weights and optimizer states); use bf16-mixed"
+        )
     if lay.pp > 1 and lay.schedule == "zero-bubble":
-        raise Unexpressible("--emit torchtitan: schedule=zero-bubble is not mapped (torchtitan's ZBVZeroBubble and "
-                            "InterleavedZeroBubble differ from meshwise's in chunk placement); use interleaved-1f1b")
+        raise Unexpressible(
+            "--emit torchtitan: schedule=zero-bubble is not mapped (torchtitan's ZBVZeroBubble and "
+            "InterleavedZeroBubble differ from meshwise's in chunk placement); use interleaved-1f1b"
+        )
     if lay.zero == 1 and lay.pp == 1 and target.accum > 1:
-        raise Unexpressible(f"--emit torchtitan: zero=1 with {target.accum} micro-batches: torchtitan's FSDP "
-                            "reduce-scatters gradients every micro-batch (ZeRO-2); use zero=2")
+        raise Unexpressible(
+            f"--emit torchtitan: zero=1 with {target.accum} micro-batches: torchtitan's FSDP "
+            "reduce-scatters gradients every micro-batch (ZeRO-2); use zero=2"
+        )
 
 
 def _titan_pipeline(target: Target) -> list[str]:
@@ -199,10 +241,16 @@ def _titan_pipeline(target: Target) -> list[str]:
         if c == len(counts) - 1:
             names += ["norm", "lm_head"]
         parts.append(",".join(names))
-    return ["--parallelism.pipeline_parallel_degree", str(lay.pp),
-            "--parallelism.pipeline_parallel_schedule", TITAN_SCHEDULES[lay.schedule],
-            "--parallelism.pipeline_parallel_microbatch_size", str(lay.mbs),
-            "--parallelism.module_fqns_per_model_part", *parts]
+    return [
+        "--parallelism.pipeline_parallel_degree",
+        str(lay.pp),
+        "--parallelism.pipeline_parallel_schedule",
+        TITAN_SCHEDULES[lay.schedule],
+        "--parallelism.pipeline_parallel_microbatch_size",
+        str(lay.mbs),
+        "--parallelism.module_fqns_per_model_part",
+        *parts,
+    ]
 
 
 def torchtitan_args(target: Target) -> list[str]:
@@ -213,17 +261,34 @@ def torchtitan_args(target: Target) -> list[str]:
     replicate, shard = (lay.replicate, lay.shard) if lay.zero else (lay.dp, 1)
     # with pp, torchtitan's local batch is split into the pipeline's micro-batches (no accumulation)
     local = lay.mbs * target.accum if lay.pp > 1 else lay.mbs
-    args = ["--module", module, "--config", config,
-            "--training.local_batch_size", str(local), "--training.global_batch_size", str(target.global_batch),
-            "--training.seq_len", str(target.seq_len), "--training.max_norm", str(GRAD_CLIP),
-            "--parallelism.data_parallel_replicate_degree", str(replicate),
-            "--parallelism.data_parallel_shard_degree", str(shard),
-            "--parallelism.tensor_parallel_degree", str(lay.tp),
-            "--parallelism.context_parallel_degree", str(lay.cp),
-            "--parallelism.expert_parallel_degree", str(lay.ep),
-            # the default spmd_types backend hands torch 2.13's fully_shard plain-tensor parameters
-            # with dp_mesh_dims, which it refuses (ValueError ... must be DTensors on the full SPMD mesh)
-            "--parallelism.spmd_backend", "full_dtensor"]
+    args = [
+        "--module",
+        module,
+        "--config",
+        config,
+        "--training.local_batch_size",
+        str(local),
+        "--training.global_batch_size",
+        str(target.global_batch),
+        "--training.seq_len",
+        str(target.seq_len),
+        "--training.max_norm",
+        str(GRAD_CLIP),
+        "--parallelism.data_parallel_replicate_degree",
+        str(replicate),
+        "--parallelism.data_parallel_shard_degree",
+        str(shard),
+        "--parallelism.tensor_parallel_degree",
+        str(lay.tp),
+        "--parallelism.context_parallel_degree",
+        str(lay.cp),
+        "--parallelism.expert_parallel_degree",
+        str(lay.ep),
+        # the default spmd_types backend hands torch 2.13's fully_shard plain-tensor parameters
+        # with dp_mesh_dims, which it refuses (ValueError ... must be DTensors on the full SPMD mesh)
+        "--parallelism.spmd_backend",
+        "full_dtensor",
+    ]
     if lay.tp > 1:
         args.append("--parallelism.enable_sequence_parallel" if lay.sp else "--parallelism.no_enable_sequence_parallel")
     if lay.zero:
@@ -240,8 +305,10 @@ def torchtitan_text(target: Target) -> str:
     args = torchtitan_args(target)
     header = _header("torchtitan", target)
     if target.model.moe and target.precision in FP8_FORMATS:
-        header.append("its float8 config converts the routed experts' grouped GEMMs too; the plan keeps them bf16 "
-                      "as meshwise's runtime does (its memory lacks their float8 copies, its time their speed-up)")
+        header.append(
+            "its float8 config converts the routed experts' grouped GEMMs too; the plan keeps them bf16 "
+            "as meshwise's runtime does (its memory lacks their float8 copies, its time their speed-up)"
+        )
     return _shell(header, _launcher(target, ["-m", "torchtitan.train"]), args)
 
 
@@ -252,24 +319,36 @@ MEGATRON_FP8 = {"fp8": ("hybrid", "tensorwise"), "fp8-blockwise": ("e4m3", "bloc
 def _megatron_refusals(target: Target) -> None:
     lay = target.layout
     if target.precision == "bf16":
-        raise Unexpressible("--emit megatron: --precision bf16 (no fp32 master weights) has no Megatron-LM flag; its "
-                            "--bf16 keeps fp32 main parameters (use --precision bf16-mixed)")
+        raise Unexpressible(
+            "--emit megatron: --precision bf16 (no fp32 master weights) has no Megatron-LM flag; its "
+            "--bf16 keeps fp32 main parameters (use --precision bf16-mixed)"
+        )
     if target.precision == "fp8-rowwise":
-        raise Unexpressible("--emit megatron: --precision fp8-rowwise has no Megatron-LM recipe (--fp8-recipe: "
-                            "tensorwise, delayed, blockwise, mxfp8); use fp8, fp8-blockwise or mxfp8")
+        raise Unexpressible(
+            "--emit megatron: --precision fp8-rowwise has no Megatron-LM recipe (--fp8-recipe: "
+            "tensorwise, delayed, blockwise, mxfp8); use fp8, fp8-blockwise or mxfp8"
+        )
     if lay.pp > 1 and lay.schedule in ("gpipe", "zero-bubble"):
-        raise Unexpressible(f"--emit megatron: schedule={lay.schedule} is not a Megatron-LM schedule (it runs 1F1B, "
-                            "and interleaved 1F1B with virtual stages); use 1f1b or interleaved-1f1b")
+        raise Unexpressible(
+            f"--emit megatron: schedule={lay.schedule} is not a Megatron-LM schedule (it runs 1F1B, "
+            "and interleaved 1F1B with virtual stages); use 1f1b or interleaved-1f1b"
+        )
     if target.model.moe and lay.tp > 1 and not lay.sp:
-        raise Unexpressible(f"--emit megatron: a MoE model at tp={lay.tp} needs sequence parallelism in "
-                            "Megatron-LM (sp=off is refused at start-up); use sp=on")
+        raise Unexpressible(
+            f"--emit megatron: a MoE model at tp={lay.tp} needs sequence parallelism in "
+            "Megatron-LM (sp=off is refused at start-up); use sp=on"
+        )
     if target.overlap_ep_comm and (lay.ep == 1 or lay.ac == "full" or (lay.pp > 1 and lay.vpp == 1)):
-        raise Unexpressible(f"--emit megatron: --moe-comm-overlap needs ep > 1, no full recompute and, under pp > 1, "
-                            f"virtual stages (megatron-core's TransformerConfig); {lay} has not")
+        raise Unexpressible(
+            f"--emit megatron: --moe-comm-overlap needs ep > 1, no full recompute and, under pp > 1, "
+            f"virtual stages (megatron-core's TransformerConfig); {lay} has not"
+        )
     m = target.accum
     if lay.vpp > 1 and m % lay.pp:
-        raise Unexpressible(f"--emit megatron: Megatron-LM's interleaved schedule needs the {m} micro-batches per step "
-                            f"to be a multiple of pp={lay.pp}; use a global batch that gives one")
+        raise Unexpressible(
+            f"--emit megatron: Megatron-LM's interleaved schedule needs the {m} micro-batches per step "
+            f"to be a multiple of pp={lay.pp}; use a global batch that gives one"
+        )
 
 
 def _megatron_refuse(what: str) -> None:
@@ -278,15 +357,31 @@ def _megatron_refuse(what: str) -> None:
 
 def _megatron_model(model: ModelSpec, seq_len: int) -> tuple[list[str], list[str]]:
     """The model's shape as Megatron-LM GPT arguments, and the ``#`` notes of what Megatron builds differently."""
-    args = ["--num-layers", str(model.layers), "--hidden-size", str(model.hidden),
-            "--ffn-hidden-size", str(model.ffn_hidden), "--num-attention-heads", str(model.heads)]
+    args = [
+        "--num-layers",
+        str(model.layers),
+        "--hidden-size",
+        str(model.hidden),
+        "--ffn-hidden-size",
+        str(model.ffn_hidden),
+        "--num-attention-heads",
+        str(model.heads),
+    ]
     if model.kv_heads != model.heads and not model.mla:
         args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
     if model.mla:  # --qk-layernorm: MLA's norms of the compressed query and key-value (DeepSeek-V2/V3)
-        args += ["--multi-latent-attention", "--kv-lora-rank", str(model.kv_lora_rank),
-                 "--qk-head-dim", str(model.head_dim - model.qk_rope_head_dim),
-                 "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim), "--v-head-dim", str(model.v_head_dim),
-                 "--qk-layernorm"]
+        args += [
+            "--multi-latent-attention",
+            "--kv-lora-rank",
+            str(model.kv_lora_rank),
+            "--qk-head-dim",
+            str(model.head_dim - model.qk_rope_head_dim),
+            "--qk-pos-emb-head-dim",
+            str(model.qk_rope_head_dim),
+            "--v-head-dim",
+            str(model.v_head_dim),
+            "--qk-layernorm",
+        ]
         if model.q_lora_rank:
             args += ["--q-lora-rank", str(model.q_lora_rank)]
     elif model.head_dim != model.hidden // model.heads:
@@ -301,8 +396,12 @@ def _megatron_model(model: ModelSpec, seq_len: int) -> tuple[list[str], list[str
         args, notes = args + more, notes + why
     else:
         args += ["--position-embedding-type", "learned_absolute"]
-    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
-             "--norm-epsilon", str(model.norm_eps)]
+    args += [
+        "--normalization",
+        "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+        "--norm-epsilon",
+        str(model.norm_eps),
+    ]
     if model.mlp == "swiglu" and not model.swiglu_limit:
         args.append("--swiglu")
     if not model.tied_embeddings:
@@ -314,8 +413,14 @@ def _megatron_model(model: ModelSpec, seq_len: int) -> tuple[list[str], list[str
     more, why = family.attention_args(model, seq_len, _megatron_refuse)
     args, notes = args + more, notes + why
     if model.moe:
-        args += ["--num-experts", str(model.experts), "--moe-router-topk", str(model.experts_per_token),
-                 "--moe-ffn-hidden-size", str(model.expert_ffn_hidden)]
+        args += [
+            "--num-experts",
+            str(model.experts),
+            "--moe-router-topk",
+            str(model.experts_per_token),
+            "--moe-ffn-hidden-size",
+            str(model.expert_ffn_hidden),
+        ]
         if model.shared_ffn_hidden:
             args += ["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden)]
         if model.dense_layers:
@@ -330,15 +435,25 @@ def megatron_layout(model: ModelSpec, lay: Layout) -> str:
     """``--pipeline-model-parallel-layout``: meshwise's stage split chunk by chunk (E the embedding, t a
     block, L the loss), so Megatron places the same blocks on the same ranks, virtual stages included."""
     counts = stage_layers(model.layers, lay.stages)
-    parts = [("E" if c == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if c == len(counts) - 1 else "")
-             for c, n in enumerate(counts)]
+    parts = [
+        ("E" if c == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if c == len(counts) - 1 else "")
+        for c, n in enumerate(counts)
+    ]
     return "|".join(parts)
 
 
 def _megatron_parallel(target: Target) -> list[str]:
     lay = target.layout
-    args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
-            "--context-parallel-size", str(lay.cp), "--expert-model-parallel-size", str(lay.ep)]
+    args = [
+        "--tensor-model-parallel-size",
+        str(lay.tp),
+        "--pipeline-model-parallel-size",
+        str(lay.pp),
+        "--context-parallel-size",
+        str(lay.cp),
+        "--expert-model-parallel-size",
+        str(lay.ep),
+    ]
     if target.model.moe:  # meshwise's experts are never TP-split (Layout.ep_folds_tp); Megatron's default is tp
         args += ["--expert-tensor-parallel-size", "1"]
     if lay.sp:
@@ -356,8 +471,15 @@ def _megatron_parallel(target: Target) -> list[str]:
         args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif lay.zero in (2, 3):
         strategy = "optim_grads" if lay.zero == 2 else "optim_grads_params"
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor",
-                 "--overlap-grad-reduce", "--overlap-param-gather"]
+        args += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            strategy,
+            "--ckpt-format",
+            "fsdp_dtensor",
+            "--overlap-grad-reduce",
+            "--overlap-param-gather",
+        ]
     if lay.zero and lay.replicate > 1:
         args += ["--num-distributed-optimizer-instances", str(lay.replicate)]
     return args
@@ -380,8 +502,10 @@ def megatron_parts(target: Target) -> tuple[list[str], list[str]]:
     optimizer) and the ``#`` notes of what Megatron-Core builds differently from the planned model."""
     _megatron_refusals(target)
     model, notes = _megatron_model(target.model, target.seq_len)
-    return model + _megatron_parallel(target) + _megatron_moe(target) + _megatron_precision(target.precision) + \
-        ["--clip-grad", str(GRAD_CLIP)], notes
+    return model + _megatron_parallel(target) + _megatron_moe(target) + _megatron_precision(target.precision) + [
+        "--clip-grad",
+        str(GRAD_CLIP),
+    ], notes
 
 
 def megatron_args(target: Target) -> list[str]:
@@ -405,8 +529,10 @@ def megatron_text(target: Target) -> str:
     args, notes = megatron_parts(target)
     header = _header("megatron", target)
     if target.runtime != "megatron":
-        header.append("planned for meshwise's runtime: its throughput and memory are not Megatron-LM's "
-                      "(meshwise plan --runtime megatron plans for Megatron-LM)")
+        header.append(
+            "planned for meshwise's runtime: its throughput and memory are not Megatron-LM's "
+            "(meshwise plan --runtime megatron plans for Megatron-LM)"
+        )
     header += notes
     header.append("add your data and tokenizer arguments (--data-path, --tokenizer-type)")
     lay = target.layout
@@ -420,28 +546,43 @@ def deepspeed_config(target: Target) -> dict:
     """DeepSpeed's JSON: batch, micro-batch, accumulation, ZeRO stage, precision, clipping."""
     lay, p = target.layout, target.precision
     if lay.tp > 1 or lay.pp > 1:
-        raise Unexpressible(f"--emit deepspeed: tp={lay.tp},pp={lay.pp} needs Megatron-DeepSpeed (DeepSpeed's JSON has "
-                            "no tensor or pipeline degree); use --emit megatron, or a layout with tp=1,pp=1")
+        raise Unexpressible(
+            f"--emit deepspeed: tp={lay.tp},pp={lay.pp} needs Megatron-DeepSpeed (DeepSpeed's JSON has "
+            "no tensor or pipeline degree); use --emit megatron, or a layout with tp=1,pp=1"
+        )
     if lay.cp > 1:
-        raise Unexpressible(f"--emit deepspeed: cp={lay.cp} (ring attention) has no DeepSpeed configuration (its "
-                            "sequence parallelism is Ulysses, set in the model code)")
+        raise Unexpressible(
+            f"--emit deepspeed: cp={lay.cp} (ring attention) has no DeepSpeed configuration (its "
+            "sequence parallelism is Ulysses, set in the model code)"
+        )
     if lay.ep > 1:
         raise Unexpressible(f"--emit deepspeed: ep={lay.ep} is set in DeepSpeed's MoE layer (ep_size), not in its JSON")
     if lay.zero and lay.shard != lay.dp:
-        raise Unexpressible(f"--emit deepspeed: shard={lay.shard} (hybrid sharding): DeepSpeed 0.19.8 shards over the "
-                            "whole data-parallel group (MiCS was removed); use shard=dp")
+        raise Unexpressible(
+            f"--emit deepspeed: shard={lay.shard} (hybrid sharding): DeepSpeed 0.19.8 shards over the "
+            "whole data-parallel group (MiCS was removed); use shard=dp"
+        )
     if lay.ac == "selective":
-        raise Unexpressible("--emit deepspeed: ac=selective (per-operator recompute) has no DeepSpeed setting; "
-                            "use ac=full or none")
+        raise Unexpressible(
+            "--emit deepspeed: ac=selective (per-operator recompute) has no DeepSpeed setting; use ac=full or none"
+        )
     if p in FP8_FORMATS:
-        raise Unexpressible(f"--emit deepspeed: --precision {p}: DeepSpeed's JSON has no float8 training "
-                            "(it comes from Transformer Engine layers in the model code)")
+        raise Unexpressible(
+            f"--emit deepspeed: --precision {p}: DeepSpeed's JSON has no float8 training "
+            "(it comes from Transformer Engine layers in the model code)"
+        )
     if p == "bf16" and lay.zero == 0:
-        raise Unexpressible("--emit deepspeed: --precision bf16 (no fp32 master weights) needs ZeRO stage 1-3 "
-                            "(bf16_master_weights_and_grads); use zero=1, 2 or 3")
-    cfg: dict = {"train_batch_size": target.global_batch, "train_micro_batch_size_per_gpu": lay.mbs,
-                 "gradient_accumulation_steps": target.accum, "gradient_clipping": GRAD_CLIP,
-                 "zero_optimization": {"stage": lay.zero, "overlap_comm": True}}
+        raise Unexpressible(
+            "--emit deepspeed: --precision bf16 (no fp32 master weights) needs ZeRO stage 1-3 "
+            "(bf16_master_weights_and_grads); use zero=1, 2 or 3"
+        )
+    cfg: dict = {
+        "train_batch_size": target.global_batch,
+        "train_micro_batch_size_per_gpu": lay.mbs,
+        "gradient_accumulation_steps": target.accum,
+        "gradient_clipping": GRAD_CLIP,
+        "zero_optimization": {"stage": lay.zero, "overlap_comm": True},
+    }
     if p == "bf16-mixed":
         cfg["bf16"] = {"enabled": True}
     elif p == "bf16":

@@ -20,8 +20,9 @@ def expert_degrees(model: ModelSpec, ranks: int) -> list[int]:
     return [e for e in _divisors(ranks) if model.experts % e == 0]
 
 
-def step_experts(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float,
-                 other) -> str:
+def step_experts(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float, other
+) -> str:
     """Expert parallelism: what a MoE block holds, what each rank keeps under the chosen ep, and the
     figures that decided ep (``other``: the best layouts of the other kind, found by the same search)."""
     return step_experts_with_figures(model, cluster, train, winner, usable, other)[0]
@@ -52,13 +53,15 @@ def _decider(other, winner: Estimate) -> tuple[str, dict]:
         return f"no layout with {kind} fits ({other.enumerated:,} tried)", {}
     b = other.best[0]
     slower = b.time.step_s / winner.time.step_s - 1
-    return (f"the best with {kind}, {b.layout.short()}, takes {b.time.step_s:.3g} s/step ({slower:+.1%}, "
-            f"{gb_text(b.memory.total)} per rank)"), {"other_kind_step_s": b.time.step_s,
-                                                       "other_kind_total_bytes": b.memory.total}
+    return (
+        f"the best with {kind}, {b.layout.short()}, takes {b.time.step_s:.3g} s/step ({slower:+.1%}, "
+        f"{gb_text(b.memory.total)} per rank)"
+    ), {"other_kind_step_s": b.time.step_s, "other_kind_total_bytes": b.memory.total}
 
 
-def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate,
-                              usable: float, other) -> tuple[str, dict]:
+def step_experts_with_figures(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, winner: Estimate, usable: float, other
+) -> tuple[str, dict]:
     """:func:`step_experts`, with the figures it quotes (bytes by name); ``other``: the search's result
     for the layouts of the other kind (planner._other_ep)."""
     win = winner.layout
@@ -66,23 +69,35 @@ def step_experts_with_figures(model: ModelSpec, cluster: ClusterSpec, train: Tra
     expert = model._mlp(model.expert_ffn_hidden)
     a2a_bytes = sum(c.bytes_per_step for c in winner.comm if c.kind == "all_to_all")
     m = win.accum(train.global_batch)
-    gathers = (2 * m if win.zero == 3 else 1)  # ZeRO-3 gathers every micro-batch, forward and backward
+    gathers = 2 * m if win.zero == 3 else 1  # ZeRO-3 gathers every micro-batch, forward and backward
     gather_bytes = model.expert_params / win.pp * train.weight_bytes * gathers
-    shared = f", a shared expert of {model._mlp(model.shared_ffn_hidden) / 1e6:,.0f}M" if model.shared_ffn_hidden else ""
-    head = (f"E. Experts: a MoE block holds {block / 1e9:,.3g}B params ({model.experts} routed experts of "
-            f"{expert / 1e6:,.0f}M{shared}, the router and attention), {model.moe_layers} of the {model.layers} "
-            f"blocks; {model.experts_per_token} experts active per token ({model.active_params / 1e9:,.3g}B active "
-            f"params of {model.params / 1e9:,.3g}B). ")
+    shared = (
+        f", a shared expert of {model._mlp(model.shared_ffn_hidden) / 1e6:,.0f}M" if model.shared_ffn_hidden else ""
+    )
+    head = (
+        f"E. Experts: a MoE block holds {block / 1e9:,.3g}B params ({model.experts} routed experts of "
+        f"{expert / 1e6:,.0f}M{shared}, the router and attention), {model.moe_layers} of the {model.layers} "
+        f"blocks; {model.experts_per_token} experts active per token ({model.active_params / 1e9:,.3g}B active "
+        f"params of {model.params / 1e9:,.3g}B). "
+    )
     rank_experts = model.expert_params / win.pp / win.ep
-    figures = {"rank_expert_states_bytes": rank_experts * train.state_bytes_per_param,
-               "all_to_all_bytes": a2a_bytes, "gather_bytes": gather_bytes, "usable_bytes": usable}
+    figures = {
+        "rank_expert_states_bytes": rank_experts * train.state_bytes_per_param,
+        "all_to_all_bytes": a2a_bytes,
+        "gather_bytes": gather_bytes,
+        "usable_bytes": usable,
+    }
     decider, more = _decider(other, winner)
     figures.update(more)
     if win.ep == 1:
-        return head + (f"ep=1: every rank keeps all {model.experts} experts of each of its MoE blocks "
-                       f"({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding), "
-                       f"gathered by ZeRO ({gb_text(gather_bytes)} per rank per step); {decider}."), figures
-    return (head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each MoE block's {model.experts} "
-            f"experts ({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding); "
-            f"{_placement(cluster, win)}; the all-to-all moves {gb_text(a2a_bytes)} per rank per step "
-            f"(gathering the experts instead: {gb_text(gather_bytes)}); chosen because {decider}."), figures
+        return head + (
+            f"ep=1: every rank keeps all {model.experts} experts of each of its MoE blocks "
+            f"({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding), "
+            f"gathered by ZeRO ({gb_text(gather_bytes)} per rank per step); {decider}."
+        ), figures
+    return (
+        head + f"ep={win.ep}: each rank keeps {model.experts // win.ep} of each MoE block's {model.experts} "
+        f"experts ({gb_text(figures['rank_expert_states_bytes'])} of their states before ZeRO sharding); "
+        f"{_placement(cluster, win)}; the all-to-all moves {gb_text(a2a_bytes)} per rank per step "
+        f"(gathering the experts instead: {gb_text(gather_bytes)}); chosen because {decider}."
+    ), figures

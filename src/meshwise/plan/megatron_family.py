@@ -41,9 +41,19 @@ def router_args(model: ModelSpec, refuse) -> tuple[list[str], list[str]]:
     bal = BIAS_BALANCING if model.expert_bias else LOSS_BALANCING
     coeff = model.aux_loss_coeff or bal.aux_coeff
     # the router in float32, as meshwise's runtime computes it (and Megatron advises from 32 experts)
-    args = ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall", "--moe-router-dtype", "fp32",
-            "--moe-router-score-function", model.router_score, "--moe-router-load-balancing-type", bal.kind,
-            "--moe-aux-loss-coeff", repr(coeff)]
+    args = [
+        "--moe-grouped-gemm",
+        "--moe-token-dispatcher-type",
+        "alltoall",
+        "--moe-router-dtype",
+        "fp32",
+        "--moe-router-score-function",
+        model.router_score,
+        "--moe-router-load-balancing-type",
+        bal.kind,
+        "--moe-aux-loss-coeff",
+        repr(coeff),
+    ]
     notes = []
     if not model.aux_loss_coeff:
         notes.append(f"balance loss weight {coeff:g} ({bal.source}): the model's config gives none")
@@ -63,16 +73,22 @@ def router_args(model: ModelSpec, refuse) -> tuple[list[str], list[str]]:
     if model.router_groups > 1:
         if model.experts % model.router_groups:
             refuse(f"grouped routing of {model.experts} experts in {model.router_groups} unequal groups")
-        args += ["--moe-router-num-groups", str(model.router_groups),
-                 "--moe-router-group-topk", str(model.router_group_topk)]
+        args += [
+            "--moe-router-num-groups",
+            str(model.router_groups),
+            "--moe-router-group-topk",
+            str(model.router_group_topk),
+        ]
     if model.family == "llama4_text":  # the routing weight multiplies the expert's input (top-1)
         args.append("--moe-apply-probs-on-input")
     if model.shared_expert_gate:
         args.append("--moe-shared-expert-gate")
     biased = model.qkv_bias or model.o_bias or model.mlp_bias
     if model.router_bias != bool(biased):
-        notes.append(f"the router {'has no' if biased else 'has a'} bias in Megatron-Core (it follows "
-                     f"--disable-bias-linear); {model.name}'s router {'has' if model.router_bias else 'has none'}")
+        notes.append(
+            f"the router {'has no' if biased else 'has a'} bias in Megatron-Core (it follows "
+            f"--disable-bias-linear); {model.name}'s router {'has' if model.router_bias else 'has none'}"
+        )
     return args, notes
 
 
@@ -100,10 +116,14 @@ def attention_args(model: ModelSpec, seq_len: int, refuse) -> tuple[list[str], l
             args += ["--window-attn-skip-freq", _pattern(model.layers, windowed)]
     if model.attention_chunk:
         if model.attention_chunk < seq_len:
-            refuse(f"chunked attention ({model.attention_chunk}-token chunks) has no Megatron-Core 0.16.1 setting; "
-                   f"at --seq-len {model.attention_chunk} or less it is causal attention")
-        notes.append(f"chunked attention ({model.attention_chunk}-token chunks) equals causal attention at "
-                     f"{seq_len} tokens: no flag")
+            refuse(
+                f"chunked attention ({model.attention_chunk}-token chunks) has no Megatron-Core 0.16.1 setting; "
+                f"at --seq-len {model.attention_chunk} or less it is causal attention"
+            )
+        notes.append(
+            f"chunked attention ({model.attention_chunk}-token chunks) equals causal attention at "
+            f"{seq_len} tokens: no flag"
+        )
     if model.attn_sinks:
         args += ["--softmax-type", "learnable"]
     nope = nope_blocks(model)
@@ -114,15 +134,23 @@ def attention_args(model: ModelSpec, seq_len: int, refuse) -> tuple[list[str], l
         if nope:
             notes.append("Megatron-Core applies the q/k L2 norm in every block; this model in its RoPE blocks only")
     if model.family == "llama4_text" and nope and seq_len > 8192:
-        notes.append("Llama 4's attention temperature tuning of its NoPE blocks (past 8,192 positions) has no "
-                     "Megatron-Core setting: those blocks are unscaled")
+        notes.append(
+            "Llama 4's attention temperature tuning of its NoPE blocks (past 8,192 positions) has no "
+            "Megatron-Core setting: those blocks are unscaled"
+        )
     if model.qk_norm and not model.qk_l2_norm:
         args.append("--qk-layernorm")
         if model.qk_norm_scope == "projection":
             notes.append("Megatron's --qk-layernorm normalises each head; this model normalises the whole projection")
     if model.swiglu_limit:
         # GPT-OSS: quick_gelu(gate) * (up + 1), gate clamped above, up both ways (Megatron-Core mlp.py's glu)
-        args += ["--quick-geglu", "--glu-linear-offset", "1.0", "--activation-func-clamp-value", repr(model.swiglu_limit)]
+        args += [
+            "--quick-geglu",
+            "--glu-linear-offset",
+            "1.0",
+            "--activation-func-clamp-value",
+            repr(model.swiglu_limit),
+        ]
     return args, notes
 
 
@@ -134,23 +162,37 @@ def rope_args(model: ModelSpec, refuse) -> tuple[list[str], list[str]]:
     if model.mla:  # Megatron's MLA defaults to YaRN; plain rope has to be asked for
         if kind == "yarn":
             mscale, mscale_all = DEEPSEEK_V3_MSCALE
-            args += ["--rope-type", "yarn", "--rotary-scaling-factor", repr(model.rope_factor),
-                     "--mscale", repr(mscale), "--mscale-all-dim", repr(mscale_all)]
+            args += [
+                "--rope-type",
+                "yarn",
+                "--rotary-scaling-factor",
+                repr(model.rope_factor),
+                "--mscale",
+                repr(mscale),
+                "--mscale-all-dim",
+                repr(mscale_all),
+            ]
             notes.append(f"YaRN mscale {mscale} and mscale_all_dim {mscale_all} as DeepSeek-V3's config.json")
             if model.rope_original_max_seq not in (0, MEGATRON_YARN_ORIGINAL):
-                notes.append(f"YaRN's original context is Megatron's {MEGATRON_YARN_ORIGINAL} (no flag); "
-                             f"this model's is {model.rope_original_max_seq}")
+                notes.append(
+                    f"YaRN's original context is Megatron's {MEGATRON_YARN_ORIGINAL} (no flag); "
+                    f"this model's is {model.rope_original_max_seq}"
+                )
         else:
             args += ["--rope-type", "rope"]
     elif kind == "yarn":
-        notes.append(f"YaRN (factor {model.rope_factor:g} from {model.rope_original_max_seq} positions) has no "
-                     "Megatron-LM flag outside MLA: rotary frequencies unscaled")
+        notes.append(
+            f"YaRN (factor {model.rope_factor:g} from {model.rope_original_max_seq} positions) has no "
+            "Megatron-LM flag outside MLA: rotary frequencies unscaled"
+        )
     elif kind == "llama3":
         args += ["--use-rope-scaling", "--rope-scaling-factor", repr(model.rope_factor)]
         mine = (model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_max_seq)
         if mine != MEGATRON_LLAMA3_ROPE:
-            notes.append(f"Llama 3 rope scaling with Megatron's fixed low/high frequency factors and context "
-                         f"{MEGATRON_LLAMA3_ROPE}; this model's are ({mine[0]:g}, {mine[1]:g}, {mine[2]})")
+            notes.append(
+                f"Llama 3 rope scaling with Megatron's fixed low/high frequency factors and context "
+                f"{MEGATRON_LLAMA3_ROPE}; this model's are ({mine[0]:g}, {mine[1]:g}, {mine[2]})"
+            )
     elif kind.startswith("partial_rotary_factor="):
         args += ["--rotary-percent", kind.split("=", 1)[1]]
     elif kind:
@@ -163,5 +205,6 @@ def max_positions(model: ModelSpec, seq_len: int) -> int:
     frequencies were trained for (a scaled model's original context), else the model's own."""
     if model.position != "rope":
         return max(model.max_seq, seq_len)
-    return max(seq_len, model.rope_original_max_seq if model.rope_scaling and model.rope_original_max_seq
-               else model.max_seq)
+    return max(
+        seq_len, model.rope_original_max_seq if model.rope_scaling and model.rope_original_max_seq else model.max_seq
+    )

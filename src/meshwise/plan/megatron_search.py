@@ -58,9 +58,16 @@ def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bo
                 yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, folded, mbs_options
 
 
-def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
-                    headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
-                    cp_bound: bool = True, cache: PlanCache | None = None) -> SearchResult:
+def search_megatron(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    top: int = 5,
+    headroom: float = DEFAULT_HEADROOM,
+    where: Callable[[Layout], bool] | None = None,
+    cp_bound: bool = True,
+    cache: PlanCache | None = None,
+) -> SearchResult:
     """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
     only when no layout within it is valid (search._structure_fields). ``cache``: the plan's. As in
     plan/search.py, the layouts are weighed in order of their compute-only bound, and memory is worked
@@ -74,10 +81,14 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, to
     index = 0
     acs = _ac_modes(model)
     for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
-            model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
+        model, cluster.world_size, train.global_batch, train.seq_len, cp_bound
+    ):
         base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-        runs = tuple((mbs, train.global_batch // (dp * mbs)) for mbs in mbs_options
-                     if _schedule_ok(base, train.global_batch // (dp * mbs)))
+        runs = tuple(
+            (mbs, train.global_batch // (dp * mbs))
+            for mbs in mbs_options
+            if _schedule_ok(base, train.global_batch // (dp * mbs))
+        )
         admitted = None
         if where is not None:
             admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
@@ -111,10 +122,17 @@ class _Weigh:
     first that fits once the group's tighter bound (worked out there) is slower; a fitting layout
     whose own bounds are slower (:class:`_Slower`) is not estimated."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict,
-                 keep: int) -> None:
+    def __init__(
+        self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict, keep: int
+    ) -> None:
         self.model, self.cluster, self.train, self.headroom, self.stages, self.keep = (
-            model, cluster, train, headroom, stages, keep)
+            model,
+            cluster,
+            train,
+            headroom,
+            stages,
+            keep,
+        )
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
         self.slower = _Slower(model, cluster, train, stages)
@@ -166,17 +184,26 @@ class _Weigh:
         acs = _ac_modes(self.model)
         for gkey, members in groups.items():
             index, base, _ = members[0]
-            runs = [(mbs, self.train.global_batch // (base.dp * mbs)) for mbs in (1, 2, 4, 8, 16, 32)
-                    if not self.train.global_batch % (base.dp * mbs)
-                    and _schedule_ok(base, self.train.global_batch // (base.dp * mbs))]
+            runs = [
+                (mbs, self.train.global_batch // (base.dp * mbs))
+                for mbs in (1, 2, 4, 8, 16, 32)
+                if not self.train.global_batch % (base.dp * mbs)
+                and _schedule_ok(base, self.train.global_batch // (base.dp * mbs))
+            ]
             if not any(self._structure(i, b) for i, b, _ in members):
                 # every member's states alone overflow: none of its layouts fits (checked, as a whole)
                 result.checked += sum(len(runs) * len(acs) if a is None else len(a) for _, _, a in members)
                 continue
             for mbs, m in runs:
                 for ac in acs:
-                    bound = lower_bound_step_s(self.model, self.cluster, self.train, _with(base, mbs, ac),
-                                               compute_only=True, stage_cache=self.stages)
+                    bound = lower_bound_step_s(
+                        self.model,
+                        self.cluster,
+                        self.train,
+                        _with(base, mbs, ac),
+                        compute_only=True,
+                        stage_cache=self.stages,
+                    )
                     out.append((bound, (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
         out.sort(key=lambda b: (b[0], b[1]))
         return out
@@ -188,8 +215,11 @@ class _Weigh:
         if found is False:
             shapes = rank_shapes(self.model, base)
             states = [states_of(self.model, self.train, base, sh) for sh in shapes]
-            found = self.structures[index] = None if any(sum(st) > self.usable for st in states) else (
-                shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+            found = self.structures[index] = (
+                None
+                if any(sum(st) > self.usable for st in states)
+                else (shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+            )
         return found
 
     def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
@@ -224,8 +254,17 @@ class _Slower:
 
     def __call__(self, layout: Layout, worst: float) -> bool:
         model, cluster, train = self.model, self.cluster, self.train
-        okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
-                layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
+        okey = (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule == "zero-bubble" and layout.vpp == 2,
+            layout.ep,
+            layout.zero >= 1,
+            layout.shard,
+            layout.dp > 1,
+        )
         opt_s = self.optimizers.get(okey)
         if opt_s is None:
             opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, rank_shapes(model, layout))
@@ -238,21 +277,44 @@ class _Slower:
     def tight_s(self, layout: Layout) -> float:
         """estimate.lower_bound_step_s (every part of the step but the data-parallel collectives), by the
         fields it reads (of ZeRO only ``zero >= 2``, no ``shard``)."""
-        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-               layout.sp, layout.ep_folds_tp, layout.zero >= 2)
+        key = (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.mbs,
+            layout.ac,
+            layout.ep,
+            layout.sp,
+            layout.ep_folds_tp,
+            layout.zero >= 2,
+        )
         busy = self.tight.get(key)
         if busy is None:
-            busy = self.tight[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
-                                                        stage_cache=self.stages)
+            busy = self.tight[key] = lower_bound_step_s(
+                self.model, self.cluster, self.train, layout, stage_cache=self.stages
+            )
         return busy
 
     def experts(self, layout: Layout) -> float:
         """estimate.lower_bound_experts_s, by the fields it reads (no ZeRO field, ``shard`` only through
         whether ep is folded over tp)."""
-        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-               layout.sp, layout.ep_folds_tp)
+        key = (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.mbs,
+            layout.ac,
+            layout.ep,
+            layout.sp,
+            layout.ep_folds_tp,
+        )
         found = self.with_experts.get(key)
         if found is None:
-            found = self.with_experts[key] = lower_bound_experts_s(self.model, self.cluster, self.train, layout,
-                                                                   self.stages)
+            found = self.with_experts[key] = lower_bound_experts_s(
+                self.model, self.cluster, self.train, layout, self.stages
+            )
         return found

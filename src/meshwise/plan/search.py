@@ -78,9 +78,15 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def search(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5,
-           headroom: float = DEFAULT_HEADROOM, where: Callable[[Layout], bool] | None = None,
-           cache: PlanCache | None = None) -> SearchResult:
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    top: int = 5,
+    headroom: float = DEFAULT_HEADROOM,
+    where: Callable[[Layout], bool] | None = None,
+    cache: PlanCache | None = None,
+) -> SearchResult:
     """Exhaustive search with two exact prunings: the layouts taken fastest lower bound first, one whose
     compute + bubble alone is slower than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends the
     search (the memory of those after it is never worked out: ``result.checked``), and a layout whose
@@ -100,12 +106,26 @@ class _Search:
     every layout that shares them. Each pruning below says why it drops nothing that could fit or
     make the top: the result equals the brute force's (tests/unit/test_planner.py holds it)."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int, headroom: float,
-                 where: Callable[[Layout], bool] | None, cache: PlanCache) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        train: TrainSpec,
+        top: int,
+        headroom: float,
+        where: Callable[[Layout], bool] | None,
+        cache: PlanCache,
+    ) -> None:
         if where is None and train.runtime == "meshwise" and not model.states_only:
             where = runs_here(model, train.seq_len)
         self.model, self.cluster, self.train, self.top, self.headroom, self.where = (
-            model, cluster, train, top, headroom, where)
+            model,
+            cluster,
+            train,
+            top,
+            headroom,
+            where,
+        )
         self.keep = max(top, RUNNER_UP_POOL)
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
@@ -132,15 +152,28 @@ class _Search:
 
     def run(self) -> SearchResult:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
-            for fields in _structure_fields(self.model, self.cluster.world_size, self.train.global_batch,
-                                            self.train.seq_len, cp_bound):
+            for fields in _structure_fields(
+                self.model, self.cluster.world_size, self.train.global_batch, self.train.seq_len, cp_bound
+            ):
                 self._enumerate(*fields)
             if self.result.enumerated:
                 break
         return self._rank()
 
-    def _enumerate(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                   schedule: str, ep: int, all_mbs: list[int]) -> None:
+    def _enumerate(
+        self,
+        dp: int,
+        zero: int,
+        shard: int,
+        cp: int,
+        tp: int,
+        sp: bool,
+        pp: int,
+        vpp: int,
+        schedule: str,
+        ep: int,
+        all_mbs: list[int],
+    ) -> None:
         """Count the structure's layouts and file it under what its compute-only bound reads (no
         DP/ZeRO field: dp is fixed by tp, cp and pp; ep only for a mixture of experts). Eleven
         arguments: one structure of _structure_fields, unpacked."""
@@ -157,8 +190,20 @@ class _Search:
         self.structures += 1
 
     # ------------------------------------------------------------------ what fits
-    def _options(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                 schedule: str, ep: int, all_mbs: list[int]) -> tuple[list[int], list[str]]:
+    def _options(
+        self,
+        dp: int,
+        zero: int,
+        shard: int,
+        cp: int,
+        tp: int,
+        sp: bool,
+        pp: int,
+        vpp: int,
+        schedule: str,
+        ep: int,
+        all_mbs: list[int],
+    ) -> tuple[list[int], list[str]]:
         """The structure's micro-batch sizes the schedule admits and the checkpointing modes ``where``
         admits (shared by every structure with the same fields runs_here reads and dp)."""
         okey = (dp, cp, tp, sp, pp, schedule)
@@ -177,8 +222,9 @@ class _Search:
             shapes = self.rank_shapes[key] = memory.rank_shapes(self.model, layout)
         return shapes
 
-    def _floor_fit(self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int,
-                   schedule: str, ep: int) -> bool | tuple:
+    def _floor_fit(
+        self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, ep: int
+    ) -> bool | tuple:
         """False when the structure fits at no mbs or ac (most do not), else (its rank shapes, their
         RankEntry). The floor (PeakCache.floor) reads only these fields: the rank shapes come from tp,
         pp, vpp and the V schedule, not from sp nor the schedule otherwise."""
@@ -192,8 +238,9 @@ class _Search:
             widest = fkey[:3] + (dp,) + fkey[4:]
             if widest not in self.widest_fits:
                 whole = _layout(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-                self.widest_fits[widest] = all(self.peaks.floor(whole, sh) <= self.usable
-                                               for sh in self._shapes_of(whole))
+                self.widest_fits[widest] = all(
+                    self.peaks.floor(whole, sh) <= self.usable for sh in self._shapes_of(whole)
+                )
             if not self.widest_fits[widest]:
                 self.floor_fits[fkey] = False
                 return False
@@ -203,8 +250,9 @@ class _Search:
         self.floor_fits[fkey] = fit = fit and (shapes, [self.peaks.rank_entry(base, sh, self.train) for sh in shapes])
         return fit
 
-    def _fits(self, base: Layout, entries: list[RankEntry], table: dict, lt: TrainSpec, m: int, ac: str,
-              mbs: int) -> tuple[Layout | None, bool]:
+    def _fits(
+        self, base: Layout, entries: list[RankEntry], table: dict, lt: TrainSpec, m: int, ac: str, mbs: int
+    ) -> tuple[Layout | None, bool]:
         """Whether ``base`` at (ac, mbs) fits on every rank, and its layout when one was built: every
         rank's fit floor first (memory.candidates_floor), then the full peaks (PeakCache.total_from);
         under the interleaved runtime a rank below its ceiling fits without its moments. Most tries
@@ -267,12 +315,19 @@ class _Search:
                         break
                     if self._slower_than(layout, shapes, worst):
                         continue
-                e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages,
-                             self.peaks.memories(layout, shapes, self.capacity))
+                e = estimate(
+                    self.model,
+                    self.cluster,
+                    self.train,
+                    layout,
+                    self.headroom,
+                    self.stages,
+                    self.peaks.memories(layout, shapes, self.capacity),
+                )
                 keep_ranked(result.best, keys, e, (s_index, _AC_ORDER[ac], mbs), keep)
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
-        del result.best[self.top:]
+        del result.best[self.top :]
         return result
 
     def _widest_first(self, gkey: tuple) -> list[tuple]:
@@ -315,8 +370,9 @@ class _Search:
         bound = self.bounds.get(key)
         if bound is None:
             layout = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, mbs, ac, ep)
-            bound = self.bounds[key] = lower_bound_step_s(self.model, self.cluster, self.train, layout,
-                                                          compute_only=True, stage_cache=self.stages)
+            bound = self.bounds[key] = lower_bound_step_s(
+                self.model, self.cluster, self.train, layout, compute_only=True, stage_cache=self.stages
+            )
         return bound
 
     def _fitting(self, s_index: int, fields: tuple, ac: str, mbs: int) -> tuple[Layout | None, tuple]:
@@ -346,21 +402,49 @@ class _Search:
         mixture of experts are for those), then the tighter bound. Each part is cached by the fields
         it reads (cost/estimate.py)."""
         model, cluster, train = self.model, self.cluster, self.train
-        okey = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2,
-                layout.ep, layout.zero >= 1, layout.shard, layout.dp > 1)
+        okey = (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule == "zero-bubble" and layout.vpp == 2,
+            layout.ep,
+            layout.zero >= 1,
+            layout.shard,
+            layout.dp > 1,
+        )
         opt_s = self.optimizers.get(okey)
         if opt_s is None:
             opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
         if model.moe and not model.states_only:
-            key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-                   layout.sp)
+            key = (
+                layout.tp,
+                layout.cp,
+                layout.pp,
+                layout.vpp,
+                layout.schedule,
+                layout.mbs,
+                layout.ac,
+                layout.ep,
+                layout.sp,
+            )
             busy = self.with_experts.get(key)
             if busy is None:
                 busy = self.with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, self.stages)
             if busy + opt_s > worst:
                 return True
-        key = (layout.tp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs, layout.ac, layout.ep,
-               layout.sp, layout.zero >= 2)
+        key = (
+            layout.tp,
+            layout.cp,
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.mbs,
+            layout.ac,
+            layout.ep,
+            layout.sp,
+            layout.zero >= 2,
+        )
         busy = self.tight.get(key)
         if busy is None:
             busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)

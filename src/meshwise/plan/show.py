@@ -13,13 +13,33 @@ from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 from meshwise.units import gb_text
 
-COLUMNS = ("#", "layout", "params", "grads", "optim", "activ", "other", "total", "step s", "tokens/s", "MFU", "fits",
-           "binds")
+COLUMNS = (
+    "#",
+    "layout",
+    "params",
+    "grads",
+    "optim",
+    "activ",
+    "other",
+    "total",
+    "step s",
+    "tokens/s",
+    "MFU",
+    "fits",
+    "binds",
+)
 
 
-def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: Plan, console: Console | None = None,
-               budgets: list[Budget] | None = None, reliabilities: list | None = None,
-               failure_budgets: list[FailureBudget] | None = None) -> None:
+def print_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    plan: Plan,
+    console: Console | None = None,
+    budgets: list[Budget] | None = None,
+    reliabilities: list | None = None,
+    failure_budgets: list[FailureBudget] | None = None,
+) -> None:
     """``reliabilities`` (plan/failures.py) add each row's checkpoint interval and goodput, and
     ``failure_budgets`` its days, GPU-hours and cost with failures beside the failure-free ones."""
     if console is None:
@@ -29,23 +49,37 @@ def print_plan(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, plan: P
     console.print(f"[bold]{model.describe()}[/bold]")
     if not model.states_only and model.exclusion_note:
         console.print(model.exclusion_note, soft_wrap=True)
-    console.print(f"{cluster.world_size} x {cluster.accelerator.name} ({cluster.nodes} node(s) of {cluster.gpus_per_node}); "
-                  f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
-                  f"{plan.fit_words()}")
+    console.print(
+        f"{cluster.world_size} x {cluster.accelerator.name} ({cluster.nodes} node(s) of {cluster.gpus_per_node}); "
+        f"global batch {train.global_batch} x {train.seq_len} tokens; {train.precision}, {train.optimizer}; "
+        f"{plan.fit_words()}"
+    )
     if plan.candidates:
-        title = (f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
-                 "simplest first")
+        title = (
+            f"memory per rank in GB (largest rank); rows: fastest first, but within {TIE:.0%} of the fastest a tie, "
+            "simplest first"
+        )
         columns = list(COLUMNS)
         if plan.band is not None:
             title += f"; in brackets: {band_note(plan.band)}"
         table = _table(title, columns)
         for i, e in enumerate(plan.candidates, 1):
             mem = e.memory
-            table.add_row(str(i), e.layout.short(), gb_text(mem.params, unit=False), gb_text(mem.grads, unit=False),
-                          gb_text(mem.optimizer, unit=False), gb_text(mem.activations, unit=False),
-                          gb_text(mem.other, unit=False), gb_text(mem.total, unit=False),
-                          text(plan.band, e.time.step_s, ".3g"), text(plan.band, e.tokens_per_s, ",.0f", rate=True),
-                          f"{e.mfu:.1%}", "yes" if e.fits else "[red]no[/red]", binding(e))
+            table.add_row(
+                str(i),
+                e.layout.short(),
+                gb_text(mem.params, unit=False),
+                gb_text(mem.grads, unit=False),
+                gb_text(mem.optimizer, unit=False),
+                gb_text(mem.activations, unit=False),
+                gb_text(mem.other, unit=False),
+                gb_text(mem.total, unit=False),
+                text(plan.band, e.time.step_s, ".3g"),
+                text(plan.band, e.tokens_per_s, ",.0f", rate=True),
+                f"{e.mfu:.1%}",
+                "yes" if e.fits else "[red]no[/red]",
+                binding(e),
+            )
         console.print(table)
         if budgets:
             console.print(_budget_table(plan, budgets, reliabilities, failure_budgets))
@@ -62,13 +96,15 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
-def _budget_table(plan: Plan, budgets: list[Budget], reliabilities: list | None,
-                  failure_budgets: list[FailureBudget] | None) -> Table:
+def _budget_table(
+    plan: Plan, budgets: list[Budget], reliabilities: list | None, failure_budgets: list[FailureBudget] | None
+) -> Table:
     """The time to train the token budget, a row per layout of the main table (in its order): days,
     GPU-hours and cost, and with failures the interval, the goodput and the same figures with them."""
     priced = budgets[0].cost is not None
     title = f"time to train {fmt_tokens(budgets[0].tokens)}" + (
-        f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if priced else "")
+        f" at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if priced else ""
+    )
     columns = ["#", "layout", "days", "GPU-h"] + (["cost"] if priced else [])
     if reliabilities:
         columns += ["ckpt every", "goodput"]
@@ -76,13 +112,18 @@ def _budget_table(plan: Plan, budgets: list[Budget], reliabilities: list | None,
         columns += ["days w/ fail", "GPU-h w/ fail"] + (["cost w/ fail"] if priced else [])
     table = _table(title, columns)
     for i, e in enumerate(plan.candidates):
-        table.add_row(str(i + 1), e.layout.short(), *budget_cells(budgets[i], plan.band),
-                      *_failure_cells(i, reliabilities, failure_budgets, plan.band))
+        table.add_row(
+            str(i + 1),
+            e.layout.short(),
+            *budget_cells(budgets[i], plan.band),
+            *_failure_cells(i, reliabilities, failure_budgets, plan.band),
+        )
     return table
 
 
-def _failure_cells(i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None,
-                   band=None) -> list[str]:
+def _failure_cells(
+    i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None, band=None
+) -> list[str]:
     from meshwise.plan.failures import interval_cell
 
     cells = [interval_cell(reliabilities[i]), f"{reliabilities[i].goodput:.1%}"] if reliabilities else []

@@ -15,8 +15,16 @@ import matplotlib.ticker  # noqa: E402
 from meshwise.cost.pipeline import Op  # noqa: E402
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
-COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B2", "other": "#CCB974",
-          "F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+COLORS = {
+    "params": "#4C72B0",
+    "grads": "#55A868",
+    "optimizer": "#C44E52",
+    "activations": "#8172B2",
+    "other": "#CCB974",
+    "F": "#4C72B0",
+    "B": "#DD8452",
+    "W": "#55A868",
+}
 GB = 1e9
 
 
@@ -45,12 +53,13 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     unreadable), from matplotlib's own extents at the figure's dpi."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()
-             and t.figure is fig]
+    texts = [
+        t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip() and t.figure is fig
+    ]
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
     out = []
     for i, (a, box_a) in enumerate(boxes):
-        for b, box_b in boxes[i + 1:]:
+        for b, box_b in boxes[i + 1 :]:
             if box_a.overlaps(box_b) and box_a.width > 0 and box_b.width > 0:
                 inter_w = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
                 inter_h = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
@@ -59,8 +68,13 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     return out
 
 
-def memory_bars(labels: Sequence[str], memories: Sequence[dict[str, float]], capacity_bytes: float,
-                usable_bytes: float, title: str = "memory per rank (largest rank)") -> bytes:
+def memory_bars(
+    labels: Sequence[str],
+    memories: Sequence[dict[str, float]],
+    capacity_bytes: float,
+    usable_bytes: float,
+    title: str = "memory per rank (largest rank)",
+) -> bytes:
     """Stacked horizontal bars of the memory categories per layout, against the device capacity; each
     layout's text on its own row beside its bar (wrapped after commas), so no two labels share a line."""
     wrapped = [f"#{i + 1} {_wrapped(label)}" for i, label in enumerate(labels)]
@@ -86,11 +100,25 @@ def pipeline_timeline(ops: Sequence[Op], ranks: int, title: str, unit: str = "s"
     """Ranks x time: forward, backward (and weight-gradient) boxes per micro-batch; gaps are the bubble."""
     fig, ax = plt.subplots(figsize=(8.2, 0.45 * ranks + 1.6))
     for op in ops:
-        ax.barh(op.rank, op.end - op.start, left=op.start, height=0.8, color=COLORS[op.kind], edgecolor="white",
-                linewidth=0.4)
+        ax.barh(
+            op.rank,
+            op.end - op.start,
+            left=op.start,
+            height=0.8,
+            color=COLORS[op.kind],
+            edgecolor="white",
+            linewidth=0.4,
+        )
         if len(ops) <= 24 * ranks * 3 and op.end > op.start:
-            ax.text((op.start + op.end) / 2, op.rank, str(op.microbatch), ha="center", va="center", fontsize=6,
-                    color="white")
+            ax.text(
+                (op.start + op.end) / 2,
+                op.rank,
+                str(op.microbatch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+            )
     end = max((op.end for op in ops), default=0.0)
     busy = sum(op.end - op.start for op in ops)
     idle = ranks * end - busy
@@ -103,8 +131,9 @@ def pipeline_timeline(ops: Sequence[Op], ranks: int, title: str, unit: str = "s"
     return _png(fig)
 
 
-def scaling_curve(gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Sequence[float], title: str,
-                  requested: int | None = None) -> bytes:
+def scaling_curve(
+    gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Sequence[float], title: str, requested: int | None = None
+) -> bytes:
     """Predicted throughput and MFU as the GPU count grows (the layouts go in a table beside it), the
     requested count marked."""
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
@@ -133,8 +162,9 @@ def scaling_curve(gpus: Sequence[int], tokens_per_s: Sequence[float], mfu: Seque
     return _png(fig)
 
 
-def predicted_vs_measured(figures: Sequence[str], predicted: Sequence[float], measured: Sequence[float],
-                          title: str) -> bytes:
+def predicted_vs_measured(
+    figures: Sequence[str], predicted: Sequence[float], measured: Sequence[float], title: str
+) -> bytes:
     """Paired bars per figure, normalised to the prediction, with the relative error printed."""
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(figures) + 2), 4.5))
     xs = list(range(len(figures)))

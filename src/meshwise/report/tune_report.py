@@ -13,8 +13,9 @@ from meshwise.files import write_atomically
 from meshwise.report.html import image, page, paragraphs, table
 
 
-def predicted_against_measured(measured_s: Sequence[float], before_s: Sequence[float],
-                               after_s: Sequence[float], title: str) -> bytes:
+def predicted_against_measured(
+    measured_s: Sequence[float], before_s: Sequence[float], after_s: Sequence[float], title: str
+) -> bytes:
     from meshwise.report.figures import COLORS, _png, plt
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
@@ -33,10 +34,21 @@ def predicted_against_measured(measured_s: Sequence[float], before_s: Sequence[f
     return _png(fig)
 
 
-def write_tune_report(path: str | Path, title: str, header: Sequence[str], rows: Sequence[Sequence[str]],
-                      points: Sequence[tuple[float, float, float]], lines: Sequence[str]) -> None:
+def write_tune_report(
+    path: str | Path,
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    points: Sequence[tuple[float, float, float]],
+    lines: Sequence[str],
+) -> None:
     """``points``: (measured, predicted before, predicted after) of each measured trial, in table order."""
     measured, before, after = ([p[i] for p in points] for i in range(3))
     chart = image(predicted_against_measured(measured, before, after, title), "predicted against measured step")
-    write_atomically(path, page(title, [("Summary", paragraphs(lines)), ("Predicted against measured", chart),
-                                        ("Trials", table(header, rows))]))
+    write_atomically(
+        path,
+        page(
+            title,
+            [("Summary", paragraphs(lines)), ("Predicted against measured", chart), ("Trials", table(header, rows))],
+        ),
+    )

@@ -18,5 +18,14 @@ from meshwise.runtime.model import Transformer, build_model, init_weights, loss_
 from meshwise.runtime.optim import OptimizerConfig
 from meshwise.runtime.parallelize import ParallelModel, parallelize
 
-__all__ = ["build_mesh", "end_process_group", "parallelize", "ParallelModel", "OptimizerConfig", "Transformer", "build_model",
-           "init_weights", "loss_sum"]
+__all__ = [
+    "build_mesh",
+    "end_process_group",
+    "parallelize",
+    "ParallelModel",
+    "OptimizerConfig",
+    "Transformer",
+    "build_model",
+    "init_weights",
+    "loss_sum",
+]

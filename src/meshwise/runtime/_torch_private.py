@@ -72,12 +72,30 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["PipelineSchedule", "TorchDispatchMode", "all_to_all_autograd", "aten_op_names", "cxx11_abi",
-           "fake_process_group", "fake_tensor_mode", "flash_attention", "flatten_mesh", "float8_linear_type",
-           "float8_weight_plain", "fsdp_held",
-           "fsdp_param_groups",
-           "forward_only_schedule", "has_kernel", "meshes_outside_fake", "replicate", "resolve_process_group",
-           "static_pipeline_warmup", "timed_waits", "unbox_process_group", "unflatten_mesh"]
+__all__ = [
+    "PipelineSchedule",
+    "TorchDispatchMode",
+    "all_to_all_autograd",
+    "aten_op_names",
+    "cxx11_abi",
+    "fake_process_group",
+    "fake_tensor_mode",
+    "flash_attention",
+    "flatten_mesh",
+    "float8_linear_type",
+    "float8_weight_plain",
+    "fsdp_held",
+    "fsdp_param_groups",
+    "forward_only_schedule",
+    "has_kernel",
+    "meshes_outside_fake",
+    "replicate",
+    "resolve_process_group",
+    "static_pipeline_warmup",
+    "timed_waits",
+    "unbox_process_group",
+    "unflatten_mesh",
+]
 
 # (module, attribute path): every private torch name read or patched in this module
 PRIVATE_NAMES = (
@@ -90,8 +108,10 @@ PRIVATE_NAMES = (
     ("torch.distributed.pipelining.schedules", "_PipelineSchedule._warmup_p2p"),
     ("torch.distributed.pipelining.schedules", "_PipelineScheduleRuntime"),
     ("torch.distributed.pipelining.schedules", "_wait_batch_p2p"),
-    *(("torch.distributed.pipelining.schedules", f"_ComputationType.{t}")
-      for t in ("FORWARD", "SEND_F", "RECV_F", "UNSHARD", "RESHARD")),
+    *(
+        ("torch.distributed.pipelining.schedules", f"_ComputationType.{t}")
+        for t in ("FORWARD", "SEND_F", "RECV_F", "UNSHARD", "RESHARD")
+    ),
     ("torch.distributed.pipelining._utils", "InferenceMode.STATIC"),
     ("torch.distributed.pipelining._backward", "stage_backward_input"),
     ("torch.distributed.pipelining._backward", "stage_backward_weight"),
@@ -112,10 +132,15 @@ PRIVATE_NAMES = (
 # lazy exist only after FSDP2's lazy initialisation or a unit's first all-gather
 FSDP_NAMES = {
     "FSDPState": ("_fsdp_param_groups",),
-    "FSDPParamGroup": ("fsdp_params", "comm_ctx", "_all_gather_result", "_partial_reduce_output",
-                       "_all_reduce_state"),
-    "FSDPParam": ("mp_policy", "sharded_param", "_sharded_param_data", "all_gather_outputs",
-                  "_unsharded_inner_tensors", "unsharded_accumulated_grad"),
+    "FSDPParamGroup": ("fsdp_params", "comm_ctx", "_all_gather_result", "_partial_reduce_output", "_all_reduce_state"),
+    "FSDPParam": (
+        "mp_policy",
+        "sharded_param",
+        "_sharded_param_data",
+        "all_gather_outputs",
+        "_unsharded_inner_tensors",
+        "unsharded_accumulated_grad",
+    ),
 }
 FSDP_LAZY_NAMES = {"FSDPParam": ("_unsharded_param",), "FSDPCommContext": ("all_gather_state", "reduce_scatter_states")}
 OVERRIDE_CALLS: Counter = Counter()  # calls of each torch function meshwise replaced (the canary reads it)
@@ -152,8 +177,9 @@ def flatten_mesh(mesh: DeviceMesh, dims: tuple[str, ...], name: str) -> DeviceMe
     return mesh[dims]._flatten(name)
 
 
-def all_to_all_autograd(x: torch.Tensor, output_splits: list[int], input_splits: list[int],
-                        group: dist.ProcessGroup) -> torch.Tensor:
+def all_to_all_autograd(
+    x: torch.Tensor, output_splits: list[int], input_splits: list[int], group: dist.ProcessGroup
+) -> torch.Tensor:
     """Rows of ``x`` in ``input_splits`` to each rank of ``group``; ``output_splits`` rows from each.
     Backward sends the gradients back the same way."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd
@@ -187,8 +213,9 @@ def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_
     return runtime
 
 
-def split_backward(output: torch.Tensor, output_grad: torch.Tensor, inputs: list[torch.Tensor],
-                   params: list[nn.Parameter]) -> None:
+def split_backward(
+    output: torch.Tensor, output_grad: torch.Tensor, inputs: list[torch.Tensor], params: list[nn.Parameter]
+) -> None:
     """One stage's backward in two passes, as torch's zero-bubble schedules run it: the gradients of
     ``inputs`` (``stage_backward_input``, which also walks the autograd graph for the weights'
     groups), then the weights' (``stage_backward_weight``)."""
@@ -340,6 +367,7 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
             finally:
                 state["depth"] -= 1
                 record("idle" if state["pipeline"] else "comm", time.perf_counter() - start)
+
         return run
 
     def pipeline_wait(*args, **kwargs):
@@ -350,8 +378,11 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
         finally:
             state["pipeline"] -= 1
 
-    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = (timed(originals[0], "Work.wait"),
-                                                                 timed(originals[1], "wait_tensor"), pipeline_wait)
+    Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p = (
+        timed(originals[0], "Work.wait"),
+        timed(originals[1], "wait_tensor"),
+        pipeline_wait,
+    )
     try:
         yield
     finally:
@@ -374,6 +405,12 @@ def float8_weight_plain(value: object) -> object:
     if type(local).__name__ != "WeightWithDynamicFloat8CastTensor":
         return value
     if isinstance(value, DTensor):
-        return DTensor.from_local(local._tensor, value.device_mesh, value.placements, run_check=False,
-                                  shape=value.shape, stride=value.stride())
+        return DTensor.from_local(
+            local._tensor,
+            value.device_mesh,
+            value.placements,
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
     return local._tensor

@@ -46,6 +46,7 @@ def selective_policy(save_ops: frozenset) -> Callable[..., CheckpointPolicy]:
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         packet = getattr(op, "overloadpacket", op)
         return CheckpointPolicy.MUST_SAVE if packet in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 

@@ -45,11 +45,15 @@ from meshwise.runtime.model import MLP, Attention, loss_sum
 def check(layout: Layout) -> None:
     """Refuse the layouts compile is not supported with, in one line."""
     if layout.pp > 1:
-        raise MeshwiseError(f"compile: not supported with pipeline parallelism (pp={layout.pp}); "
-                            "use --compile with pp=1 layouts or run pp layouts without it")
+        raise MeshwiseError(
+            f"compile: not supported with pipeline parallelism (pp={layout.pp}); "
+            "use --compile with pp=1 layouts or run pp layouts without it"
+        )
     if layout.cp > 1:
-        raise MeshwiseError(f"compile: not supported with context parallelism (cp={layout.cp}; its ring "
-                            "attention is not compiled); use --compile with cp=1 layouts")
+        raise MeshwiseError(
+            f"compile: not supported with context parallelism (cp={layout.cp}; its ring "
+            "attention is not compiled); use --compile with cp=1 layouts"
+        )
 
 
 def compile_blocks(model: nn.Module, tensor_parallel: bool = False) -> int:

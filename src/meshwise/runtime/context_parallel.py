@@ -78,8 +78,10 @@ def positions(local_len: int, cp: int, cp_rank: int, device: torch.device | str 
 def _start(ring: RingGroup, send: torch.Tensor, tag: int) -> tuple[list, torch.Tensor]:
     """Send ``send`` to the next rank and receive a tensor like it from the previous one (async)."""
     recv = torch.empty_like(send)
-    ops = [dist.P2POp(dist.isend, send, ring.next_rank, ring.group, tag),
-           dist.P2POp(dist.irecv, recv, ring.prev_rank, ring.group, tag)]
+    ops = [
+        dist.P2POp(dist.isend, send, ring.next_rank, ring.group, tag),
+        dist.P2POp(dist.irecv, recv, ring.prev_rank, ring.group, tag),
+    ]
     return dist.batch_isend_irecv(ops), recv
 
 
@@ -103,8 +105,16 @@ def _expand(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.repeat_interleave(groups, dim=1) if groups > 1 else t
 
 
-def forward_block(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                  acc: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor):
+def forward_block(
+    q: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    acc: torch.Tensor,
+    row_max: torch.Tensor,
+    row_sum: torch.Tensor,
+):
     """One ring step of the forward: the local Q (b, heads, sq, d) against one K/V block (b, kv heads,
     sk, d), merged into the running (output accumulator, row max, row sum) by online softmax; returns
     them updated. ``meshwise calibrate`` times this on its own (cost/context_parallel.py ``ring_kernel_seconds``)."""
@@ -118,8 +128,16 @@ def forward_block(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, q_pos: to
     return acc, new_max, row_sum
 
 
-def backward_block(qf: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dout: torch.Tensor, delta: torch.Tensor,
-                   lse: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def backward_block(
+    qf: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    dout: torch.Tensor,
+    delta: torch.Tensor,
+    lse: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One ring step of the backward (flash attention's formulas with the saved log-sum-exp): this
     block's share of dQ and its dK/dV (b, kv heads, sk, 2d), in the accumulators' dtype (``qf``'s)."""
     d, groups, f = kb.shape[-1], qf.shape[1] // kb.shape[1], qf.dtype

@@ -72,8 +72,9 @@ def shard_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"]
 
 
-def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy
-                  ) -> set[torch.nn.Parameter]:
+def _wrap_experts(
+    model: Transformer, emesh: DeviceMesh, layout: Layout, mp: MixedPrecisionPolicy
+) -> set[torch.nn.Parameter]:
     """Each grouped-experts module its own unit over the expert data-parallel ranks (see
     meshwise.runtime.expert_parallel); its gradients are averaged over those dp/ep ranks, and the
     experts scale them by 1/ep themselves (runtime/moe.py). Replicated over one rank (zero 0 with
@@ -89,8 +90,13 @@ def _wrap_experts(model: Transformer, emesh: DeviceMesh, layout: Layout, mp: Mix
         elif layout.zero == 0:
             _torch_private.replicate(experts, expert_dp_mesh(emesh, layout, flat=True), mp_policy=mp)
         else:
-            fully_shard(experts, mesh=expert_dp_mesh(emesh, layout, flat=False), reshard_after_forward=layout.zero == 3,
-                        mp_policy=mp, shard_placement_fn=lambda p: Shard(1))
+            fully_shard(
+                experts,
+                mesh=expert_dp_mesh(emesh, layout, flat=False),
+                reshard_after_forward=layout.zero == 3,
+                mp_policy=mp,
+                shard_placement_fn=lambda p: Shard(1),
+            )
     return alone
 
 
@@ -102,12 +108,18 @@ def ignore_logits_view_warning() -> None:
     head's output gathered by DTensor); their one consumer, ``model.loss_sum``, reads them out of place
     (flatten, float, cross entropy), so the hook runs and gradients are exact (the TP parity tests).
     A hand-written loop on ``meshwise.parallelize`` must not modify the logits in place either."""
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTransformer\) returned a view tensor",
-                            category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(FSDPTransformer\) returned a view tensor", category=UserWarning
+    )
 
 
-def apply_data_parallel(model: Transformer, mesh: DeviceMesh, layout: Layout, precision_of: str | None = None,
-                        emesh: DeviceMesh | None = None) -> None:
+def apply_data_parallel(
+    model: Transformer,
+    mesh: DeviceMesh,
+    layout: Layout,
+    precision_of: str | None = None,
+    emesh: DeviceMesh | None = None,
+) -> None:
     """Wrap each block, then the root (a whole model or one pipeline chunk), for ``layout.zero``,
     with the mixed-precision policy of ``precision_of`` (default: the mesh's device type); under
     expert parallelism (``emesh`` from expert_parallel.expert_mesh) the experts first."""

@@ -44,15 +44,19 @@ from meshwise.runtime import _torch_private
 
 RECIPES = {"fp8": "tensorwise", "fp8-rowwise": "rowwise"}  # meshwise name -> torchao recipe name
 PLANNED_ONLY = {
-    "fp8-blockwise": ("torchao's 128x128 / 1x128 block-scaled training is a prototype "
-                      "(torchao.prototype.blockwise_fp8_training) that this runtime does not wire"),
-    "mxfp8": ("MX block scaling needs MX tensor cores (Blackwell, sm_100), and torchao's MX training "
-              "(torchao.prototype.mx_formats) is not wired into this runtime"),
+    "fp8-blockwise": (
+        "torchao's 128x128 / 1x128 block-scaled training is a prototype "
+        "(torchao.prototype.blockwise_fp8_training) that this runtime does not wire"
+    ),
+    "mxfp8": (
+        "MX block scaling needs MX tensor cores (Blackwell, sm_100), and torchao's MX training "
+        "(torchao.prototype.mx_formats) is not wired into this runtime"
+    ),
 }
 ALIGN = 16  # GEMM dimensions torch._scaled_mm takes on GPUs (torchao's module filter)
 HIGH_PRECISION = ("output", "router", "shared_gate")  # leaf names kept out of float8 (recipes keep them bf16)
 _COLWISE = re.compile(r"^layers\.\d+\.(attention\.(wq|wk|wv)|mlp\.(w1|w3))$")  # TP-sharded on the output dim
-_ROWWISE = re.compile(r"^layers\.\d+\.(attention\.wo|mlp\.w2)$")               # TP-sharded on the input dim
+_ROWWISE = re.compile(r"^layers\.\d+\.(attention\.wo|mlp\.w2)$")  # TP-sharded on the input dim
 
 
 def is_float8(precision: str | None) -> bool:
@@ -62,8 +66,10 @@ def is_float8(precision: str | None) -> bool:
 def refusal(precision: str, device_type: str) -> str | None:
     """Why this runtime cannot train ``precision`` on ``device_type`` (None: it can)."""
     if precision in PLANNED_ONLY:
-        return (f"--precision {precision}: planned only, `train` cannot run it: {PLANNED_ONLY[precision]}; "
-                f"runnable: {', '.join(RECIPES)}")
+        return (
+            f"--precision {precision}: planned only, `train` cannot run it: {PLANNED_ONLY[precision]}; "
+            f"runnable: {', '.join(RECIPES)}"
+        )
     if precision not in RECIPES:
         return None
     try:
@@ -91,8 +97,10 @@ def resolve(precision: str, device_type: str, field: str = "--precision") -> str
     if precision in RECIPES or precision in PLANNED_ONLY:
         check(precision, device_type)
         return precision
-    raise MeshwiseError(f"{field} {precision}: the runtime trains in {own} on {device_type} (its own precision); "
-                        f"valid here: auto, {own}, {', '.join(RECIPES)}")
+    raise MeshwiseError(
+        f"{field} {precision}: the runtime trains in {own} on {device_type} (its own precision); "
+        f"valid here: auto, {own}, {', '.join(RECIPES)}"
+    )
 
 
 @contextmanager
@@ -128,8 +136,9 @@ class Conversion:
     def line(self) -> str:
         recipe = RECIPES[self.precision]
         total = len(self.converted) + len(self.skipped)
-        text = (f"Precision: {self.precision} (torchao {recipe} float8 GEMMs) in {len(self.converted)} of {total} "
-                "linears")
+        text = (
+            f"Precision: {self.precision} (torchao {recipe} float8 GEMMs) in {len(self.converted)} of {total} linears"
+        )
         if self.skipped:
             shown = ", ".join(f"{name} ({why})" for name, why in self.skipped[:4])
             more = f" and {len(self.skipped) - 4} more" if len(self.skipped) > 4 else ""
@@ -184,8 +193,9 @@ def convert(model: nn.Module, precision: str, tp: int = 1, fsdp_float8_all_gathe
             converted.append(name)
         return reason is None
 
-    float8.convert_to_float8_training(model, module_filter_fn=keep,
-                                      config=linear_config(precision, fsdp_float8_all_gather))
+    float8.convert_to_float8_training(
+        model, module_filter_fn=keep, config=linear_config(precision, fsdp_float8_all_gather)
+    )
     return Conversion(precision, tuple(converted), tuple(skipped.items()))
 
 

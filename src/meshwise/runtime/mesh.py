@@ -37,8 +37,9 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def build_mesh(layout: Layout, model: ModelSpec, global_batch: int, *, backend: str | None = None,
-               timeout_s: float = 600.0) -> DeviceMesh:
+def build_mesh(
+    layout: Layout, model: ModelSpec, global_batch: int, *, backend: str | None = None, timeout_s: float = 600.0
+) -> DeviceMesh:
     """Validate, then (if needed) start the default process group and build the 5-D mesh.
 
     Raises MeshwiseError before touching torch.distributed when the layout cannot run here.

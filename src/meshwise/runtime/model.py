@@ -89,7 +89,7 @@ class Attention(nn.Module):
         q = spec.heads * spec.head_dim
         self.rotary = spec.position == "rope" and rotary  # False: a NoPE block (SmolLM3)
         self.window = window  # sliding window in tokens (0: full causal attention)
-        self.scale = spec.query_scale ** -0.5 if spec.query_scale else None  # None: SDPA's 1/sqrt(head_dim)
+        self.scale = spec.query_scale**-0.5 if spec.query_scale else None  # None: SDPA's 1/sqrt(head_dim)
         self.wq = nn.Linear(spec.hidden, q, bias=spec.qkv_bias)
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
@@ -113,8 +113,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         return self.wo(self.attend(q, k, v, cos, sin))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
         """Rotation and causal attention on this rank's heads, (b, heads, s, d) -> (b, s, heads*d):
         local tensors only, the region :mod:`meshwise.runtime.compile` compiles under TP."""
         if self.rotary:
@@ -129,8 +130,9 @@ class Attention(nn.Module):
         return o.transpose(1, 2).flatten(2)
 
 
-def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
-                       scale: float | None) -> torch.Tensor:
+def windowed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float | None
+) -> torch.Tensor:
     """Causal GQA SDPA where query i sees keys j with i - window < j <= i (``window`` 0: all j <= i;
     transformers' ``sliding_window_overlay``), scores scaled by ``scale`` (None: 1/sqrt(d))."""
     s = q.shape[2]
@@ -223,8 +225,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.pos_embeddings: nn.Embedding | None = (nn.Embedding(spec.max_seq, spec.hidden)
-                                                    if spec.position == "learned" else None)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(spec.max_seq, spec.hidden) if spec.position == "learned" else None
+        )
         self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm: Norm | None = Norm(spec.hidden, spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
@@ -263,15 +266,17 @@ class Transformer(nn.Module):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if self.spec.family in GEMMA:
-                h = h * torch.tensor(self.spec.hidden ** 0.5, dtype=h.dtype)
+                h = h * torch.tensor(self.spec.hidden**0.5, dtype=h.dtype)
             if self.spec.embedding_multiplier != 1.0:  # Granite
                 h = h * self.spec.embedding_multiplier
             if self.pos_embeddings is not None:
                 h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
         tables = {False: (self.rope_cos, self.rope_sin), True: (self.rope_local_cos, self.rope_local_sin)}
         if self.positions is not None:
-            tables = {key: (cos[self.positions], sin[self.positions]) if cos.numel() else (cos, sin)
-                      for key, (cos, sin) in tables.items()}
+            tables = {
+                key: (cos[self.positions], sin[self.positions]) if cos.numel() else (cos, sin)
+                for key, (cos, sin) in tables.items()
+            }
         local = local_rope_layers(self.spec)
         for key, block in self.layers.items():
             h = block(h, *tables[int(key) in local])
@@ -311,8 +316,12 @@ def inv_frequencies(spec: ModelSpec, local: bool = False) -> torch.Tensor:
         return inv / spec.rope_factor
     if spec.rope_scaling != "llama3":
         return inv
-    old, low, high, factor = (spec.rope_original_max_seq, spec.rope_low_freq_factor, spec.rope_high_freq_factor,
-                              spec.rope_factor)
+    old, low, high, factor = (
+        spec.rope_original_max_seq,
+        spec.rope_low_freq_factor,
+        spec.rope_high_freq_factor,
+        spec.rope_factor,
+    )
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > old / low, inv / factor, inv)
     smooth = (old / wavelen - low) / (high - low)
@@ -321,8 +330,9 @@ def inv_frequencies(spec: ModelSpec, local: bool = False) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
-                local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    spec: ModelSpec, device: torch.device | str = "cpu", local: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (max_seq, head_dim): angle(p, i) = p * inv_freq_i, each half repeated (fp32,
     as transformers computes them)."""
     angles = torch.outer(torch.arange(spec.max_seq, dtype=torch.float32), inv_frequencies(spec, local))
@@ -331,12 +341,14 @@ def rope_tables(spec: ModelSpec, device: torch.device | str = "cpu",
 
 
 # Families the plan counts exactly and the runtime does not build: what it lacks of each.
-PLAN_ONLY = {"llama4_text": "Llama 4's chunked attention, NoPE blocks, attention temperature tuning, weightless L2 "
-                            "q/k norms and sigmoid-gated top-1 experts",
-             "glm4_moe": "GLM-4.5's sigmoid-scored, bias-corrected expert routing and partial rotary embedding",
-             "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
-             "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
-             "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing"}
+PLAN_ONLY = {
+    "llama4_text": "Llama 4's chunked attention, NoPE blocks, attention temperature tuning, weightless L2 "
+    "q/k norms and sigmoid-gated top-1 experts",
+    "glm4_moe": "GLM-4.5's sigmoid-scored, bias-corrected expert routing and partial rotary embedding",
+    "hunyuan_v1_dense": "Hunyuan's q/k norms after the rotary embedding",
+    "glm4": "GLM-4's partial rotary embedding and norms after each sublayer",
+    "minimax_m2": "MiniMax-M2's sigmoid-scored, bias-corrected expert routing",
+}
 
 
 def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
@@ -348,18 +360,23 @@ def runtime_refusal(spec: ModelSpec, seq_len: int | None = None) -> str | None:
     if spec.mla:
         return f"model {spec.name!r}: multi-head latent attention ({spec.family}) is not built by the runtime yet (plan only)"
     if spec.attn_sinks or spec.swiglu_limit or spec.router_bias:
-        return (f"model {spec.name!r}: GPT-OSS's attention sinks, clamped SwiGLU experts with biases and router bias "
-                f"are not built by the runtime (plan only)")
+        return (
+            f"model {spec.name!r}: GPT-OSS's attention sinks, clamped SwiGLU experts with biases and router bias "
+            f"are not built by the runtime (plan only)"
+        )
     if spec.moe and spec.mlp != "swiglu":
         return f"model {spec.name!r}: experts with a {spec.mlp} MLP are not built by the runtime (swiglu)"
     if spec.norms_per_layer not in (2, 4) or spec.norms_per_layer == 4 and spec.post_norm:
         return f"model {spec.name!r}: {spec.norms_per_layer} norms per block are not built by the runtime (2 or 4)"
     if spec.attn_softcap:
-        return (f"model {spec.name!r}: attention logit soft-capping ({spec.family}) is not built by the runtime "
-                f"(plan only)")
+        return (
+            f"model {spec.name!r}: attention logit soft-capping ({spec.family}) is not built by the runtime (plan only)"
+        )
     if spec.rope_scaling not in ("", "llama3", "linear"):
-        return (f"model {spec.name!r}: rope scaling {spec.rope_scaling!r} is not built by the runtime "
-                f"(default, llama3 or linear)")
+        return (
+            f"model {spec.name!r}: rope scaling {spec.rope_scaling!r} is not built by the runtime "
+            f"(default, llama3 or linear)"
+        )
     if spec.attention_chunk:
         return f"model {spec.name!r}: chunked attention is not built by the runtime (plan only)"
     return None
@@ -403,8 +420,9 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
     for name, param in model.named_parameters():
         full = full_init(canonical_name(name), param.shape, spec, seed)
         if isinstance(param, DTensor):
-            local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
-                                      src_data_rank=None).to_local()
+            local = distribute_tensor(
+                full.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+            ).to_local()
             param.to_local().copy_(local)
         else:
             param.copy_(full)

@@ -75,8 +75,9 @@ class GroupedExperts(nn.Module):
         if self.group is not None:
             scale = 1.0 / dist.get_world_size(self.group)
             w1, w2, w3 = (_ScaleGrad.apply(w, scale) for w in (w1, w2, w3))
-        outs = [(F.silu(rows @ w1[e].t()) * (rows @ w3[e].t())) @ w2[e].t()
-                for e, rows in enumerate(torch.split(x, counts))]
+        outs = [
+            (F.silu(rows @ w1[e].t()) * (rows @ w3[e].t())) @ w2[e].t() for e, rows in enumerate(torch.split(x, counts))
+        ]
         return torch.cat(outs)
 
     def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -88,14 +89,14 @@ class GroupedExperts(nn.Module):
         local = counts.numel() // n
         received_counts = torch.empty_like(counts)
         dist.all_to_all_single(received_counts, counts, group=self.group)
-        rc = received_counts.view(n, local)                  # (source rank, local expert)
+        rc = received_counts.view(n, local)  # (source rank, local expert)
         send = counts.view(n, local).sum(1).tolist()
         recv = rc.sum(1).tolist()
         received = all_to_all_autograd(routed, recv, send, self.group)
         chunks = torch.split(received, rc.flatten().tolist())
         grouped = torch.cat([chunks[j * local + e] for e in range(local) for j in range(n)])
         out = self.compute(grouped, rc.sum(0).tolist())
-        back = torch.split(out, rc.t().flatten().tolist())   # (local expert, source rank) order
+        back = torch.split(out, rc.t().flatten().tolist())  # (local expert, source rank) order
         back = torch.cat([back[e * n + j] for j in range(n) for e in range(local)])
         return all_to_all_autograd(back, send, recv, self.group)
 
@@ -129,7 +130,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
-        probs = self.router(tokens).float().softmax(-1)      # (T, E)
+        probs = self.router(tokens).float().softmax(-1)  # (T, E)
         experts = probs.shape[1]
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
@@ -160,7 +161,8 @@ class MoE(nn.Module):
         tokens), and the data-parallel gradient average over dp * cp ranks takes exactly that mean."""
         b, s, experts = probs.shape
         hits = torch.zeros(b, experts, device=probs.device).scatter_add_(
-            1, chosen.reshape(b, -1), torch.ones(b, s * self.top_k, device=probs.device))
+            1, chosen.reshape(b, -1), torch.ones(b, s * self.top_k, device=probs.device)
+        )
         if self.cp_group is not None:
             dist.all_reduce(hits, group=self.cp_group)
             s *= dist.get_world_size(self.cp_group)

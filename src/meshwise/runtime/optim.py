@@ -28,8 +28,13 @@ def build_optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torc
     groups: dict[tuple, list[nn.Parameter]] = {}
     for p in params:
         groups.setdefault(_spec_key(p), []).append(p)
-    return torch.optim.AdamW([{"params": ps} for ps in groups.values()], lr=config.lr, betas=(config.beta1, config.beta2),
-                             eps=config.eps, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        [{"params": ps} for ps in groups.values()],
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
 
 
 def replication(p: torch.Tensor, dp_tp: int) -> int:
@@ -59,8 +64,9 @@ def reduce_partial_grads(params: list[nn.Parameter]) -> None:
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dp_tp: int,
-                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def clip_grad_norm(
+    params: list[nn.Parameter], max_norm: float, dp_tp: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Scale gradients so that the global norm is at most ``max_norm``; returns the norm before
     clipping as a 0-dim float64 tensor. No host sync: every gradient is multiplied by
     min(1, max_norm / (norm + 1e-6)) on its device, as ``torch.nn.utils.clip_grad_norm_`` does

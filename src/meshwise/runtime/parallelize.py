@@ -96,7 +96,7 @@ class ParallelModel:
     def local_batch(self, global_tensor: torch.Tensor) -> torch.Tensor:
         """This replica's rows of a (global_batch, ...) tensor."""
         start = dp_rank(self.mesh) * self.replica_rows
-        return global_tensor[start:start + self.replica_rows]
+        return global_tensor[start : start + self.replica_rows]
 
     def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on this replica's (mbs*accum, seq) token ids and targets.
@@ -110,8 +110,9 @@ class ParallelModel:
         local = torch.zeros((), dtype=torch.float64, device=mesh_device(self.mesh))
         self._add_micro_batch_losses(local, inputs, targets, backward=True)
         reduce_partial_grads(self.parameters())
-        grad_norm = clip_grad_norm(self.parameters(), self.optim_config.grad_clip,
-                                   self.layout.dp * self.layout.cp * self.layout.tp)
+        grad_norm = clip_grad_norm(
+            self.parameters(), self.optim_config.grad_clip, self.layout.dp * self.layout.cp * self.layout.tp
+        )
         self.optimizer.step()
         return self._global_mean(local), grad_norm
 
@@ -140,8 +141,9 @@ class ParallelModel:
         reshard_after_forward_only(self.modules)
         return mean.item() / count
 
-    def _add_micro_batch_losses(self, local: torch.Tensor, inputs: torch.Tensor | None,
-                                targets: torch.Tensor | None, backward: bool) -> None:
+    def _add_micro_batch_losses(
+        self, local: torch.Tensor, inputs: torch.Tensor | None, targets: torch.Tensor | None, backward: bool
+    ) -> None:
         """Add to ``local`` (float64) each of this rank's micro-batch losses, ``loss_sum / replica
         tokens``; with ``backward`` every micro-batch's backward runs too (the pipeline schedule's
         ``step``), without it forwards only (``eval``)."""
@@ -157,8 +159,8 @@ class ParallelModel:
             for i in range(self.accum):
                 if backward:
                     before_microbatch(model, self.layout, last=i == self.accum - 1)
-                x = inputs[i * mbs:(i + 1) * mbs].to(device)
-                y = targets[i * mbs:(i + 1) * mbs].to(device)
+                x = inputs[i * mbs : (i + 1) * mbs].to(device)
+                y = targets[i * mbs : (i + 1) * mbs].to(device)
                 loss = loss_sum(model(x), y) / tokens
                 if backward:
                     loss.backward()
@@ -181,10 +183,20 @@ class ParallelModel:
         return local / (self.layout.dp * self.layout.cp * self.layout.tp)
 
 
-def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, seed: int,
-                 device: torch.device, seq_len: int, compile: bool = False, emesh: DeviceMesh | None = None,
-                 tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
-                 precision: str | None = None) -> tuple[Transformer, float8.Conversion | None]:
+def _build_chunk(
+    spec: ModelSpec,
+    layout: Layout,
+    mesh: DeviceMesh,
+    chunk: int,
+    seed: int,
+    device: torch.device,
+    seq_len: int,
+    compile: bool = False,
+    emesh: DeviceMesh | None = None,
+    tensor_mode: AbstractContextManager | None = None,
+    precision_of: str | None = None,
+    precision: str | None = None,
+) -> tuple[Transformer, float8.Conversion | None]:
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -199,7 +211,9 @@ def _build_chunk(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, chunk: int, 
         apply_expert_parallel(model, emesh["ep"])
     apply_activation_checkpointing(model, layout.ac)
     if compile:
-        compile_blocks(model, tensor_parallel=layout.tp > 1)  # after TP and recompute, before DP (see meshwise.runtime.compile)
+        compile_blocks(
+            model, tensor_parallel=layout.tp > 1
+        )  # after TP and recompute, before DP (see meshwise.runtime.compile)
     with tensor_mode or nullcontext():
         apply_data_parallel(model, mesh, layout, precision_of, emesh)
         model.to_empty(device=device)
@@ -220,11 +234,20 @@ def _float8_all_gather(layout: Layout, precision: str | None) -> bool:
     return float8.fsdp_float8_all_gather(precision, layout.zero, layout.shard * layout.cp)
 
 
-def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_batch: int, *,
-                seq_len: int | None = None, seed: int = 0,
-                optim: OptimizerConfig = OptimizerConfig(), compile: bool = False,
-                tensor_mode: AbstractContextManager | None = None, precision_of: str | None = None,
-                precision: str | None = None) -> ParallelModel:
+def parallelize(
+    model_spec: ModelSpec,
+    layout: Layout,
+    mesh: DeviceMesh,
+    global_batch: int,
+    *,
+    seq_len: int | None = None,
+    seed: int = 0,
+    optim: OptimizerConfig = OptimizerConfig(),
+    compile: bool = False,
+    tensor_mode: AbstractContextManager | None = None,
+    precision_of: str | None = None,
+    precision: str | None = None,
+) -> ParallelModel:
     """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
     ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`).
     ``tensor_mode`` (``meshwise verify``'s FakeTensorMode) is entered where tensors are created:
@@ -245,8 +268,12 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     chunk_ids = my_chunks(layout, mesh.get_local_rank("pp")) if layout.pp > 1 else [0]
     precision_of = precision_of or mesh.device_type
     emesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
-    built = [_build_chunk(model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode,
-                          precision_of, precision) for c in chunk_ids]
+    built = [
+        _build_chunk(
+            model_spec, layout, mesh, c, seed, device, seq_len, compile, emesh, tensor_mode, precision_of, precision
+        )
+        for c in chunk_ids
+    ]
     modules = [m for m, _ in built]
     cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
     for m in modules:  # the MoE auxiliary loss averages over the replica's sequences, as the loss does
@@ -256,17 +283,38 @@ def parallelize(model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh, global_
     schedule, eval_schedule, stages = None, None, []
     if layout.pp > 1:
         with tensor_mode or nullcontext():
-            schedule, eval_schedule, stages = _pipeline(modules, chunk_ids, model_spec, layout, mesh, device, seq_len,
-                                                        global_batch, precision_of)
-    return ParallelModel(spec=model_spec, layout=layout, mesh=mesh, global_batch=global_batch, seq_len=seq_len,
-                         chunk_ids=chunk_ids, modules=modules, schedule=schedule, optimizer=optimizer,
-                         optim_config=optim, stages=stages, eval_schedule=eval_schedule,
-                         float8_conversions=[c for _, c in built if c is not None],
-                         float8_scales=_float8_all_gather(layout, precision) and tensor_mode is None)
+            schedule, eval_schedule, stages = _pipeline(
+                modules, chunk_ids, model_spec, layout, mesh, device, seq_len, global_batch, precision_of
+            )
+    return ParallelModel(
+        spec=model_spec,
+        layout=layout,
+        mesh=mesh,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        chunk_ids=chunk_ids,
+        modules=modules,
+        schedule=schedule,
+        optimizer=optimizer,
+        optim_config=optim,
+        stages=stages,
+        eval_schedule=eval_schedule,
+        float8_conversions=[c for _, c in built if c is not None],
+        float8_scales=_float8_all_gather(layout, precision) and tensor_mode is None,
+    )
 
 
-def _pipeline(modules: list[nn.Module], chunk_ids: list[int], model_spec: ModelSpec, layout: Layout, mesh: DeviceMesh,
-              device: torch.device, seq_len: int, global_batch: int, precision_of: str) -> tuple[object, object, list]:
+def _pipeline(
+    modules: list[nn.Module],
+    chunk_ids: list[int],
+    model_spec: ModelSpec,
+    layout: Layout,
+    mesh: DeviceMesh,
+    device: torch.device,
+    seq_len: int,
+    global_batch: int,
+    precision_of: str,
+) -> tuple[object, object, list]:
     """(schedule, eval schedule, stages) of this rank's chunks."""
     # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp * cp > 1.
     act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp * layout.cp > 1 else torch.float32

@@ -46,31 +46,49 @@ def my_chunks(layout: Layout, pp_rank: int) -> list[int]:
     return rank_chunks(pp_rank, layout.pp, layout.vpp, layout.schedule)
 
 
-def _io_meta(spec: ModelSpec, layout: Layout, seq: int, chunk: int, act_dtype: torch.dtype
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def _io_meta(
+    spec: ModelSpec, layout: Layout, seq: int, chunk: int, act_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Meta tensors with the shapes a chunk receives and sends, per micro-batch."""
     hidden_seq = seq // layout.tp if layout.sp else seq
     # requires_grad marks the hidden states as differentiable, so their gradients flow back.
     hidden = torch.empty(layout.mbs, hidden_seq, spec.hidden, dtype=act_dtype, device="meta", requires_grad=True)
     inp = torch.empty(layout.mbs, seq, dtype=torch.long, device="meta") if chunk == 0 else hidden
-    out = (torch.empty(layout.mbs, seq, spec.vocab, dtype=act_dtype, device="meta", requires_grad=True)
-           if chunk == layout.stages - 1 else hidden)
+    out = (
+        torch.empty(layout.mbs, seq, spec.vocab, dtype=act_dtype, device="meta", requires_grad=True)
+        if chunk == layout.stages - 1
+        else hidden
+    )
     return inp, out
 
 
-def build_stages(chunks: list[torch.nn.Module], chunk_ids: list[int], spec: ModelSpec, layout: Layout,
-                 pp_mesh: DeviceMesh, device: torch.device, seq: int, act_dtype: torch.dtype
-                 ) -> list[PipelineStage]:
+def build_stages(
+    chunks: list[torch.nn.Module],
+    chunk_ids: list[int],
+    spec: ModelSpec,
+    layout: Layout,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    seq: int,
+    act_dtype: torch.dtype,
+) -> list[PipelineStage]:
     stages = []
     for module, chunk in zip(chunks, chunk_ids):
         inp, out = _io_meta(spec, layout, seq, chunk, act_dtype)
-        stages.append(PipelineStage(module, chunk, layout.stages, device, input_args=(inp,),
-                                    output_args=(out,), group=pp_mesh.get_group()))
+        stages.append(
+            PipelineStage(
+                module, chunk, layout.stages, device, input_args=(inp,), output_args=(out,), group=pp_mesh.get_group()
+            )
+        )
     return stages
 
 
-def build_schedule(stages: list[PipelineStage], layout: Layout, n_microbatches: int,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> PipelineSchedule:
+def build_schedule(
+    stages: list[PipelineStage],
+    layout: Layout,
+    n_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> PipelineSchedule:
     kwargs = {"n_microbatches": n_microbatches, "loss_fn": loss_fn, "scale_grads": False}
     if layout.schedule == "gpipe":
         return ScheduleGPipe(stages[0], **kwargs)
@@ -85,8 +103,12 @@ def build_schedule(stages: list[PipelineStage], layout: Layout, n_microbatches: 
     raise ValueError(f"unknown schedule {layout.schedule!r}")
 
 
-def build_eval_schedule(schedule: PipelineSchedule, stages: list[PipelineStage], n_microbatches: int,
-                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> PipelineSchedule:
+def build_eval_schedule(
+    schedule: PipelineSchedule,
+    stages: list[PipelineStage],
+    n_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> PipelineSchedule:
     """The schedule whose ``eval`` computes held-out losses: ``schedule`` itself, or for
     ScheduleZBVZeroBubble (whose ``eval`` fails in torch 2.13) its forwards alone, in its order."""
     if isinstance(schedule, ScheduleZBVZeroBubble):

@@ -49,8 +49,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, pre
         else:
             # split on the hidden dimension: DTensor's embedding backward has no vocabulary-sharded
             # strategy, so a row-wise table's gradient comes out whole (V x h, every TP rank)
-            plan["tok_embeddings"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
-                                                     use_local_output=not sp)
+            plan["tok_embeddings"] = ColwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=not sp
+            )
     if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
@@ -59,8 +60,11 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, pre
         parallelize_module(model, tp_mesh, plan)
     if model.tok_embeddings is not None and sp and not model.spec.tied_embeddings:
         # gathered, then split on the sequence (no all-to-all, which gloo lacks; its gradient is gathered)
-        parallelize_module(model.tok_embeddings, tp_mesh,
-                           PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=stream))
+        parallelize_module(
+            model.tok_embeddings,
+            tp_mesh,
+            PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=stream),
+        )
     for block in model.layers.values():
         block_plan: dict[str, object] = {}
         regions: dict[str, type] = {"attention": PrepareModuleInput, "mlp": PrepareModuleInput}
@@ -71,8 +75,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, pre
             column_linears = {n: getattr(module, n) for n in column if getattr(module, n, None) is not None}
             for name, linear in column_linears.items():
                 block_plan[f"{region}.{name}"] = float8.tp_style(precision, linear, "colwise", sp, device)()
-            block_plan[f"{region}.{row}"] = float8.tp_style(precision, getattr(module, row), "rowwise", sp,
-                                                            device)(output_layouts=stream)
+            block_plan[f"{region}.{row}"] = float8.tp_style(precision, getattr(module, row), "rowwise", sp, device)(
+                output_layouts=stream
+            )
             regions[region] = float8.region_input_style(precision, list(column_linears.values()), sp, device)
         if block.attention.q_norm is not None:
             # Qwen3's per-head norms see only this rank's heads: their weights are Replicate DTensors
@@ -88,19 +93,23 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool, pre
                     block_plan[norm] = SequenceParallel(use_local_output=True)
         # One DTensor input per parallel region: Q/K/V (and gate/up) share it, so backward reduces
         # the input gradient once per region (all-reduce, or reduce-scatter under SP), not per matmul.
-        block_plan["attention"] = regions["attention"](input_layouts=(stream, None, None),
-                                                       desired_input_layouts=(Replicate(), None, None))
+        block_plan["attention"] = regions["attention"](
+            input_layouts=(stream, None, None), desired_input_layouts=(Replicate(), None, None)
+        )
         block_plan["mlp"] = regions["mlp"](input_layouts=(stream,), desired_input_layouts=(Replicate(),))
         if isinstance(block.mlp, MoE):
             for key in ("mlp.w1", "mlp.w2", "mlp.w3", "mlp"):
                 block_plan.pop(key, None)
             if sp:
                 block_plan["mlp"] = PrepareModuleInputOutput(
-                    input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
-                    output_layouts=(Replicate(),), desired_output_layouts=(stream,), use_local_output=True)
+                    input_layouts=(stream,),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_input=True,
+                    output_layouts=(Replicate(),),
+                    desired_output_layouts=(stream,),
+                    use_local_output=True,
+                )
         parallelize_module(block, tp_mesh, block_plan)
     if model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
         # Both are Shard(0) on the vocab dimension: re-tie the two DTensor parameters.
         model.output.weight = model.tok_embeddings.weight
-
-

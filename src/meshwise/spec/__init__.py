@@ -16,5 +16,17 @@ from meshwise.spec.hf_config import load_model
 from meshwise.spec.model import MLP_KINDS, ModelSpec, cached_hash
 from meshwise.spec.train import OPTIMIZERS, PRECISIONS, TrainSpec, default_seq_len
 
-__all__ = ["MLP_KINDS", "ModelSpec", "cached_hash", "load_model", "AcceleratorSpec", "ClusterSpec", "LinkSpec",
-           "load_cluster", "OPTIMIZERS", "PRECISIONS", "TrainSpec", "default_seq_len"]
+__all__ = [
+    "MLP_KINDS",
+    "ModelSpec",
+    "cached_hash",
+    "load_model",
+    "AcceleratorSpec",
+    "ClusterSpec",
+    "LinkSpec",
+    "load_cluster",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "TrainSpec",
+    "default_seq_len",
+]

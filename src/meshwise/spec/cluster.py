@@ -52,57 +52,57 @@ class AcceleratorSpec:
     # of the MX formats (32-element blocks, e8m0 scales; Blackwell, CDNA4); 0 = the device has none
     peak_fp8_flops_per_s: float = 0.0
     peak_mxfp8_flops_per_s: float = 0.0
-    nvlink_domain_gpus: int = 0        # GPUs one NVLink (scale-up) domain joins; 0 = a node (NVL72: 72)
-    calibrated_on: str = ""            # what its predictions were checked against ("" = nothing): published runs
-                                       # (a test set, nothing fitted to them) or a meshwise calibrate of the machine
+    nvlink_domain_gpus: int = 0  # GPUs one NVLink (scale-up) domain joins; 0 = a node (NVL72: 72)
+    calibrated_on: str = ""  # what its predictions were checked against ("" = nothing): published runs
+    # (a test set, nothing fitted to them) or a meshwise calibrate of the machine
     # The GPU op model (cost/kernels.py); a profile without sm_count keeps the flat curve above.
-    sm_count: int = 0                  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
-    gemm_tile_m: int = 128             # output tile of the GEMM kernels, rows x columns
+    sm_count: int = 0  # streaming multiprocessors (CUs): GEMM tiles run in waves of this many
+    gemm_tile_m: int = 128  # output tile of the GEMM kernels, rows x columns
     gemm_tile_n: int = 256
-    gemm_efficiency: float = 0.0       # a profile's flat GEMM fraction of peak (used when ``gemm`` has no row)
+    gemm_efficiency: float = 0.0  # a profile's flat GEMM fraction of peak (used when ``gemm`` has no row)
     attention_efficiency: float = 0.0  # a profile's flat fused-attention fraction (used when ``attention`` is empty)
-    hbm_efficiency: float = 0.0        # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
+    hbm_efficiency: float = 0.0  # fraction of HBM bandwidth memory-bound kernels reach (STREAM copy)
     # Component fits (benchmarks/fit_components.py, each on its own published data; docs/cost-model.md):
-    gemm: tuple = ()                   # (dtype, efficiency, k_half) rows: GEMM throughput by shape
-    attention: tuple = ()              # (kernel, fields...) rows: fused attention by sequence and head width
-    kernel_floor_s: float = 0.0        # a kernel's fixed time (launch, fill and drain), however small its work
-    sustained_clock: float = 1.0       # clock held under sustained dense math at the power limit / the peak's clock
-    runtime: str = ""                  # the runtime this profile was measured under ("" = not stated)
+    gemm: tuple = ()  # (dtype, efficiency, k_half) rows: GEMM throughput by shape
+    attention: tuple = ()  # (kernel, fields...) rows: fused attention by sequence and head width
+    kernel_floor_s: float = 0.0  # a kernel's fixed time (launch, fill and drain), however small its work
+    sustained_clock: float = 1.0  # clock held under sustained dense math at the power limit / the peak's clock
+    runtime: str = ""  # the runtime this profile was measured under ("" = not stated)
     # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.
-    op_overhead_s: float = 0.0         # dispatch + autograd of one aten operator
-    checkpoint_call_s: float = 0.0     # torch.utils.checkpoint's wrapper, per checkpointed block call
-    selective_op_s: float = 0.0        # the selective policy's dispatch mode, per operator it sees
-    tp_op_s: float = 0.0               # DTensor's sharding propagation, per operator under tp > 1
-    tp_sp_block_s: float = 0.0         # sequence parallelism's redistributions, per block per micro-batch (fwd + bwd)
-    zb_split_block_s: float = 0.0      # a zero-bubble schedule's backward split in two passes, per block per micro-batch
-    pp_call_s: float = 0.0             # the pipeline schedule's own work per stage call (one chunk's forward or backward)
-    fsdp_call_s: float = 0.0           # FSDP2's host work per all-gather / reduce-scatter call of a unit
-    fsdp_param_s: float = 0.0          # ... and per parameter tensor of the unit in each such call
-    fsdp_byte_s: float = 0.0           # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)
-    optimizer_dtensor_s: float = 0.0   # AdamW's extra per DTensor parameter tensor (FSDP2 or TP), per step
+    op_overhead_s: float = 0.0  # dispatch + autograd of one aten operator
+    checkpoint_call_s: float = 0.0  # torch.utils.checkpoint's wrapper, per checkpointed block call
+    selective_op_s: float = 0.0  # the selective policy's dispatch mode, per operator it sees
+    tp_op_s: float = 0.0  # DTensor's sharding propagation, per operator under tp > 1
+    tp_sp_block_s: float = 0.0  # sequence parallelism's redistributions, per block per micro-batch (fwd + bwd)
+    zb_split_block_s: float = 0.0  # a zero-bubble schedule's backward split in two passes, per block per micro-batch
+    pp_call_s: float = 0.0  # the pipeline schedule's own work per stage call (one chunk's forward or backward)
+    fsdp_call_s: float = 0.0  # FSDP2's host work per all-gather / reduce-scatter call of a unit
+    fsdp_param_s: float = 0.0  # ... and per parameter tensor of the unit in each such call
+    fsdp_byte_s: float = 0.0  # ... and per byte it gathers or reduces (0: its copies at the copy bandwidth)
+    optimizer_dtensor_s: float = 0.0  # AdamW's extra per DTensor parameter tensor (FSDP2 or TP), per step
     # ring attention's kernels per ring step (cost/context_parallel.py ``ring_kernel_seconds``): step + E * (score + d * dim)
     cp_step_s: float = 0.0
     cp_score_s: float = 0.0
     cp_score_dim_s: float = 0.0
     cp_step_includes_sends: bool = False  # the three timed as whole ring calls over a real ring: K/V and dK/dV sends in
-    cp_ring_table: tuple = ()          # ((score elements, head width, seconds), ...) per ring step, as timed: read first
+    cp_ring_table: tuple = ()  # ((score elements, head width, seconds), ...) per ring step, as timed: read first
     # the fused causal attention (SDPA) per call (cost/host.py ``sdpa_call_seconds``): call + E * (score + d * dim)
     sdpa_call_s: float = 0.0
     sdpa_score_s: float = 0.0
     sdpa_score_dim_s: float = 0.0
-    sdpa_head_table: tuple = ()        # ((sequence, head width, seconds per query head), ...) as timed: read first
-    loss_token_table: tuple = ()       # ((tokens, vocab, seconds per token), ...): the loss's fwd + bwd as timed
+    sdpa_head_table: tuple = ()  # ((sequence, head width, seconds per query head), ...) as timed: read first
+    loss_token_table: tuple = ()  # ((tokens, vocab, seconds per token), ...): the loss's fwd + bwd as timed
     # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
     cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
     cpu_gemm_call_s: float = 0.0
     cpu_gemm_bytes_per_s: float = 0.0  # 0: no bandwidth term
     gemm_reference_efficiency: float = 1.0  # the grid's efficiency at the calibration's own GEMMs
-    dram_bytes_per_s: float = 0.0      # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
-    thread_efficiency: float = 1.0     # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
-    cores_per_node: int = 0            # CPU cores the node's ranks share (0: not stated; calibrate writes it)
+    dram_bytes_per_s: float = 0.0  # a CPU's copy bandwidth beyond its last-level cache (0: not measured)
+    thread_efficiency: float = 1.0  # rate of t threads in one process = rate of 1 x (1 + (t - 1) x this)
+    cores_per_node: int = 0  # CPU cores the node's ranks share (0: not stated; calibrate writes it)
     # more ranks than cores: a collective waits for peers the scheduler has not run yet (cost/host.py ``sync_skew_seconds``)
-    sync_skew_ratio: float = 0.0       # seconds waited per second of a rank's own-core compute before the collective
-    sync_skew_slice_s: float = 0.0     # ... up to this much compute per collective (the longest slice measured)
+    sync_skew_ratio: float = 0.0  # seconds waited per second of a rank's own-core compute before the collective
+    sync_skew_slice_s: float = 0.0  # ... up to this much compute per collective (the longest slice measured)
 
     __hash__ = cached_hash
 
@@ -165,8 +165,9 @@ class ClusterSpec:
         per_node = max(1, min(group_size, domain // stride))
         link = self._scale_out_links.get(per_node)
         if link is None:
-            link = self._scale_out_links[per_node] = LinkSpec(self.inter.bytes_per_s * per_node, self.inter.latency_s,
-                                                                  self.inter.reduce_scatter_ratio)
+            link = self._scale_out_links[per_node] = LinkSpec(
+                self.inter.bytes_per_s * per_node, self.inter.latency_s, self.inter.reduce_scatter_ratio
+            )
         return link
 
     @cached_property
@@ -179,10 +180,29 @@ class ClusterSpec:
 MAX_GPUS = 2**20  # 1,048,576 devices: ten times the largest published training clusters (~10^5 GPUs)
 
 ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
-_ACCEL_KEYS = {"memory_bytes", "peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "gpus_per_node",
-               "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s", "efficiency_max",
-               "efficiency_half_width", "comm_overlap", "source", "name", "calibrated_on", "reduce_scatter_ratio"} \
-    | ACCEL_GPU_KEYS | GPU_KEYS | HOST_KEYS
+_ACCEL_KEYS = (
+    {
+        "memory_bytes",
+        "peak_bf16_flops_per_s",
+        "peak_fp32_flops_per_s",
+        "hbm_bytes_per_s",
+        "gpus_per_node",
+        "intra_bytes_per_s",
+        "intra_latency_s",
+        "inter_bytes_per_s",
+        "inter_latency_s",
+        "efficiency_max",
+        "efficiency_half_width",
+        "comm_overlap",
+        "source",
+        "name",
+        "calibrated_on",
+        "reduce_scatter_ratio",
+    }
+    | ACCEL_GPU_KEYS
+    | GPU_KEYS
+    | HOST_KEYS
+)
 
 
 def _spelling(name: str) -> str:
@@ -211,8 +231,10 @@ def _unknown_accelerator(ref: str) -> MeshwiseError:
     close += [spellings[s] for s in difflib.get_close_matches(_spelling(ref), list(spellings), n=6, cutoff=0.5)]
     guess = list(dict.fromkeys(close))[:3]
     hint = f" (did you mean {' or '.join(guess)}?)" if guess else ""
-    return MeshwiseError(f"--gpu: unknown accelerator {ref!r}{hint}; choose one of {', '.join(catalog)} (any case, "
-                         "or an alias listed in catalog/accelerators.toml), or give a profile .toml")
+    return MeshwiseError(
+        f"--gpu: unknown accelerator {ref!r}{hint}; choose one of {', '.join(catalog)} (any case, "
+        "or an alias listed in catalog/accelerators.toml), or give a profile .toml"
+    )
 
 
 def _accelerator_table(ref: str) -> tuple[str, dict[str, Any]]:
@@ -238,8 +260,10 @@ def _on_base(profile: dict[str, Any], ref: str) -> dict[str, Any]:
     base = profile["base"]
     name = catalog_accelerator(base) if isinstance(base, str) else None
     if name is None:
-        raise MeshwiseError(f"--gpu {ref}: base {base!r} is not a catalog accelerator; give one of "
-                            f"{', '.join(read_catalog('accelerators.toml'))}")
+        raise MeshwiseError(
+            f"--gpu {ref}: base {base!r} is not a catalog accelerator; give one of "
+            f"{', '.join(read_catalog('accelerators.toml'))}"
+        )
     table = {k: v for k, v in read_catalog("accelerators.toml")[name].items() if k != "aliases"}
     if "sustained_mhz" in profile:
         table.pop("sustained_clock", None)
@@ -258,16 +282,18 @@ def _profile_number(gpu: str, table: dict[str, Any], key: str, default: Any, zer
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MeshwiseError(f"--gpu {gpu}: {key} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0 or value == 0 and not zero_ok:
-        raise MeshwiseError(f"--gpu {gpu}: {key} must be a finite number above 0{' (or 0)' if zero_ok else ''}, "
-                            f"got {value!r}")
+        raise MeshwiseError(
+            f"--gpu {gpu}: {key} must be a finite number above 0{' (or 0)' if zero_ok else ''}, got {value!r}"
+        )
     return float(value)
 
 
 def _domain(table: dict[str, Any], gpu: str) -> int:
     value = table.get("nvlink_domain_gpus", 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise MeshwiseError(f"--gpu {gpu}: nvlink_domain_gpus must be a whole number of GPUs (0: a node), "
-                            f"got {value!r}")
+        raise MeshwiseError(
+            f"--gpu {gpu}: nvlink_domain_gpus must be a whole number of GPUs (0: a node), got {value!r}"
+        )
     return value
 
 
@@ -280,17 +306,22 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
     try:
         num = lambda key, default=None, zero_ok=False: _profile_number(gpu, table, key, default, zero_ok)  # noqa: E731
         accel = AcceleratorSpec(
-            name=name, memory_bytes=int(num("memory_bytes")),
+            name=name,
+            memory_bytes=int(num("memory_bytes")),
             peak_bf16_flops_per_s=num("peak_bf16_flops_per_s"),
             peak_fp32_flops_per_s=num("peak_fp32_flops_per_s", table.get("peak_bf16_flops_per_s")),
             hbm_bytes_per_s=num("hbm_bytes_per_s"),
             efficiency_max=num("efficiency_max", DEFAULT_EFFICIENCY_MAX),
             efficiency_half_width=num("efficiency_half_width", DEFAULT_EFFICIENCY_HALF_WIDTH, zero_ok=True),
             comm_overlap=_flag(table.get("comm_overlap", True), f"--gpu {gpu}: comm_overlap"),
-            source=str(table.get("source", "")), **gpu_fields(table, gpu), **host_fields(table, gpu),
+            source=str(table.get("source", "")),
+            **gpu_fields(table, gpu),
+            **host_fields(table, gpu),
             peak_fp8_flops_per_s=num("peak_fp8_flops_per_s", 0.0, zero_ok=True),
             peak_mxfp8_flops_per_s=num("peak_mxfp8_flops_per_s", 0.0, zero_ok=True),
-            nvlink_domain_gpus=_domain(table, gpu), calibrated_on=str(table.get("calibrated_on", "")))
+            nvlink_domain_gpus=_domain(table, gpu),
+            calibrated_on=str(table.get("calibrated_on", "")),
+        )
         rs_ratio = num("reduce_scatter_ratio", 0.0, zero_ok=True)
         intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True), rs_ratio)
         inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True), rs_ratio)
@@ -301,8 +332,10 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
     if gpus < 1:
         raise MeshwiseError(f"--gpus: {gpus} must be at least 1")
     if gpus > MAX_GPUS:
-        raise MeshwiseError(f"--gpus: {gpus} is past meshwise's bound of {MAX_GPUS:,} devices (the largest published "
-                            "training clusters hold about 10^5)")
+        raise MeshwiseError(
+            f"--gpus: {gpus} is past meshwise's bound of {MAX_GPUS:,} devices (the largest published "
+            "training clusters hold about 10^5)"
+        )
     per_node = gpus_per_node if gpus_per_node is not None else int(table.get("gpus_per_node", 8))
     if per_node < 1:
         raise MeshwiseError(f"--gpus-per-node: {per_node} must be at least 1")

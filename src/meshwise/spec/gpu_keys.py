@@ -15,11 +15,31 @@ SELECTIVE_POLICIES = ("meshwise", "every-other-matmul")
 # Whose model code runs the memory-bound operators under the meshwise (torch eager) runtime: meshwise's
 # own, or torchtitan's Llama of 2024 with its eager RMSNorm or its Triton fused one (cost/kernels.py PASSES).
 MODEL_CODES = ("meshwise", "torchtitan", "torchtitan-fused-norm")
-GPU_KEYS = {"sm_count", "gemm_tile_m", "gemm_tile_n", "gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-            "runtime", "gemm", "attention", "kernel_floor_s", "sustained_clock", "sustained_mhz", "table_clock_mhz"}
+GPU_KEYS = {
+    "sm_count",
+    "gemm_tile_m",
+    "gemm_tile_n",
+    "gemm_efficiency",
+    "attention_efficiency",
+    "hbm_efficiency",
+    "runtime",
+    "gemm",
+    "attention",
+    "kernel_floor_s",
+    "sustained_clock",
+    "sustained_mhz",
+    "table_clock_mhz",
+}
 GEMM_FIELDS = ("efficiency", "k_half")
-ATTENTION_FIELDS = ("forward", "forward_seq_half", "forward_causal", "forward_causal_seq_half", "backward",
-                    "backward_seq_half", "head64")
+ATTENTION_FIELDS = (
+    "forward",
+    "forward_seq_half",
+    "forward_causal",
+    "forward_causal_seq_half",
+    "backward",
+    "backward_seq_half",
+    "head64",
+)
 
 
 def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
@@ -62,8 +82,10 @@ def _sustained_clock(table: dict[str, Any], gpu: str) -> float:
     if "sustained_clock" in table:
         raise MeshwiseError(f"--gpu {gpu}: give sustained_mhz or sustained_clock, not both")
     if "table_clock_mhz" not in table:
-        raise MeshwiseError(f"--gpu {gpu}: sustained_mhz needs table_clock_mhz, the clock the GEMM tables ran at "
-                            "(or base = a catalog GPU that has one, e.g. h100)")
+        raise MeshwiseError(
+            f"--gpu {gpu}: sustained_mhz needs table_clock_mhz, the clock the GEMM tables ran at "
+            "(or base = a catalog GPU that has one, e.g. h100)"
+        )
     top = _number(table["table_clock_mhz"], f"--gpu {gpu}: table_clock_mhz", 1, 10_000)
     return _number(table["sustained_mhz"], f"--gpu {gpu}: sustained_mhz", 1, top) / top
 
@@ -90,15 +112,21 @@ def _component_rows(table: dict[str, Any], gpu: str) -> dict[str, tuple]:
     for dtype, fit, where in _entries(table, "gemm", gpu, "dtypes, e.g. gemm.bf16.efficiency = 0.8"):
         if not isinstance(fit, dict) or set(fit) - set(GEMM_FIELDS) or "efficiency" not in fit:
             raise MeshwiseError(f"{where} must give efficiency (and optionally k_half), got {fit!r}")
-        rows.append((dtype, _number(fit["efficiency"], f"{where}.efficiency", 1e-3, 1.0),
-                     _number(fit.get("k_half", 0.0), f"{where}.k_half", 0.0, 1e6)))
+        rows.append(
+            (
+                dtype,
+                _number(fit["efficiency"], f"{where}.efficiency", 1e-3, 1.0),
+                _number(fit.get("k_half", 0.0), f"{where}.k_half", 0.0, 1e6),
+            )
+        )
     if rows:
         out["gemm"] = tuple(rows)
     rows = []
     for runtime, fit, where in _entries(table, "attention", gpu, "runtimes, e.g. attention.meshwise = {...}"):
         if runtime not in RUNTIMES or not isinstance(fit, dict) or set(fit) != set(ATTENTION_FIELDS) | {"kernel"}:
-            raise MeshwiseError(f"{where}: a runtime of {', '.join(RUNTIMES)} with kernel and "
-                                f"{', '.join(ATTENTION_FIELDS)}")
+            raise MeshwiseError(
+                f"{where}: a runtime of {', '.join(RUNTIMES)} with kernel and {', '.join(ATTENTION_FIELDS)}"
+            )
         values = [_number(fit[f], f"{where}.{f}", 0.0, 1e6 if f.endswith("half") else 1.0) for f in ATTENTION_FIELDS]
         rows.append((runtime, str(fit["kernel"]), *values))
     if rows:

@@ -18,80 +18,299 @@ from meshwise.errors import MeshwiseError
 
 # The config class defaults of the keys meshwise reads.
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
-                        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, query_pre_attn_scalar=256,
-                        sliding_window=4096, final_logit_softcapping=None, attn_logit_softcapping=None,
-                        hidden_activation="gelu_pytorch_tanh", bos_token_id=2, eos_token_id=1),
-    "llama4_text": dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
-                        num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
-                        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                        num_experts_per_tok=1, num_local_experts=16, interleave_moe_layer_step=1,
-                        no_rope_layer_interval=4, attention_chunk_size=8192, attention_bias=False,
-                        hidden_act="silu", bos_token_id=1, eos_token_id=2, use_qk_norm=True),
-    "gpt_oss": dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
-                    intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
-                    sliding_window=128, tie_word_embeddings=False, max_position_embeddings=131072,
-                    rms_norm_eps=1e-5, num_experts_per_tok=4, swiglu_limit=7.0, attention_bias=True,
-                    hidden_act="silu"),
-    "olmo2": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                  tie_word_embeddings=False, attention_bias=False, hidden_act="silu", eos_token_id=50279),
-    "olmo3": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5, sliding_window=4096,
-                  tie_word_embeddings=False, attention_bias=False, hidden_act="silu", eos_token_id=50279),
-    "smollm3": dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                    num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                    tie_word_embeddings=True, attention_bias=False, mlp_bias=False, hidden_act="silu",
-                    use_sliding_window=False, no_rope_layer_interval=4, bos_token_id=128000, eos_token_id=128001),
-    "ministral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False, sliding_window=4096, hidden_act="silu",
-                      bos_token_id=1, eos_token_id=2),
-    "glm4_moe": dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
-                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
-                     rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
-                     moe_intermediate_size=1408, num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128,
-                     first_k_dense_replace=1, use_qk_norm=False, num_nextn_predict_layers=1),
-    "seed_oss": dict(vocab_size=155136, hidden_size=4096, intermediate_size=27648, num_hidden_layers=64,
-                     num_attention_heads=80, num_key_value_heads=8, head_dim=128, max_position_embeddings=524288,
-                     rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True, attention_out_bias=False,
-                     mlp_bias=False, hidden_act="silu", bos_token_id=0, eos_token_id=2),
-    "ernie4_5": dict(vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
-                     num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
-                     rms_norm_eps=1e-5, tie_word_embeddings=True, use_bias=False, hidden_act="silu",
-                     bos_token_id=1, eos_token_id=2),
-    "helium": dict(vocab_size=48000, hidden_size=2560, intermediate_size=7040, num_hidden_layers=24,
-                   num_attention_heads=20, num_key_value_heads=20, head_dim=128, max_position_embeddings=4096,
-                   rms_norm_eps=1e-8, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-                   hidden_act="silu", bos_token_id=1, eos_token_id=2),
-    "granite": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
-                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu",
-                    bos_token_id=1, eos_token_id=2, embedding_multiplier=1.0, residual_multiplier=1.0,
-                    attention_multiplier=1.0, logits_scaling=1.0),
-    "hunyuan_v1_dense": dict(vocab_size=290943, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                             num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048,
-                             rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
-                             bos_token_id=1, eos_token_id=2),
-    "glm4": dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
-                 num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
-                 rms_norm_eps=1.5625e-07, tie_word_embeddings=False, attention_bias=True, hidden_act="silu"),
-    "minimax_m2": dict(vocab_size=200064, hidden_size=3072, intermediate_size=1536, num_hidden_layers=62,
-                       num_attention_heads=48, num_key_value_heads=8, head_dim=128, max_position_embeddings=196608,
-                       rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", num_experts_per_tok=8,
-                       num_local_experts=256, bos_token_id=200034, eos_token_id=200020),
-    "exaone4": dict(vocab_size=102400, hidden_size=4096, intermediate_size=16384, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                    tie_word_embeddings=False, sliding_window=4096, sliding_window_pattern=4, hidden_act="silu",
-                    bos_token_id=0, eos_token_id=2),
+    "gemma3_text": dict(
+        vocab_size=262208,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        query_pre_attn_scalar=256,
+        sliding_window=4096,
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        hidden_activation="gelu_pytorch_tanh",
+        bos_token_id=2,
+        eos_token_id=1,
+    ),
+    "llama4_text": dict(
+        vocab_size=202048,
+        hidden_size=5120,
+        intermediate_size=8192,
+        intermediate_size_mlp=16384,
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        num_experts_per_tok=1,
+        num_local_experts=16,
+        interleave_moe_layer_step=1,
+        no_rope_layer_interval=4,
+        attention_chunk_size=8192,
+        attention_bias=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+        use_qk_norm=True,
+    ),
+    "gpt_oss": dict(
+        num_hidden_layers=36,
+        num_local_experts=128,
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        head_dim=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        sliding_window=128,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        num_experts_per_tok=4,
+        swiglu_limit=7.0,
+        attention_bias=True,
+        hidden_act="silu",
+    ),
+    "olmo2": dict(
+        vocab_size=50304,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        hidden_act="silu",
+        eos_token_id=50279,
+    ),
+    "olmo3": dict(
+        vocab_size=50304,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        sliding_window=4096,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        hidden_act="silu",
+        eos_token_id=50279,
+    ),
+    "smollm3": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        no_rope_layer_interval=4,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "ministral": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        sliding_window=4096,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "glm4_moe": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=10944,
+        num_hidden_layers=46,
+        num_attention_heads=96,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        hidden_act="silu",
+        moe_intermediate_size=1408,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        n_routed_experts=128,
+        first_k_dense_replace=1,
+        use_qk_norm=False,
+        num_nextn_predict_layers=1,
+    ),
+    "seed_oss": dict(
+        vocab_size=155136,
+        hidden_size=4096,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=80,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=524288,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        attention_out_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        bos_token_id=0,
+        eos_token_id=2,
+    ),
+    "ernie4_5": dict(
+        vocab_size=103424,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=18,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        use_bias=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "helium": dict(
+        vocab_size=48000,
+        hidden_size=2560,
+        intermediate_size=7040,
+        num_hidden_layers=24,
+        num_attention_heads=20,
+        num_key_value_heads=20,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-8,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "granite": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+        embedding_multiplier=1.0,
+        residual_multiplier=1.0,
+        attention_multiplier=1.0,
+        logits_scaling=1.0,
+    ),
+    "hunyuan_v1_dense": dict(
+        vocab_size=290943,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "glm4": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=13696,
+        num_hidden_layers=40,
+        num_attention_heads=32,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1.5625e-07,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        hidden_act="silu",
+    ),
+    "minimax_m2": dict(
+        vocab_size=200064,
+        hidden_size=3072,
+        intermediate_size=1536,
+        num_hidden_layers=62,
+        num_attention_heads=48,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=196608,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        num_experts_per_tok=8,
+        num_local_experts=256,
+        bos_token_id=200034,
+        eos_token_id=200020,
+    ),
+    "exaone4": dict(
+        vocab_size=102400,
+        hidden_size=4096,
+        intermediate_size=16384,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=4096,
+        sliding_window_pattern=4,
+        hidden_act="silu",
+        bos_token_id=0,
+        eos_token_id=2,
+    ),
 }
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
-GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 150000.0,
+}
 GLM4_MOE_ROTARY = 0.5  # Glm4MoeConfig's (and Glm4Config's) partial_rotary_factor: rope on half of each head
-WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3",
-            "qwen3_vl_moe": "qwen3_moe"}
+WRAPPERS = {
+    "gemma3": "gemma3_text",
+    "llama4": "llama4_text",
+    "mistral3": "mistral",
+    "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe",
+}
 VISION = "the vision encoder and multimodal projector (images are not planned)"
 
 
@@ -140,8 +359,9 @@ def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
         return ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
     if family == "smollm3":  # windowed only where use_sliding_window is on, on the NoPE blocks
         windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
-        return ["sliding_attention" if windowed and not rope else "full_attention"
-                for rope in no_rope_flags(cfg, layers)]
+        return [
+            "sliding_attention" if windowed and not rope else "full_attention" for rope in no_rope_flags(cfg, layers)
+        ]
     if family == "ministral":
         return ["sliding_attention" if cfg.get("sliding_window") is not None else "full_attention"] * layers
     if family == "exaone4":  # sliding_window_pattern: every n-th block global, or a string such as "LLLG"
@@ -149,7 +369,9 @@ def layer_types(cfg: dict[str, Any], family: str, layers: int) -> list[str]:
         if cfg.get("sliding_window") is None or not pattern:
             return ["full_attention"] * layers
         if isinstance(pattern, str):
-            return ["full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention" for i in range(layers)]
+            return [
+                "full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention" for i in range(layers)
+            ]
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     if family == "llama4_text":
         interval = cfg.get("no_rope_layer_interval", 4) or 4
@@ -200,9 +422,14 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
     if any(t == "sliding_attention" for t in kinds):
         window["sliding_window"] = int(cfg.get("sliding_window") or 0)
     if family == "gemma3_text":
-        return dict(window, norms_per_layer=4, qk_norm=True, query_scale=float(cfg["query_pre_attn_scalar"]),
-                    attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-                    final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+        return dict(
+            window,
+            norms_per_layer=4,
+            qk_norm=True,
+            query_scale=float(cfg["query_pre_attn_scalar"]),
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        )
     if family in ("olmo2", "olmo3"):
         return dict(window if family == "olmo3" else {}, qk_norm=True, qk_norm_scope="projection", post_norm=True)
     if family == "smollm3":
@@ -210,8 +437,9 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
     if family == "ministral":
         return window
     if family == "seed_oss":  # Llama's block; q, k and v biased by attention_bias, the output by its own flag
-        return dict(qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]),
-                    mlp_bias=bool(cfg["mlp_bias"]))
+        return dict(
+            qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]), mlp_bias=bool(cfg["mlp_bias"])
+        )
     if family == "ernie4_5":  # Llama's block; use_bias biases every projection, the MLP's too
         bias = bool(cfg["use_bias"])
         return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
@@ -220,10 +448,15 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
     if family == "granite":  # Llama's block with multipliers (they add no weights); the scores are
         # scaled by attention_multiplier itself, query_scale^-1/2
         bias = bool(cfg["attention_bias"])
-        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg["mlp_bias"]),
-                    query_scale=float(cfg["attention_multiplier"]) ** -2,
-                    embedding_multiplier=float(cfg["embedding_multiplier"]),
-                    residual_multiplier=float(cfg["residual_multiplier"]), logits_scaling=float(cfg["logits_scaling"]))
+        return dict(
+            qkv_bias=bias,
+            o_bias=bias,
+            mlp_bias=bool(cfg["mlp_bias"]),
+            query_scale=float(cfg["attention_multiplier"]) ** -2,
+            embedding_multiplier=float(cfg["embedding_multiplier"]),
+            residual_multiplier=float(cfg["residual_multiplier"]),
+            logits_scaling=float(cfg["logits_scaling"]),
+        )
     if family == "hunyuan_v1_dense":  # Llama's block with an RMSNorm of each query and key head
         bias = bool(cfg["attention_bias"])
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
@@ -236,16 +469,31 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         nope = tuple(i for i, t in enumerate(kinds) if t == "full_attention") if window["sliding_window"] else ()
         return dict(window, qk_norm=True, post_norm=True, nope_layers=nope)
     if family == "gpt_oss":
-        return dict(window, experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
-                    expert_ffn_hidden=cfg["intermediate_size"], qkv_bias=True, o_bias=True, mlp_bias=True,
-                    attn_sinks=True, router_bias=True, swiglu_limit=float(cfg.get("swiglu_limit") or 0.0))
+        return dict(
+            window,
+            experts=cfg["num_local_experts"],
+            experts_per_token=cfg["num_experts_per_tok"],
+            expert_ffn_hidden=cfg["intermediate_size"],
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            attn_sinks=True,
+            router_bias=True,
+            swiglu_limit=float(cfg.get("swiglu_limit") or 0.0),
+        )
     if family == "llama4_text":
         step = cfg.get("interleave_moe_layer_step", 1) or 1
         moe = cfg.get("moe_layers")
         moe = set(range(step - 1, layers, step) if moe is None else moe)
         chunk = int(cfg.get("attention_chunk_size") or 0) if any(t == "chunked_attention" for t in kinds) else 0
-        return dict(full_attention_layers=full if chunk else (), attention_chunk=chunk,
-                    experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
-                    expert_ffn_hidden=cfg["intermediate_size"], shared_ffn_hidden=cfg["intermediate_size"],
-                    ffn_hidden=cfg["intermediate_size_mlp"], dense_layers=tuple(i for i in range(layers) if i not in moe))
+        return dict(
+            full_attention_layers=full if chunk else (),
+            attention_chunk=chunk,
+            experts=cfg["num_local_experts"],
+            experts_per_token=cfg["num_experts_per_tok"],
+            expert_ffn_hidden=cfg["intermediate_size"],
+            shared_ffn_hidden=cfg["intermediate_size"],
+            ffn_hidden=cfg["intermediate_size_mlp"],
+            dense_layers=tuple(i for i in range(layers) if i not in moe),
+        )
     return {}

@@ -12,10 +12,27 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = ("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s", "zb_split_block_s", "pp_call_s", "fsdp_call_s",
-                     "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s",
-                     "cpu_gemm_call_s", "cp_step_s", "cp_score_s", "cp_score_dim_s",
-                     "sdpa_call_s", "sdpa_score_s", "sdpa_score_dim_s", "sync_skew_slice_s")
+HOST_SECONDS_KEYS = (
+    "op_overhead_s",
+    "checkpoint_call_s",
+    "selective_op_s",
+    "tp_op_s",
+    "tp_sp_block_s",
+    "zb_split_block_s",
+    "pp_call_s",
+    "fsdp_call_s",
+    "fsdp_param_s",
+    "fsdp_byte_s",
+    "optimizer_dtensor_s",
+    "cpu_gemm_call_s",
+    "cp_step_s",
+    "cp_score_s",
+    "cp_score_dim_s",
+    "sdpa_call_s",
+    "sdpa_score_s",
+    "sdpa_score_dim_s",
+    "sync_skew_slice_s",
+)
 # rates and ratios, 0 or more (0: not measured)
 NON_NEGATIVE_KEYS = ("cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s", "dram_bytes_per_s", "sync_skew_ratio")
 # when a calibration was made and what measure/probe.py read then: accepted, checked, not part of the spec
@@ -25,11 +42,19 @@ HOST_FLAG_KEYS = ("cp_step_includes_sends",)
 TABLE_MAX_S = 60.0  # a measured row's seconds: a ring step at 2,048 local tokens took 1.5 s on a loaded 2-core host
 # measured tables, 2 rows or more: [score elements, sequence or tokens > 0; head width or vocab > 0; seconds in (0, TABLE_MAX_S)]
 TABLE_KEYS = ("cp_ring_table", "sdpa_head_table", "loss_token_table")
-TABLE_COLUMNS = {"cp_ring_table": "score elements, head width", "sdpa_head_table": "sequence, head width",
-                 "loss_token_table": "tokens, vocab"}
-HOST_KEYS = (set(HOST_SECONDS_KEYS) | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
-             | set(HOST_FLAG_KEYS) | set(TABLE_KEYS)
-             | set(PROBE_KEYS) | set(NON_NEGATIVE_KEYS))
+TABLE_COLUMNS = {
+    "cp_ring_table": "score elements, head width",
+    "sdpa_head_table": "sequence, head width",
+    "loss_token_table": "tokens, vocab",
+}
+HOST_KEYS = (
+    set(HOST_SECONDS_KEYS)
+    | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
+    | set(HOST_FLAG_KEYS)
+    | set(TABLE_KEYS)
+    | set(PROBE_KEYS)
+    | set(NON_NEGATIVE_KEYS)
+)
 
 
 def _number(table: dict[str, Any], key: str, gpu: str) -> float:
@@ -70,7 +95,9 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
     if "cores_per_node" in table:
         value = table["cores_per_node"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise MeshwiseError(f"--gpu {gpu}: cores_per_node must be a whole number of cores, 0 or more, got {value!r}")
+            raise MeshwiseError(
+                f"--gpu {gpu}: cores_per_node must be a whole number of cores, 0 or more, got {value!r}"
+            )
         out["cores_per_node"] = value
     for key in HOST_FLAG_KEYS:
         if key in table:
@@ -86,11 +113,22 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
 def _rows(value: Any, key: str, gpu: str) -> tuple:
     """A measured table: two or more rows of three finite numbers, the first two above 0, the time in
     (0, ``TABLE_MAX_S``)."""
-    ok = isinstance(value, list) and len(value) >= 2 and all(
-        isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                    and math.isfinite(x) for x in r)
-        and r[0] > 0 and r[1] > 0 and 0 < r[2] < TABLE_MAX_S for r in value)
+    ok = (
+        isinstance(value, list)
+        and len(value) >= 2
+        and all(
+            isinstance(r, list)
+            and len(r) == 3
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r)
+            and r[0] > 0
+            and r[1] > 0
+            and 0 < r[2] < TABLE_MAX_S
+            for r in value
+        )
+    )
     if not ok:
-        raise MeshwiseError(f"--gpu {gpu}: {key} must be two or more rows [{TABLE_COLUMNS[key]}, seconds] "
-                            f"of positive numbers, seconds below {TABLE_MAX_S:.0f}")
+        raise MeshwiseError(
+            f"--gpu {gpu}: {key} must be two or more rows [{TABLE_COLUMNS[key]}, seconds] "
+            f"of positive numbers, seconds below {TABLE_MAX_S:.0f}"
+        )
     return tuple(tuple(float(x) for x in r) for r in value)

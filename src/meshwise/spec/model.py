@@ -28,10 +28,37 @@ def cached_hash(self) -> int:
 
 
 # --------------------------------------------------------------------------------------- model
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2",
-            "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4_text", "gpt_oss",
-            "olmo3", "smollm3", "ministral", "glm4_moe", "seed_oss", "ernie4_5", "helium", "granite",
-            "hunyuan_v1_dense", "glm4", "minimax_m2", "exaone4")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+    "phi3",
+    "gpt2",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "llama4_text",
+    "gpt_oss",
+    "olmo3",
+    "smollm3",
+    "ministral",
+    "glm4_moe",
+    "seed_oss",
+    "ernie4_5",
+    "helium",
+    "granite",
+    "hunyuan_v1_dense",
+    "glm4",
+    "minimax_m2",
+    "exaone4",
+)
 QK_NORM_SCOPES = ("head", "projection")  # head: one norm of head_dim per head (Qwen3, Gemma 3); projection: OLMo 2
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
@@ -150,29 +177,77 @@ class ModelSpec:
             return
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
             _positive_int(self, name, getattr(self, name))
-        for name in ("head_dim", "experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
-                     "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "sliding_window",
-                     "rope_original_max_seq", "attention_chunk", "excluded_params", "router_groups",
-                     "router_group_topk"):
+        for name in (
+            "head_dim",
+            "experts",
+            "experts_per_token",
+            "expert_ffn_hidden",
+            "shared_ffn_hidden",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "sliding_window",
+            "rope_original_max_seq",
+            "attention_chunk",
+            "excluded_params",
+            "router_groups",
+            "router_group_topk",
+        ):
             _positive_int(self, name, getattr(self, name), zero_ok=True)
-        for name in ("tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "shared_expert_gate",
-                     "post_norm", "attn_sinks", "router_bias", "router_norm_topk", "expert_bias", "qk_l2_norm"):
+        for name in (
+            "tied_embeddings",
+            "qkv_bias",
+            "o_bias",
+            "mlp_bias",
+            "qk_norm",
+            "shared_expert_gate",
+            "post_norm",
+            "attn_sinks",
+            "router_bias",
+            "router_norm_topk",
+            "expert_bias",
+            "qk_l2_norm",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise MeshwiseError(f"model {self.name!r}: {name} must be true or false, got {getattr(self, name)!r}")
         positive = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "router_scale")  # 0 is no model
-        for name in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                     "attn_softcap", "final_softcap", "query_scale", "rope_local_theta", "swiglu_limit",
-                     "aux_loss_coeff", *positive):
+        for name in (
+            "norm_eps",
+            "rope_theta",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+            "attn_softcap",
+            "final_softcap",
+            "query_scale",
+            "rope_local_theta",
+            "swiglu_limit",
+            "aux_loss_coeff",
+            *positive,
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
-                    or (value == 0 and name in positive):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+                or (value == 0 and name in positive)
+            ):
                 what = "a finite number above 0" if name in positive else "a finite non-negative number"
                 raise MeshwiseError(f"model {self.name!r}: {name} must be {what}, got {value!r}")
-        for name, valid in (("mlp", MLP_KINDS), ("family", FAMILIES), ("norm", NORMS), ("position", POSITIONS),
-                            ("qk_norm_scope", QK_NORM_SCOPES), ("router_score", ROUTER_SCORES)):
+        for name, valid in (
+            ("mlp", MLP_KINDS),
+            ("family", FAMILIES),
+            ("norm", NORMS),
+            ("position", POSITIONS),
+            ("qk_norm_scope", QK_NORM_SCOPES),
+            ("router_score", ROUTER_SCORES),
+        ):
             if getattr(self, name) not in valid:
-                raise MeshwiseError(f"model {self.name!r}: {name} must be one of {', '.join(valid)}, "
-                                    f"got {getattr(self, name)!r}")
+                raise MeshwiseError(
+                    f"model {self.name!r}: {name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}"
+                )
         if not self.head_dim:
             if self.hidden % self.heads:
                 raise MeshwiseError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
@@ -186,11 +261,13 @@ class ModelSpec:
         for name in ("dense_layers", "full_attention_layers", "nope_layers"):
             bad = [i for i in getattr(self, name) if not isinstance(i, int) or not 0 <= i < self.layers]
             if bad:
-                raise MeshwiseError(f"model {self.name!r}: {name} must hold block indices in 0..{self.layers - 1}, "
-                                    f"got {bad[0]!r}")
+                raise MeshwiseError(
+                    f"model {self.name!r}: {name} must hold block indices in 0..{self.layers - 1}, got {bad[0]!r}"
+                )
         if self.experts and not 0 < self.experts_per_token <= self.experts:
-            raise MeshwiseError(f"model {self.name!r}: experts_per_token must be in 1..{self.experts}, "
-                                f"got {self.experts_per_token}")
+            raise MeshwiseError(
+                f"model {self.name!r}: experts_per_token must be in 1..{self.experts}, got {self.experts_per_token}"
+            )
 
     @cached_property
     def states_only(self) -> bool:
@@ -221,8 +298,11 @@ class ModelSpec:
         if self.mla:
             nope = self.head_dim - self.qk_rope_head_dim
             q_proj = self.q_lora_rank * (h + 1 + q) if self.q_lora_rank else h * q
-            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
+            kv = (
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank
                 + self.kv_lora_rank * self.heads * (nope + self.v_head_dim)
+            )
             return q_proj + kv + self.heads * self.v_head_dim * h
         bias = (q + 2 * self.kv_dim if self.qkv_bias else 0) + (h if self.o_bias else 0)
         return 2 * h * q + 2 * h * self.kv_dim + bias + (self.heads if self.attn_sinks else 0)
@@ -271,7 +351,9 @@ class ModelSpec:
         if not self.moe:
             return self.mlp_params
         dense = self.layers - self.moe_layers
-        return (dense * self._mlp(self.ffn_hidden) + self.moe_layers * self._moe_block(self.experts_per_token)) / self.layers
+        return (
+            dense * self._mlp(self.ffn_hidden) + self.moe_layers * self._moe_block(self.experts_per_token)
+        ) / self.layers
 
     @cached_property
     def layer_norm_params(self) -> int:
@@ -346,17 +428,27 @@ class ModelSpec:
         if not self.excluded:
             return ""
         size = f" ({_human_count(self.excluded_params)} parameters)" if self.excluded_params else ""
-        return (f"not counted or planned: {self.excluded}{size}; the plan covers the {_human_count(self.params)} "
-                f"parameters transformers builds for {self.family}")
+        return (
+            f"not counted or planned: {self.excluded}{size}; the plan covers the {_human_count(self.params)} "
+            f"parameters transformers builds for {self.family}"
+        )
 
     def describe(self) -> str:
         if self.states_only:
             return f"{self.name} (shape unknown: model states only)"
-        moe = (f", {self.experts} experts ({self.experts_per_token} active, {_human_count(self.active_params)} "
-               f"active parameters)") if self.moe else ""
-        return (f"{self.name}: {self.family}, {_human_count(self.params)} parameters, {self.layers} layers, hidden "
-                f"{self.hidden}, {self.heads} heads ({self.kv_heads} KV, head_dim {self.head_dim}), {self.mlp} MLP "
-                f"{self.ffn_hidden}, vocab {self.vocab}{moe}")
+        moe = (
+            (
+                f", {self.experts} experts ({self.experts_per_token} active, {_human_count(self.active_params)} "
+                f"active parameters)"
+            )
+            if self.moe
+            else ""
+        )
+        return (
+            f"{self.name}: {self.family}, {_human_count(self.params)} parameters, {self.layers} layers, hidden "
+            f"{self.hidden}, {self.heads} heads ({self.kv_heads} KV, head_dim {self.head_dim}), {self.mlp} MLP "
+            f"{self.ffn_hidden}, vocab {self.vocab}{moe}"
+        )
 
 
 def _positive_int(spec: ModelSpec, name: str, value: Any, zero_ok: bool = False) -> None:

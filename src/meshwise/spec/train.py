@@ -19,7 +19,7 @@ PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise
 # (embedding, head, router, softmax/attention, norms in bf16; fp32 master weights): cost/fp8.py.
 FP8_FORMATS = ("fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 OPTIMIZERS = ("adamw", "sgd")
-DEFAULT_SEQ_CAP = 4096         # tokens: the default sequence is the model's max_seq, capped here
+DEFAULT_SEQ_CAP = 4096  # tokens: the default sequence is the model's max_seq, capped here
 DEFAULT_SEQ_STATES_ONLY = 2048  # tokens: the default for a model given only by its parameter count
 
 
@@ -37,21 +37,23 @@ class TrainSpec:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     overlap_dp_comm: bool = True  # DP reductions overlap the backward (torch DDP/FSDP); Megatron-LM 2021 did not
-    runtime: str = "meshwise"     # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
+    runtime: str = (
+        "meshwise"  # whose kernels and overlap are predicted: meshwise (torch) or megatron (Megatron-LM/NeMo)
+    )
     overlap_tp_comm: bool = False  # TP collectives hidden behind GEMMs (Transformer Engine's userbuffers): off
     # by default in both runtimes (Megatron-LM's --tp-comm-overlap is store_true, megatron/training/arguments.py;
     # NeMo's recipes turn it on, and published runs that used it say so)
     fused_attention: bool = True  # flash/cuDNN attention; False for the unfused softmax of Megatron-LM 2021
     selective_policy: str = "meshwise"  # what ac=selective recomputes: meshwise's op policy, or torchtitan's
-                                        # "every-other-matmul" (its op SAC also recomputes every second mm)
+    # "every-other-matmul" (its op SAC also recomputes every second mm)
     model_code: str = "meshwise"  # whose model code's memory-bound operators run under the meshwise runtime
-                                  # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
+    # (their bytes: cost/kernels.py PASSES): meshwise's, or torchtitan's Llama
     overlap_ep_comm: bool = False  # the dispatch/combine all-to-alls hidden behind another micro-batch's compute
-                                   # (Megatron's --overlap-moe-expert-parallel-comm, off by default; DualPipe)
+    # (Megatron's --overlap-moe-expert-parallel-comm, off by default; DualPipe)
     moe_capacity_factor: float = 0.0  # Megatron's moe_expert_capacity_factor with the experts' inputs padded to
-                                      # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
+    # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
     moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
-                                     # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
+    # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
 
     __hash__ = cached_hash
 
@@ -67,22 +69,29 @@ class TrainSpec:
         if self.runtime not in RUNTIMES:
             raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
         if self.overlap_tp_comm and self.runtime != "megatron":
-            raise MeshwiseError("--tp-comm-overlap: Transformer Engine's TP communication overlap is a Megatron-LM "
-                                "setting; add --runtime megatron")
+            raise MeshwiseError(
+                "--tp-comm-overlap: Transformer Engine's TP communication overlap is a Megatron-LM "
+                "setting; add --runtime megatron"
+            )
         if self.selective_policy not in SELECTIVE_POLICIES:
-            raise MeshwiseError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+            raise MeshwiseError(
+                f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}"
+            )
         if self.model_code not in MODEL_CODES:
             raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
         if self.overlap_ep_comm and self.runtime != "megatron":
-            raise MeshwiseError("--moe-comm-overlap: the all-to-all overlap is a Megatron-LM setting "
-                                "(--overlap-moe-expert-parallel-comm); add --runtime megatron")
+            raise MeshwiseError(
+                "--moe-comm-overlap: the all-to-all overlap is a Megatron-LM setting "
+                "(--overlap-moe-expert-parallel-comm); add --runtime megatron"
+            )
         if self.moe_capacity_factor < 0:
             raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
         if self.moe_balancing not in MOE_BALANCING:
             raise MeshwiseError(f"--moe-balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
         if self.model_code != "meshwise" and self.runtime != "meshwise":
-            raise MeshwiseError(f"model_code: {self.model_code!r} runs under the meshwise runtime, "
-                                f"not {self.runtime!r}")
+            raise MeshwiseError(
+                f"model_code: {self.model_code!r} runs under the meshwise runtime, not {self.runtime!r}"
+            )
 
     @cached_property
     def tokens_per_step(self) -> int:
@@ -128,5 +137,3 @@ class TrainSpec:
     def activation_bytes(self) -> int:
         """Bytes per activation element: 2 in bf16, 4 in fp32."""
         return 4 if self.precision == "fp32" else 2
-
-

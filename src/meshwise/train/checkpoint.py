@@ -70,8 +70,24 @@ from meshwise.train.checkpoint_files import (  # noqa: F401
     verify,
 )
 
-SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "tied_embeddings",
-                "family", "head_dim", "norm", "position", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")
+SHAPE_FIELDS = (
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "vocab",
+    "tied_embeddings",
+    "family",
+    "head_dim",
+    "norm",
+    "position",
+    "qkv_bias",
+    "o_bias",
+    "mlp_bias",
+    "qk_norm",
+)
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -97,8 +113,10 @@ def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None
     for name in SHAPE_FIELDS:
         value = saved.get(name, defaults[name])
         if value != getattr(spec, name):
-            raise MeshwiseError(f"checkpoint {path}: its {COMMIT_FILE} has {name}={value!r}, but this run's "
-                                f"model {spec.name!r} has {name}={getattr(spec, name)!r}")
+            raise MeshwiseError(
+                f"checkpoint {path}: its {COMMIT_FILE} has {name}={value!r}, but this run's "
+                f"model {spec.name!r} has {name}={getattr(spec, name)!r}"
+            )
 
 
 def verify_sound(path: Path) -> None:
@@ -143,8 +161,10 @@ def refuse_or_clear(root: str, overwrite: bool, clear: bool) -> None:
     if not overwrite:
         newest = latest(root)
         held = f"latest {newest.name}" if newest else f"{len(own)} partial"
-        raise MeshwiseError(f"--checkpoint.dir: {root} already holds checkpoints ({held}); continue them with "
-                            "--resume auto, or start over with --checkpoint.overwrite true")
+        raise MeshwiseError(
+            f"--checkpoint.dir: {root} already holds checkpoints ({held}); continue them with "
+            "--resume auto, or start over with --checkpoint.overwrite true"
+        )
     if clear:
         for p in own:
             remove_own(p)
@@ -234,8 +254,9 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool = False) -> None:
         raise MeshwiseError(f"checkpoint {path}: a shard (*.distcp) is damaged ({_cause(e)})") from None
 
 
-def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str | Path,
-         run_state: dict[str, Any]) -> dict[str, Any]:
+def load(
+    modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str | Path, run_state: dict[str, Any]
+) -> dict[str, Any]:
     """Load model, optimizer and run state from ``path`` into this rank's shards (DCP reshards).
 
     ``run_state`` is the template of the run state (its keys and types); the loaded one is returned.
@@ -243,8 +264,13 @@ def load(modules: list[nn.Module], optimizer: torch.optim.Optimizer, path: str |
     container, model_sd, optim_sd = _states(modules, optimizer)  # initialises the optimizer states
     state = {"model": _canonical(model_sd), "optim": _canonical(optim_sd), "run": dict(run_state)}
     _dcp_load(state, Path(path))
-    set_state_dict(container, optimizer, model_state_dict=_restore_names(state["model"], model_sd),
-                   optim_state_dict=_restore_names(state["optim"], optim_sd), options=_OPTIONS)
+    set_state_dict(
+        container,
+        optimizer,
+        model_state_dict=_restore_names(state["model"], model_sd),
+        optim_state_dict=_restore_names(state["optim"], optim_sd),
+        options=_OPTIONS,
+    )
     return state["run"]
 
 
@@ -289,10 +315,12 @@ class AutoInterval:
         tau_s = daly_interval_s(delta_s, self.mtbf_s)
         every = max(1, round(tau_s / step_s))
         head = "re-derived, the save was slower" if again else "auto"
-        return every, (f"Checkpoint interval ({head}): every {every} steps ({every * step_s:.3g} s): the save of step "
-                       f"{step} took {delta_s:.3g} s (staging {stage_s:.3g} s, write {write_s:.3g} s; training waits "
-                       f"for both), one failure every {_duration(self.mtbf_s)} ({self.why}); Daly's interval "
-                       f"{tau_s:.3g} s / {step_s:.3g} s per step")
+        return every, (
+            f"Checkpoint interval ({head}): every {every} steps ({every * step_s:.3g} s): the save of step "
+            f"{step} took {delta_s:.3g} s (staging {stage_s:.3g} s, write {write_s:.3g} s; training waits "
+            f"for both), one failure every {_duration(self.mtbf_s)} ({self.why}); Daly's interval "
+            f"{tau_s:.3g} s / {step_s:.3g} s per step"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -309,10 +337,12 @@ def auto_mtbf(failure_rate: float, mtbf_hours: float, devices: int, nodes: int) 
     if mtbf_hours:
         return mtbf_hours * 3600, "--mtbf-hours"
     if failure_rate:
-        return failures.job_mtbf_s(failures.flat_rates(failure_rate), None, devices, nodes, devices), \
-            f"--failure-rate {failure_rate:g} per device-hour x {devices} device(s)"
-    return failures.job_mtbf_s(failures.catalog_rates(), None, devices, nodes, devices), \
-        f"the catalog's rate for {devices} device(s) on {nodes} node(s)"
+        return failures.job_mtbf_s(
+            failures.flat_rates(failure_rate), None, devices, nodes, devices
+        ), f"--failure-rate {failure_rate:g} per device-hour x {devices} device(s)"
+    return failures.job_mtbf_s(
+        failures.catalog_rates(), None, devices, nodes, devices
+    ), f"the catalog's rate for {devices} device(s) on {nodes} node(s)"
 
 
 class OutOfGrace(Exception):
@@ -382,8 +412,15 @@ class Checkpointer:
             return since >= (self.every if self.auto.delta_s else AUTO_FIRST_SAVE)
         return bool(self.every) and step % self.every == 0
 
-    def save(self, step: int, last: bool, run_state: dict[str, Any], force: bool = False,
-             stop_age_s: float | None = None, step_s: float | None = None) -> Path | None:
+    def save(
+        self,
+        step: int,
+        last: bool,
+        run_state: dict[str, Any],
+        force: bool = False,
+        stop_age_s: float | None = None,
+        step_s: float | None = None,
+    ) -> Path | None:
         """Save ``step`` if it is due (or ``force``); returns the committed folder or None.
         ``stop_age_s``: a stop save, that many seconds (the same on every rank) into the grace;
         ``step_s``: the step's time (the auto interval's unit)."""
@@ -395,15 +432,21 @@ class Checkpointer:
         if stop_age_s is not None:
             budget_s = self.grace_s - stop_age_s - grace_margin_s(self.grace_s)
             if self.last_save_s > budget_s:
-                raise OutOfGrace(f"the save of step {step} was not started: the previous save took "
-                                 f"{self.last_save_s:.1f} s, more than the {max(0.0, budget_s):.1f} s left of the "
-                                 f"{self.grace_s:g} s grace (--stop-grace); {self._latest_line()}", in_flight=False)
+                raise OutOfGrace(
+                    f"the save of step {step} was not started: the previous save took "
+                    f"{self.last_save_s:.1f} s, more than the {max(0.0, budget_s):.1f} s left of the "
+                    f"{self.grace_s:g} s grace (--stop-grace); {self._latest_line()}",
+                    in_flight=False,
+                )
         started = time.monotonic()
         root, rank = Path(self.root), dist.get_rank()
         tmp, final = root / f"step-{step}.tmp", step_dir(root, step)
         _, model_sd, optim_sd = _states(self.modules, self.optimizer)
-        state = {"model": _canonical(float8.plain_state(model_sd)), "optim": _canonical(float8.plain_state(optim_sd)),
-                 "run": run_state}
+        state = {
+            "model": _canonical(float8.plain_state(model_sd)),
+            "optim": _canonical(float8.plain_state(optim_sd)),
+            "run": run_state,
+        }
         needed = torch.tensor([_local_bytes(state)], dtype=torch.int64)
         dist.all_reduce(needed)
         try:
@@ -430,12 +473,17 @@ class Checkpointer:
             if rank == 0 and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
             free = shutil.disk_usage(root).free if root.exists() else 0
-            need = (f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})" if previous
-                    else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)")
+            need = (
+                f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})"
+                if previous
+                else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)"
+            )
             where = f"the last complete one is {previous.name}" if previous else "no checkpoint is complete"
-            raise RunStopped(f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
-                             f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
-                             1) from None
+            raise RunStopped(
+                f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
+                f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
+                1,
+            ) from None
         step_s = self.auto.step_s() if self.auto is not None and self.auto.step_times_s else 0.0
         took = torch.tensor([time.monotonic() - started, *parts, step_s], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the barrier, and every rank's slowest times
@@ -448,23 +496,28 @@ class Checkpointer:
                     self.say(derived[1])
         return final
 
-    def _write(self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float
-               ) -> tuple[float, float]:
+    def _write(
+        self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float
+    ) -> tuple[float, float]:
         """Stage ``state`` to host memory and write it (DCP ``async_save``), waiting for the write at
         most what is left of ``budget_s`` (None: as long as it takes); (staging, write) seconds."""
         if self._cpu_group is None:  # DCP's async_save coordinates over a CPU backend (NCCL has none)
             self._cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         t0 = time.monotonic()
-        future = dcp.async_save(state, storage_writer=_Writer(str(tmp), step, self.before_write),
-                                process_group=self._cpu_group)
+        future = dcp.async_save(
+            state, storage_writer=_Writer(str(tmp), step, self.before_write), process_group=self._cpu_group
+        )
         t1 = time.monotonic()
         left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
         try:
             future.result(timeout=left)
         except concurrent.futures.TimeoutError:
-            raise OutOfGrace(f"the {self.grace_s:g} s grace (--stop-grace) was too short for the save of step "
-                             f"{step} (still writing after {time.monotonic() - started:.1f} s; {tmp.name} is "
-                             f"partial); {self._latest_line()}", in_flight=True) from None
+            raise OutOfGrace(
+                f"the {self.grace_s:g} s grace (--stop-grace) was too short for the save of step "
+                f"{step} (still writing after {time.monotonic() - started:.1f} s; {tmp.name} is "
+                f"partial); {self._latest_line()}",
+                in_flight=True,
+            ) from None
         return t1 - t0, time.monotonic() - t1
 
     def _latest_line(self) -> str:
@@ -484,7 +537,7 @@ class Checkpointer:
             remove_own(final)
         os.rename(tmp, final)
         _fsync_dir(final.parent)
-        for _, old in complete_checkpoints(final.parent)[:-self.keep]:
+        for _, old in complete_checkpoints(final.parent)[: -self.keep]:
             remove_own(old)
 
     def restore(self, path: Path, run_state: dict[str, Any]) -> dict[str, Any]:

@@ -26,12 +26,25 @@ PARTIAL_FILE = ".meshwise-partial"
 METADATA_FILE = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
-_DCP_METADATA = {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                 "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"}
+_DCP_METADATA = {
+    "Metadata",
+    "TensorStorageMetadata",
+    "BytesStorageMetadata",
+    "ChunkStorageMetadata",
+    "TensorProperties",
+    "MetadataIndex",
+    "StorageMeta",
+    "_MEM_FORMAT_ENCODING",
+}
 _ALLOWED = {("torch.distributed.checkpoint.metadata", n) for n in _DCP_METADATA} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -171,6 +184,8 @@ def verify(folder: str | Path, expected_shapes: dict[str, tuple[int, ...]] | Non
         entry = metadata.state_dict_metadata.get(name)
         saved = tuple(getattr(entry, "size", ()) or ())
         if entry is None or saved != tuple(shape):
-            raise MeshwiseError(f"checkpoint {folder}: {name} has shape {list(saved)} in {METADATA_FILE} but "
-                                f"{list(shape)} by {COMMIT_FILE}'s model")
+            raise MeshwiseError(
+                f"checkpoint {folder}: {name} has shape {list(saved)} in {METADATA_FILE} but "
+                f"{list(shape)} by {COMMIT_FILE}'s model"
+            )
     return metadata

@@ -24,17 +24,32 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_train_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="meshwise train", description="Train a model under a layout (given, or auto from the planner).",
-                argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="TOML file with [model], [data], [layout], [optimizer], [schedule], "
-                                    "[checkpoint], [metrics], [generate] sections")
+    p = _Parser(
+        prog="meshwise train",
+        description="Train a model under a layout (given, or auto from the planner).",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument(
+        "--config",
+        help="TOML file with [model], [data], [layout], [optimizer], [schedule], "
+        "[checkpoint], [metrics], [generate] sections",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--nproc-per-node", type=int, help="outside torchrun: start this many local workers "
-                                                      "(default: one per GPU, else 4)")
-    p.add_argument("--max-restarts", type=int, help="outside torchrun: restarts after a worker failure, each "
-                                                   "resuming from the run's latest checkpoint (default 0)")
-    p.add_argument("--timeout", help="seconds a collective waits for a rank that stopped answering "
-                                     "(default: 300 on CPU, 600 on GPU)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="outside torchrun: start this many local workers (default: one per GPU, else 4)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="outside torchrun: restarts after a worker failure, each "
+        "resuming from the run's latest checkpoint (default 0)",
+    )
+    p.add_argument(
+        "--timeout",
+        help="seconds a collective waits for a rank that stopped answering (default: 300 on CPU, 600 on GPU)",
+    )
     p.add_argument("--inject-nan-at-step", type=int, help=argparse.SUPPRESS)
     aliases: dict[str, list[str]] = {}
     for alias, dotted in config_mod.ALIASES.items():
@@ -43,10 +58,20 @@ def build_train_parser() -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{section}]")
         for f in fields(cls):
             dotted = f"{section}.{f.name}"
-            group.add_argument(f"--{dotted}", *aliases.get(dotted, []), dest=dotted, metavar=str(f.type).upper(),
-                               help=f"default: {f.default!r}")
-    p.add_argument("--compile", action="store_const", const="true", dest="layout.compile",
-                   help="same as --layout.compile true: torch.compile each transformer block")
+            group.add_argument(
+                f"--{dotted}",
+                *aliases.get(dotted, []),
+                dest=dotted,
+                metavar=str(f.type).upper(),
+                help=f"default: {f.default!r}",
+            )
+    p.add_argument(
+        "--compile",
+        action="store_const",
+        const="true",
+        dest="layout.compile",
+        help="same as --layout.compile true: torch.compile each transformer block",
+    )
     return p
 
 
@@ -108,23 +133,31 @@ def train_main(argv: list[str]) -> int:
             from meshwise.measure.plan_shapes import shapes_of
 
             shapes = shapes_of(prep.model, cfg.data.seq_len, 1)  # one sequence: the tables extend flat past it
-            print(f"Profile: {auto_profile.for_workers(nproc or cores, shapes)} (this machine's calibration; "
-                  "--layout.profile FILE for another)", flush=True)
+            print(
+                f"Profile: {auto_profile.for_workers(nproc or cores, shapes)} (this machine's calibration; "
+                "--layout.profile FILE for another)",
+                flush=True,
+            )
         if nproc is None:
             nproc, threads, line = layout_choice.choose_cpu_processes(
-                cfg.layout.choice, prep.model, cfg.schedule.global_batch, cfg.data.seq_len, cfg.layout.profile, cores)
+                cfg.layout.choice, prep.model, cfg.schedule.global_batch, cfg.data.seq_len, cfg.layout.profile, cores
+            )
             loop.check_fits_in_memory(prep.model, nproc)
             print(line, flush=True)
         else:
             threads = max(1, cores // nproc)
             if nproc * threads > cores:
-                print(f"meshwise: warning: {nproc} processes on {cores} core(s) are oversubscribed: they take turns "
-                      "on the cores, each step pays for the switching; fewer processes (or none given) run faster",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"meshwise: warning: {nproc} processes on {cores} core(s) are oversubscribed: they take turns "
+                    "on the cores, each step pays for the switching; fewer processes (or none given) run faster",
+                    file=sys.stderr,
+                    flush=True,
+                )
         os.environ[layout_choice.THREADS_ENV] = str(threads)
     if cfg.layout.choice != "auto":
-        layout, _ = layout_choice.choose(cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch,
-                                         cfg.data.seq_len, "cpu")
+        layout, _ = layout_choice.choose(
+            cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len, "cpu"
+        )
         if cfg.layout.compile:
             from meshwise.runtime.compile import check as check_compile
 
@@ -141,7 +174,7 @@ def _as_written(message: str, argv: list[str]) -> str:
     (on the command line or as ``pretrained`` in --config): the field as its user spells it."""
     alias = "--model.from"
     if message.startswith(f"{alias}:") and not any(a == alias or a.startswith(f"{alias}=") for a in argv):
-        return "--model.pretrained" + message[len(alias):]
+        return "--model.pretrained" + message[len(alias) :]
     return message
 
 
@@ -170,8 +203,7 @@ def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout
         if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
             raise
         stalled = stalled_ranks()
-        who = (f"rank {', '.join(map(str, stalled))} stopped answering" if stalled
-               else "a rank stopped answering")
+        who = f"rank {', '.join(map(str, stalled))} stopped answering" if stalled else "a rank stopped answering"
         return _stop(1, f"{who}: a collective waited --timeout {timeout_s:g} s; the run was stopped")
     finally:
         guard.stop()

@@ -74,7 +74,9 @@ class CheckpointConfig:
     resume: str = ""  # "" fresh run, "auto" latest complete checkpoint in dir, or a checkpoint folder
     overwrite: bool = False  # a fresh run into a dir holding checkpoints: remove meshwise's own folders there
     stop_grace: float = 30.0  # seconds from a stop signal (SIGTERM) to the launcher's SIGKILL (torch's default 30)
-    failure_rate: float = 0.0  # for every = auto: interruptions per device-hour (0: the catalog's, catalog/failures.toml)
+    failure_rate: float = (
+        0.0  # for every = auto: interruptions per device-hour (0: the catalog's, catalog/failures.toml)
+    )
     mtbf_hours: float = 0.0  # for every = auto: the whole job's mean time between failures (0: from the rate)
 
 
@@ -147,8 +149,9 @@ def _check_value(where: str, value: Any, kind: type) -> Any:
     if kind is IntOrWord:
         if isinstance(value, int) and not isinstance(value, bool) or value in EVERY_WORDS:
             return value
-        raise MeshwiseError(f"{where}: expected a whole number of steps or one of {', '.join(EVERY_WORDS)}, "
-                            f"got {value!r}")
+        raise MeshwiseError(
+            f"{where}: expected a whole number of steps or one of {', '.join(EVERY_WORDS)}, got {value!r}"
+        )
     if kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
         raise MeshwiseError(f"{where}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
     return value
@@ -186,8 +189,9 @@ def from_table(table: dict[str, Any], where: str = "config") -> TrainConfig:
             try:
                 kind = field_type(name, key)
             except KeyError:
-                raise MeshwiseError(f"{where}: unknown key {name}.{key}; valid keys of [{name}]: "
-                                    f"{_valid_keys(name)}") from None
+                raise MeshwiseError(
+                    f"{where}: unknown key {name}.{key}; valid keys of [{name}]: {_valid_keys(name)}"
+                ) from None
             values[key] = _check_value(f"{where}: {name}.{key}", value, kind)
         sections[name] = SECTIONS[name](**values)
     return TrainConfig(**sections)
@@ -215,30 +219,55 @@ def override(config: TrainConfig, dotted: str, text: str) -> TrainConfig:
 
 def check(config: TrainConfig) -> None:
     """Ranges that no type check catches."""
-    s, o, d, c, m, g = (config.schedule, config.optimizer, config.data, config.checkpoint, config.metrics,
-                        config.generate)
+    s, o, d, c, m, g = (
+        config.schedule,
+        config.optimizer,
+        config.data,
+        config.checkpoint,
+        config.metrics,
+        config.generate,
+    )
     # --steps 0 with --model.from converts the pretrained weights into a checkpoint and stops.
     if s.steps == 0 and config.model.pretrained:
         s = replace(s, steps=1)
-    positive = {"schedule.steps": s.steps, "schedule.global_batch": s.global_batch, "data.seq_len": d.seq_len,
-                "schedule.eval_batches": s.eval_batches, "checkpoint.keep": c.keep, "metrics.log_every": m.log_every}
+    positive = {
+        "schedule.steps": s.steps,
+        "schedule.global_batch": s.global_batch,
+        "data.seq_len": d.seq_len,
+        "schedule.eval_batches": s.eval_batches,
+        "checkpoint.keep": c.keep,
+        "metrics.log_every": m.log_every,
+    }
     for name, value in positive.items():
         if value < 1:
             raise MeshwiseError(f"--{name}: {value} must be at least 1")
     if not config.layout.choice.strip():
         raise MeshwiseError("--layout.choice: an empty value; give auto or key=value pairs, e.g. dp=2,zero=3")
     if not config.model.name.strip() and not config.model.pretrained:
-        raise MeshwiseError("--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
-                            "Hugging Face config.json")
-    for name, value in {"schedule.warmup_steps": s.warmup_steps, "schedule.eval_every": s.eval_every,
-                        "checkpoint.every": c.every if isinstance(c.every, int) else 0, "generate.tokens": g.tokens,
-                        "generate.top_k": g.top_k}.items():
+        raise MeshwiseError(
+            "--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
+            "Hugging Face config.json"
+        )
+    for name, value in {
+        "schedule.warmup_steps": s.warmup_steps,
+        "schedule.eval_every": s.eval_every,
+        "checkpoint.every": c.every if isinstance(c.every, int) else 0,
+        "generate.tokens": g.tokens,
+        "generate.top_k": g.top_k,
+    }.items():
         if value < 0:
             raise MeshwiseError(f"--{name}: {value} must not be negative")
-    for name, value in {"optimizer.lr": o.lr, "optimizer.min_lr": o.min_lr, "optimizer.beta1": o.beta1,
-                        "optimizer.beta2": o.beta2, "optimizer.eps": o.eps, "optimizer.weight_decay": o.weight_decay,
-                        "optimizer.grad_clip": o.grad_clip, "data.eval_fraction": d.eval_fraction,
-                        "generate.temperature": g.temperature}.items():
+    for name, value in {
+        "optimizer.lr": o.lr,
+        "optimizer.min_lr": o.min_lr,
+        "optimizer.beta1": o.beta1,
+        "optimizer.beta2": o.beta2,
+        "optimizer.eps": o.eps,
+        "optimizer.weight_decay": o.weight_decay,
+        "optimizer.grad_clip": o.grad_clip,
+        "data.eval_fraction": d.eval_fraction,
+        "generate.temperature": g.temperature,
+    }.items():
         if not math.isfinite(value):
             raise MeshwiseError(f"--{name}: {value} must be a finite number")
     for name, value in {"checkpoint.failure_rate": c.failure_rate, "checkpoint.mtbf_hours": c.mtbf_hours}.items():
@@ -253,7 +282,9 @@ def check(config: TrainConfig) -> None:
     if d.bin_dtype not in ("uint16", "uint32"):
         raise MeshwiseError(f"--data.bin_dtype: {d.bin_dtype!r} must be uint16 or uint32")
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
-        raise MeshwiseError(f"--optimizer.lr/min_lr: need 0 <= min_lr <= lr and lr > 0, got lr={o.lr}, min_lr={o.min_lr}")
+        raise MeshwiseError(
+            f"--optimizer.lr/min_lr: need 0 <= min_lr <= lr and lr > 0, got lr={o.lr}, min_lr={o.min_lr}"
+        )
     for name, beta in (("beta1", o.beta1), ("beta2", o.beta2)):
         if not 0 <= beta < 1:
             raise MeshwiseError(f"--optimizer.{name}: {beta} must be in [0, 1)")

@@ -47,8 +47,11 @@ class ByteTokenizer:
 
 
 def _text_files(folder: Path) -> list[Path]:
-    files = [p for p in sorted(folder.rglob("*"))
-             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+    files = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
     return files
 
 
@@ -70,8 +73,9 @@ def load_tokens(config: DataConfig) -> torch.Tensor:
     if config.tokenizer and path.suffix != ".bin":
         from meshwise.train.tokenizer import HFTokenizer, encode_files
 
-        ids = encode_files(_text_files(path) if path.is_dir() else [path], HFTokenizer(config.tokenizer),
-                           config.text_field)
+        ids = encode_files(
+            _text_files(path) if path.is_dir() else [path], HFTokenizer(config.tokenizer), config.text_field
+        )
         if not ids:
             raise MeshwiseError(f"--data.path: {config.path} is empty (no text to train on)")
         return torch.tensor(ids, dtype=torch.int32)
@@ -84,8 +88,10 @@ def load_tokens(config: DataConfig) -> torch.Tensor:
         dtype, size = _BIN_DTYPES[config.bin_dtype]
         nbytes = path.stat().st_size
         if nbytes % size:
-            raise MeshwiseError(f"--data.path: {config.path} has {nbytes} bytes, not a whole number of "
-                                f"{config.bin_dtype} ids (--data.bin_dtype)")
+            raise MeshwiseError(
+                f"--data.path: {config.path} has {nbytes} bytes, not a whole number of "
+                f"{config.bin_dtype} ids (--data.bin_dtype)"
+            )
         if nbytes == 0:
             raise MeshwiseError(f"--data.path: {config.path} is empty")
         return torch.from_file(str(path), shared=False, size=nbytes // size, dtype=dtype)
@@ -114,7 +120,7 @@ class Corpus:
 
     def window(self, i: int) -> torch.Tensor:
         start = i * self.seq_len
-        return self.tokens[start:start + self.seq_len + 1].to(torch.long)
+        return self.tokens[start : start + self.seq_len + 1].to(torch.long)
 
     def train_window(self, g: int) -> int:
         """Window index of global training sample ``g``: perm_{g div n}[g mod n]."""
@@ -145,12 +151,14 @@ def build_corpus(config: DataConfig, vocab: int) -> Corpus:
     source = describe_source(config.path)
     if tokens.numel() == 0:
         raise MeshwiseError(f"--data.path: {source} is empty")
-    top = max(int(tokens[i:i + _CHUNK].to(torch.int64).max()) for i in range(0, tokens.numel(), _CHUNK))
+    top = max(int(tokens[i : i + _CHUNK].to(torch.int64).max()) for i in range(0, tokens.numel(), _CHUNK))
     if top >= vocab:
         raise MeshwiseError(f"--data.path: {source} holds token id {top}, outside the model's vocabulary of {vocab}")
     n = (tokens.numel() - 1) // config.seq_len
     n_eval = math.ceil(config.eval_fraction * n)
     if n - n_eval < 1 or n_eval < 1:
-        raise MeshwiseError(f"--data.path: {source} has {tokens.numel():,} tokens, too few for one training and one "
-                            f"held-out sequence of {config.seq_len} tokens (--data.seq_len)")
+        raise MeshwiseError(
+            f"--data.path: {source} has {tokens.numel():,} tokens, too few for one training and one "
+            f"held-out sequence of {config.seq_len} tokens (--data.seq_len)"
+        )
     return Corpus(tokens=tokens, seq_len=config.seq_len, seed=config.seed, n_train=n - n_eval, n_eval=n_eval)

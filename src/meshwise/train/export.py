@@ -32,8 +32,7 @@ from meshwise.train import checkpoint
 from meshwise.train.checkpoint_files import model_spec
 from meshwise.train.hf_weights import _hf_name, hf_config, to_hf
 
-_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
-           torch.int32: "I32"}
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64", torch.int32: "I32"}
 _FROM_NAME = {v: k for k, v in _DTYPES.items()}
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # transformers 4's save_pretrained default, 5 GB
@@ -41,8 +40,9 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # transformers 4's save_pretrained default,
 
 def hf_name(name: str, spec: ModelSpec | None = None) -> str:
     """meshwise parameter name -> Hugging Face name (Llama's, unless ``spec`` names another family)."""
-    return _hf_name(spec or ModelSpec(name="llama", layers=1, hidden=1, heads=1, kv_heads=1, ffn_hidden=1, vocab=1,
-                                      max_seq=1), name)
+    return _hf_name(
+        spec or ModelSpec(name="llama", layers=1, hidden=1, heads=1, kv_heads=1, ffn_hidden=1, vocab=1, max_seq=1), name
+    )
 
 
 def has_hf_family(spec: ModelSpec) -> bool:
@@ -74,15 +74,18 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     """(tensors, metadata) of a safetensors file (the inverse of :func:`write_safetensors`)."""
     raw = Path(path).read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     meta = header.pop("__metadata__", {})
-    body = raw[8 + n:]
+    body = raw[8 + n :]
     out = {}
     for name, info in header.items():
         begin, end = info["data_offsets"]
         dtype = _FROM_NAME[info["dtype"]]
-        out[name] = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(info["shape"]) \
-            if end > begin else torch.empty(info["shape"], dtype=dtype)
+        out[name] = (
+            torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(info["shape"])
+            if end > begin
+            else torch.empty(info["shape"], dtype=dtype)
+        )
     return out, meta
 
 
@@ -109,8 +112,12 @@ def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     return model, spec
 
 
-def write_model(out: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
-                max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[Path]:
+def write_model(
+    out: str | Path,
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[Path]:
     """One safetensors file at ``out``, or shards beside it and an index when the tensors exceed
     ``max_shard_bytes`` (a tensor larger than that gets a shard of its own). Returns the files written."""
     out = Path(out)
@@ -139,8 +146,13 @@ def write_model(out: str | Path, tensors: dict[str, torch.Tensor], metadata: dic
     return files + [index]
 
 
-def export_model(model: torch.nn.Module, spec: ModelSpec, out: str | Path, metadata: dict[str, str],
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+def export_model(
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    out: str | Path,
+    metadata: dict[str, str],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[str]:
     """Write a plain model's weights (and config.json for a Hugging Face family); returns lines to print."""
     hf = has_hf_family(spec)
     params = {name: p.detach() for name, p in model.named_parameters()}  # a tied head: named once
@@ -149,8 +161,10 @@ def export_model(model: torch.nn.Module, spec: ModelSpec, out: str | Path, metad
     out.parent.mkdir(parents=True, exist_ok=True)
     files = write_model(out, tensors, metadata, max_shard_bytes)
     where = files[0] if len(files) == 1 else f"{len(files) - 1} shards and {files[-1]}"
-    lines = [f"wrote {where}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters "
-             f"({f'Hugging Face {spec.family} names' if hf else 'meshwise names'})"]
+    lines = [
+        f"wrote {where}: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} parameters "
+        f"({f'Hugging Face {spec.family} names' if hf else 'meshwise names'})"
+    ]
     if hf:
         cfg_path = out.parent / "config.json"
         cfg_path.write_text(json.dumps(hf_config(spec), indent=1) + "\n")
@@ -163,8 +177,9 @@ def export(path: str | Path, out: str | Path, max_shard_bytes: int = DEFAULT_MAX
     path = resolve(path)
     model, spec = load_plain_model(path)
     meta = checkpoint.read_meta(path)
-    lines = export_model(model, spec, out, {"format": "pt", "source": str(path), "step": str(meta.get("step"))},
-                         max_shard_bytes)
+    lines = export_model(
+        model, spec, out, {"format": "pt", "source": str(path), "step": str(meta.get("step"))}, max_shard_bytes
+    )
     tokenizer = (meta.get("data") or {}).get("tokenizer", "")
     if tokenizer:  # the run's tokenizer files beside the weights, as a Hugging Face folder holds them
         from meshwise.train.tokenizer import tokenizer_file

@@ -14,8 +14,16 @@ from meshwise.train.data import ByteTokenizer
 
 
 @torch.no_grad()
-def generate_ids(model: nn.Module, ids: list[int], tokens: int, temperature: float, top_k: int, seed: int,
-                 max_seq: int, eos_ids: tuple[int, ...] = ()) -> list[int]:
+def generate_ids(
+    model: nn.Module,
+    ids: list[int],
+    tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    max_seq: int,
+    eos_ids: tuple[int, ...] = (),
+) -> list[int]:
     """``ids`` followed by up to ``tokens`` generated ids; stops after an id in ``eos_ids``."""
     ids = list(ids)
     gen = torch.Generator().manual_seed(seed)
@@ -37,8 +45,17 @@ def generate_ids(model: nn.Module, ids: list[int], tokens: int, temperature: flo
     return ids
 
 
-def sample(model: nn.Module, prompt: str, tokens: int, temperature: float, top_k: int, seed: int,
-           max_seq: int, tokenizer: str = "", eos_ids: tuple[int, ...] = ()) -> str:
+def sample(
+    model: nn.Module,
+    prompt: str,
+    tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    max_seq: int,
+    tokenizer: str = "",
+    eos_ids: tuple[int, ...] = (),
+) -> str:
     """The prompt followed by up to ``tokens`` generated tokens, decoded by the run's tokenizer (bytes
     as UTF-8 by default, or a Hugging Face tokenizer.json); stops after an eos id."""
     if tokenizer:

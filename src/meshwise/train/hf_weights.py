@@ -18,30 +18,67 @@ import torch
 
 from meshwise.spec import ModelSpec
 
-_LLAMA_BLOCK = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
-                "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
-                "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
-                "mlp.w1": "mlp.gate_proj", "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj",
-                "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_LLAMA_BLOCK = {
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "attention.q_norm": "self_attn.q_norm",
+    "attention.k_norm": "self_attn.k_norm",
+    "mlp.w1": "mlp.gate_proj",
+    "mlp.w3": "mlp.up_proj",
+    "mlp.w2": "mlp.down_proj",
+    "attention_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+}
 # Gemma 2/3 and OLMo 2: norms on the sublayers' outputs (OLMo 2 has those only)
-_SANDWICH_BLOCK = {**_LLAMA_BLOCK, "mlp_norm": "pre_feedforward_layernorm",
-                   "attention_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
-_LLAMA_ROOT = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-               "output.weight": "lm_head.weight"}
-_GPT2_BLOCK = {"attention.wo": "attn.c_proj", "mlp.w1": "mlp.c_fc", "mlp.w2": "mlp.c_proj",
-               "attention_norm": "ln_1", "mlp_norm": "ln_2"}
-_GPT2_ROOT = {"tok_embeddings.weight": "transformer.wte.weight", "pos_embeddings.weight": "transformer.wpe.weight",
-              "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
-              "output.weight": "lm_head.weight"}
+_SANDWICH_BLOCK = {
+    **_LLAMA_BLOCK,
+    "mlp_norm": "pre_feedforward_layernorm",
+    "attention_out_norm": "post_attention_layernorm",
+    "mlp_out_norm": "post_feedforward_layernorm",
+}
+_LLAMA_ROOT = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GPT2_BLOCK = {
+    "attention.wo": "attn.c_proj",
+    "mlp.w1": "mlp.c_fc",
+    "mlp.w2": "mlp.c_proj",
+    "attention_norm": "ln_1",
+    "mlp_norm": "ln_2",
+}
+_GPT2_ROOT = {
+    "tok_embeddings.weight": "transformer.wte.weight",
+    "pos_embeddings.weight": "transformer.wpe.weight",
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+}
 _BLOCK = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 INTERLEAVED_ROPE = ("ernie4_5", "helium")  # rotary over each head's (2i, 2i + 1) pairs
-_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM",
-         "gpt2": "GPT2LMHeadModel", "gemma2": "Gemma2ForCausalLM",
-         "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM", "ministral": "MinistralForCausalLM", "seed_oss": "SeedOssForCausalLM",
-         "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "exaone4": "Exaone4ForCausalLM",
-         "granite": "GraniteForCausalLM"}
+_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "ministral": "MinistralForCausalLM",
+    "seed_oss": "SeedOssForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
+    "helium": "HeliumForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
+    "granite": "GraniteForCausalLM",
+}
 
 
 def _block_names(spec: ModelSpec) -> dict[str, str]:
@@ -101,7 +138,9 @@ def to_hf(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> dict[str, torch.
                     out[f"model.layers.{layer}.self_attn.qkv_proj.{kind}"] = torch.cat(qkv, 0)
                 else:
                     cat = torch.cat(qkv, 0)
-                    out[f"transformer.h.{layer}.attn.c_attn.{kind}"] = (cat.t() if kind == "weight" else cat).contiguous()
+                    out[f"transformer.h.{layer}.attn.c_attn.{kind}"] = (
+                        cat.t() if kind == "weight" else cat
+                    ).contiguous()
             gate_up = [fused.get((layer, f"mlp.w{x}", kind)) for x in "13"]
             if gate_up[0] is not None:
                 out[f"model.layers.{layer}.mlp.gate_up_proj.{kind}"] = torch.cat(gate_up, 0)
@@ -119,8 +158,12 @@ def from_hf(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         names += [f"layers.{i}.{part}.{kind}" for part in block for kind in ("weight", "bias")]
     for name in names:
         m = _BLOCK.fullmatch(name)
-        conv1d = spec.family == "gpt2" and m is not None and m.group(3) == "weight" and \
-            m.group(2) in ("attention.wo", "mlp.w1", "mlp.w2")
+        conv1d = (
+            spec.family == "gpt2"
+            and m is not None
+            and m.group(3) == "weight"
+            and m.group(2) in ("attention.wo", "mlp.w1", "mlp.w2")
+        )
         reverse[_hf_name(spec, name)] = (name, conv1d)
     out: dict[str, torch.Tensor] = {}
     q, kv = spec.heads * spec.head_dim, spec.kv_dim
@@ -154,42 +197,78 @@ def from_hf(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 def _layer_types(spec: ModelSpec) -> list[str]:
     """Each block's attention kind as transformers' ``layer_types`` names it: windowed outside
     ``full_attention_layers`` where the model has a window."""
-    return ["full_attention" if i in spec.full_attention_layers or not spec.sliding_window
-            else "sliding_attention" for i in range(spec.layers)]
+    return [
+        "full_attention" if i in spec.full_attention_layers or not spec.sliding_window else "sliding_attention"
+        for i in range(spec.layers)
+    ]
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A config.json that makes transformers build the model meshwise trained."""
-    common: dict[str, Any] = {"architectures": [_ARCH[spec.family]], "model_type": spec.family,
-                              "vocab_size": spec.vocab, "tie_word_embeddings": spec.tied_embeddings,
-                              "torch_dtype": "float32", "pad_token_id": None}
+    common: dict[str, Any] = {
+        "architectures": [_ARCH[spec.family]],
+        "model_type": spec.family,
+        "vocab_size": spec.vocab,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "torch_dtype": "float32",
+        "pad_token_id": None,
+    }
     if spec.bos_id is not None:
         common["bos_token_id"] = spec.bos_id
     if spec.eos_ids:
         common["eos_token_id"] = spec.eos_ids[0] if len(spec.eos_ids) == 1 else list(spec.eos_ids)
     if spec.family == "gpt2":
-        return {**common, "n_layer": spec.layers, "n_embd": spec.hidden, "n_head": spec.heads,
-                "n_inner": spec.ffn_hidden, "n_positions": spec.max_seq, "layer_norm_epsilon": spec.norm_eps,
-                "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        return {
+            **common,
+            "n_layer": spec.layers,
+            "n_embd": spec.hidden,
+            "n_head": spec.heads,
+            "n_inner": spec.ffn_hidden,
+            "n_positions": spec.max_seq,
+            "layer_norm_epsilon": spec.norm_eps,
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        }
     rope: dict[str, Any] = {"rope_type": spec.rope_scaling or "default", "rope_theta": spec.rope_theta}
     if spec.rope_scaling == "llama3":
-        rope.update(factor=spec.rope_factor, low_freq_factor=spec.rope_low_freq_factor,
-                    high_freq_factor=spec.rope_high_freq_factor,
-                    original_max_position_embeddings=spec.rope_original_max_seq)
-    cfg = {**common, "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden,
-           "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads,
-           "head_dim": spec.head_dim, "max_position_embeddings": spec.max_seq, "rms_norm_eps": spec.norm_eps,
-           "rope_theta": spec.rope_theta, "rope_scaling": None if rope["rope_type"] == "default" else rope,
-           "rope_parameters": rope, "hidden_act": "gelu_pytorch_tanh" if spec.mlp == "geglu" else "silu",
-           "attention_bias": spec.qkv_bias or spec.o_bias, "mlp_bias": spec.mlp_bias,
-           "sliding_window": spec.sliding_window or None}
+        rope.update(
+            factor=spec.rope_factor,
+            low_freq_factor=spec.rope_low_freq_factor,
+            high_freq_factor=spec.rope_high_freq_factor,
+            original_max_position_embeddings=spec.rope_original_max_seq,
+        )
+    cfg = {
+        **common,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn_hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.max_seq,
+        "rms_norm_eps": spec.norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": None if rope["rope_type"] == "default" else rope,
+        "rope_parameters": rope,
+        "hidden_act": "gelu_pytorch_tanh" if spec.mlp == "geglu" else "silu",
+        "attention_bias": spec.qkv_bias or spec.o_bias,
+        "mlp_bias": spec.mlp_bias,
+        "sliding_window": spec.sliding_window or None,
+    }
     if spec.family == "gemma":
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
     if spec.family in ("gemma2", "gemma3_text"):
         scalar = int(spec.query_scale) if spec.query_scale == int(spec.query_scale) else spec.query_scale
-        cfg.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar or spec.head_dim,
-                   final_logit_softcapping=spec.final_softcap or None, attn_logit_softcapping=None,
-                   layer_types=_layer_types(spec), sliding_window=spec.sliding_window or spec.max_seq)
+        cfg.update(
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=scalar or spec.head_dim,
+            final_logit_softcapping=spec.final_softcap or None,
+            attn_logit_softcapping=None,
+            layer_types=_layer_types(spec),
+            sliding_window=spec.sliding_window or spec.max_seq,
+        )
     if spec.family in ("olmo3", "ministral", "smollm3", "exaone4"):
         cfg["layer_types"] = _layer_types(spec)
     if spec.family == "ernie4_5":  # one flag biases every projection
@@ -197,15 +276,21 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if spec.family == "helium":  # q, k and v biased by attention_bias; the output projection never is
         cfg["attention_bias"] = spec.qkv_bias
     if spec.family == "granite":
-        cfg.update(embedding_multiplier=spec.embedding_multiplier, residual_multiplier=spec.residual_multiplier,
-                   logits_scaling=spec.logits_scaling,
-                   attention_multiplier=(spec.query_scale or spec.head_dim) ** -0.5)
+        cfg.update(
+            embedding_multiplier=spec.embedding_multiplier,
+            residual_multiplier=spec.residual_multiplier,
+            logits_scaling=spec.logits_scaling,
+            attention_multiplier=(spec.query_scale or spec.head_dim) ** -0.5,
+        )
     if spec.family == "seed_oss":  # its own flag for the output projection's bias; trained without dropout
-        cfg.update(attention_bias=spec.qkv_bias, attention_out_bias=spec.o_bias, attention_dropout=0.0,
-                   residual_dropout=0.0)
+        cfg.update(
+            attention_bias=spec.qkv_bias, attention_out_bias=spec.o_bias, attention_dropout=0.0, residual_dropout=0.0
+        )
     if spec.family == "smollm3":
-        cfg.update(no_rope_layers=[int(i not in spec.nope_layers) for i in range(spec.layers)],
-                   use_sliding_window=bool(spec.sliding_window))
+        cfg.update(
+            no_rope_layers=[int(i not in spec.nope_layers) for i in range(spec.layers)],
+            use_sliding_window=bool(spec.sliding_window),
+        )
     if spec.family in ("gemma3_text", "olmo3"):
         local = {"rope_type": "default", "rope_theta": spec.rope_local_theta}
         cfg.update(rope_scaling=None, rope_parameters={"full_attention": rope, "sliding_attention": local})

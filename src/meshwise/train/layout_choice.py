@@ -83,12 +83,17 @@ def with_threads(cluster: ClusterSpec, threads: int) -> ClusterSpec:
         return cluster
     a = cluster.accelerator
     k = 1 + (threads - 1) * a.thread_efficiency
-    faster = replace(a, peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k, peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k,
-                     sdpa_score_s=a.sdpa_score_s / k, sdpa_score_dim_s=a.sdpa_score_dim_s / k,
-                     cp_score_s=a.cp_score_s / k, cp_score_dim_s=a.cp_score_dim_s / k,
-                     cp_ring_table=tuple((e, d, min(a.cp_step_s, s) + max(s - a.cp_step_s, 0.0) / k)
-                                         for e, d, s in a.cp_ring_table),
-                     sdpa_head_table=tuple((s, d, t / k) for s, d, t in a.sdpa_head_table))
+    faster = replace(
+        a,
+        peak_bf16_flops_per_s=a.peak_bf16_flops_per_s * k,
+        peak_fp32_flops_per_s=a.peak_fp32_flops_per_s * k,
+        sdpa_score_s=a.sdpa_score_s / k,
+        sdpa_score_dim_s=a.sdpa_score_dim_s / k,
+        cp_score_s=a.cp_score_s / k,
+        cp_score_dim_s=a.cp_score_dim_s / k,
+        cp_ring_table=tuple((e, d, min(a.cp_step_s, s) + max(s - a.cp_step_s, 0.0) / k) for e, d, s in a.cp_ring_table),
+        sdpa_head_table=tuple((s, d, t / k) for s, d, t in a.sdpa_head_table),
+    )
     return replace(cluster, accelerator=faster)
 
 
@@ -135,8 +140,16 @@ def check_given(layout_text: str, model: ModelSpec, world: int | None, global_ba
     check_runnable(layout, model, world or layout.world_size, global_batch, seq_len, seq_field="--data.seq_len")
 
 
-def choose(layout_text: str, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
-           device_type: str, profile: str = "") -> tuple[Layout, list[str]]:
+def choose(
+    layout_text: str,
+    model: ModelSpec,
+    world: int,
+    local_world: int,
+    global_batch: int,
+    seq_len: int,
+    device_type: str,
+    profile: str = "",
+) -> tuple[Layout, list[str]]:
     """(layout, explanation lines). ``layout_text`` is ``auto`` or a layout text."""
     check_seq_len(model, seq_len, "--data.seq_len")
     if layout_text != "auto":
@@ -149,33 +162,49 @@ def choose(layout_text: str, model: ModelSpec, world: int, local_world: int, glo
         train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
         layout = largest_fitting_mbs(layout, model, live.cluster, train)
         m = layout.accum(global_batch)
-        why = ("the whole replica batch fits: no accumulation" if m == 1 else
-               f"the largest micro-batch that fits {live.cluster.accelerator.name}'s memory; {m} accumulated")
+        why = (
+            "the whole replica batch fits: no accumulation"
+            if m == 1
+            else f"the largest micro-batch that fits {live.cluster.accelerator.name}'s memory; {m} accumulated"
+        )
         return layout, [f"Layout (given): {layout.short()} (mbs={layout.mbs} not given: {why})"]
     live = live_cluster(world, local_world, device_type, profile)
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
     result = planner.search(model, live.cluster, train, top=5, where=runs_here(model, seq_len))
     if not result.best:
-        raise MeshwiseError(f"layout auto: no layout of {world} rank(s) fits {model.name} with global batch "
-                            f"{global_batch} x {seq_len} tokens; give --layout, a smaller model or more devices")
-    lines = [f"Layout (auto, planner on {live.cluster.nodes} node(s) x {live.cluster.gpus_per_node} "
-             f"{live.cluster.accelerator.name}): {result.best[0].layout.short()}"]
+        raise MeshwiseError(
+            f"layout auto: no layout of {world} rank(s) fits {model.name} with global batch "
+            f"{global_batch} x {seq_len} tokens; give --layout, a smaller model or more devices"
+        )
+    lines = [
+        f"Layout (auto, planner on {live.cluster.nodes} node(s) x {live.cluster.gpus_per_node} "
+        f"{live.cluster.accelerator.name}): {result.best[0].layout.short()}"
+    ]
     if live.note:
         lines.append(live.note)
     lines += planner.explain(model, live.cluster, train, result.pool)
     return result.best[0].layout, lines
 
 
-def predicted_step_s(layout: Layout, model: ModelSpec, world: int, local_world: int, global_batch: int, seq_len: int,
-                     device_type: str, profile: str = "") -> float:
+def predicted_step_s(
+    layout: Layout,
+    model: ModelSpec,
+    world: int,
+    local_world: int,
+    global_batch: int,
+    seq_len: int,
+    device_type: str,
+    profile: str = "",
+) -> float:
     """The cost model's step time for ``layout`` on the live cluster (what ``train`` prints beside the measured)."""
     live = live_cluster(world, local_world, device_type, profile)
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
     return estimate(model, live.cluster, train, layout).time.step_s
 
 
-def choose_cpu_processes(layout_text: str, model: ModelSpec, global_batch: int, seq_len: int, profile: str = "",
-                         cores: int | None = None) -> tuple[int, int, str]:
+def choose_cpu_processes(
+    layout_text: str, model: ModelSpec, global_batch: int, seq_len: int, profile: str = "", cores: int | None = None
+) -> tuple[int, int, str]:
     """(processes, threads each, a line saying why) for a CPU run on this machine's ``cores``:
     every split of the cores into ``n`` processes of ``cores / n`` threads is planned (the given
     layout, or auto) and the fastest predicted one is taken; ties go to fewer processes."""
@@ -197,11 +226,19 @@ def choose_cpu_processes(layout_text: str, model: ModelSpec, global_batch: int, 
         if best is None or step_s < best[0] * (1 - planner.TIE):
             best = (step_s, n)
     if best is None:
-        raise MeshwiseError(f"--layout: {layout_text!r} runs on no split of this machine's {cores} core(s) into "
-                            "processes; give --nproc-per-node")
+        raise MeshwiseError(
+            f"--layout: {layout_text!r} runs on no split of this machine's {cores} core(s) into "
+            "processes; give --nproc-per-node"
+        )
     step_s, n = best
-    return n, cores // n, (f"Processes: {n} x {cores // n} thread(s) on {cores} core(s) (the fastest predicted split, "
-                           f"{step_s:.3g} s/step; --nproc-per-node N to choose)")
+    return (
+        n,
+        cores // n,
+        (
+            f"Processes: {n} x {cores // n} thread(s) on {cores} core(s) (the fastest predicted split, "
+            f"{step_s:.3g} s/step; --nproc-per-node N to choose)"
+        ),
+    )
 
 
 def peak_flops_per_s(world: int, local_world: int, device_type: str, profile: str = "") -> float:

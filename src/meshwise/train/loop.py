@@ -71,9 +71,11 @@ def check_batch_in_corpus(global_batch: int, corpus: Corpus) -> None:
     """A step reads each training sequence at most once: a global batch past the training set's
     sequences is refused (it would only repeat them, and its loader's work grows with the batch)."""
     if global_batch > corpus.n_train:
-        raise MeshwiseError(f"--schedule.global_batch: {global_batch} sequences per step is more than the training "
-                            f"set's {corpus.n_train:,} sequences of {corpus.seq_len} tokens; use at most "
-                            f"{corpus.n_train:,}, or more data (--data.path)")
+        raise MeshwiseError(
+            f"--schedule.global_batch: {global_batch} sequences per step is more than the training "
+            f"set's {corpus.n_train:,} sequences of {corpus.seq_len} tokens; use at most "
+            f"{corpus.n_train:,}, or more data (--data.path)"
+        )
 
 
 def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
@@ -121,8 +123,9 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            raise MeshwiseError("--metrics.tensorboard: the tensorboard package is not installed "
-                                "(pip install 'meshwise[tensorboard]')")
+            raise MeshwiseError(
+                "--metrics.tensorboard: the tensorboard package is not installed (pip install 'meshwise[tensorboard]')"
+            )
     return Prepared(model, corpus, resume, tuple(notes))
 
 
@@ -146,9 +149,11 @@ def check_fits_in_memory(model: ModelSpec, ranks: int) -> None:
     need_bytes = 16 * model.params * max(1, ranks)
     have_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need_bytes > have_bytes:
-        raise MeshwiseError(f"--model.name: {model.name} needs about {need_bytes / 1e9:,.1f} GB for weights, "
-                            f"gradients and AdamW states on {ranks} rank(s); this machine has "
-                            f"{have_bytes / 1e9:,.1f} GB")
+        raise MeshwiseError(
+            f"--model.name: {model.name} needs about {need_bytes / 1e9:,.1f} GB for weights, "
+            f"gradients and AdamW states on {ranks} rank(s); this machine has "
+            f"{have_bytes / 1e9:,.1f} GB"
+        )
 
 
 def env_world() -> tuple[int, int, int]:
@@ -206,7 +211,7 @@ def _placement_line(layout: Layout, world: int) -> str:
     """Which node each rank runs on (torchrun's GROUP_RANK), and whether every TP group stays in one."""
     nodes: list[Any] = [None] * world
     dist.all_gather_object(nodes, int(os.environ.get("GROUP_RANK", "0")))
-    groups = [nodes[i:i + layout.tp] for i in range(0, world, layout.tp)]
+    groups = [nodes[i : i + layout.tp] for i in range(0, world, layout.tp)]
     inside = all(len(set(g)) == 1 for g in groups)
     tp = f"TP groups inside one node: {'yes' if inside else 'NO'}" if layout.tp > 1 else "TP groups: none (tp=1)"
     return f"Placement: node of each rank {nodes}; {tp}"
@@ -226,8 +231,9 @@ def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: 
     if device_type == "cpu":
         torch.set_num_threads(layout_choice.threads_per_rank(local_world))
     B, seq = cfg.schedule.global_batch, cfg.data.seq_len
-    layout, lines = layout_choice.choose(cfg.layout.choice, prep.model, world, local_world, B, seq, device_type,
-                                         cfg.layout.profile)
+    layout, lines = layout_choice.choose(
+        cfg.layout.choice, prep.model, world, local_world, B, seq, device_type, cfg.layout.profile
+    )
     torch.manual_seed(cfg.model.seed)
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     mesh = build_mesh(layout, prep.model, B)
@@ -261,14 +267,17 @@ def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list
     """Model, data, the layout's explanation, placement, and what --resume auto passed over."""
     corpus = prep.corpus
     log.print(f"Model: {prep.model.describe()}")
-    log.print(f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
-              f"and {corpus.n_eval:,} held-out sequences of {cfg.data.seq_len}")
+    log.print(
+        f"Data: {describe_source(cfg.data.path)}: {corpus.tokens.numel():,} tokens, {corpus.n_train:,} training "
+        f"and {corpus.n_eval:,} held-out sequences of {cfg.data.seq_len}"
+    )
     for line in lines:
         log.print(line)
 
 
-def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any,
-           guard: Any) -> int:
+def _train(
+    cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any, guard: Any
+) -> int:
     from meshwise.runtime import parallelize
     from meshwise.runtime.mesh import dp_rank
 
@@ -280,20 +289,44 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
     from meshwise.runtime import float8
 
     precision = float8.resolve(cfg.layout.precision, device_type, "--layout.precision")
-    pm = parallelize(model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=o,
-                     compile=cfg.layout.compile, precision=precision)
+    pm = parallelize(
+        model,
+        layout,
+        mesh,
+        B,
+        seq_len=seq,
+        seed=cfg.model.seed,
+        optim=o,
+        compile=cfg.layout.compile,
+        precision=precision,
+    )
     lines = [*lines, _placement_line(layout, world), *prep.notes, *(c.line() for c in pm.float8_conversions[:1])]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
     _print_header(log, cfg, prep, lines)
 
-    meta = {"model": checkpoint.model_meta(model), "layout": layout.short(), "world": world, "global_batch": B,
-            "seq_len": seq, "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer}}
+    meta = {
+        "model": checkpoint.model_meta(model),
+        "layout": layout.short(),
+        "world": world,
+        "global_batch": B,
+        "seq_len": seq,
+        "data": {"path": cfg.data.path, "seed": cfg.data.seed, "tokenizer": cfg.data.tokenizer},
+    }
     every, auto = _interval_policy(c, world, local_world)
-    ckpt = checkpoint.Checkpointer(c.dir, every, c.keep, pm.modules, pm.optimizer, meta,
-                                   before_commit=lambda s: faults.before_commit(s, rank),
-                                   before_write=lambda s: faults.before_write(s, rank), grace_s=c.stop_grace,
-                                   auto=auto, say=log.print)
+    ckpt = checkpoint.Checkpointer(
+        c.dir,
+        every,
+        c.keep,
+        pm.modules,
+        pm.optimizer,
+        meta,
+        before_commit=lambda s: faults.before_commit(s, rank),
+        before_write=lambda s: faults.before_write(s, rank),
+        grace_s=c.stop_grace,
+        auto=auto,
+        say=log.print,
+    )
     run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
     start = int(run_state["step"])
     first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
@@ -318,18 +351,29 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             last = ckpt.last_saved
             where = f"the last checkpoint is step-{last}" if c.dir and last else "no checkpoint was written"
-            raise MeshwiseError(f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without "
-                                f"saving this state; {where}")
+            raise MeshwiseError(
+                f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without "
+                f"saving this state; {where}"
+            )
         eval_loss = None
         if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
-        log.step(step, loss, grad_norm, lr, step_s, peak_memory_bytes(pm, device_type), eval_loss,
-                 compile_s if step == start + 1 else None)
+        log.step(
+            step,
+            loss,
+            grad_norm,
+            lr,
+            step_s,
+            peak_memory_bytes(pm, device_type),
+            eval_loss,
+            compile_s if step == start + 1 else None,
+        )
         stop, stop_age_s = _stop_requested(guard, device_type)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
         try:
-            saved = ckpt.save(step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None,
-                              step_s=step_s)
+            saved = ckpt.save(
+                step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None, step_s=step_s
+            )
         except checkpoint.OutOfGrace as e:
             log.close()
             line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
@@ -341,8 +385,11 @@ def _train(cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines
         if stop and step < steps:
             log.close()
             name = signal.Signals(stop).name
-            kept = f"checkpoint {saved} written; --resume auto continues from it" if saved else \
-                "no checkpoint (--checkpoint.dir is empty)"
+            kept = (
+                f"checkpoint {saved} written; --resume auto continues from it"
+                if saved
+                else "no checkpoint (--checkpoint.dir is empty)"
+            )
             raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
     _finish(cfg, ckpt, log, rank)
     return 0
@@ -377,8 +424,16 @@ def _finish(cfg: TrainConfig, ckpt: checkpoint.Checkpointer, log: MetricsLog, ra
             print(f"Sample from {final}:\n{sample_from_checkpoint(final, cfg)}", flush=True)
 
 
-def _start_state(cfg: TrainConfig, prep: Prepared, layout: Layout, pm: Any, ckpt: checkpoint.Checkpointer,
-                 log: MetricsLog, rank: int, world: int) -> dict[str, Any]:
+def _start_state(
+    cfg: TrainConfig,
+    prep: Prepared,
+    layout: Layout,
+    pm: Any,
+    ckpt: checkpoint.Checkpointer,
+    log: MetricsLog,
+    rank: int,
+    world: int,
+) -> dict[str, Any]:
     """Where the run starts: the resumed checkpoint's state (weights and optimizer restored), or step 0
     from the pretrained weights or the seed's, after clearing the checkpoint folders under --overwrite."""
     c = cfg.checkpoint
@@ -386,8 +441,10 @@ def _start_state(cfg: TrainConfig, prep: Prepared, layout: Layout, pm: Any, ckpt
     if prep.resume is not None:
         run_state = ckpt.restore(prep.resume, run_state)
         torch.set_rng_state(run_state["rng"])
-        log.print(f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
-                  f"now under {layout.short()} on {world} rank(s)")
+        log.print(
+            f"Resumed from {prep.resume} (step {run_state['step']}, {run_state['samples']:,} samples seen), "
+            f"now under {layout.short()} on {world} rank(s)"
+        )
     elif cfg.model.pretrained:
         from meshwise.train import pretrained
 
@@ -411,8 +468,10 @@ def _compile(pm: Any, corpus: Corpus, first: int, rows: range, log: MetricsLog) 
     t = torch.tensor([warm_up(pm, x, y)], dtype=torch.float64, device=mesh_device(pm.mesh))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     seconds = float(t.item())
-    log.print(f"Compile: torch.compile of each block took {seconds:.1f} s (one forward/backward before the first "
-              "step, its gradients dropped); step times exclude it (metrics: compile_s)")
+    log.print(
+        f"Compile: torch.compile of each block took {seconds:.1f} s (one forward/backward before the first "
+        "step, its gradients dropped); step times exclude it (metrics: compile_s)"
+    )
     return seconds
 
 
@@ -423,5 +482,14 @@ def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:
 
     model, spec = load_plain_model(path)
     g = cfg.generate
-    return sample(model, g.prompt, g.tokens, g.temperature, g.top_k, g.seed, spec.max_seq,
-                  tokenizer=cfg.data.tokenizer, eos_ids=spec.eos_ids)
+    return sample(
+        model,
+        g.prompt,
+        g.tokens,
+        g.temperature,
+        g.top_k,
+        g.seed,
+        spec.max_seq,
+        tokenizer=cfg.data.tokenizer,
+        eos_ids=spec.eos_ids,
+    )

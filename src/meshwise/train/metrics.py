@@ -52,15 +52,26 @@ class Throughput:
         tokens_per_s = self.tokens_per_step / step_s
         flops_per_s = self.flops_per_step / step_s
         mfu = flops_per_s / (self.world * self.peak_flops_per_s) if self.peak_flops_per_s else None
-        return {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / self.world,
-                "tflops": flops_per_s / 1e12, "tflops_per_device": flops_per_s / 1e12 / self.world, "mfu": mfu}
+        return {
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / self.world,
+            "tflops": flops_per_s / 1e12,
+            "tflops_per_device": flops_per_s / 1e12 / self.world,
+            "mfu": mfu,
+        }
 
 
 class MetricsLog:
     """Rank 0's sink: JSONL (appending, so a restarted run continues the file), console, TensorBoard."""
 
-    def __init__(self, config: MetricsConfig, throughput: Throughput, total_steps: int, enabled: bool,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        config: MetricsConfig,
+        throughput: Throughput,
+        total_steps: int,
+        enabled: bool,
+        stream: TextIO | None = None,
+    ) -> None:
         self.config = config
         self.throughput = throughput
         self.total_steps = total_steps
@@ -86,8 +97,14 @@ class MetricsLog:
         if self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                      TextColumn("{task.fields[info]}"), transient=False)
+            self._progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("train", total=self.total_steps, completed=start_step, info="")
 
@@ -100,10 +117,26 @@ class MetricsLog:
         else:
             print(text, file=self.stream, flush=True)
 
-    def step(self, step: int, loss: float, grad_norm: float, lr: float, step_s: float, peak_mem_bytes: int,
-             eval_loss: float | None = None, compile_s: float | None = None) -> dict[str, Any]:
-        record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-                                  **self.throughput.rates(step_s), "step_s": step_s, "peak_mem_bytes": peak_mem_bytes}
+    def step(
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        step_s: float,
+        peak_mem_bytes: int,
+        eval_loss: float | None = None,
+        compile_s: float | None = None,
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            **self.throughput.rates(step_s),
+            "step_s": step_s,
+            "peak_mem_bytes": peak_mem_bytes,
+        }
         if eval_loss is not None:
             record["eval_loss"] = eval_loss
         if compile_s is not None:
@@ -121,11 +154,16 @@ class MetricsLog:
         info = f"loss {loss:.4f}  {record['tokens_per_s']:,.0f} tok/s  MFU {mfu}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, info=info)
-        if eval_loss is not None or self._progress is None and (step % self.config.log_every == 0
-                                                                 or step == self.total_steps):
-            line = (f"step {step}/{self.total_steps}  loss {loss:.4f}  grad norm {grad_norm:.3f}  lr {lr:.3g}  "
-                    f"{record['tokens_per_s']:,.0f} tok/s  {record['tflops']:.3g} TFLOP/s  MFU {mfu}  "
-                    f"{step_s * 1e3:.0f} ms/step  peak {peak_mem_bytes / 2**20:.1f} MiB")
+        if (
+            eval_loss is not None
+            or self._progress is None
+            and (step % self.config.log_every == 0 or step == self.total_steps)
+        ):
+            line = (
+                f"step {step}/{self.total_steps}  loss {loss:.4f}  grad norm {grad_norm:.3f}  lr {lr:.3g}  "
+                f"{record['tokens_per_s']:,.0f} tok/s  {record['tflops']:.3g} TFLOP/s  MFU {mfu}  "
+                f"{step_s * 1e3:.0f} ms/step  peak {peak_mem_bytes / 2**20:.1f} MiB"
+            )
             if eval_loss is not None:
                 line += f"  eval loss {eval_loss:.4f}"
             self.print(line)

@@ -92,8 +92,9 @@ def check_folder(folder: str) -> ModelSpec:
         raise MeshwiseError(f"--model.from: {folder}: the weights {which} ({len(missing)} missing, {len(extra)} extra)")
     for name, shape in want.items():
         if found[name] != shape:
-            raise MeshwiseError(f"--model.from: {folder}: {name} has shape {list(found[name])}, its config builds "
-                                f"{list(shape)}")
+            raise MeshwiseError(
+                f"--model.from: {folder}: {name} has shape {list(found[name])}, its config builds {list(shape)}"
+            )
     return spec
 
 
@@ -131,8 +132,9 @@ def _load_by_tensor(params: dict[str, nn.Parameter], spec: ModelSpec, folder: Pa
                 continue  # another pipeline stage's
             p = params[name]
             if isinstance(p, DTensor):
-                local = distribute_tensor(full.to(p.device, p.dtype), p.device_mesh, p.placements,
-                                          src_data_rank=None).to_local()
+                local = distribute_tensor(
+                    full.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None
+                ).to_local()
                 p.to_local().copy_(local)
             else:
                 p.copy_(full)

@@ -111,8 +111,7 @@ def tokenize_main(data: str, tokenizer: str, out: str, text_field: str = "text")
     if dest.suffix != ".bin" or not dest.parent.is_dir():
         raise MeshwiseError(f"--out: {out} must be a .bin file in an existing folder")
     tok = HFTokenizer(tokenizer)
-    files = ([p for p in sorted(src.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-             if src.is_dir() else [src])
+    files = [p for p in sorted(src.rglob("*")) if p.is_file() and not p.name.startswith(".")] if src.is_dir() else [src]
     code, dtype = ("H", "uint16") if tok.vocab <= 2**16 else ("I", "uint32")  # .bin arrays are little-endian
     if sys.byteorder != "little" or array.array(code).itemsize != (2 if code == "H" else 4):
         raise MeshwiseError("tokenize: this platform's integer layout is not the .bin format's (little-endian)")

@@ -25,13 +25,19 @@ from meshwise.tune.memory_limit import memory_bytes
 
 def build_tune_parser() -> argparse.ArgumentParser:
     p = build_train_parser()
-    p.prog, p.description = "meshwise tune", "Measure the planner's closest layouts for a few steps each; pick the fastest."
+    p.prog, p.description = (
+        "meshwise tune",
+        "Measure the planner's closest layouts for a few steps each; pick the fastest.",
+    )
     p.conflict_handler = "resolve"  # --resume is the tune's (train's alias for --checkpoint.resume is dropped)
     g = p.add_argument_group("tune")
     g.add_argument("--trials", type=int, help="at most this many trials (finished ones of a resumed tune count)")
     g.add_argument("--budget-minutes", type=float, help="start no trial after this many minutes")
-    g.add_argument("--memory-limit", help="per rank, e.g. 2GB: a layout whose tracked peak exceeds it is "
-                                          "recorded as not fitting (on GPU the device's memory is the limit)")
+    g.add_argument(
+        "--memory-limit",
+        help="per rank, e.g. 2GB: a layout whose tracked peak exceeds it is "
+        "recorded as not fitting (on GPU the device's memory is the limit)",
+    )
     g.add_argument("--out", help="folder for trials.jsonl, profile.toml, train.toml (default runs/tune)")
     g.add_argument("--resume", action="store_true", help="continue the tune of --out: its finished trials are kept")
     g.add_argument("--trial-warmup", type=int, help="warm-up steps per trial, the last tracked for memory (default 2)")
@@ -53,8 +59,12 @@ def resolve(argv: list[str]) -> tuple[dict[str, Any], config_mod.TrainConfig]:
             cfg = config_mod.override(cfg, key, value)
     config_mod.check(cfg)
     # a tune writes no checkpoints, metrics file or sample: its results go to --out
-    cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, dir="", resume=""),
-                  metrics=replace(cfg.metrics, file="", tensorboard=""), generate=replace(cfg.generate, prompt=""))
+    cfg = replace(
+        cfg,
+        checkpoint=replace(cfg.checkpoint, dir="", resume=""),
+        metrics=replace(cfg.metrics, file="", tensorboard=""),
+        generate=replace(cfg.generate, prompt=""),
+    )
     return opts, cfg
 
 
@@ -67,8 +77,9 @@ def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool 
     from meshwise.tune.driver import RESULTS
 
     if cfg.layout.choice != "auto":
-        raise MeshwiseError(f"--layout: {cfg.layout.choice!r}: tune chooses the layout; leave it auto "
-                            "(meshwise train runs a given one)")
+        raise MeshwiseError(
+            f"--layout: {cfg.layout.choice!r}: tune chooses the layout; leave it auto (meshwise train runs a given one)"
+        )
     for name in ("trials", "trial_warmup", "trial_steps", "exhaustive"):
         value = opts.get(name)
         if value is not None and value < 1:
@@ -129,8 +140,12 @@ def tune_main(argv: list[str]) -> int:
         if not cfg.layout.profile:
             from meshwise.measure import auto_profile
 
-            print(f"Profile: {auto_profile.for_workers(nproc)} (this machine's calibration; "
-                  "--layout.profile FILE for another)", flush=True, file=sys.stderr if opts.get("json") else sys.stdout)
+            print(
+                f"Profile: {auto_profile.for_workers(nproc)} (this machine's calibration; "
+                "--layout.profile FILE for another)",
+                flush=True,
+                file=sys.stderr if opts.get("json") else sys.stdout,
+            )
         os.environ[layout_choice.THREADS_ENV] = str(max(1, cores // nproc))
     if nproc == 1:
         with launch.single_process_env():
@@ -147,9 +162,16 @@ def _check_resume(opts: dict[str, Any], cfg: config_mod.TrainConfig, nproc: int)
     from meshwise.tune.driver import RESULTS
     from meshwise.tune.trials import read_results
 
-    read_results(Path(opts.get("out", "runs/tune")) / RESULTS, {
-        "model": cfg.model.name, "global_batch": cfg.schedule.global_batch, "seq_len": cfg.data.seq_len,
-        "world": nproc, "local_world": nproc})
+    read_results(
+        Path(opts.get("out", "runs/tune")) / RESULTS,
+        {
+            "model": cfg.model.name,
+            "global_batch": cfg.schedule.global_batch,
+            "seq_len": cfg.data.seq_len,
+            "world": nproc,
+            "local_world": nproc,
+        },
+    )
 
 
 def _worker(cfg: config_mod.TrainConfig, opts: dict[str, Any], timeout_s: float, watch_parent: bool) -> int:

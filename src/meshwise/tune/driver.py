@@ -50,8 +50,9 @@ def base_profile(cfg: Any, local_world: int, device_type: str) -> tuple[dict[str
 class Driver:
     """Chooses each trial, records it, and at the end writes the profile and the train config."""
 
-    def __init__(self, cfg: Any, opts: dict[str, Any], model: Any, world: int, local_world: int,
-                 device_type: str) -> None:
+    def __init__(
+        self, cfg: Any, opts: dict[str, Any], model: Any, world: int, local_world: int, device_type: str
+    ) -> None:
         self.cfg, self.opts, self.world, self.device_type = cfg, opts, world, device_type
         self.out = Path(opts.get("out", "runs/tune"))
         self.out.mkdir(parents=True, exist_ok=True)
@@ -62,13 +63,27 @@ class Driver:
         predictor = Predictor(model, train, world, local_world, threads)
         cluster = predictor.cluster(table)
         pool, self.auto = plan_pool_and_pick(model, cluster, train, cfg.data.seq_len)
-        self.inputs = {"model": cfg.model.name, "pretrained": cfg.model.pretrained, "global_batch": train.global_batch,
-                       "seq_len": train.seq_len, "world": world, "local_world": local_world, "profile": self.source,
-                       "precision": cfg.layout.precision}
+        self.inputs = {
+            "model": cfg.model.name,
+            "pretrained": cfg.model.pretrained,
+            "global_batch": train.global_batch,
+            "seq_len": train.seq_len,
+            "world": world,
+            "local_world": local_world,
+            "profile": self.source,
+            "precision": cfg.layout.precision,
+        }
         trials = read_results(self.out / RESULTS, self.inputs) if opts.get("resume") else []
         self.resumed = len(trials)
-        self.tune = Tune(pool, table, predictor, relative_band(model, cluster, train), opts.get("trials"), trials,
-                         exhaustive=opts.get("exhaustive") or 0)
+        self.tune = Tune(
+            pool,
+            table,
+            predictor,
+            relative_band(model, cluster, train),
+            opts.get("trials"),
+            trials,
+            exhaustive=opts.get("exhaustive") or 0,
+        )
         budget = opts.get("budget_minutes")
         self.deadline = time.monotonic() + budget * 60 if budget else None
 
@@ -80,8 +95,13 @@ class Driver:
             return None
         candidate, rnd = found
         best = None if self.tune.exhaustive else best_trial(self.tune.trials)  # exhaustive: no early stop
-        return (candidate.layout, candidate.predicted_step_s, rnd,
-                best.measured_step_s if best else None, noise_of(best.steps_s) if best else 0.0)
+        return (
+            candidate.layout,
+            candidate.predicted_step_s,
+            rnd,
+            best.measured_step_s if best else None,
+            noise_of(best.steps_s) if best else 0.0,
+        )
 
     def record(self, trial: Trial) -> None:
         write_results(self.out / RESULTS, self.inputs, [*self.tune.trials, trial])
@@ -95,11 +115,20 @@ class Driver:
         write_atomically(profile, profile_text(table))
         best = best_trial(tune.trials)
         summary: dict[str, Any] = {
-            "field": tune.field, "dropped": tune.dropped, "resumed": self.resumed, "profile": str(profile),
-            "base_profile": self.source, "factors": tune.factors, "band": tune.band,
-            "error_before": tune.errors(tune.base_table), "error_after": tune.errors(tune.table),
+            "field": tune.field,
+            "dropped": tune.dropped,
+            "resumed": self.resumed,
+            "profile": str(profile),
+            "base_profile": self.source,
+            "factors": tune.factors,
+            "band": tune.band,
+            "error_before": tune.errors(tune.base_table),
+            "error_after": tune.errors(tune.table),
             "refitted_step_s": {t.layout: tune.predicted(t.layout) for t in tune.trials},
-            "pick": best.layout if best else None, "auto": self.auto, "config": None}
+            "pick": best.layout if best else None,
+            "auto": self.auto,
+            "config": None,
+        }
         if best is not None:
             cfg = replace(self.cfg, layout=replace(self.cfg.layout, choice=best.layout, profile=str(profile)))
             write_atomically(self.out / CONFIG, config_mod.to_toml(cfg))

@@ -45,8 +45,18 @@ def step_key(layout: Layout, moe: bool) -> tuple:
     """The fields that change a step in this runtime: the schedule and vpp only under PP, ep only
     for mixture-of-experts models."""
     pipe = (layout.pp, layout.vpp, layout.schedule) if layout.pp > 1 else (1,)
-    return (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.sp and layout.tp > 1, pipe,
-            layout.mbs, layout.ac, layout.ep if moe else 1)
+    return (
+        layout.dp,
+        layout.zero,
+        layout.shard,
+        layout.cp,
+        layout.tp,
+        layout.sp and layout.tp > 1,
+        pipe,
+        layout.mbs,
+        layout.ac,
+        layout.ep if moe else 1,
+    )
 
 
 def plan_pool(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, seq_len: int) -> list[Candidate]:
@@ -54,8 +64,9 @@ def plan_pool(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, seq_len:
     return plan_pool_and_pick(model, cluster, train, seq_len)[0]
 
 
-def plan_pool_and_pick(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
-                       seq_len: int) -> tuple[list[Candidate], str | None]:
+def plan_pool_and_pick(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, seq_len: int
+) -> tuple[list[Candidate], str | None]:
     """(:func:`plan_pool`, the layout ``--layout auto`` runs: the planner's first after its tie-breaks)."""
     result = planner.search(model, cluster, train, top=POOL, where=runs_here(model, seq_len))
     seen: set[tuple] = set()
@@ -73,5 +84,6 @@ def field_of(pool: list[Candidate], band: float) -> list[Candidate]:
     if not pool:
         return []
     best_s = min(c.predicted_step_s for c in pool)
-    return sorted((c for c in pool if c.predicted_step_s * (1 - band) <= best_s * (1 + band)),
-                  key=lambda c: c.predicted_step_s)
+    return sorted(
+        (c for c in pool if c.predicted_step_s * (1 - band) <= best_s * (1 + band)), key=lambda c: c.predicted_step_s
+    )

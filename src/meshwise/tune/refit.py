@@ -54,17 +54,38 @@ class Fit:
     tables: tuple[str, ...] = ()
 
 
-COMPUTE = Fit("compute",
-              times=("op_overhead_s", "checkpoint_call_s", "selective_op_s", "tp_op_s", "tp_sp_block_s",
-                     "zb_split_block_s", "pp_call_s", "cpu_gemm_call_s", "sdpa_call_s", "sdpa_score_s",
-                     "sdpa_score_dim_s", "cp_step_s", "cp_score_s", "cp_score_dim_s"),
-              rates=("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "cpu_gemm_flops_per_s", "cpu_gemm_bytes_per_s",
-                     "hbm_bytes_per_s"),
-              tables=("cp_ring_table", "sdpa_head_table"))
+COMPUTE = Fit(
+    "compute",
+    times=(
+        "op_overhead_s",
+        "checkpoint_call_s",
+        "selective_op_s",
+        "tp_op_s",
+        "tp_sp_block_s",
+        "zb_split_block_s",
+        "pp_call_s",
+        "cpu_gemm_call_s",
+        "sdpa_call_s",
+        "sdpa_score_s",
+        "sdpa_score_dim_s",
+        "cp_step_s",
+        "cp_score_s",
+        "cp_score_dim_s",
+    ),
+    rates=(
+        "peak_bf16_flops_per_s",
+        "peak_fp32_flops_per_s",
+        "cpu_gemm_flops_per_s",
+        "cpu_gemm_bytes_per_s",
+        "hbm_bytes_per_s",
+    ),
+    tables=("cp_ring_table", "sdpa_head_table"),
+)
 LATENCY = Fit("latency", times=("intra_latency_s", "inter_latency_s"))
 BANDWIDTH = Fit("bandwidth", rates=("intra_bytes_per_s", "inter_bytes_per_s"))
-FIXED = Fit("fixed", times=("optimizer_dtensor_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s"),
-            rates=("dram_bytes_per_s",))
+FIXED = Fit(
+    "fixed", times=("optimizer_dtensor_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s"), rates=("dram_bytes_per_s",)
+)
 
 
 def scaled(table: dict[str, Any], fit: Fit, factor: float) -> dict[str, Any]:
@@ -86,8 +107,11 @@ def profile_text(table: dict[str, Any]) -> str:
     """The profile as TOML: ``meshwise calibrate``'s keys in its order, then any other key the base
     profile held (a catalog entry's), so that ``plan --gpu FILE`` reads the same accelerator."""
     lines = [format_toml(table).rstrip("\n")]
-    lines += [_scalar(key, table[key]) for key in sorted(k for k in table if k not in PROFILE_KEYS and k != "aliases")
-              if _scalar(key, table[key])]
+    lines += [
+        _scalar(key, table[key])
+        for key in sorted(k for k in table if k not in PROFILE_KEYS and k != "aliases")
+        if _scalar(key, table[key])
+    ]
     for key in sorted(k for k, v in table.items() if isinstance(v, dict)):  # a catalog GPU's op-model tables
         lines += _sub_table(key, table[key])
     return "\n".join(lines) + "\n"
@@ -146,19 +170,28 @@ def predicted_parts(t: StepTime) -> dict[str, float]:
 
 def measured_parts(parts: dict[str, float]) -> dict[str, float]:
     """The fitted parts of a measured step split (measure/timing.py's names)."""
-    return {"compute": parts["compute_s"], "link": parts["comm_s"], "idle": parts.get("idle_s", 0.0),
-            "fixed": parts["optimizer_s"] + parts["fixed_s"]}
+    return {
+        "compute": parts["compute_s"],
+        "link": parts["comm_s"],
+        "idle": parts.get("idle_s", 0.0),
+        "fixed": parts["optimizer_s"] + parts["fixed_s"],
+    }
 
 
 def _solve(samples: list[tuple[list[float], float, float, float]], count: int) -> list[float] | None:
     """Least squares of ``sum(c_j owned_j) = measured - other`` over the samples, each residual over
     its trial's measured step (so a part weighs what it weighs in the step); None when singular."""
-    rows = [([o / step for o in owned], (m - other) / step) for owned, other, m, step in samples
-            if sum(owned) > 0 and step > 0]
+    rows = [
+        ([o / step for o in owned], (m - other) / step)
+        for owned, other, m, step in samples
+        if sum(owned) > 0 and step > 0
+    ]
     if len(rows) < count:
         return None
-    a = [[sum(r[i] * r[j] for r, _ in rows) for j in range(count)] + [sum(r[i] * y for r, y in rows)]
-         for i in range(count)]
+    a = [
+        [sum(r[i] * r[j] for r, _ in rows) for j in range(count)] + [sum(r[i] * y for r, y in rows)]
+        for i in range(count)
+    ]
     for i in range(count):  # Gauss-Jordan on the normal equations, as calibrate's _relative_least_squares
         pivot = max(range(i, count), key=lambda j: abs(a[j][i]))
         a[i], a[pivot] = a[pivot], a[i]
@@ -172,8 +205,9 @@ def _solve(samples: list[tuple[list[float], float, float, float]], count: int) -
     return found if all(map(math.isfinite, found)) else None
 
 
-def _factors(samples: list[tuple[list[float], float, float, float]], count: int,
-             so_far: list[float] | None = None) -> list[float] | None:
+def _factors(
+    samples: list[tuple[list[float], float, float, float]], count: int, so_far: list[float] | None = None
+) -> list[float] | None:
     """Factors ``c`` of ``measured = other + sum(c_j owned_j)`` over (owned parts, other, measured,
     the trial's step) samples (:func:`_solve`), each (times ``so_far``, what earlier passes applied)
     within ``1 / MAX_FACTOR .. MAX_FACTOR``: a factor the free fit puts below the bound is held there
@@ -183,8 +217,10 @@ def _factors(samples: list[tuple[list[float], float, float, float]], count: int,
     fixed: dict[int, float] = {}
     while len(fixed) < count:
         free = [j for j in range(count) if j not in fixed]
-        held = [([owned[j] for j in free], other + sum(owned[j] * k for j, k in fixed.items()), m, step)
-                for owned, other, m, step in samples]
+        held = [
+            ([owned[j] for j in free], other + sum(owned[j] * k for j, k in fixed.items()), m, step)
+            for owned, other, m, step in samples
+        ]
         found = _solve(held, len(free))
         if found is None:
             return None
@@ -202,7 +238,9 @@ Measured = tuple[Layout, dict[str, float]]  # a trial's layout and its measured 
 FITS = (COMPUTE, LATENCY, BANDWIDTH, FIXED)
 
 
-def refit(table: dict[str, Any], measured: list[Measured], predictor: Predictor) -> tuple[dict[str, Any], dict[str, float]]:
+def refit(
+    table: dict[str, Any], measured: list[Measured], predictor: Predictor
+) -> tuple[dict[str, Any], dict[str, float]]:
     """(the refitted table, each fit's overall factor) from the trials' measured parts."""
     factors = {f.name: 1.0 for f in FITS}
     for _ in range(PASSES):
@@ -220,8 +258,9 @@ def refit(table: dict[str, Any], measured: list[Measured], predictor: Predictor)
 LINK_APART = 3  # trials with a link share needed before latency and bandwidth are fitted apart
 
 
-def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: Predictor,
-                   so_far: dict[str, float]) -> dict[Fit, float]:
+def _joint_factors(
+    table: dict[str, Any], measured: list[Measured], predictor: Predictor, so_far: dict[str, float]
+) -> dict[Fit, float]:
     """One factor per fit whose keys set some part of some trial, fitted over every (trial, part);
     latency and bandwidth share one factor until ``LINK_APART`` trials hold a link share."""
     samples: list[tuple[dict[Fit, float], float, float, float]] = []
@@ -237,27 +276,28 @@ def _joint_factors(table: dict[str, Any], measured: list[Measured], predictor: P
     columns: list[tuple[Fit, ...]] = [(f,) for f in FITS if f not in (LATENCY, BANDWIDTH)]
     columns += [(LATENCY,), (BANDWIDTH,)] if linked >= LINK_APART else [(LATENCY, BANDWIDTH)]
     active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _, _ in samples)]
-    found = _factors([([sum(owned[f] for f in c) for c in active], other, m, step)
-                      for owned, other, m, step in samples], len(active), [so_far[c[0].name] for c in active])
+    found = _factors(
+        [([sum(owned[f] for f in c) for c in active], other, m, step) for owned, other, m, step in samples],
+        len(active),
+        [so_far[c[0].name] for c in active],
+    )
     return {f: k for c, k in zip(active, found) for f in c} if found else {}
 
 
-def held_out_errors(table: dict[str, Any], measured: list[Measured], steps_s: list[float],
-                    predictor: Predictor) -> list[float]:
+def held_out_errors(
+    table: dict[str, Any], measured: list[Measured], steps_s: list[float], predictor: Predictor
+) -> list[float]:
     """Each trial's relative step error under the profile refitted to the other trials (leave one
     out): how far the refitted model is off on a layout it was not fitted to; [] below two trials."""
     if len(measured) < 2:
         return []
     out = []
     for i, (lay, _) in enumerate(measured):
-        fitted, _ = refit(table, measured[:i] + measured[i + 1:], predictor)
+        fitted, _ = refit(table, measured[:i] + measured[i + 1 :], predictor)
         out.append((predictor.step(fitted, lay).step_s - steps_s[i]) / steps_s[i])
     return out
 
 
-def step_errors(table: dict[str, Any], measured_steps: list[tuple[Layout, float]],
-                predictor: Predictor) -> list[float]:
+def step_errors(table: dict[str, Any], measured_steps: list[tuple[Layout, float]], predictor: Predictor) -> list[float]:
     """(predicted - measured) / measured of each trial's step under ``table``."""
     return [(predictor.step(table, lay).step_s - m) / m for lay, m in measured_steps if m > 0]
-
-

@@ -71,8 +71,10 @@ def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> Non
             except RunStopped as e:
                 if driver is None:
                     raise
-                raise RunStopped(f"{e}; {len(driver.tune.trials)} finished trial(s) kept in {driver.out}, "
-                                 "tune --resume continues", e.status) from None
+                raise RunStopped(
+                    f"{e}; {len(driver.tune.trials)} finished trial(s) kept in {driver.out}, tune --resume continues",
+                    e.status,
+                ) from None
             _on_rank0(lambda: driver.record(trial))
             if progress is not None:
                 progress.done(trial)

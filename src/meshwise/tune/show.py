@@ -21,8 +21,14 @@ class Progress:
 
         self.driver = driver
         shown = sys.stdout.isatty() and not driver.opts.get("json")
-        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       disable=not shown, transient=True)
+        self.bar = Bar(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not shown,
+            transient=True,
+        )
         self.bar.start()
         self.task = self.bar.add_task("tune", total=self._total())
 
@@ -33,8 +39,11 @@ class Progress:
         return min(total, tune.max_trials) if tune.max_trials else total
 
     def start(self, plan: Any) -> None:
-        self.bar.update(self.task, description=f"trial {len(self.driver.tune.trials) + 1}: {plan.layout.short()}",
-                        total=max(self._total(), len(self.driver.tune.trials) + 1))
+        self.bar.update(
+            self.task,
+            description=f"trial {len(self.driver.tune.trials) + 1}: {plan.layout.short()}",
+            total=max(self._total(), len(self.driver.tune.trials) + 1),
+        )
 
     def done(self, trial: Trial) -> None:
         self.bar.update(self.task, completed=len(self.driver.tune.trials), total=self._total())
@@ -55,35 +64,55 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
     tokens_per_step = cfg.schedule.global_batch * cfg.data.seq_len
     budget = None
     if best is not None and driver.opts.get("tokens"):
-        budget = Budget(driver.opts["tokens"], tokens_per_step / best.measured_step_s, driver.world,
-                        driver.opts.get("price_per_gpu_hour"))
+        budget = Budget(
+            driver.opts["tokens"],
+            tokens_per_step / best.measured_step_s,
+            driver.world,
+            driver.opts.get("price_per_gpu_hour"),
+        )
     emitted = _emit(driver, model, cfg, best) if best is not None and driver.opts.get("emit") else None
     if driver.opts.get("report"):
         _report(driver, summary, trials)
     if driver.opts.get("json"):
-        print(json.dumps({**summary, "trials": [t.as_json() for t in trials],
-                          "pick_step_s": best.measured_step_s if best else None,
-                          "budget": budget.as_json() if budget else None, "emit": emitted}))
+        print(
+            json.dumps(
+                {
+                    **summary,
+                    "trials": [t.as_json() for t in trials],
+                    "pick_step_s": best.measured_step_s if best else None,
+                    "budget": budget.as_json() if budget else None,
+                    "emit": emitted,
+                }
+            )
+        )
         return 0
     _table(trials, summary)
     before, after = _mean_abs(summary["error_before"]), _mean_abs(summary["error_after"])
-    print(f"Field: {len(summary['field'])} layout(s) within the band of the fastest predicted; {len(trials)} tried "
-          f"({summary['resumed']} resumed), {len(summary['dropped'])} dropped by the refitted profile")
+    print(
+        f"Field: {len(summary['field'])} layout(s) within the band of the fastest predicted; {len(trials)} tried "
+        f"({summary['resumed']} resumed), {len(summary['dropped'])} dropped by the refitted profile"
+    )
     if best is None:
         print("No layout of the field fit; a smaller model, batch or more memory (--memory-limit)")
     else:
-        print(f"Pick: {best.layout} ({best.measured_step_s:.4g} s/step measured, "
-              f"{tokens_per_step / best.measured_step_s:,.0f} tokens/s); the planner alone (--layout auto) "
-              f"runs {summary['auto']}")
+        print(
+            f"Pick: {best.layout} ({best.measured_step_s:.4g} s/step measured, "
+            f"{tokens_per_step / best.measured_step_s:,.0f} tokens/s); the planner alone (--layout auto) "
+            f"runs {summary['auto']}"
+        )
         print(f"Train config: {summary['config']} (meshwise train --config {summary['config']})")
     if before is not None and after is not None:
-        print(f"Profile: {summary['profile']} (mean |step error| over the measured trials: {before:.1%} with "
-              f"{summary['base_profile']}, {after:.1%} refitted; plan --gpu {summary['profile']})")
+        print(
+            f"Profile: {summary['profile']} (mean |step error| over the measured trials: {before:.1%} with "
+            f"{summary['base_profile']}, {after:.1%} refitted; plan --gpu {summary['profile']})"
+        )
     if budget is not None:
         cells = budget_cells(budget)
         cost = f", cost {cells[2]}" if len(cells) > 2 else ""
-        print(f"Budget: {fmt_tokens(budget.tokens)} in {cells[0]} days, {cells[1]} GPU-hours on {driver.world} "
-              f"device(s){cost} (from the measured step)")
+        print(
+            f"Budget: {fmt_tokens(budget.tokens)} in {cells[0]} days, {cells[1]} GPU-hours on {driver.world} "
+            f"device(s){cost} (from the measured step)"
+        )
     if driver.opts.get("report"):
         print(f"report: {driver.opts['report']}")
     if emitted:
@@ -100,8 +129,12 @@ def _emit(driver: Any, model: Any, cfg: Any, best: Trial) -> str:
     precision = "fp32" if driver.device_type != "cuda" else "bf16-mixed"
     local = driver.tune.predictor.local_world
     try:
-        return emit(driver.opts["emit"], Target(model, parse(best.layout), cfg.schedule.global_batch,
-                                                cfg.data.seq_len, precision, driver.world, local))
+        return emit(
+            driver.opts["emit"],
+            Target(
+                model, parse(best.layout), cfg.schedule.global_batch, cfg.data.seq_len, precision, driver.world, local
+            ),
+        )
     except Unexpressible as e:
         print(f"meshwise: note: {e}", file=sys.stderr, flush=True)
         return ""
@@ -111,10 +144,20 @@ COLUMNS = ("#", "layout", "round", "status", "predicted s", "refitted s", "measu
 
 
 def _rows(trials: list[Trial], summary: dict[str, Any]) -> list[list[str]]:
-    return [[str(i), t.layout, str(t.round), t.status, f"{t.predicted_step_s:.4g}",
-             f"{summary['refitted_step_s'][t.layout]:.4g}",
-             f"{t.measured_step_s:.4g}" if t.measured_step_s is not None else "-", gb_text(t.peak_bytes), t.binds]
-            for i, t in enumerate(trials, 1)]
+    return [
+        [
+            str(i),
+            t.layout,
+            str(t.round),
+            t.status,
+            f"{t.predicted_step_s:.4g}",
+            f"{summary['refitted_step_s'][t.layout]:.4g}",
+            f"{t.measured_step_s:.4g}" if t.measured_step_s is not None else "-",
+            gb_text(t.peak_bytes),
+            t.binds,
+        ]
+        for i, t in enumerate(trials, 1)
+    ]
 
 
 def _table(trials: list[Trial], summary: dict[str, Any]) -> None:
@@ -137,9 +180,19 @@ def _report(driver: Any, summary: dict[str, Any], trials: list[Trial]) -> None:
     from meshwise.report.tune_report import write_tune_report
 
     tune = driver.tune
-    points = [(t.measured_step_s, tune.predictor.step(tune.base_table, parse(t.layout)).step_s,
-               summary["refitted_step_s"][t.layout]) for t in trials if t.measured_step_s]
-    lines = [f"pick: {summary['pick']}", f"--layout auto (the planner alone): {summary['auto']}",
-             f"starting profile: {summary['base_profile']}; refitted: {summary['profile']}",
-             f"field: {len(summary['field'])} layout(s); {len(trials)} tried; {len(summary['dropped'])} dropped"]
+    points = [
+        (
+            t.measured_step_s,
+            tune.predictor.step(tune.base_table, parse(t.layout)).step_s,
+            summary["refitted_step_s"][t.layout],
+        )
+        for t in trials
+        if t.measured_step_s
+    ]
+    lines = [
+        f"pick: {summary['pick']}",
+        f"--layout auto (the planner alone): {summary['auto']}",
+        f"starting profile: {summary['base_profile']}; refitted: {summary['profile']}",
+        f"field: {len(summary['field'])} layout(s); {len(trials)} tried; {len(summary['dropped'])} dropped",
+    ]
     write_tune_report(driver.opts["report"], "meshwise tune", COLUMNS, _rows(trials, summary), points, lines)

@@ -25,8 +25,13 @@ from meshwise.files import write_atomically
 
 NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
 MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
-BINDS = {"compute_s": "compute", "comm_s": "communication", "idle_s": "pipeline idle", "optimizer_s": "optimizer",
-         "fixed_s": "fixed costs"}
+BINDS = {
+    "compute_s": "compute",
+    "comm_s": "communication",
+    "idle_s": "pipeline idle",
+    "optimizer_s": "optimizer",
+    "fixed_s": "fixed costs",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,15 @@ class Trial:
 
 
 def trial_from_json(d: dict[str, Any]) -> Trial:
-    return Trial(str(d["layout"]), str(d["status"]), float(d["predicted_step_s"]), [float(x) for x in d["steps_s"]],
-                 {str(k): float(v) for k, v in d["parts"].items()}, int(d["peak_bytes"]), int(d.get("round", 0)))
+    return Trial(
+        str(d["layout"]),
+        str(d["status"]),
+        float(d["predicted_step_s"]),
+        [float(x) for x in d["steps_s"]],
+        {str(k): float(v) for k, v in d["parts"].items()},
+        int(d["peak_bytes"]),
+        int(d.get("round", 0)),
+    )
 
 
 def noise_of(steps_s: list[float]) -> float:
@@ -103,6 +115,8 @@ def read_results(path: Path, inputs: dict[str, Any]) -> list[Trial]:
     saved = rows[0].get("inputs", {})
     for key, value in inputs.items():
         if saved.get(key) != value:
-            raise MeshwiseError(f"--resume: {path} was tuned with {key} = {saved.get(key)!r}, not {value!r}; "
-                                "give the same inputs, or another --out for a new tune")
+            raise MeshwiseError(
+                f"--resume: {path} was tuned with {key} = {saved.get(key)!r}, not {value!r}; "
+                "give the same inputs, or another --out for a new tune"
+            )
     return trials

@@ -47,7 +47,7 @@ class Tune:
         self.base_table = dict(self.table)
         self.field = [c.text for c in field_of(self.pool, self.band)]
         if self.exhaustive:
-            self.field = [c.text for c in sorted(self.pool, key=lambda c: c.predicted_step_s)[:self.exhaustive]]
+            self.field = [c.text for c in sorted(self.pool, key=lambda c: c.predicted_step_s)[: self.exhaustive]]
         self.planned_band = self.band
         if any(t.fits for t in self.trials):
             self._learn()
@@ -75,8 +75,13 @@ class Tune:
             return Candidate(parse(text), self.predicted(text)), 0
         if best_s is None or self.exhaustive:
             return None
-        faster = [c.text for c in self.pool if c.text not in self.tried and c.text not in self.dropped
-                  and self.predicted(c.text) < best_s * (1 - self.band)]
+        faster = [
+            c.text
+            for c in self.pool
+            if c.text not in self.tried
+            and c.text not in self.dropped
+            and self.predicted(c.text) < best_s * (1 - self.band)
+        ]
         if not faster:
             return None
         text = min(faster, key=self.predicted)
@@ -93,16 +98,23 @@ class Tune:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
         done = [t for t in self.trials if t.status == "measured" and t.parts and t.measured_step_s]
-        errors = held_out_errors(self.base_table, [(parse(t.layout), t.parts) for t in done],
-                                 [t.measured_step_s or 0.0 for t in done], self.predictor)
+        errors = held_out_errors(
+            self.base_table,
+            [(parse(t.layout), t.parts) for t in done],
+            [t.measured_step_s or 0.0 for t in done],
+            self.predictor,
+        )
         if errors:
             self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
         best = best_trial(self.trials)
         if best is None or best.measured_step_s is None or self.exhaustive:
             return
         for text in self.field:
-            if text not in self.tried and text not in self.dropped \
-                    and self.predicted(text) > best.measured_step_s * (1 + self.band):
+            if (
+                text not in self.tried
+                and text not in self.dropped
+                and self.predicted(text) > best.measured_step_s * (1 + self.band)
+            ):
                 self.dropped.append(text)
 
     def errors(self, table: dict[str, Any]) -> list[float]:

@@ -84,9 +84,17 @@ def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: A
 
     B, seq, layout = cfg.schedule.global_batch, cfg.data.seq_len, plan.layout
     mesh = build_mesh(layout, prep.model, B)
-    pm = parallelize(prep.model, layout, mesh, B, seq_len=seq, seed=cfg.model.seed, optim=cfg.optimizer,
-                     compile=cfg.layout.compile,
-                     precision=float8.resolve(cfg.layout.precision, device_type, "--layout.precision"))
+    pm = parallelize(
+        prep.model,
+        layout,
+        mesh,
+        B,
+        seq_len=seq,
+        seed=cfg.model.seed,
+        optim=cfg.optimizer,
+        compile=cfg.layout.compile,
+        precision=float8.resolve(cfg.layout.precision, device_type, "--layout.precision"),
+    )
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
     step = 0
 
