@@ -1,15 +1,18 @@
 """The published runs, predicted against their published step time: every run of one set
-(dev or test) of src/meshwise/catalog/published_runs.toml, dense and mixture-of-experts reported apart.
+(dev, test or test2) of src/meshwise/catalog/published_runs.toml, dense and mixture-of-experts reported apart.
 
 Nothing in the GPU time model is fitted to these runs: every constant comes from its component's
 own published data (benchmarks/fit_components.py), and the runs are only predicted. The error is
 reported for dense and MoE runs, by size band (< 10B, 10-100B, > 100B parameters), and without the
 three MT-NLG runs, whose micro-batch size is inferred (their source does not state it).
 
-The test set is evaluated once, by the lead, after the MoE time model lands; the dev set freely.
+The test sets are evaluated once each, by the lead (test after the MoE time model landed; test2, collected
+blind, after the MoE and float8 changes that followed); the dev set freely. ``--validate`` resolves every run
+of a set and prices none: it is how a test set is checked before its one evaluation.
 
-    python benchmarks/fidelity.py                    # the dev set: the table, then mean and worst |error|
-    python benchmarks/fidelity.py --set dev --save   # also writes benchmarks/results/fidelity-dev.txt
+    python benchmarks/fidelity.py                           # the dev set: the table, then mean and worst |error|
+    python benchmarks/fidelity.py --set dev --save          # also writes benchmarks/results/fidelity-dev.txt
+    python benchmarks/fidelity.py --set test2 --validate    # one line per run, no prediction; exit 1 on a problem
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ from pathlib import Path
 
 from meshwise.cost import compute
 from meshwise.cost.estimate import estimate
-from meshwise.layout import Layout, parse
+from meshwise.errors import MeshwiseError
+from meshwise.layout import Layout, check_runnable, parse
 from meshwise.plan.band import band_for
 from meshwise.plan.planner import search
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
+from meshwise.spec.cluster import catalog_accelerator
 
 BANDS = (("< 10B", 0, 10e9), ("10-100B", 10e9, 100e9), ("> 100B", 100e9, float("inf")))
 INFERRED = ("mtnlg530b",)  # runs whose micro-batch size is inferred, not published
-SETS = ("dev", "test")
+SETS = ("dev", "test", "test2")
+FIGURES = ("step_s", "tokens_per_s_per_gpu", "hardware_tflops_per_gpu")  # a run gives exactly one
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -92,33 +98,43 @@ def _catalog() -> dict:
     return tomllib.loads(resources.files("meshwise.catalog").joinpath("published_runs.toml").read_text())
 
 
+def _models(data: dict) -> dict[str, ModelSpec]:
+    return {name: ModelSpec(name=name, **table) for name, table in data.get("models", {}).items()}
+
+
+def _resolve(rec: dict, models: dict[str, ModelSpec]) -> tuple[ModelSpec, ClusterSpec, TrainSpec]:
+    """A run's model (the runs file's own, else the catalog's), cluster and step, as written; prices nothing."""
+    model = models.get(rec["model"]) or load_model(rec["model"])
+    cluster = load_cluster(rec["gpu"], rec["gpus"])
+    train = TrainSpec(
+        global_batch=rec["global_batch"],
+        seq_len=rec["seq_len"],
+        precision=rec.get("precision", "bf16-mixed"),
+        runtime=rec["runtime"],
+        overlap_dp_comm=rec.get("overlap_dp_comm", True),
+        overlap_tp_comm=rec.get("overlap_tp_comm", False),
+        fused_attention=rec.get("fused_attention", True),
+        selective_policy=rec.get("selective_policy", "meshwise"),
+        model_code=rec.get("model_code", "meshwise"),
+        overlap_ep_comm=rec.get("overlap_ep_comm", False),
+        moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
+        moe_balancing=rec.get("moe_balancing", "aux-loss"),
+    )
+    return model, cluster, train
+
+
 def load_runs(prefix: str = "", set_name: str | None = None, original: bool = False) -> list[Run]:
-    """The runs of ``set_name`` (both sets when None) whose id starts with ``prefix``; ``original``: only
+    """The runs of ``set_name`` (every set when None) whose id starts with ``prefix``; ``original``: only
     the 39 dense bf16 runs the model was first checked on (those without a ``precision``)."""
     data = _catalog()
-    models = {name: ModelSpec(name=name, **table) for name, table in data.get("models", {}).items()}
+    models = _models(data)
     runs = []
     for rec in data["run"]:
         if not rec["id"].startswith(prefix) or (set_name and rec["set"] != set_name):
             continue
         if original and "precision" in rec:
             continue
-        model = models.get(rec["model"]) or load_model(rec["model"])
-        cluster = load_cluster(rec["gpu"], rec["gpus"])
-        train = TrainSpec(
-            global_batch=rec["global_batch"],
-            seq_len=rec["seq_len"],
-            precision=rec.get("precision", "bf16-mixed"),
-            runtime=rec["runtime"],
-            overlap_dp_comm=rec.get("overlap_dp_comm", True),
-            overlap_tp_comm=rec.get("overlap_tp_comm", False),
-            fused_attention=rec.get("fused_attention", True),
-            selective_policy=rec.get("selective_policy", "meshwise"),
-            model_code=rec.get("model_code", "meshwise"),
-            overlap_ep_comm=rec.get("overlap_ep_comm", False),
-            moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
-            moe_balancing=rec.get("moe_balancing", "aux-loss"),
-        )
+        model, cluster, train = _resolve(rec, models)
         if "layout" in rec:
             layout = parse(rec["layout"], rec["gpus"])
         else:
@@ -138,6 +154,55 @@ def load_runs(prefix: str = "", set_name: str | None = None, original: bool = Fa
             )
         )
     return runs
+
+
+def check_run(rec: dict, models: dict[str, ModelSpec]) -> str:
+    """One run resolved without pricing it: its set, origin and kind, its model, a catalog GPU, the step's
+    fields, its layout runnable under its runtime (a ``search`` run's fixed keys parsed, the rest searched
+    only at evaluation) and one positive published figure. The run's line; MeshwiseError on a problem."""
+    where = rec.get("id", "?")
+    if rec.get("set") not in SETS or not rec.get("origin") or not isinstance(rec.get("moe"), bool):
+        raise MeshwiseError(f"{where}: needs set (one of {', '.join(SETS)}), origin and moe (true or false)")
+    if catalog_accelerator(str(rec["gpu"])) is None:
+        raise MeshwiseError(f"{where}: gpu {rec['gpu']!r} is not a catalog accelerator (catalog/accelerators.toml)")
+    model, cluster, train = _resolve(rec, models)
+    if model.moe != rec["moe"]:
+        raise MeshwiseError(f"{where}: moe = {str(rec['moe']).lower()} but {model.name!r} has {model.experts} experts")
+    given = [f for f in FIGURES if f in rec]
+    if len(given) != 1 or not isinstance(rec[given[0]], int | float) or rec[given[0]] <= 0:
+        raise MeshwiseError(f"{where}: needs exactly one positive published figure of {', '.join(FIGURES)}")
+    if "layout" in rec:
+        layout = parse(rec["layout"], rec["gpus"], explicit=True)
+        check_runnable(layout, model, rec["gpus"], rec["global_batch"], rec["seq_len"], runtime=train.runtime)
+        shown = f"`{layout}`"
+    else:
+        parse(rec["search"], rec["gpus"], explicit=True)
+        shown = f"search `{rec['search']}`"
+    kind = "MoE" if model.moe else "dense"
+    return (
+        f"{rec['id']} | {rec['set']} | {rec['origin']} | {kind} | {model.name} | {cluster.accelerator.name} x "
+        f"{rec['gpus']} | {train.precision} | {train.runtime} | {shown} | published {given[0]} = {rec[given[0]]}"
+    )
+
+
+def validate_set(set_name: str) -> tuple[list[str], int]:
+    """Every run of ``set_name`` checked by :func:`check_run` (nothing predicted, nothing priced): its lines,
+    a problem's in place of its run's, and the number of problems (ids repeated across the file count)."""
+    data = _catalog()
+    models = _models(data)
+    lines, problems = [], 0
+    ids = [rec.get("id") for rec in data["run"]]
+    for rec in data["run"]:
+        if rec.get("set") != set_name:
+            continue
+        try:
+            if ids.count(rec.get("id")) > 1:
+                raise MeshwiseError(f"{rec.get('id')}: id given {ids.count(rec.get('id'))} times")
+            lines.append("ok   " + check_run(rec, models))
+        except (MeshwiseError, KeyError, TypeError) as e:
+            problems += 1
+            lines.append(f"FAIL {rec.get('id', '?')}: {e}")
+    return lines, problems
 
 
 def predict(run: Run) -> float:
@@ -211,7 +276,17 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="set_name", choices=SETS, default="dev")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/fidelity-<set>.txt")
+    parser.add_argument(
+        "--validate", action="store_true", help="resolve every run of the set and print it; predict nothing"
+    )
     args = parser.parse_args(argv)
+    if args.validate:
+        lines, problems = validate_set(args.set_name)
+        print("\n".join(lines))
+        print(f"\n{args.set_name}: {len(lines)} runs, {problems} with a problem (nothing predicted)")
+        if problems or not lines:
+            raise SystemExit(1)
+        return
     runs = load_runs(set_name=args.set_name)
     errors = {r.id: predict(r) / r.published_step_s - 1 for r in runs}
     lines = table(runs, errors, args.set_name)
