@@ -110,6 +110,40 @@ def build_parser() -> argparse.ArgumentParser:
         "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed",
     )
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
+    _add_runtime_arguments(p)
+    p.add_argument(
+        "--layout",
+        action="append",
+        type=_given(LAYOUT_WHAT),
+        help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
+        "separate layouts with ';', to compare several in one table, best first",
+    )
+    p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
+    p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument(
+        "--report",
+        metavar="HTML",
+        type=_given(REPORT_WHAT),
+        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
+    )
+    _add_emit_arguments(p)
+    _add_train_commands(sub)
+    _add_calibrate_command(sub)
+    _add_measure_command(sub)
+    _add_verify_command(sub)
+    return parser
+
+
+def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's runtime whose kernels and overlap it predicts, and the mixture of experts' routing."""
     p.add_argument(
         "--runtime",
         choices=RUNTIME_CHOICES,
@@ -147,35 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
         "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute",
     )
-    p.add_argument(
-        "--layout",
-        action="append",
-        type=_given(LAYOUT_WHAT),
-        help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
-        "separate layouts with ';', to compare several in one table, best first",
-    )
-    p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
-    p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
-    p.add_argument(
-        "--verify",
-        type=int,
-        default=0,
-        metavar="K",
-        help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument(
-        "--report",
-        metavar="HTML",
-        type=_given(REPORT_WHAT),
-        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
-    )
-    _add_emit_arguments(p)
-    _add_train_commands(sub)
-    _add_calibrate_command(sub)
-    _add_measure_command(sub)
-    _add_verify_command(sub)
-    return parser
 
 
 def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
@@ -526,16 +531,15 @@ def _generate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         _require_runtime("--verify")
-    from meshwise.plan.command import Extras, plan_main
+    from meshwise.plan.command import Extras, Request, Shown, plan_main
     from meshwise.plan.failures import FailureOptions
 
-    extras = Extras(
-        emit=args.emit,
-        tokens=args.tokens,
-        price_per_gpu_hour=args.price_per_gpu_hour,
-        failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes),
-    )
-    return plan_main(
+    moe = {
+        "moe_capacity_factor": args.moe_capacity_factor,
+        "moe_balancing": args.moe_balancing,
+        "overlap_ep_comm": args.moe_comm_overlap,
+    }
+    request = Request(
         args.model,
         args.params,
         args.gpu,
@@ -545,21 +549,18 @@ def _plan(args: argparse.Namespace) -> int:
         args.global_batch,
         args.precision,
         args.optimizer,
-        args.layout,
-        args.top,
-        args.headroom,
-        args.json,
-        args.report,
         args.runtime,
-        args.verify,
-        extras,
-        tp_comm_overlap=args.tp_comm_overlap,
-        moe={
-            "moe_capacity_factor": args.moe_capacity_factor,
-            "moe_balancing": args.moe_balancing,
-            "overlap_ep_comm": args.moe_comm_overlap,
-        },
+        args.tp_comm_overlap,
+        moe,
     )
+    shown = Shown(args.layout, args.top, args.headroom, args.json, args.report, args.verify)
+    extras = Extras(
+        emit=args.emit,
+        tokens=args.tokens,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes),
+    )
+    return plan_main(request, shown, extras)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -752,12 +752,10 @@ def _candidates(
         static.all_grads,
         static.first_grad,
     )
-    root_copy, block_copy = static.copies
-    act_fwd = per_mb.forward
-    act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
+    act_fwd = _forward_activations(layout, static, per_mb)
     warm_up_only, grads, fresh_unsharded = _step_gradients(train, layout, shape, m, all_grads)
     root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
-    ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
+    ids = _ids_bytes(train, layout, shape)
     other = static.fixed_other
     backward = _new(
         Moment, (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward, other)
@@ -788,9 +786,7 @@ def _candidates(
     loss_moment = _new(Moment, (w_fwd - root_gathered, grads, o, per_mb.loss, other)) if per_mb.loss else end
     if interleaved(layout):
         standing_in = ring == end
-        forward, backward, end, loss_moment, embed = _interleaved_peaks(
-            train, layout, shape, m, static, act_fwd, per_mb, ids, other, fresh_unsharded
-        )
+        forward, backward, end, loss_moment, embed = _interleaved_peaks(train, layout, shape, m, static, per_mb)
         late = backward  # late in a block's backward is a moment of its own only without PP
         if standing_in:
             ring = end
@@ -825,8 +821,23 @@ def _step_gradients(
     # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
     # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
-    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1 or train.mixed)
-    return warm_up_only, grads, fresh_unsharded
+    return warm_up_only, grads, _fresh_unsharded(train, layout)
+
+
+def _fresh_unsharded(train: TrainSpec, layout: Layout) -> bool:
+    """Whether the first gradient of a backward is a tensor of its own beside the accumulated ones."""
+    return layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1 or train.mixed)
+
+
+def _ids_bytes(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The token ids a micro-batch holds on the embedding's rank (activations.ids_bytes)."""
+    return train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0
+
+
+def _forward_activations(layout: Layout, static: StaticParts, per_mb: PerMicroBatch) -> float:
+    """The activations at the end of the busiest forward, with the copies its compute dtype makes."""
+    root_copy, block_copy = static.copies
+    return per_mb.forward + root_copy + (block_copy if layout.ac == "none" else 0.0)
 
 
 def _late_moment(
@@ -873,16 +884,7 @@ def _ring_moment(
 
 
 def _interleaved_peaks(
-    train: TrainSpec,
-    layout: Layout,
-    shape: RankShape,
-    m: int,
-    static: StaticParts,
-    act_fwd: float,
-    per_mb: PerMicroBatch,
-    ids: float,
-    other: float,
-    fresh_unsharded: bool,
+    train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts, per_mb: PerMicroBatch
 ) -> tuple[Moment, Moment, Moment, Moment, Moment]:
     """(forward, backward, end of the step, loss's backward, embedding's backward) under the
     interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
@@ -892,26 +894,17 @@ def _interleaved_peaks(
     fewer in flight, and the
     float32 shards of the chunks whose gradients were reduced; at the end of the step only the
     shards remain (every chunk resharded, every gradient reduced)."""
-    w_fwd, w_bwd, o, all_grads, first = (
-        static.weights_forward,
-        static.weights_backward,
-        static.optimizer,
-        static.all_grads,
-        static.first_grad,
-    )
-    act_bwd, kept_block, extras, act_loss, act_embed = (
-        per_mb.backward,
-        per_mb.kept_block,
-        per_mb.extras,
-        per_mb.loss,
-        per_mb.embed,
-    )
+    w_fwd, w_bwd, o, all_grads = static.weights_forward, static.weights_backward, static.optimizer, static.all_grads
+    act_fwd, act_bwd = _forward_activations(layout, static, per_mb), per_mb.backward
+    act_loss, act_embed = per_mb.loss, per_mb.embed
+    kept_block, extras, other = per_mb.kept_block, per_mb.extras, static.fixed_other
+    fresh_unsharded = _fresh_unsharded(train, layout)
     evict, frees = evicts_chunks(layout), frees_gradients(layout)
     sharding = layout.shard * layout.cp
     # a block's backward peaks in its MLP's, with the down projection's and the gate's fresh gradients
     # (in the compute dtype, until the block's FSDP unit accumulates them; meshwise verify, Llama 3
     # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
-    fresh = first if shape.has_head else 2 * first
+    fresh = static.first_grad * (1 if shape.has_head else 2)
     fractions, top_f, top_b, low_b, smallest, first_chunk, busiest, low_blocks = _moment_fractions(
         layout.pp, layout.vpp, m, shape, evict, frees
     )
@@ -943,7 +936,7 @@ def _interleaved_peaks(
                     loss, best_loss = (cand, g), total
     forward, backward = _new(Moment, forward), _new(Moment, backward)
     shards = all_grads / sharding if frees else all_grads
-    end = _new(Moment, (w_fwd - unsharded * smallest, shards, o, ids, other))
+    end = _new(Moment, (w_fwd - unsharded * smallest, shards, o, _ids_bytes(train, layout, shape), other))
     loss_moment = _new(Moment, (loss[0][0], loss[1], o, act_loss, other)) if act_loss else end
     embed = backward
     if act_embed:

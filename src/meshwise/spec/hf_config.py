@@ -183,124 +183,144 @@ def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, 
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:
     """A ModelSpec with every field the family's transformers model uses to build its weights."""
     family = hf_family(cfg, where)
-    eps, theta, max_seq, tie = _DEFAULTS[family]
     cfg, excluded = hf_defaults.unwrap(cfg, family, where)
     if family in hf_defaults.CLASS_DEFAULTS:
         cfg = hf_defaults.with_defaults(cfg, family)
     try:
         if family == "gpt2":
-            hidden = cfg["n_embd"]
-            return ModelSpec(
-                name=name,
-                family=family,
-                layers=cfg["n_layer"],
-                hidden=hidden,
-                heads=cfg["n_head"],
-                kv_heads=cfg["n_head"],
-                ffn_hidden=cfg.get("n_inner") or 4 * hidden,
-                mlp="gelu",
-                vocab=cfg.get("vocab_size", 50257),
-                tied_embeddings=cfg.get("tie_word_embeddings", tie),
-                max_seq=cfg.get("n_positions", max_seq),
-                norm="layernorm",
-                norm_eps=cfg.get("layer_norm_epsilon", eps),
-                qkv_bias=True,
-                o_bias=True,
-                mlp_bias=True,
-                position="learned",
-                rope_theta=0.0,
-                bos_id=cfg.get("bos_token_id"),
-                eos_ids=_ids(cfg.get("eos_token_id")),
-                source=where,
-            )
-        heads = cfg["num_attention_heads"]
-        layers = cfg["num_hidden_layers"]
-        hidden = cfg["hidden_size"]
-        fields_: dict[str, Any] = dict(
-            name=name,
-            family=family,
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            ffn_hidden=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tied_embeddings=cfg.get("tie_word_embeddings", tie),
-            max_seq=cfg.get("max_position_embeddings", max_seq),
-            norm_eps=cfg.get("rms_norm_eps", eps),
-            head_dim=cfg.get("head_dim") or 0,
-            bos_id=cfg.get("bos_token_id"),
-            eos_ids=_ids(cfg.get("eos_token_id")),
-            source=where,
-            excluded=excluded,
-            **_rope(cfg, theta),
-        )
-        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-        if family.startswith("gemma"):
-            fields_["mlp"] = "geglu"
-        elif act != "silu":
-            raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
-        attn_bias = bool(cfg.get("attention_bias", False))
-        if family in (
-            "llama",
-            "qwen3",
-            "qwen3_moe",
-            "gemma",
-            "gemma2",
-            "gemma3_text",
-            "olmo2",
-            "llama4_text",
-            "olmo3",
-            "smollm3",
-        ):
-            fields_.update(qkv_bias=attn_bias, o_bias=attn_bias)
-        if family == "glm4_moe":  # q, k and v biased; the output projection never is
-            fields_.update(
-                qkv_bias=attn_bias,
-                qk_norm=bool(cfg.get("use_qk_norm", False)),
-                head_dim=cfg.get("head_dim") or hidden // heads,
-            )
-        if family in ("qwen2", "qwen2_moe"):
-            fields_["qkv_bias"] = True
-        if family in ("llama", "smollm3"):
-            fields_["mlp_bias"] = bool(cfg.get("mlp_bias", False))
-        if family in ("qwen3", "qwen3_moe"):
-            fields_["qk_norm"] = True
-        window = cfg.get("sliding_window") or 0
-        if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
-            window = 0
-        fields_["sliding_window"] = window
-        if family == "gemma2":
-            fields_.update(
-                norms_per_layer=4,
-                attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-                final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
-                query_scale=float(cfg.get("query_pre_attn_scalar") or 256),
-            )
-            if window:
-                kinds = hf_defaults.layer_types(cfg, family, layers)
-                fields_["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
-        if family in ("gemma3_text", "olmo3"):
-            rope_cfg, local_theta = hf_defaults.layered_rope(cfg, family)
-            fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
-        if family in hf_defaults.CLASS_DEFAULTS:
-            fields_.update(hf_defaults.recent_fields(cfg, family, layers))
-        if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
-            fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
-        fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
-        fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
-        try:
-            spec = ModelSpec(**fields_)
-        except MeshwiseError as err:
-            raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
-        mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
-        return _with_mtp(spec, mtp) if mtp else spec
+            return _gpt2_spec(cfg, name, where)
+        return _decoder_spec(cfg, name, family, where, excluded)
     except KeyError as missing:
         raise MeshwiseError(f"{where}: lacks {missing.args[0]!r}, which a {family} config needs") from None
     except (TypeError, ValueError) as e:
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+def _gpt2_spec(cfg: dict[str, Any], name: str, where: str) -> ModelSpec:
+    """GPT-2's config.json keys (n_embd, n_layer, ...): learned positions, LayerNorm, biases everywhere."""
+    eps, _, max_seq, tie = _DEFAULTS["gpt2"]
+    family = "gpt2"
+    hidden = cfg["n_embd"]
+    return ModelSpec(
+        name=name,
+        family=family,
+        layers=cfg["n_layer"],
+        hidden=hidden,
+        heads=cfg["n_head"],
+        kv_heads=cfg["n_head"],
+        ffn_hidden=cfg.get("n_inner") or 4 * hidden,
+        mlp="gelu",
+        vocab=cfg.get("vocab_size", 50257),
+        tied_embeddings=cfg.get("tie_word_embeddings", tie),
+        max_seq=cfg.get("n_positions", max_seq),
+        norm="layernorm",
+        norm_eps=cfg.get("layer_norm_epsilon", eps),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        position="learned",
+        rope_theta=0.0,
+        bos_id=cfg.get("bos_token_id"),
+        eos_ids=_ids(cfg.get("eos_token_id")),
+        source=where,
+    )
+
+
+def _decoder_spec(cfg: dict[str, Any], name: str, family: str, where: str, excluded) -> ModelSpec:
+    """The Llama-like families' config.json keys (hidden_size, num_hidden_layers, ...)."""
+    eps, theta, max_seq, tie = _DEFAULTS[family]
+    heads = cfg["num_attention_heads"]
+    layers = cfg["num_hidden_layers"]
+    hidden = cfg["hidden_size"]
+    fields_: dict[str, Any] = dict(
+        name=name,
+        family=family,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        ffn_hidden=cfg["intermediate_size"],
+        vocab=cfg["vocab_size"],
+        tied_embeddings=cfg.get("tie_word_embeddings", tie),
+        max_seq=cfg.get("max_position_embeddings", max_seq),
+        norm_eps=cfg.get("rms_norm_eps", eps),
+        head_dim=cfg.get("head_dim") or 0,
+        bos_id=cfg.get("bos_token_id"),
+        eos_ids=_ids(cfg.get("eos_token_id")),
+        source=where,
+        excluded=excluded,
+        **_rope(cfg, theta),
+    )
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if family.startswith("gemma"):
+        fields_["mlp"] = "geglu"
+    elif act != "silu":
+        raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
+    attn_bias = bool(cfg.get("attention_bias", False))
+    fields_.update(_attention_fields(cfg, family, layers, hidden, heads))
+    if family in ("gemma3_text", "olmo3"):
+        rope_cfg, local_theta = hf_defaults.layered_rope(cfg, family)
+        fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
+    if family in hf_defaults.CLASS_DEFAULTS:
+        fields_.update(hf_defaults.recent_fields(cfg, family, layers))
+    if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
+        fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
+    fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
+    fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
+    try:
+        spec = ModelSpec(**fields_)
+    except MeshwiseError as err:
+        raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
+    mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
+    return _with_mtp(spec, mtp) if mtp else spec
+
+
+def _attention_fields(cfg: dict[str, Any], family: str, layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    """The attention's biases, q/k norms, sliding window and soft-capping, by family."""
+    fields: dict[str, Any] = {}
+    attn_bias = bool(cfg.get("attention_bias", False))
+    if family in (
+        "llama",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "olmo2",
+        "llama4_text",
+        "olmo3",
+        "smollm3",
+    ):
+        fields.update(qkv_bias=attn_bias, o_bias=attn_bias)
+    if family == "glm4_moe":  # q, k and v biased; the output projection never is
+        fields.update(
+            qkv_bias=attn_bias,
+            qk_norm=bool(cfg.get("use_qk_norm", False)),
+            head_dim=cfg.get("head_dim") or hidden // heads,
+        )
+    if family in ("qwen2", "qwen2_moe"):
+        fields["qkv_bias"] = True
+    if family in ("llama", "smollm3"):
+        fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+    if family in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True
+    window = cfg.get("sliding_window") or 0
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        window = 0
+    fields["sliding_window"] = window
+    if family == "gemma2":
+        fields.update(
+            norms_per_layer=4,
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+            query_scale=float(cfg.get("query_pre_attn_scalar") or 256),
+        )
+        if window:
+            kinds = hf_defaults.layer_types(cfg, family, layers)
+            fields["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
+    return fields
 
 
 # ModelSpec's fields by the config.json keys they are read from (a family's own key first where it differs)
