@@ -326,7 +326,7 @@ def _dp_collectives_of(
         else None
     )
     per_mb, per_step = _dp_ops(
-        train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered, gather
+        train, layout, m, cluster, (dense, shape.units), _Group(layout.shard, dim, layout.tp), regathered, gather
     )
     if not experts:
         return per_mb, per_step
@@ -341,11 +341,8 @@ def _dp_collectives_of(
         layout,
         m,
         cluster,
-        shape.expert_params / (layout.ep * expert_tp),
-        moe_units,
-        layout.expert_dp,
-        "edp",
-        layout.ep if folded else layout.tp * layout.ep,
+        (shape.expert_params / (layout.ep * expert_tp), moe_units),
+        _Group(layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep),
         gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None,
     )
     return per_mb + e_mb, per_step + e_step
@@ -436,22 +433,29 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
     return out
 
 
+class _Group(NamedTuple):
+    """A data-parallel group: its ranks, its mesh dimension's name and the stride between its ranks."""
+
+    ranks: int
+    dim: str
+    stride: int
+
+
 def _dp_ops(
     train: TrainSpec,
     layout: Layout,
     m: int,
     cluster: ClusterSpec,
-    params: float,
-    units: int,
-    n: int,
-    dim: str,
-    stride: int,
+    sharded: tuple[float, int],
+    group: _Group,
     regathered: tuple[float, int] = (0.0, 0),
     gather_bytes: float | None = None,
 ) -> tuple[list[Collective], list[Collective]]:
-    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
-    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered);
-    ``gather_bytes``: bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
+    """_dp_collectives for ``sharded`` (parameters, units) over the ``group`` (x replicas); under PP,
+    ``regathered`` (parameters, units) gathered again in the step (_regathered); ``gather_bytes``:
+    bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
+    params, units = sharded
+    n, dim, stride = group
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
