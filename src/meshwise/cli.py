@@ -27,7 +27,7 @@ EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 def _warn_untested_torch() -> None:
     """launch/torch_release.py's one-line warning, imported here only by the commands that run torch:
     ``plan`` never imports the launch package (about 35 ms of a 0.9 s 405B search)."""
-    from meshwise.launch.torch_release import warn_untested_torch
+    from meshwise.launch.torch_release import warn_untested_torch  # start-up (see above)
 
     warn_untested_torch()
 
@@ -290,7 +290,7 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     _require_runtime("verify")
-    from meshwise.measure.verify import verify_main
+    from meshwise.measure.verify import verify_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -372,7 +372,7 @@ def _only_meshwise(runtime: str, command: str) -> None:
 def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
     _require_runtime("measure")
-    from meshwise.measure.command import measure_main
+    from meshwise.measure.command import measure_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -428,11 +428,12 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "calibrate")
     _require_runtime("calibrate")
+    # torch: imported by the commands that run it
     from meshwise.measure.calibrate_gpu import gpu_path, run_gpu_calibration
 
     if gpu_path(args.device, args.toy):
         return run_gpu_calibration(args.model or "llama3-8b", args.out, args.seq_len, args.toy)
-    from meshwise.measure.calibrate import calibrate
+    from meshwise.measure.calibrate import calibrate  # torch: imported by the commands that run it
 
     table = calibrate(args.nproc_per_node, args.model or "small", args.out, args.seq_len)
     print(
@@ -493,7 +494,7 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     _require_runtime("train")
-    from meshwise.train.command import train_main
+    from meshwise.train.command import train_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -501,7 +502,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from meshwise.tune.command import tune_main
+    from meshwise.tune.command import tune_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
     return tune_main(args.tune_args)
@@ -509,21 +510,21 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     _require_runtime("export")
-    from meshwise.train.command import export_main
+    from meshwise.train.command import export_main  # torch: imported by the commands that run it
 
     return export_main(args.checkpoint, args.out)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
     _require_runtime("tokenize", "tokenizers")
-    from meshwise.train.tokenizer import tokenize_main
+    from meshwise.train.tokenizer import tokenize_main  # torch: imported by the commands that run it
 
     return tokenize_main(args.data, args.tokenizer, args.out, args.text_field)
 
 
 def _generate(args: argparse.Namespace) -> int:
     _require_runtime("generate")
-    from meshwise.train.command import generate_main
+    from meshwise.train.command import generate_main  # torch: imported by the commands that run it
 
     return generate_main(args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
 
@@ -531,8 +532,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         _require_runtime("--verify")
-    from meshwise.plan.command import Extras, Request, Shown, plan_main
-    from meshwise.plan.failures import FailureOptions
+    from meshwise.plan.command import Extras, Request, Shown, plan_main  # start-up: the other commands skip it
+    from meshwise.plan.failures import FailureOptions  # start-up: as plan.command
 
     moe = {
         "moe_capacity_factor": args.moe_capacity_factor,

@@ -11,8 +11,9 @@ from dataclasses import replace
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
 from meshwise.plan.band import band_note, text
-from meshwise.plan.budget import BudgetFigures, budget_cells, fmt_tokens
+from meshwise.plan.budget import BudgetFigures, budget_cells, failure_budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
+from meshwise.plan.failures import interval_cell
 from meshwise.plan.planner import Plan, plan_notes, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
@@ -93,8 +94,6 @@ def _timeline_section(e: Estimate, train: TrainSpec) -> tuple[str, str] | None:
 def _failure_section(plan: Plan, reliabilities: list, failure_budgets: list | None) -> tuple[str, str]:
     """Per layout: the checkpoint's blocking and written seconds, Daly's interval, the goodput, and with a
     budget the days, GPU-hours and cost with failures."""
-    from meshwise.plan.budget import failure_budget_cells
-    from meshwise.plan.failures import interval_cell
 
     head = ["#", "layout", "staged GB/rank", "stage s", "write s", "restart s", "ckpt every (steps)", "goodput"]
     rows = []

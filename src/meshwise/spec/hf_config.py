@@ -10,7 +10,8 @@ Both rope layouts are read: ``rope_theta`` + ``rope_scaling`` (transformers 4) a
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import re
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -354,8 +355,6 @@ _FILE_KEYS = {
 
 def _in_file_keys(message: str, name: str, family: str, cfg: dict[str, Any], where: str) -> str:
     """A ModelSpec refusal in the words of the file: its keys for the fields named, ``where`` for the model."""
-    import re
-
     keys = dict(_FILE_KEYS, experts=next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0]))
     if family in ("mixtral", "minimax_m2", "gpt_oss", "llama4_text"):  # experts as wide as intermediate_size
         keys["expert_ffn_hidden"] = "intermediate_size"
@@ -479,8 +478,6 @@ def _with_mtp(spec: ModelSpec, layers: int) -> ModelSpec:
     as transformers leaves them out of the model it builds: each is (DeepSeek-V3 report, arXiv 2412.19437, sec. 2.2)
     one more MoE block, a 2h x h projection and norms of the two inputs and the shared head (3h);
     the embedding and output head are shared with the main model."""
-    from dataclasses import replace
-
     block = spec.attention_params + spec.layer_norm_params + spec._moe_block(spec.experts)
     size = layers * (block + 2 * spec.hidden * spec.hidden + 3 * spec.hidden)
     what = f"{layers} multi-token-prediction layer{'s' if layers > 1 else ''} (num_nextn_predict_layers)"
