@@ -166,6 +166,18 @@ def _ids(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
+def _routed_and_shared(cfg: dict[str, Any], layers: int, family: str) -> dict[str, Any]:
+    """DeepSeek's expert keys (GLM-4.5 reads them too): routed experts, shared ones of the same width,
+    and the dense blocks before the first MoE block."""
+    return dict(
+        experts=cfg["n_routed_experts"],
+        experts_per_token=cfg["num_experts_per_tok"],
+        expert_ffn_hidden=cfg["moe_intermediate_size"],
+        shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+        dense_layers=_sparse_layers(cfg, layers, family),
+    )
+
+
 def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, ...]:
     """Indices of the blocks with a dense MLP in a MoE family (transformers' own rule per family)."""
     if family in ("qwen2_moe", "qwen3_moe"):
@@ -446,23 +458,13 @@ def _expert_fields(
         if family == "qwen2_moe":
             out.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
     if family == "glm4_moe":
-        out.update(
-            experts=cfg["n_routed_experts"],
-            experts_per_token=cfg["num_experts_per_tok"],
-            expert_ffn_hidden=cfg["moe_intermediate_size"],
-            shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
-            dense_layers=_sparse_layers(cfg, layers, family),
-        )
+        out.update(_routed_and_shared(cfg, layers, family))
     if family.startswith("deepseek"):
         if attn_bias:
             raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
         rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
         out.update(
-            experts=cfg["n_routed_experts"],
-            experts_per_token=cfg["num_experts_per_tok"],
-            expert_ffn_hidden=cfg["moe_intermediate_size"],
-            shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
-            dense_layers=_sparse_layers(cfg, layers, family),
+            _routed_and_shared(cfg, layers, family),
             head_dim=rope + nope,
             q_lora_rank=cfg.get("q_lora_rank") or 0,
             kv_lora_rank=cfg["kv_lora_rank"],
