@@ -27,7 +27,7 @@ EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 def _warn_untested_torch() -> None:
     """launch/torch_release.py's one-line warning, imported here only by the commands that run torch:
     ``plan`` never imports the launch package (about 35 ms of a 0.9 s 405B search)."""
-    from meshwise.launch.torch_release import warn_untested_torch
+    from meshwise.launch.torch_release import warn_untested_torch  # start-up (see above)
 
     warn_untested_torch()
 
@@ -110,6 +110,40 @@ def build_parser() -> argparse.ArgumentParser:
         "fp8 (per-tensor), fp8-rowwise, fp8-blockwise (12: bf16 moments), mxfp8 (Blackwell, MI355X); default bf16-mixed",
     )
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (default: adamw)")
+    _add_runtime_arguments(p)
+    p.add_argument(
+        "--layout",
+        action="append",
+        type=_given(LAYOUT_WHAT),
+        help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
+        "separate layouts with ';', to compare several in one table, best first",
+    )
+    p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
+    p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument(
+        "--report",
+        metavar="HTML",
+        type=_given(REPORT_WHAT),
+        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
+    )
+    _add_emit_arguments(p)
+    _add_train_commands(sub)
+    _add_calibrate_command(sub)
+    _add_measure_command(sub)
+    _add_verify_command(sub)
+    return parser
+
+
+def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's runtime whose kernels and overlap it predicts, and the mixture of experts' routing."""
     p.add_argument(
         "--runtime",
         choices=RUNTIME_CHOICES,
@@ -147,35 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
         "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute",
     )
-    p.add_argument(
-        "--layout",
-        action="append",
-        type=_given(LAYOUT_WHAT),
-        help="evaluate this layout (e.g. dp=8,zero=3,tp=2), even if it does not fit; repeat the flag, or "
-        "separate layouts with ';', to compare several in one table, best first",
-    )
-    p.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"how many layouts to show (default: {DEFAULT_TOP})")
-    p.add_argument("--headroom", type=float, default=None, help="fraction of device memory kept free (default: 0.10)")
-    p.add_argument(
-        "--verify",
-        type=int,
-        default=0,
-        metavar="K",
-        help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument(
-        "--report",
-        metavar="HTML",
-        type=_given(REPORT_WHAT),
-        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
-    )
-    _add_emit_arguments(p)
-    _add_train_commands(sub)
-    _add_calibrate_command(sub)
-    _add_measure_command(sub)
-    _add_verify_command(sub)
-    return parser
 
 
 def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
@@ -285,7 +290,7 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     _require_runtime("verify")
-    from meshwise.measure.verify import verify_main
+    from meshwise.measure.verify import verify_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -367,7 +372,7 @@ def _only_meshwise(runtime: str, command: str) -> None:
 def _measure(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "measure")
     _require_runtime("measure")
-    from meshwise.measure.command import measure_main
+    from meshwise.measure.command import measure_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -423,11 +428,12 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     _only_meshwise(args.runtime, "calibrate")
     _require_runtime("calibrate")
+    # torch: imported by the commands that run it
     from meshwise.measure.calibrate_gpu import gpu_path, run_gpu_calibration
 
     if gpu_path(args.device, args.toy):
         return run_gpu_calibration(args.model or "llama3-8b", args.out, args.seq_len, args.toy)
-    from meshwise.measure.calibrate import calibrate
+    from meshwise.measure.calibrate import calibrate  # torch: imported by the commands that run it
 
     table = calibrate(args.nproc_per_node, args.model or "small", args.out, args.seq_len)
     print(
@@ -488,7 +494,7 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     _require_runtime("train")
-    from meshwise.train.command import train_main
+    from meshwise.train.command import train_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
 
@@ -496,7 +502,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from meshwise.tune.command import tune_main
+    from meshwise.tune.command import tune_main  # torch: imported by the commands that run it
 
     _warn_untested_torch()
     return tune_main(args.tune_args)
@@ -504,21 +510,21 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     _require_runtime("export")
-    from meshwise.train.command import export_main
+    from meshwise.train.command import export_main  # torch: imported by the commands that run it
 
     return export_main(args.checkpoint, args.out)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
     _require_runtime("tokenize", "tokenizers")
-    from meshwise.train.tokenizer import tokenize_main
+    from meshwise.train.tokenizer import tokenize_main  # torch: imported by the commands that run it
 
     return tokenize_main(args.data, args.tokenizer, args.out, args.text_field)
 
 
 def _generate(args: argparse.Namespace) -> int:
     _require_runtime("generate")
-    from meshwise.train.command import generate_main
+    from meshwise.train.command import generate_main  # torch: imported by the commands that run it
 
     return generate_main(args.checkpoint, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
 
@@ -526,16 +532,15 @@ def _generate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         _require_runtime("--verify")
-    from meshwise.plan.command import Extras, plan_main
-    from meshwise.plan.failures import FailureOptions
+    from meshwise.plan.command import Extras, Request, Shown, plan_main  # start-up: the other commands skip it
+    from meshwise.plan.failures import FailureOptions  # start-up: as plan.command
 
-    extras = Extras(
-        emit=args.emit,
-        tokens=args.tokens,
-        price_per_gpu_hour=args.price_per_gpu_hour,
-        failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes),
-    )
-    return plan_main(
+    moe = {
+        "moe_capacity_factor": args.moe_capacity_factor,
+        "moe_balancing": args.moe_balancing,
+        "overlap_ep_comm": args.moe_comm_overlap,
+    }
+    request = Request(
         args.model,
         args.params,
         args.gpu,
@@ -545,21 +550,18 @@ def _plan(args: argparse.Namespace) -> int:
         args.global_batch,
         args.precision,
         args.optimizer,
-        args.layout,
-        args.top,
-        args.headroom,
-        args.json,
-        args.report,
         args.runtime,
-        args.verify,
-        extras,
-        tp_comm_overlap=args.tp_comm_overlap,
-        moe={
-            "moe_capacity_factor": args.moe_capacity_factor,
-            "moe_balancing": args.moe_balancing,
-            "overlap_ep_comm": args.moe_comm_overlap,
-        },
+        args.tp_comm_overlap,
+        moe,
     )
+    shown = Shown(args.layout, args.top, args.headroom, args.json, args.report, args.verify)
+    extras = Extras(
+        emit=args.emit,
+        tokens=args.tokens,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        failures=FailureOptions(args.failure_rate, args.mtbf_hours, args.storage_gbps, args.restart_minutes),
+    )
+    return plan_main(request, shown, extras)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from meshwise.errors import MeshwiseError
 from meshwise.spec import ModelSpec
@@ -111,6 +112,53 @@ class Layout:
 
     def __str__(self) -> str:
         return self.short()
+
+    @property
+    def degrees(self) -> Degrees:
+        """Its degrees and schedule: every field but mbs and ac."""
+        d = self.__dict__
+        return Degrees(
+            d["dp"], d["zero"], d["shard"], d["cp"], d["tp"], d["sp"], d["pp"], d["vpp"], d["schedule"], d["ep"]
+        )
+
+
+class Degrees(NamedTuple):
+    """A layout's parallel degrees and pipeline schedule: the fields of :class:`Layout` but the
+    micro-batch size and the checkpointing mode, in Layout's order and under its names. One structure
+    of the search (plan/candidates.py), which keys its memos by it and by its projections
+    (plan/memo_keys.py); a NamedTuple because the search makes one per structure, tens of thousands,
+    and hashes them. :meth:`layout` makes the Layout at a micro-batch size and checkpointing mode."""
+
+    dp: int
+    zero: int
+    shard: int
+    cp: int
+    tp: int
+    sp: bool
+    pp: int
+    vpp: int
+    schedule: str
+    ep: int
+
+    def layout(self, mbs: int = 1, ac: str = "none") -> Layout:
+        """The Layout of these degrees at ``mbs`` and ``ac`` (:func:`layout_from_fields`)."""
+        dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep = self
+        return layout_from_fields(
+            {
+                "dp": dp,
+                "zero": zero,
+                "shard": shard,
+                "cp": cp,
+                "tp": tp,
+                "sp": sp,
+                "pp": pp,
+                "vpp": vpp,
+                "schedule": schedule,
+                "mbs": mbs,
+                "ac": ac,
+                "ep": ep,
+            }
+        )
 
 
 def layout_from_fields(fields: dict) -> Layout:

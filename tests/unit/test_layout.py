@@ -1,9 +1,11 @@
 """Layout text form and validation (docs/design.md)."""
 
+from dataclasses import fields
+
 import pytest
 
 from meshwise.errors import MeshwiseError
-from meshwise.layout import Layout, chunk_rank, parse, stage_layers, validate
+from meshwise.layout import Degrees, Layout, chunk_rank, parse, stage_layers, validate
 from meshwise.spec import load_model
 
 
@@ -154,3 +156,13 @@ def test_cp_key() -> None:
     assert "per cp rank (36 / cp=2) divisible by tp=4" in runtime_refusal(parse("cp=2,tp=4", 8), model, 36)
     with pytest.raises(MeshwiseError, match="cp=0 must be at least 1"):
         parse("cp=0")
+
+
+def test_degrees_are_the_layout_but_mbs_and_ac():
+    """Degrees holds Layout's fields but mbs and ac, in Layout's order and under its names, and the two
+    convert both ways without losing a field."""
+    assert Degrees._fields == tuple(f.name for f in fields(Layout) if f.name not in ("mbs", "ac"))
+    lay = parse("dp=8,zero=3,shard=4,ep=2,cp=2,tp=2,sp=off,pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2,ac=full", 64)
+    assert lay.degrees.layout(lay.mbs, lay.ac) == lay
+    assert lay.degrees.layout() == Layout(**{**lay.__dict__, "mbs": 1, "ac": "none"})
+    assert hash(lay.degrees) == hash(parse(lay.format(), 64).degrees)

@@ -11,19 +11,19 @@ def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
     """plan/megatron_search.py's groups, bounds and lazily built memories drop nothing: its pool of
     RUNNER_UP_POOL equals brute force's over every layout it enumerates (ep folded over tp included),
     and with a top as long as the list its fit count is brute force's."""
-    from meshwise.plan.candidates import RUNNER_UP_POOL, _ac_modes, _layout, _rank_key, _schedule_ok, _with, break_ties
+    from meshwise.plan.candidates import RUNNER_UP_POOL, _ac_modes, _rank_key, _schedule_ok, break_ties
     from meshwise.plan.megatron_search import _fields, search_megatron
 
     model, cluster = load_model("tiny-moe"), load_cluster(gpu, gpus)
     train = TrainSpec(16, seq, "bf16-mixed", runtime="megatron")
     layouts = []
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(model, gpus, 16, seq):
-        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+    for degrees, mbs_options in _fields(model, gpus, 16, seq):
+        base = degrees.layout()
         layouts += [
-            _with(base, mbs, ac)
+            degrees.layout(mbs, ac)
             for ac in _ac_modes(model)
             for mbs in mbs_options
-            if _schedule_ok(base, 16 // (dp * mbs))
+            if _schedule_ok(base, 16 // (degrees.dp * mbs))
         ]
     assert any(lay.ep_folds_tp for lay in layouts)
     fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]

@@ -23,14 +23,15 @@ sizes per layout are listed in docs/cost-model.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from meshwise.spec import LinkSpec
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One kind of collective on one mesh dimension, summed over a step, for the busiest rank."""
+class Collective(NamedTuple):
+    """One kind of collective on one mesh dimension, summed over a step, for the busiest rank. A
+    NamedTuple: the planner's bounds and estimates make tens of thousands, and a tuple's constructor
+    is a third of a frozen dataclass's."""
 
     kind: str
     dim: str
@@ -68,14 +69,5 @@ def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) 
 
 
 def collective(kind: str, dim: str, n: int, payload_bytes: float, calls: int, link: LinkSpec) -> Collective:
-    """``calls`` calls of ``payload_bytes`` each. Built without the frozen ``__init__`` (a third of
-    its time: the planner's bounds and estimates make tens of thousands); the same object."""
-    made = _new(Collective)
-    fields = made.__dict__
-    fields["kind"], fields["dim"], fields["count_per_step"] = kind, dim, calls
-    fields["bytes_per_step"] = payload_bytes * calls
-    fields["seconds_per_step"] = calls * collective_seconds(kind, n, payload_bytes, link)
-    return made
-
-
-_new = object.__new__
+    """``calls`` calls of ``payload_bytes`` each."""
+    return Collective(kind, dim, payload_bytes * calls, calls, calls * collective_seconds(kind, n, payload_bytes, link))

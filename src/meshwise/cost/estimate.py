@@ -326,7 +326,7 @@ def _dp_collectives_of(
         else None
     )
     per_mb, per_step = _dp_ops(
-        train, layout, m, cluster, dense, shape.units, layout.shard, dim, layout.tp, regathered, gather
+        train, layout, m, cluster, (dense, shape.units), _Group(layout.shard, dim, layout.tp), regathered, gather
     )
     if not experts:
         return per_mb, per_step
@@ -341,11 +341,8 @@ def _dp_collectives_of(
         layout,
         m,
         cluster,
-        shape.expert_params / (layout.ep * expert_tp),
-        moe_units,
-        layout.expert_dp,
-        "edp",
-        layout.ep if folded else layout.tp * layout.ep,
+        (shape.expert_params / (layout.ep * expert_tp), moe_units),
+        _Group(layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep),
         gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None,
     )
     return per_mb + e_mb, per_step + e_step
@@ -436,22 +433,29 @@ def _fsdp_padding(model: ModelSpec, n: int, t: int, experts_in_block: bool, shap
     return out
 
 
+class _Group(NamedTuple):
+    """A data-parallel group: its ranks, its mesh dimension's name and the stride between its ranks."""
+
+    ranks: int
+    dim: str
+    stride: int
+
+
 def _dp_ops(
     train: TrainSpec,
     layout: Layout,
     m: int,
     cluster: ClusterSpec,
-    params: float,
-    units: int,
-    n: int,
-    dim: str,
-    stride: int,
+    sharded: tuple[float, int],
+    group: _Group,
     regathered: tuple[float, int] = (0.0, 0),
     gather_bytes: float | None = None,
 ) -> tuple[list[Collective], list[Collective]]:
-    """_dp_collectives for ``params`` in ``units`` units over ``n`` ranks ``stride`` apart (x replicas);
-    under PP, ``regathered`` (parameters, units) gathered again in the step (_regathered);
-    ``gather_bytes``: bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
+    """_dp_collectives for ``sharded`` (parameters, units) over the ``group`` (x replicas); under PP,
+    ``regathered`` (parameters, units) gathered again in the step (_regathered); ``gather_bytes``:
+    bytes per parameter all-gathered (the weights', unless float8 is gathered)."""
+    params, units = sharded
+    n, dim, stride = group
     replicas = layout.replicate
     if n * replicas == 1:
         return [], []
@@ -1080,45 +1084,14 @@ def estimate(
     local = local_train(train, layout)
     share = host.core_share(accel, cluster.gpus_per_node)  # ranks per core (CPU, more ranks than cores)
 
-    worst = None
-    stages: list[float] = []
-    for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
-        compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
-        tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
-        dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
-        dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
-        # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
-        beside_s = share * (
-            _fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
-            + _accumulation_s(model, accel, train, layout, shape, m)
-        )
-        busy = compute_s + beside_s + tp_s + pp_s + dp_s + cp_s
-        stages.append(compute_s + tp_s + cp_s)
-        if worst is None or busy > worst[0]:
-            worst = (
-                busy,
-                compute_s + beside_s,
-                tp_s,
-                pp_s + dp_s + cp_s,
-                shape,
-                _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops),
-            )
-    busy, compute_s, tp_s, other_comm_s, shape, ops = worst
+    (busy, compute_s, tp_s, other_comm_s, shape, ops), stages = _busiest_rank(
+        stage_cache, model, cluster, train, local, layout, shapes, m
+    )
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
-    if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
-        skew_s = host.sync_skew_seconds(
-            accel, cluster.gpus_per_node, compute_s / share, sum(op.count_per_step for op in ops if op.kind != "recv")
-        )
-        busy, other_comm_s = busy + skew_s, other_comm_s + skew_s
-    if share > 1 and bubble_s > 0:
-        # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
-        # sleeps and its core goes to the other ranks, which compute faster by 1 / (the busy
-        # fraction), at most by the share (a core each).
-        speedup = min(share, (busy + bubble_s) / busy)
-        busy -= compute_s * (1 - 1 / speedup)
-        compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
+    busy, compute_s, other_comm_s, bubble_s = _time_shared(
+        accel, cluster.gpus_per_node, share, (busy, compute_s, other_comm_s, bubble_s), ops
+    )
 
     optimizer_s = optimizer_seconds(model, cluster, train, layout, shapes)
     fixed_s = fixed_seconds(model, cluster, train, layout, shapes)
@@ -1154,3 +1127,55 @@ def estimate(
         hfu=hw_tflops * 1e12 / peak,
         rank_pp=memory.rank_groups(model, layout),
     )
+
+
+def _busiest_rank(stage_cache, model, cluster, train, local, layout, shapes, m) -> tuple[tuple, list[float]]:
+    """The busiest rank's (busy, compute + beside, tp, other comm seconds, shape, collectives) and
+    every rank's compute + tp + cp seconds (the bubble reads them). Eight arguments: :func:`estimate`'s
+    setting, the layout's rank shapes and its micro-batches."""
+    accel = cluster.accelerator
+    share = host.core_share(accel, cluster.gpus_per_node)
+    worst = None
+    stages: list[float] = []
+    for shape in shapes:
+        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
+        tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
+        dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
+        dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
+        # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels
+        beside_s = share * (
+            _fsdp_host_s(model, accel, dp_mb_ops + dp_step_ops, shape)
+            + _accumulation_s(model, accel, train, layout, shape, m)
+        )
+        busy = compute_s + beside_s + tp_s + pp_s + dp_s + cp_s
+        stages.append(compute_s + tp_s + cp_s)
+        if worst is None or busy > worst[0]:
+            worst = (
+                busy,
+                compute_s + beside_s,
+                tp_s,
+                pp_s + dp_s + cp_s,
+                shape,
+                _merge(dp_mb_ops + dp_step_ops + tp_ops + pp_ops + ep_ops + kv_ops + cp_grad_ops),
+            )
+    return worst, stages
+
+
+def _time_shared(accel, gpus_per_node: int, share: float, times: tuple, ops) -> tuple[float, float, float, float]:
+    """(busy, compute, other comm, bubble seconds) with more ranks than cores (``share`` > 1): the
+    peers' skew at every collective (cost/host.py), and compute time-shared but sped up by the bubble."""
+    busy, compute_s, other_comm_s, bubble_s = times
+    if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
+        skew_s = host.sync_skew_seconds(
+            accel, gpus_per_node, compute_s / share, sum(op.count_per_step for op in ops if op.kind != "recv")
+        )
+        busy, other_comm_s = busy + skew_s, other_comm_s + skew_s
+    if share > 1 and bubble_s > 0:
+        # More ranks than cores: compute is time-shared (x share). A stage waiting in the bubble
+        # sleeps and its core goes to the other ranks, which compute faster by 1 / (the busy
+        # fraction), at most by the share (a core each).
+        speedup = min(share, (busy + bubble_s) / busy)
+        busy -= compute_s * (1 - 1 / speedup)
+        compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
+    return busy, compute_s, other_comm_s, bubble_s

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from meshwise.catalog import read_catalog
+from meshwise.cost.memory import rank_shapes, states
 from meshwise.errors import MeshwiseError
 
 HOURS_PER_DAY = 24.0
@@ -191,8 +192,6 @@ class CheckpointCost:
 def saved_bytes(params: float, expert_params: float, train, layout) -> tuple[float, float]:
     """(weights, optimizer) bytes a rank holding ``params`` saves: the optimizer states (the fp32
     master among them under mixed precision) and, without a master, the weights."""
-    from meshwise.cost.memory import states
-
     w, _, o = states(params, train, layout, expert_params)
     return (0.0 if train.mixed else w), o
 
@@ -207,8 +206,6 @@ def checkpoint_cost(
     model, train, layout, gpus_per_node: int, host: HostSpec, storage_gbps: float, restart_minutes: float
 ) -> CheckpointCost:
     """The checkpoint of ``layout``: the largest pipeline rank's states staged, each node's share written."""
-    from meshwise.cost.memory import rank_shapes
-
     w_rep, o_rep = replicas(layout)
     staged = written = 0.0
     for shape in rank_shapes(model, layout):

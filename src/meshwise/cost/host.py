@@ -393,7 +393,8 @@ def memory_bound_seconds(
     """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
     per sequence): ``m * (rank_memory_bound_bytes / hbm_bytes_per_s + [head] loss_seconds)``, the
     bytes of kernels.rank_memory_bound_bytes without the loss's, which :func:`loss_seconds` prices
-    over the micro-batch's tokens and the logits per token of :func:`loss_vocab`."""
+    over the micro-batch's tokens and the logits per token of :func:`loss_vocab`. Eleven arguments:
+    kernels.rank_memory_bound_bytes' (loose for the calibration) and the micro-batches."""
     tokens = mbs * train.seq_len
     moved = kernels.rank_memory_bound_bytes(
         model, kernels.ops_key(train), train.activation_bytes, tokens, tp, sp, ac, blocks, has_embedding, has_head, 0.0

@@ -185,10 +185,11 @@ def _attention_s(
     mbs: int,
     seq: int,
     tp: int,
-    fused: bool,
-    runtime: str = "meshwise",
+    train: TrainSpec,
 ) -> tuple[float, float]:
-    """(forward, backward) seconds of the attention core of one block."""
+    """(forward, backward) seconds of the attention core of one block (``train``: whether it is fused,
+    and whose runtime)."""
+    fused, runtime = train.fused_attention, train.runtime
     heads = model.heads // tp
     if fused:
         fwd_flops = 2.0 * mbs * seq * seq * model.head_dim * heads  # causal: half of 4 b s^2 h / t
@@ -263,7 +264,9 @@ def rank_memory_bound_bytes(
     forward + backward: ``blocks * e * F * (3 + [ac != none])`` (backward moves twice the forward's
     bytes; ``full`` and meshwise's ``selective`` re-run the forward's memory-bound operations), plus
     the head's (``loss_vocab`` logits per token) and the embedding's. The CPU path's term
-    (cost/host.py ``memory_bound_seconds``)."""
+    (cost/host.py ``memory_bound_seconds``). Eleven arguments: the fields of the setting, layout and
+    rank shape it reads, loose because the calibration (measure/calibrate.py) asks it of shapes it has
+    no Layout for."""
     passes = 3.0 + (ac != "none")
     total = blocks * passes * e * block_memory_bound_elements(model, runtime, tokens, tp, sp)
     if has_head:
@@ -329,9 +332,7 @@ def block_seconds(
     mlp = () if model.moe else _mlp_shapes(model, tp, width)
     fwd, bwd = linears_seconds(accel, train, tokens, ((h + 2 * model.kv_dim) / tp, h), (h, h / tp), *mlp)
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
-    attn_f, attn_b = (
-        cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train.fused_attention, train.runtime)
-    )
+    attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train))
     mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
     fwd += attn_f + mem_f
     bwd += attn_b + 2 * mem_f
@@ -386,7 +387,9 @@ def rank_seconds(
 ) -> float:
     """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
     (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism); for a mixture of
-    experts every block less its MLP (cost/moe_block.py ``rank_mlp_seconds`` times them)."""
+    experts every block less its MLP (cost/moe_block.py ``rank_mlp_seconds`` times them). Eleven
+    arguments: the fields of the layout and rank shape it reads, loose as the cached
+    :func:`block_seconds` takes them."""
     fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp)
     total = blocks * (fwd + bwd + rec)
     if has_head:

@@ -165,11 +165,6 @@ class PerMicroBatch(NamedTuple):
     extras: float
 
 
-# NamedTuples made once per layout part skip their class's argument parsing (a plain tuple's cost):
-# ``_new(Moment, (params, grads, ...))`` with every field, in the class's order
-_new = tuple.__new__
-
-
 def rank_shapes(model: ModelSpec, layout: Layout) -> tuple[RankShape, ...]:
     """The distinct pipeline ranks: ranks that hold the same blocks and model ends cost the same,
     and of those the lowest rank keeps the most micro-batches in flight (pipeline.in_flight), so it
@@ -497,7 +492,7 @@ def _activations(model: ModelSpec, train: TrainSpec, layout: Layout, shape: Rank
     # what one more chunk-micro-batch in flight adds beside its blocks (its output sent on, less its
     # input's receive buffer, the token ids): the interleaved moments weigh each chunk's blocks
     extras = (base - blocks_part) / held
-    return _new(Activations, (forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras))
+    return Activations(forward, backward, loss, backward - base / held, embed, backward - kept, kept, extras)
 
 
 def _kept_per_block(model: ModelSpec, train: TrainSpec, layout: Layout, shapes: act.Shapes) -> float:
@@ -666,21 +661,18 @@ def _rope_tables(model: ModelSpec, shape: RankShape) -> float:
 
 def _static_parts(model: ModelSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> StaticParts:
     """What does not depend on mbs or ac (:class:`StaticParts`)."""
-    return _new(
-        StaticParts,
-        (
-            _weights(train, layout, shape, "forward"),
-            _weights(train, layout, shape, "backward"),
-            states(shape.params, train, layout, shape.expert_params)[2],
-            _all_grads(model, train, layout, shape),
-            _first_grad(model, train, layout, shape),
-            _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
-            _strided_copies(train, layout, shape),
-            _embedding_grad_gap(model, train, layout, shape),
-            _block_grads_after_mlp(model, train, layout, shape),
-            _last_block(model, layout, shape)[0] * train.weight_bytes,
-            _shared_expert(model, shape) * train.grad_bytes,
-        ),
+    return StaticParts(
+        _weights(train, layout, shape, "forward"),
+        _weights(train, layout, shape, "backward"),
+        states(shape.params, train, layout, shape.expert_params)[2],
+        _all_grads(model, train, layout, shape),
+        _first_grad(model, train, layout, shape),
+        _fixed_other(train, layout, shape) + _rope_tables(model, shape) + _fp8_casts(train, shape),
+        _strided_copies(train, layout, shape),
+        _embedding_grad_gap(model, train, layout, shape),
+        _block_grads_after_mlp(model, train, layout, shape),
+        _last_block(model, layout, shape)[0] * train.weight_bytes,
+        _shared_expert(model, shape) * train.grad_bytes,
     )
 
 
@@ -714,20 +706,17 @@ def _per_micro_batch(model: ModelSpec, train: TrainSpec, layout: Layout, shape: 
             * (4 * model.shared_ffn_hidden + (model.hidden if model.shared_expert_gate else 0))
         )
     acts = _activations(model, train, layout, shape, m)
-    return _new(
-        PerMicroBatch,
-        (
-            acts.forward,
-            acts.backward,
-            acts.loss,
-            acts.second,
-            acts.embed,
-            acts.late,
-            *_ring_backward(model, train, layout, shape),
-            shared,
-            acts.kept,
-            acts.extras,
-        ),
+    return PerMicroBatch(
+        acts.forward,
+        acts.backward,
+        acts.loss,
+        acts.second,
+        acts.embed,
+        acts.late,
+        *_ring_backward(model, train, layout, shape),
+        shared,
+        acts.kept,
+        acts.extras,
     )
 
 
@@ -752,16 +741,12 @@ def _candidates(
         static.all_grads,
         static.first_grad,
     )
-    root_copy, block_copy = static.copies
-    act_fwd = per_mb.forward
-    act_fwd += root_copy + (block_copy if layout.ac == "none" else 0.0)
+    act_fwd = _forward_activations(layout, static, per_mb)
     warm_up_only, grads, fresh_unsharded = _step_gradients(train, layout, shape, m, all_grads)
     root_gathered = shape.root_params * train.weight_bytes if layout.zero == 3 and layout.dp * layout.cp > 1 else 0.0
-    ids = train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0  # act.ids_bytes
+    ids = _ids_bytes(train, layout, shape)
     other = static.fixed_other
-    backward = _new(
-        Moment, (w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward, other)
-    )
+    backward = Moment(w_bwd, grads + first if (grads == 0 or fresh_unsharded) else grads, o, per_mb.backward, other)
     late = _late_moment(train, layout, shape, backward, grads, per_mb.late)
     if static.shared_grads and shape.has_head:
         # the last block is a MoE block with a shared expert, added last in its forward: its backward
@@ -770,27 +755,25 @@ def _candidates(
         fresh = static.shared_grads if (grads == 0 or fresh_unsharded) else 0.0
         backward = max(
             backward,
-            _new(Moment, (backward.params, backward.grads + fresh, o, per_mb.backward - per_mb.shared_kept, other)),
+            Moment(backward.params, backward.grads + fresh, o, per_mb.backward - per_mb.shared_kept, other),
             key=sum,
         )
     if warm_up_only and m > 1:
-        second = _new(Moment, (w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, per_mb.second, other))
+        second = Moment(w_bwd, all_grads + (first if fresh_unsharded else 0.0), o, per_mb.second, other)
         backward = max(backward, second, key=sum)
     embed = backward  # without TP on the embedding's chunk the backward's start stands in
     if per_mb.embed:
         # the embedding's backward: the gradients of every block (this micro-batch's included); in
         # the step's first backward the embedding's own one is its fresh gradient, not yet accumulated
         embed_grads = all_grads - (static.embed_gap if grads == 0 else 0.0)
-        embed = _new(Moment, (w_bwd, embed_grads, o, per_mb.embed, other))
-    end = _new(Moment, (w_fwd, all_grads, o, ids, other))
+        embed = Moment(w_bwd, embed_grads, o, per_mb.embed, other)
+    end = Moment(w_fwd, all_grads, o, ids, other)
     ring = _ring_moment(layout, shape, static, per_mb, grads, end)
-    forward = _new(Moment, (w_fwd, grads, o, act_fwd, other))
-    loss_moment = _new(Moment, (w_fwd - root_gathered, grads, o, per_mb.loss, other)) if per_mb.loss else end
+    forward = Moment(w_fwd, grads, o, act_fwd, other)
+    loss_moment = Moment(w_fwd - root_gathered, grads, o, per_mb.loss, other) if per_mb.loss else end
     if interleaved(layout):
         standing_in = ring == end
-        forward, backward, end, loss_moment, embed = _interleaved_peaks(
-            train, layout, shape, m, static, act_fwd, per_mb, ids, other, fresh_unsharded
-        )
+        forward, backward, end, loss_moment, embed = _interleaved_peaks(train, layout, shape, m, static, per_mb)
         late = backward  # late in a block's backward is a moment of its own only without PP
         if standing_in:
             ring = end
@@ -825,8 +808,23 @@ def _step_gradients(
     # the first gradient of a backward is a tensor of its own beside the accumulated ones where it is
     # reduce-scattered at once (ZeRO-2/3 without PP) or FSDP2 accumulates in float32 (bf16-mixed:
     # the bf16 gradient lives until its unit's backward ends; found by meshwise verify)
-    fresh_unsharded = layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1 or train.mixed)
-    return warm_up_only, grads, fresh_unsharded
+    return warm_up_only, grads, _fresh_unsharded(train, layout)
+
+
+def _fresh_unsharded(train: TrainSpec, layout: Layout) -> bool:
+    """Whether the first gradient of a backward is a tensor of its own beside the accumulated ones."""
+    return layout.dp * layout.cp > 1 and (layout.zero >= 2 and layout.pp == 1 or train.mixed)
+
+
+def _ids_bytes(train: TrainSpec, layout: Layout, shape: RankShape) -> float:
+    """The token ids a micro-batch holds on the embedding's rank (activations.ids_bytes)."""
+    return train.seq_len * layout.mbs * 8 if shape.has_embedding else 0.0
+
+
+def _forward_activations(layout: Layout, static: StaticParts, per_mb: PerMicroBatch) -> float:
+    """The activations at the end of the busiest forward, with the copies its compute dtype makes."""
+    root_copy, block_copy = static.copies
+    return per_mb.forward + root_copy + (block_copy if layout.ac == "none" else 0.0)
 
 
 def _late_moment(
@@ -846,7 +844,7 @@ def _late_moment(
     if grads == 0:
         late_grads += block * reduce_bytes(train) / (layout.shard * layout.cp)
     late_other = backward.other + (block * train.weight_bytes if layout.zero == 3 else 0.0)
-    return _new(Moment, (backward.params, late_grads, backward.optimizer, act_late, late_other))
+    return Moment(backward.params, late_grads, backward.optimizer, act_late, late_other)
 
 
 def _ring_moment(
@@ -866,23 +864,14 @@ def _ring_moment(
     grads_in = grads + static.first_grad + static.block_grads
     last_block, temps = static.last_block, per_mb.ring_temps
     return max(
-        _new(Moment, (w_bwd, grads_in, o, per_mb.ring_last, other - static.fixed_other + last_block + temps)),
-        _new(Moment, (w_bwd, grads_in, o, per_mb.ring, other + last_block + temps)),
+        Moment(w_bwd, grads_in, o, per_mb.ring_last, other - static.fixed_other + last_block + temps),
+        Moment(w_bwd, grads_in, o, per_mb.ring, other + last_block + temps),
         key=sum,
     )
 
 
 def _interleaved_peaks(
-    train: TrainSpec,
-    layout: Layout,
-    shape: RankShape,
-    m: int,
-    static: StaticParts,
-    act_fwd: float,
-    per_mb: PerMicroBatch,
-    ids: float,
-    other: float,
-    fresh_unsharded: bool,
+    train: TrainSpec, layout: Layout, shape: RankShape, m: int, static: StaticParts, per_mb: PerMicroBatch
 ) -> tuple[Moment, Moment, Moment, Moment, Moment]:
     """(forward, backward, end of the step, loss's backward, embedding's backward) under the
     interleaved runtime, from the rank's moments (pipeline.interleaved_moments): at each, the
@@ -892,26 +881,17 @@ def _interleaved_peaks(
     fewer in flight, and the
     float32 shards of the chunks whose gradients were reduced; at the end of the step only the
     shards remain (every chunk resharded, every gradient reduced)."""
-    w_fwd, w_bwd, o, all_grads, first = (
-        static.weights_forward,
-        static.weights_backward,
-        static.optimizer,
-        static.all_grads,
-        static.first_grad,
-    )
-    act_bwd, kept_block, extras, act_loss, act_embed = (
-        per_mb.backward,
-        per_mb.kept_block,
-        per_mb.extras,
-        per_mb.loss,
-        per_mb.embed,
-    )
+    w_fwd, w_bwd, o, all_grads = static.weights_forward, static.weights_backward, static.optimizer, static.all_grads
+    act_fwd, act_bwd = _forward_activations(layout, static, per_mb), per_mb.backward
+    act_loss, act_embed = per_mb.loss, per_mb.embed
+    kept_block, extras, other = per_mb.kept_block, per_mb.extras, static.fixed_other
+    fresh_unsharded = _fresh_unsharded(train, layout)
     evict, frees = evicts_chunks(layout), frees_gradients(layout)
     sharding = layout.shard * layout.cp
     # a block's backward peaks in its MLP's, with the down projection's and the gate's fresh gradients
     # (in the compute dtype, until the block's FSDP unit accumulates them; meshwise verify, Llama 3
     # 405B pp=8, vpp=8, ac=full: both beside the chunk's float32 accumulators); the head's on the last
-    fresh = first if shape.has_head else 2 * first
+    fresh = static.first_grad * (1 if shape.has_head else 2)
     fractions, top_f, top_b, low_b, smallest, first_chunk, busiest, low_blocks = _moment_fractions(
         layout.pp, layout.vpp, m, shape, evict, frees
     )
@@ -941,23 +921,20 @@ def _interleaved_peaks(
                     backward, best_b = cand, total
                 if in_flight == top_b and total > best_loss:
                     loss, best_loss = (cand, g), total
-    forward, backward = _new(Moment, forward), _new(Moment, backward)
+    forward, backward = Moment._make(forward), Moment._make(backward)
     shards = all_grads / sharding if frees else all_grads
-    end = _new(Moment, (w_fwd - unsharded * smallest, shards, o, ids, other))
-    loss_moment = _new(Moment, (loss[0][0], loss[1], o, act_loss, other)) if act_loss else end
+    end = Moment(w_fwd - unsharded * smallest, shards, o, _ids_bytes(train, layout, shape), other)
+    loss_moment = Moment(loss[0][0], loss[1], o, act_loss, other) if act_loss else end
     embed = backward
     if act_embed:
         # the embedding's backward comes with its chunk's (the first) last backwards: the fewest in flight
         g0 = all_grads * first_chunk
-        embed = _new(
-            Moment,
-            (
-                w_bwd + unsharded * (first_chunk - smallest),
-                g0,
-                o,
-                act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras,
-                other,
-            ),
+        embed = Moment(
+            w_bwd + unsharded * (first_chunk - smallest),
+            g0,
+            o,
+            act_embed - (busiest - low_blocks) * kept_block - (top_b - low_b) * extras,
+            other,
         )
     return forward, backward, end, loss_moment, embed
 

@@ -55,6 +55,8 @@ def measure_main(
     report: str | None,
     precision: str = "auto",
 ) -> int:
+    """Check every flag, then run the layout and print it beside the plan. Ten arguments: measure's
+    flags, one each as cli.py parses them, all checked here before any process starts."""
     check_nproc(nproc)
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")

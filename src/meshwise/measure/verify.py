@@ -270,6 +270,8 @@ def verify_main(
     as_json: bool,
     precision: str = "auto",
 ) -> int:
+    """Check every flag, then trace the layout's ranks. Eleven arguments: verify's flags, one each as
+    cli.py parses them, all checked here before any trace starts."""
     model = load_model(model_name)
     cluster = load_cluster(gpu, gpus, gpus_per_node)
     seq = seq_len if seq_len is not None else default_seq_len(model)  # --seq-len 0 is refused, not the default

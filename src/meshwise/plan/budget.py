@@ -48,6 +48,17 @@ class Budget:
         return out
 
 
+@dataclass(frozen=True)
+class BudgetFigures:
+    """What the plan shows beside each candidate's step, one per candidate, each None where not asked
+    for: its :class:`Budget`, its reliability (plan/failures.py: interval, goodput) and its budget
+    with failures."""
+
+    budgets: list[Budget] | None = None
+    reliabilities: list | None = None
+    failure_budgets: list | None = None
+
+
 def check_budget(tokens: float | None, price: float | None) -> None:
     """Refuse a budget that cannot be one, before any work starts."""
     if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from meshwise.cost.estimate import Estimate
 from meshwise.errors import MeshwiseError
-from meshwise.layout import AC_MODES, Layout, check_microbatches, layout_from_fields
+from meshwise.layout import AC_MODES, Degrees, Layout, check_microbatches, layout_from_fields
 from meshwise.plan.experts import expert_degrees
 from meshwise.spec import ModelSpec
 
@@ -74,17 +74,15 @@ def _structures(
     model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
 ) -> Iterator[tuple[Layout, list[int]]]:
     """Every layout with mbs=1 and ac=none, with the micro-batch sizes valid for it."""
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _structure_fields(
-        model, world, global_batch, seq_len, cp_bound
-    ):
-        yield _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep), mbs_options
+    for degrees, mbs_options in _structure_fields(model, world, global_batch, seq_len, cp_bound):
+        yield degrees.layout(), mbs_options
 
 
 def _structure_fields(
     model: ModelSpec, world: int, global_batch: int, seq_len: int = 0, cp_bound: bool = True
-) -> Iterator[tuple]:
-    """:func:`_structures` as (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs options): the
-    search builds a layout only for the structures that its cached answers do not already refuse.
+) -> Iterator[tuple[Degrees, list[int]]]:
+    """:func:`_structures` as (Degrees, mbs options): the search builds a layout only for the
+    structures that its cached answers do not already refuse.
     With ``cp_bound`` False, only the structures whose cp is past CP_MIN_TOKENS (:func:`_cp_choices`):
     the searches enumerate them when the bounded pass holds no valid layout (a batch that dp alone
     cannot divide on many devices), so "no valid layout" means none exists. CP_MIN_TOKENS is the
@@ -110,40 +108,7 @@ def _structure_fields(
                 for ep in eps[shard]:  # carved from dp_shard x cp (layout.expert_mesh_shape)
                     for sp in sps:
                         for schedule, vpp in schedules:
-                            yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options
-
-
-def _layout(
-    dp: int,
-    zero: int,
-    shard: int,
-    cp: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    vpp: int,
-    schedule: str,
-    mbs: int,
-    ac: str,
-    ep: int,
-) -> Layout:
-    """``Layout(dp=dp, ...)`` through layout.layout_from_fields (the fields in their declared order)."""
-    return layout_from_fields(
-        {
-            "dp": dp,
-            "zero": zero,
-            "shard": shard,
-            "cp": cp,
-            "tp": tp,
-            "sp": sp,
-            "pp": pp,
-            "vpp": vpp,
-            "schedule": schedule,
-            "mbs": mbs,
-            "ac": ac,
-            "ep": ep,
-        }
-    )
+                            yield Degrees(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep), mbs_options
 
 
 def _ac_modes(model: ModelSpec) -> tuple[str, ...]:

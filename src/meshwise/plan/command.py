@@ -7,13 +7,22 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from meshwise import spec
+from meshwise.cost.estimate import DEFAULT_HEADROOM
+from meshwise.cost.fp8 import check_supported
 from meshwise.errors import NOTHING_FITS, MeshwiseError
+from meshwise.files import check_output_file
+from meshwise.layout import check_runnable, check_seq_len, parse
+from meshwise.plan import emit, failures, planner
+from meshwise.plan.band import budget_band
+from meshwise.plan.batch_hint import batch_hint
+from meshwise.plan.budget import Budget, BudgetFigures, check_budget, with_failures
+from meshwise.plan.compare import check_distinct, rank, split_layouts
 from meshwise.plan.failures import FailureOptions
-
-if TYPE_CHECKING:
-    pass
+from meshwise.plan.planner import plan_notes
+from meshwise.plan.show import print_plan
+from meshwise.report import require_matplotlib
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_GPU = "h100"
@@ -34,95 +43,111 @@ class Extras:
     failures: FailureOptions = FailureOptions()
 
 
-def plan_main(
-    model_name: str | None,
-    params: float | None,
-    gpu: str,
-    gpus: int,
-    gpus_per_node: int | None,
-    seq_len: int | None,
-    global_batch: int,
-    precision: str,
-    optimizer: str,
-    layout_text: str | list[str] | None,
-    top: int,
-    headroom: float | None,
-    as_json: bool,
-    report: str | None,
-    runtime: str | None = None,
-    verify: int = 0,
-    extras: Extras = Extras(),
-    tp_comm_overlap: bool = False,
-    moe: dict | None = None,
-) -> int:
-    """Check every input, then plan and print; ``layout_text`` (one or several, ``;``-separated too)
-    evaluates those layouts side by side; ``runtime`` (meshwise or megatron) defaults to the profile's
-    ``runtime`` key, else meshwise; ``tp_comm_overlap``: the run turns on Megatron-LM's ``--tp-comm-overlap``
-    (TrainSpec.overlap_tp_comm); ``moe``: TrainSpec's MoE fields (capacity factor, balancing, all-to-all
-    overlap); ``verify`` K > 0 traces the top K candidates
-    (meshwise.measure.verify.verify_plan; imports torch)."""
-    from meshwise import spec
-    from meshwise.cost.estimate import DEFAULT_HEADROOM
-    from meshwise.layout import check_seq_len
-    from meshwise.plan.budget import check_budget
+@dataclass(frozen=True)
+class Request:
+    """The run ``plan`` is asked about, as given: a catalog name, file or bare parameter count; the
+    cluster; the training setting (``runtime`` None: the profile's ``runtime`` key, else meshwise;
+    ``tp_comm_overlap``: Megatron-LM's ``--tp-comm-overlap``, TrainSpec.overlap_tp_comm; ``moe``:
+    TrainSpec's MoE fields, capacity factor, balancing and all-to-all overlap)."""
 
-    if params is not None and params > MAX_PARAMS:
+    model_name: str | None = None
+    params: float | None = None
+    gpu: str = DEFAULT_GPU
+    gpus: int = DEFAULT_GPUS
+    gpus_per_node: int | None = None
+    seq_len: int | None = None
+    global_batch: int = DEFAULT_GLOBAL_BATCH
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    runtime: str | None = None
+    tp_comm_overlap: bool = False
+    moe: dict | None = None
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What ``plan`` weighs and prints: ``layout_text`` (one or several, ``;``-separated too) evaluates
+    those layouts side by side; the top rows, the headroom (None: DEFAULT_HEADROOM), JSON or tables,
+    an HTML report; ``verify`` K > 0 traces the top K candidates (meshwise.measure.verify.verify_plan;
+    imports torch)."""
+
+    layout_text: str | list[str] | None = None
+    top: int = DEFAULT_TOP
+    headroom: float | None = None
+    as_json: bool = False
+    report: str | None = None
+    verify: int = 0
+
+
+def plan_main(request: Request, shown: Shown = Shown(), extras: Extras = Extras()) -> int:
+    """Check every input, then plan and print."""
+    model, cluster, train = _setting(request, extras.emit)
+    headroom = _checked_shown(shown, cluster, train)
+    check_budget(extras.tokens, extras.price_per_gpu_hour)
+    extras.failures.check()
+    if shown.report:
+        check_output_file("--report", shown.report, parent_must_exist=True)
+        require_matplotlib()
+    chosen = _given_layouts(
+        shown.layout_text, model, cluster.world_size, train.global_batch, train.seq_len, train.runtime
+    )
+    result = _plan(model, cluster, train, shown.top, headroom, chosen, shown.verify)
+    _output(model, cluster, train, result, headroom, shown, extras, given=bool(chosen))
+    return NOTHING_FITS if result.nothing_fits and not chosen else 0
+
+
+def _setting(request: Request, emit: str | None):
+    """(model, cluster, train) of the request, each field checked; the runtime resolved."""
+    r = request
+    if r.params is not None and r.params > MAX_PARAMS:
         raise MeshwiseError(
-            f"--params: {params:g} is past meshwise's bound of {MAX_PARAMS:g} parameters "
+            f"--params: {r.params:g} is past meshwise's bound of {MAX_PARAMS:g} parameters "
             "(a thousand times the largest published model)"
         )
     model = (
-        spec.ModelSpec.from_param_count(params) if params is not None else spec.load_model(model_name or DEFAULT_MODEL)
+        spec.ModelSpec.from_param_count(r.params)
+        if r.params is not None
+        else spec.load_model(r.model_name or DEFAULT_MODEL)
     )
-    cluster = spec.load_cluster(gpu, gpus, gpus_per_node)
-    if seq_len is None:
-        seq_len = spec.default_seq_len(model)
-    if extras.emit == "megatron" and (runtime or "megatron") != "megatron":
+    cluster = spec.load_cluster(r.gpu, r.gpus, r.gpus_per_node)
+    seq_len = spec.default_seq_len(model) if r.seq_len is None else r.seq_len
+    runtime = r.runtime
+    if emit == "megatron" and (runtime or "megatron") != "megatron":
         raise MeshwiseError(
             f"--emit megatron: plans for Megatron-LM's runtime; --runtime {runtime} would emit a "
             "layout chosen for another runtime (drop --runtime or use --runtime megatron)"
         )
-    runtime = runtime or ("megatron" if extras.emit == "megatron" else cluster.accelerator.runtime) or "meshwise"
+    runtime = runtime or ("megatron" if emit == "megatron" else cluster.accelerator.runtime) or "meshwise"
     check_seq_len(model, seq_len, "--seq-len", runtime)  # one rule for the search and --layout
     train = spec.TrainSpec(
-        global_batch=global_batch,
+        global_batch=r.global_batch,
         seq_len=seq_len,
-        precision=precision,
-        optimizer=optimizer,
+        precision=r.precision,
+        optimizer=r.optimizer,
         runtime=runtime,
-        overlap_tp_comm=bool(tp_comm_overlap),
-        **(moe or {}),
+        overlap_tp_comm=bool(r.tp_comm_overlap),
+        **(r.moe or {}),
     )
-    from meshwise.cost.fp8 import check_supported
+    check_supported(cluster.accelerator, r.precision)
+    return model, cluster, train
 
-    check_supported(cluster.accelerator, precision)
-    if top < 1:
-        raise MeshwiseError(f"--top: {top} must be at least 1")
-    if verify < 0:
-        raise MeshwiseError(f"--verify: {verify} must be 0 (no trace) or a number of candidates to trace")
-    headroom = DEFAULT_HEADROOM if headroom is None else headroom
+
+def _checked_shown(shown: Shown, cluster, train) -> float:
+    """Check how many rows, the trace and the headroom; the headroom, its default filled in."""
+    if shown.top < 1:
+        raise MeshwiseError(f"--top: {shown.top} must be at least 1")
+    if shown.verify < 0:
+        raise MeshwiseError(f"--verify: {shown.verify} must be 0 (no trace) or a number of candidates to trace")
+    headroom = DEFAULT_HEADROOM if shown.headroom is None else shown.headroom
     if not 0 <= headroom < 1:
         raise MeshwiseError(f"--headroom: {headroom} must be in [0, 1)")
-    check_budget(extras.tokens, extras.price_per_gpu_hour)
-    extras.failures.check()
-    if report:
-        from meshwise.files import check_output_file
-        from meshwise.report import require_matplotlib
-
-        check_output_file("--report", report, parent_must_exist=True)
-        require_matplotlib()
-    chosen = _given_layouts(layout_text, model, cluster.world_size, global_batch, seq_len, runtime)
-    result = _plan(model, cluster, train, top, headroom, chosen, verify)
-    _output(model, cluster, train, result, headroom, as_json, report, extras, given=bool(chosen))
-    return NOTHING_FITS if result.nothing_fits and not chosen else 0
+    return headroom
 
 
 def _given_layouts(
     texts: str | list[str] | None, model, world: int, global_batch: int, seq_len: int, runtime: str
 ) -> list:
     """Every --layout value parsed and checked before any search starts."""
-    from meshwise.layout import check_runnable, parse
-    from meshwise.plan.compare import check_distinct, split_layouts
 
     values = [texts] if isinstance(texts, str) else texts
     layouts = [parse(t, world, explicit=True) for t in split_layouts(values)]
@@ -134,11 +159,8 @@ def _given_layouts(
 
 def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify: int):
     """The search, one evaluated layout, or several side by side; then the trace and the batch hint."""
-    from meshwise.plan import planner
 
     if len(chosen) > 1:
-        from meshwise.plan.compare import rank
-
         evaluated = [planner.plan(model, cluster, train, top=top, headroom=headroom, layout=lay) for lay in chosen]
         first = evaluated[0]
         ranked = tuple(rank([p.candidates[0] for p in evaluated]))
@@ -159,24 +181,19 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
     else:
         result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen[0] if chosen else None)
     if verify:
-        from meshwise.measure.verify import verify_plan
+        from meshwise.measure.verify import verify_plan  # imports torch: only on --verify
 
         result = verify_plan(model, cluster, train, result, verify, headroom)
     if not chosen:
-        from meshwise.plan.batch_hint import batch_hint
-
         hint = batch_hint(model, cluster, train, result.candidates[0] if result.candidates else None, headroom)
         if hint:
             result = replace(result, explanation=result.explanation + (hint,))
     return result
 
 
-def _output(
-    model, cluster, train, result, headroom: float, as_json: bool, report: str | None, extras: Extras, given: bool
-) -> None:
-    from meshwise.plan.band import budget_band
-    from meshwise.plan.budget import Budget
-    from meshwise.plan.planner import plan_notes
+def _output(model, cluster, train, result, headroom: float, shown: Shown, extras: Extras, given: bool) -> None:
+    """Tables, JSON or a framework's configuration on stdout, and the HTML report."""
+    as_json, report = shown.as_json, shown.report
 
     budgets = None
     if extras.tokens is not None:
@@ -216,25 +233,13 @@ def _output(
             )
         print(emitted)
     else:
-        from meshwise.plan.show import print_plan
-
         print_plan(model, cluster, train, result, budgets=budgets, reliabilities=rels, failure_budgets=fbudgets)
         for line in plan_notes(cluster, train, result.candidates):
             print(f"note: {line}")
     if report:
-        from meshwise.report.plan_report import write_plan_report
+        from meshwise.report.plan_report import write_plan_report  # matplotlib: only on --report
 
-        write_plan_report(
-            report,
-            model,
-            cluster,
-            train,
-            result,
-            headroom,
-            budgets=budgets,
-            reliabilities=rels,
-            failure_budgets=fbudgets,
-        )
+        write_plan_report(report, model, cluster, train, result, headroom, BudgetFigures(budgets, rels, fbudgets))
         if not as_json:
             print(f"report: {report}", file=sys.stderr if emitted is not None else sys.stdout)
 
@@ -242,8 +247,6 @@ def _output(
 def _with_failures(model, cluster, train, result, options: FailureOptions, budgets):
     """Each candidate's interval and goodput, the explanation's failure lines and the staging warning
     (plan/failures.py), and the budgets with failures; (result, None, None) when not shown."""
-    from meshwise.plan import failures
-    from meshwise.plan.budget import with_failures
 
     if not failures.shown(cluster, options) or not result.candidates:
         return result, None, None
@@ -258,8 +261,6 @@ def _with_failures(model, cluster, train, result, options: FailureOptions, budge
 def _emitted(model, cluster, train, result, framework: str, given: bool) -> str:
     """The configuration text: each given layout, or the chosen one; when the chosen one cannot be
     expressed, the refusal names the best of the shown candidates that can."""
-    from meshwise.plan import emit
-
     if not result.candidates:
         raise MeshwiseError(f"--emit {framework}: no layout fits, so there is nothing to emit")
     targets = [

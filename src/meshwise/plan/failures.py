@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshwise.cost import failures as fm
+from meshwise.plan.candidates import TIE
 from meshwise.units import gb_text
 
 RATE_SOURCE = "Kokolis et al. 2025's rate, split by Llama 3's causes: catalog/failures.toml"
@@ -116,8 +117,6 @@ def explanation_lines(cluster, candidates, rels: list[fm.Reliability], options: 
 
 
 def _pick_line(candidates, rels: list[fm.Reliability]) -> list[str]:
-    from meshwise.plan.candidates import TIE
-
     effective = [e.tokens_per_s * r.goodput for e, r in zip(candidates, rels)]
     best = max(range(len(candidates)), key=lambda i: (effective[i], -i))
     if len(candidates) < 2:

@@ -13,24 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import (
-    DEFAULT_HEADROOM,
-    estimate,
-    lower_bound_experts_s,
-    lower_bound_step_s,
-    lower_bound_with_dp_s,
-    optimizer_seconds,
-)
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache, plan_cache
-from meshwise.layout import AC_MODES, Layout
+from meshwise.layout import AC_MODES, Degrees, Layout
+from meshwise.plan.bounds import Bounds, compute_key
 from meshwise.plan.candidates import (
     RUNNER_UP_POOL,
     SearchResult,
     _ac_modes,
     _divisors,
-    _layout,
     _schedule_ok,
     _structure_fields,
     _with,
@@ -43,19 +36,20 @@ MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline sc
 _AC_ORDER = {ac: i for i, ac in enumerate(AC_MODES)}  # the enumeration's order of checkpointing modes
 
 
-def _fields(model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bound: bool = True) -> Iterator[tuple]:
+def _fields(
+    model: ModelSpec, world: int, global_batch: int, seq_len: int, cp_bound: bool = True
+) -> Iterator[tuple[Degrees, list[int]]]:
     """plan/search.py's structures, and after each one with ep=1 and tp > 1 of a mixture of experts
     the same with ep folded over tp (a multiple of tp dividing dp_shard x cp x tp, not dp_shard x cp)."""
-    for fields in _structure_fields(model, world, global_batch, seq_len, cp_bound):
-        dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options = fields
-        if schedule not in MEGATRON_SCHEDULES:
+    for d, mbs_options in _structure_fields(model, world, global_batch, seq_len, cp_bound):
+        if d.schedule not in MEGATRON_SCHEDULES:
             continue
-        yield fields
-        if ep != 1 or tp == 1 or not model.moe or model.states_only:
+        yield d, mbs_options
+        if d.ep != 1 or d.tp == 1 or not model.moe or model.states_only:
             continue
-        for folded in _divisors(shard * cp * tp):
-            if folded % tp == 0 and (shard * cp) % folded and model.experts % folded == 0:
-                yield dp, zero, shard, cp, tp, sp, pp, vpp, schedule, folded, mbs_options
+        for folded in _divisors(d.shard * d.cp * d.tp):
+            if folded % d.tp == 0 and (d.shard * d.cp) % folded and model.experts % folded == 0:
+                yield d._replace(ep=folded), mbs_options
 
 
 def search_megatron(
@@ -80,14 +74,12 @@ def search_megatron(
     groups: dict[tuple, list[tuple]] = {}
     index = 0
     acs = _ac_modes(model)
-    for dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, mbs_options in _fields(
-        model, cluster.world_size, train.global_batch, train.seq_len, cp_bound
-    ):
-        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+    for d, mbs_options in _fields(model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
+        base = d.layout()
         runs = tuple(
-            (mbs, train.global_batch // (dp * mbs))
+            (mbs, train.global_batch // (d.dp * mbs))
             for mbs in mbs_options
-            if _schedule_ok(base, train.global_batch // (dp * mbs))
+            if _schedule_ok(base, train.global_batch // (d.dp * mbs))
         )
         admitted = None
         if where is not None:
@@ -97,7 +89,7 @@ def search_megatron(
                 continue  # ``where`` admits none of its layouts: nothing to bound or weigh
         else:
             result.enumerated += len(runs) * len(acs)
-        gkey = (tp, cp, pp, vpp, schedule, sp, base.ep_folds_tp, ep if model.moe else 1)  # MoE compute reads ep
+        gkey = compute_key(d, model.moe)
         members = groups.get(gkey)
         if members is None:
             members = groups[gkey] = []
@@ -120,7 +112,7 @@ class _Weigh:
     ``keep``. Once they are known, a group whose compute plus expert all-to-alls (a mixture of
     experts) is slower is skipped before its memory is worked out, and so are its members past the
     first that fits once the group's tighter bound (worked out there) is slower; a fitting layout
-    whose own bounds are slower (:class:`_Slower`) is not estimated."""
+    whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
         self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict, keep: int
@@ -135,7 +127,7 @@ class _Weigh:
         )
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
-        self.slower = _Slower(model, cluster, train, stages)
+        self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
 
@@ -147,7 +139,7 @@ class _Weigh:
                 break
             members = groups[gkey]
             first = _with(members[0][1], mbs, ac)
-            if len(best) >= self.keep and self.model.moe and self.slower.experts(first) > best[-1].time.step_s:
+            if len(best) >= self.keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
                 continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
             for index, base, admitted in members:
@@ -159,7 +151,7 @@ class _Weigh:
                     if bound > worst:
                         break
                     busy = tight.get(base.zero >= 2)
-                    if busy is not None and busy > worst:  # the optimizer step is >= 0: _Slower would say so too
+                    if busy is not None and busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
                 mems = self._memories(index, base, ac, mbs, m)
@@ -170,8 +162,8 @@ class _Weigh:
                 if full:
                     busy = tight.get(base.zero >= 2)
                     if busy is None:  # worked out at the first member that fits
-                        busy = tight[base.zero >= 2] = self.slower.tight_s(layout)
-                    if busy > worst or self.slower(layout, worst):
+                        busy = tight[base.zero >= 2] = self.bounds.tight_s(layout)
+                    if busy > worst or self.bounds.slower(layout, worst):
                         continue
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
                 keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), self.keep)
@@ -237,84 +229,3 @@ class _Weigh:
         if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > self.usable:
             return None
         return tuple(Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(states, parts))
-
-
-class _Slower:
-    """Whether a layout's step is surely slower than ``worst``: its optimizer step plus, for a mixture of
-    experts, compute and the expert all-to-alls first (estimate.lower_bound_experts_s, cheaper), then
-    every part of the step but the data-parallel collectives (estimate.lower_bound_step_s), then with
-    them (estimate.lower_bound_with_dp_s). The first parts are cached by the fields they read, as
-    plan/search.py's ``_slower_than`` caches them."""
-
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, stages: dict) -> None:
-        self.model, self.cluster, self.train, self.stages = model, cluster, train, stages
-        self.optimizers: dict[tuple, float] = {}
-        self.with_experts: dict[tuple, float] = {}
-        self.tight: dict[tuple, float] = {}
-
-    def __call__(self, layout: Layout, worst: float) -> bool:
-        model, cluster, train = self.model, self.cluster, self.train
-        okey = (
-            layout.tp,
-            layout.cp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule == "zero-bubble" and layout.vpp == 2,
-            layout.ep,
-            layout.zero >= 1,
-            layout.shard,
-            layout.dp > 1,
-        )
-        opt_s = self.optimizers.get(okey)
-        if opt_s is None:
-            opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, rank_shapes(model, layout))
-        if model.moe and self.experts(layout) + opt_s > worst:
-            return True
-        if self.tight_s(layout) + opt_s > worst:
-            return True
-        return lower_bound_with_dp_s(model, cluster, train, layout, self.stages) + opt_s > worst
-
-    def tight_s(self, layout: Layout) -> float:
-        """estimate.lower_bound_step_s (every part of the step but the data-parallel collectives), by the
-        fields it reads (of ZeRO only ``zero >= 2``, no ``shard``)."""
-        key = (
-            layout.tp,
-            layout.cp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule,
-            layout.mbs,
-            layout.ac,
-            layout.ep,
-            layout.sp,
-            layout.ep_folds_tp,
-            layout.zero >= 2,
-        )
-        busy = self.tight.get(key)
-        if busy is None:
-            busy = self.tight[key] = lower_bound_step_s(
-                self.model, self.cluster, self.train, layout, stage_cache=self.stages
-            )
-        return busy
-
-    def experts(self, layout: Layout) -> float:
-        """estimate.lower_bound_experts_s, by the fields it reads (no ZeRO field, ``shard`` only through
-        whether ep is folded over tp)."""
-        key = (
-            layout.tp,
-            layout.cp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule,
-            layout.mbs,
-            layout.ac,
-            layout.ep,
-            layout.sp,
-            layout.ep_folds_tp,
-        )
-        found = self.with_experts.get(key)
-        if found is None:
-            found = self.with_experts[key] = lower_bound_experts_s(
-                self.model, self.cluster, self.train, layout, self.stages
-            )
-        return found

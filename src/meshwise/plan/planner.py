@@ -17,6 +17,7 @@ from meshwise.plan.band import Band, band_for, figure_bands, with_band
 from meshwise.plan.batch_hint import MAX_SHIFT
 from meshwise.plan.compare import binding, costlier_part
 from meshwise.plan.experts import expert_degrees, moe_block_params, step_experts_with_figures
+from meshwise.plan.megatron_search import MEGATRON_SCHEDULES
 from meshwise.plan.search import (  # noqa: F401  (the search's names, re-exported for plan's callers)
     CP_MIN_TOKENS,
     MAX_MBS,
@@ -564,8 +565,6 @@ def _other_schedules(model: ModelSpec, layout: Layout) -> list[Layout]:
 def _check_here(layout: Layout, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, global_batch: int) -> None:
     """layout.check_runnable for the plan's runtime (Megatron-Core runs only its own schedules)."""
     if train.runtime == "megatron" and layout.pp > 1:
-        from meshwise.plan.megatron_search import MEGATRON_SCHEDULES
-
         if layout.schedule not in MEGATRON_SCHEDULES:
             raise MeshwiseError(f"schedule={layout.schedule} is not Megatron-Core's")
     check_runnable(layout, model, cluster.world_size, global_batch, train.seq_len, runtime=train.runtime)
@@ -665,8 +664,6 @@ def bubble_remedy(
 def _first_valid(model: ModelSpec, world: int, train: TrainSpec, global_batch: int) -> Layout | None:
     """A valid layout of ``world`` ranks for ``global_batch`` that the chosen runtime runs, or None."""
     if train.runtime == "megatron" and not model.states_only:
-        from meshwise.plan.megatron_search import MEGATRON_SCHEDULES
-
         where = lambda lay: lay.schedule in MEGATRON_SCHEDULES  # noqa: E731
     else:
         where = None if model.states_only else runs_here(model, train.seq_len)

@@ -18,17 +18,12 @@ from contextlib import contextmanager
 
 from meshwise.cost import memory
 from meshwise.cost.context_parallel import local_train
-from meshwise.cost.estimate import (
-    DEFAULT_HEADROOM,
-    estimate,
-    lower_bound_experts_s,
-    lower_bound_step_s,
-    optimizer_seconds,
-)
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.memory import RankShape
 from meshwise.cost.memory_peaks import RankEntry
 from meshwise.cost.plan_cache import PlanCache, plan_cache
-from meshwise.layout import AC_MODES, Layout, runs_here
+from meshwise.layout import AC_MODES, Degrees, Layout, runs_here
+from meshwise.plan.bounds import Bounds, compute_key, v_shape
 from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's names, as before)
     _RUNS_HERE_FIELDS,
     CP_MIN_TOKENS,
@@ -41,7 +36,6 @@ from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's
     _ac_modes,
     _cp_choices,
     _divisors,
-    _layout,
     _rank_key,
     _schedule_ok,
     _simplicity,
@@ -102,8 +96,8 @@ def search(
 
 class _Search:
     """One search: its memo tables are the fields, its prunings the methods. Every memo is keyed by a
-    plain tuple of the fields its answer reads (cheaper to hash than a spec), so one answer serves
-    every layout that shares them. Each pruning below says why it drops nothing that could fit or
+    structure's :class:`Degrees` or a plain tuple of the fields its answer reads (plan/bounds.py),
+    so one answer serves every layout that shares them. Each pruning below says why it drops nothing that could fit or
     make the top: the result equals the brute force's (tests/unit/test_planner.py holds it)."""
 
     def __init__(
@@ -140,111 +134,78 @@ class _Search:
         self.local_trains: dict[int, TrainSpec] = {}  # context.local_train by cp
         self.rank_shapes: dict[tuple, tuple[RankShape, ...]] = {}  # memory.rank_shapes by what it reads
         self.stages = cache.stages  # estimate's per-rank memo, bounds and estimates alike
-        self.bounds: dict[tuple, float] = {}  # the compute-only bound
-        self.optimizers: dict[tuple, float] = {}  # estimate.optimizer_seconds
-        self.with_experts: dict[tuple, float] = {}  # estimate.lower_bound_experts_s
-        self.tight: dict[tuple, float] = {}  # the tighter bound: everything but the DP collectives
-        # the structures by what their compute-only bound reads: (enumeration index, fields, options) each
-        self.groups: dict[tuple, list[tuple[int, tuple, tuple[list[int], list[str]]]]] = {}
+        self.bounds = Bounds(model, cluster, train, cache.stages, with_dp=False)
+        # the structures by what their compute-only bound reads: (enumeration index, degrees, options) each
+        self.groups: dict[tuple, list[tuple[int, Degrees, tuple[list[int], list[str]]]]] = {}
         self.structures = 0
         self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
         self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
 
     def run(self) -> SearchResult:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
-            for fields in _structure_fields(
+            for degrees, all_mbs in _structure_fields(
                 self.model, self.cluster.world_size, self.train.global_batch, self.train.seq_len, cp_bound
             ):
-                self._enumerate(*fields)
+                self._enumerate(degrees, all_mbs)
             if self.result.enumerated:
                 break
         return self._rank()
 
-    def _enumerate(
-        self,
-        dp: int,
-        zero: int,
-        shard: int,
-        cp: int,
-        tp: int,
-        sp: bool,
-        pp: int,
-        vpp: int,
-        schedule: str,
-        ep: int,
-        all_mbs: list[int],
-    ) -> None:
-        """Count the structure's layouts and file it under what its compute-only bound reads (no
-        DP/ZeRO field: dp is fixed by tp, cp and pp; ep only for a mixture of experts). Eleven
-        arguments: one structure of _structure_fields, unpacked."""
-        opts = self._options(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep, all_mbs)
+    def _enumerate(self, d: Degrees, all_mbs: list[int]) -> None:
+        """Count the structure's layouts and file it under what its compute-only bound reads."""
+        opts = self._options(d, all_mbs)
         mbs_options, acs = opts
         if not acs:
             return
         self.result.enumerated += len(acs) * len(mbs_options)
-        gkey = (tp, cp, pp, vpp, schedule, sp, ep if self.model.moe else 1)
+        gkey = compute_key(d, self.model.moe)
         members = self.groups.get(gkey)
         if members is None:
             members = self.groups[gkey] = []
-        members.append((self.structures, (dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep), opts))
+        members.append((self.structures, d, opts))
         self.structures += 1
 
     # ------------------------------------------------------------------ what fits
-    def _options(
-        self,
-        dp: int,
-        zero: int,
-        shard: int,
-        cp: int,
-        tp: int,
-        sp: bool,
-        pp: int,
-        vpp: int,
-        schedule: str,
-        ep: int,
-        all_mbs: list[int],
-    ) -> tuple[list[int], list[str]]:
+    def _options(self, d: Degrees, all_mbs: list[int]) -> tuple[list[int], list[str]]:
         """The structure's micro-batch sizes the schedule admits and the checkpointing modes ``where``
         admits (shared by every structure with the same fields runs_here reads and dp)."""
-        okey = (dp, cp, tp, sp, pp, schedule)
+        okey = (d.dp, d.cp, d.tp, d.sp, d.pp, d.schedule)
         opts = self.options.get(okey) if self.shared_where else None
         if opts is None:
-            base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
-            mbs_options = [b for b in all_mbs if _schedule_ok(base, self.train.global_batch // (dp * b))]
+            base = d.layout()
+            mbs_options = [b for b in all_mbs if _schedule_ok(base, self.train.global_batch // (d.dp * b))]
             acs = [ac for ac in _ac_modes(self.model) if self.where is None or self.where(_with(base, base.mbs, ac))]
             opts = self.options[okey] = (mbs_options, acs)
         return opts
 
     def _shapes_of(self, layout: Layout) -> tuple[RankShape, ...]:
-        key = (layout.tp, layout.pp, layout.vpp, layout.schedule == "zero-bubble" and layout.vpp == 2)
+        key = (layout.tp, layout.pp, layout.vpp, v_shape(layout))
         shapes = self.rank_shapes.get(key)
         if shapes is None:
             shapes = self.rank_shapes[key] = memory.rank_shapes(self.model, layout)
         return shapes
 
-    def _floor_fit(
-        self, dp: int, zero: int, shard: int, cp: int, tp: int, sp: bool, pp: int, vpp: int, schedule: str, ep: int
-    ) -> bool | tuple:
+    def _floor_fit(self, d: Degrees) -> bool | tuple:
         """False when the structure fits at no mbs or ac (most do not), else (its rank shapes, their
-        RankEntry). The floor (PeakCache.floor) reads only these fields: the rank shapes come from tp,
-        pp, vpp and the V schedule, not from sp nor the schedule otherwise."""
-        fkey = (dp, cp, zero, shard, tp, pp, vpp, schedule == "zero-bubble" and vpp == 2, ep)
+        RankEntry). The floor (PeakCache.floor) reads only the fields of its key: the rank shapes come
+        from tp, pp, vpp and the V schedule, not from sp nor the schedule otherwise."""
+        fkey = (d.dp, d.cp, d.zero, d.shard, d.tp, d.pp, d.vpp, v_shape(d), d.ep)
         fit = self.floor_fits.get(fkey)
         if fit is not None:
             return fit
-        if zero and 1 < shard < dp:
+        if d.zero and 1 < d.shard < d.dp:
             # the floor only shrinks as the sharding group grows (every term is divided by it or does
             # not read it, for shard > 1): if the whole dp group's fails, this one's does too
-            widest = fkey[:3] + (dp,) + fkey[4:]
+            widest = (d.dp, d.cp, d.zero, d.dp, *fkey[4:])
             if widest not in self.widest_fits:
-                whole = _layout(dp, zero, dp, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+                whole = d._replace(shard=d.dp).layout()
                 self.widest_fits[widest] = all(
                     self.peaks.floor(whole, sh) <= self.usable for sh in self._shapes_of(whole)
                 )
             if not self.widest_fits[widest]:
                 self.floor_fits[fkey] = False
                 return False
-        base = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, 1, "none", ep)
+        base = d.layout()
         shapes = self._shapes_of(base)
         fit = all(self.peaks.floor(base, sh) <= self.usable for sh in shapes)
         self.floor_fits[fkey] = fit = fit and (shapes, [self.peaks.rank_entry(base, sh, self.train) for sh in shapes])
@@ -296,24 +257,23 @@ class _Search:
             if len(result.best) >= keep and bound > result.best[-1].time.step_s:
                 break
             widest_failed: set[int] = set()  # the ZeRO stages whose whole-dp sharding group does not fit
-            for s_index, fields, (mbs_options, acs) in self._widest_first(gkey):
+            for s_index, d, (mbs_options, acs) in self._widest_first(gkey):
                 if not self.shared_where and (ac not in acs or mbs not in mbs_options):
                     continue
                 result.checked += 1
-                dp, zero, shard = fields[:3]
-                if zero and 1 < shard < dp and zero in widest_failed:
+                if d.zero and 1 < d.shard < d.dp and d.zero in widest_failed:
                     continue  # what does not fit the whole-dp sharding group fits no narrower one
-                layout, shapes = self._fitting(s_index, fields, ac, mbs)
+                layout, shapes = self._fitting(s_index, d, ac, mbs)
                 if layout is None:
-                    if zero and shard == dp:
-                        widest_failed.add(zero)
+                    if d.zero and d.shard == d.dp:
+                        widest_failed.add(d.zero)
                     continue
                 result.fitting += 1
                 if len(result.best) >= keep:
                     worst = result.best[-1].time.step_s
                     if bound > worst:
                         break
-                    if self._slower_than(layout, shapes, worst):
+                    if self.bounds.slower(layout, worst, shapes):
                         continue
                 e = estimate(
                     self.model,
@@ -337,7 +297,7 @@ class _Search:
         group fits no narrower one. The order of the estimates changes nothing (:meth:`_rank`)."""
         members = self.ordered.get(gkey)
         if members is None:
-            members = self.ordered[gkey] = sorted(self.groups[gkey], key=lambda s: (s[1][1], s[1][2] != s[1][0]))
+            members = self.ordered[gkey] = sorted(self.groups[gkey], key=lambda s: (s[1].zero, s[1].shard != s[1].dp))
         return members
 
     def _bounded(self) -> list[tuple[float, tuple, tuple, str, int]]:
@@ -346,45 +306,37 @@ class _Search:
         fits is left out."""
         out = []
         for gkey, members in self.groups.items():
-            if not any(self._floor_fit(*fields) for _, fields, _ in members):
+            if not any(self._floor_fit(d) for _, d, _ in members):
                 # no member's memory floor fits: none of its layouts does (checked, as a whole)
                 self.result.checked += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
                 continue
             seen: set[tuple] = set()
-            for s_index, fields, (mbs_options, acs) in members:
+            for s_index, d, (mbs_options, acs) in members:
                 for ac in acs:
                     for mbs in mbs_options:
                         if (ac, mbs) in seen:
                             continue
                         seen.add((ac, mbs))
-                        out.append((self._bound(fields, ac, mbs), (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
+                        layout = d.layout(mbs, ac)
+                        bound = lower_bound_step_s(
+                            self.model, self.cluster, self.train, layout, compute_only=True, stage_cache=self.stages
+                        )
+                        out.append((bound, (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
                 if self.shared_where:  # every member has the same options
                     break
         out.sort(key=lambda b: (b[0], b[1]))
         return out
 
-    def _bound(self, fields: tuple, ac: str, mbs: int) -> float:
-        """The compute-only lower bound of the structure ``fields`` at (ac, mbs), cached by what it reads."""
-        dp, zero, shard, cp, tp, sp, pp, vpp, schedule, ep = fields
-        key = (tp, cp, pp, vpp, schedule, mbs, ac, sp, ep if self.model.moe else 1)
-        bound = self.bounds.get(key)
-        if bound is None:
-            layout = _layout(dp, zero, shard, cp, tp, sp, pp, vpp, schedule, mbs, ac, ep)
-            bound = self.bounds[key] = lower_bound_step_s(
-                self.model, self.cluster, self.train, layout, compute_only=True, stage_cache=self.stages
-            )
-        return bound
-
-    def _fitting(self, s_index: int, fields: tuple, ac: str, mbs: int) -> tuple[Layout | None, tuple]:
+    def _fitting(self, s_index: int, d: Degrees, ac: str, mbs: int) -> tuple[Layout | None, tuple]:
         """The structure's layout at (ac, mbs) and its rank shapes if it fits on every rank, else None:
         the structure's memory floor first (cached), then the layout's peaks."""
         base = self.bases.get(s_index)
         if base is None:
-            fit = self._floor_fit(*fields)
+            fit = self._floor_fit(d)
             if not fit:
                 self.bases[s_index] = base = (None, (), None, {})
             else:
-                layout = _layout(*fields[:9], 1, "none", fields[9])
+                layout = d.layout()
                 lt = self.local_trains.get(layout.cp)
                 if lt is None:
                     lt = self.local_trains[layout.cp] = local_train(self.train, layout)
@@ -395,57 +347,3 @@ class _Search:
         shapes, entries = fit
         found, fits = self._fits(layout, entries, table, lt, self.train.global_batch // (layout.dp * mbs), ac, mbs)
         return ((found or _with(layout, mbs, ac)) if fits else None), shapes
-
-    def _slower_than(self, layout: Layout, shapes: tuple[RankShape, ...], worst: float) -> bool:
-        """Whether a lower bound of the layout's step is above ``worst``: the optimizer plus, for a
-        mixture of experts, compute and the expert all-to-alls first (cheaper; most refusals of a
-        mixture of experts are for those), then the tighter bound. Each part is cached by the fields
-        it reads (cost/estimate.py)."""
-        model, cluster, train = self.model, self.cluster, self.train
-        okey = (
-            layout.tp,
-            layout.cp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule == "zero-bubble" and layout.vpp == 2,
-            layout.ep,
-            layout.zero >= 1,
-            layout.shard,
-            layout.dp > 1,
-        )
-        opt_s = self.optimizers.get(okey)
-        if opt_s is None:
-            opt_s = self.optimizers[okey] = optimizer_seconds(model, cluster, train, layout, shapes)
-        if model.moe and not model.states_only:
-            key = (
-                layout.tp,
-                layout.cp,
-                layout.pp,
-                layout.vpp,
-                layout.schedule,
-                layout.mbs,
-                layout.ac,
-                layout.ep,
-                layout.sp,
-            )
-            busy = self.with_experts.get(key)
-            if busy is None:
-                busy = self.with_experts[key] = lower_bound_experts_s(model, cluster, train, layout, self.stages)
-            if busy + opt_s > worst:
-                return True
-        key = (
-            layout.tp,
-            layout.cp,
-            layout.pp,
-            layout.vpp,
-            layout.schedule,
-            layout.mbs,
-            layout.ac,
-            layout.ep,
-            layout.sp,
-            layout.zero >= 2,
-        )
-        busy = self.tight.get(key)
-        if busy is None:
-            busy = self.tight[key] = lower_bound_step_s(model, cluster, train, layout, stage_cache=self.stages)
-        return busy + opt_s > worst

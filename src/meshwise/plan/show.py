@@ -9,6 +9,7 @@ from rich.table import Table
 from meshwise.plan.band import band_note, text
 from meshwise.plan.budget import Budget, FailureBudget, budget_cells, failure_budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
+from meshwise.plan.failures import interval_cell
 from meshwise.plan.planner import TIE, Plan
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 from meshwise.units import gb_text
@@ -124,7 +125,5 @@ def _budget_table(
 def _failure_cells(
     i: int, reliabilities: list | None, failure_budgets: list[FailureBudget] | None, band=None
 ) -> list[str]:
-    from meshwise.plan.failures import interval_cell
-
     cells = [interval_cell(reliabilities[i]), f"{reliabilities[i].goodput:.1%}"] if reliabilities else []
     return cells + (failure_budget_cells(failure_budgets[i], band) if failure_budgets else [])

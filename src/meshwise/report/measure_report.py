@@ -70,7 +70,8 @@ def write_measure_report(
 ) -> None:
     """Write the page atomically. ``rows``: ``measure.compare.Row`` (figure, rank, predicted,
     measured) of every rank; ``records``: the workers' rank records (``timeline`` read for PP);
-    ``verdicts``: lines on the step split (``measure.compare.time_verdicts``)."""
+    ``verdicts``: lines on the step split (``measure.compare.time_verdicts``). Nine arguments: the
+    run's setting (model, layout, cluster, train) and what was measured of it, each shown."""
     title = title or f"meshwise measure: {model.name}, {layout.short()}"
     sections: list[tuple[str, str]] = []
     world = max((int(r["world"]) for r in records), default=layout.world_size)

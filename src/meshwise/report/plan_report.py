@@ -11,8 +11,9 @@ from dataclasses import replace
 from meshwise.cost.estimate import Estimate
 from meshwise.files import write_atomically
 from meshwise.plan.band import band_note, text
-from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.budget import BudgetFigures, budget_cells, failure_budget_cells, fmt_tokens
 from meshwise.plan.compare import binding
+from meshwise.plan.failures import interval_cell
 from meshwise.plan.planner import Plan, plan_notes, search
 from meshwise.report import figures
 from meshwise.report.html import image, page, paragraphs, table
@@ -93,8 +94,6 @@ def _timeline_section(e: Estimate, train: TrainSpec) -> tuple[str, str] | None:
 def _failure_section(plan: Plan, reliabilities: list, failure_budgets: list | None) -> tuple[str, str]:
     """Per layout: the checkpoint's blocking and written seconds, Daly's interval, the goodput, and with a
     budget the days, GPU-hours and cost with failures."""
-    from meshwise.plan.budget import failure_budget_cells
-    from meshwise.plan.failures import interval_cell
 
     head = ["#", "layout", "staged GB/rank", "stage s", "write s", "restart s", "ckpt every (steps)", "goodput"]
     rows = []
@@ -131,13 +130,11 @@ def write_plan_report(
     train: TrainSpec,
     plan: Plan,
     headroom: float,
-    budgets: list[Budget] | None = None,
-    reliabilities: list | None = None,
-    failure_budgets: list | None = None,
+    extra: BudgetFigures = BudgetFigures(),
 ) -> None:
-    """The page; ``budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost columns;
-    ``reliabilities`` and ``failure_budgets`` (plan/failures.py) a section of intervals, goodput and
-    the same figures with failures."""
+    """The page; ``extra.budgets`` (one per candidate, plan/budget.py) adds days, GPU-hours and cost
+    columns; ``extra.reliabilities`` and ``extra.failure_budgets`` (plan/failures.py) a section of
+    intervals, goodput and the same figures with failures."""
     accel = cluster.accelerator
     sections: list[tuple[str, str]] = []
     setting = (
@@ -149,53 +146,74 @@ def write_plan_report(
     # model and accelerator names come from user files: escaped like every other string of the page
     sections.append(("Setting", f"<p>{html.escape(model.describe())}<br>{html.escape(setting)}</p>"))
     if plan.candidates:
-        rows = [
-            [
-                f"#{i}",
-                e.layout.short(),
-                f"{e.memory.total / 1e9:.1f}",
-                text(plan.band, e.time.step_s, ".3g"),
-                text(plan.band, e.tokens_per_s, ",.0f", rate=True),
-                f"{e.mfu:.1%}",
-                "yes" if e.fits else "no",
-                binding(e),
-            ]
-            + (budget_cells(budgets[i - 1], plan.band) if budgets else [])
-            for i, e in enumerate(plan.candidates, 1)
+        sections += _top_sections(plan, accel, train, headroom, extra)
+    sections += _scaling_section(model, cluster, train, headroom)
+    sections.append(("Explanation", paragraphs(plan.explanation)))
+    if plan.warnings:
+        sections.append(("Warnings", paragraphs(plan.warnings, "warn")))
+    write_atomically(path, page(f"meshwise plan: {model.name} on {cluster.world_size} x {accel.name}", sections))
+
+
+def _top_sections(plan: Plan, accel, train: TrainSpec, headroom: float, extra: BudgetFigures) -> list[tuple[str, str]]:
+    """The top layouts' table and memory bars, the failures' section and the chosen one's timeline."""
+    sections: list[tuple[str, str]] = []
+    budgets = extra.budgets
+    rows = [
+        [
+            f"#{i}",
+            e.layout.short(),
+            f"{e.memory.total / 1e9:.1f}",
+            text(plan.band, e.time.step_s, ".3g"),
+            text(plan.band, e.tokens_per_s, ",.0f", rate=True),
+            f"{e.mfu:.1%}",
+            "yes" if e.fits else "no",
+            binding(e),
         ]
-        head = ["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits", "binds"]
-        if budgets:
-            head += ["days", "GPU-hours"] + (["cost"] if budgets[0].cost is not None else [])
-        mem = figures.memory_bars(
-            [e.layout.short() for e in plan.candidates],
-            [e.memory.as_json() for e in plan.candidates],
-            accel.memory_bytes,
-            accel.memory_bytes * (1 - headroom),
+        + (budget_cells(budgets[i - 1], plan.band) if budgets else [])
+        for i, e in enumerate(plan.candidates, 1)
+    ]
+    head = ["#", "layout", "GB", "step s", "tokens/s", "MFU", "fits", "binds"]
+    if budgets:
+        head += ["days", "GPU-hours"] + (["cost"] if budgets[0].cost is not None else [])
+    mem = figures.memory_bars(
+        [e.layout.short() for e in plan.candidates],
+        [e.memory.as_json() for e in plan.candidates],
+        accel.memory_bytes,
+        accel.memory_bytes * (1 - headroom),
+    )
+    budget_note = (
+        (
+            f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
+            + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
+            + ".</p>"
         )
-        budget_note = (
-            (
-                f"<p>Time and cost for {fmt_tokens(budgets[0].tokens)}: tokens / tokens/s of each layout"
-                + (f", at {budgets[0].price_per_gpu_hour:,.4g} per GPU-hour" if budgets[0].cost is not None else "")
-                + ".</p>"
-            )
-            if budgets
-            else ""
+        if budgets
+        else ""
+    )
+    if plan.band is not None:
+        budget_note += f"<p>In brackets: {html.escape(band_note(plan.band))}.</p>"
+    sections.append(
+        (
+            "Top layouts",
+            budget_note
+            + table(head, rows)
+            + image(mem, "memory per rank of the top layouts against the device capacity"),
         )
-        if plan.band is not None:
-            budget_note += f"<p>In brackets: {html.escape(band_note(plan.band))}.</p>"
-        sections.append(
-            (
-                "Top layouts",
-                budget_note
-                + table(head, rows)
-                + image(mem, "memory per rank of the top layouts against the device capacity"),
-            )
-        )
-        if reliabilities:
-            sections.append(_failure_section(plan, reliabilities, failure_budgets))
-        timeline = _timeline_section(plan.candidates[0], train)
-        if timeline:
-            sections.append(timeline)
+    )
+    if extra.reliabilities:
+        sections.append(_failure_section(plan, extra.reliabilities, extra.failure_budgets))
+    timeline = _timeline_section(plan.candidates[0], train)
+    if timeline:
+        sections.append(timeline)
+    return sections
+
+
+def _scaling_section(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float
+) -> list[tuple[str, str]]:
+    """The predicted throughput from the fewest GPUs that fit to SCALE_UP times the request (none when
+    no count fits)."""
+    sections: list[tuple[str, str]] = []
     points = scaling_points(model, cluster, train, headroom)
     if points:
         png = figures.scaling_curve(
@@ -213,7 +231,4 @@ def write_plan_report(
                 + table(["GPUs", "chosen layout", "tokens/s", "MFU"], rows),
             )
         )
-    sections.append(("Explanation", paragraphs(plan.explanation)))
-    if plan.warnings:
-        sections.append(("Warnings", paragraphs(plan.warnings, "warn")))
-    write_atomically(path, page(f"meshwise plan: {model.name} on {cluster.world_size} x {accel.name}", sections))
+    return sections

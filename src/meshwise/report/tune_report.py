@@ -16,7 +16,7 @@ from meshwise.report.html import image, page, paragraphs, table
 def predicted_against_measured(
     measured_s: Sequence[float], before_s: Sequence[float], after_s: Sequence[float], title: str
 ) -> bytes:
-    from meshwise.report.figures import COLORS, _png, plt
+    from meshwise.report.figures import COLORS, _png, plt  # matplotlib: only when the page is drawn
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     top = max([*measured_s, *before_s, *after_s, 1e-9]) * 1.1

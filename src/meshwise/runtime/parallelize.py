@@ -197,6 +197,8 @@ def _build_chunk(
     precision_of: str | None = None,
     precision: str | None = None,
 ) -> tuple[Transformer, float8.Conversion | None]:
+    """One pipeline chunk of the model, parallelized. Twelve arguments: :func:`parallelize`'s, and the
+    chunk's index and expert mesh."""
     with torch.device("meta"):
         model = Transformer(spec)
     if layout.stages > 1:
@@ -248,7 +250,8 @@ def parallelize(
     precision_of: str | None = None,
     precision: str | None = None,
 ) -> ParallelModel:
-    """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``);
+    """Build this rank's part of ``model_spec`` under ``layout`` on ``mesh`` (from ``build_mesh``;
+    eleven arguments: four, and seven keyword-only options that train, measure and verify set apart);
     ``compile`` compiles each block with ``torch.compile`` (:mod:`meshwise.runtime.compile`).
     ``tensor_mode`` (``meshwise verify``'s FakeTensorMode) is entered where tensors are created:
     materialisation, FSDP2's wrapping, initialisation and the pipeline stages (TP and recompute
@@ -315,7 +318,8 @@ def _pipeline(
     global_batch: int,
     precision_of: str,
 ) -> tuple[object, object, list]:
-    """(schedule, eval schedule, stages) of this rank's chunks."""
+    """(schedule, eval schedule, stages) of this rank's chunks. Nine arguments: the chunks and their ids,
+    and :func:`parallelize`'s setting the stages are built in."""
     # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp * cp > 1.
     act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp * layout.cp > 1 else torch.float32
     stages = build_stages(modules, chunk_ids, model_spec, layout, mesh["pp"], device, seq_len // layout.cp, act_dtype)

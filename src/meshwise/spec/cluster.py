@@ -5,6 +5,7 @@ Pure Python (no torch). Units are in the names: ``_bytes``, ``_flops_per_s``, ``
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -222,8 +223,6 @@ def catalog_accelerator(ref: str) -> str | None:
 
 def _unknown_accelerator(ref: str) -> MeshwiseError:
     """One line: the closest catalog names and aliases ("did you mean"), then every entry."""
-    import difflib
-
     catalog = read_catalog("accelerators.toml")
     spellings = {_spelling(n): name for name, table in catalog.items() for n in (name, *table.get("aliases", ()))}
     # a prefix such as "a100" names every entry it begins, then the nearest spellings

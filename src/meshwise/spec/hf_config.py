@@ -10,7 +10,8 @@ Both rope layouts are read: ``rope_theta`` + ``rope_scaling`` (transformers 4) a
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import re
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,18 @@ def _ids(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
+def _routed_and_shared(cfg: dict[str, Any], layers: int, family: str) -> dict[str, Any]:
+    """DeepSeek's expert keys (GLM-4.5 reads them too): routed experts, shared ones of the same width,
+    and the dense blocks before the first MoE block."""
+    return dict(
+        experts=cfg["n_routed_experts"],
+        experts_per_token=cfg["num_experts_per_tok"],
+        expert_ffn_hidden=cfg["moe_intermediate_size"],
+        shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+        dense_layers=_sparse_layers(cfg, layers, family),
+    )
+
+
 def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, ...]:
     """Indices of the blocks with a dense MLP in a MoE family (transformers' own rule per family)."""
     if family in ("qwen2_moe", "qwen3_moe"):
@@ -183,124 +196,144 @@ def _sparse_layers(cfg: dict[str, Any], layers: int, family: str) -> tuple[int, 
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:
     """A ModelSpec with every field the family's transformers model uses to build its weights."""
     family = hf_family(cfg, where)
-    eps, theta, max_seq, tie = _DEFAULTS[family]
     cfg, excluded = hf_defaults.unwrap(cfg, family, where)
     if family in hf_defaults.CLASS_DEFAULTS:
         cfg = hf_defaults.with_defaults(cfg, family)
     try:
         if family == "gpt2":
-            hidden = cfg["n_embd"]
-            return ModelSpec(
-                name=name,
-                family=family,
-                layers=cfg["n_layer"],
-                hidden=hidden,
-                heads=cfg["n_head"],
-                kv_heads=cfg["n_head"],
-                ffn_hidden=cfg.get("n_inner") or 4 * hidden,
-                mlp="gelu",
-                vocab=cfg.get("vocab_size", 50257),
-                tied_embeddings=cfg.get("tie_word_embeddings", tie),
-                max_seq=cfg.get("n_positions", max_seq),
-                norm="layernorm",
-                norm_eps=cfg.get("layer_norm_epsilon", eps),
-                qkv_bias=True,
-                o_bias=True,
-                mlp_bias=True,
-                position="learned",
-                rope_theta=0.0,
-                bos_id=cfg.get("bos_token_id"),
-                eos_ids=_ids(cfg.get("eos_token_id")),
-                source=where,
-            )
-        heads = cfg["num_attention_heads"]
-        layers = cfg["num_hidden_layers"]
-        hidden = cfg["hidden_size"]
-        fields_: dict[str, Any] = dict(
-            name=name,
-            family=family,
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            ffn_hidden=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tied_embeddings=cfg.get("tie_word_embeddings", tie),
-            max_seq=cfg.get("max_position_embeddings", max_seq),
-            norm_eps=cfg.get("rms_norm_eps", eps),
-            head_dim=cfg.get("head_dim") or 0,
-            bos_id=cfg.get("bos_token_id"),
-            eos_ids=_ids(cfg.get("eos_token_id")),
-            source=where,
-            excluded=excluded,
-            **_rope(cfg, theta),
-        )
-        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-        if family.startswith("gemma"):
-            fields_["mlp"] = "geglu"
-        elif act != "silu":
-            raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
-        attn_bias = bool(cfg.get("attention_bias", False))
-        if family in (
-            "llama",
-            "qwen3",
-            "qwen3_moe",
-            "gemma",
-            "gemma2",
-            "gemma3_text",
-            "olmo2",
-            "llama4_text",
-            "olmo3",
-            "smollm3",
-        ):
-            fields_.update(qkv_bias=attn_bias, o_bias=attn_bias)
-        if family == "glm4_moe":  # q, k and v biased; the output projection never is
-            fields_.update(
-                qkv_bias=attn_bias,
-                qk_norm=bool(cfg.get("use_qk_norm", False)),
-                head_dim=cfg.get("head_dim") or hidden // heads,
-            )
-        if family in ("qwen2", "qwen2_moe"):
-            fields_["qkv_bias"] = True
-        if family in ("llama", "smollm3"):
-            fields_["mlp_bias"] = bool(cfg.get("mlp_bias", False))
-        if family in ("qwen3", "qwen3_moe"):
-            fields_["qk_norm"] = True
-        window = cfg.get("sliding_window") or 0
-        if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
-            window = 0
-        fields_["sliding_window"] = window
-        if family == "gemma2":
-            fields_.update(
-                norms_per_layer=4,
-                attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-                final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
-                query_scale=float(cfg.get("query_pre_attn_scalar") or 256),
-            )
-            if window:
-                kinds = hf_defaults.layer_types(cfg, family, layers)
-                fields_["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
-        if family in ("gemma3_text", "olmo3"):
-            rope_cfg, local_theta = hf_defaults.layered_rope(cfg, family)
-            fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
-        if family in hf_defaults.CLASS_DEFAULTS:
-            fields_.update(hf_defaults.recent_fields(cfg, family, layers))
-        if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
-            fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
-        fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
-        fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
-        try:
-            spec = ModelSpec(**fields_)
-        except MeshwiseError as err:
-            raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
-        mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
-        return _with_mtp(spec, mtp) if mtp else spec
+            return _gpt2_spec(cfg, name, where)
+        return _decoder_spec(cfg, name, family, where, excluded)
     except KeyError as missing:
         raise MeshwiseError(f"{where}: lacks {missing.args[0]!r}, which a {family} config needs") from None
     except (TypeError, ValueError) as e:
         if isinstance(e, MeshwiseError):
             raise
         raise MeshwiseError(f"{where}: a {family} config with a value of the wrong type ({e})") from None
+
+
+def _gpt2_spec(cfg: dict[str, Any], name: str, where: str) -> ModelSpec:
+    """GPT-2's config.json keys (n_embd, n_layer, ...): learned positions, LayerNorm, biases everywhere."""
+    eps, _, max_seq, tie = _DEFAULTS["gpt2"]
+    family = "gpt2"
+    hidden = cfg["n_embd"]
+    return ModelSpec(
+        name=name,
+        family=family,
+        layers=cfg["n_layer"],
+        hidden=hidden,
+        heads=cfg["n_head"],
+        kv_heads=cfg["n_head"],
+        ffn_hidden=cfg.get("n_inner") or 4 * hidden,
+        mlp="gelu",
+        vocab=cfg.get("vocab_size", 50257),
+        tied_embeddings=cfg.get("tie_word_embeddings", tie),
+        max_seq=cfg.get("n_positions", max_seq),
+        norm="layernorm",
+        norm_eps=cfg.get("layer_norm_epsilon", eps),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        position="learned",
+        rope_theta=0.0,
+        bos_id=cfg.get("bos_token_id"),
+        eos_ids=_ids(cfg.get("eos_token_id")),
+        source=where,
+    )
+
+
+def _decoder_spec(cfg: dict[str, Any], name: str, family: str, where: str, excluded) -> ModelSpec:
+    """The Llama-like families' config.json keys (hidden_size, num_hidden_layers, ...)."""
+    eps, theta, max_seq, tie = _DEFAULTS[family]
+    heads = cfg["num_attention_heads"]
+    layers = cfg["num_hidden_layers"]
+    hidden = cfg["hidden_size"]
+    fields_: dict[str, Any] = dict(
+        name=name,
+        family=family,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        ffn_hidden=cfg["intermediate_size"],
+        vocab=cfg["vocab_size"],
+        tied_embeddings=cfg.get("tie_word_embeddings", tie),
+        max_seq=cfg.get("max_position_embeddings", max_seq),
+        norm_eps=cfg.get("rms_norm_eps", eps),
+        head_dim=cfg.get("head_dim") or 0,
+        bos_id=cfg.get("bos_token_id"),
+        eos_ids=_ids(cfg.get("eos_token_id")),
+        source=where,
+        excluded=excluded,
+        **_rope(cfg, theta),
+    )
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if family.startswith("gemma"):
+        fields_["mlp"] = "geglu"
+    elif act != "silu":
+        raise MeshwiseError(f"{where}: hidden_act {act!r} is not supported for {family} (silu)")
+    attn_bias = bool(cfg.get("attention_bias", False))
+    fields_.update(_attention_fields(cfg, family, layers, hidden, heads))
+    if family in ("gemma3_text", "olmo3"):
+        rope_cfg, local_theta = hf_defaults.layered_rope(cfg, family)
+        fields_.update(_rope(rope_cfg, theta), rope_local_theta=local_theta)
+    if family in hf_defaults.CLASS_DEFAULTS:
+        fields_.update(hf_defaults.recent_fields(cfg, family, layers))
+    if family == "llama4_text":  # its q/k L2 norm has no weights: the count leaves it out, the emit does not
+        fields_["qk_l2_norm"] = bool(cfg.get("use_qk_norm", False))
+    fields_.update(_expert_fields(cfg, family, layers, heads, attn_bias, where))
+    fields_.update(_router_fields(cfg, family, fields_.get("experts", 0), where))
+    try:
+        spec = ModelSpec(**fields_)
+    except MeshwiseError as err:
+        raise MeshwiseError(_in_file_keys(str(err), name, family, cfg, where)) from None
+    mtp = (cfg.get("num_nextn_predict_layers") or 0) if family in ("deepseek_v3", "glm4_moe") else 0
+    return _with_mtp(spec, mtp) if mtp else spec
+
+
+def _attention_fields(cfg: dict[str, Any], family: str, layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    """The attention's biases, q/k norms, sliding window and soft-capping, by family."""
+    fields: dict[str, Any] = {}
+    attn_bias = bool(cfg.get("attention_bias", False))
+    if family in (
+        "llama",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "olmo2",
+        "llama4_text",
+        "olmo3",
+        "smollm3",
+    ):
+        fields.update(qkv_bias=attn_bias, o_bias=attn_bias)
+    if family == "glm4_moe":  # q, k and v biased; the output projection never is
+        fields.update(
+            qkv_bias=attn_bias,
+            qk_norm=bool(cfg.get("use_qk_norm", False)),
+            head_dim=cfg.get("head_dim") or hidden // heads,
+        )
+    if family in ("qwen2", "qwen2_moe"):
+        fields["qkv_bias"] = True
+    if family in ("llama", "smollm3"):
+        fields["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+    if family in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True
+    window = cfg.get("sliding_window") or 0
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        window = 0
+    fields["sliding_window"] = window
+    if family == "gemma2":
+        fields.update(
+            norms_per_layer=4,
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+            query_scale=float(cfg.get("query_pre_attn_scalar") or 256),
+        )
+        if window:
+            kinds = hf_defaults.layer_types(cfg, family, layers)
+            fields["full_attention_layers"] = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
+    return fields
 
 
 # ModelSpec's fields by the config.json keys they are read from (a family's own key first where it differs)
@@ -334,8 +367,6 @@ _FILE_KEYS = {
 
 def _in_file_keys(message: str, name: str, family: str, cfg: dict[str, Any], where: str) -> str:
     """A ModelSpec refusal in the words of the file: its keys for the fields named, ``where`` for the model."""
-    import re
-
     keys = dict(_FILE_KEYS, experts=next((k for k in EXPERT_KEYS if k in cfg), EXPERT_KEYS[0]))
     if family in ("mixtral", "minimax_m2", "gpt_oss", "llama4_text"):  # experts as wide as intermediate_size
         keys["expert_ffn_hidden"] = "intermediate_size"
@@ -427,23 +458,13 @@ def _expert_fields(
         if family == "qwen2_moe":
             out.update(shared_ffn_hidden=cfg["shared_expert_intermediate_size"], shared_expert_gate=True)
     if family == "glm4_moe":
-        out.update(
-            experts=cfg["n_routed_experts"],
-            experts_per_token=cfg["num_experts_per_tok"],
-            expert_ffn_hidden=cfg["moe_intermediate_size"],
-            shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
-            dense_layers=_sparse_layers(cfg, layers, family),
-        )
+        out.update(_routed_and_shared(cfg, layers, family))
     if family.startswith("deepseek"):
         if attn_bias:
             raise MeshwiseError(f"{where}: attention_bias is not supported for {family}")
         rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
         out.update(
-            experts=cfg["n_routed_experts"],
-            experts_per_token=cfg["num_experts_per_tok"],
-            expert_ffn_hidden=cfg["moe_intermediate_size"],
-            shared_ffn_hidden=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
-            dense_layers=_sparse_layers(cfg, layers, family),
+            _routed_and_shared(cfg, layers, family),
             head_dim=rope + nope,
             q_lora_rank=cfg.get("q_lora_rank") or 0,
             kv_lora_rank=cfg["kv_lora_rank"],
@@ -459,8 +480,6 @@ def _with_mtp(spec: ModelSpec, layers: int) -> ModelSpec:
     as transformers leaves them out of the model it builds: each is (DeepSeek-V3 report, arXiv 2412.19437, sec. 2.2)
     one more MoE block, a 2h x h projection and norms of the two inputs and the shared head (3h);
     the embedding and output head are shared with the main model."""
-    from dataclasses import replace
-
     block = spec.attention_params + spec.layer_norm_params + spec._moe_block(spec.experts)
     size = layers * (block + 2 * spec.hidden * spec.hidden + 3 * spec.hidden)
     what = f"{layers} multi-token-prediction layer{'s' if layers > 1 else ''} (num_nextn_predict_layers)"

@@ -14,285 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshwise.catalog import read_catalog
 from meshwise.errors import MeshwiseError
 
-# The config class defaults of the keys meshwise reads.
-CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": dict(
-        vocab_size=262208,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        query_pre_attn_scalar=256,
-        sliding_window=4096,
-        final_logit_softcapping=None,
-        attn_logit_softcapping=None,
-        hidden_activation="gelu_pytorch_tanh",
-        bos_token_id=2,
-        eos_token_id=1,
-    ),
-    "llama4_text": dict(
-        vocab_size=202048,
-        hidden_size=5120,
-        intermediate_size=8192,
-        intermediate_size_mlp=16384,
-        num_hidden_layers=48,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        num_experts_per_tok=1,
-        num_local_experts=16,
-        interleave_moe_layer_step=1,
-        no_rope_layer_interval=4,
-        attention_chunk_size=8192,
-        attention_bias=False,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-        use_qk_norm=True,
-    ),
-    "gpt_oss": dict(
-        num_hidden_layers=36,
-        num_local_experts=128,
-        vocab_size=201088,
-        hidden_size=2880,
-        intermediate_size=2880,
-        head_dim=64,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        sliding_window=128,
-        tie_word_embeddings=False,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        num_experts_per_tok=4,
-        swiglu_limit=7.0,
-        attention_bias=True,
-        hidden_act="silu",
-    ),
-    "olmo2": dict(
-        vocab_size=50304,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        hidden_act="silu",
-        eos_token_id=50279,
-    ),
-    "olmo3": dict(
-        vocab_size=50304,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        sliding_window=4096,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        hidden_act="silu",
-        eos_token_id=50279,
-    ),
-    "smollm3": dict(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_hidden_layers=36,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-        use_sliding_window=False,
-        no_rope_layer_interval=4,
-        bos_token_id=128000,
-        eos_token_id=128001,
-    ),
-    "ministral": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        sliding_window=4096,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "glm4_moe": dict(
-        vocab_size=151552,
-        hidden_size=4096,
-        intermediate_size=10944,
-        num_hidden_layers=46,
-        num_attention_heads=96,
-        num_key_value_heads=8,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        hidden_act="silu",
-        moe_intermediate_size=1408,
-        num_experts_per_tok=8,
-        n_shared_experts=1,
-        n_routed_experts=128,
-        first_k_dense_replace=1,
-        use_qk_norm=False,
-        num_nextn_predict_layers=1,
-    ),
-    "seed_oss": dict(
-        vocab_size=155136,
-        hidden_size=4096,
-        intermediate_size=27648,
-        num_hidden_layers=64,
-        num_attention_heads=80,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=524288,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attention_bias=True,
-        attention_out_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-        bos_token_id=0,
-        eos_token_id=2,
-    ),
-    "ernie4_5": dict(
-        vocab_size=103424,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=18,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        use_bias=False,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "helium": dict(
-        vocab_size=48000,
-        hidden_size=2560,
-        intermediate_size=7040,
-        num_hidden_layers=24,
-        num_attention_heads=20,
-        num_key_value_heads=20,
-        head_dim=128,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-8,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "granite": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-        embedding_multiplier=1.0,
-        residual_multiplier=1.0,
-        attention_multiplier=1.0,
-        logits_scaling=1.0,
-    ),
-    "hunyuan_v1_dense": dict(
-        vocab_size=290943,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        hidden_act="silu",
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "glm4": dict(
-        vocab_size=151552,
-        hidden_size=4096,
-        intermediate_size=13696,
-        num_hidden_layers=40,
-        num_attention_heads=32,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rms_norm_eps=1.5625e-07,
-        tie_word_embeddings=False,
-        attention_bias=True,
-        hidden_act="silu",
-    ),
-    "minimax_m2": dict(
-        vocab_size=200064,
-        hidden_size=3072,
-        intermediate_size=1536,
-        num_hidden_layers=62,
-        num_attention_heads=48,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=196608,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        hidden_act="silu",
-        num_experts_per_tok=8,
-        num_local_experts=256,
-        bos_token_id=200034,
-        eos_token_id=200020,
-    ),
-    "exaone4": dict(
-        vocab_size=102400,
-        hidden_size=4096,
-        intermediate_size=16384,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        sliding_window=4096,
-        sliding_window_pattern=4,
-        hidden_act="silu",
-        bos_token_id=0,
-        eos_token_id=2,
-    ),
-}
+# The config class defaults of the keys meshwise reads (catalog/hf_class_defaults.toml).
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = read_catalog("hf_class_defaults.toml")
 ROPE_DEFAULTS = {"gemma3_text": 1e6, "llama4_text": 500000.0, "gpt_oss": 150000.0, "olmo2": 10000.0}
 GPT_OSS_ROPE = {
     "rope_type": "yarn",
@@ -415,7 +141,11 @@ def layered_rope(cfg: dict[str, Any], family: str) -> tuple[dict[str, Any], floa
 
 
 def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, Any]:
-    """The ModelSpec fields particular to each family of 2026 (widths and rope are read by the caller)."""
+    """The ModelSpec fields particular to each family of this table (widths and rope are read by the
+    caller): the attention's layout of windows and norms, or, for the families that are Llama's
+    block with their own biases and scales, those."""
+    if family in _BIASED_LLAMAS:
+        return _biased_llama_fields(cfg, family)
     kinds = layer_types(cfg, family, layers)
     full = tuple(i for i, t in enumerate(kinds) if t == "full_attention")
     window = {"sliding_window": 0, "full_attention_layers": full}
@@ -436,34 +166,6 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
         return dict(window, nope_layers=tuple(i for i, rope in enumerate(no_rope_flags(cfg, layers)) if not rope))
     if family == "ministral":
         return window
-    if family == "seed_oss":  # Llama's block; q, k and v biased by attention_bias, the output by its own flag
-        return dict(
-            qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]), mlp_bias=bool(cfg["mlp_bias"])
-        )
-    if family == "ernie4_5":  # Llama's block; use_bias biases every projection, the MLP's too
-        bias = bool(cfg["use_bias"])
-        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
-    if family == "helium":  # Llama's block; the output projection is never biased
-        return dict(qkv_bias=bool(cfg["attention_bias"]), mlp_bias=bool(cfg["mlp_bias"]))
-    if family == "granite":  # Llama's block with multipliers (they add no weights); the scores are
-        # scaled by attention_multiplier itself, query_scale^-1/2
-        bias = bool(cfg["attention_bias"])
-        return dict(
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=bool(cfg["mlp_bias"]),
-            query_scale=float(cfg["attention_multiplier"]) ** -2,
-            embedding_multiplier=float(cfg["embedding_multiplier"]),
-            residual_multiplier=float(cfg["residual_multiplier"]),
-            logits_scaling=float(cfg["logits_scaling"]),
-        )
-    if family == "hunyuan_v1_dense":  # Llama's block with an RMSNorm of each query and key head
-        bias = bool(cfg["attention_bias"])
-        return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
-    if family == "glm4":  # norms on both sides of each sublayer; q, k and v biased, the output never
-        return dict(qkv_bias=bool(cfg["attention_bias"]), norms_per_layer=4)
-    if family == "minimax_m2":  # RMSNorm over the whole q and k projections (its experts: _expert_fields)
-        return dict(qk_norm=True, qk_norm_scope="projection")
     if family == "exaone4":  # OLMo 2's norms on the sublayer outputs, q/k norms per head; with a window,
         # the global blocks attend without rotary positions
         nope = tuple(i for i, t in enumerate(kinds) if t == "full_attention") if window["sliding_window"] else ()
@@ -497,3 +199,40 @@ def recent_fields(cfg: dict[str, Any], family: str, layers: int) -> dict[str, An
             dense_layers=tuple(i for i in range(layers) if i not in moe),
         )
     return {}
+
+
+# the families that are Llama's block with biases, scales or norms of their own (_biased_llama_fields)
+_BIASED_LLAMAS = ("seed_oss", "ernie4_5", "helium", "granite", "hunyuan_v1_dense", "glm4", "minimax_m2")
+
+
+def _biased_llama_fields(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """The biases, q/k norms and multipliers of a family built as Llama's block (_BIASED_LLAMAS)."""
+    if family == "seed_oss":  # Llama's block; q, k and v biased by attention_bias, the output by its own flag
+        return dict(
+            qkv_bias=bool(cfg["attention_bias"]), o_bias=bool(cfg["attention_out_bias"]), mlp_bias=bool(cfg["mlp_bias"])
+        )
+    if family == "ernie4_5":  # Llama's block; use_bias biases every projection, the MLP's too
+        bias = bool(cfg["use_bias"])
+        return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
+    if family == "helium":  # Llama's block; the output projection is never biased
+        return dict(qkv_bias=bool(cfg["attention_bias"]), mlp_bias=bool(cfg["mlp_bias"]))
+    if family == "granite":  # Llama's block with multipliers (they add no weights); the scores are
+        # scaled by attention_multiplier itself, query_scale^-1/2
+        bias = bool(cfg["attention_bias"])
+        return dict(
+            qkv_bias=bias,
+            o_bias=bias,
+            mlp_bias=bool(cfg["mlp_bias"]),
+            query_scale=float(cfg["attention_multiplier"]) ** -2,
+            embedding_multiplier=float(cfg["embedding_multiplier"]),
+            residual_multiplier=float(cfg["residual_multiplier"]),
+            logits_scaling=float(cfg["logits_scaling"]),
+        )
+    if family == "hunyuan_v1_dense":  # Llama's block with an RMSNorm of each query and key head
+        bias = bool(cfg["attention_bias"])
+        return dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
+    if family == "glm4":  # norms on both sides of each sublayer; q, k and v biased, the output never
+        return dict(qkv_bias=bool(cfg["attention_bias"]), norms_per_layer=4)
+    if family == "minimax_m2":  # RMSNorm over the whole q and k projections (its experts: _expert_fields)
+        return dict(qk_norm=True, qk_norm_scope="projection")
+    raise ValueError(f"{family} is not one of {_BIASED_LLAMAS}")

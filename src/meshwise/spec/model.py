@@ -65,6 +65,54 @@ POSITIONS = ("rope", "learned")
 ROUTER_SCORES = ("softmax", "sigmoid")
 
 
+_COUNTS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq")  # whole numbers > 0
+_COUNTS_OR_ZERO = (
+    "head_dim",
+    "experts",
+    "experts_per_token",
+    "expert_ffn_hidden",
+    "shared_ffn_hidden",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "sliding_window",
+    "rope_original_max_seq",
+    "attention_chunk",
+    "excluded_params",
+    "router_groups",
+    "router_group_topk",
+)  # whole numbers >= 0
+_FLAGS = (
+    "tied_embeddings",
+    "qkv_bias",
+    "o_bias",
+    "mlp_bias",
+    "qk_norm",
+    "shared_expert_gate",
+    "post_norm",
+    "attn_sinks",
+    "router_bias",
+    "router_norm_topk",
+    "expert_bias",
+    "qk_l2_norm",
+)
+_POSITIVE_REALS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "router_scale")
+_REALS = (
+    "norm_eps",
+    "rope_theta",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "attn_softcap",
+    "final_softcap",
+    "query_scale",
+    "rope_local_theta",
+    "swiglu_limit",
+    "aux_loss_coeff",
+)  # finite, >= 0
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, as its Hugging Face family builds it.
@@ -175,66 +223,29 @@ class ModelSpec:
             if self.param_count <= 0:
                 raise MeshwiseError(f"--params: {self.param_count} must be a positive parameter count")
             return
-        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
+        self._check_values()
+        self._check_shape()
+
+    def _check_values(self) -> None:
+        """Each field's type and range: counts, flags, finite reals and names from their lists."""
+        for name in _COUNTS:
             _positive_int(self, name, getattr(self, name))
-        for name in (
-            "head_dim",
-            "experts",
-            "experts_per_token",
-            "expert_ffn_hidden",
-            "shared_ffn_hidden",
-            "q_lora_rank",
-            "kv_lora_rank",
-            "qk_rope_head_dim",
-            "v_head_dim",
-            "sliding_window",
-            "rope_original_max_seq",
-            "attention_chunk",
-            "excluded_params",
-            "router_groups",
-            "router_group_topk",
-        ):
+        for name in _COUNTS_OR_ZERO:
             _positive_int(self, name, getattr(self, name), zero_ok=True)
-        for name in (
-            "tied_embeddings",
-            "qkv_bias",
-            "o_bias",
-            "mlp_bias",
-            "qk_norm",
-            "shared_expert_gate",
-            "post_norm",
-            "attn_sinks",
-            "router_bias",
-            "router_norm_topk",
-            "expert_bias",
-            "qk_l2_norm",
-        ):
+        for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise MeshwiseError(f"model {self.name!r}: {name} must be true or false, got {getattr(self, name)!r}")
-        positive = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "router_scale")  # 0 is no model
-        for name in (
-            "norm_eps",
-            "rope_theta",
-            "rope_factor",
-            "rope_low_freq_factor",
-            "rope_high_freq_factor",
-            "attn_softcap",
-            "final_softcap",
-            "query_scale",
-            "rope_local_theta",
-            "swiglu_limit",
-            "aux_loss_coeff",
-            *positive,
-        ):
+        for name in (*_REALS, *_POSITIVE_REALS):
             value = getattr(self, name)
+            positive = name in _POSITIVE_REALS  # 0 is no model
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not math.isfinite(value)
                 or value < 0
-                or (value == 0 and name in positive)
+                or (value == 0 and positive)
             ):
-                what = "a finite number above 0" if name in positive else "a finite non-negative number"
+                what = "a finite number above 0" if positive else "a finite non-negative number"
                 raise MeshwiseError(f"model {self.name!r}: {name} must be {what}, got {value!r}")
         for name, valid in (
             ("mlp", MLP_KINDS),
@@ -248,6 +259,9 @@ class ModelSpec:
                 raise MeshwiseError(
                     f"model {self.name!r}: {name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}"
                 )
+
+    def _check_shape(self) -> None:
+        """The widths divide, the block lists hold blocks, the experts per token are experts."""
         if not self.head_dim:
             if self.hidden % self.heads:
                 raise MeshwiseError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")

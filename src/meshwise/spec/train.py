@@ -62,23 +62,21 @@ class TrainSpec:
             raise MeshwiseError(f"--global-batch: {self.global_batch} must be at least 1")
         if self.seq_len < 1:
             raise MeshwiseError(f"--seq-len: {self.seq_len} must be at least 1")
-        if self.precision not in PRECISIONS:
-            raise MeshwiseError(f"--precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise MeshwiseError(f"--optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.runtime not in RUNTIMES:
-            raise MeshwiseError(f"--runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        for flag, value, valid in (
+            ("--precision", self.precision, PRECISIONS),
+            ("--optimizer", self.optimizer, OPTIMIZERS),
+            ("--runtime", self.runtime, RUNTIMES),
+            ("selective_policy", self.selective_policy, SELECTIVE_POLICIES),
+            ("model_code", self.model_code, MODEL_CODES),
+            ("--moe-balancing", self.moe_balancing, MOE_BALANCING),
+        ):
+            if value not in valid:
+                raise MeshwiseError(f"{flag}: {value!r} is not one of {', '.join(valid)}")
         if self.overlap_tp_comm and self.runtime != "megatron":
             raise MeshwiseError(
                 "--tp-comm-overlap: Transformer Engine's TP communication overlap is a Megatron-LM "
                 "setting; add --runtime megatron"
             )
-        if self.selective_policy not in SELECTIVE_POLICIES:
-            raise MeshwiseError(
-                f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}"
-            )
-        if self.model_code not in MODEL_CODES:
-            raise MeshwiseError(f"model_code: {self.model_code!r} is not one of {', '.join(MODEL_CODES)}")
         if self.overlap_ep_comm and self.runtime != "megatron":
             raise MeshwiseError(
                 "--moe-comm-overlap: the all-to-all overlap is a Megatron-LM setting "
@@ -86,8 +84,6 @@ class TrainSpec:
             )
         if self.moe_capacity_factor < 0:
             raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
-        if self.moe_balancing not in MOE_BALANCING:
-            raise MeshwiseError(f"--moe-balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(
                 f"model_code: {self.model_code!r} runs under the meshwise runtime, not {self.runtime!r}"

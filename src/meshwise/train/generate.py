@@ -57,7 +57,8 @@ def sample(
     eos_ids: tuple[int, ...] = (),
 ) -> str:
     """The prompt followed by up to ``tokens`` generated tokens, decoded by the run's tokenizer (bytes
-    as UTF-8 by default, or a Hugging Face tokenizer.json); stops after an eos id."""
+    as UTF-8 by default, or a Hugging Face tokenizer.json); stops after an eos id. Nine arguments:
+    generate's flags and the run's tokenizer and eos ids."""
     if tokenizer:
         from meshwise.train.tokenizer import HFTokenizer
 

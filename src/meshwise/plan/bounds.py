@@ -1,0 +1,125 @@
+"""The lower bounds both searches prune by, each cached by the fields of the layout it reads.
+
+Every key below is a projection of a :class:`~meshwise.layout.Layout` or of its
+:class:`~meshwise.layout.Degrees` (the same field names): the fields the answer reads, so one answer
+serves every layout that shares them (a plain tuple: cheaper to hash than a layout). What each
+bound reads is said by its function in cost/estimate.py. Pure Python.
+"""
+
+from __future__ import annotations
+
+from meshwise.cost.estimate import (
+    lower_bound_experts_s,
+    lower_bound_step_s,
+    lower_bound_with_dp_s,
+    optimizer_seconds,
+)
+from meshwise.cost.memory import RankShape, rank_shapes
+from meshwise.layout import Degrees, Layout
+from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
+
+
+def v_shape(d: Degrees | Layout) -> bool:
+    """Whether the schedule places the chunks in a V (zero-bubble with vpp=2): the rank shapes read it."""
+    return d.schedule == "zero-bubble" and d.vpp == 2
+
+
+def folds_tp(d: Degrees | Layout) -> bool:
+    """Layout.ep_folds_tp of the degrees: ep carved over tp because it does not divide shard x cp."""
+    return d.ep > 1 and (d.shard * d.cp) % d.ep != 0
+
+
+def compute_key(d: Degrees | Layout, moe: bool) -> tuple:
+    """What the compute-only bound reads but (mbs, ac): no DP or ZeRO field (dp follows tp, cp and pp),
+    ep only for a mixture of experts."""
+    return (d.tp, d.cp, d.pp, d.vpp, d.schedule, d.sp, folds_tp(d), d.ep if moe else 1)
+
+
+def optimizer_key(layout: Layout) -> tuple:
+    """What estimate.optimizer_seconds reads, with the rank shapes (tp, pp, vpp, the V): zero only as
+    ``zero >= 1``."""
+    return (
+        layout.tp,
+        layout.cp,
+        layout.pp,
+        layout.vpp,
+        v_shape(layout),
+        layout.ep,
+        layout.zero >= 1,
+        layout.shard,
+        layout.dp > 1,
+    )
+
+
+def experts_key(layout: Layout) -> tuple:
+    """What estimate.lower_bound_experts_s reads: no ZeRO field, ``shard`` only through whether ep is
+    folded over tp."""
+    return (
+        layout.tp,
+        layout.cp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.mbs,
+        layout.ac,
+        layout.ep,
+        layout.sp,
+        folds_tp(layout),
+    )
+
+
+def tight_key(layout: Layout) -> tuple:
+    """What estimate.lower_bound_step_s reads: :func:`experts_key`'s fields and ``zero >= 2``."""
+    return (*experts_key(layout), layout.zero >= 2)
+
+
+class Bounds:
+    """The lower bounds of one search's layouts (model, cluster and setting fixed), each cached by its
+    key: the optimizer step, compute with the expert all-to-alls (a mixture of experts), every part of
+    the step but the data-parallel collectives, and (``with_dp``) with them. ``stages``: the plan's
+    per-rank memo (cost/plan_cache.py)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, stages: dict, with_dp: bool) -> None:
+        self.model, self.cluster, self.train, self.stages, self.with_dp = model, cluster, train, stages, with_dp
+        self.optimizers: dict[tuple, float] = {}
+        self.with_experts: dict[tuple, float] = {}
+        self.tight: dict[tuple, float] = {}
+
+    def slower(self, layout: Layout, worst: float, shapes: tuple[RankShape, ...] | None = None) -> bool:
+        """Whether a lower bound of the layout's step is above ``worst``: the optimizer plus, for a
+        mixture of experts, compute and the expert all-to-alls first (cheaper; most refusals of a
+        mixture of experts are for those), then the tighter bound, then (``with_dp``) the tighter bound
+        with the data-parallel collectives. ``shapes``: the layout's rank shapes where the caller has them."""
+        model = self.model
+        okey = optimizer_key(layout)
+        opt_s = self.optimizers.get(okey)
+        if opt_s is None:
+            shapes = rank_shapes(model, layout) if shapes is None else shapes
+            opt_s = self.optimizers[okey] = optimizer_seconds(model, self.cluster, self.train, layout, shapes)
+        if model.moe and not model.states_only and self.experts_s(layout) + opt_s > worst:
+            return True
+        if self.tight_s(layout) + opt_s > worst:
+            return True
+        if not self.with_dp:
+            return False
+        return lower_bound_with_dp_s(model, self.cluster, self.train, layout, self.stages) + opt_s > worst
+
+    def tight_s(self, layout: Layout) -> float:
+        """estimate.lower_bound_step_s: every part of the step but the data-parallel collectives."""
+        key = tight_key(layout)
+        busy = self.tight.get(key)
+        if busy is None:
+            busy = self.tight[key] = lower_bound_step_s(
+                self.model, self.cluster, self.train, layout, stage_cache=self.stages
+            )
+        return busy
+
+    def experts_s(self, layout: Layout) -> float:
+        """estimate.lower_bound_experts_s: compute and the expert all-to-alls."""
+        key = experts_key(layout)
+        found = self.with_experts.get(key)
+        if found is None:
+            found = self.with_experts[key] = lower_bound_experts_s(
+                self.model, self.cluster, self.train, layout, self.stages
+            )
+        return found
