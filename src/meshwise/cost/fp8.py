@@ -155,6 +155,12 @@ def gemm_elem_bytes(train: TrainSpec) -> int:
     return 1 if train.fp8 else train.activation_bytes
 
 
+def te_casts(train: TrainSpec) -> bool:
+    """Whether the linear layers' casts are Transformer Engine's (``--runtime megatron``, per-tensor or MX)."""
+    f = fmt(train)
+    return train.runtime == "megatron" and f is not None and f.te_scale_bytes is not None
+
+
 def linear_cast_bytes(
     train: TrainSpec, t: float, n: float, k: float, weight_share: float = 1.0, norm_fed: bool = False
 ) -> tuple[float, float]:
@@ -165,7 +171,7 @@ def linear_cast_bytes(
     if f is None:
         return 0.0, 0.0
     x, w, dy = t * k, k * n, t * n
-    if train.runtime == "megatron" and f.te_scale_bytes is not None:
+    if te_casts(train):
         quantize = TE_QUANTIZE_BYTES + f.te_scale_bytes
         x_bytes = TE_NORM_FUSED_BYTES if norm_fed and f.te_norm_fused else quantize
         return x_bytes * x + quantize * w * weight_share, quantize * dy

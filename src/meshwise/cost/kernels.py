@@ -416,7 +416,8 @@ def rank_seconds(
     (twelve parameters: the layout's keys and the rank's share of the model, one each; ``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism; ``microbatches``
     per step: ``block_seconds``); for a mixture of experts every block less its MLP (cost/moe_block.py
     ``rank_mlp_seconds`` times them)."""
-    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp, microbatches)
+    shared = microbatches if fp8.te_casts(train) else 1  # the only use of it: one cache entry per shape otherwise
+    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp, shared)
     total = blocks * (fwd + bwd + rec)
     if has_head:
         total += head_seconds(model, accel, train, mbs, tp, sp)
