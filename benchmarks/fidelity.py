@@ -29,7 +29,7 @@ from meshwise.cost import compute
 from meshwise.cost.estimate import estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, parse
-from meshwise.plan.band import band_for
+from meshwise.plan.band import band_for, family
 from meshwise.plan.planner import search
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster, load_model
 from meshwise.spec.cluster import catalog_accelerator
@@ -222,7 +222,7 @@ def summary(errors: list[float]) -> tuple[float, float]:
 
 def report(runs: list[Run], errors: dict[str, float] | None = None) -> dict[str, tuple[int, float, float]]:
     """{group: (runs, mean |error|, worst |error|)} for all runs, each band, and all without inferred
-    inputs; with MoE runs present, also dense and MoE apart."""
+    inputs; with MoE runs present, also dense and MoE apart; and by kind, GPU family and precision."""
     if errors is None:
         errors = {r.id: predict(r) / r.published_step_s - 1 for r in runs}
     groups = {"all": runs} | {name: [r for r in runs if band(r) == name] for name, _, _ in BANDS}
@@ -230,6 +230,10 @@ def report(runs: list[Run], errors: dict[str, float] | None = None) -> dict[str,
     if any(r.moe for r in runs):
         groups["dense"] = [r for r in runs if not r.moe]
         groups["MoE"] = [r for r in runs if r.moe]
+    for r in runs:  # by kind, GPU family and precision class, where the runs span more than one
+        key = f"{r.kind} {family(r.gpu)} {'fp8' if r.train.fp8 else 'bf16'}"
+        if len({(x.kind, family(x.gpu), x.train.fp8) for x in runs}) > 1:
+            groups.setdefault(key, []).append(r)
     return {name: (len(group), *summary([errors[r.id] for r in group])) for name, group in groups.items() if group}
 
 
@@ -260,7 +264,7 @@ def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]
         )
     lines += ["", f"{set_name} set (nothing fitted to these runs):"]
     for name, (n, mean, worst) in report(runs, errors).items():
-        lines.append(f"  {name:22s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
+        lines.append(f"  {name:26s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
     lines += ["", "plan's band (catalog/bands.toml, built from the dev set by benchmarks/band.py):"]
     for kind in sorted({r.kind for r in runs}):
         got = [banded[r.id] for r in runs if r.kind == kind and banded[r.id] is not None]

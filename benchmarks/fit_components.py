@@ -6,8 +6,13 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
 - GEMMs by shape and dtype (components_gemm_xla.csv: OpenXLA's H100 table; components_gemm.csv: A100
   cuBLAS squares, DeepGEMM's FP8 table): ``efficiency``, ``k_half`` and ``kernel_floor_s`` of
   cost/kernels.py ``gemm_seconds``, fitted by minimising the mean |log(predicted / published time)|;
+  Blackwell's (b200, gb200) ``efficiency`` per row alone, on Transformer Engine's B300 layer tables
+  (components_te_linears.csv: bf16, MXFP8 for the block-scaled ``fp8`` row, per-tensor FP8 for
+  ``fp8-tensor``), the H100's depth, floor and tile held (benchmarks/fp8_components.py reads the table);
 - fused attention by sequence, head width and causality (components_attention.csv: FlashAttention-3
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
+  Blackwell's: the H100 curves scaled to FlashAttention-4's B200 figures (cuDNN; Triton's level for
+  FlashAttention-2), as the A100's are to its one point;
 - grouped GEMMs by rows per expert (components_grouped_gemm.csv: DeepGEMM's grouped table):
   ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
   tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
@@ -29,7 +34,15 @@ from pathlib import Path
 
 from meshwise.catalog import read_catalog
 from meshwise.cost import kernels, moe_block
-from meshwise.cost.fit import fit_gemm_points, fit_link, fit_saturating, golden, log_errors, mean_log
+from meshwise.cost.fit import (
+    fit_gemm_efficiency,
+    fit_gemm_points,
+    fit_link,
+    fit_saturating,
+    golden,
+    log_errors,
+    mean_log,
+)
 from meshwise.spec import load_cluster
 
 CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
@@ -57,6 +70,57 @@ def fit_gemm(gpu: str, dtype: str = "bf16", floor: float | None = None, tile: tu
     peak = base.peak_bf16_flops_per_s * (2 if dtype.startswith("fp8") else 1)
     elem = 1 if dtype.startswith("fp8") else 2
     return fit_gemm_points(base, gemm_points(gpu, dtype), dtype, peak, elem, floor, tile)
+
+
+# Blackwell's GEMM rows: (catalog row, TE recipe, its peak key). The B300 stands in for the B200 and GB200
+# (the same bf16 and float8 dense peaks per GPU in the datasheets; the rows are fractions of each part's peak).
+BLACKWELL_ROWS = (
+    ("bf16", "bf16", "peak_bf16_flops_per_s"),
+    ("fp8", "mxfp8", "peak_mxfp8_flops_per_s"),
+    ("fp8-tensor", "fp8-current", "peak_fp8_flops_per_s"),
+)
+BLACKWELL = ("b200", "gb200")
+
+
+def blackwell_base():
+    """The B200's op-model fields without its rows: SMs and the H100's tile, floor and HBM fraction."""
+    return replace(load_cluster("b200", 8).accelerator, gemm=(), sustained_clock=1.0)
+
+
+def fit_blackwell_gemm(row: str) -> dict:
+    """``row``'s efficiency on TE's B300 table: the pre-quantized passes (bf16: with its four fprop GEMMs)."""
+    from fp8_components import groups
+
+    recipe, peak_key = next((r, k) for name, r, k in BLACKWELL_ROWS if name == row)
+    data = groups("b300", recipe, "prequant") + (groups("b300", "bf16", "autocast", ops=True) if row == "bf16" else [])
+    peak = getattr(load_cluster("b300", 8).accelerator, peak_key)
+    k_half = kernels.gemm_row(load_cluster("h100", 8).accelerator, "bf16")[1]
+    return fit_gemm_efficiency(blackwell_base(), data, row, peak, 2 if row == "bf16" else 1, k_half)
+
+
+def blackwell_burst_factor() -> float:
+    """How much faster the table's shortest burst ran than the fit through all of bf16's timings: attention's
+    output GEMM (100 calls in 31 ms; the others 107-143 ms) at its own efficiency over the bf16 fit's. B200
+    lowers its clock within ~50-110 ms of back-to-back kernels (flashinfer PR #2899: components_clocks.csv),
+    so the rows are put at the unthrottled clock (x this factor) and ``sustained_clock`` takes the clock down."""
+    from fp8_components import groups
+
+    short = [g for g in groups("b300", "bf16", "autocast", ops=True) if g[1] < 0.5e-3]
+    peak = load_cluster("b300", 8).accelerator.peak_bf16_flops_per_s
+    k_half = kernels.gemm_row(load_cluster("h100", 8).accelerator, "bf16")[1]
+    alone = fit_gemm_efficiency(blackwell_base(), short, "bf16", peak, 2, k_half)["efficiency"]
+    return alone / fit_blackwell_gemm("bf16")["efficiency"]
+
+
+def blackwell_attention_scale(fa2: dict, cudnn: dict) -> dict[str, float]:
+    """{runtime: factor on the H100 curves}: FlashAttention-4's B200 figures for cuDNN (megatron) and Triton's
+    (meshwise: torch's FlashAttention-2, which FlashAttention-3's paper has at Triton's level on H100), each
+    over the H100 curve's forward top, as fractions of each part's peak."""
+    peak = load_cluster("b200", 8).accelerator.peak_bf16_flops_per_s
+    point = {
+        r["kernel"]: float(r["tflops"]) * 1e12 / peak for r in read("components_attention.csv") if r["gpu"] == "b200"
+    }
+    return {"meshwise": point["triton"] / fa2["forward"], "megatron": point["cudnn"] / cudnn["forward"]}
 
 
 # ------------------------------------------------------------------------------------ grouped GEMM
@@ -178,6 +242,9 @@ def fits() -> dict:
         "grouped_gemm": fit_grouped(),
         "attention_a100": a100_attention_scale(fa2),
         "nvlink_h100": fit_collectives(),
+        "gemm_blackwell": {row: fit_blackwell_gemm(row) for row, _, _ in BLACKWELL_ROWS},
+        "blackwell_burst": blackwell_burst_factor(),
+        "attention_blackwell": blackwell_attention_scale(fa2, cudnn),
     }
 
 
@@ -200,7 +267,8 @@ def check_catalog(f: dict) -> list[str]:
     """Where the catalog's values differ from these fits by more than rounding (1%)."""
     bad = []
     for gpu, ratio in clocks().items():
-        for name in [n for n in ("a100-40gb", "a100-80gb") if gpu == "a100"] or ["h100", "h200", "h100-hbm2e"]:
+        names = {"a100": ["a100-40gb", "a100-80gb"], "b200": list(BLACKWELL)}.get(gpu, ["h100", "h200", "h100-hbm2e"])
+        for name in names:
             got = load_cluster(name, 8).accelerator.sustained_clock
             if abs(got - ratio) > 0.001:
                 bad.append(f"{name} sustained_clock: catalog {got}, components_clocks.csv {ratio:.3f}")
@@ -243,6 +311,19 @@ def check_catalog(f: dict) -> list[str]:
         ]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
+    for name in BLACKWELL:
+        accel = load_cluster(name, 8).accelerator
+        for row, fit in f["gemm_blackwell"].items():
+            got = {r[0]: r[1:] for r in accel.gemm}.get(row)
+            want = fit["efficiency"] * f["blackwell_burst"]
+            if got is None or not close(got[0], want) or abs(got[1] - fit["k_half"]) > 2:
+                bad.append(f"{name} gemm.{row}: catalog {got}, fit x burst factor {want:.3f}, {fit['k_half']:.0f}")
+        h100_rows = {r[0]: r for r in load_cluster("h100", 8).accelerator.attention}
+        for r in accel.attention:
+            scale = f["attention_blackwell"][r[0]]
+            want = [v * scale if i in (0, 2, 4) else v for i, v in enumerate(h100_rows[r[0]][2:])]
+            if not all(abs(g - w) <= 0.01 * w for g, w in zip(r[2:], want)):
+                bad.append(f"{name} attention.{r[0]}: catalog {r[2:]}, the H100's x {scale:.3f}: {want}")
     grouped = f["grouped_gemm"]["rows_half"]
     if abs(moe_block.GROUPED_ROWS_HALF - grouped) > 0.5:
         bad.append(f"moe_block.GROUPED_ROWS_HALF: code {moe_block.GROUPED_ROWS_HALF}, fit {grouped:.1f}")
@@ -281,6 +362,17 @@ def main(argv: list[str]) -> int:
     print(
         f"  attention_a100   the H100 FlashAttention-2 curves x {scale:.3f} (one point: {point} TFLOP/s; exact by "
         f"construction)"
+    )
+    for row, g in f["gemm_blackwell"].items():
+        print(
+            f"  gemm_b300_{row:10s} efficiency {g['efficiency']:.3f} (k_half {g['k_half']:.0f}, the H100's floor and "
+            f"tile held): {g['points']} timings, time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}; "
+            f"unthrottled x {f['blackwell_burst']:.3f} = {g['efficiency'] * f['blackwell_burst']:.3f}"
+        )
+    sc = f["attention_blackwell"]
+    print(
+        f"  attention_b200   the H100 curves x {sc['megatron']:.3f} (cuDNN), x {sc['meshwise']:.3f} (FlashAttention-2 "
+        f"at Triton's level): FlashAttention-4's figures, one point each"
     )
     nv = f["nvlink_h100"]
     print(

@@ -1,26 +1,110 @@
-"""The per-tensor float8 GEMM ratio of cost/fp8.py, solved from component data (no training run).
+"""Float8 components from Transformer Engine's GEMM profiling tables (components_te_linears.csv), no
+training run: each constant of cost/fp8.py below is solved or checked on kernel timings.
 
-torchao's float8 Linear (per-tensor scaling, cuBLAS) runs forward + backward 1.39x as fast as bf16 at
-M, K, N = 4096, 8192, 16384 on H100, casts included (pytorch/ao torchao/float8/README.md @ a0a0969,
-Performance). Under the H100's op model (its gemm.bf16 and gemm.fp8 rows, at the clock the
-micro-benchmark ran at: sustained_clock 1) with cost/fp8.py's per-tensor casts, this solves the
-ratio of the per-tensor kernels to the block-scaled ones the gemm.fp8 row is fitted on.
+- ``PER_TENSOR_RATIO``: cuBLAS per-tensor float8 GEMMs against bf16's on the 12 GEMMs of TE's layer
+  (H200 NVL, operands quantized before the timed loop), solved under the H100's op model (the same
+  132 SMs and rows; the clock cancels in the ratio) as the per-tensor kernels' rate over the block-scaled
+  ones the ``gemm.fp8`` row is fitted on. B300's pre-quantized table checks it on Blackwell.
+- TE's quantization bytes (``TE_QUANTIZE_BYTES``, ``TE_CURRENT_EXTRA_BYTES``): each recipe's autocast
+  time (both operands quantized rowwise and columnwise in every call) less its pre-quantized GEMMs (delayed
+  scaling has none: the per-tensor current-scaling kernels stand in), over the elements quantized, at the part's HBM x ``hbm_efficiency`` (the H100's 0.866 for both
+  parts; no STREAM figure of either was found). A check, not a fit.
+- torchao's float8 Linear: 1.39x bf16 forward + backward at M, K, N = 4096, 8192, 16384 on H100, casts
+  included (pytorch/ao torchao/float8/README.md @ a0a0969), against the op model at that ratio with
+  torchao's casts (cost/fp8.py ``FORMATS``): a check of those casts.
 
     python benchmarks/fp8_components.py
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import replace
+from pathlib import Path
 
 from meshwise.cost import fp8, kernels
 from meshwise.spec import TrainSpec, load_cluster
 
-M, K, N = 4096, 8192, 16384
+CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
+TOKENS = 15872  # 31 x 512
+LINEARS = (("qkv", 4096, 12288), ("attn_out", 4096, 4096), ("mlp_up", 4096, 16384), ("mlp_down", 16384, 4096))
+HBM_BYTES_PER_S = {"h200-nvl": 4.8e12, "b300": 8.0e12}  # datasheets: H200 NVL, HGX B300
+HBM_EFFICIENCY = 0.866  # the H100's STREAM copy fraction (accelerators.toml)
+M, K, N = 4096, 8192, 16384  # torchao's README shape
 TORCHAO_SPEEDUP = 1.39
 
 
-def speedup(ratio: float) -> float:
+def rows() -> list[dict[str, str]]:
+    with open(CATALOG / "components_te_linears.csv", encoding="utf-8") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def source_shapes(pass_name: str) -> list[tuple[int, int, int]]:
+    """The pass's GEMMs as the source writes them, (M, K, N): dgrad swaps K and N, wgrad runs K x T x N."""
+    if pass_name == "fprop":
+        return [(TOKENS, k, n) for _, k, n in LINEARS]
+    if pass_name == "dgrad":
+        return [(TOKENS, n, k) for _, k, n in LINEARS]
+    if pass_name == "wgrad":
+        return [(k, TOKENS, n) for _, k, n in LINEARS]
+    op = pass_name.split(":")[1]
+    return [(TOKENS, k, n) for name, k, n in LINEARS if name == op]
+
+
+def groups(gpu: str, recipe: str, mode: str, ops: bool = False) -> list[tuple[tuple[tuple[int, int, int], ...], float]]:
+    """(the (M, N, K) of kernels.gemm_seconds, seconds) of each pass (``ops``: each fprop GEMM) of one table."""
+    out = []
+    for r in rows():
+        if (r["gpu"], r["recipe"], r["mode"]) != (gpu, recipe, mode) or (":" in r["pass"]) != ops:
+            continue
+        shapes = tuple((m, n, k) for m, k, n in source_shapes(r["pass"]))
+        out.append((shapes, float(r["ms"]) * 1e-3))
+    return out
+
+
+def total_s(gpu: str, recipe: str, mode: str) -> float:
+    return sum(s for _, s in groups(gpu, recipe, mode))
+
+
+def quantized_elements() -> float:
+    """Elements an autocast layer quantizes: both operands of each of its 12 GEMMs (M x K and K x N)."""
+    return sum(m * k + k * n for p in ("fprop", "dgrad", "wgrad") for m, k, n in source_shapes(p))
+
+
+def _model_total_s(accel, dtype: str, peak: float, elem: int) -> float:
+    return sum(
+        kernels.gemm_seconds(m, n, k, accel, peak, elem, 1, dtype)
+        for p in ("fprop", "dgrad", "wgrad")
+        for m, k, n in source_shapes(p)
+    )
+
+
+def model_ratio(ratio: float) -> float:
+    """bf16 over per-tensor float8 time of the layer's 12 GEMMs under the H100's op model."""
+    accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)
+    bf16 = _model_total_s(accel, "bf16", accel.peak_bf16_flops_per_s, 2)
+    return bf16 / _model_total_s(accel, "fp8", accel.peak_fp8_flops_per_s * ratio, 1)
+
+
+def solve_ratio() -> tuple[float, float]:
+    """(PER_TENSOR_RATIO, the measured bf16 / per-tensor float8 kernel ratio it reproduces)."""
+    measured = total_s("h200-nvl", "bf16", "prequant") / total_s("h200-nvl", "fp8-current", "prequant")
+    lo, hi = 0.5, 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model_ratio(mid) < measured else (lo, mid)
+    return (lo + hi) / 2, measured
+
+
+def cast_bytes_per_element(gpu: str, recipe: str) -> float:
+    """Bytes per quantized element the recipe's autocast layer moves beyond the per-tensor kernels."""
+    kernel = recipe if groups(gpu, recipe, "prequant") else "fp8-current"  # delayed scaling: no pre-quantized run
+    gap_s = total_s(gpu, recipe, "autocast") - total_s(gpu, kernel, "prequant")
+    return gap_s * HBM_BYTES_PER_S[gpu] * HBM_EFFICIENCY / quantized_elements()
+
+
+def torchao_speedup(ratio: float) -> float:
+    """bf16 over float8 forward + backward of torchao's README linear under the H100's op model."""
     accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)
     bf16 = sum(kernels.linear_seconds(M, N, K, accel, accel.peak_bf16_flops_per_s, 2, "bf16"))
     train = TrainSpec(1, 1, precision="fp8")
@@ -29,14 +113,35 @@ def speedup(ratio: float) -> float:
     return bf16 / (gemms + casts)
 
 
-def solve() -> float:
-    lo, hi = 0.2, 3.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid) < TORCHAO_SPEEDUP else (lo, mid)
-    return (lo + hi) / 2
+def report() -> list[str]:
+    ratio, measured = solve_ratio()
+    b300 = total_s("b300", "bf16", "prequant") / total_s("b300", "fp8-current", "prequant")
+    out = [
+        f"per-tensor / block-scaled float8 GEMM ratio: {ratio:.3f} (H200 NVL: bf16 / per-tensor float8 kernels "
+        f"{measured:.3f} on TE's 12 GEMMs; B300 {b300:.3f})",
+        f"  catalog PER_TENSOR_RATIO {fp8.PER_TENSOR_RATIO}",
+        "TE quantization, bytes per element (autocast less its pre-quantized kernels, delayed scaling: the per-tensor ones; HBM x 0.866):",
+    ]
+    want = {
+        "fp8-delayed": fp8.TE_QUANTIZE_BYTES,
+        "fp8-current": fp8.TE_QUANTIZE_BYTES + fp8.TE_CURRENT_EXTRA_BYTES,
+        "mxfp8": fp8.TE_QUANTIZE_BYTES + 2 / 32,
+    }
+    for gpu, recipes in (
+        ("h200-nvl", ("fp8-delayed", "fp8-current")),
+        ("b300", ("fp8-delayed", "fp8-current", "mxfp8")),
+    ):
+        for recipe in recipes:
+            got = cast_bytes_per_element(gpu, recipe)
+            out.append(
+                f"  {gpu:8s} {recipe:12s} {got:5.2f} B (cost/fp8.py: {want[recipe]:.2f}, {got / want[recipe] - 1:+.0%})"
+            )
+    out.append(
+        f"torchao float8 Linear at {M}x{K}x{N}: {torchao_speedup(fp8.PER_TENSOR_RATIO):.3f}x bf16 predicted, "
+        f"{TORCHAO_SPEEDUP}x published"
+    )
+    return out
 
 
 if __name__ == "__main__":
-    x = solve()
-    print(f"per-tensor / block-scaled float8 GEMM ratio: {x:.3f} (speedup {speedup(x):.3f} at {M}x{K}x{N})")
+    print("\n".join(report()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from meshwise.cost import fp8 as float8
 from meshwise.cost import kernels
 from meshwise.measure.gpu_bench import attention_flops
 from meshwise.spec import load_cluster
@@ -33,8 +34,8 @@ def seconds(key: tuple) -> float:
     kind = key[0]
     if kind == "gemm":
         _, dtype, b, m, n, k = key
-        fp8 = dtype == "fp8"
-        peak = H100.peak_fp8_flops_per_s if fp8 else H100.peak_bf16_flops_per_s
+        fp8 = dtype == "fp8"  # torch._scaled_mm's per-tensor kernels: the fp8 row at PER_TENSOR_RATIO (cost/fp8.py)
+        peak = H100.peak_fp8_flops_per_s * float8.PER_TENSOR_RATIO if fp8 else H100.peak_bf16_flops_per_s
         return kernels.gemm_seconds(m, n, k, SHORT, peak, 1 if fp8 else 2, b, dtype)
     if kind == "attention":
         _, direction, causal, seq, head_dim, batch, heads = key

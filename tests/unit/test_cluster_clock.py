@@ -42,7 +42,7 @@ def test_a_cluster_holding_a_higher_clock_computes_faster_but_no_more_than_the_c
         ('base = "h100"\nsustained_mhz = 2500\n', "sustained_mhz"),
         ('base = "h1000"\n', "base"),
         ('base = "h100"\nsustained_mhz = 1700\nsustained_clock = 0.8\n', "sustained_mhz"),
-        ('base = "b200"\nsustained_mhz = 1700\n', "table_clock_mhz"),
+        ('base = "b300"\nsustained_mhz = 1700\n', "table_clock_mhz"),
     ],
 )
 def test_a_bad_cluster_clock_is_one_line(tmp_path, capsys, text, field):

@@ -125,7 +125,7 @@ PLANS = {
     "params-nothing": ["--params", "70e9", "--gpu", "a100-80gb", "--gpus", "1"],
     "evaluated": ["--gpus", "64", "--layout", "dp=64,zero=3,mbs=1,ac=full"],
     # bubble advice once offered slower steps on these
-    "qwen7b-b200-1024": ["--model", "QWEN25_7B", "--gpu", "b200", "--gpus", "1024"],
+    "qwen7b-b200-2048": ["--model", "QWEN25_7B", "--gpu", "b200", "--gpus", "2048"],
     "8b-16k": ["--model", "llama3-8b", "--gpus", "16384"],
     # QA F3: batch 512 on 16,384 devices has no layout without cp (dp <= 512, tied embeddings: no pp)
     "1b-16k-cp": ["--model", "LLAMA32_1B", "--gpu", "a100-80gb", "--gpus", "16384"],
@@ -259,7 +259,7 @@ def test_bubble_advice_is_checked_on_a_case_with_advice(tmp_path, capsys):
     """The walk above reads the advice; here a plan whose advice once predicted a slower step (QA F5:
     'schedule=interleaved-1f1b,vpp=6 cuts it to 7.9% of a 0.167 s step (now 0.146 s)') must now carry a
     remedy, and one that predicts better: the walk's assertions are not vacuous."""
-    status, data, _ = _plan("qwen7b-b200-1024", tmp_path, capsys)
+    status, data, _ = _plan("qwen7b-b200-2048", tmp_path, capsys)
     bubble = [w for w in data["warnings"] if "the bubble is" in w]
     assert status == 0 and bubble and "interleaved-1f1b,vpp=6" not in bubble[0], bubble
     assert GAIN_FIGURE.search(bubble[0]) or STEP_FIGURE.search(bubble[0]) or "none of what" in bubble[0]

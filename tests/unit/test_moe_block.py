@@ -191,7 +191,7 @@ def test_tp_splits_the_experts_only_where_the_runtime_does(v3):
 
 
 def test_flat_path_splits_moe_over_tp_as_the_op_model_does():
-    """A GPU without the op model (gb200) prices compute from FLOPs: under Megatron (expert TP = TP) and
+    """A GPU without the op model (b300) prices compute from FLOPs: under Megatron (expert TP = TP) and
     under EP folded over TP, TP divides the experts' work, so tp=4 costs about a quarter of tp=1's per
     rank at the same tokens; meshwise's unfolded block runs whole on every TP rank."""
     from meshwise.cost import compute
@@ -199,14 +199,14 @@ def test_flat_path_splits_moe_over_tp_as_the_op_model_does():
     assert compute.tp_divides_moe(False, "megatron") and compute.tp_divides_moe(True, "meshwise")
     assert not compute.tp_divides_moe(False, "meshwise")
     model = load_model("qwen3-235b-a22b")
-    gb200 = load_cluster("gb200", 64)
-    assert not gb200.accelerator.has_op_model
+    flat = load_cluster("b300", 64)
+    assert not flat.accelerator.has_op_model
     compute_s = {}
     for runtime in ("megatron", "meshwise"):
         train = TrainSpec(256, 4096, "bf16-mixed", runtime=runtime)
         for tp in (1, 4):
             compute_s[runtime, tp] = estimate(
-                model, gb200, train, parse(f"dp={64 // tp},tp={tp},mbs=1", 64)
+                model, flat, train, parse(f"dp={64 // tp},tp={tp},mbs=1", 64)
             ).time.compute_s
     # tp=4 ranks see 4x the tokens of a tp=1 rank: Megatron's divide all of it by 4, meshwise's not the experts'
     assert compute_s["megatron", 4] == pytest.approx(compute_s["megatron", 1], rel=0.15)

@@ -695,6 +695,7 @@ def _op_model_blocks_s(
         shape.has_embedding,
         shape.has_head,
         layout.cp,
+        layout.accum(train.global_batch),
     )
 
 

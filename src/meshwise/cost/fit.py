@@ -6,7 +6,8 @@ Pure Python. Every fit minimises the mean |log(predicted / measured time)| one p
 by golden-section search (:func:`coordinate_fit`):
 
 - GEMMs: ``efficiency``, ``k_half`` and ``kernel_floor_s`` of :func:`kernels.gemm_seconds`, over
-  the output tiles ``TILES`` (:func:`fit_gemm_points`);
+  the output tiles ``TILES`` (:func:`fit_gemm_points`); where a table times GEMMs only in groups
+  (a layer's passes), ``efficiency`` alone on the groups' summed times (:func:`fit_gemm_efficiency`);
 - fused attention: ``top * s / (s + s_half)`` of peak per direction (:func:`fit_saturating`);
 - collectives: a link's ``latency_s`` and ``bytes_per_s`` in :func:`comm.collective_seconds`
   (:func:`fit_link`).
@@ -25,6 +26,8 @@ TILES = ((128, 128), (128, 256), (256, 128))
 # (kind, ranks, payload bytes, seconds) of one collective; (batch, M, N, K, FLOP/s) of one GEMM
 CollectivePoint = tuple[str, int, float, float]
 GemmPoint = tuple[int, int, int, int, float]
+# the (M, N, K) of GEMMs timed together, and their summed seconds
+GemmGroup = tuple[tuple[tuple[int, int, int], ...], float]
 
 
 def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 40) -> float:
@@ -113,6 +116,31 @@ def fit_gemm_points(
         "errors": log_errors(pairs),
         "points": len(points),
     }
+
+
+def gemm_group_pairs(
+    accel: AcceleratorSpec, groups: Sequence[GemmGroup], dtype: str, peak: float, elem: int
+) -> list[tuple[float, float]]:
+    """(predicted, measured) seconds of each group: the sum of :func:`kernels.gemm_seconds` over its shapes."""
+    return [
+        (sum(kernels.gemm_seconds(m, n, k, accel, peak, elem, 1, dtype) for m, n, k in shapes), seconds)
+        for shapes, seconds in groups
+    ]
+
+
+def fit_gemm_efficiency(
+    base: AcceleratorSpec, groups: Sequence[GemmGroup], dtype: str, peak: float, elem: int, k_half: float
+) -> dict:
+    """``dtype``'s ``efficiency`` on ``base`` (its tile, SMs and ``kernel_floor_s``; ``k_half`` held: shapes
+    all deeper than 4,096 cannot tell the tile's fixed depth from its rate) minimising the mean |log error| of
+    the groups' summed times, with the fit's errors."""
+
+    def accel_of(eff: float) -> AcceleratorSpec:
+        return replace(base, gemm=((dtype, eff, k_half),))
+
+    eff = golden(lambda v: mean_log(gemm_group_pairs(accel_of(v), groups, dtype, peak, elem)), 0.2, 1.0)
+    pairs = gemm_group_pairs(accel_of(eff), groups, dtype, peak, elem)
+    return {"efficiency": eff, "k_half": k_half, "errors": log_errors(pairs), "points": len(groups)}
 
 
 def fit_saturating(points: Sequence[tuple[float, float]]) -> tuple[float, float, tuple[float, float]]:

@@ -11,14 +11,21 @@ the MoE router, attention (softmax and its two matmuls) and the norms.
   is the format's kernels against those block-scaled ones (``FORMATS``). On the flat path (no op
   model) the linear layers' FLOPs run at ``peak_fp8 * gemm_ratio * FLAT_FP8_EFFICIENCY`` of the
   efficiency curve, the rest at bf16's.
-- **Casts** (memory-bound, at ``hbm_efficiency`` of HBM): per linear and micro-batch the forward
-  quantizes the input ``X (t x k)`` and the weight ``W (k x n)``, the backward the output gradient
-  ``dY (t x n)``: ``cast_bytes`` per element each (bf16 read, float8 written, scales; per-tensor
-  scaling reads the tensor twice, once for its amax: TE docs, FP8 current scaling). The backward's
-  other operands are the columnwise (transposed) copies of X, W and dY: ``column_bytes`` per
-  element each (a float8 transpose, 1 B read + 1 B written, for per-tensor scales; re-quantized from
-  bf16 along the other axis for row, block and MX scales, whose scales follow the axis: TE docs,
-  mxfp8.rst "Handling transposes"). Full recompute casts X and W again.
+- **Casts** (memory-bound, at ``hbm_efficiency`` of HBM), as each runtime's float8 library runs them.
+  torchao (meshwise's runtime): per linear and micro-batch the forward quantizes the input
+  ``X (t x k)`` and the weight ``W (k x n)``, the backward the output gradient ``dY (t x n)``:
+  ``cast_bytes`` per element each (bf16 read, float8 written, scales; per-tensor scaling reads the
+  tensor twice, once for its amax). The backward's other operands are the columnwise (transposed)
+  copies of X, W and dY: ``column_bytes`` per element each (a float8 transpose, 1 B read + 1 B
+  written, for per-tensor scales; re-quantized from bf16 along the other axis for row, block and MX
+  scales, whose scales follow the axis: TE docs, mxfp8.rst "Handling transposes"). Full recompute
+  casts X and W again. Transformer Engine (``--runtime megatron``; per-tensor and MX formats): one
+  kernel reads the bf16 tensor once and writes its rowwise and columnwise copies together
+  (``TE_QUANTIZE_BYTES`` + scales per element; delayed scaling, Megatron-Core's default
+  ``fp8_recipe``, takes the amax inside that kernel); the norm before QKV and the first MLP GEMM
+  writes float8 itself (TE's LayerNormLinear, ``TE_NORM_FUSED_BYTES``); the weight's copies are made on
+  a step's first micro-batch of each chunk and cached for the rest (Megatron's ``is_first_microbatch``).
+  Checked on TE's GEMM profiling tables (benchmarks/fp8_components.py).
 - **Communication.** FSDP2's float8 all-gather (torchao ``enable_fsdp_float8_all_gather``) sends
   the linear layers' weights at 1 byte per parameter, for per-tensor scaling only; row, block and
   MX formats gather bf16 (torchtitan docs/float8.md, torchao mxfp8 docs). Under sequence
@@ -44,19 +51,42 @@ class Fp8Format:
     column_bytes: float  # HBM bytes per element of the columnwise copy the backward needs
     gathers_fp8: bool  # FSDP2 all-gathers the linear weights in float8
     mx: bool = False  # an MX format: needs the device's MX tensor cores
+    te_scale_bytes: float | None = None  # TE: scale bytes per element of its two copies; None: no TE recipe
+    te_norm_fused: bool = False  # TE's norm writes the format itself (delayed per-tensor scaling)
 
 
 # gemm_ratio, against the block-scaled kernels the ``gemm.fp8`` row is fitted on (benchmarks/fp8_components.py):
 # - block (DeepGEMM 1x128 / 128x128): 1, by construction;
 # - row: no published row-scaled GEMM table was found; taken as the block kernels' (a scaled epilogue per
 #   output row), an assumption;
-# - per-tensor (cuBLAS): solved so that the H100 op model gives torchao's float8 Linear 1.39x bf16 at
-#   M, K, N = 4096, 8192, 16384, casts included (pytorch/ao torchao/float8/README.md @ a0a0969);
-# - MX: block scales applied by Blackwell's tensor cores at the FP8 rate (datasheets); no published
-#   MXFP8 GEMM table was found; taken as the per-tensor kernels', an assumption.
-PER_TENSOR_RATIO = 1.03  # benchmarks/fp8_components.py
+# - per-tensor (cuBLAS): solved so that the H100 op model gives the bf16 / per-tensor float8 kernel ratio
+#   of Transformer Engine's GEMM profiling table on H200 NVL (1.905 on a layer's 12 GEMMs, operands
+#   quantized beforehand);
+# - MX: 1, the Blackwell rows are fitted on MXFP8 kernels (TE's B300 table; Blackwell runs block-scaled
+#   FP8 as MXFP8).
+PER_TENSOR_RATIO = 1.13  # benchmarks/fp8_components.py
+TENSOR_ROW = "fp8-tensor"  # the GEMM row of per-tensor kernels, where a device has its own (meshwise calibrate)
+# Transformer Engine's quantization of a bf16 tensor into its rowwise and columnwise float8 copies in one
+# kernel: 2 B read + 1 + 1 B written per element (TE's cast_transpose; MXFP8 and block scaling quantize
+# both axes from the same read); current (per-tensor "tensorwise") scaling reads it once more for its amax
+# first (TE_CURRENT_EXTRA_BYTES, not Megatron's default). Checked on TE's GEMM profiling tables: autocast
+# less pre-quantized time, 3.7 B (delayed) and 5.9 B (current) per element on H200 NVL
+# (benchmarks/fp8_components.py).
+TE_QUANTIZE_BYTES = 4.0
+TE_CURRENT_EXTRA_BYTES = 2.0
+# TE's LayerNormLinear under delayed scaling: the norm kernel writes float8 (1 B where its bf16 output,
+# counted in cost/kernels.py PASSES, is 2) and the backward transposes it (1 B read + 1 B written)
+TE_NORM_FUSED_BYTES = 1.0
 FORMATS = {
-    "fp8": Fp8Format("fp8", gemm_ratio=PER_TENSOR_RATIO, cast_bytes=5.0, column_bytes=2.0, gathers_fp8=True),
+    "fp8": Fp8Format(
+        "fp8",
+        gemm_ratio=PER_TENSOR_RATIO,
+        cast_bytes=5.0,
+        column_bytes=2.0,
+        gathers_fp8=True,
+        te_scale_bytes=0.0,
+        te_norm_fused=True,
+    ),
     "fp8-rowwise": Fp8Format(
         "fp8-rowwise", gemm_ratio=1.0, cast_bytes=3.0 + 4 / 4096, column_bytes=3.0, gathers_fp8=False
     ),
@@ -65,11 +95,12 @@ FORMATS = {
     ),
     "mxfp8": Fp8Format(
         "mxfp8",
-        gemm_ratio=PER_TENSOR_RATIO,
+        gemm_ratio=1.0,
         cast_bytes=3.0 + 1 / 32,
         column_bytes=3.0 + 1 / 32,
         gathers_fp8=False,
         mx=True,
+        te_scale_bytes=2 / 32,
     ),
 }
 # The flat path's float8 GEMMs against its bf16 ones: the H100's fitted rows, fp8 0.763 / bf16 0.869
@@ -98,19 +129,25 @@ def check_supported(accel: AcceleratorSpec, precision: str) -> None:
 
 
 def gemm_peak_flops_per_s(accel: AcceleratorSpec, train: TrainSpec) -> float:
-    """The peak a linear layer's GEMM is priced at: the float8 peak times the format's ratio, else
-    the precision's own peak; on a device without the format's tensor cores (a CPU rank, where torch
-    emulates float8 GEMMs; ``plan`` refuses such a device up front) the bf16 peak."""
+    """The peak a linear layer's GEMM is priced at: the float8 peak times the format's ratio (1 where the
+    device has a row of the format's own kernels, ``TENSOR_ROW``), else the precision's own peak; on a
+    device without the format's tensor cores (a CPU rank, where torch emulates float8 GEMMs; ``plan``
+    refuses such a device up front) the bf16 peak."""
     f = fmt(train)
     if f is None:
         return accel.peak_flops_per_s(train.precision)
     peak = accel.peak_mxfp8_flops_per_s if f.mx else accel.peak_fp8_flops_per_s
-    return peak * f.gemm_ratio if peak else accel.peak_flops_per_s(train.precision)
+    own_row = gemm_dtype(train) == TENSOR_ROW and any(row[0] == TENSOR_ROW for row in accel.gemm)
+    return peak * (1.0 if own_row else f.gemm_ratio) if peak else accel.peak_flops_per_s(train.precision)
 
 
 def gemm_dtype(train: TrainSpec) -> str:
-    """The GEMM row (cost/kernels.gemm_row) a linear layer's GEMMs use: ``fp8`` under a float8 format."""
-    return "fp8" if train.fp8 else "bf16"
+    """The GEMM row (cost/kernels.gemm_row) a linear layer's GEMMs use: ``fp8-tensor`` under per-tensor
+    scaling (a device's row fitted on per-tensor kernels: a GPU calibration's, else its ``fp8`` row at
+    ``PER_TENSOR_RATIO``), ``fp8`` under the other float8 formats."""
+    if not train.fp8:
+        return "bf16"
+    return TENSOR_ROW if train.precision == "fp8" else "fp8"
 
 
 def gemm_elem_bytes(train: TrainSpec) -> int:
@@ -118,12 +155,26 @@ def gemm_elem_bytes(train: TrainSpec) -> int:
     return 1 if train.fp8 else train.activation_bytes
 
 
-def linear_cast_bytes(train: TrainSpec, t: float, n: float, k: float) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of one linear's casts, ``X (t x k) @ W (k x n)``, per micro-batch."""
+def te_casts(train: TrainSpec) -> bool:
+    """Whether the linear layers' casts are Transformer Engine's (``--runtime megatron``, per-tensor or MX)."""
+    f = fmt(train)
+    return train.runtime == "megatron" and f is not None and f.te_scale_bytes is not None
+
+
+def linear_cast_bytes(
+    train: TrainSpec, t: float, n: float, k: float, weight_share: float = 1.0, norm_fed: bool = False
+) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one linear's casts, ``X (t x k) @ W (k x n)``, per micro-batch.
+    Under Transformer Engine (``--runtime megatron``) ``weight_share`` is the micro-batch's share of the
+    weight's once-per-step quantization (1 / micro-batches) and ``norm_fed`` says a norm writes X."""
     f = fmt(train)
     if f is None:
         return 0.0, 0.0
     x, w, dy = t * k, k * n, t * n
+    if te_casts(train):
+        quantize = TE_QUANTIZE_BYTES + f.te_scale_bytes
+        x_bytes = TE_NORM_FUSED_BYTES if norm_fed and f.te_norm_fused else quantize
+        return x_bytes * x + quantize * w * weight_share, quantize * dy
     return f.cast_bytes * (x + w), f.cast_bytes * dy + f.column_bytes * (x + w + dy)
 
 

@@ -112,9 +112,11 @@ def ops_key(train: TrainSpec) -> str:
 
 def gemm_row(accel: AcceleratorSpec, dtype: str = "bf16") -> tuple[float, float]:
     """``(efficiency, k_half)`` of ``dtype``'s GEMMs on ``accel``: its fitted row (``gemm.<dtype>`` in the
-    catalog), else the bf16 row, else a profile's flat ``gemm_efficiency`` with no depth term."""
+    catalog), else the other float8 row (``fp8``: block-scaled kernels, ``fp8-tensor``: per-tensor ones;
+    cost/fp8.py), else the bf16 row, else a profile's flat ``gemm_efficiency`` with no depth term."""
     rows = {row[0]: row[1:] for row in accel.gemm}
-    found = rows.get(dtype) or rows.get("bf16")
+    other = {"fp8": "fp8-tensor", "fp8-tensor": "fp8"}.get(dtype, "bf16")
+    found = rows.get(dtype) or rows.get(other) or rows.get("bf16")
     return (found[0], found[1]) if found else (accel.gemm_efficiency, 0.0)
 
 
@@ -287,15 +289,21 @@ def _block_memory_bound_s(
 
 
 def linears_seconds(
-    accel: AcceleratorSpec, train: TrainSpec, tokens: float, *shapes: tuple[float, float]
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    tokens: float,
+    *shapes: tuple[float, float],
+    weight_share: float = 1.0,
+    norm_fed: tuple[bool, ...] = (),
 ) -> tuple[float, float]:
     """(forward, backward) seconds of linear layers ``X (tokens x k) @ W (k x n)``, one per ``(n, k)``, in
-    the precision's GEMM format, with the casts around them over HBM (cost/fp8.py)."""
+    the precision's GEMM format, with the casts around them over HBM (cost/fp8.py ``linear_cast_bytes``:
+    ``weight_share`` of the weights' once-per-step casts, ``norm_fed[i]`` where a norm writes shape i's X)."""
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     fwd = bwd = 0.0
-    for n, k in shapes:
+    for i, (n, k) in enumerate(shapes):
         f, b = linear_seconds(tokens, n, k, accel, gemm_peak, ge, dtype)
-        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k)
+        cf, cb = fp8.linear_cast_bytes(train, tokens, n, k, weight_share, i < len(norm_fed) and norm_fed[i])
         fwd, bwd = fwd + f + cf / hbm_bytes_per_s(accel), bwd + b + cb / hbm_bytes_per_s(accel)
     return fwd, bwd
 
@@ -316,13 +324,23 @@ def _mlp_shapes(model: ModelSpec, tp: int, width: float) -> tuple[tuple[float, f
 
 @lru_cache(maxsize=4096)
 def block_seconds(
-    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, mbs: int, tp: int, sp: bool, ac: str, cp: int = 1
+    model: ModelSpec,
+    accel: AcceleratorSpec,
+    train: TrainSpec,
+    mbs: int,
+    tp: int,
+    sp: bool,
+    ac: str,
+    cp: int = 1,
+    microbatches: int = 1,
 ) -> tuple[float, float, float]:
-    """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank.
+    """(forward, backward, recompute) seconds of one block for one micro-batch on one TP rank (nine
+    parameters: the layout's keys that shape a block's kernels, one each).
 
     Under context parallelism ``train.seq_len`` is the rank's s/cp tokens, and the load-balanced
     causal ring computes ``cp`` attention blocks of (s/cp)^2 scores (half masked) per rank: the
-    attention core of a sequence of s/cp tokens, cp times."""
+    attention core of a sequence of s/cp tokens, cp times. ``microbatches`` per step share the
+    weights' float8 casts Transformer Engine makes once per step (cost/fp8.py)."""
     peak = accel.peak_flops_per_s(train.precision)
     e = train.activation_bytes
     tokens, seq, h = mbs * train.seq_len, train.seq_len, model.hidden
@@ -330,7 +348,16 @@ def block_seconds(
     # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes); a
     # mixture of experts' MLPs are cost/moe_block.py's
     mlp = () if model.moe else _mlp_shapes(model, tp, width)
-    fwd, bwd = linears_seconds(accel, train, tokens, ((h + 2 * model.kv_dim) / tp, h), (h, h / tp), *mlp)
+    fwd, bwd = linears_seconds(
+        accel,
+        train,
+        tokens,
+        ((h + 2 * model.kv_dim) / tp, h),
+        (h, h / tp),
+        *mlp,
+        weight_share=1.0 / microbatches,
+        norm_fed=(True, False, True, False),  # QKV and the MLP's first GEMM read the norms' outputs
+    )
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train))
     mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
@@ -384,13 +411,15 @@ def rank_seconds(
     has_embedding: bool,
     has_head: bool,
     cp: int = 1,
+    microbatches: int = 1,
 ) -> float:
     """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
-    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism); for a mixture of
-    experts every block less its MLP (cost/moe_block.py ``rank_mlp_seconds`` times them). Eleven
-    arguments: the fields of the layout and rank shape it reads, loose as the cached
-    :func:`block_seconds` takes them."""
-    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp)
+    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism; ``microbatches``
+    per step: ``block_seconds``); for a mixture of experts every block less its MLP (cost/moe_block.py
+    ``rank_mlp_seconds`` times them). Twelve arguments: the fields of the layout and rank shape it reads,
+    loose as the cached :func:`block_seconds` takes them."""
+    shared = microbatches if fp8.te_casts(train) else 1  # the only use of it: one cache entry per shape otherwise
+    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp, shared)
     total = blocks * (fwd + bwd + rec)
     if has_head:
         total += head_seconds(model, accel, train, mbs, tp, sp)

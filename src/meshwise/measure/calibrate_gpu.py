@@ -10,7 +10,7 @@ Parts, each with a time budget (``Sizes.budget_s``; progress printed as each end
   and deep GEMMs that pins the kernel floor and the tile depth; **grouped GEMMs** by rows per
   expert (``torch._grouped_mm``, bf16), at the plan's ``T k / E`` and a ladder of 16 to 2,048 rows,
   fitted with the dense ones (``gemm_seconds`` with ``batch`` = experts). Fitted: ``gemm.<dtype> =
-  {efficiency, k_half}``, ``kernel_floor_s`` (bf16's, held for fp8, as fit_components does),
+  {efficiency, k_half}`` (fp8's as ``gemm.fp8-tensor``: per-tensor kernels, cost/fp8.py), ``kernel_floor_s`` (bf16's, held for fp8, as fit_components does),
   ``gemm_tile_m/_n``;
 - **attention** (torch SDPA: FlashAttention-2 on CUDA), forward non-causal and causal and backward,
   sequences of 512 to 16k over 16k tokens, head widths 64 and 128: ``attention.meshwise`` curves
@@ -383,7 +383,7 @@ def profile_table(
         "gemm_tile_n": gemm["bf16"]["tile"][1],
         "gemm.bf16": {"efficiency": gemm["bf16"]["efficiency"], "k_half": gemm["bf16"]["k_half"]},
         **(
-            {"gemm.fp8": {"efficiency": gemm["fp8"]["efficiency"], "k_half": gemm["fp8"]["k_half"]}}
+            {"gemm.fp8-tensor": {"efficiency": gemm["fp8"]["efficiency"], "k_half": gemm["fp8"]["k_half"]}}
             if gemm.get("fp8")
             else {}
         ),
