@@ -228,3 +228,32 @@ def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
     assert experts.exposed_s(ops, 2 * total, over) == 0.0
     with pytest.raises(MeshwiseError, match="--moe-comm-overlap"):
         TrainSpec(8, 4096, overlap_ep_comm=True)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-235b-a22b", "llama3-8b"])
+def test_attention_gemms_carry_the_attention_parameters(name):
+    """The op model's attention linears (cost/kernels.py ``attention_shapes``, ``mla_down_shapes``) multiply
+    exactly the attention's weights, whose count is exact against transformers (docs/models.md): latent
+    attention's down- and up-projections (not an MHA of head_dim 192), Qwen3's 64 heads of 128 over a
+    hidden of 4096 (not h x h). MLA's latent norms are not GEMM weights."""
+    model = load_model(name)
+    weights = sum(n * k for n, k in kernels.attention_shapes(model, 1))
+    if model.mla:
+        weights += sum(n * k for n, k in kernels.mla_down_shapes(model))
+        norms = model.kv_lora_rank + (model.q_lora_rank if model.q_lora_rank else 0)
+    else:
+        norms = 0
+    assert weights == model.attention_params - norms
+    # under TP each rank holds 1/tp of every projection Megatron splits (all but MLA's down-projections)
+    split = sum(n * k for n, k in kernels.attention_shapes(model, 8))
+    assert split == pytest.approx(sum(n * k for n, k in kernels.attention_shapes(model, 1)) / 8)
+
+
+def test_megatron_selective_recomputes_mla_up_projections(v3):
+    """recompute_modules mla_up_proj (Megatron-Core multi_latent_attention.py): ``selective`` on latent
+    attention runs the two up-projections' forward again; on GQA it recomputes nothing but the core."""
+    train = TrainSpec(8, 4096, runtime="megatron")
+    rec = kernels.block_seconds(v3, H100, train, 1, 2, True, "selective")[2]
+    up_f = kernels.linears_seconds(H100, train, 4096, *kernels.attention_shapes(v3, 2)[:2])[0]
+    assert rec == pytest.approx(up_f) and rec > 0
+    assert kernels.block_seconds(load_model("llama3-8b"), H100, train, 1, 2, True, "selective")[2] == 0.0
