@@ -54,6 +54,8 @@ class TrainSpec:
     # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
     moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
     # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
+    mtp_layers: int = 0  # multi-token-prediction modules trained beside the model (Megatron's --mtp-num-layers;
+    # DeepSeek-V3 trains one): each one more block, a 2h x h projection and the head again, on the last stage
 
     __hash__ = cached_hash
 
@@ -88,6 +90,11 @@ class TrainSpec:
             raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
         if self.moe_balancing not in MOE_BALANCING:
             raise MeshwiseError(f"--moe-balancing: {self.moe_balancing!r} is not one of {', '.join(MOE_BALANCING)}")
+        if self.mtp_layers < 0 or (self.mtp_layers and self.runtime != "megatron"):
+            raise MeshwiseError(
+                f"--mtp-layers: {self.mtp_layers} must be 0, or at least 1 under --runtime megatron "
+                "(meshwise's runtime trains no multi-token-prediction module)"
+            )
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(
                 f"model_code: {self.model_code!r} runs under the meshwise runtime, not {self.runtime!r}"
