@@ -62,16 +62,18 @@ def test_megatron_routes_the_sequence_parallel_shard_and_gathers_for_the_experts
 
 def test_permute_and_router_bytes_by_hand(v3):
     """Megatron, bf16, 4096 tokens, ep 8: permute forward = (3 + 4 regroup) passes over T k h copies plus
-    one token written per k, at HBM, plus 4 + 2 kernel floors; backward twice. Router: the gate GEMM,
-    then (2 + 8) bytes per score over T x E scores and 5 kernels, backward twice."""
+    one token written per k, at HBM, plus 12 + 2 kernel floors; backward twice the bytes and 4 + 4
+    floors. Router (DeepSeek-V3's sigmoid, grouped): the gate GEMM, then 156.2 bytes per score over T x E
+    scores and 41 kernels forward, 116.1 bytes and 29 kernels backward."""
     train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
     parts = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
     t, k, h = 4096, 8, 7168
-    forward = ((3 + 4) * t * k * h + t * h) * 2 / HBM + 6 * FLOOR
-    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    moved = ((3 + 4) * t * k * h + t * h) * 2 / HBM
+    assert parts.permute_s == pytest.approx(3 * moved + (14 + 8) * FLOOR, rel=1e-9)
     gemm_f, gemm_b = kernels.linear_seconds(t, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
-    scores = t * 256 * (2 + 8) / HBM + 5 * FLOOR
-    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+    scores = t * 256 * (156.2 + 116.1) / HBM + (41 + 29) * FLOOR
+    assert moe_block.router_kind(v3) == "sigmoid-grouped"
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + scores, rel=1e-9)
     assert parts.loop_s == 0.0  # grouped GEMMs: no per-expert loop
 
 
@@ -81,11 +83,30 @@ def test_megatron_sp_shard_bytes_by_hand(v3):
     train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
     parts = moe_block.moe_parts(v3, H100, train, 1, 4, 8, False)
     t, k, h = 4096, 8, 7168
-    forward = (3 * t / 4 * k * h + t / 4 * h + 4 * t * k * h) * 2 / HBM + 6 * FLOOR
-    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    moved = (3 * t / 4 * k * h + t / 4 * h + 4 * t * k * h) * 2 / HBM
+    assert parts.permute_s == pytest.approx(3 * moved + (14 + 8) * FLOOR, rel=1e-9)
     gemm_f, gemm_b = kernels.linear_seconds(t / 4, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
-    scores = t / 4 * 256 * (2 + 8) / HBM + 5 * FLOOR
-    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+    scores = t / 4 * 256 * (156.2 + 116.1) / HBM + (41 + 29) * FLOOR
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + scores, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid-grouped"])
+def test_megatron_kernel_counts_are_megatron_cores(kind):
+    """The router's and the dispatcher's kernels and the router's bytes per score, counted on megatron-core's
+    own MoELayer (benchmarks/megatron_moe_kernels.py, the installed megatron-core as the oracle), are the
+    constants the plan prices Megatron's MoE block with."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("megatron.core", reason="megatron-core is the oracle of --runtime megatron")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_moe_kernels.py"
+    run = subprocess.run([sys.executable, str(script), "16", "4", kind], capture_output=True, text=True, timeout=300)
+    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tuple(counted["router"]) == moe_block.ROUTER_KERNELS[kind]
+    assert tuple(counted["dispatcher"]) == moe_block.PERMUTE_KERNELS["megatron"]
+    per_score = tuple(round(b, 3) for b in counted["router_bytes_per_score"])
+    assert per_score == pytest.approx(moe_block.ROUTER_SCORE_BYTES[kind], abs=0.5)
 
 
 def test_meshwise_loop_pays_per_expert_kernels(v3):
