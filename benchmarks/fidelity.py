@@ -118,6 +118,7 @@ def load_runs(prefix: str = "", set_name: str | None = None, original: bool = Fa
             overlap_ep_comm=rec.get("overlap_ep_comm", False),
             moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
             moe_balancing=rec.get("moe_balancing", "aux-loss"),
+            expert_gemm=rec.get("expert_gemm", "te"),
             mtp_layers=rec.get("mtp_layers", 0),
         )
         if "layout" in rec:

@@ -29,10 +29,13 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   busiest EP rank's load over the mean under ep > 1: the measured max/mean of the run's balancing
   (``TrainSpec.moe_balancing``, catalog/moe_imbalance.toml), and 1 under ep = 1. Gated: the gate and
   up projections ``(R, 2f, h)`` and the down projection ``(R, h, f)``; backward each GEMM's
-  ``(R, K, N)`` and ``(K, N, R)``. Megatron runs them as grouped GEMMs (one kernel per projection
-  for all local experts): cost/kernels.py's tile/wave GEMM of ``E / ep`` groups, divided by
-  ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows per expert
-  fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
+  ``(R, K, N)`` and ``(K, N, R)``. Megatron-Core's ``--moe-grouped-gemm`` runs them through Transformer
+  Engine's GroupedLinear (``TrainSpec.expert_gemm = "te"``), one cuBLAS GEMM per local expert issued round
+  robin on ``TE_STREAMS`` streams: cost/kernels.py's tile/wave GEMM of ``R`` rows, ``ceil(E/ep / 4)`` rounds
+  of a batch of up to 4 (each round its own waves and floor). A run on one grouped kernel for all local
+  experts (``"grouped"``: DeepGEMM's, as the DeepSeek-V3 report's) takes the tile/wave GEMM of ``E / ep``
+  groups divided by ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows
+  per expert fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
   benchmarks/fit_components.py; taken as the same fraction of each dtype's GEMM row).
   meshwise's runtime loops over its experts in Python: three dense GEMMs per expert (gate, up,
   down; cuBLAS, no grouped factor), each with its kernel floor, plus ``LOOP_KERNELS`` elementwise
@@ -51,6 +54,7 @@ The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -64,6 +68,10 @@ from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 # model already loses: benchmarks/fit_components.py on components_grouped_gemm.csv (DeepGEMM, 10 points,
 # 256-8192 rows per expert; time error mean 5.1%, worst 16.6%, against 6.1% / 23.4% without it).
 GROUPED_ROWS_HALF = 23.0
+# Transformer Engine's compute streams, over which GroupedLinear issues its per-expert cuBLAS GEMMs round
+# robin (transformer_engine/common: multi_stream_cublas_gemm, num_compute_streams = 4; its default path,
+# NVTE_USE_CUTLASS_GROUPED_GEMM unset)
+TE_STREAMS = 4
 ROUTER_BYTES = 8.0  # per score beyond the logits' own bytes: fp32 scores written (4) and read by top-k (4)
 # Forward reads + writes per element of a token copy, per runtime's code:
 # - meshwise (runtime/moe.py): the gather tokens[order // k] (2), the scatter routed[order] = out (2), the
@@ -154,7 +162,10 @@ def _experts_s(
     dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     hbm = hbm_bytes_per_s(accel)
-    grouped = train.runtime == "megatron"
+    grouped = train.runtime == "megatron" and train.expert_gemm == "grouped"
+    # Transformer Engine's GroupedLinear: one cuBLAS GEMM per local expert, round robin on its streams, so
+    # each round of up to TE_STREAMS GEMMs runs as one batch of them, with its own waves and floor
+    rounds, width = math.ceil(local / TE_STREAMS), min(local, TE_STREAMS)
     fwd = bwd = 0.0
     for n, k in _expert_gemms(model, split):
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
@@ -165,6 +176,13 @@ def _experts_s(
             bwd += slow * (
                 gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
                 + gemm_seconds(k, n, rows, accel, peak, e, local, dtype)
+            )
+            continue
+        if train.runtime == "megatron":
+            fwd += rounds * gemm_seconds(rows, n, k, accel, peak, e, width, dtype)
+            bwd += rounds * (
+                gemm_seconds(rows, k, n, accel, peak, e, width, dtype)
+                + gemm_seconds(k, n, rows, accel, peak, e, width, dtype)
             )
             continue
         split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
