@@ -119,6 +119,8 @@ def _resolve(rec: dict, models: dict[str, ModelSpec]) -> tuple[ModelSpec, Cluste
         overlap_ep_comm=rec.get("overlap_ep_comm", False),
         moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
         moe_balancing=rec.get("moe_balancing", "aux-loss"),
+        expert_gemm=rec.get("expert_gemm", "te"),
+        mtp_layers=rec.get("mtp_layers", 0),
     )
     return model, cluster, train
 

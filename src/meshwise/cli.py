@@ -176,6 +176,14 @@ def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         "aux-loss-free (per-expert bias, DeepSeek-V3)",
     )
     p.add_argument(
+        "--mtp-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --runtime megatron: multi-token-prediction modules trained beside the model (Megatron's "
+        "--mtp-num-layers; DeepSeek-V3 trains 1), priced on the last pipeline stage; default 0",
+    )
+    p.add_argument(
         "--moe-comm-overlap",
         action="store_true",
         help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
@@ -539,6 +547,7 @@ def _plan(args: argparse.Namespace) -> int:
         "moe_capacity_factor": args.moe_capacity_factor,
         "moe_balancing": args.moe_balancing,
         "overlap_ep_comm": args.moe_comm_overlap,
+        "mtp_layers": args.mtp_layers,
     }
     request = Request(
         args.model,

@@ -62,16 +62,18 @@ def test_megatron_routes_the_sequence_parallel_shard_and_gathers_for_the_experts
 
 def test_permute_and_router_bytes_by_hand(v3):
     """Megatron, bf16, 4096 tokens, ep 8: permute forward = (3 + 4 regroup) passes over T k h copies plus
-    one token written per k, at HBM, plus 4 + 2 kernel floors; backward twice. Router: the gate GEMM,
-    then (2 + 8) bytes per score over T x E scores and 5 kernels, backward twice."""
+    one token written per k, at HBM, plus 12 + 2 kernel floors; backward twice the bytes and 4 + 4
+    floors. Router (DeepSeek-V3's sigmoid, grouped): the gate GEMM, then 156.2 bytes per score over T x E
+    scores and 41 kernels forward, 116.1 bytes and 29 kernels backward."""
     train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
     parts = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
     t, k, h = 4096, 8, 7168
-    forward = ((3 + 4) * t * k * h + t * h) * 2 / HBM + 6 * FLOOR
-    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    moved = ((3 + 4) * t * k * h + t * h) * 2 / HBM
+    assert parts.permute_s == pytest.approx(3 * moved + (14 + 8) * FLOOR, rel=1e-9)
     gemm_f, gemm_b = kernels.linear_seconds(t, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
-    scores = t * 256 * (2 + 8) / HBM + 5 * FLOOR
-    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+    scores = t * 256 * (156.2 + 116.1) / HBM + (41 + 29) * FLOOR
+    assert moe_block.router_kind(v3) == "sigmoid-grouped"
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + scores, rel=1e-9)
     assert parts.loop_s == 0.0  # grouped GEMMs: no per-expert loop
 
 
@@ -81,11 +83,30 @@ def test_megatron_sp_shard_bytes_by_hand(v3):
     train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
     parts = moe_block.moe_parts(v3, H100, train, 1, 4, 8, False)
     t, k, h = 4096, 8, 7168
-    forward = (3 * t / 4 * k * h + t / 4 * h + 4 * t * k * h) * 2 / HBM + 6 * FLOOR
-    assert parts.permute_s == pytest.approx(3 * forward, rel=1e-9)
+    moved = (3 * t / 4 * k * h + t / 4 * h + 4 * t * k * h) * 2 / HBM
+    assert parts.permute_s == pytest.approx(3 * moved + (14 + 8) * FLOOR, rel=1e-9)
     gemm_f, gemm_b = kernels.linear_seconds(t / 4, 256, h, H100, H100.peak_flops_per_s("bf16-mixed"), 2)
-    scores = t / 4 * 256 * (2 + 8) / HBM + 5 * FLOOR
-    assert parts.router_s == pytest.approx(gemm_f + gemm_b + 3 * scores, rel=1e-9)
+    scores = t / 4 * 256 * (156.2 + 116.1) / HBM + (41 + 29) * FLOOR
+    assert parts.router_s == pytest.approx(gemm_f + gemm_b + scores, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid-grouped"])
+def test_megatron_kernel_counts_are_megatron_cores(kind):
+    """The router's and the dispatcher's kernels and the router's bytes per score, counted on megatron-core's
+    own MoELayer (benchmarks/megatron_moe_kernels.py, the installed megatron-core as the oracle), are the
+    constants the plan prices Megatron's MoE block with."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("megatron.core", reason="megatron-core is the oracle of --runtime megatron")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_moe_kernels.py"
+    run = subprocess.run([sys.executable, str(script), "16", "4", kind], capture_output=True, text=True, timeout=300)
+    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tuple(counted["router"]) == moe_block.ROUTER_KERNELS[kind]
+    assert tuple(counted["dispatcher"]) == moe_block.PERMUTE_KERNELS["megatron"]
+    per_score = tuple(round(b, 3) for b in counted["router_bytes_per_score"])
+    assert per_score == pytest.approx(moe_block.ROUTER_SCORE_BYTES[kind], abs=0.5)
 
 
 def test_meshwise_loop_pays_per_expert_kernels(v3):
@@ -141,8 +162,9 @@ def test_imbalance_and_ep_move_the_experts(v3):
     assert one.experts_s > 3 * weights_s and eight.experts_s < one.experts_s
     balanced = moe_block.moe_parts(v3, H100, replace(train, moe_capacity_factor=1.0), 1, 1, 8, False)
     aux = moe_block.moe_parts(v3, H100, replace(train, moe_balancing="aux-loss"), 1, 1, 8, False)
-    # 4% more rows, and a row tile more on some GEMMs (tile quantization: cost/kernels.py)
-    assert 1.0 < eight.experts_s / balanced.experts_s <= 1.10
+    # 4% more rows, and a row tile more on some of each expert's GEMMs (1,065 rows against 1,024: 9 tiles of
+    # 128 against 8; tile quantization, cost/kernels.py)
+    assert 1.0 < eight.experts_s / balanced.experts_s <= 1.12
     assert 1.4 < aux.experts_s / balanced.experts_s <= 1.6
 
 
@@ -228,3 +250,50 @@ def test_overlapped_all_to_alls_expose_only_what_exceeds_the_compute():
     assert experts.exposed_s(ops, 2 * total, over) == 0.0
     with pytest.raises(MeshwiseError, match="--moe-comm-overlap"):
         TrainSpec(8, 4096, overlap_ep_comm=True)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-235b-a22b", "llama3-8b"])
+def test_attention_gemms_carry_the_attention_parameters(name):
+    """The op model's attention linears (cost/kernels.py ``attention_shapes``, ``mla_down_shapes``) multiply
+    exactly the attention's weights, whose count is exact against transformers (docs/models.md): latent
+    attention's down- and up-projections (not an MHA of head_dim 192), Qwen3's 64 heads of 128 over a
+    hidden of 4096 (not h x h). MLA's latent norms are not GEMM weights."""
+    model = load_model(name)
+    weights = sum(n * k for n, k in kernels.attention_shapes(model, 1))
+    if model.mla:
+        weights += sum(n * k for n, k in kernels.mla_down_shapes(model))
+        norms = model.kv_lora_rank + (model.q_lora_rank if model.q_lora_rank else 0)
+    else:
+        norms = 0
+    assert weights == model.attention_params - norms
+    # under TP each rank holds 1/tp of every projection Megatron splits (all but MLA's down-projections)
+    split = sum(n * k for n, k in kernels.attention_shapes(model, 8))
+    assert split == pytest.approx(sum(n * k for n, k in kernels.attention_shapes(model, 1)) / 8)
+
+
+def test_megatron_selective_recomputes_mla_up_projections(v3):
+    """recompute_modules mla_up_proj (Megatron-Core multi_latent_attention.py): ``selective`` on latent
+    attention runs the two up-projections' forward again; on GQA it recomputes nothing but the core."""
+    train = TrainSpec(8, 4096, runtime="megatron")
+    rec = kernels.block_seconds(v3, H100, train, 1, 2, True, "selective")[2]
+    up_f = kernels.linears_seconds(H100, train, 4096, *kernels.attention_shapes(v3, 2)[:2])[0]
+    assert rec == pytest.approx(up_f) and rec > 0
+    assert kernels.block_seconds(load_model("llama3-8b"), H100, train, 1, 2, True, "selective")[2] == 0.0
+
+
+def test_transformer_engine_runs_one_gemm_per_expert_on_four_streams(v3):
+    """Megatron's default expert GEMMs (Transformer Engine's GroupedLinear): each of the E/ep local experts'
+    projections is its own cuBLAS GEMM, issued round robin on 4 streams: ceil(E/ep / 4) rounds of a batch
+    of 4, by hand; one grouped kernel instead (expert_gemm = "grouped") is priced apart."""
+    train = TrainSpec(512, 4096, "bf16-mixed", runtime="megatron")
+    parts = moe_block.moe_parts(v3, H100, train, 1, 1, 8, False)
+    rows, peak = 1.52 * 4096 * 8 * 8 / 256, H100.peak_flops_per_s("bf16-mixed")
+    by_hand = 0.0
+    for n, k in ((2 * 2048, 7168), (7168, 2048)):
+        by_hand += 8 * sum(
+            kernels.gemm_seconds(m, nn, kk, H100, peak, 2, 4, "bf16")
+            for m, nn, kk in ((rows, n, k), (rows, k, n), (k, n, rows))
+        )
+    assert parts.experts_s == pytest.approx(by_hand, rel=1e-9)
+    grouped = moe_block.moe_parts(v3, H100, replace(train, expert_gemm="grouped"), 1, 1, 8, False)
+    assert grouped.experts_s != parts.experts_s and grouped.router_s == parts.router_s

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, pipeline
+from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, mtp, pipeline
 from meshwise.cost.comm import Collective
 from meshwise.cost.context_parallel import (
     cp_collectives,
@@ -622,6 +622,8 @@ def compute_seconds(
         total = _op_model_blocks_s(model, accel, train, layout, shape)
         if model.moe:  # the MLPs of a mixture of experts, dense blocks' and MoE blocks' (cost/moe_block.py)
             total += _op_model_mlps_s(model, accel, train, layout, shape)
+        if shape.has_head:  # multi-token-prediction modules beside the head (cost/mtp.py)
+            total += mtp.mtp_seconds(model, accel, local_train(train, layout), layout)
         return m * total
     tokens_mb = train.seq_len // layout.cp * layout.mbs  # each local token attends over the whole sequence
     if model.states_only:
@@ -902,6 +904,12 @@ def _compute_of(
             if mlps is None:
                 mlps = cache[key] = _op_model_mlps_s(model, accel, train, layout, shape)
             total += mlps
+        if shape.has_head and train.mtp_layers:  # cost/mtp.py, by the fields it reads
+            key = ("mtp", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.ep, layout.ep_folds_tp)
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = mtp.mtp_seconds(model, accel, local_train(train, layout), layout)
+            total += found
         return layout.accum(train.global_batch) * total
     key = (
         "compute",

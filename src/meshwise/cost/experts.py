@@ -34,6 +34,7 @@ def ep_collectives(
     if model.states_only or not model.moe:
         return []
     moe_blocks = round(shape.expert_params / (model.experts * model._mlp(model.expert_ffn_hidden)))
+    moe_blocks += train.mtp_layers if shape.has_head else 0  # multi-token prediction's MoE blocks (cost/mtp.py)
     forwards = 2 if layout.ac == "full" else 1
     calls = moe_blocks * m
     out: list[Collective] = []

@@ -4,7 +4,8 @@ Every constant below is fitted on its own component's published data (benchmarks
 src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One micro-batch of
 ``T = mbs * s`` tokens on one TP rank:
 
-- **GEMMs by shape and dtype.** Each linear ``X (T x K) @ W (K x N)`` after dividing by TP runs forward
+- **GEMMs by shape and dtype** (the attention's: ``attention_shapes``, latent attention's by its own
+  projections). Each linear ``X (T x K) @ W (K x N)`` after dividing by TP runs forward
   as ``(M, N, K) = (T, N, K)`` and backward as ``(T, K, N)`` (input gradient) and ``(K, N, T)`` (weight
   gradient). A GEMM of ``(M, N, K)`` covers ``ceil(M / tm) * ceil(N / tn)`` output tiles, run in
   ``ceil(tiles / SMs)`` waves; the fraction of the waves' tile slots doing useful work is
@@ -33,7 +34,7 @@ src/meshwise/catalog/components_*.csv), never on end-to-end training runs. One m
   torchtitan's op-level selective (``selective_policy = "every-other-matmul"``) also re-runs every
   second matmul in forward order (the K projection, the output projection and the up projection);
   Megatron's ``selective`` re-runs the attention core (free under flash attention, which recomputes
-  inside its own backward).
+  inside its own backward) and latent attention's up-projections (``mla_up_proj``).
 
 Under a float8 precision the linear layers' GEMMs run at the format's peak with the ``fp8`` row and
 their casts are memory-bound work (cost/fp8.py); attention, the head, the embedding and the norms stay
@@ -194,7 +195,8 @@ def _attention_s(
     fused, runtime = train.fused_attention, train.runtime
     heads = model.heads // tp
     if fused:
-        fwd_flops = 2.0 * mbs * seq * seq * model.head_dim * heads  # causal: half of 4 b s^2 h / t
+        # causal: half of 2 b s^2 (d_qk + d_v) per head (QK^T and PV; d_v = d_qk but under MLA)
+        fwd_flops = mbs * seq * seq * (model.head_dim + (model.v_head_dim if model.mla else model.head_dim)) * heads
         fwd_eff, bwd_eff = attention_efficiency(accel, runtime, seq, model.head_dim)
         floor = accel.kernel_floor_s
         peak *= accel.sustained_clock
@@ -317,6 +319,33 @@ def mlp_seconds(
     return linears_seconds(accel, train, tokens, *_mlp_shapes(model, tp, _mlp_width(model) if width is None else width))
 
 
+def attention_shapes(model: ModelSpec, tp: int) -> tuple[tuple[float, float], ...]:
+    """(N, K) of the attention's linears on one TP rank, output projection last: Q, K and V as one
+    ``(q + 2 kv, h)`` and the output ``(h, q)`` with ``q = heads * head_dim`` (not ``h``: Qwen3's 64 heads
+    of 128 over a hidden of 4096, GPT-OSS's 64 of 64 over 2880). Multi-head latent attention (DeepSeek-V2/V3;
+    Megatron-Core multi_latent_attention.py): the up-projections ``(heads * d_qk, r_q)`` and
+    ``(heads * (d_nope + d_v), r_kv)`` split by TP, the output ``(h, heads * d_v)``; its down-projections
+    are ``mla_down_shapes``."""
+    h = model.hidden
+    if not model.mla:
+        q = model.heads * model.head_dim
+        return ((q + 2 * model.kv_dim) / tp, h), (h, q / tp)
+    heads = model.heads / tp
+    nope = model.head_dim - model.qk_rope_head_dim
+    q_up = (heads * model.head_dim, model.q_lora_rank) if model.q_lora_rank else (heads * model.head_dim, h)
+    kv_up = (heads * (nope + model.v_head_dim), model.kv_lora_rank)
+    return q_up, kv_up, (h, heads * model.v_head_dim)
+
+
+def mla_down_shapes(model: ModelSpec) -> tuple[tuple[float, float], ...]:
+    """(N, K) of latent attention's down-projections, which Megatron-Core keeps whole on every TP rank
+    (``parallel_mode="duplicated"``): the query's ``(r_q, h)`` (when compressed) and the joint KV's
+    ``(r_kv + d_rope, h)``."""
+    h = model.hidden
+    kv = (model.kv_lora_rank + model.qk_rope_head_dim, h)
+    return ((model.q_lora_rank, h), kv) if model.q_lora_rank else (kv,)
+
+
 def _mlp_shapes(model: ModelSpec, tp: int, width: float) -> tuple[tuple[float, float], ...]:
     """(N, K) of a dense MLP's GEMMs on one TP rank: gate and up as one (gated: swiglu, geglu), down."""
     return (((1 if model.mlp == "gelu" else 2) * width / tp, model.hidden), (model.hidden, width / tp))
@@ -348,16 +377,16 @@ def block_seconds(
     # the linear layers in their format (cost/fp8.py: a float8 format's peak, row and operand bytes); a
     # mixture of experts' MLPs are cost/moe_block.py's
     mlp = () if model.moe else _mlp_shapes(model, tp, width)
-    fwd, bwd = linears_seconds(
-        accel,
-        train,
-        tokens,
-        ((h + 2 * model.kv_dim) / tp, h),
-        (h, h / tp),
-        *mlp,
-        weight_share=1.0 / microbatches,
-        norm_fed=(True, False, True, False),  # QKV and the MLP's first GEMM read the norms' outputs
-    )
+    attn = attention_shapes(model, tp)
+    # the norms write the inputs of the first attention GEMMs (QKV, or MLA's up-projections) and of the
+    # MLP's first GEMM (TE's fused norm); the output projections read the attention's and the MLP's own
+    norm_fed = (True,) * (len(attn) - 1) + (False,) + ((True, False) if mlp else ())
+    fwd, bwd = linears_seconds(accel, train, tokens, *attn, *mlp, weight_share=1.0 / microbatches, norm_fed=norm_fed)
+    if model.mla:  # the down-projections: whole on each TP rank, over its T/tp tokens under SP
+        down_f, down_b = linears_seconds(
+            accel, train, tokens / tp if sp else tokens, *mla_down_shapes(model), weight_share=1.0 / microbatches
+        )
+        fwd, bwd = fwd + down_f, bwd + down_b
     gemm_peak, ge, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     attn_f, attn_b = (cp * x for x in _attention_s(model, accel, peak, e, mbs, seq, tp, train))
     mem_f = _block_memory_bound_s(model, accel, ops_key(train), e, tokens, tp, sp)
@@ -367,6 +396,8 @@ def block_seconds(
         recompute = fwd
     elif ac == "selective" and train.runtime == "megatron":
         recompute = 0.0 if train.fused_attention else attn_f
+        if model.mla:  # recompute_modules mla_up_proj: the up-projections' forward again
+            recompute += linears_seconds(accel, train, tokens, *attention_shapes(model, tp)[:-1])[0]
     elif ac == "selective":
         recompute = mem_f
         if train.selective_policy == "every-other-matmul":

@@ -11,13 +11,16 @@ all-gathers the received copies after the dispatch (token_dispatcher.py, MoEAllt
 With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ranks of experts:
 
 - **router**: the gate GEMM ``(T_r, E, h)`` (and a gated shared expert's ``(T_r, 1, h)``), then
-  softmax or sigmoid and top-k, memory-bound over ``T_r E`` scores: ``ROUTER_BYTES`` per score
+  softmax or sigmoid and top-k, memory-bound over ``T_r E`` scores: meshwise's ``ROUTER_BYTES`` per score
   forward (the logits read, the fp32 scores written, read again by top-k), twice that backward;
+  Megatron-Core's bytes and kernels as counted on its own code by router kind (``ROUTER_SCORE_BYTES``,
+  ``ROUTER_KERNELS``: the softmax top-k with its auxiliary loss, or DeepSeek-V3's sigmoid with grouped
+  top-k, expert bias and sequence-wise loss), forward and backward apart;
 - **permute and unpermute**: memory-bound passes over the ``T_r k`` token copies of ``h`` elements:
   ``PERMUTE_PASSES`` per runtime (reads + writes per copy element, the weighted sum's write of one
   token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 over the ``T_e k`` copies
   the experts see (the received chunks sorted by local expert and back; ``T_e`` below); backward moves
-  twice the forward's bytes;
+  twice the forward's bytes; ``PERMUTE_KERNELS`` kernel floors each way (Megatron's counted);
 - **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_e k ep / E`` rows
   (balanced routing would give ``T_e k / E`` per expert from each of the ``ep`` ranks; ``T_e`` is
   ``T_r`` times the expert-TP ranks whose tokens Megatron gathers, so the whole micro-batch's ``T``).
@@ -26,10 +29,13 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   busiest EP rank's load over the mean under ep > 1: the measured max/mean of the run's balancing
   (``TrainSpec.moe_balancing``, catalog/moe_imbalance.toml), and 1 under ep = 1. Gated: the gate and
   up projections ``(R, 2f, h)`` and the down projection ``(R, h, f)``; backward each GEMM's
-  ``(R, K, N)`` and ``(K, N, R)``. Megatron runs them as grouped GEMMs (one kernel per projection
-  for all local experts): cost/kernels.py's tile/wave GEMM of ``E / ep`` groups, divided by
-  ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows per expert
-  fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
+  ``(R, K, N)`` and ``(K, N, R)``. Megatron-Core's ``--moe-grouped-gemm`` runs them through Transformer
+  Engine's GroupedLinear (``TrainSpec.expert_gemm = "te"``), one cuBLAS GEMM per local expert issued round
+  robin on ``TE_STREAMS`` streams: cost/kernels.py's tile/wave GEMM of ``R`` rows, ``ceil(E/ep / 4)`` rounds
+  of a batch of up to 4 (each round its own waves and floor). A run on one grouped kernel for all local
+  experts (``"grouped"``: DeepGEMM's, as the DeepSeek-V3 report's) takes the tile/wave GEMM of ``E / ep``
+  groups divided by ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows
+  per expert fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
   benchmarks/fit_components.py; taken as the same fraction of each dtype's GEMM row).
   meshwise's runtime loops over its experts in Python: three dense GEMMs per expert (gate, up,
   down; cuBLAS, no grouped factor), each with its kernel floor, plus ``LOOP_KERNELS`` elementwise
@@ -48,6 +54,7 @@ The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -61,6 +68,10 @@ from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 # model already loses: benchmarks/fit_components.py on components_grouped_gemm.csv (DeepGEMM, 10 points,
 # 256-8192 rows per expert; time error mean 5.1%, worst 16.6%, against 6.1% / 23.4% without it).
 GROUPED_ROWS_HALF = 23.0
+# Transformer Engine's compute streams, over which GroupedLinear issues its per-expert cuBLAS GEMMs round
+# robin (transformer_engine/common: multi_stream_cublas_gemm, num_compute_streams = 4; its default path,
+# NVTE_USE_CUTLASS_GROUPED_GEMM unset)
+TE_STREAMS = 4
 ROUTER_BYTES = 8.0  # per score beyond the logits' own bytes: fp32 scores written (4) and read by top-k (4)
 # Forward reads + writes per element of a token copy, per runtime's code:
 # - meshwise (runtime/moe.py): the gather tokens[order // k] (2), the scatter routed[order] = out (2), the
@@ -71,8 +82,17 @@ ROUTER_BYTES = 8.0  # per score beyond the logits' own bytes: fp32 scores writte
 PERMUTE_PASSES = {"meshwise": 9.0, "megatron": 3.0}
 EP_REGROUP_PASSES = 4.0  # ep > 1: the received chunks sorted by local expert (2) and back (2), both runtimes
 LOOP_KERNELS = 6  # meshwise's loop, per expert: SwiGLU's silu and product forward (2), their backward (4)
-ROUTER_KERNELS = {"meshwise": 8, "megatron": 5}  # forward: softmax, top-k, renormalise, sort, counts, ...
-PERMUTE_KERNELS = {"meshwise": 5, "megatron": 4}  # forward, besides the EP regroup (2 more under ep > 1)
+# Kernels besides GEMMs (forward, backward) of the router and of the permute / unpermute (besides the EP
+# regroup: 2 more forward, 4 backward under ep > 1). meshwise's read off runtime/moe.py (softmax, top-k,
+# renormalise, sort, counts, ...; backward twice). Megatron-Core's counted on its own code, megatron-core
+# 0.16.1's MoELayer run on CPU with no fusion flags (benchmarks/megatron_moe_kernels.py, which
+# tests/unit/test_moe_block.py runs): the router by kind (``router_kind``), its load-balancing loss included;
+# the alltoall dispatcher's permute, unpermute and their metadata.
+ROUTER_KERNELS = {"meshwise": (8, 16), "softmax": (20, 13), "sigmoid-grouped": (41, 29)}
+PERMUTE_KERNELS = {"meshwise": (5, 10), "megatron": (12, 4)}
+# Megatron's router: bytes its kernels read and write per score (fp32, T x E; its tensors' sizes at each op,
+# counted with the kernels), forward and backward; meshwise's: the logits read and ROUTER_BYTES, backward twice
+ROUTER_SCORE_BYTES = {"softmax": (95.1, 44.1), "sigmoid-grouped": (156.2, 116.1)}
 # The busiest expert's load over the mean under dropless routing, by balancing method (measured in training;
 # the figures and their source: catalog/moe_imbalance.toml).
 IMBALANCE = {name: row["max_over_mean"] for name, row in read_catalog("moe_imbalance.toml").items()}
@@ -142,7 +162,10 @@ def _experts_s(
     dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
     hbm = hbm_bytes_per_s(accel)
-    grouped = train.runtime == "megatron"
+    grouped = train.runtime == "megatron" and train.expert_gemm == "grouped"
+    # Transformer Engine's GroupedLinear: one cuBLAS GEMM per local expert, round robin on its streams, so
+    # each round of up to TE_STREAMS GEMMs runs as one batch of them, with its own waves and floor
+    rounds, width = math.ceil(local / TE_STREAMS), min(local, TE_STREAMS)
     fwd = bwd = 0.0
     for n, k in _expert_gemms(model, split):
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
@@ -153,6 +176,13 @@ def _experts_s(
             bwd += slow * (
                 gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
                 + gemm_seconds(k, n, rows, accel, peak, e, local, dtype)
+            )
+            continue
+        if train.runtime == "megatron":
+            fwd += rounds * gemm_seconds(rows, n, k, accel, peak, e, width, dtype)
+            bwd += rounds * (
+                gemm_seconds(rows, k, n, accel, peak, e, width, dtype)
+                + gemm_seconds(k, n, rows, accel, peak, e, width, dtype)
             )
             continue
         split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
@@ -170,17 +200,14 @@ def moe_parts(
     routed = routed_tokens(mbs * train.seq_len, tp, folded, runtime)
     expert_tokens = routed if folded else mbs * train.seq_len  # Megatron: gathered over the expert-TP ranks
     h, experts, top_k, e = model.hidden, model.experts, model.experts_per_token, train.activation_bytes
-    hbm, floor, peak = hbm_bytes_per_s(accel), accel.kernel_floor_s, accel.peak_flops_per_s(train.precision)
-    rf, rb = linear_seconds(routed, experts, h, accel, peak, e)
-    if model.shared_expert_gate:
-        gf, gb = linear_seconds(routed, 1, h, accel, peak, e)
-        rf, rb = rf + gf, rb + gb
-    scores_s = routed * experts * (e + ROUTER_BYTES) / hbm + ROUTER_KERNELS[runtime] * floor
-    router = (rf + scores_s, rb + 2 * scores_s)
+    hbm, floor = hbm_bytes_per_s(accel), accel.kernel_floor_s
+    router = _router_s(model, accel, train, routed, runtime)
     regroup = EP_REGROUP_PASSES * expert_tokens * top_k * h if ep > 1 else 0.0  # on the received copies
     moved_s = (PERMUTE_PASSES[runtime] * routed * top_k * h + routed * h + regroup) * e / hbm
-    permute_f = moved_s + (PERMUTE_KERNELS[runtime] + (2 if ep > 1 else 0)) * floor
-    permute = (permute_f, 2 * permute_f)
+    kernels_f, kernels_b = PERMUTE_KERNELS[runtime]
+    if ep > 1:
+        kernels_f, kernels_b = kernels_f + 2, kernels_b + 4
+    permute = (moved_s + kernels_f * floor, 2 * moved_s + kernels_b * floor)
     local = experts // ep
     rows = rows_per_expert(model, expert_tokens, ep, load_factor(train, ep))
     split = tp if tp_divides_moe(folded, runtime) and not folded else 1  # unfolded: the experts' width split
@@ -191,6 +218,35 @@ def moe_parts(
         shared = _shared_s(model, accel, train, expert_tokens, split)
     forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
     return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
+
+
+def router_kind(model: ModelSpec) -> str:
+    """Megatron's router by what it runs: DeepSeek-V3's sigmoid with group-limited top-k and the expert
+    bias (``sigmoid-grouped``), else the softmax top-k with its auxiliary loss."""
+    grouped = model.router_score == "sigmoid" and (model.router_groups > 1 or model.expert_bias)
+    return "sigmoid-grouped" if grouped else "softmax"
+
+
+def _router_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float, runtime: str
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the router over ``routed`` tokens: the gate GEMM (and a gated shared
+    expert's), then its kernels over the ``routed * E`` scores (``ROUTER_KERNELS``, ``ROUTER_SCORE_BYTES``)."""
+    h, experts, e = model.hidden, model.experts, train.activation_bytes
+    hbm, floor, peak = hbm_bytes_per_s(accel), accel.kernel_floor_s, accel.peak_flops_per_s(train.precision)
+    rf, rb = linear_seconds(routed, experts, h, accel, peak, e)
+    if model.shared_expert_gate:
+        gf, gb = linear_seconds(routed, 1, h, accel, peak, e)
+        rf, rb = rf + gf, rb + gb
+    scores = routed * experts
+    if runtime == "meshwise":
+        scores_f = scores * (e + ROUTER_BYTES) / hbm
+        bytes_f, bytes_b, (kernels_f, kernels_b) = scores_f, 2 * scores_f, ROUTER_KERNELS["meshwise"]
+    else:
+        kind = router_kind(model)
+        per_f, per_b = ROUTER_SCORE_BYTES[kind]
+        bytes_f, bytes_b, (kernels_f, kernels_b) = scores * per_f / hbm, scores * per_b / hbm, ROUTER_KERNELS[kind]
+    return rf + bytes_f + kernels_f * floor, rb + bytes_b + kernels_b * floor
 
 
 def _shared_s(

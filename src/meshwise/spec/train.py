@@ -14,6 +14,9 @@ from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
 MOE_BALANCING = ("aux-loss", "aux-loss-free")  # the keys of catalog/moe_imbalance.toml
+# how Megatron runs a rank's experts' GEMMs: Transformer Engine's GroupedLinear (one cuBLAS GEMM per local
+# expert on 4 streams: Megatron-Core's --moe-grouped-gemm default) or one grouped kernel for all (DeepGEMM's)
+EXPERT_GEMMS = ("te", "grouped")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 # The float8 formats: the linear layers' GEMMs in float8 (e4m3), everything else as bf16-mixed
 # (embedding, head, router, softmax/attention, norms in bf16; fp32 master weights): cost/fp8.py.
@@ -54,6 +57,9 @@ class TrainSpec:
     # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
     moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
     # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
+    expert_gemm: str = "te"  # Megatron's expert GEMMs: "te" (GroupedLinear, per-expert cuBLAS) or "grouped"
+    mtp_layers: int = 0  # multi-token-prediction modules trained beside the model (Megatron's --mtp-num-layers;
+    # DeepSeek-V3 trains one): each one more block, a 2h x h projection and the head again, on the last stage
 
     __hash__ = cached_hash
 
@@ -69,6 +75,7 @@ class TrainSpec:
             ("selective_policy", self.selective_policy, SELECTIVE_POLICIES),
             ("model_code", self.model_code, MODEL_CODES),
             ("--moe-balancing", self.moe_balancing, MOE_BALANCING),
+            ("expert_gemm", self.expert_gemm, EXPERT_GEMMS),
         ):
             if value not in valid:
                 raise MeshwiseError(f"{flag}: {value!r} is not one of {', '.join(valid)}")
@@ -84,6 +91,11 @@ class TrainSpec:
             )
         if self.moe_capacity_factor < 0:
             raise MeshwiseError(f"--moe-capacity-factor: {self.moe_capacity_factor} must be 0 (dropless) or positive")
+        if self.mtp_layers < 0 or (self.mtp_layers and self.runtime != "megatron"):
+            raise MeshwiseError(
+                f"--mtp-layers: {self.mtp_layers} must be 0, or at least 1 under --runtime megatron "
+                "(meshwise's runtime trains no multi-token-prediction module)"
+            )
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(
                 f"model_code: {self.model_code!r} runs under the meshwise runtime, not {self.runtime!r}"
