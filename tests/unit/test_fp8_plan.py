@@ -199,7 +199,7 @@ def test_megatron_search_finds_folded_layouts():
     from meshwise.plan.megatron_search import _fields
 
     model = load_model("qwen3-235b-a22b")
-    eps = {f[9] for f in _fields(model, 64, 64, 4096) if f[2] == 16 and f[4] == 4}
+    eps = {d.ep for d, _ in _fields(model, 64, 64, 4096) if d.shard == 16 and d.tp == 4}
     assert {1, 2, 4, 8, 16, 32, 64} <= eps  # tp=4 over 16 dp_shard ranks: ep=32, 64 fold over tp
 
 
