@@ -181,12 +181,12 @@ def state_bytes(pm: Any) -> int:
     return total
 
 
-def peak_memory_bytes(pm: Any, device_type: str) -> int:
-    """The largest rank's peak (CUDA allocator, or model-state bytes on CPU); collective (MAX)."""
-    local = torch.cuda.max_memory_allocated() if device_type == "cuda" else state_bytes(pm)
-    t = torch.tensor([local], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+def local_peak_bytes(pm: Any, device_type: str, cpu_states_bytes: int = 0) -> int:
+    """This rank's peak: the CUDA allocator's, or on CPU its model-state bytes (``cpu_states_bytes``
+    once counted: after the first step they no longer change)."""
+    if device_type == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return cpu_states_bytes or state_bytes(pm)
 
 
 def read_step(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
@@ -243,13 +243,14 @@ def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: 
         end_process_group()
 
 
-def _stop_requested(guard: Any, device_type: str) -> tuple[int, float]:
-    """The signal that asked this run to stop and the seconds since the first rank saw it, agreed over
-    all ranks (MAX of each); (0, 0.0) when none did."""
-    mine = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
-    t = torch.tensor(mine, dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+def _agree_after_step(local_peak: int, guard: Any, device_type: str) -> tuple[int, int, float]:
+    """One all-reduce (MAX) after each step: the largest rank's memory peak, the signal that asked
+    this run to stop and the seconds since the first rank saw it (0 and 0.0 when none did)."""
+    signum, age_ms = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
+    t = torch.tensor([local_peak, signum, age_ms], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t[0].item()), int(t[1].item()) / 1000
+    peak, signum, age_ms = t.tolist()
+    return peak, signum, age_ms / 1000
 
 
 def _exit_now(status: int, message: str) -> None:
@@ -293,6 +294,7 @@ def _train(
     log.begin(start)
     compile_s = _compile(pm, corpus, first_sample + start * B, rows, log) if cfg.layout.compile else None
 
+    mine_bytes = 0  # this rank's peak (on CPU its model-state bytes, counted once after the first step)
     if start == 0 and cfg.schedule.eval_every:
         log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
     for step in range(start + 1, steps + 1):
@@ -310,18 +312,11 @@ def _train(
         eval_loss = None
         if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
             eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
-        log.step(
-            step,
-            loss,
-            grad_norm,
-            lr,
-            step_s,
-            peak_memory_bytes(pm, device_type),
-            eval_loss,
-            compile_s if step == start + 1 else None,
-        )
+        mine_bytes = local_peak_bytes(pm, device_type, mine_bytes)
+        peak, stop, stop_age_s = _agree_after_step(mine_bytes, guard, device_type)
+        log.step(step, loss, grad_norm, lr, step_s, peak, eval_loss, compile_s if step == start + 1 else None)
         state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
-        _save_or_stop(ckpt, log, guard, device_type, state, step == steps, step_s)
+        _save_or_stop(ckpt, log, stop, stop_age_s, state, step == steps, step_s)
     _finish(cfg, ckpt, log, rank)
     return 0
 
@@ -390,16 +385,16 @@ def _check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoint.Che
 def _save_or_stop(
     ckpt: checkpoint.Checkpointer,
     log: MetricsLog,
-    guard: Any,
-    device_type: str,
+    stop: int,
+    stop_age_s: float,
     state: dict[str, Any],
     last: bool,
     step_s: float,
 ) -> None:
-    """After a step (collective): save it if due or if a stop was asked, then end the run on a stop
-    (:class:`RunStopped`, or at once when the stop save outlives the grace while writing)."""
+    """After a step (collective): save it if due or if a stop was asked (``stop``: the signal, agreed
+    over the ranks; 0 for none), then end the run on a stop (:class:`RunStopped`, or at once when the
+    stop save outlives the grace while writing)."""
     step = int(state["step"])
-    stop, stop_age_s = _stop_requested(guard, device_type)
     try:
         saved = ckpt.save(step, last, state, force=bool(stop), stop_age_s=stop_age_s if stop else None, step_s=step_s)
     except checkpoint.OutOfGrace as e:
