@@ -61,11 +61,13 @@ def run_meshwise(world: int, steps: int, folder: Path, torchrun: bool = False) -
     return [json.loads(line)["step_s"] for line in metrics.read_text().splitlines()]
 
 
-def run_plain(world: int, steps: int, folder: Path) -> list[float]:
-    """The plain loop under torchrun; rank 0's time per loop iteration."""
+def run_plain(world: int, steps: int, folder: Path, allocator: bool = False) -> list[float]:
+    """The plain loop under torchrun; rank 0's time per loop iteration. ``allocator``: with the
+    host allocator setting meshwise gives one-thread ranks (meshwise.launch.allocator)."""
     out = folder / f"plain-{world}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
     cmd += [__file__, "--plain-worker", "--steps", str(steps), "--out", str(out)]
+    cmd += ["--allocator"] if allocator else []
     _run(cmd)
     return json.loads(out.read_text())
 
@@ -78,11 +80,12 @@ def _run(cmd: list[str]) -> None:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
 
 
-def plain_worker(steps: int, out: str) -> None:
+def plain_worker(steps: int, out: str, allocator: bool) -> None:
     """One rank of the plain loop (started by torchrun)."""
     import torch
     import torch.distributed as dist
 
+    from meshwise.launch.allocator import keep_freed_host_memory
     from meshwise.runtime import OptimizerConfig, build_model, loss_sum
     from meshwise.spec import load_model
     from meshwise.train.config import DataConfig
@@ -90,6 +93,8 @@ def plain_worker(steps: int, out: str) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if allocator and torch.get_num_threads() == 1:  # as meshwise.launch.init_process_group does
+        keep_freed_host_memory()
     dist.init_process_group("gloo")
     spec, cfg = load_model(MODEL), OptimizerConfig()
     torch.manual_seed(0)
@@ -141,15 +146,21 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=4, help="first steps of each run not counted")
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--also-torchrun", action="store_true", help="also meshwise train as torchrun's worker")
+    ap.add_argument(
+        "--also-allocator", action="store_true", help="also the plain loop with meshwise's allocator setting"
+    )
     ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain_worker:
-        plain_worker(args.steps, args.out)
+        plain_worker(args.steps, args.out, args.allocator)
         return
     print(f"$ python {' '.join(sys.argv)}")
     print(f"load average at the start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     runs = {"plain torchrun": run_plain, "meshwise train": run_meshwise}
+    if args.also_allocator:
+        runs["plain + allocator"] = lambda world, steps, folder: run_plain(world, steps, folder, True)
     if args.also_torchrun:
         runs["meshwise under torchrun"] = lambda world, steps, folder: run_meshwise(world, steps, folder, True)
     with tempfile.TemporaryDirectory(prefix="meshwise-vs-torchrun-") as name:
@@ -166,14 +177,14 @@ def main() -> None:
             )
             print("  ms/step, medians of the rounds: min / median / max")
             for label, values in medians.items():
-                print(f"  {label:15} {_summary(values)}")
+                print(f"  {label:24} {_summary(values)}")
             plain, mine = medians["plain torchrun"], medians["meshwise train"]
             per_round = " ".join(f"{p / m:.3f}" for p, m in zip(plain, mine, strict=True))
             ratio = statistics.median(plain) / statistics.median(mine)
             print(f"  meshwise speed / plain speed: {ratio:.3f} (medians); per round {per_round}")
-            if args.also_torchrun:
-                under = statistics.median(plain) / statistics.median(medians["meshwise under torchrun"])
-                print(f"  meshwise under torchrun speed / plain speed: {under:.3f} (medians)")
+            for label in [k for k in medians if k not in ("plain torchrun", "meshwise train")]:
+                other = statistics.median(plain) / statistics.median(medians[label])
+                print(f"  {label} speed / plain speed: {other:.3f} (medians)")
     print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
