@@ -27,7 +27,7 @@ Scenarios: ``one`` (1 process, ``small``, this machine's calibration), ``two`` (
 where the first ranking can be wrong). A benchmark that prints, not a test; run it on a quiet host:
 
     .venv/bin/python benchmarks/tune_regret.py [--rounds 3] [--steps 5] [--warmup 2] [--field 8]
-                                               [--only one,two,four]
+                                               [--only one,two,four] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -158,11 +158,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--field", type=int, default=8, help="layouts measured exhaustively per scenario (>= 8)")
     ap.add_argument("--only", default=",".join(s.name for s in SCENARIOS))
+    ap.add_argument("--keep", help="keep every tune's folder (trials.jsonl, profile.toml) under this folder")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="meshwise-tune-regret-") as folder:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
         for s in SCENARIOS:
             if s.name in args.only.split(","):
-                run_scenario(s, args, Path(folder))
+                run_scenario(s, args, Path(args.keep or folder))
 
 
 if __name__ == "__main__":

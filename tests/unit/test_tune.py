@@ -87,6 +87,7 @@ def test_pool_is_distinct_in_what_changes_the_step():
 # ---------------------------------------------------------------------------- bookkeeping
 def test_early_stop_only_beyond_the_noise():
     assert not should_stop([1.04], None, 0.05)  # no best yet
+    assert not should_stop([1.5], 1.0, 0.05)  # never on the first timed step alone
     assert not should_stop([1.2, 1.04], 1.0, 0.05)  # its fastest step is within the noise
     assert should_stop([1.2, 1.06], 1.0, 0.05)
     assert noise_of([1.0]) == pytest.approx(0.02) and noise_of([1.0, 1.1, 1.3]) == pytest.approx(0.3 / 1.1)

@@ -103,9 +103,9 @@ def test_trial_over_memory_limit_is_recorded_with_its_peak(one_rank):
     assert over.peak_bytes == pytest.approx(fits.peak_bytes, rel=0.2)
 
 
-def test_trial_slower_than_the_best_beyond_the_noise_stops_after_one_step(one_rank):
+def test_trial_slower_than_the_best_beyond_the_noise_stops_after_two_steps(one_rank):
     stopped = _trial(0, best_s=1e-6)
-    assert stopped.status == "stopped early" and len(stopped.steps_s) == 1 and stopped.parts["compute_s"] > 0
+    assert stopped.status == "stopped early" and len(stopped.steps_s) == 2 and stopped.parts["compute_s"] > 0
     kept = _trial(0, best_s=1e3)  # a best far slower: no stop
     assert kept.status == "measured" and len(kept.steps_s) == 3
 
@@ -126,6 +126,39 @@ def test_cuda_out_of_memory_is_caught_and_recorded(one_rank, monkeypatch):
     trial = _trial(0)
     assert trial.status == "out of memory" and not trial.fits and trial.binds == "memory"
     assert freed  # its memory was freed before the tune went on
+
+
+def test_cuda_path_reads_the_allocator_peak_and_empties_the_cache(one_rank, monkeypatch):
+    """The CUDA branch of a trial on this CPU build, torch.cuda's memory calls faked: the allocator's
+    peak is reset before the trial, read after the out-of-memory error, agreed over the ranks on the
+    cuda device, and the cache emptied before the next trial."""
+    import torch
+
+    from meshwise.layout import parse
+    from meshwise.train import loop
+    from meshwise.tune import worker
+    from meshwise.tune.command import resolve
+
+    _, cfg = resolve(["--model", "tiny", "--seq-len", "32"])
+    prep = loop.preflight(cfg)  # on this CPU, before the fake makes CUDA look available
+    calls: list[str] = []
+    peak_bytes = 5 << 30
+
+    def out_of_memory(*args, **kwargs):
+        calls.append("trial")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: calls.append("peak") or peak_bytes)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(worker, "_agree", lambda values, device: calls.append(f"agree {device}") or values)
+    monkeypatch.setattr(worker, "_measure", out_of_memory)
+    plan = worker.TrialPlan(parse("dp=1,mbs=8", 1), 0.01, 0, None, 0.02)
+    trial = worker.run_trial(cfg, prep, plan, worker.Limits(1, 3, 0), None)
+    assert trial.status == "out of memory" and trial.peak_bytes == peak_bytes and trial.steps_s == []
+    assert calls[:3] == ["reset", "trial", "peak"] and "agree cuda" in calls
+    assert calls.index("empty") < calls.index("agree cuda") and calls[-1] == "empty"
 
 
 def test_report_page_has_the_chart_and_every_trial(tmp_path):

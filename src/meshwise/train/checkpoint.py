@@ -464,28 +464,16 @@ class Checkpointer:
             if rank == 0:
                 self._commit(tmp, final, step)
         except (Exception, dcp.CheckpointException) as e:
-            previous = latest(root)
-            need_bytes = _folder_bytes(previous) if previous else int(needed.item())
-            # torch's writer can fail on a short write without ENOSPC ("unexpected pos"): a disk
-            # left with less than one checkpoint's room is the cause then
-            if not (_is_disk_full(e) or root.exists() and shutil.disk_usage(root).free < need_bytes):
-                raise
-            if rank == 0 and tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-            free = shutil.disk_usage(root).free if root.exists() else 0
-            need = (
-                f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})"
-                if previous
-                else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)"
-            )
-            where = f"the last complete one is {previous.name}" if previous else "no checkpoint is complete"
-            raise RunStopped(
-                f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
-                f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
-                1,
-            ) from None
+            _raise_if_disk_full(e, root, tmp, step, int(needed.item()))
+            raise
+        self._record(step, time.monotonic() - started, parts)
+        return final
+
+    def _record(self, step: int, took_s: float, parts: Any) -> None:
+        """After a committed save (collective): the slowest rank's save time, and under
+        ``--checkpoint-every auto`` the interval derived from it."""
         step_s = self.auto.step_s() if self.auto is not None and self.auto.step_times_s else 0.0
-        took = torch.tensor([time.monotonic() - started, *parts, step_s], dtype=torch.float64)
+        took = torch.tensor([took_s, *parts, step_s], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the barrier, and every rank's slowest times
         self.last_saved, self.last_save_s = step, float(took[0].item())
         if self.auto is not None and took[3].item() > 0:
@@ -494,7 +482,6 @@ class Checkpointer:
                 self.every = derived[0]
                 if self.say is not None:
                     self.say(derived[1])
-        return final
 
     def _write(
         self, state: dict[str, Any], tmp: Path, step: int, budget_s: float | None, started: float
@@ -544,3 +531,28 @@ class Checkpointer:
         run_state = load(self.modules, self.optimizer, path, run_state)
         self.last_saved = int(run_state["step"])
         return run_state
+
+
+def _raise_if_disk_full(e: BaseException, root: Path, tmp: Path, step: int, tensors_bytes: int) -> None:
+    """A save that failed for want of room ends the run in one line (the partial folder removed);
+    any other failure returns for the caller to re-raise."""
+    previous = latest(root)
+    need_bytes = _folder_bytes(previous) if previous else tensors_bytes
+    # torch's writer can fail on a short write without ENOSPC ("unexpected pos"): a disk
+    # left with less than one checkpoint's room is the cause then
+    if not (_is_disk_full(e) or root.exists() and shutil.disk_usage(root).free < need_bytes):
+        return
+    if dist.get_rank() == 0 and tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(root).free if root.exists() else 0
+    need = (
+        f"about {need_bytes / 1e6:,.1f} MB (the size of {previous.name})"
+        if previous
+        else f"more than {need_bytes / 1e6:,.1f} MB (its tensors alone)"
+    )
+    where = f"the last complete one is {previous.name}" if previous else "no checkpoint is complete"
+    raise RunStopped(
+        f"--checkpoint.dir: no space left in {root} while saving step {step}: it needs {need}, "
+        f"{free / 1e6:,.1f} MB are free; the partial {tmp.name} was removed and {where}",
+        1,
+    ) from None

@@ -219,14 +219,27 @@ def override(config: TrainConfig, dotted: str, text: str) -> TrainConfig:
 
 def check(config: TrainConfig) -> None:
     """Ranges that no type check catches."""
-    s, o, d, c, m, g = (
-        config.schedule,
-        config.optimizer,
-        config.data,
-        config.checkpoint,
-        config.metrics,
-        config.generate,
-    )
+    _check_counts(config)
+    _check_names(config)
+    _check_finite(config)
+    _check_checkpoint(config.checkpoint)
+    _check_optimizer(config.optimizer)
+    d, g = config.data, config.generate
+    if not 0 < d.eval_fraction < 1:
+        raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
+    if d.bin_dtype not in ("uint16", "uint32"):
+        raise MeshwiseError(f"--data.bin_dtype: {d.bin_dtype!r} must be uint16 or uint32")
+    if g.temperature < 0:
+        raise MeshwiseError(f"--generate.temperature: {g.temperature} must not be negative")
+    for name, seed in {"model.seed": config.model.seed, "data.seed": d.seed, "generate.seed": g.seed}.items():
+        check_seed(f"--{name}", seed)
+    check_text("--generate.prompt", g.prompt)
+    check_precision(config.layout.precision)
+
+
+def _check_counts(config: TrainConfig) -> None:
+    """Counts that must be at least 1, and those that must not be negative."""
+    s, d, c, m, g = config.schedule, config.data, config.checkpoint, config.metrics, config.generate
     # --steps 0 with --model.from converts the pretrained weights into a checkpoint and stops.
     if s.steps == 0 and config.model.pretrained:
         s = replace(s, steps=1)
@@ -241,13 +254,6 @@ def check(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise MeshwiseError(f"--{name}: {value} must be at least 1")
-    if not config.layout.choice.strip():
-        raise MeshwiseError("--layout.choice: an empty value; give auto or key=value pairs, e.g. dp=2,zero=3")
-    if not config.model.name.strip() and not config.model.pretrained:
-        raise MeshwiseError(
-            "--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
-            "Hugging Face config.json"
-        )
     for name, value in {
         "schedule.warmup_steps": s.warmup_steps,
         "schedule.eval_every": s.eval_every,
@@ -257,6 +263,22 @@ def check(config: TrainConfig) -> None:
     }.items():
         if value < 0:
             raise MeshwiseError(f"--{name}: {value} must not be negative")
+
+
+def _check_names(config: TrainConfig) -> None:
+    """The layout and the model are named."""
+    if not config.layout.choice.strip():
+        raise MeshwiseError("--layout.choice: an empty value; give auto or key=value pairs, e.g. dp=2,zero=3")
+    if not config.model.name.strip() and not config.model.pretrained:
+        raise MeshwiseError(
+            "--model.name: an empty value; give a catalog name (e.g. small), a model .toml or a "
+            "Hugging Face config.json"
+        )
+
+
+def _check_finite(config: TrainConfig) -> None:
+    """Every real-valued field is a finite number."""
+    o, d, g = config.optimizer, config.data, config.generate
     for name, value in {
         "optimizer.lr": o.lr,
         "optimizer.min_lr": o.min_lr,
@@ -270,6 +292,10 @@ def check(config: TrainConfig) -> None:
     }.items():
         if not math.isfinite(value):
             raise MeshwiseError(f"--{name}: {value} must be a finite number")
+
+
+def _check_checkpoint(c: CheckpointConfig) -> None:
+    """The failure model (one of rate or MTBF) and the stop grace."""
     for name, value in {"checkpoint.failure_rate": c.failure_rate, "checkpoint.mtbf_hours": c.mtbf_hours}.items():
         if not (math.isfinite(value) and value >= 0):
             raise MeshwiseError(f"--{name}: {value} must be a finite number, 0 (the default) or more")
@@ -277,10 +303,10 @@ def check(config: TrainConfig) -> None:
         raise MeshwiseError("--checkpoint.mtbf_hours: give it or --checkpoint.failure_rate, not both")
     if not (math.isfinite(c.stop_grace) and 1 <= c.stop_grace <= 86400):
         raise MeshwiseError(f"--checkpoint.stop_grace: {c.stop_grace} must be a number of seconds in [1, 86400]")
-    if not 0 < d.eval_fraction < 1:
-        raise MeshwiseError(f"--data.eval_fraction: {d.eval_fraction} must be in (0, 1)")
-    if d.bin_dtype not in ("uint16", "uint32"):
-        raise MeshwiseError(f"--data.bin_dtype: {d.bin_dtype!r} must be uint16 or uint32")
+
+
+def _check_optimizer(o: OptimizerConfig) -> None:
+    """AdamW's ranges: 0 <= min_lr <= lr, betas in [0, 1), eps > 0, decay >= 0, clip > 0."""
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
         raise MeshwiseError(
             f"--optimizer.lr/min_lr: need 0 <= min_lr <= lr and lr > 0, got lr={o.lr}, min_lr={o.min_lr}"
@@ -294,12 +320,6 @@ def check(config: TrainConfig) -> None:
         raise MeshwiseError(f"--optimizer.weight_decay: {o.weight_decay} must not be negative")
     if o.grad_clip <= 0:
         raise MeshwiseError(f"--optimizer.grad_clip: {o.grad_clip} must be positive")
-    if g.temperature < 0:
-        raise MeshwiseError(f"--generate.temperature: {g.temperature} must not be negative")
-    for name, seed in {"model.seed": config.model.seed, "data.seed": d.seed, "generate.seed": g.seed}.items():
-        check_seed(f"--{name}", seed)
-    check_text("--generate.prompt", g.prompt)
-    check_precision(config.layout.precision)
 
 
 def check_precision(precision: str) -> None:

@@ -218,19 +218,30 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if spec.eos_ids:
         common["eos_token_id"] = spec.eos_ids[0] if len(spec.eos_ids) == 1 else list(spec.eos_ids)
     if spec.family == "gpt2":
-        return {
-            **common,
-            "n_layer": spec.layers,
-            "n_embd": spec.hidden,
-            "n_head": spec.heads,
-            "n_inner": spec.ffn_hidden,
-            "n_positions": spec.max_seq,
-            "layer_norm_epsilon": spec.norm_eps,
-            "activation_function": "gelu_new",
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-        }
+        return {**common, **_gpt2_fields(spec)}
+    cfg = {**common, **_llama_fields(spec)}
+    _family_fields(spec, cfg)
+    return cfg
+
+
+def _gpt2_fields(spec: ModelSpec) -> dict[str, Any]:
+    """GPT-2's own names for the shape (no dropout: meshwise trains without it)."""
+    return {
+        "n_layer": spec.layers,
+        "n_embd": spec.hidden,
+        "n_head": spec.heads,
+        "n_inner": spec.ffn_hidden,
+        "n_positions": spec.max_seq,
+        "layer_norm_epsilon": spec.norm_eps,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
+
+
+def _rope(spec: ModelSpec) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of the model's global attention."""
     rope: dict[str, Any] = {"rope_type": spec.rope_scaling or "default", "rope_theta": spec.rope_theta}
     if spec.rope_scaling == "llama3":
         rope.update(
@@ -239,8 +250,15 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
             high_freq_factor=spec.rope_high_freq_factor,
             original_max_position_embeddings=spec.rope_original_max_seq,
         )
-    cfg = {
-        **common,
+    if rope["rope_type"] == "linear":
+        rope["factor"] = spec.rope_factor
+    return rope
+
+
+def _llama_fields(spec: ModelSpec) -> dict[str, Any]:
+    """The keys every Llama-like family's config shares."""
+    rope = _rope(spec)
+    return {
         "hidden_size": spec.hidden,
         "intermediate_size": spec.ffn_hidden,
         "num_hidden_layers": spec.layers,
@@ -257,6 +275,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         "mlp_bias": spec.mlp_bias,
         "sliding_window": spec.sliding_window or None,
     }
+
+
+def _family_fields(spec: ModelSpec, cfg: dict[str, Any]) -> None:
+    """The keys of one family beyond the Llama-like ones, set in ``cfg``."""
     if spec.family == "gemma":
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
     if spec.family in ("gemma2", "gemma3_text"):
@@ -293,7 +315,6 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         )
     if spec.family in ("gemma3_text", "olmo3"):
         local = {"rope_type": "default", "rope_theta": spec.rope_local_theta}
-        cfg.update(rope_scaling=None, rope_parameters={"full_attention": rope, "sliding_attention": local})
-    if rope["rope_type"] == "linear":
-        rope["factor"] = spec.rope_factor
-    return cfg
+        cfg.update(
+            rope_scaling=None, rope_parameters={"full_attention": cfg["rope_parameters"], "sliding_attention": local}
+        )

@@ -181,12 +181,12 @@ def state_bytes(pm: Any) -> int:
     return total
 
 
-def peak_memory_bytes(pm: Any, device_type: str) -> int:
-    """The largest rank's peak (CUDA allocator, or model-state bytes on CPU); collective (MAX)."""
-    local = torch.cuda.max_memory_allocated() if device_type == "cuda" else state_bytes(pm)
-    t = torch.tensor([local], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+def local_peak_bytes(pm: Any, device_type: str, cpu_states_bytes: int = 0) -> int:
+    """This rank's peak: the CUDA allocator's, or on CPU its model-state bytes (``cpu_states_bytes``
+    once counted: after the first step they no longer change)."""
+    if device_type == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return cpu_states_bytes or state_bytes(pm)
 
 
 def read_step(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
@@ -243,13 +243,14 @@ def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: 
         end_process_group()
 
 
-def _stop_requested(guard: Any, device_type: str) -> tuple[int, float]:
-    """The signal that asked this run to stop and the seconds since the first rank saw it, agreed over
-    all ranks (MAX of each); (0, 0.0) when none did."""
-    mine = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
-    t = torch.tensor(mine, dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
+def _agree_after_step(local_peak: int, guard: Any, device_type: str) -> tuple[int, int, float]:
+    """One all-reduce (MAX) after each step: the largest rank's memory peak, the signal that asked
+    this run to stop and the seconds since the first rank saw it (0 and 0.0 when none did)."""
+    signum, age_ms = (guard.signal, int(guard.signal_age_s() * 1000)) if guard is not None else (0, 0)
+    t = torch.tensor([local_peak, signum, age_ms], dtype=torch.int64, device="cuda" if device_type == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t[0].item()), int(t[1].item()) / 1000
+    peak, signum, age_ms = t.tolist()
+    return peak, signum, age_ms / 1000
 
 
 def _exit_now(status: int, message: str) -> None:
@@ -278,16 +279,57 @@ def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list
 def _train(
     cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any, guard: Any
 ) -> int:
-    from meshwise.runtime import parallelize
     from meshwise.runtime.mesh import dp_rank
+
+    rank, world, _ = env_world()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    corpus = prep.corpus
+    B, steps = cfg.schedule.global_batch, cfg.schedule.steps
+    pm, log, ckpt = _build(cfg, prep, layout, lines, mesh)
+    run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
+    start = int(run_state["step"])
+    first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
+    rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
+    nan_step = faults.nan_step(debug.inject_nan_at_step)
+    log.begin(start)
+    compile_s = _compile(pm, corpus, first_sample + start * B, rows, log) if cfg.layout.compile else None
+
+    mine_bytes = 0  # this rank's peak (on CPU its model-state bytes, counted once after the first step)
+    if start == 0 and cfg.schedule.eval_every:
+        log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
+    for step in range(start + 1, steps + 1):
+        faults.before_step(step, rank, world)
+        if nan_step == step:
+            _poison(pm)
+        lr = lr_at(step, cfg.schedule, cfg.optimizer)
+        for group in pm.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        x, y = corpus.train_rows(first_sample + (step - 1) * B, rows)
+        loss, grad_norm = read_step(*pm.step(x, y))  # the step's one host sync, for logging
+        step_s = time.perf_counter() - t0
+        _check_finite(step, loss, grad_norm, ckpt)
+        eval_loss = None
+        if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
+            eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
+        mine_bytes = local_peak_bytes(pm, device_type, mine_bytes)
+        peak, stop, stop_age_s = _agree_after_step(mine_bytes, guard, device_type)
+        log.step(step, loss, grad_norm, lr, step_s, peak, eval_loss, compile_s if step == start + 1 else None)
+        state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
+        _save_or_stop(ckpt, log, stop, stop_age_s, state, step == steps, step_s)
+    _finish(cfg, ckpt, log, rank)
+    return 0
+
+
+def _build(
+    cfg: TrainConfig, prep: Prepared, layout: Layout, lines: list[str], mesh: Any
+) -> tuple[Any, MetricsLog, checkpoint.Checkpointer]:
+    """The parallelized model, rank 0's metrics log (its header printed) and the checkpointer."""
+    from meshwise.runtime import float8, parallelize
 
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    model, corpus = prep.model, prep.corpus
-    B, seq, steps = cfg.schedule.global_batch, cfg.data.seq_len, cfg.schedule.steps
-    o, c = cfg.optimizer, cfg.checkpoint
-    from meshwise.runtime import float8
-
+    model, seq, B, c = prep.model, cfg.data.seq_len, cfg.schedule.global_batch, cfg.checkpoint
     precision = float8.resolve(cfg.layout.precision, device_type, "--layout.precision")
     pm = parallelize(
         model,
@@ -296,15 +338,14 @@ def _train(
         B,
         seq_len=seq,
         seed=cfg.model.seed,
-        optim=o,
+        optim=cfg.optimizer,
         compile=cfg.layout.compile,
         precision=precision,
     )
     lines = [*lines, _placement_line(layout, world), *prep.notes, *(c.line() for c in pm.float8_conversions[:1])]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
-    log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), steps, enabled=rank == 0)
+    log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), cfg.schedule.steps, enabled=rank == 0)
     _print_header(log, cfg, prep, lines)
-
     meta = {
         "model": checkpoint.model_meta(model),
         "layout": layout.short(),
@@ -327,72 +368,52 @@ def _train(
         auto=auto,
         say=log.print,
     )
-    run_state = _start_state(cfg, prep, layout, pm, ckpt, log, rank, world)
-    start = int(run_state["step"])
-    first_sample = int(run_state["samples"]) - start * B  # so that step k starts at first_sample + k*B
-    rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
-    nan_step = faults.nan_step(debug.inject_nan_at_step)
-    log.begin(start)
-    compile_s = _compile(pm, corpus, first_sample + start * B, rows, log) if cfg.layout.compile else None
+    return pm, log, ckpt
 
-    if start == 0 and cfg.schedule.eval_every:
-        log.print(f"eval loss at step 0: {evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows):.4f}")
-    for step in range(start + 1, steps + 1):
-        faults.before_step(step, rank, world)
-        if nan_step == step:
-            _poison(pm)
-        lr = lr_at(step, cfg.schedule, o)
-        for group in pm.optimizer.param_groups:
-            group["lr"] = lr
-        t0 = time.perf_counter()
-        x, y = corpus.train_rows(first_sample + (step - 1) * B, rows)
-        loss, grad_norm = read_step(*pm.step(x, y))  # the step's one host sync, for logging
-        step_s = time.perf_counter() - t0
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            last = ckpt.last_saved
-            where = f"the last checkpoint is step-{last}" if c.dir and last else "no checkpoint was written"
-            raise MeshwiseError(
-                f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without "
-                f"saving this state; {where}"
-            )
-        eval_loss = None
-        if cfg.schedule.eval_every and step % cfg.schedule.eval_every == 0 or step == steps:
-            eval_loss = evaluate(pm, corpus, B, cfg.schedule.eval_batches, rows)
-        log.step(
-            step,
-            loss,
-            grad_norm,
-            lr,
-            step_s,
-            peak_memory_bytes(pm, device_type),
-            eval_loss,
-            compile_s if step == start + 1 else None,
+
+def _check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoint.Checkpointer) -> None:
+    """A non-finite loss or gradient norm stops the run before anything of its state is written."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    last = ckpt.last_saved
+    where = f"the last checkpoint is step-{last}" if ckpt.root and last else "no checkpoint was written"
+    raise MeshwiseError(
+        f"step {step}: non-finite loss {loss} (gradient norm {grad_norm}); stopping without saving this state; {where}"
+    )
+
+
+def _save_or_stop(
+    ckpt: checkpoint.Checkpointer,
+    log: MetricsLog,
+    stop: int,
+    stop_age_s: float,
+    state: dict[str, Any],
+    last: bool,
+    step_s: float,
+) -> None:
+    """After a step (collective): save it if due or if a stop was asked (``stop``: the signal, agreed
+    over the ranks; 0 for none), then end the run on a stop (:class:`RunStopped`, or at once when the
+    stop save outlives the grace while writing)."""
+    step = int(state["step"])
+    try:
+        saved = ckpt.save(step, last, state, force=bool(stop), stop_age_s=stop_age_s if stop else None, step_s=step_s)
+    except checkpoint.OutOfGrace as e:
+        log.close()
+        line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
+        if e.in_flight:
+            _exit_now(128 + stop, line)
+        raise RunStopped(line, 128 + stop) from None
+    if saved is not None:
+        log.print(f"checkpoint: {saved}")
+    if stop and not last:
+        log.close()
+        name = signal.Signals(stop).name
+        kept = (
+            f"checkpoint {saved} written; --resume auto continues from it"
+            if saved
+            else "no checkpoint (--checkpoint.dir is empty)"
         )
-        stop, stop_age_s = _stop_requested(guard, device_type)
-        state = {"step": step, "samples": first_sample + step * B, "rng": torch.get_rng_state()}
-        try:
-            saved = ckpt.save(
-                step, step == steps, state, force=bool(stop), stop_age_s=stop_age_s if stop else None, step_s=step_s
-            )
-        except checkpoint.OutOfGrace as e:
-            log.close()
-            line = f"stopped by {signal.Signals(stop).name} after step {step}: {e}"
-            if e.in_flight:
-                _exit_now(128 + stop, line)
-            raise RunStopped(line, 128 + stop) from None
-        if saved is not None:
-            log.print(f"checkpoint: {saved}")
-        if stop and step < steps:
-            log.close()
-            name = signal.Signals(stop).name
-            kept = (
-                f"checkpoint {saved} written; --resume auto continues from it"
-                if saved
-                else "no checkpoint (--checkpoint.dir is empty)"
-            )
-            raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
-    _finish(cfg, ckpt, log, rank)
-    return 0
+        raise RunStopped(f"stopped by {name} after step {step}: {kept}", 128 + stop)
 
 
 def _interval_policy(c: Any, world: int, local_world: int) -> tuple[int, checkpoint.AutoInterval | None]:

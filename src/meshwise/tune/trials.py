@@ -7,7 +7,10 @@ half-written one.
 
 Early stop: a trial stops once its fastest measured step is slower than the best trial's step by
 more than the noise, ``min(steps) > best (1 + noise)``, the noise being the best trial's own
-relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``.
+relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``; never on its
+first timed step alone (``STOP_AFTER_STEPS``): on this 2-core host the first timed step was the
+slowest of five in 24 of 72 trials, by up to 55% over their median (benchmarks/tune_regret.py's
+exhaustive fields), and every early stop there came after that one step, once on the best layout.
 
 Pure Python: no torch.
 """
@@ -24,6 +27,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
 
 NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
+STOP_AFTER_STEPS = 2  # timed steps a trial runs before it may stop early
 MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
 BINDS = {
     "compute_s": "compute",
@@ -94,8 +98,9 @@ def best_trial(trials: list[Trial]) -> Trial | None:
 
 
 def should_stop(steps_s: list[float], best_s: float | None, noise: float) -> bool:
-    """Stop a trial whose fastest step so far is slower than the best step by more than the noise."""
-    return best_s is not None and bool(steps_s) and min(steps_s) > best_s * (1 + noise)
+    """Stop a trial whose fastest step so far (of at least ``STOP_AFTER_STEPS``) is slower than the
+    best step by more than the noise."""
+    return best_s is not None and len(steps_s) >= STOP_AFTER_STEPS and min(steps_s) > best_s * (1 + noise)
 
 
 def write_results(path: Path, inputs: dict[str, Any], trials: list[Trial]) -> None:
