@@ -273,26 +273,32 @@ def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s
     return sum(errors) / len(errors)
 
 
+def link_fit(result: dict[str, Any], nproc: int) -> tuple[float, float, float, str]:
+    """``(latency_s, bytes_per_s, reduce_scatter_ratio, note)`` of the gloo link: the ring formula
+    fitted to the workers' collectives (a reduce-scatter apart, as a ratio to the all-reduce of its
+    tensor); on one process a copy through shared memory stands in."""
+    if nproc <= 1:
+        return 1e-6, float(result["copy_bytes_per_s"]), 0.0, "one process: links not measured (copy bandwidth, 1 us)"
+    every = [tuple(s) for s in result["collectives"]]
+    rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
+    samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
+    latency_s, link_bytes_per_s = fit_alpha_beta(samples)
+    link_note = (
+        f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
+        f"by kind and size) fitted over gloo with mean |error| "
+        f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
+        f"{rs_ratio:.2f} x the all-reduce of its tensor"
+    )
+    return latency_s, link_bytes_per_s, rs_ratio, link_note
+
+
 def profile_table(
     result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated", note: str = ""
 ) -> dict[str, Any]:
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
-    if nproc > 1:
-        every = [tuple(s) for s in result["collectives"]]
-        rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
-        samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
-        latency_s, link_bytes_per_s = fit_alpha_beta(samples)
-        link_note = (
-            f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
-            f"by kind and size) fitted over gloo with mean |error| "
-            f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
-            f"{rs_ratio:.2f} x the all-reduce of its tensor"
-        )
-    else:  # one process: nothing to measure; a copy through shared memory stands in
-        latency_s, link_bytes_per_s, rs_ratio = 1e-6, float(result["copy_bytes_per_s"]), 0.0
-        link_note = "one process: links not measured (copy bandwidth, 1 us)"
+    latency_s, link_bytes_per_s, rs_ratio, link_note = link_fit(result, nproc)
     model_ops, gemm, ring = int(result["model_ops"]), gemm_fields(result), ring_fields(result)
     op_s, call_s, sel_s = host_constants(
         result["host_s"], model_ops, int(result["blocks"]), host_arithmetic_seconds(result, gemm, ring)
