@@ -41,7 +41,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, pipeline
+from meshwise.cost import (
+    comm,
+    compute,
+    experts,
+    fp8,
+    host,
+    host_moe,
+    kernels,
+    megatron_memory,
+    memory,
+    moe_block,
+    pipeline,
+)
 from meshwise.cost.comm import Collective
 from meshwise.cost.context_parallel import (
     cp_collectives,
@@ -643,7 +655,12 @@ def compute_seconds(
             / layout.tp
         )
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    launch_s = memory_s = 0.0
+    launch_s = memory_s = moe_s = 0.0
+    if model.moe and not model.states_only and host.is_host_bound(accel):  # MoE blocks from their parts
+        flops -= (
+            tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks * host_moe.moe_replaced_flops(model, 1.0)
+        )
+        moe_s = m * _cpu_moe_block_s(model, accel, layout, shape, tokens_mb)
     if not model.states_only:
         launch_s = host.host_seconds(
             accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp, layout.sp
@@ -671,7 +688,26 @@ def compute_seconds(
         flops -= linear_flops
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
-    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s + moe_s)
+
+
+def _cpu_moe_block_s(
+    model: ModelSpec, accel: AcceleratorSpec, layout: Layout, shape: RankShape, tokens: float
+) -> float:
+    """One micro-batch of the rank's MoE blocks on a CPU rank (cost/host_moe.py): their parts, the
+    forward again under full recompute, less what the dense path charged them for an MLP."""
+    parts = _cpu_moe_parts(model, accel, layout, tokens)
+    again = parts.forward_s if layout.ac == "full" else 0.0
+    dense_s = host_moe.dense_mlp_seconds(model, accel, tokens, layout.tp, layout.ac)
+    return moe_block.moe_blocks_of(model, shape.expert_params) * (parts.total_s + again - dense_s)
+
+
+def _cpu_moe_parts(model: ModelSpec, accel: AcceleratorSpec, layout: Layout, tokens: float) -> host_moe.CpuMoeParts:
+    """cost/host_moe.py's parts for a micro-batch of ``tokens`` (each TP rank routes them all unless EP
+    folds over TP)."""
+    return host_moe.cpu_moe_parts(
+        model, accel, moe_block.routed_tokens(tokens, layout.tp, layout.ep_folds_tp), layout.ep
+    )
 
 
 def _op_model_blocks_s(
@@ -720,11 +756,17 @@ def _moe_split(
     shape: RankShape,
     m: int,
     ops: list[Collective],
+    ranks_per_node: int = 1,
 ) -> tuple[tuple[str, float], ...]:
-    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model, else none."""
-    if not model.moe or model.states_only or not accel.has_op_model:
+    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model; on a CPU rank
+    cost/host_moe.py's, times the ranks per core; else none."""
+    if not model.moe or model.states_only or not (accel.has_op_model or host.is_host_bound(accel)):
         return ()
     a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
+    if not accel.has_op_model:
+        parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs)
+        calls = moe_block.moe_blocks_of(model, shape.expert_params) * m * host.core_share(accel, ranks_per_node)
+        return tuple((k, calls * v) for k, v in parts.as_json().items()) + (("dispatch_combine_s", a2a_s),)
     return moe_block.step_parts(
         model,
         accel,
@@ -1144,7 +1186,7 @@ def estimate(
             bubble_s,
             optimizer_s,
             fixed_s,
-            _moe_split(model, accel, local, layout, shape, m, ops),
+            _moe_split(model, accel, local, layout, shape, m, ops, cluster.gpus_per_node),
         ),
         comm=tuple(ops),
         tokens_per_s=tokens / step_s,

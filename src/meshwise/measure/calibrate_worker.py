@@ -518,10 +518,12 @@ def bench_collectives(
         numel = max(n, nbytes // 4 // n * n)
         full = torch.ones(numel)
         shard = torch.ones(numel // n)
+        exchanged = torch.empty_like(full)
         ops = {
             "all_reduce": lambda: dist.all_reduce(full, group=group),
             "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+            "all_to_all": lambda: dist.all_to_all_single(exchanged, full, group=group),
         }
         for kind, op in ops.items():
             op()
