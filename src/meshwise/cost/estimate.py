@@ -755,14 +755,14 @@ def _moe_split(
     layout: Layout,
     shape: RankShape,
     m: int,
-    ops: list[Collective],
+    a2a_s: float,
     ranks_per_node: int = 1,
 ) -> tuple[tuple[str, float], ...]:
     """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model; on a CPU rank
-    cost/host_moe.py's, times the ranks per core; else none."""
+    cost/host_moe.py's, times the ranks per core; else none. ``a2a_s``: the EP all-to-alls' seconds
+    per step (dispatch and combine)."""
     if not model.moe or model.states_only or not (accel.has_op_model or host.is_host_bound(accel)):
         return ()
-    a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
     if not accel.has_op_model:
         parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs)
         calls = moe_block.moe_blocks_of(model, shape.expert_params) * m * host.core_share(accel, ranks_per_node)
@@ -778,6 +778,15 @@ def _moe_split(
         moe_block.moe_blocks_of(model, shape.expert_params) * m,
         a2a_s,
     )
+
+
+def _all_to_all_s(ops: list[Collective], skew_s: float) -> float:
+    """The EP all-to-alls' seconds per step, with their share (by calls) of the wait for peers the
+    scheduler has not run (cost/host.py ``sync_skew_seconds``, more ranks than cores)."""
+    a2a = [op for op in ops if op.kind == "all_to_all" and op.dim == "ep"]
+    calls = sum(op.count_per_step for op in ops if op.kind != "recv")
+    share = sum(op.count_per_step for op in a2a) / calls if calls else 0.0
+    return sum(op.seconds_per_step for op in a2a) + skew_s * share
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
@@ -1149,6 +1158,7 @@ def estimate(
     busy, compute_s, tp_s, other_comm_s, shape, ops = worst
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
+    skew_s = 0.0
     if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
         skew_s = host.sync_skew_seconds(
             accel, cluster.gpus_per_node, compute_s / share, sum(op.count_per_step for op in ops if op.kind != "recv")
@@ -1186,7 +1196,7 @@ def estimate(
             bubble_s,
             optimizer_s,
             fixed_s,
-            _moe_split(model, accel, local, layout, shape, m, ops, cluster.gpus_per_node),
+            _moe_split(model, accel, local, layout, shape, m, _all_to_all_s(ops, skew_s), cluster.gpus_per_node),
         ),
         comm=tuple(ops),
         tokens_per_s=tokens / step_s,
