@@ -28,6 +28,9 @@ within ``QUIET_DRIFT`` of its calibration), from the readings a ``--save`` file 
 
     flock /tmp/meshwise-heavy.lock .venv/bin/python benchmarks/cpu_time_grid.py \
         --report benchmarks/results/cpu-time-grid-cpu2core.txt
+
+or in parts (one process count each, ``--save``), then one report from them all:
+``--replay 1.json --replay 2.json --replay 4.json --report ...``.
 """
 
 from __future__ import annotations
@@ -238,7 +241,11 @@ def main() -> int:
         help="before each round: calibrate afresh (default), or re-check the cached calibration",
     )
     ap.add_argument("--save", help="write the measurements and profiles to this JSON file")
-    ap.add_argument("--replay", help="predict again for the measurements of a --save file (no measuring)")
+    ap.add_argument(
+        "--replay",
+        action="append",
+        help="predict again for the measurements of a --save file (no measuring); repeated, the saves merged",
+    )
     ap.add_argument("--report", help="also write the report, with the command and the load, to this file")
     args = ap.parse_args()
     lines: list[str] = []
@@ -256,7 +263,7 @@ def main() -> int:
             files[hidden] = str(tmp / f"grid-h{hidden}.toml")
             Path(files[hidden]).write_text(model_toml(hidden))
         if args.replay:
-            saved = json.loads(Path(args.replay).read_text())
+            saved = merged([json.loads(Path(f).read_text()) for f in args.replay])
         else:
             saved = measure(args, files, tmp, say)
             if args.save:  # before predicting: a prediction that fails can be replayed once fixed
@@ -267,6 +274,17 @@ def main() -> int:
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
     return code
+
+
+def merged(saves: list[dict]) -> dict:
+    """One save from several (a grid measured in parts, e.g. one ``--nproc`` each): their profiles by
+    process count, probe readings and points together."""
+    out: dict = {"profiles": {}, "drifts": [], "points": []}
+    for save in saves:
+        out["profiles"].update(save["profiles"])
+        out["drifts"] += save.get("drifts", [])
+        out["points"] += save["points"]
+    return out
 
 
 def drift(profile: str) -> float:

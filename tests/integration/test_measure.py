@@ -231,3 +231,25 @@ def test_measure_cli_json_and_bad_input() -> None:
     bad = meshwise_here("measure", "--layout", "tp=3", cwd=Path.cwd())  # refused before a launch: tests/_cli.py
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "tp" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_mixture_of_experts_is_timed_part_by_part(capsys) -> None:
+    """tiny-moe under dp=2,ep=2 on 2 processes, one timed step and one MoE-parts step: every part the
+    block runs (router, permute, experts, shared expert, dispatch / combine) is measured > 0 and
+    printed beside its prediction (cost/host_moe.py), which is present and > 0."""
+    from meshwise.measure.command import print_rows
+
+    def launch() -> list[list[dict]]:
+        with mock.patch.object(measure_run, "launch_logged", launch_forked):
+            return run_workers(2, ["dp=2,ep=2"], "tiny-moe", 4, 32, steps=1, timeout_s=600)
+
+    model, cluster = load_model("tiny-moe"), load_cluster("cpu", 2, 2)
+    parts = ("router_s", "permute_s", "experts_s", "shared_s", "dispatch_combine_s")
+    for record in once_more_on_transport_error(launch)[0]:
+        rows = {r.figure: r for r in rows_for(record, model, cluster, TrainSpec(4, 32, precision="fp32"))}
+        for part in parts:
+            row = rows[f"time.moe.{part}"]
+            assert row.measured > 0 and row.predicted > 0, (record["rank"], row)
+        print_rows(list(rows.values()), "tiny-moe")
+    printed = capsys.readouterr().out
+    assert all(f"time.moe.{part}" in printed for part in parts)

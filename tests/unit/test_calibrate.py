@@ -48,9 +48,12 @@ RESULT = {
 }
 
 
-def _samples(alpha: float, beta: float, n: int, rs_ratio: float = 0.0) -> list[tuple[str, int, float, float]]:
+def _samples(
+    alpha: float, beta: float, n: int, rs_ratio: float = 0.0, a2a_ratio: float = 0.0
+) -> list[tuple[str, int, float, float]]:
     """All-gathers and all-reduces by the ring formulas; with ``rs_ratio`` reduce-scatters timed as
-    gloo's, ``rs_ratio`` x the all-reduce of the same tensor (not the ring's half of one)."""
+    gloo's, ``rs_ratio`` x the all-reduce of the same tensor (not the ring's half of one); with
+    ``a2a_ratio`` all-to-alls at that times the pairwise exchange."""
     link = LinkSpec(beta, alpha)
     out = []
     for size in (4e3, 256e3, 4e6, 32e6):
@@ -59,6 +62,8 @@ def _samples(alpha: float, beta: float, n: int, rs_ratio: float = 0.0) -> list[t
         out.append(("all_reduce", n, size, ring))
         if rs_ratio:
             out.append(("reduce_scatter", n, size, rs_ratio * ring))
+        if a2a_ratio:
+            out.append(("all_to_all", n, size, a2a_ratio * comm.collective_seconds("all_to_all", n, size, link)))
     return out
 
 
@@ -325,7 +330,7 @@ def test_no_reduce_scatter_samples_keep_the_ring_formula():
 
 def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table(
-        {**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0)}, nproc=2, ram_bytes=16 << 30
+        {**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0, a2a_ratio=1.7)}, nproc=2, ram_bytes=16 << 30
     )
     # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
     catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
@@ -342,6 +347,11 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     cluster = load_cluster(str(path), 2)
     assert cluster.gpus_per_node == 2 and cluster.nodes == 1
     assert cluster.intra.latency_s == pytest.approx(50e-6, rel=1e-3)
+    # the all-to-alls are left out of the link's fit and read back as their ratio to it (cost/comm.py)
+    assert cluster.intra.all_to_all_ratio == pytest.approx(1.7, rel=1e-3)
+    assert comm.collective_seconds("all_to_all", 2, 4e6, cluster.intra) == pytest.approx(
+        1.7 * (50e-6 + 2e6 / 2e9), rel=1e-3
+    )
     assert cluster.accelerator.efficiency(192) == pytest.approx(9e9 / (0.49 * 30e9), rel=1e-3)
 
 

@@ -12,7 +12,9 @@ spans nodes rides the scale-out link. For ``n`` ranks and a payload of ``B`` byt
   an all-reduce of it (calibrate's micro-benchmarks: r about 1 at 2 and 4 processes), twice the ring's;
 - broadcast ``ceil(log2 n)*alpha + B/beta``; send/recv ``alpha + B/beta``;
 - all-to-all (pairwise exchange) ``(n-1)*alpha + (n-1)/n * B/beta``: each rank keeps 1/n of its
-  ``B`` bytes and sends the rest, one message per peer (expert parallelism, uniform routing).
+  ``B`` bytes and sends the rest, one message per peer (expert parallelism, uniform routing); where
+  the link states an ``all_to_all_ratio`` r > 0 (gloo, measured by ``meshwise calibrate`` beside the
+  other collectives), ``r`` times that.
 
 ``bytes_per_step`` is the payload summed over calls: the full tensor for all-reduce and broadcast,
 the full (gathered) tensor for all-gather and reduce-scatter, the message for send and recv, a
@@ -59,6 +61,8 @@ def collective_seconds(kind: str, n: int, payload_bytes: float, link: LinkSpec) 
         ring = 2 * (n - 1) * a + 2 * (n - 1) / n * payload_bytes / beta
         tree = 2 * math.ceil(math.log2(n)) * a + 2 * payload_bytes / beta
         return min(ring, tree)
+    if kind == "all_to_all" and link.all_to_all_ratio > 0:
+        return link.all_to_all_ratio * ((n - 1) * a + (n - 1) / n * payload_bytes / beta)
     if kind == "reduce_scatter" and link.reduce_scatter_ratio > 0:
         return link.reduce_scatter_ratio * collective_seconds("all_reduce", n, payload_bytes, link)
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):

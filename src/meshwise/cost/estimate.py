@@ -41,7 +41,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshwise.cost import comm, compute, experts, fp8, host, kernels, megatron_memory, memory, moe_block, mtp, pipeline
+from meshwise.cost import (
+    comm,
+    compute,
+    experts,
+    fp8,
+    host,
+    host_moe,
+    kernels,
+    megatron_memory,
+    memory,
+    moe_block,
+    mtp,
+    pipeline,
+)
 from meshwise.cost.comm import Collective
 from meshwise.cost.context_parallel import (
     cp_collectives,
@@ -649,7 +662,12 @@ def compute_seconds(
             / layout.tp
         )
     peak = cluster.accelerator.peak_flops_per_s(train.precision)
-    launch_s = memory_s = 0.0
+    launch_s = memory_s = moe_s = 0.0
+    if model.moe and not model.states_only and host.is_host_bound(accel):  # MoE blocks from their parts
+        flops -= (
+            tokens_mb * m * compute.recompute_factor(layout.ac) * shape.blocks * host_moe.moe_replaced_flops(model, 1.0)
+        )
+        moe_s = m * _cpu_moe_block_s(model, accel, layout, shape, tokens_mb)
     if not model.states_only:
         launch_s = host.host_seconds(
             accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp, layout.sp
@@ -677,7 +695,26 @@ def compute_seconds(
         flops -= linear_flops
         rate = fp8.gemm_peak_flops_per_s(accel, train) * fp8.FLAT_FP8_EFFICIENCY * eff
         fp8_s = linear_flops / rate + cast_bytes / fp8.hbm_bytes_per_s(accel)
-    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s)
+    return share * (flops / (peak * eff) + fp8_s + launch_s + memory_s + ring_s + moe_s)
+
+
+def _cpu_moe_block_s(
+    model: ModelSpec, accel: AcceleratorSpec, layout: Layout, shape: RankShape, tokens: float
+) -> float:
+    """One micro-batch of the rank's MoE blocks on a CPU rank (cost/host_moe.py): their parts, the
+    forward again under full recompute, less what the dense path charged them for an MLP."""
+    parts = _cpu_moe_parts(model, accel, layout, tokens)
+    again = parts.forward_s if layout.ac == "full" else 0.0
+    dense_s = host_moe.dense_mlp_seconds(model, accel, tokens, layout.tp, layout.ac)
+    return moe_block.moe_blocks_of(model, shape.expert_params) * (parts.total_s + again - dense_s)
+
+
+def _cpu_moe_parts(model: ModelSpec, accel: AcceleratorSpec, layout: Layout, tokens: float) -> host_moe.CpuMoeParts:
+    """cost/host_moe.py's parts for a micro-batch of ``tokens`` (each TP rank routes them all unless EP
+    folds over TP)."""
+    return host_moe.cpu_moe_parts(
+        model, accel, moe_block.routed_tokens(tokens, layout.tp, layout.ep_folds_tp), layout.ep
+    )
 
 
 def _op_model_blocks_s(
@@ -726,12 +763,18 @@ def _moe_split(
     layout: Layout,
     shape: RankShape,
     m: int,
-    ops: list[Collective],
+    a2a_s: float,
+    ranks_per_node: int = 1,
 ) -> tuple[tuple[str, float], ...]:
-    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model, else none."""
-    if not model.moe or model.states_only or not accel.has_op_model:
+    """The rank's MoE parts per step (cost/moe_block.py ``step_parts``) on the op model; on a CPU rank
+    cost/host_moe.py's, times the ranks per core; else none. ``a2a_s``: the EP all-to-alls' seconds
+    per step (dispatch and combine)."""
+    if not model.moe or model.states_only or not (accel.has_op_model or host.is_host_bound(accel)):
         return ()
-    a2a_s = sum(op.seconds_per_step for op in ops if op.kind == "all_to_all" and op.dim == "ep")
+    if not accel.has_op_model:
+        parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs)
+        calls = moe_block.moe_blocks_of(model, shape.expert_params) * m * host.core_share(accel, ranks_per_node)
+        return tuple((k, calls * v) for k, v in parts.as_json().items()) + (("dispatch_combine_s", a2a_s),)
     return moe_block.step_parts(
         model,
         accel,
@@ -743,6 +786,15 @@ def _moe_split(
         moe_block.moe_blocks_of(model, shape.expert_params) * m,
         a2a_s,
     )
+
+
+def _all_to_all_s(ops: list[Collective], skew_s: float) -> float:
+    """The EP all-to-alls' seconds per step, with their share (by calls) of the wait for peers the
+    scheduler has not run (cost/host.py ``sync_skew_seconds``, more ranks than cores)."""
+    a2a = [op for op in ops if op.kind == "all_to_all" and op.dim == "ep"]
+    calls = sum(op.count_per_step for op in ops if op.kind != "recv")
+    share = sum(op.count_per_step for op in a2a) / calls if calls else 0.0
+    return sum(op.seconds_per_step for op in a2a) + skew_s * share
 
 
 def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, float]:
@@ -1098,7 +1150,7 @@ def estimate(
     )
     bubble_s = _bubble_seconds(model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout))
 
-    busy, compute_s, other_comm_s, bubble_s = _time_shared(
+    busy, compute_s, other_comm_s, bubble_s, skew_s = _time_shared(
         accel, cluster.gpus_per_node, share, (busy, compute_s, other_comm_s, bubble_s), ops
     )
 
@@ -1126,7 +1178,7 @@ def estimate(
             bubble_s,
             optimizer_s,
             fixed_s,
-            _moe_split(model, accel, local, layout, shape, m, ops),
+            _moe_split(model, accel, local, layout, shape, m, _all_to_all_s(ops, skew_s), cluster.gpus_per_node),
         ),
         comm=tuple(ops),
         tokens_per_s=tokens / step_s,
@@ -1171,10 +1223,13 @@ def _busiest_rank(stage_cache, model, cluster, train, local, layout, shapes, m) 
     return worst, stages
 
 
-def _time_shared(accel, gpus_per_node: int, share: float, times: tuple, ops) -> tuple[float, float, float, float]:
-    """(busy, compute, other comm, bubble seconds) with more ranks than cores (``share`` > 1): the
+def _time_shared(
+    accel, gpus_per_node: int, share: float, times: tuple, ops
+) -> tuple[float, float, float, float, float]:
+    """(busy, compute, other comm, bubble, skew seconds) with more ranks than cores (``share`` > 1): the
     peers' skew at every collective (cost/host.py), and compute time-shared but sped up by the bubble."""
     busy, compute_s, other_comm_s, bubble_s = times
+    skew_s = 0.0
     if share > 1:  # peers not yet run by the scheduler: waits at every collective and send (cost/host.py)
         skew_s = host.sync_skew_seconds(
             accel, gpus_per_node, compute_s / share, sum(op.count_per_step for op in ops if op.kind != "recv")
@@ -1187,4 +1242,4 @@ def _time_shared(accel, gpus_per_node: int, share: float, times: tuple, ops) -> 
         speedup = min(share, (busy + bubble_s) / busy)
         busy -= compute_s * (1 - 1 / speedup)
         compute_s, bubble_s = compute_s / speedup, bubble_s / speedup
-    return busy, compute_s, other_comm_s, bubble_s
+    return busy, compute_s, other_comm_s, bubble_s, skew_s

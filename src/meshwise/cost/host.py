@@ -112,20 +112,24 @@ def sync_skew_seconds(accel: AcceleratorSpec, ranks_per_node: int, own_compute_s
 
 def parameter_tensors(model, blocks: int, has_embedding: bool, has_head: bool) -> int:
     """Parameter tensors one rank's optimizer steps over: per block the norms, Q/K/V/O (with their
-    biases and q/k norms), the MLP's two or three matrices (biases), the routed experts' when the
-    model has them; the embedding; the final norm and an untied head."""
+    biases and q/k norms) and the MLP's two or three matrices (biases); a MoE block instead its
+    router, the routed experts stored grouped (three tensors: runtime/moe.py ``GroupedExperts``),
+    the shared expert's MLP and its gate where the model has them (a rank's blocks taken at the
+    model's share of MoE blocks); the embedding; the final norm and an untied head."""
     gated = 3 if model.mlp == "swiglu" else 2
+    mlp = gated * (1 + model.mlp_bias)
     per_block = (
         model.norms_per_layer * (2 if model.norm == "layernorm" else 1)
         + 4
         + 3 * model.qkv_bias
         + model.o_bias
         + 2 * model.qk_norm
-        + gated * (1 + model.mlp_bias)
-        + (gated * getattr(model, "experts", 0) + 1 if getattr(model, "experts", 0) else 0)
     )
+    moe_share = model.moe_layers / model.layers if getattr(model, "experts", 0) else 0.0
+    moe_mlp = 1 + 3 + (mlp if model.shared_ffn_hidden else 0) + model.shared_expert_gate
     head = (1 + (not model.tied_embeddings)) if has_head else 0
-    return blocks * per_block + int(has_embedding) + head
+    mlps = round(blocks * ((1 - moe_share) * mlp + moe_share * moe_mlp))
+    return blocks * per_block + mlps + int(has_embedding) + head
 
 
 def optimizer_host_seconds(accel: AcceleratorSpec, tensors: int, dtensor: bool) -> float:

@@ -48,7 +48,8 @@ from meshwise.errors import MeshwiseError
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
-CALIBRATION_VERSION = 18  # 18: the loss's calls timed by vocabulary (cost/host.py loss_seconds);
+CALIBRATION_VERSION = 19  # 19: gloo's all-to-all as a ratio to the pairwise exchange (cost/comm.py);
+# 18: the loss's calls timed by vocabulary (cost/host.py loss_seconds);
 # 17: the pipeline schedule's host cost per stage call;
 # 16: zero-bubble's split backward, per block;
 # 15: host passes, attention calls, FSDP2's, DTensor's and the optimizer's passes

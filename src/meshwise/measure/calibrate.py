@@ -35,6 +35,7 @@ per-rank benchmarks, calibrate_worker ``_per_rank``), and each collective the me
   fitted by least squares on relative error to cost/comm.py's ring formulas,
   ``2(n-1) alpha + 2(n-1)/n B / beta`` and ``(n-1) alpha + (n-1)/n B / beta``;
   ``reduce_scatter_ratio``: reduce-scatter over all-reduce at the same sizes (geometric mean);
+  ``all_to_all_ratio``: all-to-all over the pairwise-exchange formula at the fitted constants (likewise);
   one machine is one node, ``inter`` = ``intra``;
 - ``cp_step_s``, ``cp_score_s``, ``cp_score_dim_s`` (cost/context_parallel.py): the runtime's whole
   ring-attention call over ranks 0 and 1 per ring step at ``RING_SHAPES`` (sends included,
@@ -88,6 +89,7 @@ PROFILE_KEYS = (
     "inter_bytes_per_s",
     "inter_latency_s",
     "reduce_scatter_ratio",
+    "all_to_all_ratio",
     "efficiency_max",
     "efficiency_half_width",
     "comm_overlap",
@@ -273,26 +275,48 @@ def collective_fit_error(samples: list[tuple[str, int, float, float]], latency_s
     return sum(errors) / len(errors)
 
 
+def link_fit(result: dict[str, Any], nproc: int) -> tuple[float, float, float, float, str]:
+    """``(latency_s, bytes_per_s, reduce_scatter_ratio, all_to_all_ratio, note)`` of the gloo link: the
+    ring formula fitted to the workers' all-reduces and all-gathers; a reduce-scatter as a ratio to
+    the all-reduce of its tensor, an all-to-all as a ratio to the pairwise-exchange formula at the
+    fitted latency and bandwidth (cost/comm.py; geometric means over the sizes). On one process a
+    copy through shared memory stands in."""
+    if nproc <= 1:
+        return (
+            1e-6,
+            float(result["copy_bytes_per_s"]),
+            0.0,
+            0.0,
+            "one process: links not measured (copy bandwidth, 1 us)",
+        )
+    exchanges = [tuple(s) for s in result["collectives"] if s[0] == "all_to_all"]
+    every = [tuple(s) for s in result["collectives"] if s[0] != "all_to_all"]
+    rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
+    samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
+    latency_s, link_bytes_per_s = fit_alpha_beta(samples)
+    ratios = [
+        seconds / ((n - 1) * latency_s + (n - 1) / n * payload / link_bytes_per_s)
+        for _, n, payload, seconds in exchanges
+        if seconds > 0
+    ]
+    a2a_ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 0.0
+    link_note = (
+        f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
+        f"by kind and size) fitted over gloo with mean |error| "
+        f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
+        f"{rs_ratio:.2f} x the all-reduce of its tensor"
+        + (f", an all-to-all {a2a_ratio:.2f} x the pairwise exchange" if a2a_ratio else "")
+    )
+    return latency_s, link_bytes_per_s, rs_ratio, a2a_ratio, link_note
+
+
 def profile_table(
     result: dict[str, Any], nproc: int, ram_bytes: int, name: str = "cpu-calibrated", note: str = ""
 ) -> dict[str, Any]:
     """The profile (catalog/accelerators.toml's keys) from the workers' ``result``:
     ``matmul_flops_per_s``, ``fwd_bwd_s``, ``model_flops``, ``copy_bytes_per_s``, ``collectives``
     (``[kind, n, payload_bytes, seconds]`` lists) and ``what`` (a description)."""
-    if nproc > 1:
-        every = [tuple(s) for s in result["collectives"]]
-        rs_ratio = reduce_scatter_ratio(every)  # the ring formula is fitted to the others
-        samples = [s for s in every if s[0] != "reduce_scatter"] if rs_ratio else every
-        latency_s, link_bytes_per_s = fit_alpha_beta(samples)
-        link_note = (
-            f"collectives (all-reduce, all-gather between compute slices, {len(samples)} "
-            f"by kind and size) fitted over gloo with mean |error| "
-            f"{collective_fit_error(samples, latency_s, link_bytes_per_s):.0%}, a reduce-scatter "
-            f"{rs_ratio:.2f} x the all-reduce of its tensor"
-        )
-    else:  # one process: nothing to measure; a copy through shared memory stands in
-        latency_s, link_bytes_per_s, rs_ratio = 1e-6, float(result["copy_bytes_per_s"]), 0.0
-        link_note = "one process: links not measured (copy bandwidth, 1 us)"
+    latency_s, link_bytes_per_s, rs_ratio, a2a_ratio, link_note = link_fit(result, nproc)
     model_ops, gemm, ring = int(result["model_ops"]), gemm_fields(result), ring_fields(result)
     op_s, call_s, sel_s = host_constants(
         result["host_s"], model_ops, int(result["blocks"]), host_arithmetic_seconds(result, gemm, ring)
@@ -336,6 +360,7 @@ def profile_table(
         "inter_bytes_per_s": link_bytes_per_s,
         "inter_latency_s": latency_s,
         **({"reduce_scatter_ratio": rs_ratio} if rs_ratio else {}),
+        **({"all_to_all_ratio": a2a_ratio} if a2a_ratio else {}),
         "efficiency_max": efficiency,
         "efficiency_half_width": 0.0,
         "comm_overlap": False,
@@ -522,7 +547,8 @@ def tp_op_seconds(result: dict[str, Any], latency_s: float, model_ops: int) -> f
         comm_s = float(result["tp_waits_s"])
     else:
         alone = result.get("tp_collectives_alone")
-        comm_s = int(result["tp_collectives"]) * (fit_alpha_beta([tuple(s) for s in alone])[0] if alone else latency_s)
+        alone = [tuple(s) for s in alone or () if s[0] != "all_to_all"]
+        comm_s = int(result["tp_collectives"]) * (fit_alpha_beta(alone)[0] if alone else latency_s)
     return max(0.0, (float(result["tp_host_s"]) - float(result["host_s"]["none"]) - comm_s) / model_ops)
 
 

@@ -518,10 +518,12 @@ def bench_collectives(
         numel = max(n, nbytes // 4 // n * n)
         full = torch.ones(numel)
         shard = torch.ones(numel // n)
+        exchanged = torch.empty_like(full)
         ops = {
             "all_reduce": lambda: dist.all_reduce(full, group=group),
             "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+            "all_to_all": lambda: dist.all_to_all_single(exchanged, full, group=group),
         }
         for kind, op in ops.items():
             op()
@@ -760,28 +762,7 @@ def _slowest(
         "gemm_reference_shapes": linear_gemm_shapes(model, seq, 1, False),
         "host_s": {k: max(r["host_s"][k] for r in everyone) for k in everyone[0]["host_s"]},
         "split_backward_s": [max(r["split_backward_s"][i] for r in everyone) for i in range(2)],
-        **{
-            key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
-            for key in ("ring", "sdpa")
-        },
-        **(
-            {
-                "loss": [
-                    [*shape[:2], max(r["loss"][i][2] for r in everyone)] for i, shape in enumerate(everyone[0]["loss"])
-                ]
-            }
-            if everyone[0].get("loss")
-            else {}
-        ),
-        # the ring's whole calls with their sends replace its bare blocks where two ranks timed them
-        **(
-            {
-                "ring": [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])],
-                "ring_includes_sends": True,
-            }
-            if ring_calls
-            else {}
-        ),
+        **_slowest_tables(everyone, ring_calls),
         "host_block_gemms": host_block,
         "host_head_gemms": linear_gemm_shapes(model, HOST_TOKENS, 1, True)[len(host_block) :],
         "host_sdpa": [model.heads, HOST_TOKENS, model.head_dim],
@@ -803,6 +784,20 @@ def _slowest(
             )
         ),
     }
+
+
+def _slowest_tables(everyone: list[dict], ring_calls: list[list]) -> dict:
+    """The ``ring``, ``sdpa`` and ``loss`` tables at each shape's slowest rank; the ring's whole
+    calls with their sends replace its bare blocks where two ranks timed them."""
+    keys = ("ring", "sdpa", "loss") if everyone[0].get("loss") else ("ring", "sdpa")
+    tables: dict = {
+        key: [[*shape[:2], max(r[key][i][2] for r in everyone)] for i, shape in enumerate(everyone[0][key])]
+        for key in keys
+    }
+    if ring_calls:
+        tables["ring"] = [[*shape[:2], max(r[i][2] for r in ring_calls)] for i, shape in enumerate(ring_calls[0])]
+        tables["ring_includes_sends"] = True
+    return tables
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ Figures: ``memory.<category>`` (params, grads, optimizer, activations, other),
 step, then its parts, each timed (measure/timing.py): compute (operators' arithmetic and launch),
 exposed comm, idle (pipeline wait; predicted: the bubble), optimizer, fixed (zeroing gradients,
 the gradient norm, the loss), and untimed (the step less the timed parts; predicted 0), which
-:func:`time_verdicts` checks against the step and reads for the largest residual.
+:func:`time_verdicts` checks against the step and reads for the largest residual; for a mixture
+of experts ``time.moe.<part>_s``, its blocks' router, permute, experts, shared expert and
+dispatch / combine per step (timed in steps of their own: runtime/moe.py ``timed_parts``) beside
+cost/host_moe.py's prediction (cost/moe_block.py's on a GPU profile).
 Measured memory categories are MemTracker's at the step's peak: Parameter -> params, Gradient ->
 grads, Optstate -> optimizer, Activation -> activations, and Temp, Buffer, Other and (``verify``'s,
 FSDP2's collective buffers) Comm buffer -> other; ``memory.total`` is their sum.
@@ -158,6 +161,10 @@ def rows_for(record: dict, model: ModelSpec, cluster: ClusterSpec, train: TrainS
     }
     rows.append(Row("time.step_s", rank, e.time.step_s, t["step_s"]))
     rows += [Row(f"time.{part}", rank, value, t[part]) for part, value in predicted_parts.items() if part in t]
+    predicted_moe = dict(e.time.moe_block_s)
+    for part, seconds in (t.get("moe_parts") or {}).items():  # a mixture of experts' parts, per step
+        if part in predicted_moe and (seconds or predicted_moe[part]):
+            rows.append(Row(f"time.moe.{part}", rank, predicted_moe[part], seconds))
     return rows
 
 

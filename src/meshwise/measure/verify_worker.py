@@ -115,11 +115,6 @@ def trace_rank(
                 routing = _balanced_routing() if spec.moe else nullcontext()
                 with CollectiveTrace(mesh) as trace, tracker, seen, kernels, routing:
                     loss, grad_norm = pm.step(x, y)
-        comm: dict[tuple[str, str], list[int]] = {}
-        for key, calls in trace.calls.items():
-            entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
-            entry[0] += calls
-            entry[1] += trace.bytes[key]
         return {
             "rank": rank,
             "pp_rank": mesh.get_local_rank("pp"),
@@ -130,10 +125,7 @@ def trace_rank(
             "memory": tracker.peak_by_role,
             "memory_by_creation": peak_by_category(tracker),
             "peak_moments": peak_moments(tracker),
-            "comm": [
-                {"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b}
-                for (k, d), (c, b) in sorted(comm.items())
-            ],
+            "comm": _comm_rows(trace, layout),
             "time": None,
             "device": str(loss.device),
             "param_device": str(pm.parameters()[0].device),
@@ -146,6 +138,16 @@ def trace_rank(
     finally:
         dist.destroy_process_group()
         gc.collect()
+
+
+def _comm_rows(trace: CollectiveTrace, layout: Layout) -> list[dict]:
+    """The traced collectives per kind and canonical mesh dimension: calls and bytes per step."""
+    comm: dict[tuple[str, str], list[int]] = {}
+    for key, calls in trace.calls.items():
+        entry = comm.setdefault((key.kind, canonical_dim(key.dim, layout)), [0, 0])
+        entry[0] += calls
+        entry[1] += trace.bytes[key]
+    return [{"kind": k, "dim": d, "count_per_step": c, "bytes_per_step": b} for (k, d), (c, b) in sorted(comm.items())]
 
 
 def _held_by(pm) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:

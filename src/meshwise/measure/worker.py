@@ -1,7 +1,8 @@
 """One rank of ``meshwise measure`` (run under torchrun): build the layout with the runtime, run a
 warm-up step, then measure one step's collectives and peak memory; then time the next steps, round
 robin over the launch's layouts (each layout's median step, split into parts that add up to it:
-measure/timing.py).
+measure/timing.py); for a mixture of experts, as many steps more with its blocks' parts timed
+(runtime/moe.py ``timed_parts``), each part's median.
 
 Writes ``<out>/rank<r>.json``: memory by MemTracker category, collectives per kind and mesh
 dimension (the planner's names: ``dp`` for the whole data-parallel group, ``dp_shard`` and
@@ -32,6 +33,7 @@ from meshwise.measure.timing import StepClock
 from meshwise.runtime import build_mesh, parallelize
 from meshwise.runtime.expert_parallel import grouped_experts
 from meshwise.runtime.mesh import default_backend, end_process_group, exit_worker
+from meshwise.runtime.moe import timed_parts
 from meshwise.spec import load_model
 
 MEMORY_STEPS = 2
@@ -67,6 +69,8 @@ class LayoutRun:
         model.step(self.x, self.y)  # warm-up: lazy state (optimizer moments, FSDP buffers) exists from here on
         self.memory, self.trace, self.ep_group, self.moments = measure_steps(model, self.mesh, self.x, self.y)
         self.times: list[tuple[float, dict[str, float]]] = []  # (step seconds, its parts)
+        self.moe_parts: list[dict[str, float]] = []  # per MoE-parts step, seconds per part (runtime/moe.py)
+        self.has_moe = bool(spec.moe)
         self.timeline = StageTimeline(model.stages, enabled=False)
 
     def timed_step(self, last: bool) -> None:
@@ -84,12 +88,24 @@ class LayoutRun:
         if last:
             self.timeline = timeline
 
+    def moe_parts_step(self) -> None:
+        """One step with the MoE blocks' parts timed (runtime/moe.py ``timed_parts``): a step of its own,
+        so that the timing's stamps never lengthen the timed steps."""
+        with timed_parts() as clock:
+            dist.barrier()
+            self.model.step(self.x, self.y)[0].item()
+        self.moe_parts.append(dict(clock.seconds))
+
     def record(self) -> dict:
         """This rank's record."""
         timing: dict = {}
         if self.times:  # the median step (the upper one of an even count) and its parts, which add up to it
             median = sorted(self.times, key=lambda t: t[0])[len(self.times) // 2]
             timing = {"step_s": median[0], **median[1], "steps_s": [t[0] for t in self.times]}
+        if self.moe_parts:  # each part's median over the parts steps
+            timing["moe_parts"] = {
+                k: sorted(p[k] for p in self.moe_parts)[len(self.moe_parts) // 2] for k in self.moe_parts[0]
+            }
         return {
             **measurement_record(
                 self.mesh,
@@ -243,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):  # round robin: step k of every layout, then step k + 1
         for run in runs:
             run.timed_step(last=step == args.steps - 1)
+    for _ in range(args.steps):  # then the MoE layouts' parts, in steps of their own
+        for run in runs:
+            if run.has_moe:
+                run.moe_parts_step()
     for i, run in enumerate(runs):
         _write(args, i, run.record(), models[i][0])
     end_process_group()

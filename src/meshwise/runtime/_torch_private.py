@@ -187,6 +187,13 @@ def all_to_all_autograd(
     return all_to_all_single_autograd(x, output_splits, input_splits, group)
 
 
+def settle(x: torch.Tensor) -> None:
+    """Wait now for a functional collective's output (an ``AsyncCollectiveTensor``, which otherwise
+    waits at its first use); the tensor and its autograd history stay as they are."""
+    if hasattr(x, "trigger_wait"):
+        x.trigger_wait()
+
+
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
     """``mesh`` with dim ``dim`` split row-major into dims ``names`` of ``sizes`` (same ranks)."""
     return mesh._unflatten(dim, sizes, names)

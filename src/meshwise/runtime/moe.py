@@ -22,9 +22,20 @@ copies, sorted by expert, go to their expert's rank with one ``all_to_all_single
 the experts run, and one more brings the outputs back (combine); both are differentiable
 (torch's functional ``all_to_all_single_autograd``), so backward runs them in reverse. The
 per-expert counts travel first, in a small all-to-all of E int64 per rank.
+
+Part timing (``meshwise measure``, :class:`PartClock`): while a clock is installed (:func:`timed_parts`),
+the block switches it between its parts (``PARTS``) as it runs them forward, and identity autograd
+functions on the parts' boundaries (:class:`_Stamp`) switch it as the gradient passes them backward;
+the all-to-alls' outputs are waited for at once (``dispatch_combine_s``), and any other blocking wait
+inside a part (FSDP2 gathering the experts' weights) is left out of it. Without a clock the block
+runs exactly the operators above and nothing else.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -32,10 +43,80 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshwise.runtime._torch_private import all_to_all_autograd
+from meshwise.runtime._torch_private import all_to_all_autograd, settle, timed_waits
 from meshwise.spec import ModelSpec
 
 AUX_LOSS_COEF = 0.01
+PARTS = ("router_s", "permute_s", "experts_s", "shared_s", "dispatch_combine_s")
+
+
+class PartClock:
+    """Seconds per MoE part (``PARTS``) over the steps run while installed: the time from one switch
+    to the next is the part switched to; ``None`` is outside every MoE block."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.part: str | None = None
+        self.since = time.perf_counter()
+
+    def switch(self, part: str | None) -> None:
+        now = time.perf_counter()
+        if self.part is not None:
+            self.seconds[self.part] += now - self.since
+        self.part, self.since = part, now
+
+    def waited(self, kind: str, seconds: float) -> None:
+        """A blocking wait on a collective inside a part other than the all-to-alls (FSDP2's gathers
+        of the experts' weights): not the part's own work, left out."""
+        if self.part not in (None, "dispatch_combine_s"):
+            self.seconds[self.part] -= seconds
+
+
+_CLOCK: PartClock | None = None
+
+
+@contextmanager
+def timed_parts() -> Iterator[PartClock]:
+    """Install a :class:`PartClock` on every MoE block of this process while open."""
+    global _CLOCK
+    clock = _CLOCK = PartClock()
+    try:
+        with timed_waits(clock.waited):
+            yield clock
+    finally:
+        clock.switch(None)
+        _CLOCK = None
+
+
+class _Stamp(torch.autograd.Function):
+    """Identity; in backward switches ``clock`` to ``part`` (the part whose backward runs next)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, clock: PartClock, part: str | None) -> torch.Tensor:
+        ctx.clock, ctx.part = clock, part
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.clock.switch(ctx.part)
+        return grad, None, None
+
+
+def _tick(part: str | None) -> None:
+    if _CLOCK is not None:
+        _CLOCK.switch(part)
+
+
+def _settled(x: torch.Tensor) -> torch.Tensor:
+    """``x``, a functional collective's output, waited for now while a clock is installed."""
+    if _CLOCK is not None:
+        settle(x)
+    return x
+
+
+def _mark(x: torch.Tensor, part: str | None) -> torch.Tensor:
+    """``x``, through a :class:`_Stamp` switching to ``part`` in backward while a clock is installed."""
+    return x if _CLOCK is None or not x.requires_grad else _Stamp.apply(x, _CLOCK, part)
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
@@ -84,21 +165,24 @@ class GroupedExperts(nn.Module):
         """``routed`` token copies sorted by global expert id, ``counts`` (E,) per expert: their outputs,
         in the same order."""
         if self.group is None:
-            return self.compute(routed, counts.tolist())
+            return _mark(self.compute(routed, counts.tolist()), "experts_s")
         n = dist.get_world_size(self.group)
         local = counts.numel() // n
+        _tick("dispatch_combine_s")
         received_counts = torch.empty_like(counts)
         dist.all_to_all_single(received_counts, counts, group=self.group)
         rc = received_counts.view(n, local)  # (source rank, local expert)
         send = counts.view(n, local).sum(1).tolist()
         recv = rc.sum(1).tolist()
-        received = all_to_all_autograd(routed, recv, send, self.group)
+        received = _mark(_settled(all_to_all_autograd(routed, recv, send, self.group)), "dispatch_combine_s")
+        _tick("experts_s")
         chunks = torch.split(received, rc.flatten().tolist())
         grouped = torch.cat([chunks[j * local + e] for e in range(local) for j in range(n)])
         out = self.compute(grouped, rc.sum(0).tolist())
         back = torch.split(out, rc.t().flatten().tolist())  # (local expert, source rank) order
-        back = torch.cat([back[e * n + j] for j in range(n) for e in range(local)])
-        return all_to_all_autograd(back, send, recv, self.group)
+        back = _mark(torch.cat([back[e * n + j] for j in range(n) for e in range(local)]), "experts_s")
+        _tick("dispatch_combine_s")
+        return _mark(_settled(all_to_all_autograd(back, send, recv, self.group)), "dispatch_combine_s")
 
 
 class _AddAuxGrad(torch.autograd.Function):
@@ -129,26 +213,35 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
+        _tick("router_s")
         tokens = x.reshape(-1, h)
-        probs = self.router(tokens).float().softmax(-1)  # (T, E)
+        probs = self.router(_mark(tokens, None)).float().softmax(-1)  # (T, E)
         experts = probs.shape[1]
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
+        _tick("permute_s")
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=experts)
-        out_sorted = self.experts(tokens[order // self.top_k], counts)
+        gathered = _mark(_mark(tokens, "router_s")[order // self.top_k], "permute_s")
+        _tick("experts_s")
+        out_sorted = self.experts(gathered, counts)
+        _tick("permute_s")
         routed = torch.empty_like(out_sorted)
         routed[order] = out_sorted
-        out = (routed.view(-1, self.top_k, h) * weights.unsqueeze(-1).to(x.dtype)).sum(1)
+        out = _mark((routed.view(-1, self.top_k, h) * weights.unsqueeze(-1).to(x.dtype)).sum(1), "permute_s")
         if self.training and torch.is_grad_enabled():
+            _tick("router_s")
             out = _AddAuxGrad.apply(out, self._aux_loss(probs.view(b, s, -1), chosen.view(b, s, -1)))
+            out = _mark(out, "router_s")
         out = out.view(b, s, h)
         if self.shared is not None:
-            shared = self.shared(x)
+            _tick("shared_s")
+            shared = self.shared(_mark(x, None))
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
-            out = out + shared
+            out = out + _mark(shared, "shared_s")
+        _tick(None)
         return out
 
     def _aux_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

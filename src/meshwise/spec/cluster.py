@@ -24,11 +24,13 @@ from meshwise.spec.model import cached_hash
 class LinkSpec:
     """One link tier: per-GPU bandwidth (one direction) and per-message latency. ``reduce_scatter_ratio``
     (0: none stated): a reduce-scatter costs this times an all-reduce of the same tensor instead of the
-    ring formula (gloo, measured by ``meshwise calibrate``; cost/comm.py)."""
+    ring formula (gloo, measured by ``meshwise calibrate``; cost/comm.py). ``all_to_all_ratio`` (0: none
+    stated): an all-to-all costs this times the pairwise-exchange formula (gloo, likewise)."""
 
     bytes_per_s: float
     latency_s: float
     reduce_scatter_ratio: float = 0.0
+    all_to_all_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,10 @@ class ClusterSpec:
         link = self._scale_out_links.get(per_node)
         if link is None:
             link = self._scale_out_links[per_node] = LinkSpec(
-                self.inter.bytes_per_s * per_node, self.inter.latency_s, self.inter.reduce_scatter_ratio
+                self.inter.bytes_per_s * per_node,
+                self.inter.latency_s,
+                self.inter.reduce_scatter_ratio,
+                self.inter.all_to_all_ratio,
             )
         return link
 
@@ -199,6 +204,7 @@ _ACCEL_KEYS = (
         "name",
         "calibrated_on",
         "reduce_scatter_ratio",
+        "all_to_all_ratio",
     }
     | ACCEL_GPU_KEYS
     | GPU_KEYS
@@ -322,8 +328,9 @@ def load_cluster(gpu: str, gpus: int, gpus_per_node: int | None = None) -> Clust
             calibrated_on=str(table.get("calibrated_on", "")),
         )
         rs_ratio = num("reduce_scatter_ratio", 0.0, zero_ok=True)
-        intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True), rs_ratio)
-        inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True), rs_ratio)
+        a2a_ratio = num("all_to_all_ratio", 0.0, zero_ok=True)
+        intra = LinkSpec(num("intra_bytes_per_s"), num("intra_latency_s", zero_ok=True), rs_ratio, a2a_ratio)
+        inter = LinkSpec(num("inter_bytes_per_s"), num("inter_latency_s", zero_ok=True), rs_ratio, a2a_ratio)
         if accel.efficiency_max > 1:
             raise MeshwiseError(f"--gpu {gpu}: efficiency_max {accel.efficiency_max} must be in (0, 1]")
     except KeyError as missing:
