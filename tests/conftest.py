@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The parity suite's launches (one per world size, every layout of it in turn): one unit of work.
 # The float8 parity launches (40 s alone) run with the rest: alone, the rest took 432 s and the
 # measure launches 240 s, and CI at 9f5e47b took 982 s, so the parity unit was its longer path.
-PARITY_SUITE = ("test_parity.py", "test_measure.py")
+PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py")  # about half the launches' time
 
 
 def work_unit(nodeid: str) -> str:
