@@ -348,12 +348,7 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
         help="profile the prediction uses: catalog name or calibrated .toml "
         "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)",
     )
-    m.add_argument(
-        "--runtime",
-        choices=RUNTIME_CHOICES,
-        default="meshwise",
-        help="the runtime measured; only meshwise (this project's own) can run here",
-    )
+    _add_own_runtime_argument(m, "measured")
     m.add_argument(
         "--precision",
         default="auto",
@@ -365,6 +360,17 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
         metavar="HTML",
         type=_given(REPORT_WHAT),
         help="also write an HTML report with pictures (needs meshwise[report])",
+    )
+
+
+def _add_own_runtime_argument(p: argparse.ArgumentParser, verb: str) -> None:
+    """measure's and calibrate's --runtime: every choice plan knows, refused by :func:`_only_meshwise`
+    but for meshwise."""
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default="meshwise",
+        help=f"the runtime {verb}; only meshwise (this project's own) can run here",
     )
 
 
@@ -411,12 +417,7 @@ def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
         "--model", default=None, help="model whose shapes are timed (default: small on CPU, llama3-8b on CUDA)"
     )
     c.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (default: the model's max_seq)")
-    c.add_argument(
-        "--runtime",
-        choices=RUNTIME_CHOICES,
-        default="meshwise",
-        help="the runtime calibrated; only meshwise (this project's own) can run here",
-    )
+    _add_own_runtime_argument(c, "calibrated")
     c.add_argument("--out", default="meshwise-profile.toml", help="profile to write (default: meshwise-profile.toml)")
     c.add_argument(
         "--device",

@@ -17,6 +17,7 @@ from tests._synthetic_gpu import H100, CatalogTimer
 from meshwise.cost import kernels
 from meshwise.measure import calibrate_gpu, fake_cuda, gpu_bench
 from meshwise.spec import load_cluster, load_model
+from meshwise.spec.gpu_keys import ATTENTION_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_H100 = ("NVIDIA H100 80GB HBM3", 132, 85_000_000_000, True, 1)
@@ -69,7 +70,7 @@ def test_the_fits_give_the_catalog_back(calibrated):
     assert table["kernel_floor_s"] == pytest.approx(H100.kernel_floor_s, rel=0.01)
     assert (table["gemm_tile_m"], table["gemm_tile_n"]) == (H100.gemm_tile_m, H100.gemm_tile_n)
     row = {r[0]: r[2:] for r in H100.attention}["meshwise"]
-    got = [table["attention.meshwise"][f] for f in calibrate_gpu._ATTENTION_FIELDS]
+    got = [table["attention.meshwise"][f] for f in ATTENTION_FIELDS]
     assert got == pytest.approx(list(row), rel=0.02)
     assert table["hbm_efficiency"] == pytest.approx(H100.hbm_efficiency, rel=1e-6)
     assert table["sustained_clock"] == pytest.approx(H100.sustained_clock, rel=1e-6)

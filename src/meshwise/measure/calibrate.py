@@ -68,6 +68,8 @@ from meshwise.errors import MeshwiseError
 from meshwise.files import check_output_file, write_atomically
 from meshwise.launch import launch_logged
 from meshwise.spec import ModelSpec, load_model
+from meshwise.spec.cluster import DEVICE_LINK_KEYS
+from meshwise.spec.host_keys import HOST_CALL_KEYS, HOST_FIXED_KEYS
 
 DEFAULT_OUT = "meshwise-profile.toml"
 MEMORY_SHARE = 0.8  # fraction of physical memory the ranks may use together
@@ -77,33 +79,10 @@ COLLECTIVE_SIZES_BYTES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 
 COPY_BYTES = 4 << 20  # a copy the last-level cache holds (source + destination): activations' size
 DRAM_COPY_BYTES = 128 << 20  # one it cannot: what the optimizer's first pass over the states streams
 HOST_TOKENS = 4  # tokens of the host-time benchmark: few enough that the arithmetic is negligible
-PROFILE_KEYS = (
-    "name",
-    "memory_bytes",
-    "peak_bf16_flops_per_s",
-    "peak_fp32_flops_per_s",
-    "hbm_bytes_per_s",
-    "gpus_per_node",
-    "intra_bytes_per_s",
-    "intra_latency_s",
-    "inter_bytes_per_s",
-    "inter_latency_s",
-    "reduce_scatter_ratio",
-    "all_to_all_ratio",
-    "efficiency_max",
-    "efficiency_half_width",
-    "comm_overlap",
-    "op_overhead_s",
-    "checkpoint_call_s",
-    "selective_op_s",
-    "tp_op_s",
-    "tp_sp_block_s",
-    "zb_split_block_s",
-    "pp_call_s",
-    "fsdp_call_s",
-    "fsdp_param_s",
-    "fsdp_byte_s",
-    "optimizer_dtensor_s",
+# the host-time keys a rank measures on a core of its own, in the order the profile writes them
+RANK_HOST_KEYS = (
+    *HOST_CALL_KEYS,
+    *HOST_FIXED_KEYS,
     "cpu_gemm_flops_per_s",
     "cpu_gemm_call_s",
     "cpu_gemm_bytes_per_s",
@@ -119,6 +98,16 @@ PROFILE_KEYS = (
     "sdpa_score_dim_s",
     "sdpa_head_table",
     "loss_token_table",
+)
+PROFILE_KEYS = (
+    "name",
+    *DEVICE_LINK_KEYS,
+    "reduce_scatter_ratio",
+    "all_to_all_ratio",
+    "efficiency_max",
+    "efficiency_half_width",
+    "comm_overlap",
+    *RANK_HOST_KEYS,
     "thread_efficiency",
     "cores_per_node",
     "sync_skew_ratio",
@@ -680,38 +669,7 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
 
 
 # a rank's own speed (on a core of its own): what every process count of one machine shares
-PER_RANK_KEYS = (
-    "peak_bf16_flops_per_s",
-    "peak_fp32_flops_per_s",
-    "hbm_bytes_per_s",
-    "efficiency_max",
-    "op_overhead_s",
-    "checkpoint_call_s",
-    "selective_op_s",
-    "tp_op_s",
-    "tp_sp_block_s",
-    "zb_split_block_s",
-    "pp_call_s",
-    "fsdp_call_s",
-    "fsdp_param_s",
-    "fsdp_byte_s",
-    "optimizer_dtensor_s",
-    "cpu_gemm_flops_per_s",
-    "cpu_gemm_call_s",
-    "cpu_gemm_bytes_per_s",
-    "gemm_reference_efficiency",
-    "dram_bytes_per_s",
-    "cp_step_s",
-    "cp_score_s",
-    "cp_score_dim_s",
-    "cp_step_includes_sends",
-    "cp_ring_table",
-    "sdpa_call_s",
-    "sdpa_score_s",
-    "sdpa_score_dim_s",
-    "sdpa_head_table",
-    "loss_token_table",
-)
+PER_RANK_KEYS = ("peak_bf16_flops_per_s", "peak_fp32_flops_per_s", "hbm_bytes_per_s", "efficiency_max", *RANK_HOST_KEYS)
 
 
 def with_per_rank_of(table: dict[str, Any], base: dict[str, Any], why: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
 from meshwise.measure import gpu_bench
 from meshwise.spec import AcceleratorSpec, ModelSpec, load_cluster
+from meshwise.spec.gpu_keys import ATTENTION_FIELDS
 
 HEAD_WIDTHS = (64, 128)
 LINK_BOUNDS = ((0.1, 500.0), (0.05, 2000.0))  # latency in us, bus bandwidth in GB/s: PCIe to NVLink 5
@@ -391,7 +392,7 @@ def profile_table(
         "sustained_clock": float(samples["sustained_clock"]),
         **({"attention.meshwise": {k: v for k, v in attention.items() if k != "errors"}} if attention else {}),
         **{
-            f"attention.{r[0]}": dict(zip(("kernel", *_ATTENTION_FIELDS), r[1:]))
+            f"attention.{r[0]}": dict(zip(("kernel", *ATTENTION_FIELDS), r[1:]))
             for r in cluster.accelerator.attention
             if r[0] != "meshwise" or not attention
         },
@@ -431,17 +432,6 @@ def _source(name, device, samples, gemm, attention, link, copy, what) -> str:
         + (f"the catalog's {name}" if name else "not in the catalog: the device's own best rates")
     )
     return "; ".join(parts)
-
-
-_ATTENTION_FIELDS = (
-    "forward",
-    "forward_seq_half",
-    "forward_causal",
-    "forward_causal_seq_half",
-    "backward",
-    "backward_seq_half",
-    "head64",
-)
 
 
 def _toml_value(value: Any) -> str:

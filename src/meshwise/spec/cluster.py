@@ -186,17 +186,21 @@ class ClusterSpec:
 MAX_GPUS = 2**20  # 1,048,576 devices: ten times the largest published training clusters (~10^5 GPUs)
 
 ACCEL_GPU_KEYS = {"peak_fp8_flops_per_s", "peak_mxfp8_flops_per_s", "nvlink_domain_gpus"}
+# a device's memory and peak rates, then its node's links: in the order a calibrated profile writes them
+DEVICE_LINK_KEYS = (
+    "memory_bytes",
+    "peak_bf16_flops_per_s",
+    "peak_fp32_flops_per_s",
+    "hbm_bytes_per_s",
+    "gpus_per_node",
+    "intra_bytes_per_s",
+    "intra_latency_s",
+    "inter_bytes_per_s",
+    "inter_latency_s",
+)
 _ACCEL_KEYS = (
-    {
-        "memory_bytes",
-        "peak_bf16_flops_per_s",
-        "peak_fp32_flops_per_s",
-        "hbm_bytes_per_s",
-        "gpus_per_node",
-        "intra_bytes_per_s",
-        "intra_latency_s",
-        "inter_bytes_per_s",
-        "inter_latency_s",
+    set(DEVICE_LINK_KEYS)
+    | {
         "efficiency_max",
         "efficiency_half_width",
         "comm_overlap",

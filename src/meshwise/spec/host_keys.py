@@ -12,7 +12,8 @@ from typing import Any
 
 from meshwise.errors import MeshwiseError
 
-HOST_SECONDS_KEYS = (
+# seconds a launched call of each kind costs on the host, which scale with the compute the rank runs
+HOST_CALL_KEYS = (
     "op_overhead_s",
     "checkpoint_call_s",
     "selective_op_s",
@@ -20,10 +21,12 @@ HOST_SECONDS_KEYS = (
     "tp_sp_block_s",
     "zb_split_block_s",
     "pp_call_s",
-    "fsdp_call_s",
-    "fsdp_param_s",
-    "fsdp_byte_s",
-    "optimizer_dtensor_s",
+)
+# seconds a step pays once per parameter shard or state pass: FSDP's calls and the optimizer's DTensor ops
+HOST_FIXED_KEYS = ("fsdp_call_s", "fsdp_param_s", "fsdp_byte_s", "optimizer_dtensor_s")
+HOST_SECONDS_KEYS = (
+    *HOST_CALL_KEYS,
+    *HOST_FIXED_KEYS,
     "cpu_gemm_call_s",
     "cp_step_s",
     "cp_score_s",

@@ -158,8 +158,7 @@ def choose(
             check_runnable(layout, model, world, global_batch, seq_len, seq_field="--data.seq_len")
             return layout, [f"Layout (given): {layout.short()}"]
         check_runnable(replace(layout, mbs=1), model, world, global_batch, seq_len, seq_field="--data.seq_len")
-        live = live_cluster(world, local_world, device_type, profile)
-        train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
+        live, train = _live_train(world, local_world, device_type, profile, global_batch, seq_len)
         layout = largest_fitting_mbs(layout, model, live.cluster, train)
         m = layout.accum(global_batch)
         why = (
@@ -168,8 +167,7 @@ def choose(
             else f"the largest micro-batch that fits {live.cluster.accelerator.name}'s memory; {m} accumulated"
         )
         return layout, [f"Layout (given): {layout.short()} (mbs={layout.mbs} not given: {why})"]
-    live = live_cluster(world, local_world, device_type, profile)
-    train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
+    live, train = _live_train(world, local_world, device_type, profile, global_batch, seq_len)
     result = planner.search(model, live.cluster, train, top=5, where=runs_here(model, seq_len))
     if not result.best:
         raise MeshwiseError(
@@ -186,20 +184,12 @@ def choose(
     return result.best[0].layout, lines
 
 
-def predicted_step_s(
-    layout: Layout,
-    model: ModelSpec,
-    world: int,
-    local_world: int,
-    global_batch: int,
-    seq_len: int,
-    device_type: str,
-    profile: str = "",
-) -> float:
-    """The cost model's step time for ``layout`` on the live cluster (what ``train`` prints beside the measured)."""
+def _live_train(
+    world: int, local_world: int, device_type: str, profile: str, global_batch: int, seq_len: int
+) -> tuple[LiveCluster, TrainSpec]:
+    """The live cluster and the run's training shape, at the precision the runtime computes in there."""
     live = live_cluster(world, local_world, device_type, profile)
-    train = TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
-    return estimate(model, live.cluster, train, layout).time.step_s
+    return live, TrainSpec(global_batch=global_batch, seq_len=seq_len, precision=live.precision)
 
 
 def choose_cpu_processes(
@@ -215,7 +205,8 @@ def choose_cpu_processes(
         os.environ[THREADS_ENV] = str(cores // n)
         try:
             layout, _ = choose(layout_text, model, n, n, global_batch, seq_len, "cpu", profile)
-            step_s = predicted_step_s(layout, model, n, n, global_batch, seq_len, "cpu", profile)
+            live, train = _live_train(n, n, "cpu", profile, global_batch, seq_len)
+            step_s = estimate(model, live.cluster, train, layout).time.step_s  # the cost model's step time
         except MeshwiseError:
             continue
         finally:

@@ -321,27 +321,32 @@ def _train(
     return 0
 
 
+def parallelize_as_configured(cfg: TrainConfig, model: Any, layout: Layout, mesh: Any, device_type: str) -> Any:
+    """``model`` parallelized over ``mesh`` with the run's batch, sequence, seed, optimizer, compile
+    and precision (``--layout.precision`` resolved for ``device_type``)."""
+    from meshwise.runtime import float8, parallelize
+
+    return parallelize(
+        model,
+        layout,
+        mesh,
+        cfg.schedule.global_batch,
+        seq_len=cfg.data.seq_len,
+        seed=cfg.model.seed,
+        optim=cfg.optimizer,
+        compile=cfg.layout.compile,
+        precision=float8.resolve(cfg.layout.precision, device_type, "--layout.precision"),
+    )
+
+
 def _build(
     cfg: TrainConfig, prep: Prepared, layout: Layout, lines: list[str], mesh: Any
 ) -> tuple[Any, MetricsLog, checkpoint.Checkpointer]:
     """The parallelized model, rank 0's metrics log (its header printed) and the checkpointer."""
-    from meshwise.runtime import float8, parallelize
-
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     model, seq, B, c = prep.model, cfg.data.seq_len, cfg.schedule.global_batch, cfg.checkpoint
-    precision = float8.resolve(cfg.layout.precision, device_type, "--layout.precision")
-    pm = parallelize(
-        model,
-        layout,
-        mesh,
-        B,
-        seq_len=seq,
-        seed=cfg.model.seed,
-        optim=cfg.optimizer,
-        compile=cfg.layout.compile,
-        precision=precision,
-    )
+    pm = parallelize_as_configured(cfg, model, layout, mesh, device_type)
     lines = [*lines, _placement_line(layout, world), *prep.notes, *(c.line() for c in pm.float8_conversions[:1])]
     peak = layout_choice.peak_flops_per_s(world, local_world, device_type, cfg.layout.profile)
     log = MetricsLog(cfg.metrics, Throughput(model, seq, B, world, peak), cfg.schedule.steps, enabled=rank == 0)

@@ -35,6 +35,7 @@ from meshwise.cost.estimate import StepTime, estimate
 from meshwise.layout import Layout
 from meshwise.measure.calibrate import PROFILE_KEYS, format_toml
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
+from meshwise.spec.host_keys import HOST_CALL_KEYS, HOST_FIXED_KEYS
 from meshwise.train.layout_choice import with_threads
 
 PASSES = 6
@@ -57,13 +58,7 @@ class Fit:
 COMPUTE = Fit(
     "compute",
     times=(
-        "op_overhead_s",
-        "checkpoint_call_s",
-        "selective_op_s",
-        "tp_op_s",
-        "tp_sp_block_s",
-        "zb_split_block_s",
-        "pp_call_s",
+        *HOST_CALL_KEYS,
         "cpu_gemm_call_s",
         "sdpa_call_s",
         "sdpa_score_s",
@@ -83,9 +78,7 @@ COMPUTE = Fit(
 )
 LATENCY = Fit("latency", times=("intra_latency_s", "inter_latency_s"))
 BANDWIDTH = Fit("bandwidth", rates=("intra_bytes_per_s", "inter_bytes_per_s"))
-FIXED = Fit(
-    "fixed", times=("optimizer_dtensor_s", "fsdp_call_s", "fsdp_param_s", "fsdp_byte_s"), rates=("dram_bytes_per_s",)
-)
+FIXED = Fit("fixed", times=HOST_FIXED_KEYS, rates=("dram_bytes_per_s",))
 
 
 def scaled(table: dict[str, Any], fit: Fit, factor: float) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from meshwise.errors import RunStopped
 from meshwise.layout import Layout
-from meshwise.train.loop import Prepared, lr_at
+from meshwise.train.loop import Prepared, lr_at, parallelize_as_configured
 from meshwise.tune.trials import MEASURED, OUT_OF_MEMORY, OVER_LIMIT, STOPPED, Trial, should_stop
 
 
@@ -79,22 +79,12 @@ def run_trial(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: 
 
 def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: Any, device_type: str) -> Trial:
     from meshwise.measure.timing import StepClock
-    from meshwise.runtime import build_mesh, float8, parallelize
+    from meshwise.runtime import build_mesh
     from meshwise.runtime.mesh import dp_rank
 
-    B, seq, layout = cfg.schedule.global_batch, cfg.data.seq_len, plan.layout
+    B, layout = cfg.schedule.global_batch, plan.layout
     mesh = build_mesh(layout, prep.model, B)
-    pm = parallelize(
-        prep.model,
-        layout,
-        mesh,
-        B,
-        seq_len=seq,
-        seed=cfg.model.seed,
-        optim=cfg.optimizer,
-        compile=cfg.layout.compile,
-        precision=float8.resolve(cfg.layout.precision, device_type, "--layout.precision"),
-    )
+    pm = parallelize_as_configured(cfg, prep.model, layout, mesh, device_type)
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
     step = 0
 
