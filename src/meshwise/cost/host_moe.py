@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from meshwise.cost import kernels
 from meshwise.cost.host import cpu_gemm_seconds
-from meshwise.cost.moe_block import EP_REGROUP_PASSES, PERMUTE_PASSES, ROUTER_BYTES
+from meshwise.cost.moe_block import EP_REGROUP_PASSES, PERMUTE_PASSES, ROUTER_BYTES, PartSeconds
 from meshwise.spec import AcceleratorSpec, ModelSpec
 
 # aten operators (forward, backward) of runtime/moe.py's parts on one micro-batch, counted with a
@@ -56,7 +56,7 @@ SHARED_GATE_OPS = (5, 10)  # the shared expert's sigmoid gate: linear, sigmoid, 
 
 
 @dataclass(frozen=True)
-class CpuMoeParts:
+class CpuMoeParts(PartSeconds):
     """Seconds of one MoE block's compute parts for one micro-batch on one CPU rank, forward +
     backward, and the forward alone (what full recompute runs again); on a core of its own."""
 
@@ -65,18 +65,6 @@ class CpuMoeParts:
     experts_s: float
     shared_s: float
     forward_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.router_s + self.permute_s + self.experts_s + self.shared_s
-
-    def as_json(self) -> dict[str, float]:
-        return {
-            "router_s": self.router_s,
-            "permute_s": self.permute_s,
-            "experts_s": self.experts_s,
-            "shared_s": self.shared_s,
-        }
 
 
 def arithmetic_scale(accel: AcceleratorSpec) -> float:

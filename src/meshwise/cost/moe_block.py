@@ -55,7 +55,7 @@ The SwiGLU's bytes are in the block's memory-bound work (cost/kernels.py ``_mlp_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from meshwise.catalog import read_catalog
@@ -98,8 +98,20 @@ ROUTER_SCORE_BYTES = {"softmax": (95.1, 44.1), "sigmoid-grouped": (156.2, 116.1)
 IMBALANCE = {name: row["max_over_mean"] for name, row in read_catalog("moe_imbalance.toml").items()}
 
 
+class PartSeconds:
+    """A MoE block's seconds by part, one float field each, beside ``forward_s`` (the forward alone,
+    what full recompute runs again), which is no part: ``total_s`` sums the parts in field order."""
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.as_json().values())
+
+    def as_json(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "forward_s"}
+
+
 @dataclass(frozen=True)
-class MoeParts:
+class MoeParts(PartSeconds):
     """Seconds of one MoE block's parts for one micro-batch on one rank, forward + backward, and the
     forward alone (what full recompute runs again)."""
 
@@ -109,19 +121,6 @@ class MoeParts:
     shared_s: float
     loop_s: float  # the per-expert kernels of meshwise's loop (0 under Megatron's grouped GEMMs)
     forward_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.router_s + self.permute_s + self.experts_s + self.shared_s + self.loop_s
-
-    def as_json(self) -> dict[str, float]:
-        return {
-            "router_s": self.router_s,
-            "permute_s": self.permute_s,
-            "experts_s": self.experts_s,
-            "shared_s": self.shared_s,
-            "loop_s": self.loop_s,
-        }
 
 
 def routed_tokens(tokens: float, tp: int, folded: bool, runtime: str = "meshwise") -> float:
