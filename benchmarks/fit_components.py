@@ -44,6 +44,7 @@ from meshwise.cost.fit import (
     mean_log,
 )
 from meshwise.spec import load_cluster
+from meshwise.spec.gpu_keys import ATTENTION_FIELDS
 
 CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
 GPUS = {"h100": "h100", "a100": "a100-80gb"}
@@ -297,18 +298,7 @@ def check_catalog(f: dict) -> list[str]:
     rows = {r[0]: r for r in accel.attention}
     for runtime, key in (("meshwise", "attention_fa2"), ("megatron", "attention_cudnn")):
         got = rows[runtime][2:]
-        want = [
-            f[key][k]
-            for k in (
-                "forward",
-                "forward_seq_half",
-                "forward_causal",
-                "forward_causal_seq_half",
-                "backward",
-                "backward_seq_half",
-                "head64",
-            )
-        ]
+        want = [f[key][k] for k in ATTENTION_FIELDS]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
     for name in BLACKWELL:

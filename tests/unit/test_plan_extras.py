@@ -10,6 +10,7 @@ import pytest
 
 from meshwise.cli import main
 from meshwise.plan.batch_hint import nearby_batches
+from meshwise.plan.show import COLUMNS
 
 TOKENS = 15e12
 
@@ -42,26 +43,7 @@ def test_table_figures_agree_with_tokens_per_s_to_the_rounding_shown(capsys):
     assert rows and len(rows) % 2 == 0  # the layouts' table, then the time-to-train table, row for row
     half = len(rows) // 2
     for row, budget_row in zip(rows[:half], rows[half:]):
-        cells = dict(
-            zip(
-                [
-                    "#",
-                    "layout",
-                    "params",
-                    "grads",
-                    "optim",
-                    "activ",
-                    "other",
-                    "total",
-                    "step s",
-                    "tokens/s",
-                    "MFU",
-                    "fits",
-                    "binds",
-                ],
-                row,
-            )
-        )
+        cells = dict(zip(COLUMNS, row))
         cells |= dict(zip(["#", "layout", "days", "GPU-h", "cost"], budget_row))
         assert budget_row[0] == row[0]
         tps, tps_low, tps_high = _banded(cells["tokens/s"])  # shown to the token/s: within 0.5 of the estimate

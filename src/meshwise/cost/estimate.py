@@ -777,6 +777,10 @@ def _all_to_all_s(ops: list[Collective], skew_s: float) -> float:
     """The EP all-to-alls' seconds per step, with their share (by calls) of the wait for peers the
     scheduler has not run (cost/host.py ``sync_skew_seconds``, more ranks than cores)."""
     a2a = [op for op in ops if op.kind == "all_to_all" and op.dim == "ep"]
+    if not a2a:  # a dense model or ep=1: every estimate passes through here
+        return 0.0
+    if not skew_s:
+        return sum(op.seconds_per_step for op in a2a)
     calls = sum(op.count_per_step for op in ops if op.kind != "recv")
     share = sum(op.count_per_step for op in a2a) / calls if calls else 0.0
     return sum(op.seconds_per_step for op in a2a) + skew_s * share
