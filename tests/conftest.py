@@ -30,10 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
-# The parity suite's launches (one per world size, every layout of it in turn): one unit of work.
-# The float8 parity launches (40 s alone) run with the rest: alone, the rest took 432 s and the
-# measure launches 240 s, and CI at 9f5e47b took 982 s, so the parity unit was its longer path.
-PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py")  # about half the launches' time
+# The parity suite's launches (one per world size, every layout of it in turn) and the fault tests:
+# one unit of work, about half the launches' time (on a loaded 2-core host, 2026-12-07: parity 207 s,
+# measure 252 s, float8 parity 33 s, faults 167 s; the rest about 660 s).
+PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py", "test_faults.py")
 
 
 def work_unit(nodeid: str) -> str:

@@ -123,9 +123,9 @@ def test_sigterm_mid_tune_then_resume_repeats_no_finished_trial(tmp_path) -> Non
         "4",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # trials of up to 200 steps (seconds each): the signal comes during the second
+    # trials of up to 60 steps (seconds each): the signal comes during the second
     proc = subprocess.Popen(
-        [*cmd, "--trial-steps", "200"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*cmd, "--trial-steps", "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     results = tmp_path / "t" / "trials.jsonl"
     deadline = time.monotonic() + 240

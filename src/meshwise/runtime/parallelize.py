@@ -206,7 +206,9 @@ def _build_chunk(
         model.keep_only(first, count, first=chunk == 0, last=chunk == layout.stages - 1)
     conversion = None
     if float8.is_float8(precision):  # on the meta model, before TP (torchtitan's order)
-        conversion = float8.convert(model, precision, layout.tp, _float8_all_gather(layout, precision))
+        conversion = float8.convert(
+            model, precision, layout.tp, _float8_all_gather(layout, precision), emulate=device.type == "cpu"
+        )
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sp, precision)
     if layout.ep > 1:
