@@ -1,6 +1,7 @@
-"""The published runs' split into a development set and two test sets (src/meshwise/catalog/published_runs.toml):
+"""The published runs' split into a development set and three test sets (src/meshwise/catalog/published_runs.toml):
 every run has a set and an origin, an origin never straddles the sets, the held-out sources stay out,
-and every run parses and fits its world size; test2's validation resolves its runs and prices none.
+and every run parses and fits its world size; the blind sets' (test2, test3) validation resolves their runs
+and prices none, and test3's figures converted from MFU or TFLOP/s match their sources' own FLOP count.
 Nothing here predicts a run."""
 
 import re
@@ -82,25 +83,45 @@ def test_nemo_summaries_of_25_09_and_later_stay_out():
             assert (int(yy), int(mm)) < EXCLUDED_FROM, rec["id"]
 
 
+BLIND = ("test2", "test3")  # the sets collected without predicting any of their runs
+
+
+def _set(name: str) -> list[dict]:
+    return [rec for rec in records() if rec["set"] == name]
+
+
 def _test2() -> list[dict]:
-    return [rec for rec in records() if rec["set"] == "test2"]
+    return _set("test2")
 
 
-def test_test2_spans_moe_dense_origins_and_gpu_generations():
-    runs = _test2()
+# test3 holds no Blackwell run: no public source with a full Blackwell layout and a figure was found outside
+# the excluded summaries and the sources already in the file (docs/fidelity.md, test3's left-out list)
+GENERATIONS = {"test2": {"ampere", "hopper", "blackwell"}, "test3": {"ampere", "hopper"}}
+
+
+@pytest.mark.parametrize("set_name", BLIND)
+def test_blind_sets_span_moe_dense_origins_and_gpu_generations(set_name):
+    runs = _set(set_name)
     assert len(runs) >= 20
     assert sum(rec["moe"] for rec in runs) >= 8
     assert len({rec["origin"] for rec in runs}) >= 4
-    assert {family(catalog_accelerator(rec["gpu"])) for rec in runs} >= {"ampere", "hopper", "blackwell"}
+    assert {family(catalog_accelerator(rec["gpu"])) for rec in runs} >= GENERATIONS[set_name]
 
 
-def test_test2_sources_are_documents_no_other_set_read():
-    """A whole document on one side: the repository and path (or title) a test2 run cites, before its
-    parenthesis, is cited by no dev or test run."""
-    others = " ".join(rec["source"] for rec in records() if rec["set"] != "test2")
-    for rec in _test2():
+@pytest.mark.parametrize("set_name", BLIND)
+def test_blind_sets_cite_documents_no_other_set_read(set_name):
+    """A whole document on one side: the repository and path (or title) a blind set's run cites, before
+    its parenthesis, is cited by no run of another set."""
+    others = " ".join(rec["source"] for rec in records() if rec["set"] != set_name)
+    for rec in _set(set_name):
         document = rec["source"].split(" (")[0]
         assert len(document) > 20 and document not in others, rec["id"]
+
+
+@pytest.mark.parametrize("named", HELD_OUT + ("Megatron-Bridge",))
+def test_test3_cites_no_excluded_source_even_in_its_assumptions(named):
+    for rec in _set("test3"):
+        assert named not in f"{rec['source']} {rec['origin']} {rec['assumed']}", rec["id"]
 
 
 # mosaicml/llm-foundry scripts/train/benchmarking/README.md (commit 4952183), the NumParams column
@@ -120,7 +141,8 @@ def test_mpt_models_count_the_parameters_their_benchmark_table_states():
         assert models[name].params == count, name
 
 
-def test_validate_resolves_every_test2_run_and_prices_none(monkeypatch, capsys):
+@pytest.mark.parametrize("set_name", BLIND)
+def test_validate_resolves_every_blind_run_and_prices_none(set_name, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise AssertionError("the validation path priced a run")
 
@@ -134,9 +156,9 @@ def test_validate_resolves_every_test2_run_and_prices_none(monkeypatch, capsys):
         (planner, "search"),
     ):
         monkeypatch.setattr(module, name, refuse)
-    fidelity.main(["--set", "test2", "--validate"])
+    fidelity.main(["--set", set_name, "--validate"])
     lines = capsys.readouterr().out.splitlines()
-    assert sum(line.startswith("ok ") for line in lines) == len(_test2())
+    assert sum(line.startswith("ok ") for line in lines) == len(_set(set_name))
     assert not any(line.startswith("FAIL") for line in lines)
     assert "predicted" not in " ".join(lines).replace("nothing predicted", "")
 
@@ -167,3 +189,76 @@ def test_validate_exits_non_zero_on_a_problem(monkeypatch, capsys):
         fidelity.main(["--set", "test2", "--validate"])
     assert stop.value.code == 1
     assert capsys.readouterr().out.startswith(f"FAIL {broken['id']}: ")
+
+
+def megatron_step_flops(model: dict, global_batch: int, seq: int, tp: int, causal: bool) -> float:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py) for a GPT whose every
+    MLP is a SwiGLU MoE: B s [12 L h^2 (1 + g/a + s/h) + 18 L h (f k + f_shared) + 6 h V], the vocabulary
+    padded to a multiple of 128 x TP; from 2025-03-06 (commit 8873b55) the s/h term is halved (causal)."""
+    layers, hidden, heads, groups, ffn, topk, vocab, shared = model.values()
+    multiple = 128 * tp
+    padded = -(-vocab // multiple) * multiple
+    attention = 1 + groups / heads + seq / hidden / (2 if causal else 1)
+    per_token = 12 * layers * hidden**2 * attention + 18 * layers * hidden * (ffn * topk + shared) + 6 * hidden * padded
+    return global_batch * seq * per_token
+
+
+# The shapes the conversions use (each run's model table in published_runs.toml), and each converted run's
+# published figure as its source prints it: MFU of the paper's 989.5 TFLOP/s peak, or model TFLOP/s per GPU.
+SHAPES = {
+    "mixtral-8x22b": dict(layers=56, hidden=6144, heads=48, groups=8, ffn=16384, topk=2, vocab=32000, shared=0),
+    "mixtral-8x22b-g8t8": dict(layers=56, hidden=6144, heads=48, groups=8, ffn=2048, topk=8, vocab=32000, shared=0),
+    "qwen2-57b-a14b": dict(layers=28, hidden=3584, heads=28, groups=4, ffn=2560, topk=8, vocab=151936, shared=20480),
+    "llama3-8x70b": dict(layers=80, hidden=8192, heads=64, groups=8, ffn=28672, topk=2, vocab=128256, shared=0),
+    "mixtral-8x7b": dict(layers=32, hidden=4096, heads=32, groups=8, ffn=14336, topk=2, vocab=32000, shared=0),
+}
+CONVERTED = {  # id: (figure as printed, TFLOP/s per GPU, Megatron's causal count)
+    "mpf-mixtral-8x22b-h100-128": ("49.3%", 0.493 * 989.5, True),
+    "mpf-qwen2-57b-a14b-h100-64": ("39.0%", 0.390 * 989.5, True),
+    "mpf-mixtral-8x22b-g8t8-h100-128": ("28.8%", 0.288 * 989.5, True),
+    "mpf-llama3-8x70b-h100-256": ("41.6%", 0.416 * 989.5, True),
+    "mpf-mixtral-8x22b-h100-128-fp8": ("631.7 TFLOP/s", 631.7, True),
+    "mpf-mixtral-8x22b-h100-128-gbs1024": ("52.2%", 0.522 * 989.5, True),
+    "mpf-mixtral-8x22b-h100-1024-gbs1024": ("44.9%", 0.449 * 989.5, True),
+    "mpf-qwen2-57b-a14b-h100-64-gbs1024": ("39.9%", 0.399 * 989.5, True),
+    "mpf-qwen2-57b-a14b-h100-1024-gbs1024": ("33.4%", 0.334 * 989.5, True),
+    "mpf-mixtral-8x22b-g8t8-h100-128-gbs1024": ("30.0%", 0.300 * 989.5, True),
+    "mpf-mixtral-8x22b-g8t8-h100-1024-gbs1024": ("25.5%", 0.255 * 989.5, True),
+    "mcore-moe-readme-mixtral-8x7b-h100-64": ("438 TFLOPS", 438.0, False),
+}
+
+
+def test_test3_converted_figures_match_their_sources_flop_count():
+    """Each step time entered from an MFU or TFLOP/s figure is that figure under Megatron-LM's own FLOP
+    count at the run's commit, and the figure is the one its source line quotes."""
+    runs = {rec["id"]: rec for rec in _set("test3")}
+    assert set(CONVERTED) == {
+        i
+        for i, rec in runs.items()
+        if "step_s" in rec and rec["origin"] != "Nemotron-4 15B report (Parmar et al. 2024)"
+    }
+    for run_id, (printed, tflops, causal) in CONVERTED.items():
+        rec = runs[run_id]
+        assert printed in rec["source"], run_id
+        tp = fidelity.parse(rec["layout"], rec["gpus"]).tp
+        flops = megatron_step_flops(SHAPES[rec["model"]], rec["global_batch"], rec["seq_len"], tp, causal)
+        assert rec["step_s"] == pytest.approx(flops / (rec["gpus"] * tflops * 1e12), rel=1e-3), run_id
+
+
+def test_test3_zero_bubble_rows_are_the_papers_samples_per_second():
+    """Qi et al.'s samples per GPU per second times the 1024-token sequence, at micro-batch x micro-batches."""
+    rows = [rec for rec in _set("test3") if rec["origin"] == "Zero Bubble PP (Qi et al. 2024)"]
+    assert len(rows) == 12
+    for rec in rows:
+        samples = float(re.search(r"micro-batches: ([0-9.]+)\)", rec["source"]).group(1))
+        assert rec["tokens_per_s_per_gpu"] == pytest.approx(samples * rec["seq_len"]), rec["id"]
+        micro = int(re.search(r"(\d+) micro-batches", rec["source"]).group(1))
+        assert rec["global_batch"] == micro * fidelity.parse(rec["layout"], rec["gpus"]).mbs, rec["id"]
+
+
+def test_zero_bubble_models_count_what_their_names_say():
+    """The names count L x 12h^2 plus one 32000 x h matrix (Qi et al., Table 3's shapes)."""
+    models = fidelity._models(fidelity._catalog())
+    for name in ("1.5b", "6.2b", "14.6b", "28.3b"):
+        m = models[f"zb-gpt-{name}"]
+        assert round((m.layers * 12 * m.hidden**2 + 32000 * m.hidden) / 1e9, 1) == float(name[:-1]), name
