@@ -268,7 +268,9 @@ def check_catalog(f: dict) -> list[str]:
     """Where the catalog's values differ from these fits by more than rounding (1%)."""
     bad = []
     for gpu, ratio in clocks().items():
-        names = {"a100": ["a100-40gb", "a100-80gb"], "b200": list(BLACKWELL)}.get(gpu, ["h100", "h200", "h100-hbm2e"])
+        names = {"a100": ["a100-40gb", "a100-80gb"], "b200": list(BLACKWELL), "b200-750w": ["b200-750w"]}.get(
+            gpu, ["h100", "h200", "h100-hbm2e"]
+        )
         for name in names:
             got = load_cluster(name, 8).accelerator.sustained_clock
             if abs(got - ratio) > 0.001:
@@ -301,7 +303,7 @@ def check_catalog(f: dict) -> list[str]:
         want = [f[key][k] for k in ATTENTION_FIELDS]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
-    for name in BLACKWELL:
+    for name in (*BLACKWELL, "b200-750w"):
         accel = load_cluster(name, 8).accelerator
         for row, fit in f["gemm_blackwell"].items():
             got = {r[0]: r[1:] for r in accel.gemm}.get(row)
