@@ -113,6 +113,20 @@ def blackwell_burst_factor() -> float:
     return alone / fit_blackwell_gemm("bf16")["efficiency"]
 
 
+def b200_gemm_check() -> dict[str, tuple[int, float, float]]:
+    """The catalog's B200 bf16 row at its table clock against the B200's own cuBLAS timings by shape
+    (components_gemm.csv, ``b200``), per source: {source: (points, mean signed time error, worst |error|)};
+    negative: the model is faster."""
+    accel = replace(load_cluster("b200", 8).accelerator, sustained_clock=1.0)
+    out: dict[str, list[float]] = {}
+    for r in read("components_gemm.csv"):
+        if r["gpu"] == "b200" and r["dtype"] == "bf16":
+            b, m, n, k = (int(r[x]) for x in "bmnk")
+            t = kernels.gemm_seconds(m, n, k, accel, accel.peak_bf16_flops_per_s, 2, b)
+            out.setdefault(r["source"], []).append(t * float(r["tflops"]) * 1e12 / (2 * b * m * n * k) - 1)
+    return {src: (len(e), sum(e) / len(e), max(map(abs, e))) for src, e in out.items()}
+
+
 def blackwell_attention_scale(fa2: dict, cudnn: dict) -> dict[str, float]:
     """{runtime: factor on the H100 curves}: FlashAttention-4's B200 figures for cuDNN (megatron) and Triton's
     (meshwise: torch's FlashAttention-2, which FlashAttention-3's paper has at Triton's level on H100), each
@@ -268,7 +282,9 @@ def check_catalog(f: dict) -> list[str]:
     """Where the catalog's values differ from these fits by more than rounding (1%)."""
     bad = []
     for gpu, ratio in clocks().items():
-        names = {"a100": ["a100-40gb", "a100-80gb"], "b200": list(BLACKWELL)}.get(gpu, ["h100", "h200", "h100-hbm2e"])
+        names = {"a100": ["a100-40gb", "a100-80gb"], "b200": list(BLACKWELL), "b200-750w": ["b200-750w"]}.get(
+            gpu, ["h100", "h200", "h100-hbm2e"]
+        )
         for name in names:
             got = load_cluster(name, 8).accelerator.sustained_clock
             if abs(got - ratio) > 0.001:
@@ -301,7 +317,7 @@ def check_catalog(f: dict) -> list[str]:
         want = [f[key][k] for k in ATTENTION_FIELDS]
         if not all(abs(g - w) <= 0.01 * w + 1.0 * (i % 2 == 1 and i < 6) for i, (g, w) in enumerate(zip(got, want))):
             bad.append(f"h100 attention.{runtime}: catalog {got}, fit {[round(w, 3) for w in want]}")
-    for name in BLACKWELL:
+    for name in (*BLACKWELL, "b200-750w"):
         accel = load_cluster(name, 8).accelerator
         for row, fit in f["gemm_blackwell"].items():
             got = {r[0]: r[1:] for r in accel.gemm}.get(row)
@@ -358,6 +374,11 @@ def main(argv: list[str]) -> int:
             f"  gemm_b300_{row:10s} efficiency {g['efficiency']:.3f} (k_half {g['k_half']:.0f}, the H100's floor and "
             f"tile held): {g['points']} timings, time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}; "
             f"unthrottled x {f['blackwell_burst']:.3f} = {g['efficiency'] * f['blackwell_burst']:.3f}"
+        )
+    for source, (n, signed, worst) in b200_gemm_check().items():
+        print(
+            f"  check b200 bf16  the row at its table clock against {n} B200 cuBLAS timings ({source}): time error "
+            f"mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
         )
     sc = f["attention_blackwell"]
     print(

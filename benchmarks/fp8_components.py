@@ -12,6 +12,11 @@ training run: each constant of cost/fp8.py below is solved or checked on kernel 
 - torchao's float8 Linear: 1.39x bf16 forward + backward at M, K, N = 4096, 8192, 16384 on H100, casts
   included (pytorch/ao torchao/float8/README.md @ a0a0969), against the op model at that ratio with
   torchao's casts (cost/fp8.py ``FORMATS``): a check of those casts.
+- torchao's rowwise float8 Linear (``fp8-rowwise``): forward + backward against bf16 at four Llama-70B-under-TP
+  shapes on H100, casts included, compiled (pytorch/ao pull request #2185, table "tensorwise w/ rescale": the
+  recipe as torchao runs it, cuBLAS per-tensor kernels with the row scales applied after the backward's GEMMs;
+  the excerpt read names the scaling only by that title), against the op model with ``fp8-rowwise``'s ratio and
+  casts: a check, not a fit.
 
     python benchmarks/fp8_components.py
 """
@@ -32,6 +37,13 @@ HBM_BYTES_PER_S = {"h200-nvl": 4.8e12, "b300": 8.0e12}  # datasheets: H200 NVL, 
 HBM_EFFICIENCY = 0.866  # the H100's STREAM copy fraction (accelerators.toml)
 M, K, N = 4096, 8192, 16384  # torchao's README shape
 TORCHAO_SPEEDUP = 1.39
+# (M, K, N, bf16 s, rowwise float8 s): pytorch/ao #2185, fast accumulation on, torch.compile
+ROWWISE_LINEARS = (
+    (16384, 8192, 1280, 1.954e-3, 1.757e-3),
+    (16384, 1024, 8192, 1.701e-3, 1.193e-3),
+    (16384, 8192, 7168, 9.871e-3, 5.707e-3),
+    (16384, 3584, 8192, 5.192e-3, 3.034e-3),
+)
 
 
 def rows() -> list[dict[str, str]]:
@@ -113,6 +125,24 @@ def torchao_speedup(ratio: float) -> float:
     return bf16 / (gemms + casts)
 
 
+def rowwise_speedups() -> list[tuple[tuple[int, int, int], float, float]]:
+    """((M, K, N), predicted, published) bf16 over rowwise float8 forward + backward of torchao's Linear on H100
+    (``ROWWISE_LINEARS``): the op model's ``fp8-rowwise`` GEMMs and torchao's casts at the table clock."""
+    accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)
+    train = TrainSpec(1, 1, precision="fp8-rowwise")
+    hbm = accel.hbm_bytes_per_s * accel.hbm_efficiency
+    out = []
+    for m, k, n, bf16_s, fp8_s in ROWWISE_LINEARS:
+        bf16 = sum(kernels.linear_seconds(m, n, k, accel, accel.peak_bf16_flops_per_s, 2, "bf16"))
+        peak = fp8.gemm_peak_flops_per_s(accel, train)
+        rowwise = (
+            sum(kernels.linear_seconds(m, n, k, accel, peak, 1, "fp8"))
+            + sum(fp8.linear_cast_bytes(train, m, n, k)) / hbm
+        )
+        out.append(((m, k, n), bf16 / rowwise, bf16_s / fp8_s))
+    return out
+
+
 def report() -> list[str]:
     ratio, measured = solve_ratio()
     b300 = total_s("b300", "bf16", "prequant") / total_s("b300", "fp8-current", "prequant")
@@ -140,6 +170,9 @@ def report() -> list[str]:
         f"torchao float8 Linear at {M}x{K}x{N}: {torchao_speedup(fp8.PER_TENSOR_RATIO):.3f}x bf16 predicted, "
         f"{TORCHAO_SPEEDUP}x published"
     )
+    out.append("torchao rowwise float8 Linear on H100 (pytorch/ao #2185), bf16 / rowwise, predicted vs published:")
+    for (m, k, n), got, want in rowwise_speedups():
+        out.append(f"  {m}x{k}x{n}: {got:.2f}x predicted, {want:.2f}x published ({got / want - 1:+.0%})")
     return out
 
 
