@@ -29,6 +29,7 @@ from meshwise.plan.candidates import (
     _with,
     break_ties,
     keep_ranked,
+    of_kind,
 )
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -72,6 +73,7 @@ def search_megatron(
     # the structures by what their compute-only bound reads but (mbs, ac): (enumeration index, base,
     # the (mbs, micro-batches) the schedule admits, the (ac, mbs) ``where`` admits or None for all)
     groups: dict[tuple, list[tuple]] = {}
+    counts: dict[tuple, int] = {}  # the layouts each group holds
     index = 0
     acs = _ac_modes(model)
     for d, mbs_options in _fields(model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
@@ -84,24 +86,24 @@ def search_megatron(
         admitted = None
         if where is not None:
             admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
-            result.enumerated += len(admitted)
             if not admitted:
                 continue  # ``where`` admits none of its layouts: nothing to bound or weigh
-        else:
-            result.enumerated += len(runs) * len(acs)
         gkey = compute_key(d, model.moe)
         members = groups.get(gkey)
         if members is None:
             members = groups[gkey] = []
+            counts[gkey] = 0
+        counts[gkey] += len(runs) * len(acs) if admitted is None else len(admitted)
         members.append((index, base, admitted))
         index += 1
+    result.enumerated = sum(counts.values())
     if cp_bound and not result.enumerated:
         return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
-    _Weigh(model, cluster, train, headroom, cache.stages, max(top, RUNNER_UP_POOL)).run(groups, result)
-    result.best = break_ties(result.best, cluster.accelerator.memory_bytes * (1 - headroom))
-    result.pool = result.best[:]
-    del result.best[top:]
-    return result
+    weigh = _Weigh(model, cluster, train, headroom, cache.stages, groups, counts)
+    weigh.order = weigh.bounded(result)
+    if where is None:
+        cache.search_state = weigh
+    return weigh.rank(weigh.order, result, top)
 
 
 class _Weigh:
@@ -115,37 +117,58 @@ class _Weigh:
     whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
-        self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict, keep: int
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        train: TrainSpec,
+        headroom: float,
+        stages: dict,
+        groups: dict[tuple, list[tuple]],
+        counts: dict[tuple, int],
     ) -> None:
-        self.model, self.cluster, self.train, self.headroom, self.stages, self.keep = (
-            model,
-            cluster,
-            train,
-            headroom,
-            stages,
-            keep,
-        )
+        self.model, self.cluster, self.train, self.headroom, self.stages = model, cluster, train, headroom, stages
+        self.groups, self.counts = groups, counts
+        self.order: list[tuple] = []  # :meth:`bounded`'s list
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
 
-    def run(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> None:
+    def rank(self, order: list[tuple], result: SearchResult, top: int) -> SearchResult:
+        """``result`` with the best ``top`` of the layouts of ``order`` (:meth:`bounded`'s list or a part
+        of it), ties broken, and the pool of the best ``max(top, RUNNER_UP_POOL)``."""
+        self._weigh(order, result, max(top, RUNNER_UP_POOL))
+        result.best = break_ties(result.best, self.usable)
+        result.pool = result.best[:]
+        del result.best[top:]
+        return result
+
+    def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
+        """plan/search.py's ``_Search.of_kind``: the search of the layouts of the other kind than a
+        winner with ``split``, from this search's groups, order and caches."""
+        if self.capacity * (1 - headroom) != self.usable:
+            return None
+        result = SearchResult(enumerated=sum(n for g, n in self.counts.items() if (g[-1] == 1) == split))
+        if not result.enumerated:
+            return None
+        return self.rank(of_kind(self.order, split), result, top)
+
+    def _weigh(self, order: list[tuple], result: SearchResult, keep: int) -> None:
         keys: list[tuple] = []
         best = result.best
-        for bound, _, gkey, ac, mbs, m in self._bounded(groups, result):
-            if len(best) >= self.keep and bound > best[-1].time.step_s:
+        for bound, _, gkey, ac, mbs, m in order:
+            if len(best) >= keep and bound > best[-1].time.step_s:
                 break
-            members = groups[gkey]
+            members = self.groups[gkey]
             first = _with(members[0][1], mbs, ac)
-            if len(best) >= self.keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
+            if len(best) >= keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
                 continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
             for index, base, admitted in members:
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
-                full = len(best) >= self.keep
+                full = len(best) >= keep
                 if full:
                     worst = best[-1].time.step_s
                     if bound > worst:
@@ -166,15 +189,15 @@ class _Weigh:
                     if busy > worst or self.bounds.slower(layout, worst):
                         continue
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
-                keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), self.keep)
+                keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), keep)
 
-    def _bounded(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> list[tuple]:
+    def bounded(self, result: SearchResult) -> list[tuple]:
         """(compute-only bound, first enumeration index, group, ac, mbs, micro-batches) of every group's
         (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp); a
         group none of whose members' states fit is left out."""
         out = []
         acs = _ac_modes(self.model)
-        for gkey, members in groups.items():
+        for gkey, members in self.groups.items():
             index, base, _ = members[0]
             runs = [
                 (mbs, self.train.global_batch // (base.dp * mbs))

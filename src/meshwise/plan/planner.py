@@ -231,6 +231,7 @@ def _other_ep(
     def other(layout: Layout) -> bool:  # no ``reads``: the search would share its answers across eps
         return (layout.ep == 1) == split and runs(layout)
 
+    other.ep_split = split  # type: ignore[attr-defined]  # the plan's search answers it from its own order
     return search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=other, cache=cache)
 
 
