@@ -76,13 +76,16 @@ def search_megatron(
     counts: dict[tuple, int] = {}  # the layouts each group holds
     index = 0
     acs = _ac_modes(model)
+    schedule_runs: dict[tuple, tuple] = {}  # the runs by what _schedule_ok reads: dp (with mbs, m), pp, schedule
     for d, mbs_options in _fields(model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
         base = d.layout()
-        runs = tuple(
-            (mbs, train.global_batch // (d.dp * mbs))
-            for mbs in mbs_options
-            if _schedule_ok(base, train.global_batch // (d.dp * mbs))
-        )
+        runs = schedule_runs.get((d.dp, d.pp, d.schedule))
+        if runs is None:
+            runs = schedule_runs[d.dp, d.pp, d.schedule] = tuple(
+                (mbs, train.global_batch // (d.dp * mbs))
+                for mbs in mbs_options
+                if _schedule_ok(base, train.global_batch // (d.dp * mbs))
+            )
         admitted = None
         if where is not None:
             admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
@@ -133,6 +136,7 @@ class _Weigh:
         self.usable = self.capacity * (1 - headroom)
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
+        self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
 
     def rank(self, order: list[tuple], result: SearchResult, top: int) -> SearchResult:
@@ -165,6 +169,7 @@ class _Weigh:
             if len(best) >= keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
                 continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
+            parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
             for index, base, admitted in members:
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
@@ -177,8 +182,12 @@ class _Weigh:
                     if busy is not None and busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
-                mems = self._memories(index, base, ac, mbs, m)
-                if mems is None:
+                found = self._structure(index, base)
+                if found is None:  # its states alone overflow a rank
+                    continue
+                if parts is None:
+                    parts = self._transient(found, base, ac, mbs, m)
+                if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
@@ -188,6 +197,9 @@ class _Weigh:
                         busy = tight[base.zero >= 2] = self.bounds.tight_s(layout)
                     if busy > worst or self.bounds.slower(layout, worst):
                         continue
+                mems = tuple(
+                    Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(found[1], parts)
+                )
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
                 keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), keep)
 
@@ -224,31 +236,34 @@ class _Weigh:
         return out
 
     def _structure(self, index: int, base: Layout) -> tuple | None:
-        """The structure's (rank shapes, their states, local setting, TP overlap), or None when its
-        states alone overflow a rank (no mbs or ac fits)."""
+        """The structure's (rank shapes, their states, their sums, local setting, TP overlap), or None
+        when its states alone overflow a rank (no mbs or ac fits)."""
         found = self.structures.get(index, False)
         if found is False:
-            shapes = rank_shapes(self.model, base)
-            states = [states_of(self.model, self.train, base, sh) for sh in shapes]
+            # the rank shapes read tp, pp, vpp and the schedule, their states dp, cp, ZeRO, shard and ep: not sp
+            skey = (base.tp, base.pp, base.vpp, base.schedule, base.dp, base.cp, base.zero, base.shard, base.ep)
+            held = self.states.get(skey)
+            if held is None:
+                shapes = rank_shapes(self.model, base)
+                states = [states_of(self.model, self.train, base, sh) for sh in shapes]
+                totals = [sum(st) for st in states]
+                held = self.states[skey] = (shapes, states, totals, any(t > self.usable for t in totals))
+            shapes, states, totals, overflows = held
             found = self.structures[index] = (
                 None
-                if any(sum(st) > self.usable for st in states)
-                else (shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+                if overflows
+                else (shapes, states, totals, local_train(self.train, base), tp_overlap_on(self.train, base))
             )
         return found
 
-    def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
-        """Every rank's Megatron-Core memory (megatron_memory.rank_memory, its states and transient parts
-        cached apart) when the layout fits on every rank, else None."""
-        found = self._structure(index, base)
-        if found is None:
-            return None
-        shapes, states, local, overlap = found
+    def _transient(self, found: tuple, base: Layout, ac: str, mbs: int, m: int) -> list[tuple[float, float]]:
+        """Every rank's Megatron-Core transient memory (megatron_memory.transient: activations, other) of
+        the structure ``found`` (:meth:`_structure`) at (ac, mbs); a layout fits where every rank's
+        states plus these stay within the usable memory (megatron_memory.rank_memory's sum)."""
+        shapes, _, _, local, overlap = found
         key = (base.tp, base.sp, mbs, ac, base.ep, base.ep_folds_tp, base.schedule, base.pp, base.vpp, overlap)
         # the rank shapes follow tp, pp, vpp and the schedule (in the key), the local setting cp
         parts = self.transients.get((key, m, base.cp))
         if parts is None:
             parts = self.transients[key, m, base.cp] = [transient(self.model, local, key, m, sh) for sh in shapes]
-        if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > self.usable:
-            return None
-        return tuple(Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(states, parts))
+        return parts
