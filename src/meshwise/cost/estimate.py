@@ -859,6 +859,24 @@ def lower_bound_experts_s(
     return max(t + e for t, e in zip(times, ep_s)) + bubble_s
 
 
+def rank_fields(layout: Layout) -> tuple:
+    """The fields of a layout that a rank's stage seconds read but its data-parallel ones (dp, ZeRO,
+    shard): the degrees and schedule, mbs, ac, ep and whether ep folds over tp. The per-rank memo's
+    keys (and plan/bounds.py's) start with them."""
+    return (
+        layout.tp,
+        layout.sp,
+        layout.cp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.mbs,
+        layout.ac,
+        layout.ep,
+        layout.ep_folds_tp,
+    )
+
+
 def _times_of(
     cache: dict | None,
     model: ModelSpec,
@@ -872,8 +890,7 @@ def _times_of(
     the two bounds that read them (:func:`lower_bound_step_s`, :func:`lower_bound_experts_s`) share them."""
     key = None
     if cache is not None:
-        key = ("times", layout.tp, layout.sp, layout.cp, layout.pp, layout.vpp, layout.schedule, layout.mbs)
-        key += (layout.ac, layout.dp, layout.ep, layout.ep_folds_tp)
+        key = ("times", *rank_fields(layout), layout.dp)
         found = cache.get(key)
         if found is not None:
             return found
@@ -900,16 +917,7 @@ def _stage_of(
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (
-        layout.tp,
-        layout.sp,
-        layout.cp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.mbs,
-        layout.ac,
-        layout.ep,
-        layout.ep_folds_tp,
+        *rank_fields(layout),
         layout.zero >= 2,
         layout.dp,
         shape.pp_rank,

@@ -16,7 +16,7 @@ from meshwise.cost.context_parallel import local_train, tp_overlap_on
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
-from meshwise.cost.plan_cache import PlanCache, plan_cache
+from meshwise.cost.plan_cache import PlanCache
 from meshwise.layout import AC_MODES, Degrees, Layout
 from meshwise.plan.bounds import Bounds, compute_key
 from meshwise.plan.candidates import (
@@ -54,21 +54,18 @@ def _fields(
 
 
 def search_megatron(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
+    cache: PlanCache,
     top: int = 5,
     headroom: float = DEFAULT_HEADROOM,
     where: Callable[[Layout], bool] | None = None,
     cp_bound: bool = True,
-    cache: PlanCache | None = None,
 ) -> SearchResult:
-    """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
-    only when no layout within it is valid (search._structure_fields). ``cache``: the plan's. As in
-    plan/search.py, the layouts are weighed in order of their compute-only bound, and memory is worked
-    out only for those no bound refuses: ``result.checked`` counts them, ``result.fitting`` those of
-    them that fit."""
-    cache = plan_cache(model, cluster, train, cache)
+    """plan/search.py's search under Megatron-Core's memory, of the plan of ``cache`` (its model, cluster
+    and setting; cost/plan_cache.py); cp past CP_MIN_TOKENS (``cp_bound`` False) only when no layout
+    within it is valid (search._structure_fields). As in plan/search.py, the layouts are weighed in
+    order of their compute-only bound, and memory is worked out only for those no bound refuses:
+    ``result.checked`` counts them, ``result.fitting`` those of them that fit."""
+    model, cluster, train = cache.model, cache.cluster, cache.train
     result = SearchResult()
     # the structures by what their compute-only bound reads but (mbs, ac): (enumeration index, base,
     # the (mbs, micro-batches) the schedule admits, the (ac, mbs) ``where`` admits or None for all)
@@ -101,7 +98,7 @@ def search_megatron(
         index += 1
     result.enumerated = sum(counts.values())
     if cp_bound and not result.enumerated:
-        return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
+        return search_megatron(cache, top, headroom, where, cp_bound=False)
     weigh = _Weigh(model, cluster, train, headroom, cache.stages, groups, counts)
     weigh.order = weigh.bounded(result)
     if where is None:
@@ -137,6 +134,7 @@ class _Weigh:
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
         self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
+        self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
 
     def rank(self, order: list[tuple], result: SearchResult, top: int) -> SearchResult:
@@ -170,7 +168,10 @@ class _Weigh:
                 continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
-            for index, base, admitted in members:
+            founds = self.founds.get(gkey)
+            if founds is None:
+                founds = self.founds[gkey] = [self._structure(index, base) for index, base, _ in members]
+            for (index, base, admitted), found in zip(members, founds):
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
                 full = len(best) >= keep
@@ -182,7 +183,6 @@ class _Weigh:
                     if busy is not None and busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
-                found = self._structure(index, base)
                 if found is None:  # its states alone overflow a rank
                     continue
                 if parts is None:

@@ -95,9 +95,10 @@ def search(
             found = cache.search_state.of_kind(kind, top, headroom)
             if found is not None:
                 return found
+        cache = plan_cache(model, cluster, train, cache)
         if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
-            return search_megatron(model, cluster, train, top, headroom, where, cache=cache)
-        return _Search(model, cluster, train, top, headroom, where, plan_cache(model, cluster, train, cache)).run()
+            return search_megatron(cache, top, headroom, where)
+        return _Search(model, cluster, train, top, headroom, where, cache).run()
 
 
 class _Search:
