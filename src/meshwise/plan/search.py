@@ -98,7 +98,11 @@ def search(
         cache = plan_cache(model, cluster, train, cache)
         if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
             return search_megatron(cache, top, headroom, where)
-        return _Search(model, cluster, train, top, headroom, where, cache).run()
+        searched = _Search(model, cluster, train, top, headroom, where, cache)
+        result = searched.run()
+        if where is None:  # the plan's own search: of_kind serves the explanation's
+            cache.search_state = searched
+        return result
 
 
 class _Search:
@@ -117,8 +121,6 @@ class _Search:
         where: Callable[[Layout], bool] | None,
         cache: PlanCache,
     ) -> None:
-        self.default_where = where is None  # the plan's own search: of_kind serves the explanation's
-        self.cache = cache
         if where is None and train.runtime == "meshwise" and not model.states_only:
             where = runs_here(model, train.seq_len)
         self.model, self.cluster, self.train, self.top, self.headroom, self.where = (
@@ -149,6 +151,7 @@ class _Search:
         self.structures = 0
         self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
         self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
+        self.bounded: list[tuple] = []  # :meth:`_bounded`'s list, kept for :meth:`of_kind`
 
     def run(self) -> SearchResult:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
@@ -159,8 +162,6 @@ class _Search:
             if self.result.enumerated:
                 break
         self.bounded = self._bounded()
-        if self.default_where:
-            self.cache.search_state = self
         return self._rank(self.bounded, self.result, self.keep, self.top, self.usable)
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
