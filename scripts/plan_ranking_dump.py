@@ -1,12 +1,14 @@
-"""Dump ``meshwise plan --json --top 30`` for a fixed set of cases, one file per case, to compare
-the search's ranking before and after a change (``diff -r`` two output folders).
+"""Dump ``meshwise plan --json --top 30`` and the printed plan (``--top 3``) for a fixed set of
+cases, two files per case, to compare the search's ranking and every printed figure before and
+after a change (``diff -r`` two output folders).
 
-    python scripts/plan_ranking_dump.py OUT_DIR
+    python scripts/plan_ranking_dump.py OUT_DIR [CASE ...]   # every case, or those named
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,20 +125,23 @@ CASES = {  # name: plan arguments ({cfg} is the configs folder)
 }
 
 
-def main(out: Path) -> None:
+def main(out: Path, only: list[str]) -> None:
     cfg = out / "configs"
     cfg.mkdir(parents=True, exist_ok=True)
     for name, shape in CONFIGS.items():
         (cfg / name).mkdir(exist_ok=True)
         (cfg / name / "config.json").write_text(json.dumps(shape))
     for name, args in CASES.items():
-        cmd = [sys.executable, "-m", "meshwise.cli", "plan", *args.format(cfg=cfg).split(), "--json", "--top", "30"]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        text = run.stdout if run.returncode == 0 else f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
-        # the configs folder's path appears in the output (the model's source): make it stable
-        (out / f"{name}.json").write_text(text.replace(str(cfg), "CFG"))
+        if only and name not in only:
+            continue
+        plan = [sys.executable, "-m", "meshwise.cli", "plan", *args.format(cfg=cfg).split()]
+        for suffix, extra in (("json", ["--json", "--top", "30"]), ("txt", ["--top", "3"])):
+            run = subprocess.run(plan + extra, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+            text = run.stdout if run.returncode == 0 else f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+            # the configs folder's path appears in the output (the model's source): make it stable
+            (out / f"{name}.{suffix}").write_text(text.replace(str(cfg), "CFG"))
         print(name, "ok" if run.returncode == 0 else f"exit {run.returncode}", flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -3,6 +3,7 @@
 import pytest
 
 from meshwise.cost.estimate import estimate
+from meshwise.cost.plan_cache import PlanCache
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 
@@ -27,10 +28,12 @@ def test_megatron_search_keeps_the_whole_pool_of_brute_force(gpu, gpus, seq):
         ]
     assert any(lay.ep_folds_tp for lay in layouts)
     fitting = [e for e in (estimate(model, cluster, train, lay) for lay in layouts) if e.fits]
-    result = search_megatron(model, cluster, train, top=3)
+    result = search_megatron(PlanCache(model, cluster, train), top=3)
     assert result.enumerated == len(layouts) and result.fitting <= min(result.checked, len(fitting))
     assert len(fitting) > RUNNER_UP_POOL
-    whole = search_megatron(model, cluster, train, top=len(layouts))  # every layout weighed: the count is exact
+    whole = search_megatron(
+        PlanCache(model, cluster, train), top=len(layouts)
+    )  # every layout weighed: the count is exact
     assert (whole.enumerated, whole.checked, whole.fitting) == (len(layouts), len(layouts), len(fitting))
     brute = [e for _, e in sorted(enumerate(fitting), key=lambda ie: (_rank_key(ie[1]), ie[0]))][:RUNNER_UP_POOL]
     brute = break_ties(brute, cluster.accelerator.memory_bytes * 0.9)
@@ -71,3 +74,32 @@ def test_stage_memo_tells_folded_ep_apart():
     memo: dict = {}
     shared = [estimate(model, cluster, train, lay, stage_cache=memo).time.step_s for lay in (folded, unfolded)]
     assert shared == alone and alone[0] != alone[1]
+
+
+@pytest.mark.parametrize("runtime", ["meshwise", "megatron"])
+def test_other_kind_from_the_plans_search_is_its_own_search(runtime):
+    """The explanation's search of the other expert kind (planner._other_ep), answered from the plan's
+    own search (of_kind), equals that search run on its own: the same enumerated count, pool and
+    steps, for each kind."""
+    from meshwise.cost.plan_cache import PlanCache
+    from meshwise.layout import runs_here
+    from meshwise.plan.search import search
+
+    model, cluster = load_model("tiny-moe"), load_cluster("h100", 8)
+    train = TrainSpec(16, 4096, "bf16-mixed", runtime=runtime)
+    for split in (True, False):
+        runs = runs_here(model, train.seq_len) if runtime == "meshwise" else (lambda layout: True)
+
+        def other(layout, split=split, runs=runs):
+            return (layout.ep == 1) == split and runs(layout)
+
+        alone = search(model, cluster, train, 1, 0.1, where=other)  # no plan cache: a search of its own
+        cache = PlanCache(model, cluster, train)
+        search(model, cluster, train, 5, 0.1, cache=cache)
+        assert cache.search_state.of_kind(split, 1, 0.1) is not None  # answered from the plan's search
+        other.ep_split = split
+        reused = search(model, cluster, train, 1, 0.1, where=other, cache=cache)
+        assert alone.enumerated == reused.enumerated > 0
+        assert [e.layout for e in alone.pool] == [e.layout for e in reused.pool]
+        assert [e.time.step_s for e in alone.pool] == [e.time.step_s for e in reused.pool]
+        assert [e.memory.total for e in alone.pool] == [e.memory.total for e in reused.pool]

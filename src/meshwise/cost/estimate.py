@@ -821,7 +821,7 @@ def lower_bound_step_s(
     shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(stage_cache, model, layout)
     if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
-        times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
+        times = _times_of(stage_cache, model, cluster, train, layout, shapes)
         mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
         return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
     local = local_train(train, layout)
@@ -846,17 +846,58 @@ def lower_bound_experts_s(
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(stage_cache, model, layout)
-    times = [_compute_of(stage_cache, model, cluster, train, layout, s) for s in shapes]
+    times = _times_of(stage_cache, model, cluster, train, layout, shapes)
     mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
     bubble_s = pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return max(times) + bubble_s
     local = local_train(train, layout)
     ep_s = [
-        experts.exposed_s(experts.ep_collectives(model, local, layout, s, m, cluster), t, train)
+        experts.exposed_s(_comm_of(stage_cache, "ep", model, local, layout, s, m, cluster), t, train)
         for s, t in zip(shapes, times)
     ]
     return max(t + e for t, e in zip(times, ep_s)) + bubble_s
+
+
+def rank_fields(layout: Layout) -> tuple:
+    """The fields of a layout that a rank's stage seconds read but its data-parallel ones (dp, ZeRO,
+    shard): the degrees and schedule, mbs, ac, ep and whether ep folds over tp. The per-rank memo's
+    keys (and plan/bounds.py's) start with them."""
+    return (
+        layout.tp,
+        layout.sp,
+        layout.cp,
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.mbs,
+        layout.ac,
+        layout.ep,
+        layout.ep_folds_tp,
+    )
+
+
+def _times_of(
+    cache: dict | None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    shapes: tuple[RankShape, ...],
+) -> list[float]:
+    """:func:`_compute_of` of every rank shape of ``layout`` (memory.rank_shapes), kept in ``cache`` (when
+    given) by the fields their keys read together (the shapes follow tp, pp, vpp and the schedule), so
+    the two bounds that read them (:func:`lower_bound_step_s`, :func:`lower_bound_experts_s`) share them."""
+    key = None
+    if cache is not None:
+        key = ("times", *rank_fields(layout), layout.dp)
+        found = cache.get(key)
+        if found is not None:
+            return found
+    times = [_compute_of(cache, model, cluster, train, layout, s) for s in shapes]
+    if cache is not None:
+        cache[key] = times
+    return times
 
 
 def _stage_of(
@@ -876,16 +917,7 @@ def _stage_of(
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (
-        layout.tp,
-        layout.sp,
-        layout.cp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.mbs,
-        layout.ac,
-        layout.ep,
-        layout.ep_folds_tp,
+        *rank_fields(layout),
         layout.zero >= 2,
         layout.dp,
         shape.pp_rank,
@@ -992,15 +1024,64 @@ def _stage_seconds(
         compute_s += host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m) * host.core_share(
             accel, cluster.gpus_per_node
         )
-    tp_ops = _tp_collectives(model, local, layout, shape, m, cluster) + _world_collectives(layout, cluster)
-    pp_ops = _pp_collectives(model, local, layout, shape, m, cluster)
-    ep_ops = experts.ep_collectives(model, local, layout, shape, m, cluster)  # exposed (critical path)
+    tp_ops = _comm_of(cache, "tp", model, local, layout, shape, m, cluster) + _comm_of(
+        cache, "world", model, local, layout, shape, m, cluster
+    )
+    pp_ops = _comm_of(cache, "pp", model, local, layout, shape, m, cluster)
+    ep_ops = _comm_of(cache, "ep", model, local, layout, shape, m, cluster)  # exposed (critical path)
     kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
     # a profile whose ring steps were timed with their sends holds them in compute (cost/context_parallel.py)
     cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
     tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + experts.exposed_s(ep_ops, compute_s, train)
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
+
+
+def _comm_key(kind: str, layout: Layout, shape: RankShape, m: int) -> tuple:
+    """What the collectives of ``kind`` (:func:`_comm_of`) read of the layout, the rank and its
+    micro-batches, beyond the plan's model, cluster and setting (cp: the rank's own setting)."""
+    if kind == "tp":  # _tp_collectives: the norms' reductions read whether FSDP2 wraps, per micro-batch or step
+        fsdp = fsdp_wrapped(layout)
+        per_mb = fsdp and layout.zero >= 2 and layout.pp == 1
+        rank = (shape.blocks, shape.has_embedding, shape.has_head, shape.expert_params)
+        return ("tp", layout.tp, layout.sp, layout.mbs, layout.ac, layout.cp, m, fsdp, per_mb, *rank)
+    if kind == "ep":  # experts.ep_collectives
+        fields = (layout.ep, layout.tp, layout.ep_folds_tp, layout.mbs, layout.ac, layout.cp, m)
+        return ("ep", *fields, shape.expert_params, shape.has_head)
+    if kind == "pp":  # _pp_collectives: the link spans tp x cp x dp
+        return ("pp", layout.pp, layout.mbs, layout.sp, layout.tp, layout.cp, layout.dp, m, shape.sends_per_mb)
+    # _world_collectives: world_dim's fields
+    return ("world", layout.dp, layout.shard, layout.cp, layout.tp, layout.pp, layout.zero == 0)
+
+
+def _comm_of(
+    cache: dict | None,
+    kind: str,
+    model: ModelSpec,
+    local: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    m: int,
+    cluster: ClusterSpec,
+) -> list[Collective]:
+    """The rank's collectives of ``kind`` (tp, ep, pp or world), kept in ``cache`` (when given: the
+    plan's per-rank memo) by the fields they read (:func:`_comm_key`), so the layouts that differ
+    only elsewhere (ZeRO, the schedule, the other degrees) share them. The lists are shared: callers
+    only read them. Eight arguments: :func:`_stage_seconds`' setting, the kind and the memo."""
+    key = _comm_key(kind, layout, shape, m) if cache is not None else None
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        if kind == "tp":
+            found = _tp_collectives(model, local, layout, shape, m, cluster)
+        elif kind == "ep":
+            found = experts.ep_collectives(model, local, layout, shape, m, cluster)
+        elif kind == "pp":
+            found = _pp_collectives(model, local, layout, shape, m, cluster)
+        else:
+            found = _world_collectives(layout, cluster)
+        if cache is not None:
+            cache[key] = found
+    return found
 
 
 def _bubble_seconds(

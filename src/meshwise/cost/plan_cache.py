@@ -7,6 +7,8 @@ passes it down; it goes with them, so nothing grows from one plan to the next in
   distinct rank shape stands for (estimate._shape_counts), under keys of the fields each reads;
   shared by the search's bounds and estimates alike.
 - ``peaks``: the memory's parts (cost/memory_peaks.py), by the fields each reads.
+- ``search_state``: what the plan's own search leaves (plan/search.py), so that the explanation's
+  search of the layouts of the other expert kind reuses its order and caches.
 
 What stays module-wide is the ``functools.lru_cache`` of pure functions of a spec and a few small
 numbers (memory's rank shapes, activation sizes, kernel efficiencies, ...): their answers hold for
@@ -26,6 +28,7 @@ class PlanCache:
         self.model, self.cluster, self.train = model, cluster, train
         self.stages: dict[tuple, object] = {}
         self.peaks = PeakCache(model, train)
+        self.search_state: object | None = None
 
     def serves(self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> bool:
         """Whether its answers hold for a plan of ``model`` on ``cluster`` under ``train``."""

@@ -13,6 +13,7 @@ from meshwise.cost.estimate import (
     lower_bound_step_s,
     lower_bound_with_dp_s,
     optimizer_seconds,
+    rank_fields,
 )
 from meshwise.cost.memory import RankShape, rank_shapes
 from meshwise.layout import Degrees, Layout
@@ -52,20 +53,9 @@ def optimizer_key(layout: Layout) -> tuple:
 
 
 def experts_key(layout: Layout) -> tuple:
-    """What estimate.lower_bound_experts_s reads: no ZeRO field, ``shard`` only through whether ep is
-    folded over tp."""
-    return (
-        layout.tp,
-        layout.cp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.mbs,
-        layout.ac,
-        layout.ep,
-        layout.sp,
-        folds_tp(layout),
-    )
+    """What estimate.lower_bound_experts_s reads: estimate.rank_fields, no ZeRO field, ``shard`` only
+    through whether ep is folded over tp."""
+    return rank_fields(layout)
 
 
 def tight_key(layout: Layout) -> tuple:

@@ -246,3 +246,10 @@ def keep_ranked(best: list[Estimate], keys: list[tuple], e: Estimate, index: int
         keys.insert(at, key_e)
         best.insert(at, e)
         del keys[keep:], best[keep:]
+
+
+def of_kind(bounded: list[tuple], split: bool) -> list[tuple]:
+    """The entries of a search's ordered (bound, index, group, ...) list whose layouts are of the
+    other kind than a winner with ``split`` (ep > 1): ep = 1 where ``split``, else ep > 1. The group
+    key (plan/bounds.compute_key) ends with ep for a mixture of experts."""
+    return [b for b in bounded if (b[2][-1] == 1) == split]

@@ -16,7 +16,7 @@ from meshwise.cost.context_parallel import local_train, tp_overlap_on
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
-from meshwise.cost.plan_cache import PlanCache, plan_cache
+from meshwise.cost.plan_cache import PlanCache
 from meshwise.layout import AC_MODES, Degrees, Layout
 from meshwise.plan.bounds import Bounds, compute_key
 from meshwise.plan.candidates import (
@@ -29,6 +29,7 @@ from meshwise.plan.candidates import (
     _with,
     break_ties,
     keep_ranked,
+    of_kind,
 )
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
@@ -53,55 +54,56 @@ def _fields(
 
 
 def search_megatron(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
+    cache: PlanCache,
     top: int = 5,
     headroom: float = DEFAULT_HEADROOM,
     where: Callable[[Layout], bool] | None = None,
     cp_bound: bool = True,
-    cache: PlanCache | None = None,
 ) -> SearchResult:
-    """plan/search.py's search under Megatron-Core's memory; cp past CP_MIN_TOKENS (``cp_bound`` False)
-    only when no layout within it is valid (search._structure_fields). ``cache``: the plan's. As in
-    plan/search.py, the layouts are weighed in order of their compute-only bound, and memory is worked
-    out only for those no bound refuses: ``result.checked`` counts them, ``result.fitting`` those of
-    them that fit."""
-    cache = plan_cache(model, cluster, train, cache)
+    """plan/search.py's search under Megatron-Core's memory, of the plan of ``cache`` (its model, cluster
+    and setting; cost/plan_cache.py); cp past CP_MIN_TOKENS (``cp_bound`` False) only when no layout
+    within it is valid (search._structure_fields). As in plan/search.py, the layouts are weighed in
+    order of their compute-only bound, and memory is worked out only for those no bound refuses:
+    ``result.checked`` counts them, ``result.fitting`` those of them that fit."""
+    model, cluster, train = cache.model, cache.cluster, cache.train
     result = SearchResult()
     # the structures by what their compute-only bound reads but (mbs, ac): (enumeration index, base,
     # the (mbs, micro-batches) the schedule admits, the (ac, mbs) ``where`` admits or None for all)
     groups: dict[tuple, list[tuple]] = {}
+    counts: dict[tuple, int] = {}  # the layouts each group holds
     index = 0
     acs = _ac_modes(model)
+    schedule_runs: dict[tuple, tuple] = {}  # the runs by what _schedule_ok reads: dp (with mbs, m), pp, schedule
     for d, mbs_options in _fields(model, cluster.world_size, train.global_batch, train.seq_len, cp_bound):
         base = d.layout()
-        runs = tuple(
-            (mbs, train.global_batch // (d.dp * mbs))
-            for mbs in mbs_options
-            if _schedule_ok(base, train.global_batch // (d.dp * mbs))
-        )
+        runs = schedule_runs.get((d.dp, d.pp, d.schedule))
+        if runs is None:
+            runs = schedule_runs[d.dp, d.pp, d.schedule] = tuple(
+                (mbs, train.global_batch // (d.dp * mbs))
+                for mbs in mbs_options
+                if _schedule_ok(base, train.global_batch // (d.dp * mbs))
+            )
         admitted = None
         if where is not None:
             admitted = frozenset((ac, mbs) for ac in acs for mbs, _ in runs if where(_with(base, mbs, ac)))
-            result.enumerated += len(admitted)
             if not admitted:
                 continue  # ``where`` admits none of its layouts: nothing to bound or weigh
-        else:
-            result.enumerated += len(runs) * len(acs)
         gkey = compute_key(d, model.moe)
         members = groups.get(gkey)
         if members is None:
             members = groups[gkey] = []
+            counts[gkey] = 0
+        counts[gkey] += len(runs) * len(acs) if admitted is None else len(admitted)
         members.append((index, base, admitted))
         index += 1
+    result.enumerated = sum(counts.values())
     if cp_bound and not result.enumerated:
-        return search_megatron(model, cluster, train, top, headroom, where, cp_bound=False, cache=cache)
-    _Weigh(model, cluster, train, headroom, cache.stages, max(top, RUNNER_UP_POOL)).run(groups, result)
-    result.best = break_ties(result.best, cluster.accelerator.memory_bytes * (1 - headroom))
-    result.pool = result.best[:]
-    del result.best[top:]
-    return result
+        return search_megatron(cache, top, headroom, where, cp_bound=False)
+    weigh = _Weigh(model, cluster, train, headroom, cache.stages, groups, counts)
+    weigh.order = weigh.bounded(result)
+    if where is None:
+        cache.search_state = weigh
+    return weigh.rank(weigh.order, result, top)
 
 
 class _Weigh:
@@ -115,37 +117,64 @@ class _Weigh:
     whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
-        self, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float, stages: dict, keep: int
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        train: TrainSpec,
+        headroom: float,
+        stages: dict,
+        groups: dict[tuple, list[tuple]],
+        counts: dict[tuple, int],
     ) -> None:
-        self.model, self.cluster, self.train, self.headroom, self.stages, self.keep = (
-            model,
-            cluster,
-            train,
-            headroom,
-            stages,
-            keep,
-        )
+        self.model, self.cluster, self.train, self.headroom, self.stages = model, cluster, train, headroom, stages
+        self.groups, self.counts = groups, counts
+        self.order: list[tuple] = []  # :meth:`bounded`'s list
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
+        self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
+        self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
 
-    def run(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> None:
+    def rank(self, order: list[tuple], result: SearchResult, top: int) -> SearchResult:
+        """``result`` with the best ``top`` of the layouts of ``order`` (:meth:`bounded`'s list or a part
+        of it), ties broken, and the pool of the best ``max(top, RUNNER_UP_POOL)``."""
+        self._weigh(order, result, max(top, RUNNER_UP_POOL))
+        result.best = break_ties(result.best, self.usable)
+        result.pool = result.best[:]
+        del result.best[top:]
+        return result
+
+    def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
+        """plan/search.py's ``_Search.of_kind``: the search of the layouts of the other kind than a
+        winner with ``split``, from this search's groups, order and caches."""
+        if self.capacity * (1 - headroom) != self.usable:
+            return None
+        result = SearchResult(enumerated=sum(n for g, n in self.counts.items() if (g[-1] == 1) == split))
+        if not result.enumerated:
+            return None
+        return self.rank(of_kind(self.order, split), result, top)
+
+    def _weigh(self, order: list[tuple], result: SearchResult, keep: int) -> None:
         keys: list[tuple] = []
         best = result.best
-        for bound, _, gkey, ac, mbs, m in self._bounded(groups, result):
-            if len(best) >= self.keep and bound > best[-1].time.step_s:
+        for bound, _, gkey, ac, mbs, m in order:
+            if len(best) >= keep and bound > best[-1].time.step_s:
                 break
-            members = groups[gkey]
+            members = self.groups[gkey]
             first = _with(members[0][1], mbs, ac)
-            if len(best) >= self.keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
+            if len(best) >= keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
                 continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
-            for index, base, admitted in members:
+            parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
+            founds = self.founds.get(gkey)
+            if founds is None:
+                founds = self.founds[gkey] = [self._structure(index, base) for index, base, _ in members]
+            for (index, base, admitted), found in zip(members, founds):
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
-                full = len(best) >= self.keep
+                full = len(best) >= keep
                 if full:
                     worst = best[-1].time.step_s
                     if bound > worst:
@@ -154,8 +183,11 @@ class _Weigh:
                     if busy is not None and busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
-                mems = self._memories(index, base, ac, mbs, m)
-                if mems is None:
+                if found is None:  # its states alone overflow a rank
+                    continue
+                if parts is None:
+                    parts = self._transient(found, base, ac, mbs, m)
+                if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
@@ -165,16 +197,19 @@ class _Weigh:
                         busy = tight[base.zero >= 2] = self.bounds.tight_s(layout)
                     if busy > worst or self.bounds.slower(layout, worst):
                         continue
+                mems = tuple(
+                    Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(found[1], parts)
+                )
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
-                keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), self.keep)
+                keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), keep)
 
-    def _bounded(self, groups: dict[tuple, list[tuple]], result: SearchResult) -> list[tuple]:
+    def bounded(self, result: SearchResult) -> list[tuple]:
         """(compute-only bound, first enumeration index, group, ac, mbs, micro-batches) of every group's
         (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp); a
         group none of whose members' states fit is left out."""
         out = []
         acs = _ac_modes(self.model)
-        for gkey, members in groups.items():
+        for gkey, members in self.groups.items():
             index, base, _ = members[0]
             runs = [
                 (mbs, self.train.global_batch // (base.dp * mbs))
@@ -201,31 +236,34 @@ class _Weigh:
         return out
 
     def _structure(self, index: int, base: Layout) -> tuple | None:
-        """The structure's (rank shapes, their states, local setting, TP overlap), or None when its
-        states alone overflow a rank (no mbs or ac fits)."""
+        """The structure's (rank shapes, their states, their sums, local setting, TP overlap), or None
+        when its states alone overflow a rank (no mbs or ac fits)."""
         found = self.structures.get(index, False)
         if found is False:
-            shapes = rank_shapes(self.model, base)
-            states = [states_of(self.model, self.train, base, sh) for sh in shapes]
+            # the rank shapes read tp, pp, vpp and the schedule, their states dp, cp, ZeRO, shard and ep: not sp
+            skey = (base.tp, base.pp, base.vpp, base.schedule, base.dp, base.cp, base.zero, base.shard, base.ep)
+            held = self.states.get(skey)
+            if held is None:
+                shapes = rank_shapes(self.model, base)
+                states = [states_of(self.model, self.train, base, sh) for sh in shapes]
+                totals = [sum(st) for st in states]
+                held = self.states[skey] = (shapes, states, totals, any(t > self.usable for t in totals))
+            shapes, states, totals, overflows = held
             found = self.structures[index] = (
                 None
-                if any(sum(st) > self.usable for st in states)
-                else (shapes, states, local_train(self.train, base), tp_overlap_on(self.train, base))
+                if overflows
+                else (shapes, states, totals, local_train(self.train, base), tp_overlap_on(self.train, base))
             )
         return found
 
-    def _memories(self, index: int, base: Layout, ac: str, mbs: int, m: int) -> tuple[Memory, ...] | None:
-        """Every rank's Megatron-Core memory (megatron_memory.rank_memory, its states and transient parts
-        cached apart) when the layout fits on every rank, else None."""
-        found = self._structure(index, base)
-        if found is None:
-            return None
-        shapes, states, local, overlap = found
+    def _transient(self, found: tuple, base: Layout, ac: str, mbs: int, m: int) -> list[tuple[float, float]]:
+        """Every rank's Megatron-Core transient memory (megatron_memory.transient: activations, other) of
+        the structure ``found`` (:meth:`_structure`) at (ac, mbs); a layout fits where every rank's
+        states plus these stay within the usable memory (megatron_memory.rank_memory's sum)."""
+        shapes, _, _, local, overlap = found
         key = (base.tp, base.sp, mbs, ac, base.ep, base.ep_folds_tp, base.schedule, base.pp, base.vpp, overlap)
         # the rank shapes follow tp, pp, vpp and the schedule (in the key), the local setting cp
         parts = self.transients.get((key, m, base.cp))
         if parts is None:
             parts = self.transients[key, m, base.cp] = [transient(self.model, local, key, m, sh) for sh in shapes]
-        if max(sum(st) + a + o for st, (a, o) in zip(states, parts)) > self.usable:
-            return None
-        return tuple(Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(states, parts))
+        return parts

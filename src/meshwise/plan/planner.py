@@ -185,23 +185,11 @@ def explain(
     best: list[Estimate],
     headroom: float = DEFAULT_HEADROOM,
     shown: int | None = None,
-) -> list[str]:
-    """Walk the decision order of docs/design.md with the numbers, then compare the winner to row #2
-    and to the best layout of another kind (``shown``: the rows the table shows)."""
-    return explain_with_figures(model, cluster, train, best, headroom, shown).lines
-
-
-def explain_with_figures(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    best: list[Estimate],
-    headroom: float = DEFAULT_HEADROOM,
-    shown: int | None = None,
     cache: PlanCache | None = None,
 ) -> Explained:
-    """:func:`explain`, with the figures of each line (Plan.as_json's ``explanation_figures``; ``cache``:
-    the plan's, cost/plan_cache.py)."""
+    """Walk the decision order of docs/design.md with the numbers, then compare the winner to row #2
+    and to the best layout of another kind (``shown``: the rows the table shows); each line with its
+    figures (Plan.as_json's ``explanation_figures``; ``cache``: the plan's, cost/plan_cache.py)."""
     usable = cluster.accelerator.memory_bytes * (1 - headroom)
     out = Explained([], {})
     one = reference(model, cluster, replace(train, global_batch=1), Layout())
@@ -231,6 +219,7 @@ def _other_ep(
     def other(layout: Layout) -> bool:  # no ``reads``: the search would share its answers across eps
         return (layout.ep == 1) == split and runs(layout)
 
+    other.ep_split = split  # type: ignore[attr-defined]  # the plan's search answers it from its own order
     return search(model, cluster, train, 1, 1 - usable / cluster.accelerator.memory_bytes, where=other, cache=cache)
 
 
@@ -761,7 +750,7 @@ def plan(
         validate(layout, model, cluster.world_size, train.global_batch)
         e = estimate(model, cluster, train, layout, headroom, cache.stages)
         result = search(model, cluster, train, 2, headroom, cache=cache)
-        said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
+        said = explain(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
         lines = said.lines
         verdict = "fits" if e.fits else "does NOT fit"
         lines.append(
@@ -787,7 +776,7 @@ def plan(
             checked=result.checked,
         )
     result = search(model, cluster, train, top, headroom, cache=cache)
-    said = explain_with_figures(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
+    said = explain(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
     lines = said.lines
     if not result.best:
         if result.enumerated == 0:

@@ -47,6 +47,7 @@ from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's
     cp_degrees,
     enumerate_layouts,
     keep_ranked,
+    of_kind,
     pipeline_options,
     simpler_in,
     tp_degrees,
@@ -89,9 +90,19 @@ def search(
     to what that runtime runs (:func:`meshwise.layout.runs_here`). ``cache``: the plan's caches
     (cost/plan_cache.py), where it serves this model, cluster and setting; else the search makes its own."""
     with _collector_paused():
+        kind = getattr(where, "ep_split", None)
+        if kind is not None and cache is not None and cache.search_state is not None:
+            found = cache.search_state.of_kind(kind, top, headroom)
+            if found is not None:
+                return found
+        cache = plan_cache(model, cluster, train, cache)
         if train.runtime == "megatron" and not model.states_only:  # Megatron-Core's memory and MoE folding
-            return search_megatron(model, cluster, train, top, headroom, where, cache=cache)
-        return _Search(model, cluster, train, top, headroom, where, plan_cache(model, cluster, train, cache)).run()
+            return search_megatron(cache, top, headroom, where)
+        searched = _Search(model, cluster, train, top, headroom, where, cache)
+        result = searched.run()
+        if where is None:  # the plan's own search: of_kind serves the explanation's
+            cache.search_state = searched
+        return result
 
 
 class _Search:
@@ -140,6 +151,7 @@ class _Search:
         self.structures = 0
         self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
         self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
+        self.bounded: list[tuple] = []  # :meth:`_bounded`'s list, kept for :meth:`of_kind`
 
     def run(self) -> SearchResult:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
@@ -149,7 +161,24 @@ class _Search:
                 self._enumerate(degrees, all_mbs)
             if self.result.enumerated:
                 break
-        return self._rank()
+        self.bounded = self._bounded()
+        return self._rank(self.bounded, self.result, self.keep, self.top, self.usable)
+
+    def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
+        """What ``search(..., top, headroom, where=<the layouts of the other kind than a winner with
+        ``split``>)`` answers, from this search's groups, order and caches: the same layouts, filed
+        and ordered alike (their enumeration indices are a subsequence of this search's), weighed
+        afresh. None where that search would answer otherwise: another usable memory, or no layout
+        of that kind in this search's enumeration (it would go on to cp past CP_MIN_TOKENS)."""
+        if self.capacity * (1 - headroom) != self.usable:
+            return None
+        result = SearchResult()
+        for gkey, members in self.groups.items():
+            if (gkey[-1] == 1) == split:
+                result.enumerated += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
+        if not result.enumerated:
+            return None
+        return self._rank(of_kind(self.bounded, split), result, max(top, RUNNER_UP_POOL), top, self.usable)
 
     def _enumerate(self, d: Degrees, all_mbs: list[int]) -> None:
         """Count the structure's layouts and file it under what its compute-only bound reads."""
@@ -242,7 +271,7 @@ class _Search:
         return layout, True
 
     # ------------------------------------------------------------------ ranking
-    def _rank(self) -> SearchResult:
+    def _rank(self, bounded: list[tuple], result: SearchResult, keep: int, top: int, usable: float) -> SearchResult:
         """Weigh the layouts in order of their compute-only lower bound, which reads no memory: each
         group of layouts sharing one bound is checked for memory, and its fitting ones estimated, until
         the ``keep`` best are known and the next bound is slower than the worst of them (no layout
@@ -250,10 +279,9 @@ class _Search:
         ``result.checked`` counts those weighed, ``result.fitting`` those of them that fit. A fitting
         layout whose tighter bound (every part of the step but the data-parallel collectives) is slower
         is not estimated. Exact ties between rank keys go to the earlier enumerated layout, as if
-        estimated in that order."""
-        result, keep = self.result, self.keep
+        estimated in that order. ``bounded``: :meth:`_bounded`'s list, or a part of it."""
         keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
-        for bound, _, gkey, ac, mbs in self._bounded():
+        for bound, _, gkey, ac, mbs in bounded:
             if len(result.best) >= keep and bound > result.best[-1].time.step_s:
                 break
             widest_failed: set[int] = set()  # the ZeRO stages whose whole-dp sharding group does not fit
@@ -285,9 +313,9 @@ class _Search:
                     self.peaks.memories(layout, shapes, self.capacity),
                 )
                 keep_ranked(result.best, keys, e, (s_index, _AC_ORDER[ac], mbs), keep)
-        result.best = break_ties(result.best, self.usable)
+        result.best = break_ties(result.best, usable)
         result.pool = result.best[:]
-        del result.best[self.top :]
+        del result.best[top:]
         return result
 
     def _widest_first(self, gkey: tuple) -> list[tuple]:

@@ -180,7 +180,7 @@ def choose(
     ]
     if live.note:
         lines.append(live.note)
-    lines += planner.explain(model, live.cluster, train, result.pool)
+    lines += planner.explain(model, live.cluster, train, result.pool).lines
     return result.best[0].layout, lines
 
 
