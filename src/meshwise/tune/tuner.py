@@ -10,6 +10,9 @@
 4. With the field done, an untried pool candidate now predicted faster than the measured best
    beyond the band is tried (a new round), and 2-4 repeat until none is: model and measurement agree.
 5. ``max_trials`` and the clock's ``deadline_s`` end the tune early; a finished trial is never repeated.
+6. With the loop done, the measured trials within the noise of the best are run again together,
+   their steps interleaved (:meth:`Tune.runoff`, trials.runoff_contenders); the run-off's fastest
+   is the pick. Its contenders count as trials against ``max_trials``.
 
 ``exhaustive`` (benchmarks/tune_regret.py's ground truth) tries the pool's first N predicted, all
 of them, in that order, with no early stop, no drop and no re-ranking.
@@ -25,7 +28,7 @@ from typing import Any
 from meshwise.layout import parse
 from meshwise.tune.field import Candidate, field_of
 from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
-from meshwise.tune.trials import NOISE_FLOOR, Trial, best_trial
+from meshwise.tune.trials import NOISE_FLOOR, RUNOFF, Trial, best_trial, runoff_contenders
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Tune:
         """(the next candidate, its round), or None when the tune is done."""
         if out_of_time or (self.max_trials is not None and len(self.trials) >= self.max_trials):
             return None
+        if any(t.status == RUNOFF for t in self.trials):
+            return None
         best = best_trial(self.trials)
         best_s = best.measured_step_s if best else None
         field_left = [t for t in self.field if t not in self.tried and t not in self.dropped]
@@ -86,6 +91,16 @@ class Tune:
             return None
         text = min(faster, key=self.predicted)
         return Candidate(parse(text), self.predicted(text)), self.round + 1
+
+    def runoff(self, out_of_time: bool = False) -> list[Trial]:
+        """The trials to run again together once :meth:`next` is done (none: the pick stands);
+        never in an exhaustive tune, nor past ``max_trials`` or the clock."""
+        if out_of_time or self.exhaustive:
+            return []
+        contenders = runoff_contenders(self.trials)
+        if self.max_trials is not None and len(self.trials) + len(contenders) > self.max_trials:
+            return []
+        return contenders
 
     def record(self, trial: Trial) -> None:
         self.trials.append(trial)
