@@ -2,7 +2,7 @@
 
 1. The field (tune/field.py) is tried fastest predicted first.
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
-   untried candidate of the planned pool is predicted again. From two measured trials on, the band
+   untried candidate of the planned pool is predicted again. From three measured trials on, the band
    is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
    refit.held_out_errors; at least the noise floor); before that, the planned band (field.relative_band).
 3. An untried field member now predicted slower than the measured best beyond the band is
@@ -29,6 +29,11 @@ from meshwise.layout import parse
 from meshwise.tune.field import Candidate, field_of
 from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
 from meshwise.tune.trials import NOISE_FLOOR, RUNOFF, Trial, best_trial, runoff_contenders
+
+# Trials before the held-out error sets the band: with two, each is predicted from a fit to one
+# trial, and two like layouts (tune_regret.py's `four`: both ZeRO over groups of 2) read 4% where
+# the refitted profile was 8-14% off on the rest of the field.
+HELD_OUT_MIN = 3
 
 
 @dataclass
@@ -108,7 +113,9 @@ class Tune:
 
     def _learn(self) -> None:
         """Refit to every measured trial, narrow the band, drop what can no longer win."""
-        measured = [(parse(t.layout), t.parts) for t in self.trials if t.fits and t.parts]
+        # a layout measured again in the run-off refits with that later, interleaved measurement
+        latest = {t.layout: t for t in self.trials if t.fits and t.parts}
+        measured = [(parse(text), t.parts) for text, t in latest.items()]
         if not measured:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
@@ -119,7 +126,7 @@ class Tune:
             [t.measured_step_s or 0.0 for t in done],
             self.predictor,
         )
-        if errors:
+        if len(errors) >= HELD_OUT_MIN:
             self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
         best = best_trial(self.trials)
         if best is None or best.measured_step_s is None or self.exhaustive:
