@@ -17,17 +17,24 @@ fastest of them. Then, per round:
     trials used  = tune's trials / N
 
 (a pick outside the exhaustive field, tried after a re-ranking, is read from the tune's own
-measurement and marked ``*``). The profile's error is ``(predicted - measured) / measured`` of
+measurement and marked ``*``). Trials used counts the layouts tried plus the run-off's contenders
+(each measured again), ``2+2 / 12``; steps used, every warm-up and timed step of the tune over
+those of the exhaustive run of the same round. The profile's error is ``(predicted - measured) / measured`` of
 the exhaustive steps, mean absolute, under the base profile and under the tune's refitted one,
 over the layouts the tune tried and over all N. The target: tune within 3% of the
 best, at most a third of the field's trials; the refitted profile within 10% on the tried layouts.
 
-Scenarios: ``one`` (1 process, ``small``, this machine's calibration), ``two`` (2 processes,
-``tiny``), ``four`` (4 processes, ``small``, planned from the catalog's ``cpu`` profile: the one
-where the first ranking can be wrong). A benchmark that prints, not a test; run it on a quiet host:
+Scenarios: ``one`` (1 process, ``medium``, this machine's calibration), ``two`` (2 processes,
+``small``, this machine's calibration), ``four`` (4 processes, ``small``, planned from the
+catalog's ``cpu`` profile: the one where the catalog's first ranking is wrong, as the exhaustive
+field shows: regret(auto) > 0). A benchmark that prints, not a test; run it on a quiet host:
 
-    .venv/bin/python benchmarks/tune_regret.py [--rounds 3] [--steps 5] [--warmup 2] [--field 8]
-                                               [--only one,two,four] [--keep DIR]
+    .venv/bin/python benchmarks/tune_regret.py [--rounds 3] [--steps 5] [--warmup 2] [--field 12]
+                                               [--only one,two,four] [--keep DIR] [--new-rounds K]
+
+With ``--keep DIR`` every tune's JSON summary is kept there and a round already kept is read, not
+run again; ``--new-rounds K`` runs at most K rounds per scenario, so a long benchmark runs in
+pieces (the last one prints every round).
 """
 
 from __future__ import annotations
@@ -60,13 +67,17 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("one", 1, "small", 128, 8),
-    Scenario("two", 2, "tiny", 64, 8),
+    Scenario("one", 1, "medium", 128, 8),
+    Scenario("two", 2, "small", 128, 8),
     Scenario("four", 4, "small", 128, 8, catalog=True),
 )
 
 
 def _tune(s: Scenario, out: Path, args: argparse.Namespace, profile: str | None, extra: list[str]) -> dict:
+    """The tune's JSON summary: kept in ``out.json`` (read from there when kept before)."""
+    kept = out.with_suffix(".json")
+    if kept.exists():
+        return json.loads(kept.read_text())
     cmd = [
         sys.executable,
         "-m",
@@ -94,7 +105,14 @@ def _tune(s: Scenario, out: Path, args: argparse.Namespace, profile: str | None,
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    summary = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    kept.write_text(json.dumps(summary))
+    return summary
+
+
+def _steps(summary: dict, warmup: int) -> int:
+    """Warm-up and timed steps a tune ran (a run-off warms each contender up by one step)."""
+    return sum(len(t["steps_s"]) + (1 if t["status"] == "run-off" else warmup) for t in summary["trials"])
 
 
 def _errors(table: dict, layouts: list[str], measured: dict[str, float], predictor: Predictor) -> float:
@@ -109,12 +127,20 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
         Path(profile).write_text(profile_text({"name": "cpu", **read_catalog("accelerators.toml")["cpu"]}))
     steps: dict[str, list[float]] = {}
     tunes: list[dict] = []
+    exhaustive: list[dict] = []
+    new = 0
     for r in range(args.rounds):
-        ex = _tune(s, folder / f"{s.name}-exhaustive-{r}", args, profile, ["--exhaustive", str(args.field)])
+        ex_out, tune_out = folder / f"{s.name}-exhaustive-{r}", folder / f"{s.name}-tune-{r}"
+        if not (ex_out.with_suffix(".json").exists() and tune_out.with_suffix(".json").exists()):
+            if new >= args.new_rounds:
+                break
+            new += 1
+        ex = _tune(s, ex_out, args, profile, ["--exhaustive", str(args.field)])
         for t in ex["trials"]:
             if t["measured_step_s"]:
                 steps.setdefault(t["layout"], []).append(t["measured_step_s"])
-        tunes.append(_tune(s, folder / f"{s.name}-tune-{r}", args, profile, []))
+        exhaustive.append(ex)
+        tunes.append(_tune(s, tune_out, args, profile, []))
     measured = {k: statistics.median(v) for k, v in steps.items()}
     best = min(measured.values())
     threads = max(1, (os.cpu_count() or 1) // s.nproc)
@@ -125,17 +151,25 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
         f"\n{s.name}: {s.model}, {s.nproc} process(es) x {threads} thread(s), batch {s.batch} x {s.seq}, "
         f"{len(measured)} layouts measured exhaustively, best {best:.4g} s/step"
     )
-    print("round  trials used  regret(tune)  regret(auto)  error before/after (tried)  (all N)")
+    order = [t["layout"] for t in exhaustive[0]["trials"]] if exhaustive else []
+    print("the exhaustive field in the base profile's order (its first is --layout auto's pick when they match):")
+    for text in order:
+        rounds = " ".join(f"{x:.4g}" for x in steps.get(text, []))
+        print(f"  {text:<72} median {measured.get(text, float('nan')):.4g} s  rounds {rounds}")
+    print("round  trials used  steps used  regret(tune)  regret(auto)  error before/after (tried)  (all N)")
     for r, tune in enumerate(tunes):
         pick = tune["pick"]
         pick_s = measured.get(pick, tune["pick_step_s"])
         mark = "" if pick in measured else "*"
         auto_s = measured.get(tune["auto"], float("nan"))
-        tried = [t["layout"] for t in tune["trials"]]
+        tried = list(dict.fromkeys(t["layout"] for t in tune["trials"]))
+        runoff = sum(t["status"] == "run-off" for t in tune["trials"])
+        used = f"{len(tried)}+{runoff} / {len(measured)}"
+        steps_used = f"{_steps(tune, args.warmup)} / {_steps(exhaustive[r], args.warmup)}"
         start = _base_table(tune["base_profile"])
         refitted = read_toml(Path(tune["profile"]), "profile")
         print(
-            f"{r + 1:>5}  {len(tried):>3} / {len(measured):<5}  {pick_s / best - 1:>+11.1%}{mark:1}  "
+            f"{r + 1:>5}  {used:<11}  {steps_used:<10}  {pick_s / best - 1:>+11.1%}{mark:1}  "
             f"{auto_s / best - 1:>+11.1%}  {_errors(start, tried, measured, predictor):>11.1%} / "
             f"{_errors(refitted, tried, measured, predictor):<13.1%}  "
             f"{_errors(start, list(measured), measured, predictor):.1%} / "
@@ -156,7 +190,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--field", type=int, default=8, help="layouts measured exhaustively per scenario (>= 8)")
+    ap.add_argument("--field", type=int, default=12, help="layouts measured exhaustively per scenario (>= 8)")
+    ap.add_argument("--new-rounds", type=int, default=1_000, help="with --keep: run at most this many rounds now")
     ap.add_argument("--only", default=",".join(s.name for s in SCENARIOS))
     ap.add_argument("--keep", help="keep every tune's folder (trials.jsonl, profile.toml) under this folder")
     args = ap.parse_args()

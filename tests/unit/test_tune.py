@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,15 @@ from meshwise.tune.refit import BANDWIDTH, COMPUTE, FIXED, LATENCY, Predictor, r
 from meshwise.tune.trials import (
     MEASURED,
     OVER_LIMIT,
+    RUNOFF,
     STOPPED,
     Trial,
     best_trial,
     noise_of,
     read_results,
+    runoff_contenders,
     should_stop,
+    timed_steps,
     write_results,
 )
 from meshwise.tune.tuner import Tune
@@ -91,6 +95,25 @@ def test_early_stop_only_beyond_the_noise():
     assert not should_stop([1.2, 1.04], 1.0, 0.05)  # its fastest step is within the noise
     assert should_stop([1.2, 1.06], 1.0, 0.05)
     assert noise_of([1.0]) == pytest.approx(0.02) and noise_of([1.0, 1.1, 1.3]) == pytest.approx(0.3 / 1.1)
+
+
+def test_short_steps_run_more_timed_steps():
+    # enough steps for 1 s of timed work, at least --trial-steps, at most 4 times it
+    assert timed_steps(5, 0.5) == 5 and timed_steps(5, 0.17) == 6 and timed_steps(5, 0.03) == 20
+    assert timed_steps(5, 0.03, 0.5) == 17 and timed_steps(3, 0.0) == 12
+
+
+def test_runoff_contenders_are_the_measured_within_the_noise():
+    trials = [
+        Trial("a", MEASURED, 1.0, [1.00, 1.01, 1.02]),  # noise 2% (the floor)
+        Trial("b", MEASURED, 1.0, [1.05, 1.10, 1.15]),  # 1.10 <= 1.01 (1 + 0.1 / 1.10 = 9.1%)
+        Trial("c", MEASURED, 1.0, [1.04, 1.05, 1.06]),  # 1.05 > 1.01 (1 + 2%)
+        Trial("d", STOPPED, 1.0, [1.0, 1.0]),  # stopped early: never a contender
+    ]
+    assert [t.layout for t in runoff_contenders(trials)] == ["a", "b"]
+    assert runoff_contenders(trials[:1] + trials[2:]) == []  # fewer than two that close
+    done = [*trials, Trial("b", RUNOFF, 1.0, [1.0, 1.0]), Trial("a", RUNOFF, 1.0, [1.1, 1.1])]
+    assert runoff_contenders(done) == [] and best_trial(done).layout == "b"  # the run-off decides
 
 
 def test_best_trial_ignores_what_did_not_fit_or_stopped_early():
@@ -236,6 +259,22 @@ def test_exhaustive_tries_the_first_n_and_nothing_else():
     tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, exhaustive=8)
     trials = _run(tune, lambda t: _measure(predictor, _truth(), t, wobble=0.3))
     assert [t.layout for t in trials] == [c.text for c in pool[:8]] and not tune.dropped
+    assert tune.runoff() == []  # no run-off either
+
+
+def test_loop_ends_with_a_runoff_that_picks():
+    """Two layouts measured within each other's noise go to the run-off; its fastest is the pick,
+    after it the tune is done, and under --trials its contenders count."""
+    _, _, predictor, pool = _setup()
+    a, b = (_measure(predictor, _truth(), c.text) for c in pool[:2])
+    s = a.steps_s[0]
+    trials = [replace(a, steps_s=[s, 1.2 * s, 1.1 * s]), replace(b, steps_s=[1.05 * s] * 3)]
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=list(trials))
+    assert [t.layout for t in tune.runoff()] == [b.layout, a.layout] and tune.runoff(out_of_time=True) == []
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=3, trials=list(trials)).runoff() == []
+    for t in (replace(a, status=RUNOFF, steps_s=[1.1 * s] * 3), replace(b, status=RUNOFF, steps_s=[s] * 3)):
+        tune.record(t)
+    assert best_trial(tune.trials).layout == b.layout and tune.next() is None and tune.runoff() == []
 
 
 @pytest.mark.parametrize("name", ["h100", "b200", "cpu"])

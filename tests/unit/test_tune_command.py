@@ -110,6 +110,19 @@ def test_trial_slower_than_the_best_beyond_the_noise_stops_after_two_steps(one_r
     assert kept.status == "measured" and len(kept.steps_s) == 3
 
 
+def test_runoff_interleaves_the_contenders(one_rank):
+    from meshwise.layout import parse
+    from meshwise.train import loop
+    from meshwise.tune.command import resolve
+    from meshwise.tune.worker import Limits, TrialPlan, run_runoff
+
+    _, cfg = resolve(["--model", "tiny", "--seq-len", "32"])
+    plans = [TrialPlan(parse(text, 1), 0.01, 0, 0.01, 0.0) for text in ("dp=1,mbs=8", "dp=1,mbs=4")]
+    trials = run_runoff(cfg, loop.preflight(cfg), plans, Limits(1, 3, 0), None)
+    assert [t.layout for t in trials] == [p.layout.format() for p in plans]
+    assert all(t.status == "run-off" and len(t.steps_s) == 3 and t.parts["compute_s"] > 0 for t in trials)
+
+
 def test_cuda_out_of_memory_is_caught_and_recorded(one_rank, monkeypatch):
     """torch raises torch.cuda.OutOfMemoryError from the allocator; a fake raises it mid-trial."""
     import torch

@@ -14,6 +14,7 @@ from typing import Any
 
 from meshwise.catalog import read_catalog
 from meshwise.files import read_toml, write_atomically
+from meshwise.layout import parse
 from meshwise.spec import TrainSpec
 from meshwise.train import config as config_mod
 from meshwise.train.layout_choice import _GPU_NAMES, threads_per_rank
@@ -103,9 +104,23 @@ class Driver:
             noise_of(best.steps_s) if best else 0.0,
         )
 
+    def runoff(self) -> list[tuple[Any, float, int, float | None, float]] | None:
+        """The run-off's trials, as :meth:`next` gives one, or None when there is none."""
+        out_of_time = self.deadline is not None and time.monotonic() > self.deadline
+        contenders = self.tune.runoff(out_of_time)
+        if not contenders:
+            return None
+        best_s = contenders[0].measured_step_s
+        return [(parse(t.layout), t.predicted_step_s, t.round, best_s, 0.0) for t in contenders]
+
     def record(self, trial: Trial) -> None:
         write_results(self.out / RESULTS, self.inputs, [*self.tune.trials, trial])
         self.tune.record(trial)
+
+    def record_runoff(self, trials: list[Trial]) -> None:
+        write_results(self.out / RESULTS, self.inputs, [*self.tune.trials, *trials])
+        for trial in trials:
+            self.tune.record(trial)
 
     def finish(self) -> dict[str, Any]:
         """Write the refitted profile and, with a pick, the train config; returns the summary."""

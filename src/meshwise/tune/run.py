@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.train import layout_choice, loop
-from meshwise.tune.worker import Limits, TrialPlan, run_trial
+from meshwise.tune.trials import MIN_TIMED_S
+from meshwise.tune.worker import Limits, TrialPlan, run_runoff, run_trial
 
 
 def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
@@ -25,7 +26,9 @@ def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type == "cpu":
         torch.set_num_threads(layout_choice.threads_per_rank(local_world))
-    limits = Limits(opts.get("trial_warmup") or 2, opts.get("trial_steps") or 5, memory_bytes(opts.get("memory_limit")))
+    limits = Limits(
+        opts.get("trial_warmup") or 2, opts.get("trial_steps") or 5, memory_bytes(opts.get("memory_limit")), MIN_TIMED_S
+    )
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     try:
         from meshwise.tune.driver import Driver
@@ -57,7 +60,7 @@ def _on_rank0(call: Callable[[], Any]) -> Any:
 
 
 def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> None:
-    """Trial after trial as rank 0 chooses them, then rank 0's report."""
+    """Trial after trial as rank 0 chooses them, the run-off of the closest, then rank 0's report."""
     from meshwise.tune.show import Progress, report
 
     progress = Progress(driver) if driver is not None else None
@@ -66,18 +69,21 @@ def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> Non
             plan = TrialPlan(*message)
             if progress is not None:
                 progress.start(plan)
-            try:
-                trial = run_trial(cfg, prep, plan, limits, guard)
-            except RunStopped as e:
-                if driver is None:
-                    raise
-                raise RunStopped(
-                    f"{e}; {len(driver.tune.trials)} finished trial(s) kept in {driver.out}, tune --resume continues",
-                    e.status,
-                ) from None
+            trial = run_trial(cfg, prep, plan, limits, guard)
             _on_rank0(lambda: driver.record(trial))
             if progress is not None:
                 progress.done(trial)
+        runoff = _on_rank0(lambda: driver.runoff())
+        if runoff is not None:
+            trials = run_runoff(cfg, prep, [TrialPlan(*m) for m in runoff], limits, guard)
+            _on_rank0(lambda: driver.record_runoff(trials))
+    except RunStopped as e:
+        if driver is None:
+            raise
+        raise RunStopped(
+            f"{e}; {len(driver.tune.trials)} finished trial(s) kept in {driver.out}, tune --resume continues",
+            e.status,
+        ) from None
     finally:
         if progress is not None:
             progress.close()

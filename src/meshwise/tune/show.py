@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
-from meshwise.tune.trials import Trial, best_trial
+from meshwise.tune.trials import RUNOFF, Trial, best_trial
 from meshwise.units import gb_text
 
 
@@ -87,10 +87,12 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
         )
         return 0
     _table(trials, summary)
+    runoff = [t for t in trials if t.status == RUNOFF]
     before, after = _mean_abs(summary["error_before"]), _mean_abs(summary["error_after"])
     print(
-        f"Field: {len(summary['field'])} layout(s) within the band of the fastest predicted; {len(trials)} tried "
-        f"({summary['resumed']} resumed), {len(summary['dropped'])} dropped by the refitted profile"
+        f"Field: {len(summary['field'])} layout(s) within the band of the fastest predicted; "
+        f"{len(trials) - len(runoff)} tried ({summary['resumed']} resumed), {len(summary['dropped'])} dropped by "
+        f"the refitted profile" + (f"; {len(runoff)} measured again together (run-off)" if runoff else "")
     )
     if best is None:
         print("No layout of the field fit; a smaller model, batch or more memory (--memory-limit)")

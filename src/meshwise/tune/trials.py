@@ -12,12 +12,23 @@ first timed step alone (``STOP_AFTER_STEPS``): on this 2-core host the first tim
 slowest of five in 24 of 72 trials, by up to 55% over their median (benchmarks/tune_regret.py's
 exhaustive fields), and every early stop there came after that one step, once on the best layout.
 
+Short steps are noisier (a 30 ms step on the shared 2-core host spread 11-71% over five steps), so a
+trial whose first timed step is shorter than ``MIN_TIMED_S / steps`` runs more timed steps, enough
+for ``MIN_TIMED_S`` of timed work, at most ``MAX_STEPS_FACTOR`` times ``--trial-steps``
+(:func:`timed_steps`).
+
+The run-off: trials measured minutes apart on a shared host are not comparable to a few percent, so
+once the loop is done the measured trials whose median step lies within the noise of the best's
+(:func:`runoff_contenders`, at most ``RUNOFF_MAX``) are measured again together, their steps
+interleaved (A B, B A, ...), and the fastest median of that run-off is the pick (:func:`best_trial`).
+
 Pure Python: no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +39,11 @@ from meshwise.files import write_atomically
 
 NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
 STOP_AFTER_STEPS = 2  # timed steps a trial runs before it may stop early
+MIN_TIMED_S = 1.0  # timed work a trial of short steps extends to (seconds)
+MAX_STEPS_FACTOR = 4  # ... with at most this many times --trial-steps
+RUNOFF_MAX = 2  # contenders of the final run-off
 MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
+RUNOFF = "run-off"
 BINDS = {
     "compute_s": "compute",
     "comm_s": "communication",
@@ -54,7 +69,7 @@ class Trial:
 
     @property
     def fits(self) -> bool:
-        return self.status in (MEASURED, STOPPED)
+        return self.status in (MEASURED, STOPPED, RUNOFF)
 
     @property
     def measured_step_s(self) -> float | None:
@@ -92,15 +107,46 @@ def noise_of(steps_s: list[float]) -> float:
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:
-    """The fitting trial that ran all its steps with the fastest median step (None if none)."""
-    done = [t for t in trials if t.status == MEASURED and t.steps_s]
+    """The run-off's fastest median where there was a run-off, else the fitting trial that ran all
+    its steps with the fastest median step (None if none)."""
+    done = [t for t in trials if t.status == RUNOFF and t.steps_s]
+    done = done or [t for t in trials if t.status == MEASURED and t.steps_s]
     return min(done, key=lambda t: t.measured_step_s or 0.0) if done else None
 
 
 def should_stop(steps_s: list[float], best_s: float | None, noise: float) -> bool:
     """Stop a trial whose fastest step so far (of at least ``STOP_AFTER_STEPS``) is slower than the
-    best step by more than the noise."""
+    best step by more than the noise (the best trial's: its own fastest step already allows for its
+    spread)."""
     return best_s is not None and len(steps_s) >= STOP_AFTER_STEPS and min(steps_s) > best_s * (1 + noise)
+
+
+def timed_steps(steps: int, first_s: float, min_timed_s: float = MIN_TIMED_S) -> int:
+    """Timed steps of a trial whose first timed step took ``first_s``: enough for ``min_timed_s``
+    of timed work, at least ``steps``, at most ``MAX_STEPS_FACTOR * steps``."""
+    if first_s <= 0:
+        return steps * MAX_STEPS_FACTOR
+    return min(steps * MAX_STEPS_FACTOR, max(steps, math.ceil(min_timed_s / first_s)))
+
+
+def runoff_contenders(trials: list[Trial]) -> list[Trial]:
+    """The measured trials whose median step is within the noise of the best's, ``s <= best (1 + n)``
+    with ``n`` the wider of the two trials' spreads (:func:`noise_of`), fastest first, at most
+    ``RUNOFF_MAX``; none when fewer than two are that close or a run-off was already run."""
+    if any(t.status == RUNOFF for t in trials):
+        return []
+    best = best_trial(trials)
+    if best is None or best.measured_step_s is None:
+        return []
+    close = [
+        t
+        for t in trials
+        if t.status == MEASURED
+        and t.measured_step_s is not None
+        and t.measured_step_s <= best.measured_step_s * (1 + max(noise_of(best.steps_s), noise_of(t.steps_s)))
+    ]
+    close = sorted(close, key=lambda t: t.measured_step_s or 0.0)[:RUNOFF_MAX]
+    return close if len(close) >= 2 else []
 
 
 def write_results(path: Path, inputs: dict[str, Any], trials: list[Trial]) -> None:

@@ -2,7 +2,7 @@
 
 1. The field (tune/field.py) is tried fastest predicted first.
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
-   untried candidate of the planned pool is predicted again. From two measured trials on, the band
+   untried candidate of the planned pool is predicted again. From three measured trials on, the band
    is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
    refit.held_out_errors; at least the noise floor); before that, the planned band (field.relative_band).
 3. An untried field member now predicted slower than the measured best beyond the band is
@@ -10,6 +10,9 @@
 4. With the field done, an untried pool candidate now predicted faster than the measured best
    beyond the band is tried (a new round), and 2-4 repeat until none is: model and measurement agree.
 5. ``max_trials`` and the clock's ``deadline_s`` end the tune early; a finished trial is never repeated.
+6. With the loop done, the measured trials within the noise of the best are run again together,
+   their steps interleaved (:meth:`Tune.runoff`, trials.runoff_contenders); the run-off's fastest
+   is the pick. Its contenders count as trials against ``max_trials``.
 
 ``exhaustive`` (benchmarks/tune_regret.py's ground truth) tries the pool's first N predicted, all
 of them, in that order, with no early stop, no drop and no re-ranking.
@@ -25,7 +28,12 @@ from typing import Any
 from meshwise.layout import parse
 from meshwise.tune.field import Candidate, field_of
 from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
-from meshwise.tune.trials import NOISE_FLOOR, Trial, best_trial
+from meshwise.tune.trials import NOISE_FLOOR, RUNOFF, Trial, best_trial, runoff_contenders
+
+# Trials before the held-out error sets the band: with two, each is predicted from a fit to one
+# trial, and two like layouts (tune_regret.py's `four`: both ZeRO over groups of 2) read 4% where
+# the refitted profile was 8-14% off on the rest of the field.
+HELD_OUT_MIN = 3
 
 
 @dataclass
@@ -67,6 +75,8 @@ class Tune:
         """(the next candidate, its round), or None when the tune is done."""
         if out_of_time or (self.max_trials is not None and len(self.trials) >= self.max_trials):
             return None
+        if any(t.status == RUNOFF for t in self.trials):
+            return None
         best = best_trial(self.trials)
         best_s = best.measured_step_s if best else None
         field_left = [t for t in self.field if t not in self.tried and t not in self.dropped]
@@ -87,13 +97,25 @@ class Tune:
         text = min(faster, key=self.predicted)
         return Candidate(parse(text), self.predicted(text)), self.round + 1
 
+    def runoff(self, out_of_time: bool = False) -> list[Trial]:
+        """The trials to run again together once :meth:`next` is done (none: the pick stands);
+        never in an exhaustive tune, nor past ``max_trials`` or the clock."""
+        if out_of_time or self.exhaustive:
+            return []
+        contenders = runoff_contenders(self.trials)
+        if self.max_trials is not None and len(self.trials) + len(contenders) > self.max_trials:
+            return []
+        return contenders
+
     def record(self, trial: Trial) -> None:
         self.trials.append(trial)
         self._learn()
 
     def _learn(self) -> None:
         """Refit to every measured trial, narrow the band, drop what can no longer win."""
-        measured = [(parse(t.layout), t.parts) for t in self.trials if t.fits and t.parts]
+        # a layout measured again in the run-off refits with that later, interleaved measurement
+        latest = {t.layout: t for t in self.trials if t.fits and t.parts}
+        measured = [(parse(text), t.parts) for text, t in latest.items()]
         if not measured:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
@@ -104,7 +126,7 @@ class Tune:
             [t.measured_step_s or 0.0 for t in done],
             self.predictor,
         )
-        if errors:
+        if len(errors) >= HELD_OUT_MIN:
             self.band = max(NOISE_FLOOR, sum(map(abs, errors)) / len(errors))
         best = best_trial(self.trials)
         if best is None or best.measured_step_s is None or self.exhaustive:

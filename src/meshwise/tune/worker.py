@@ -3,8 +3,8 @@
 Rank 0 decides (:class:`meshwise.tune.tuner.Tune`) and broadcasts the next layout; every rank
 builds its mesh and model with the runtime ``train`` uses (same model, same data rows, same
 optimizer), runs ``warmup`` steps, the last under the memory tracker (CUDA: the allocator's peak),
-then up to ``steps`` timed steps, each split into its parts (measure/timing.py). The step is the
-slowest rank's. After each timed step the ranks agree on the step time and on a stop request
+then up to ``steps`` timed steps (more when they are short: trials.timed_steps), each split into
+its parts (measure/timing.py). The step is the slowest rank's. After each timed step the ranks agree on the step time and on a stop request
 (SIGTERM, SIGINT): a stop drops the unfinished trial and ends the tune with the finished ones
 already in the results file.
 """
@@ -23,7 +23,16 @@ import torch.distributed as dist
 from meshwise.errors import RunStopped
 from meshwise.layout import Layout
 from meshwise.train.loop import Prepared, lr_at, parallelize_as_configured
-from meshwise.tune.trials import MEASURED, OUT_OF_MEMORY, OVER_LIMIT, STOPPED, Trial, should_stop
+from meshwise.tune.trials import (
+    MEASURED,
+    OUT_OF_MEMORY,
+    OVER_LIMIT,
+    RUNOFF,
+    STOPPED,
+    Trial,
+    should_stop,
+    timed_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class Limits:
     warmup: int
     steps: int
     memory_limit_bytes: int  # 0: none (CPU); on CUDA the device's own memory
+    min_timed_s: float = 0.0  # a trial of short steps runs more of them (trials.timed_steps); 0: never
 
 
 def _agree(values: list[float], device: str) -> list[float]:
@@ -78,11 +88,34 @@ def run_trial(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: 
 
 
 def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: Any, device_type: str) -> Trial:
-    from meshwise.measure.timing import StepClock
+    layout = plan.layout
+    pm, one_step = _build(cfg, prep, layout, device_type)
+    peak = _warm_up(pm, one_step, limits.warmup, device_type)
+    if limits.memory_limit_bytes and peak > limits.memory_limit_bytes:
+        return Trial(layout.format(), OVER_LIMIT, plan.predicted_step_s, peak_bytes=peak, round=plan.round)
+    mine: list[tuple[float, dict[str, float]]] = []
+    steps_s: list[float] = []
+    status, count = MEASURED, limits.steps
+    while len(steps_s) < count:
+        slowest, own = _timed_step(pm, one_step, guard, device_type, layout)
+        mine.append(own)
+        steps_s.append(slowest)
+        if len(steps_s) == 1 and limits.min_timed_s:
+            count = timed_steps(limits.steps, slowest, limits.min_timed_s)
+        if should_stop(steps_s, plan.best_s, plan.noise):
+            status = STOPPED
+            break
+    parts = _slowest_parts(mine)
+    return Trial(layout.format(), status, plan.predicted_step_s, steps_s, parts, peak, plan.round)
+
+
+def _build(cfg: Any, prep: Prepared, layout: Layout, device_type: str) -> tuple[Any, Any]:
+    """(the parallelized model of ``layout`` on a new mesh, its ``one_step()``: train's step on
+    train's rows, the learning rate of its step)."""
     from meshwise.runtime import build_mesh
     from meshwise.runtime.mesh import dp_rank
 
-    B, layout = cfg.schedule.global_batch, plan.layout
+    B = cfg.schedule.global_batch
     mesh = build_mesh(layout, prep.model, B)
     pm = parallelize_as_configured(cfg, prep.model, layout, mesh, device_type)
     rows = range(dp_rank(mesh) * pm.replica_rows, (dp_rank(mesh) + 1) * pm.replica_rows)
@@ -96,32 +129,60 @@ def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: A
         x, y = prep.corpus.train_rows((step - 1) * B, rows)
         return pm.step(x, y)[0]
 
-    peak = _warm_up(pm, one_step, limits.warmup, device_type)
-    if limits.memory_limit_bytes and peak > limits.memory_limit_bytes:
-        return Trial(layout.format(), OVER_LIMIT, plan.predicted_step_s, peak_bytes=peak, round=plan.round)
-    mine: list[tuple[float, dict[str, float]]] = []
-    steps_s: list[float] = []
-    status = MEASURED
-    for _ in range(limits.steps):
-        with StepClock(pm) as clock:
-            dist.barrier()
-            clock.reset()
-            start = time.perf_counter()
-            loss = one_step()
-            with clock.window("fixed"):
-                loss.item()  # the loss read: the step's one host sync, as train's loop
-            step_s = time.perf_counter() - start
-        mine.append((step_s, clock.parts(step_s)))
-        slowest, signal = _agree([step_s, float(stop_signal(guard))], device_type)
-        if signal:
-            name = signal_module.Signals(int(signal)).name
-            raise RunStopped(f"stopped by {name} during the trial of {layout.short()}", 128 + int(signal))
-        steps_s.append(slowest)
-        if should_stop(steps_s, plan.best_s, plan.noise):
-            status = STOPPED
-            break
-    parts = _slowest_parts(mine)
-    return Trial(layout.format(), status, plan.predicted_step_s, steps_s, parts, peak, plan.round)
+    return pm, one_step
+
+
+def _timed_step(
+    pm: Any, one_step: Any, guard: Any, device_type: str, layout: Layout
+) -> tuple[float, tuple[float, dict[str, float]]]:
+    """One timed step (collective): (the slowest rank's step, (this rank's step, its parts));
+    raises RunStopped when a rank has a stop request."""
+    from meshwise.measure.timing import StepClock
+
+    with StepClock(pm) as clock:
+        dist.barrier()
+        clock.reset()
+        start = time.perf_counter()
+        loss = one_step()
+        with clock.window("fixed"):
+            loss.item()  # the loss read: the step's one host sync, as train's loop
+        step_s = time.perf_counter() - start
+    slowest, signal = _agree([step_s, float(stop_signal(guard))], device_type)
+    if signal:
+        name = signal_module.Signals(int(signal)).name
+        raise RunStopped(f"stopped by {name} during the trial of {layout.short()}", 128 + int(signal))
+    return slowest, (step_s, clock.parts(step_s))
+
+
+def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits, guard: Any) -> list[Trial]:
+    """The final run-off (collective): every contender built at once and warmed up by one step, then
+    their timed steps interleaved, the order rotated each pass (A B, B A, ...), as many per contender
+    as a trial of the best's step runs. A CUDA out-of-memory error (the contenders together do not
+    fit) ends it with no result: the tune's pick stands."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        built = [_build(cfg, prep, plan.layout, device_type) for plan in plans]
+        for _, one_step in built:
+            one_step().item()
+        count = limits.steps
+        if limits.min_timed_s and plans[0].best_s:
+            count = timed_steps(limits.steps, plans[0].best_s, limits.min_timed_s)
+        mine: list[list[tuple[float, dict[str, float]]]] = [[] for _ in plans]
+        steps_s: list[list[float]] = [[] for _ in plans]
+        for k in range(count):
+            for i in [(k + j) % len(plans) for j in range(len(plans))]:
+                slowest, own = _timed_step(*built[i], guard, device_type, plans[i].layout)
+                mine[i].append(own)
+                steps_s[i].append(slowest)
+    except torch.cuda.OutOfMemoryError:
+        return []
+    finally:
+        built = []  # the contenders' models go before the memory is freed
+        _free(device_type)
+    return [
+        Trial(plan.layout.format(), RUNOFF, plan.predicted_step_s, steps, _slowest_parts(own), 0, plan.round)
+        for plan, steps, own in zip(plans, steps_s, mine, strict=True)
+    ]
 
 
 def _warm_up(pm: Any, one_step: Any, warmup: int, device_type: str) -> int:
