@@ -29,11 +29,12 @@ from functools import lru_cache
 
 from meshwise.spec import ModelSpec, TrainSpec
 
-# Kernels besides the all-to-alls of DeepEP's dispatch path per MoE block, forward and backward (Megatron-Core
-# token_dispatcher.py MoEFlexTokenDispatcher with moe_permute_fusion and fused_a2a.py): the dispatch layout,
-# the dispatch's notify and copy, the fused permute; the fused unpermute, the combine; backward the same
-# kernels mirrored (the dispatch's backward is a combine and the combine's a dispatch).
-DEEPEP_KERNELS = (6, 6)
+# Kernels of DeepEP's dispatch path per MoE block, forward and backward, read off megatron-core 0.16.1
+# (token_dispatcher.py _DeepepManager, fused_a2a.py; not run here: DeepEP needs a GPU): forward the top-k of
+# setup_metadata, get_dispatch_layout, the dispatch's notify and copy, fused_indices_to_multihot, the fused
+# permute, the unpermute and the combine; backward the unpermute's and permute's mirrors, the combine that is
+# the dispatch's backward, and the notify and copy of the dispatch that is the combine's.
+DEEPEP_KERNELS = (8, 6)
 
 
 @lru_cache(maxsize=1024)
