@@ -40,7 +40,8 @@ def _fake_balanced_gate_spans(experts: int, top_k: int, ranks: int, tokens: int)
 def test_forced_routing_spans_what_the_fake_gate_sends(name, ep):
     model = _model(name)
     forced = TrainSpec(8, 4096, moe_balancing="forced")
-    oracle = _fake_balanced_gate_spans(model.experts, model.experts_per_token, ep, 4096)
+    tokens = model.experts * model.experts_per_token  # whole periods of the gate's pattern
+    oracle = _fake_balanced_gate_spans(model.experts, model.experts_per_token, ep, tokens)
     assert moe_dispatch.destinations(model, forced, ep) == pytest.approx(oracle)
 
 
