@@ -121,6 +121,7 @@ def _resolve(rec: dict, models: dict[str, ModelSpec]) -> tuple[ModelSpec, Cluste
         moe_capacity_factor=rec.get("moe_capacity_factor", 0.0),
         moe_balancing=rec.get("moe_balancing", "aux-loss"),
         expert_gemm=rec.get("expert_gemm", "te"),
+        moe_dispatcher=rec.get("moe_dispatcher", "all-to-all"),
         mtp_layers=rec.get("mtp_layers", 0),
     )
     return model, cluster, train

@@ -172,8 +172,8 @@ def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         "--moe-balancing",
         choices=MOE_BALANCING,
         default="aux-loss",
-        help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default) or "
-        "aux-loss-free (per-expert bias, DeepSeek-V3)",
+        help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default), "
+        "aux-loss-free (per-expert bias, DeepSeek-V3) or forced (even by construction: a benchmark's fake gate)",
     )
     p.add_argument(
         "--mtp-layers",

@@ -760,17 +760,8 @@ def _moe_split(
         parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs)
         calls = moe_block.moe_blocks_of(model, shape.expert_params) * m * host.core_share(accel, ranks_per_node)
         return tuple((k, calls * v) for k, v in parts.as_json().items()) + (("dispatch_combine_s", a2a_s),)
-    return moe_block.step_parts(
-        model,
-        accel,
-        local,
-        layout.mbs,
-        layout.tp,
-        layout.ep,
-        layout.ep_folds_tp,
-        moe_block.moe_blocks_of(model, shape.expert_params) * m,
-        a2a_s,
-    )
+    parts = moe_block.moe_parts(model, accel, local, layout.mbs, layout.tp, layout.ep, layout.ep_folds_tp)
+    return moe_block.step_parts(parts, moe_block.moe_blocks_of(model, shape.expert_params) * m, a2a_s)
 
 
 def _all_to_all_s(ops: list[Collective], skew_s: float) -> float:

@@ -3,7 +3,7 @@ parallelism the routing counts its load-balancing loss sums over the cp ranks (d
 
 from __future__ import annotations
 
-from meshwise.cost import comm
+from meshwise.cost import comm, moe_dispatch
 from meshwise.cost.comm import Collective
 from meshwise.cost.memory import RankShape
 from meshwise.layout import Layout
@@ -42,13 +42,15 @@ def ep_collectives(
         # folded over tp (layout.ep_folds_tp): ep consecutive ranks, each routing its 1/tp of the sequence
         folded = layout.ep_folds_tp
         gathered = train.runtime == "megatron" and layout.tp > 1 and not folded  # expert-TP all-gather
-        link = cluster.link_for(layout.ep, 1 if folded else layout.tp)
+        stride = 1 if folded else layout.tp
+        per_node = min(layout.ep, max(1, cluster.domain_gpus // stride))  # the group's ranks in one NVLink domain
         tokens = train.seq_len * layout.mbs / (layout.tp if folded or gathered else 1)
         padded = train.moe_capacity_factor if train.moe_capacity_factor > 0 else 1.0
-        payload = padded * tokens * model.experts_per_token * model.hidden * train.activation_bytes
+        copies = moe_dispatch.sent_copies(model, train, layout.ep, layout.ep // per_node)
+        payload = padded * tokens * copies * model.hidden * train.activation_bytes
         out += [
-            comm.collective("all_to_all", "ep", layout.ep, payload, calls * (2 * forwards + 2), link),
-            comm.collective("all_to_all", "ep", layout.ep, model.experts * 8, calls * forwards, link),
+            _all_to_all(layout.ep, per_node, payload, calls * (2 * forwards + 2), cluster),
+            _all_to_all(layout.ep, per_node, model.experts * 8, calls * forwards, cluster),
         ]
         if gathered:
             tp_link = cluster.link_for(layout.tp, 1)
@@ -68,6 +70,23 @@ def ep_collectives(
             )
         )
     return out
+
+
+def _all_to_all(n: int, per_node: int, payload: float, calls: int, cluster: ClusterSpec) -> Collective:
+    """``calls`` all-to-alls of ``payload`` bytes per rank over an EP group of ``n`` ranks, ``per_node`` of
+    them in each NVLink domain. Inside one domain: the pairwise exchange on NVLink (cost/comm.py). Across
+    domains each rank sends the share bound for other domains, ``(n - per_node) / n`` of its payload,
+    through its own NIC at the per-GPU scale-out rate (every rank of a node sends at once, so the node's
+    NICs are not pooled for one rank as a ring's channels are: DeepEP's internode dispatch and combine
+    run at 43-58 GB/s per GPU of a 50 GB/s NIC, deepseek-ai/DeepEP docs/legacy.md), its own domain's share
+    on NVLink at the same time."""
+    if per_node >= n:
+        return comm.collective("all_to_all", "ep", n, payload, calls, cluster.link_for(n, 1))
+    inter, intra = cluster.inter, cluster.intra
+    remote_s = (n - per_node) / n * payload / inter.bytes_per_s
+    local_s = (per_node - 1) / n * payload / intra.bytes_per_s
+    seconds = (n - 1) * inter.latency_s + max(remote_s, local_s)
+    return Collective("all_to_all", "ep", payload * calls, calls, calls * seconds)
 
 
 def exposed_s(ops: list[Collective], compute_s: float, train: TrainSpec) -> float:

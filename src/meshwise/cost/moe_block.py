@@ -20,7 +20,8 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   ``PERMUTE_PASSES`` per runtime (reads + writes per copy element, the weighted sum's write of one
   token per ``k`` copies included), ``EP_REGROUP_PASSES`` more under ep > 1 over the ``T_e k`` copies
   the experts see (the received chunks sorted by local expert and back; ``T_e`` below); backward moves
-  twice the forward's bytes; ``PERMUTE_KERNELS`` kernel floors each way (Megatron's counted);
+  twice the forward's bytes; ``PERMUTE_KERNELS`` kernel floors each way (Megatron's counted); under
+  DeepEP (``TrainSpec.moe_dispatcher``) its fused permute instead (cost/moe_dispatch.py);
 - **experts**: ``E / ep`` experts on the rank, each multiplying ``R = c * T_e k ep / E`` rows
   (balanced routing would give ``T_e k / E`` per expert from each of the ``ep`` ranks; ``T_e`` is
   ``T_r`` times the expert-TP ranks whose tokens Megatron gathers, so the whole micro-batch's ``T``).
@@ -40,7 +41,9 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   meshwise's runtime loops over its experts in Python: three dense GEMMs per expert (gate, up,
   down; cuBLAS, no grouped factor), each with its kernel floor, plus ``LOOP_KERNELS`` elementwise
   kernels per expert (SwiGLU's activation and product, forward and backward) at ``kernel_floor_s``
-  each (the per-expert launch work);
+  each (the per-expert launch work). A run that states its experts' kernel (``TrainSpec.expert_gemm``)
+  takes it under either runtime: ``grouped``, or ``cublas-loop`` (one cuBLAS GEMM per local expert in
+  turn, the grouped_gemm package's default build: Transformer Engine's path on one stream);
 - **shared experts**: a dense MLP of ``shared_ffn_hidden`` over the ``T_r`` tokens.
 
 Under a float8 precision the experts' and shared experts' GEMMs run in the format's row and peak with
@@ -59,7 +62,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from meshwise.catalog import read_catalog
-from meshwise.cost import fp8
+from meshwise.cost import fp8, moe_dispatch
 from meshwise.cost.compute import tp_divides_moe
 from meshwise.cost.kernels import gemm_seconds, hbm_bytes_per_s, linear_seconds, mlp_seconds
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
@@ -154,39 +157,49 @@ def _expert_gemms(model: ModelSpec, split: int) -> tuple[tuple[float, float], ..
     return (((1 if model.mlp == "gelu" else 2) * f, h), (h, f))
 
 
+def expert_kernel(train: TrainSpec) -> str:
+    """How the rank's experts' GEMMs run: ``train.expert_gemm``, its default ``te`` read as the runtime's own
+    (Megatron's GroupedLinear, ``te``; meshwise's Python loop, ``loop``)."""
+    if train.expert_gemm == "te":
+        return "te" if train.runtime == "megatron" else "loop"
+    return train.expert_gemm
+
+
 def _experts_s(
     model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int, split: int
 ) -> tuple[float, float]:
-    """(forward, backward) seconds of the rank's experts: Megatron's grouped GEMMs, or meshwise's one
-    dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies them)."""
+    """(forward, backward) seconds of the rank's experts by :func:`expert_kernel`: one grouped kernel,
+    per-expert cuBLAS GEMMs (Transformer Engine's round robin on its streams, or one at a time), or
+    meshwise's one dense GEMM per projection and expert (gate and up apart, as runtime/moe.py multiplies
+    them)."""
     peak, e, dtype = fp8.gemm_peak_flops_per_s(accel, train), fp8.gemm_elem_bytes(train), fp8.gemm_dtype(train)
-    hbm = hbm_bytes_per_s(accel)
-    grouped = train.runtime == "megatron" and train.expert_gemm == "grouped"
+    hbm, kernel = hbm_bytes_per_s(accel), expert_kernel(train)
     # Transformer Engine's GroupedLinear: one cuBLAS GEMM per local expert, round robin on its streams, so
-    # each round of up to TE_STREAMS GEMMs runs as one batch of them, with its own waves and floor
-    rounds, width = math.ceil(local / TE_STREAMS), min(local, TE_STREAMS)
+    # each round of up to TE_STREAMS GEMMs runs as one batch of them, with its own waves and floor; the
+    # grouped_gemm package's cuBLAS loop: one GEMM at a time
+    streams = TE_STREAMS if kernel == "te" else 1
+    rounds, width = math.ceil(local / streams), min(local, streams)
     fwd = bwd = 0.0
     for n, k in _expert_gemms(model, split):
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
         fwd, bwd = fwd + cf / hbm, bwd + cb / hbm
-        if grouped:
+        if kernel == "grouped":
             slow = 1.0 / grouped_factor(rows)
             fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, dtype)
             bwd += slow * (
                 gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
                 + gemm_seconds(k, n, rows, accel, peak, e, local, dtype)
             )
-            continue
-        if train.runtime == "megatron":
+        elif kernel in ("te", "cublas-loop"):
             fwd += rounds * gemm_seconds(rows, n, k, accel, peak, e, width, dtype)
             bwd += rounds * (
                 gemm_seconds(rows, k, n, accel, peak, e, width, dtype)
                 + gemm_seconds(k, n, rows, accel, peak, e, width, dtype)
             )
-            continue
-        split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
-        f, b = linear_seconds(rows, n / split, k, accel, peak, e, dtype)
-        fwd, bwd = fwd + local * split * f, bwd + local * split * b
+        else:
+            split = 2 if n != model.hidden and model.mlp != "gelu" else 1  # gate and up: two GEMMs of f
+            f, b = linear_seconds(rows, n / split, k, accel, peak, e, dtype)
+            fwd, bwd = fwd + local * split * f, bwd + local * split * b
     return fwd, bwd
 
 
@@ -198,25 +211,39 @@ def moe_parts(
     runtime = "megatron" if train.runtime == "megatron" else "meshwise"
     routed = routed_tokens(mbs * train.seq_len, tp, folded, runtime)
     expert_tokens = routed if folded else mbs * train.seq_len  # Megatron: gathered over the expert-TP ranks
-    h, experts, top_k, e = model.hidden, model.experts, model.experts_per_token, train.activation_bytes
-    hbm, floor = hbm_bytes_per_s(accel), accel.kernel_floor_s
     router = _router_s(model, accel, train, routed, runtime)
-    regroup = EP_REGROUP_PASSES * expert_tokens * top_k * h if ep > 1 else 0.0  # on the received copies
-    moved_s = (PERMUTE_PASSES[runtime] * routed * top_k * h + routed * h + regroup) * e / hbm
-    kernels_f, kernels_b = PERMUTE_KERNELS[runtime]
-    if ep > 1:
-        kernels_f, kernels_b = kernels_f + 2, kernels_b + 4
-    permute = (moved_s + kernels_f * floor, 2 * moved_s + kernels_b * floor)
-    local = experts // ep
+    permute = _permute_s(model, accel, train, routed, expert_tokens, ep)
+    local = model.experts // ep
     rows = rows_per_expert(model, expert_tokens, ep, load_factor(train, ep))
     split = tp if tp_divides_moe(folded, runtime) and not folded else 1  # unfolded: the experts' width split
     experts_f, experts_b = _experts_s(model, accel, train, rows, local, split)
-    loop_s = local * LOOP_KERNELS * floor if runtime == "meshwise" else 0.0
+    loop_s = local * LOOP_KERNELS * accel.kernel_floor_s if expert_kernel(train) == "loop" else 0.0
     shared = (0.0, 0.0)
     if model.shared_ffn_hidden:
         shared = _shared_s(model, accel, train, expert_tokens, split)
     forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
     return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
+
+
+def _permute_s(
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, routed: float, expert_tokens: float, ep: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the permute and unpermute: the runtime's passes over the ``routed``
+    tokens' copies (``PERMUTE_PASSES``) and the EP regroup on the received ones, or DeepEP's fused
+    permute (cost/moe_dispatch.py), with their kernel floors; backward twice the forward's bytes."""
+    runtime = "megatron" if train.runtime == "megatron" else "meshwise"
+    h, top_k, e = model.hidden, model.experts_per_token, train.activation_bytes
+    hbm, floor = hbm_bytes_per_s(accel), accel.kernel_floor_s
+    if train.moe_dispatcher == "deepep":
+        moved_s = moe_dispatch.fused_permute_elements(model, train, routed, ep) * e / hbm
+        kernels_f, kernels_b = moe_dispatch.DEEPEP_KERNELS
+        return moved_s + kernels_f * floor, 2 * moved_s + kernels_b * floor
+    regroup = EP_REGROUP_PASSES * expert_tokens * top_k * h if ep > 1 else 0.0  # on the received copies
+    moved_s = (PERMUTE_PASSES[runtime] * routed * top_k * h + routed * h + regroup) * e / hbm
+    kernels_f, kernels_b = PERMUTE_KERNELS[runtime]
+    if ep > 1:
+        kernels_f, kernels_b = kernels_f + 2, kernels_b + 4
+    return moved_s + kernels_f * floor, 2 * moved_s + kernels_b * floor
 
 
 def router_kind(model: ModelSpec) -> str:
@@ -298,20 +325,9 @@ def rank_mlp_seconds(
     return total
 
 
-def step_parts(
-    model: ModelSpec,
-    accel: AcceleratorSpec,
-    train: TrainSpec,
-    mbs: int,
-    tp: int,
-    ep: int,
-    folded: bool,
-    calls: int,
-    all_to_all_s: float,
-) -> tuple[tuple[str, float], ...]:
-    """The plan's time split of a rank's MoE blocks per step: each part of :class:`MoeParts` times
-    ``calls`` (MoE blocks x micro-batches; forward + backward, recompute left out), and the dispatch
-    and combine all-to-alls' seconds (cost/experts.py). Nine arguments: moe_parts' and the two totals."""
-    parts = moe_parts(model, accel, train, mbs, tp, ep, folded)
+def step_parts(parts: MoeParts, calls: int, all_to_all_s: float) -> tuple[tuple[str, float], ...]:
+    """The plan's time split of a rank's MoE blocks per step: each of one block's ``parts`` (:func:`moe_parts`)
+    times ``calls`` (MoE blocks x micro-batches; forward + backward, recompute left out), and the dispatch
+    and combine all-to-alls' seconds (cost/experts.py)."""
     out = tuple((name, calls * seconds) for name, seconds in parts.as_json().items())
     return out + (("dispatch_combine_s", all_to_all_s),)

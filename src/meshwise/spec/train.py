@@ -13,10 +13,16 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
-MOE_BALANCING = ("aux-loss", "aux-loss-free")  # the keys of catalog/moe_imbalance.toml
-# how Megatron runs a rank's experts' GEMMs: Transformer Engine's GroupedLinear (one cuBLAS GEMM per local
-# expert on 4 streams: Megatron-Core's --moe-grouped-gemm default) or one grouped kernel for all (DeepGEMM's)
-EXPERT_GEMMS = ("te", "grouped")
+MOE_BALANCING = ("aux-loss", "aux-loss-free", "forced")  # the keys of catalog/moe_imbalance.toml
+# how a rank's experts' GEMMs run: the runtime's own ("te": Megatron's Transformer Engine GroupedLinear, one
+# cuBLAS GEMM per local expert on 4 streams, its --moe-grouped-gemm default; meshwise's runtime/moe.py loop),
+# one grouped kernel for all (DeepGEMM's, torch._grouped_mm), or one cuBLAS GEMM per local expert in sequence
+# from C++ ("cublas-loop": the grouped_gemm package's default build, grouped_gemm.ops.gmm)
+EXPERT_GEMMS = ("te", "grouped", "cublas-loop")
+# who carries the tokens to the experts: all-to-alls of every token copy (meshwise's runtime, Megatron's
+# alltoall dispatcher) or DeepEP's dispatch and combine (a token sent once to each rank, or across the
+# scale-out network once to each node, that holds any of its experts; the permutation fused into one kernel)
+MOE_DISPATCHERS = ("all-to-all", "deepep")
 PRECISIONS = ("bf16", "bf16-mixed", "fp32", "fp8", "fp8-rowwise", "fp8-blockwise", "mxfp8")
 # The float8 formats: the linear layers' GEMMs in float8 (e4m3), everything else as bf16-mixed
 # (embedding, head, router, softmax/attention, norms in bf16; fp32 master weights): cost/fp8.py.
@@ -57,7 +63,8 @@ class TrainSpec:
     # it (moe_pad_expert_input_to_capacity); 0: dropless, Megatron's default
     moe_balancing: str = "aux-loss"  # how dropless routing is balanced: "aux-loss" or "aux-loss-free" (per-expert
     # bias, DeepSeek-V3); the busiest rank's load: catalog/moe_imbalance.toml
-    expert_gemm: str = "te"  # Megatron's expert GEMMs: "te" (GroupedLinear, per-expert cuBLAS) or "grouped"
+    expert_gemm: str = "te"  # the experts' GEMMs (EXPERT_GEMMS): the runtime's own, "grouped" or "cublas-loop"
+    moe_dispatcher: str = "all-to-all"  # who carries the tokens to the experts (MOE_DISPATCHERS)
     mtp_layers: int = 0  # multi-token-prediction modules trained beside the model (Megatron's --mtp-num-layers;
     # DeepSeek-V3 trains one): each one more block, a 2h x h projection and the head again, on the last stage
 
@@ -76,6 +83,7 @@ class TrainSpec:
             ("model_code", self.model_code, MODEL_CODES),
             ("--moe-balancing", self.moe_balancing, MOE_BALANCING),
             ("expert_gemm", self.expert_gemm, EXPERT_GEMMS),
+            ("moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS),
         ):
             if value not in valid:
                 raise MeshwiseError(f"{flag}: {value!r} is not one of {', '.join(valid)}")
