@@ -314,8 +314,9 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     shapes = {
         n: sorted(
             {
-                shapes_of(load_model(files[h]), seq, parse(layout, n).mbs, parse(layout, n).tp, parse(layout, n).cp)
+                shapes_of(load_model(files[h]), seq, lay.mbs, lay.tp, lay.cp, ep=lay.ep, folded=lay.ep_folds_tp)
                 for _, h, layout, _, seq in points
+                for lay in [parse(layout, n)]
             },
             key=lambda s: (-s.seq, -s.tokens * s.vocab),
         )
