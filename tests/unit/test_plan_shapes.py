@@ -207,7 +207,8 @@ def test_a_mixture_of_experts_is_timed_once_at_its_routed_tokens_and_ep():
     shapes = plan_shapes.shapes_of(model, 64, 2, ep=2)
     assert shapes.moe_key == part_key(model, 128, 2) and shapes.moe_mbs == 2
     assert plan_shapes.shapes_of(model, 64, 2, tp=2, ep=2, folded=True).moe_key == part_key(model, 64, 2)
-    assert plan_shapes.shapes_of(load_model("small"), 64, 2).moe_key == ()
+    assert plan_shapes.shapes_of(load_model("small"), 64, 2, ep=1).moe_key == ()
+    assert plan_shapes.shapes_of(model, 64, 2).moe_key == ()  # no EP group given (train, before its layout)
     cpu = {"op_overhead_s": 5e-6}
     out, said = top_up(cpu, shapes, (None, None, None, moe))
     assert asked == [(part_key(model, 128, 2), 2)] and len(said) == 1 and "128 tokens" in said[0]

@@ -224,18 +224,19 @@ def moe_said(row: list[float]) -> str:
 
 
 def shapes_of(
-    model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str = "meshwise", ep: int = 1, folded: bool = False
+    model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str = "meshwise", ep: int = 0, folded: bool = False
 ) -> PlanShapes:
     """The run's :class:`PlanShapes`: a rank's ``mbs * seq / cp`` tokens, the loss's logits per
     token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead), and
     for a mixture of experts its block call on an EP group of ``ep`` (``folded``: EP over the TP
-    ranks, each routing 1/tp of the tokens, cost/moe_block.py ``routed_tokens``)."""
+    ranks, each routing 1/tp of the tokens, cost/moe_block.py ``routed_tokens``; ``ep`` 0, before a
+    layout is chosen: no block call, nothing timed)."""
     from meshwise.cost.host import loss_vocab
     from meshwise.cost.host_moe import part_key
     from meshwise.cost.moe_block import routed_tokens
 
     tokens = mbs * math.ceil(seq / cp)
-    moe = bool(model.moe and not model.states_only and runtime == "meshwise")
+    moe = bool(ep and model.moe and not model.states_only and runtime == "meshwise")
     return PlanShapes(
         tokens=tokens,
         vocab=int(loss_vocab(model, runtime, tp)),
