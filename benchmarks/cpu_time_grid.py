@@ -277,14 +277,22 @@ def main() -> int:
 
 
 def merged(saves: list[dict]) -> dict:
-    """One save from several (a grid measured in parts, e.g. one ``--nproc`` each): their profiles by
-    process count, probe readings and points together."""
+    """One save from several (a grid measured in parts, e.g. one ``--nproc`` each): their probe
+    readings and points together, each save's profiles kept as its own, keyed ``"<part>:<n>"`` (the
+    save's index, the process count), and each point told its part, so that two parts measured at
+    the same process count are each predicted with their own profiles."""
     out: dict = {"profiles": {}, "drifts": [], "points": []}
-    for save in saves:
-        out["profiles"].update(save["profiles"])
+    for part, save in enumerate(saves):
+        out["profiles"].update({f"{part}:{n}": texts for n, texts in save["profiles"].items()})
         out["drifts"] += save.get("drifts", [])
-        out["points"] += save["points"]
+        out["points"] += [{**point, "part": part} for point in save["points"]]
     return out
+
+
+def profile_key(entry: dict) -> str:
+    """The key of a point's profiles in its save: ``"<part>:<n>"`` in a merged save, else ``"<n>"``."""
+    n = entry["point"][0]
+    return f"{entry['part']}:{n}" if "part" in entry else str(n)
 
 
 def drift(profile: str) -> float:
@@ -306,8 +314,9 @@ def measure(args, files: dict[int, str], tmp: Path, say) -> dict:
     shapes = {
         n: sorted(
             {
-                shapes_of(load_model(files[h]), seq, parse(layout, n).mbs, parse(layout, n).tp, parse(layout, n).cp)
+                shapes_of(load_model(files[h]), seq, lay.mbs, lay.tp, lay.cp, ep=lay.ep, folded=lay.ep_folds_tp)
                 for _, h, layout, _, seq in points
+                for lay in [parse(layout, n)]
             },
             key=lambda s: (-s.seq, -s.tokens * s.vocab),
         )
@@ -369,21 +378,22 @@ def predict(saved: dict, files: dict[int, str], tmp: Path) -> list[dict]:
     """Per point, the measured median step and the median of its steps' predictions, each step
     predicted with the profile of its round (a save from before the per-round re-check holds one
     profile per process count, for every round)."""
-    clusters: dict[int, list] = {}
-    for n, texts in saved["profiles"].items():
-        clusters[int(n)] = []
+    clusters: dict[str, list] = {}
+    for key, texts in saved["profiles"].items():
+        n = int(key.split(":")[-1])
+        clusters[key] = []
         for r, text in enumerate([texts] if isinstance(texts, str) else texts):
-            (tmp / f"{n}-{r}.toml").write_text(text)
-            clusters[int(n)].append(load_cluster(str(tmp / f"{n}-{r}.toml"), int(n), int(n)))
+            path = tmp / f"{key.replace(':', '-')}-{r}.toml"
+            path.write_text(text)
+            clusters[key].append(load_cluster(str(path), n, n))
     rows = []
     for entry in saved["points"]:
         n, hidden, layout, gb, seq = entry["point"]
+        own = clusters[profile_key(entry)]
         median = sorted(entry["steps"], key=lambda s: s["step_s"])[len(entry["steps"]) // 2]
-        rounds = [min(s.get("round", 0), len(clusters[n]) - 1) for s in entry["steps"]]
+        rounds = [min(s.get("round", 0), len(own) - 1) for s in entry["steps"]]
         by_round = {
-            r: estimate(
-                load_model(files[hidden]), clusters[n][r], TrainSpec(gb, seq, precision="fp32"), parse(layout, n)
-            ).time
+            r: estimate(load_model(files[hidden]), own[r], TrainSpec(gb, seq, precision="fp32"), parse(layout, n)).time
             for r in set(rounds)
         }
         each = sorted((by_round[r] for r in rounds), key=lambda t: t.step_s)

@@ -6,9 +6,11 @@ Each layout is one ``meshwise measure --json`` run (its own process count: 2, 2 
 with this machine's calibration at that count (measure/auto_profile.py, as ``measure`` uses it).
 The step is the median of ``--steps`` timed steps; the MoE parts (router, permute, experts,
 dispatch / combine: runtime/moe.py ``timed_parts``) the median of as many steps of their own,
-predicted by cost/host_moe.py and, for the all-to-alls, cost/experts.py on the calibrated gloo link
-(cost/comm.py ``all_to_all_ratio``). Printed for the slowest rank; the acceptance: the whole step
-within ``STEP_BOUND``.
+predicted by cost/host_moe.py from the block timed alone at the run's shapes (measure/moe_parts.py,
+the profile's ``moe_part_table``, topped up by ``measure`` before the run; its line is printed) and,
+for the all-to-alls' waits, cost/experts.py on the calibrated gloo link (cost/comm.py
+``all_to_all_ratio``). Printed for the slowest rank; the acceptance: the whole step within
+``STEP_BOUND``.
 
     flock /work/cpu.lock python benchmarks/moe_parts_cpu.py --report benchmarks/results/moe-parts-cpu2core.txt
 """
@@ -42,13 +44,14 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def measure(model: str, n: int, layout: str, gb: int, seq: int, steps: int) -> dict:
-    """``meshwise measure --json`` of one point."""
+def measure(model: str, n: int, layout: str, gb: int, seq: int, steps: int) -> tuple[dict, list[str]]:
+    """``meshwise measure --json`` of one point, and its lines about the profile (calibration, top-up)."""
     argv = ["measure", "--model", model, "--layout", layout, "--nproc", str(n)]
     argv += ["--global-batch", str(gb), "--seq-len", str(seq), "--steps", str(steps), "--json"]
     code = "import sys; from meshwise.cli import main; sys.exit(main(sys.argv[1:]))"
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    said = [line for line in out.stderr.splitlines() if line.startswith(("Profile", "Calibrat", "The machine"))]
+    return json.loads(out.stdout.strip().splitlines()[-1]), said
 
 
 def slowest(rows: list[dict]) -> tuple[int, dict[str, dict]]:
@@ -76,11 +79,14 @@ def main() -> int:
         model = str(Path(tmp) / "grid-h64-moe8.toml")
         Path(model).write_text(model_toml("64-moe8"))
         for n, layout, gb, seq in POINTS:
-            rank, t = slowest(measure(model, n, layout, gb, seq, args.steps)["rows"])
+            result, said = measure(model, n, layout, gb, seq, args.steps)
+            rank, t = slowest(result["rows"])
             step = t["time.step_s"]
             err = step["predicted"] / step["measured"] - 1
             within += abs(err) <= STEP_BOUND
             say(f"\n{n} processes, {layout}, global batch {gb} x {seq} (slowest rank {rank}; seconds per step)")
+            for line in said:
+                say(f"  # {line}")
             say(f"  {'step':<22} {step['predicted']:8.4f} {step['measured']:8.4f} {err:+7.1%}")
             for part in ("compute_s", "comm_s", "optimizer_s", "fixed_s"):
                 r = t[f"time.{part}"]

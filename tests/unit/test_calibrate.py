@@ -332,8 +332,9 @@ def test_profile_has_exactly_the_catalog_keys_and_plan_reads_it(tmp_path):
     table = cal.profile_table(
         {**RESULT, "collectives": _samples(50e-6, 2e9, 2, rs_ratio=1.0, a2a_ratio=1.7)}, nproc=2, ram_bytes=16 << 30
     )
-    # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py)
-    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS)
+    # a CPU profile: the flat path, no GPU op model; calibrate() adds the probe (measure/probe.py), a
+    # run's top-up its MoE rows (measure/plan_shapes.py)
+    catalog_keys = set(_ACCEL_KEYS) - GPU_KEYS - ACCEL_GPU_KEYS - set(PROBE_KEYS) - {"moe_part_table"}
     assert set(table) == catalog_keys
     assert table["efficiency_max"] == pytest.approx(9e9 / ((0.5 - 1000 * 1e-5) * 30e9))  # host time taken out
     assert table["op_overhead_s"] == pytest.approx(1e-5)

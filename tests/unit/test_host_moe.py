@@ -102,3 +102,51 @@ def test_parts_follow_the_experts_and_the_plan_carries_them():
     assert set(split) == {"router_s", "permute_s", "experts_s", "shared_s", "dispatch_combine_s"}
     assert all(v > 0 for v in split.values())
     assert split["experts_s"] == pytest.approx(halved.experts_s * spec.moe_layers * 2)  # 2 micro-batches
+
+
+def _timed_row(spec, tokens: float, ep: int, seconds: tuple[float, ...]) -> tuple[float, ...]:
+    return (*host_moe.part_key(spec, tokens, ep), *seconds)
+
+
+def test_a_timed_row_replaces_the_priced_parts_at_its_shape_only():
+    """A profile's ``moe_part_table`` row (measure/moe_parts.py) gives the parts at its shape; another
+    token count or EP group is priced; the plan's dispatch / combine carries the row's host work
+    beside the all-to-alls, and the step grows by the row's parts less the priced ones."""
+    cluster = load_cluster("cpu", 2, 2)
+    spec = dataclasses.replace(load_model("tiny-moe"), experts=8)
+    seconds = (1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3)  # router, permute, experts, shared, dispatch host, forward
+    accel = dataclasses.replace(cluster.accelerator, moe_part_table=(_timed_row(spec, 128, 2, seconds),))
+    timed = host_moe.cpu_moe_parts(spec, accel, 128, 2)
+    assert (timed.router_s, timed.permute_s, timed.experts_s, timed.shared_s) == seconds[:4]
+    assert (timed.dispatch_host_s, timed.forward_s) == seconds[4:]
+    assert host_moe.cpu_moe_parts(spec, accel, 64, 2) == host_moe.cpu_moe_parts(spec, cluster.accelerator, 64, 2)
+    assert host_moe.cpu_moe_parts(spec, accel, 128, 1) == host_moe.cpu_moe_parts(spec, cluster.accelerator, 128, 1)
+    train, layout = TrainSpec(4, 128, precision="fp32"), parse("dp=2,ep=2,mbs=1", 2)
+    plain = estimate(spec, cluster, train, layout)
+    e = estimate(spec, dataclasses.replace(cluster, accelerator=accel), train, layout)
+    calls = spec.moe_layers * 2  # 2 micro-batches
+    split, before = e.time.as_json()["moe_block_s"], plain.time.as_json()["moe_block_s"]
+    assert split["router_s"] == pytest.approx(calls * seconds[0])
+    a2a = before["dispatch_combine_s"]  # the all-to-alls, priced the same either way
+    assert split["dispatch_combine_s"] == pytest.approx(a2a + calls * seconds[4])
+    priced = host_moe.cpu_moe_parts(spec, cluster.accelerator, 128, 2)
+    grown = calls * (sum(seconds[:5]) - priced.total_s)
+    assert e.time.compute_s - plain.time.compute_s == pytest.approx(grown)
+
+
+def test_a_bad_moe_part_row_is_refused_naming_the_table():
+    from meshwise.errors import MeshwiseError
+    from meshwise.spec.host_keys import host_fields
+
+    spec = load_model("tiny-moe")
+    good = list(_timed_row(spec, 128, 2, (1e-3,) * 6))
+    assert host_fields({"moe_part_table": [good]}, "p.toml")["moe_part_table"] == (tuple(good),)
+    for bad in (
+        good[:-1],
+        [*good[:-1], -1.0],
+        [0.0, *good[1:]],
+        [*good[:7], 5.0, *good[8:]],
+        [*good[:9], 1.5, *good[10:]],
+    ):
+        with pytest.raises(MeshwiseError, match="moe_part_table"):
+            host_fields({"moe_part_table": [bad]}, "p.toml")

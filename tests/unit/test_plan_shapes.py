@@ -188,3 +188,31 @@ def test_context_parallelism_times_the_ring_not_sdpa():
         (timers.loss, timers.sdpa, lambda local, width: asked.append(local) or 0.01),
     )
     assert timers.asked == [] and sorted(asked) == [512, 2048]
+
+
+def test_a_mixture_of_experts_is_timed_once_at_its_routed_tokens_and_ep():
+    """A MoE run's block is timed at its routed tokens and EP group when the CPU profile has no row
+    of that shape, once; a profile without operator costs (a GPU's) is left as it is."""
+    import dataclasses
+
+    from meshwise.cost.host_moe import part_key
+
+    model = dataclasses.replace(load_model("tiny-moe"), experts=8)
+    asked = []
+
+    def moe(key, mbs):
+        asked.append((key, mbs))
+        return [*key, 1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
+
+    shapes = plan_shapes.shapes_of(model, 64, 2, ep=2)
+    assert shapes.moe_key == part_key(model, 128, 2) and shapes.moe_mbs == 2
+    assert plan_shapes.shapes_of(model, 64, 2, tp=2, ep=2, folded=True).moe_key == part_key(model, 64, 2)
+    assert plan_shapes.shapes_of(load_model("small"), 64, 2, ep=1).moe_key == ()
+    assert plan_shapes.shapes_of(model, 64, 2).moe_key == ()  # no EP group given (train, before its layout)
+    cpu = {"op_overhead_s": 5e-6}
+    out, said = top_up(cpu, shapes, (None, None, None, moe))
+    assert asked == [(part_key(model, 128, 2), 2)] and len(said) == 1 and "128 tokens" in said[0]
+    assert out["moe_part_table"] == [[*part_key(model, 128, 2), 1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]]
+    assert top_up(out, shapes, (None, None, None, moe)) == (out, [])  # the row is there: no timing
+    assert top_up({"name": "h100"}, shapes, (None, None, None, moe)) == ({"name": "h100"}, [])
+    assert len(asked) == 1

@@ -757,9 +757,10 @@ def _moe_split(
     if not model.moe or model.states_only or not (accel.has_op_model or host.is_host_bound(accel)):
         return ()
     if not accel.has_op_model:
-        parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs)
+        parts = _cpu_moe_parts(model, accel, layout, local.seq_len * layout.mbs).as_json()
         calls = moe_block.moe_blocks_of(model, shape.expert_params) * m * host.core_share(accel, ranks_per_node)
-        return tuple((k, calls * v) for k, v in parts.as_json().items()) + (("dispatch_combine_s", a2a_s),)
+        host_s = calls * parts.pop("dispatch_host_s")  # the all-to-alls' own host work, where timed
+        return tuple((k, calls * v) for k, v in parts.items()) + (("dispatch_combine_s", a2a_s + host_s),)
     parts = moe_block.moe_parts(model, accel, local, layout.mbs, layout.tp, layout.ep, layout.ep_folds_tp)
     return moe_block.step_parts(parts, moe_block.moe_blocks_of(model, shape.expert_params) * m, a2a_s)
 

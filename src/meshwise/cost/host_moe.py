@@ -30,6 +30,16 @@ Each compute part is priced from the CPU profile's components, forward + backwar
 - bytes: the memory-bound passes of cost/moe_block.py (``ROUTER_BYTES``, ``PERMUTE_PASSES``,
   ``EP_REGROUP_PASSES``) and the SwiGLU's (cost/kernels.py ``PASSES``), backward twice the forward.
 
+Where the profile holds the block timed at this call's shape (``moe_part_table``: measure/moe_parts.py
+times the runtime's own block alone at a run's shapes, measure/plan_shapes.py ``top_up``), each part
+is read from it instead (:func:`measured_parts`): its generic operators are not what the router's
+softmax and top-k, the sort, the gathers and the scatter with accumulation cost, and on a 2-core x86
+host the priced router, permute and all-to-alls read 2-6x fast (docs/fidelity.md). The row also
+holds dispatch / combine less its blocking waits, ``dispatch_host_s``: the counts' exchange and
+``.tolist()`` host syncs, the splits and regrouping, the functional collectives' issue and wrappers,
+compute on the rank's core, which the priced parts held only as ``EP_OPS`` generic operators. The
+waits stay priced as collectives (cost/experts.py on the calibrated link).
+
 A MoE block's dense-MLP share of the block's operators (``MLP_OPS``), FLOPs and activation bytes,
 which the CPU path counts for every block (cost/host.py), is taken out where these parts are added
 (:func:`dense_mlp_seconds`).
@@ -43,6 +53,8 @@ from meshwise.cost import kernels
 from meshwise.cost.host import cpu_gemm_seconds
 from meshwise.cost.moe_block import EP_REGROUP_PASSES, PERMUTE_PASSES, ROUTER_BYTES, PartSeconds
 from meshwise.spec import AcceleratorSpec, ModelSpec
+from meshwise.spec.host_keys import MOE_PART_SECONDS, MOE_PART_SHAPE
+from meshwise.spec.model import MLP_KINDS
 
 # aten operators (forward, backward) of runtime/moe.py's parts on one micro-batch, counted with a
 # TorchDispatchMode on its MoE module (tests/unit/test_host_moe.py: 37 + 11 E forward, 46 + 29 E backward)
@@ -64,7 +76,40 @@ class CpuMoeParts(PartSeconds):
     permute_s: float
     experts_s: float
     shared_s: float
+    dispatch_host_s: float  # the all-to-alls' own host work where they were timed (else 0: in EP_OPS)
     forward_s: float
+
+
+def part_key(model: ModelSpec, tokens: float, ep: int) -> tuple[float, ...]:
+    """The shape of one MoE block call on a rank as ``moe_part_table`` rows hold it (spec/host_keys.py
+    ``MOE_PART_SHAPE``): the tokens it routes, the model's MoE widths and counts, the shared expert's
+    activation and bias, the EP group's size."""
+    return (
+        float(tokens),
+        float(model.hidden),
+        float(model.experts),
+        float(model.experts_per_token),
+        float(model.expert_ffn_hidden),
+        float(model.shared_ffn_hidden),
+        float(model.shared_expert_gate),
+        float(MLP_KINDS.index(model.mlp)),
+        float(model.mlp_bias),
+        float(ep),
+    )
+
+
+def measured_parts(accel: AcceleratorSpec, model: ModelSpec, tokens: float, ep: int) -> dict[str, float] | None:
+    """The profile's timed row at this call's :func:`part_key` (``MOE_PART_SECONDS`` by name), or None."""
+    key = part_key(model, tokens, ep)
+    for row in accel.moe_part_table:
+        if holds(row, key):
+            return dict(zip(MOE_PART_SECONDS, row[len(MOE_PART_SHAPE) :]))
+    return None
+
+
+def holds(row, key: tuple[float, ...]) -> bool:
+    """Whether a ``moe_part_table`` row is at the shape ``key`` (to a part in a million)."""
+    return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(row[: len(MOE_PART_SHAPE)], key))
 
 
 def arithmetic_scale(accel: AcceleratorSpec) -> float:
@@ -106,7 +151,11 @@ def _mlp(accel: AcceleratorSpec, model: ModelSpec, rows: float, width: float) ->
 
 def cpu_moe_parts(model: ModelSpec, accel: AcceleratorSpec, tokens: float, ep: int, e: int = 4) -> CpuMoeParts:
     """One MoE block's :class:`CpuMoeParts` for ``tokens`` tokens on a rank of an EP group of ``ep``
-    (module docstring); ``e`` bytes per activation element (fp32 on a CPU)."""
+    (module docstring): as timed where the profile holds the shape, else priced; ``e`` bytes per
+    activation element (fp32 on a CPU)."""
+    timed = measured_parts(accel, model, tokens, ep)
+    if timed:
+        return CpuMoeParts(**timed)
     h, experts, k = model.hidden, model.experts, model.experts_per_token
     passes = kernels.PASSES["meshwise"][model.mlp]
     router = _priced(accel, ROUTER_OPS, gemm_seconds(accel, tokens, experts, h), tokens * experts * (e + ROUTER_BYTES))
@@ -128,7 +177,7 @@ def cpu_moe_parts(model: ModelSpec, accel: AcceleratorSpec, tokens: float, ep: i
             ops = (MLP_OPS[0] + SHARED_GATE_OPS[0], MLP_OPS[1] + SHARED_GATE_OPS[1])
         shared = _priced(accel, ops, gemms, tokens * model.shared_ffn_hidden * passes * e)
     forward = router[0] + permute[0] + expert[0] + shared[0]
-    return CpuMoeParts(router[1], permute[1], expert[1], shared[1], forward)
+    return CpuMoeParts(router[1], permute[1], expert[1], shared[1], 0.0, forward)
 
 
 def dense_mlp_seconds(model: ModelSpec, accel: AcceleratorSpec, tokens: float, tp: int, ac: str, e: int = 4) -> float:

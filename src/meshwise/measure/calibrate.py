@@ -108,6 +108,7 @@ PROFILE_KEYS = (
     "efficiency_half_width",
     "comm_overlap",
     *RANK_HOST_KEYS,
+    "moe_part_table",  # added at a run's shapes (measure/plan_shapes.py top_up), never by calibrate
     "thread_efficiency",
     "cores_per_node",
     "sync_skew_ratio",

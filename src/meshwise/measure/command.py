@@ -87,7 +87,8 @@ def measure_main(
         from meshwise.measure import auto_profile
         from meshwise.measure.plan_shapes import shapes_of
 
-        gpu = str(auto_profile.ensure(nproc, shapes=shapes_of(model, seq, layout.mbs, layout.tp, layout.cp)))
+        shapes = shapes_of(model, seq, layout.mbs, layout.tp, layout.cp, ep=layout.ep, folded=layout.ep_folds_tp)
+        gpu = str(auto_profile.ensure(nproc, shapes=shapes))
     cluster = load_cluster(gpu, nproc, nproc)
     records = run_workers(nproc, [layout.format()], model_name, global_batch, seq, steps, precision=fp8)[0]
     rows: list[Row] = [row for record in records for row in rows_for(record, model, cluster, train)]

@@ -17,6 +17,9 @@ own shapes where the table does not reach them:
   ``SDPA_MAX_SEQ``, a few seconds; past it the table's last segment, linear in seq**2, is extended:
   torch's kernel costs less per score element as the sequence grows, and on a 2-core x86 host the
   extension from 1,024 tokens read 2k-8k calls 2-3x slow, benchmarks/results/cpu-components-cpu2core.txt).
+- a mixture of experts' block at the run's routed tokens and EP group, when ``moe_part_table`` has
+  no row of that shape (measure/moe_parts.py: the runtime's block alone over ``ep`` processes, its
+  parts; a launch of a few seconds), in every CPU profile (one with operator costs).
 
 Each addition is a few timed calls, seconds in all (``time_loss``, ``time_sdpa``); tests pass fake
 timers.
@@ -28,6 +31,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from meshwise.cost.host_moe import holds
 
 LOSS_MAX_LOGITS = 1 << 25  # 128 MiB of fp32 logits: far past any last-level cache
 SDPA_MAX_SEQ = 4096
@@ -47,6 +52,8 @@ class PlanShapes:
     vocab: int
     seq: int
     ring_seq: int = 0  # a rank's local sequence under context parallelism (0: none)
+    moe_key: tuple = ()  # a MoE block call's shape (cost/host_moe.py part_key; (): a dense model)
+    moe_mbs: int = 1  # ... over how many sequences its tokens come
 
 
 def _typical_time(fn, runs: int) -> float:
@@ -161,11 +168,11 @@ def loss_row(shapes: PlanShapes) -> tuple[int, int]:
 def top_up(
     table: dict[str, Any], shapes: PlanShapes, timers: tuple[Callable, ...] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """(``table`` with rows added at ``shapes`` where its loss, SDPA (without context parallelism)
-    and ring (with it) tables do not reach them, one line per addition). ``timers``: (loss, SDPA, bare ring step) as :func:`time_loss`,
-    :func:`time_sdpa`, :func:`time_ring`.
+    """(``table`` with rows added at ``shapes`` where its loss, SDPA (without context parallelism),
+    ring (with it) and MoE tables do not reach them, one line per addition). ``timers``: (loss, SDPA,
+    bare ring step, MoE block) as :func:`time_loss`, :func:`time_sdpa`, :func:`time_ring`, :func:`time_moe`.
     A table without a component's rows (a GPU profile, an older calibration) is left as it is."""
-    timers = timers or (time_loss, time_sdpa, time_ring)
+    timers = timers or (time_loss, time_sdpa, time_ring, time_moe)
     out, said = dict(table), []
     loss_rows = [list(r) for r in table.get("loss_token_table", [])]
     tokens, vocab = loss_row(shapes)
@@ -189,17 +196,52 @@ def top_up(
     if ring and local and not any(abs(math.sqrt(e / SDPA_HEADS) / local - 1) <= RING_NEAR for e, _, _ in ring):
         rows, lines = ring_rows(table, local, timers[2])
         out["cp_ring_table"], said = sorted(ring + rows), said + lines
+    moe = [list(r) for r in table.get("moe_part_table", [])]
+    if shapes.moe_key and table.get("op_overhead_s") and not any(holds(r, shapes.moe_key) for r in moe):
+        row = timers[3](shapes.moe_key, shapes.moe_mbs)
+        out["moe_part_table"] = sorted(moe + [row])
+        said.append(moe_said(row))
     return out, said
 
 
-def shapes_of(model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str = "meshwise") -> PlanShapes:
-    """The run's :class:`PlanShapes`: a rank's ``mbs * seq / cp`` tokens, the loss's logits per
-    token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead)."""
-    from meshwise.cost.host import loss_vocab
+def time_moe(key: tuple, mbs: int) -> list[float]:
+    """measure/moe_parts.py ``time_parts``: a ``moe_part_table`` row at ``key``."""
+    from meshwise.measure.moe_parts import time_parts
 
+    return time_parts(key, mbs)
+
+
+def moe_said(row: list[float]) -> str:
+    """One line for a timed ``moe_part_table`` row: its shape and parts in milliseconds."""
+    from meshwise.spec.host_keys import MOE_PART_SECONDS, MOE_PART_SHAPE
+
+    shape = dict(zip(MOE_PART_SHAPE, row))
+    parts = ", ".join(f"{k[:-2]} {v * 1e3:.2f}" for k, v in zip(MOE_PART_SECONDS, row[len(MOE_PART_SHAPE) :]))
+    return (
+        f"a MoE block timed at {int(shape['tokens'])} tokens, {int(shape['experts'])} experts, "
+        f"ep={int(shape['ep'])} (ms per call: {parts})"
+    )
+
+
+def shapes_of(
+    model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str = "meshwise", ep: int = 0, folded: bool = False
+) -> PlanShapes:
+    """The run's :class:`PlanShapes`: a rank's ``mbs * seq / cp`` tokens, the loss's logits per
+    token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead), and
+    for a mixture of experts its block call on an EP group of ``ep`` (``folded``: EP over the TP
+    ranks, each routing 1/tp of the tokens, cost/moe_block.py ``routed_tokens``; ``ep`` 0, before a
+    layout is chosen: no block call, nothing timed)."""
+    from meshwise.cost.host import loss_vocab
+    from meshwise.cost.host_moe import part_key
+    from meshwise.cost.moe_block import routed_tokens
+
+    tokens = mbs * math.ceil(seq / cp)
+    moe = bool(ep and model.moe and not model.states_only and runtime == "meshwise")
     return PlanShapes(
-        tokens=mbs * math.ceil(seq / cp),
+        tokens=tokens,
         vocab=int(loss_vocab(model, runtime, tp)),
         seq=seq,
         ring_seq=math.ceil(seq / cp) if cp > 1 else 0,
+        moe_key=part_key(model, routed_tokens(tokens, tp, folded), ep) if moe else (),
+        moe_mbs=mbs if moe else 1,
     )

@@ -56,6 +56,7 @@ class PartClock:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.waits = dict.fromkeys(PARTS, 0.0)  # the blocking waits on collectives seen inside each part
         self.part: str | None = None
         self.since = time.perf_counter()
 
@@ -67,7 +68,10 @@ class PartClock:
 
     def waited(self, kind: str, seconds: float) -> None:
         """A blocking wait on a collective inside a part other than the all-to-alls (FSDP2's gathers
-        of the experts' weights): not the part's own work, left out."""
+        of the experts' weights): not the part's own work, left out. Every wait inside a part is also
+        summed in ``waits``."""
+        if self.part is not None:
+            self.waits[self.part] += seconds
         if self.part not in (None, "dispatch_combine_s"):
             self.seconds[self.part] -= seconds
 

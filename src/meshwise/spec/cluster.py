@@ -95,6 +95,7 @@ class AcceleratorSpec:
     sdpa_score_dim_s: float = 0.0
     sdpa_head_table: tuple = ()  # ((sequence, head width, seconds per query head), ...) as timed: read first
     loss_token_table: tuple = ()  # ((tokens, vocab, seconds per token), ...): the loss's fwd + bwd as timed
+    moe_part_table: tuple = ()  # a MoE block's parts per call as timed at a run's shapes (spec/host_keys.py MOE_PART_COLUMNS)
     # A CPU profile's GEMMs by shape (cost/host.py ``gemm_shape_factor``): t = 2MNK / rate + call + bytes / bandwidth
     cpu_gemm_flops_per_s: float = 0.0  # 0: no GEMM grid measured, one efficiency for every shape
     cpu_gemm_call_s: float = 0.0

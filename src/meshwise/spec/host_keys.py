@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from meshwise.errors import MeshwiseError
+from meshwise.spec.model import MLP_KINDS
 
 # seconds a launched call of each kind costs on the host, which scale with the compute the rank runs
 HOST_CALL_KEYS = (
@@ -50,11 +51,30 @@ TABLE_COLUMNS = {
     "sdpa_head_table": "sequence, head width",
     "loss_token_table": "tokens, vocab",
 }
+# a MoE block's parts, one call forward + backward on one rank, as measure/moe_parts.py times them at a
+# run's shapes (cost/host_moe.py reads them): the shape the row holds (``mlp_kind`` the shared expert's
+# activation, its index in spec/model.py MLP_KINDS; the flags 0 or 1), then its seconds
+MOE_PART_SHAPE = (
+    "tokens",
+    "hidden",
+    "experts",
+    "top_k",
+    "expert_ffn",
+    "shared_ffn",
+    "shared_gate",
+    "mlp_kind",
+    "mlp_bias",
+    "ep",
+)
+MOE_PART_FLAGS = ("shared_gate", "mlp_bias")
+MOE_PART_SECONDS = ("router_s", "permute_s", "experts_s", "shared_s", "dispatch_host_s", "forward_s")
+MOE_PART_COLUMNS = MOE_PART_SHAPE + MOE_PART_SECONDS
 HOST_KEYS = (
     set(HOST_SECONDS_KEYS)
     | {"thread_efficiency", "cores_per_node", "gemm_reference_efficiency"}
     | set(HOST_FLAG_KEYS)
     | set(TABLE_KEYS)
+    | {"moe_part_table"}
     | set(PROBE_KEYS)
     | set(NON_NEGATIVE_KEYS)
 )
@@ -110,7 +130,33 @@ def host_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
     for key in TABLE_KEYS:
         if key in table:
             out[key] = _rows(table[key], key, gpu)
+    if "moe_part_table" in table:
+        out["moe_part_table"] = _moe_rows(table["moe_part_table"], gpu)
     return out
+
+
+def _moe_rows(value: Any, gpu: str) -> tuple:
+    """``moe_part_table``: one or more rows of ``MOE_PART_COLUMNS``, the shape's whole numbers (tokens,
+    widths, experts, k, ep at least 1; shared width 0 or more; ``mlp_kind`` an index of MLP_KINDS; the
+    flags 0 or 1) and seconds in [0, ``TABLE_MAX_S``)."""
+
+    def shape_ok(r: list) -> bool:
+        f = dict(zip(MOE_PART_SHAPE, r))
+        flags = all(f[k] in (0, 1) for k in MOE_PART_FLAGS) and f["mlp_kind"] in range(len(MLP_KINDS))
+        positive = ("tokens", "hidden", "experts", "top_k", "expert_ffn", "ep")
+        return flags and f["shared_ffn"] >= 0 and all(f[k] >= 1 and f[k] == int(f[k]) for k in positive)
+
+    ok = isinstance(value, list) and len(value) >= 1
+    for r in value if ok else ():
+        ok = ok and isinstance(r, list) and len(r) == len(MOE_PART_COLUMNS)
+        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r)
+        ok = ok and shape_ok(r) and all(0 <= x < TABLE_MAX_S for x in r[len(MOE_PART_SHAPE) :])
+    if not ok:
+        raise MeshwiseError(
+            f"--gpu {gpu}: moe_part_table must be one or more rows [{', '.join(MOE_PART_COLUMNS)}] of "
+            f"whole numbers for the shape and seconds in [0, {TABLE_MAX_S:.0f})"
+        )
+    return tuple(tuple(float(x) for x in r) for r in value)
 
 
 def _rows(value: Any, key: str, gpu: str) -> tuple:
