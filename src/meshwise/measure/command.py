@@ -44,7 +44,7 @@ def print_rows(rows: list[Row], title: str) -> None:
 
 
 def measure_main(
-    layout_text: str,
+    layout_text: str | None,
     nproc: int,
     model_name: str,
     steps: int,
@@ -61,7 +61,7 @@ def measure_main(
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
-    layout = parse(layout_text, nproc, explicit=True)
+    layout = parse(layout_text or "", nproc, explicit=True)
     seq = seq_len if seq_len is not None else model.max_seq  # --seq-len 0 is refused, not the default
     # the runtime trains in fp32 on CPU, bf16-mixed on CUDA, or a float8 format asked for (docs/runtime.md);
     # every flag is checked before any calibration
