@@ -72,7 +72,7 @@ def test_the_check_sees_a_wide_function(tmp_path: Path) -> None:
 
 # the packages whose in-function imports are still to be moved or explained, by their owners
 # (runtime, measure, train, tune: edited on other branches at the time); every other one is held
-NOT_YET_HELD = ("measure", "tune")
+NOT_YET_HELD = ("measure",)
 
 
 def lazy_imports(root: Path, skip: tuple[str, ...] = NOT_YET_HELD) -> list[str]:

@@ -9,17 +9,18 @@ import torch
 import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.launch import init_process_group
+from meshwise.runtime.mesh import end_process_group
 from meshwise.train import layout_choice, loop
+from meshwise.tune.driver import Driver
+from meshwise.tune.memory_limit import memory_bytes
+from meshwise.tune.show import Progress, report
 from meshwise.tune.worker import Limits, TrialPlan, run_trial
 
 
 def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     """The whole tune (collective: every rank of the job calls it); 0 when it ends, a pick or none
     (the table says which)."""
-    from meshwise.launch import init_process_group
-    from meshwise.runtime.mesh import end_process_group
-    from meshwise.tune.memory_limit import memory_bytes
-
     prep = loop.preflight(cfg)
     _, world, local_world = loop.env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,8 +29,6 @@ def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     limits = Limits(opts.get("trial_warmup") or 2, opts.get("trial_steps") or 5, memory_bytes(opts.get("memory_limit")))
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     try:
-        from meshwise.tune.driver import Driver
-
         made: list[Any] = []
         _on_rank0(lambda: made.append(Driver(cfg, opts, prep.model, world, local_world, device_type)))
         _trials(cfg, prep, made[0] if made else None, limits, guard)
@@ -58,8 +57,6 @@ def _on_rank0(call: Callable[[], Any]) -> Any:
 
 def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> None:
     """Trial after trial as rank 0 chooses them, then rank 0's report."""
-    from meshwise.tune.show import Progress, report
-
     progress = Progress(driver) if driver is not None else None
     try:
         while (message := _on_rank0(lambda: driver.next())) is not None:

@@ -22,6 +22,10 @@ import torch.distributed as dist
 
 from meshwise.errors import RunStopped
 from meshwise.layout import Layout
+from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure.timing import StepClock
+from meshwise.runtime import build_mesh
+from meshwise.runtime.mesh import dp_rank
 from meshwise.train.loop import Prepared, lr_at, parallelize_as_configured
 from meshwise.tune.trials import MEASURED, OUT_OF_MEMORY, OVER_LIMIT, STOPPED, Trial, should_stop
 
@@ -78,10 +82,6 @@ def run_trial(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: 
 
 
 def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: Any, device_type: str) -> Trial:
-    from meshwise.measure.timing import StepClock
-    from meshwise.runtime import build_mesh
-    from meshwise.runtime.mesh import dp_rank
-
     B, layout = cfg.schedule.global_batch, plan.layout
     mesh = build_mesh(layout, prep.model, B)
     pm = parallelize_as_configured(cfg, prep.model, layout, mesh, device_type)
@@ -134,8 +134,6 @@ def _warm_up(pm: Any, one_step: Any, warmup: int, device_type: str) -> int:
         one_step().item()
         local = int(torch.cuda.max_memory_allocated())
     else:
-        from meshwise.measure._torch_tools import peak_by_category, tracker_for
-
         tracker = tracker_for(pm.modules, pm.optimizer)
         with tracker:
             one_step().item()
