@@ -29,6 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from meshwise.cost.host import loss_vocab
+from meshwise.measure.probe import typical_time
+
 LOSS_MAX_LOGITS = 1 << 25  # 128 MiB of fp32 logits: far past any last-level cache
 SDPA_MAX_SEQ = 4096
 RING_MAX_SEQ = 2048  # local tokens per ring step (a step of 4,096 took seconds)
@@ -50,8 +53,6 @@ class PlanShapes:
 
 
 def _typical_time(fn, runs: int) -> float:
-    from meshwise.measure.probe import typical_time
-
     fn()
     return typical_time(fn, runs, 0.002)
 
@@ -59,9 +60,9 @@ def _typical_time(fn, runs: int) -> float:
 def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
     """Seconds of one loss call (runtime/model.py ``loss_sum``) forward + backward over
     ``tokens x vocab`` fp32 logits: the median of ``runs`` timings."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
-    from meshwise.runtime.model import loss_sum
+    from meshwise.runtime.model import loss_sum  # torch: tune's planning imports this (via auto_profile) without torch
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, tokens, vocab, generator=gen, requires_grad=True)
@@ -77,8 +78,9 @@ def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
 def sdpa_call(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
     """One causal attention call (runtime/model.py ``causal_attention``) forward + backward, ``heads``
     query heads over ``kv_heads`` K/V heads of one sequence, ready to time."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
+    # torch: tune's planning imports this (via auto_profile) without torch
     from meshwise.runtime.model import causal_attention
 
     gen = torch.Generator().manual_seed(0)
@@ -102,8 +104,9 @@ def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[]
     """One bare ring step of context parallelism's attention (meshwise.runtime.context_parallel
     ``forward_block`` then ``backward_block`` of one half-masked K/V block, fp32, no transfer) over
     ``seq`` local tokens, ``heads`` query heads over ``kv_heads`` K/V heads, ready to time."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
+    # torch: tune's planning imports this (via auto_profile) without torch
     from meshwise.runtime.context_parallel import backward_block, forward_block, positions
 
     gen = torch.Generator().manual_seed(0)
@@ -195,8 +198,6 @@ def top_up(
 def shapes_of(model, seq: int, mbs: int, tp: int = 1, cp: int = 1, runtime: str = "meshwise") -> PlanShapes:
     """The run's :class:`PlanShapes`: a rank's ``mbs * seq / cp`` tokens, the loss's logits per
     token (cost/host.py ``loss_vocab``), the attention's ``seq`` (cp > 1 runs its ring instead)."""
-    from meshwise.cost.host import loss_vocab
-
     return PlanShapes(
         tokens=mbs * math.ceil(seq / cp),
         vocab=int(loss_vocab(model, runtime, tp)),
