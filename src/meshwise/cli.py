@@ -24,6 +24,18 @@ RUNTIME_CHOICES = ("meshwise", "megatron")
 EMIT_CHOICES = ("torchtitan", "megatron", "deepspeed")
 
 
+# the parsed flags each runtime command's main takes, in its parameters' order
+VERIFY_FLAGS = tuple("model gpu gpus gpus_per_node seq_len global_batch layout ranks depth json precision".split())
+MEASURE_FLAGS = tuple("layout nproc_per_node model steps global_batch seq_len gpu json report precision".split())
+
+
+def _run_main(main, args: argparse.Namespace, names: tuple[str, ...]) -> int:
+    """Warn where torch is not the release tested, then call a runtime command's ``main`` with the
+    parsed flags ``names``, in that order (it takes them positionally)."""
+    _warn_untested_torch()
+    return main(*(getattr(args, name) for name in names))
+
+
 def _warn_untested_torch() -> None:
     """launch/torch_release.py's one-line warning, imported here only by the commands that run torch:
     ``plan`` never imports the launch package (about 35 ms of a 0.9 s 405B search)."""
@@ -127,19 +139,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="trace the top K candidates on fake devices (as 'meshwise verify'); drop any that do not fit",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument(
-        "--report",
-        metavar="HTML",
-        type=_given(REPORT_WHAT),
-        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
-    )
+    _add_output_arguments(p, "print one JSON object instead of tables")
     _add_emit_arguments(p)
     _add_train_commands(sub)
     _add_calibrate_command(sub)
     _add_measure_command(sub)
     _add_verify_command(sub)
     return parser
+
+
+def _add_output_arguments(p: argparse.ArgumentParser, json_help: str) -> None:
+    """plan's and measure's --json (``json_help``: what it prints) and --report."""
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument(
+        "--report",
+        metavar="HTML",
+        type=_given(REPORT_WHAT),
+        help="also write a self-contained HTML report with pictures (needs meshwise[report])",
+    )
+
+
+# plan's switches of Megatron-LM's communication overlap, each off by default: what it turns on
+MEGATRON_OVERLAPS = {
+    "--tp-comm-overlap": "the run turns on Transformer Engine's TP communication overlap (Megatron-LM's "
+    "--tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives hidden behind GEMMs, "
+    "its userbuffers counted in memory; needs sp=on",
+    "--moe-comm-overlap": "Megatron's --overlap-moe-expert-parallel-comm (off by default; DeepSeek-V3's "
+    "DualPipe alike): the all-to-alls hidden behind another micro-batch's compute",
+}
 
 
 def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,13 +178,6 @@ def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         help="whose kernels and overlap to predict: meshwise (this project's torch runtime) or megatron "
         "(Megatron-LM/NeMo: distributed optimizer, fused kernels, Megatron-Core's memory); default: the "
         "profile's runtime key, else meshwise",
-    )
-    p.add_argument(
-        "--tp-comm-overlap",
-        action="store_true",
-        help="with --runtime megatron: the run turns on Transformer Engine's TP communication overlap "
-        "(Megatron-LM's --tp-comm-overlap, off by default; NeMo's recipes turn it on): TP collectives "
-        "hidden behind GEMMs, its userbuffers counted in memory; needs sp=on",
     )
     p.add_argument(
         "--moe-capacity-factor",
@@ -183,12 +203,8 @@ def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         help="with --runtime megatron: multi-token-prediction modules trained beside the model (Megatron's "
         "--mtp-num-layers; DeepSeek-V3 trains 1), priced on the last pipeline stage; default 0",
     )
-    p.add_argument(
-        "--moe-comm-overlap",
-        action="store_true",
-        help="with --runtime megatron: Megatron's --overlap-moe-expert-parallel-comm (off by default; "
-        "DeepSeek-V3's DualPipe alike): the all-to-alls hidden behind another micro-batch's compute",
-    )
+    for flag, what in MEGATRON_OVERLAPS.items():
+        p.add_argument(flag, action="store_true", help=f"with --runtime megatron: {what}")
 
 
 def _add_emit_arguments(p: argparse.ArgumentParser) -> None:
@@ -262,20 +278,39 @@ def _add_cluster_arguments(p: argparse.ArgumentParser, gpus_help: str, seq_note:
     )
 
 
-VERIFY_DESCRIPTION = (
-    "Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
-    "process group, fake tensors, the target device's precision policy), trace one training step, "
-    "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
-    "does."
-)
+# the commands that run the runtime on this machine: (help, description)
+RUNTIME_COMMANDS = {
+    "verify": (
+        "trace ranks of a layout at full scale on fake devices, beside the plan",
+        "Build the chosen ranks of the layout with the real runtime at the real world size (torch's fake "
+        "process group, fake tensors, the target device's precision policy), trace one training step, "
+        "and print memory by category and every collective beside what 'plan' predicts, as 'measure' "
+        "does.",
+    ),
+    "measure": (
+        "run a layout for a few steps: predicted beside measured",
+        "Run the layout through the real runtime on local processes (gloo on CPU) and "
+        "print, per rank and figure, what 'plan' predicts, what was measured and the "
+        "relative error: memory by category, collectives per kind and mesh dimension, "
+        "step time.",
+    ),
+    "calibrate": (
+        "microbenchmark this machine into an accelerator profile (.toml)",
+        "Measure matmul FLOP/s at the model's shapes, achieved efficiency, memory bandwidth "
+        "and gloo collective bandwidth/latency on N local processes; write a profile that "
+        "'plan --gpu FILE' reads.",
+    ),
+}
+
+
+def _add_runtime_command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    """The parser of the runtime command ``name``, with its help and description (:data:`RUNTIME_COMMANDS`)."""
+    help_text, description = RUNTIME_COMMANDS[name]
+    return sub.add_parser(name, help=help_text, description=description)
 
 
 def _add_verify_command(sub: argparse._SubParsersAction) -> None:
-    v = sub.add_parser(
-        "verify",
-        help="trace ranks of a layout at full scale on fake devices, beside the plan",
-        description=VERIFY_DESCRIPTION,
-    )
+    v = _add_runtime_command(sub, "verify")
     v.add_argument(
         "--layout", required=True, type=_given(LAYOUT_WHAT), help="the layout to trace (e.g. dp=8,zero=3,tp=8)"
     )
@@ -289,43 +324,18 @@ def _add_verify_command(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--ranks", default="auto", help="auto (first, middle and last pipeline stage) or a list, e.g. 0,63")
     v.add_argument("--depth", default="auto", help="auto (trace 3 and 4 blocks per chunk, scale per block) or full")
     v.add_argument("--json", action="store_true", help='print {"rows": [...]} (measure\'s schema) instead of a table')
-    v.add_argument(
-        "--precision",
-        default="auto",
-        help="auto (the runtime's: bf16-mixed on GPU, fp32 on CPU), fp8 or fp8-rowwise (torchao float8 linears)",
-    )
+    _add_runtime_precision_argument(v, "")
 
 
 def _verify(args: argparse.Namespace) -> int:
     _require_runtime("verify")
     from meshwise.measure.verify import verify_main  # torch: imported by the commands that run it
 
-    _warn_untested_torch()
-
-    return verify_main(
-        args.model,
-        args.gpu,
-        args.gpus,
-        args.gpus_per_node,
-        args.seq_len,
-        args.global_batch,
-        args.layout,
-        args.ranks,
-        args.depth,
-        args.json,
-        args.precision,
-    )
+    return _run_main(verify_main, args, VERIFY_FLAGS)
 
 
 def _add_measure_command(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser(
-        "measure",
-        help="run a layout for a few steps: predicted beside measured",
-        description="Run the layout through the real runtime on local processes (gloo on CPU) and "
-        "print, per rank and figure, what 'plan' predicts, what was measured and the "
-        "relative error: memory by category, collectives per kind and mesh dimension, "
-        "step time.",
-    )
+    m = _add_runtime_command(sub, "measure")
     m.add_argument(
         "--layout", type=_given(LAYOUT_WHAT), help="the layout (e.g. dp=2,zero=3); dp defaults to the process count"
     )
@@ -349,17 +359,18 @@ def _add_measure_command(sub: argparse._SubParsersAction) -> None:
         "(default: this machine's calibration, measured at first use and cached; cpu = the catalog's)",
     )
     _add_own_runtime_argument(m, "measured")
-    m.add_argument(
+    _add_runtime_precision_argument(m, ", CUDA")
+    _add_output_arguments(m, 'print {"rows": [...]} instead of a table')
+
+
+def _add_runtime_precision_argument(p: argparse.ArgumentParser, float8_where: str) -> None:
+    """measure's and verify's --precision: the runtime's own, or a float8 recipe (``float8_where``:
+    where it runs, e.g. ``", CUDA"``)."""
+    p.add_argument(
         "--precision",
         default="auto",
-        help="auto (the runtime's: bf16-mixed on CUDA, fp32 on CPU), fp8 or fp8-rowwise (torchao float8 linears, CUDA)",
-    )
-    m.add_argument("--json", action="store_true", help='print {"rows": [...]} instead of a table')
-    m.add_argument(
-        "--report",
-        metavar="HTML",
-        type=_given(REPORT_WHAT),
-        help="also write an HTML report with pictures (needs meshwise[report])",
+        help="auto (the runtime's: bf16-mixed on GPU, fp32 on CPU), fp8 or fp8-rowwise "
+        f"(torchao float8 linears{float8_where})",
     )
 
 
@@ -388,30 +399,11 @@ def _measure(args: argparse.Namespace) -> int:
     _require_runtime("measure")
     from meshwise.measure.command import measure_main  # torch: imported by the commands that run it
 
-    _warn_untested_torch()
-
-    return measure_main(
-        args.layout or "",
-        args.nproc_per_node,
-        args.model,
-        args.steps,
-        args.global_batch,
-        args.seq_len,
-        args.gpu,
-        args.json,
-        args.report,
-        args.precision,
-    )
+    return _run_main(measure_main, args, MEASURE_FLAGS)
 
 
 def _add_calibrate_command(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser(
-        "calibrate",
-        help="microbenchmark this machine into an accelerator profile (.toml)",
-        description="Measure matmul FLOP/s at the model's shapes, achieved efficiency, memory bandwidth "
-        "and gloo collective bandwidth/latency on N local processes; write a profile that "
-        "'plan --gpu FILE' reads.",
-    )
+    c = _add_runtime_command(sub, "calibrate")
     c.add_argument("--nproc-per-node", type=int, default=2, help="local processes, one thread each (default: 2)")
     c.add_argument(
         "--model", default=None, help="model whose shapes are timed (default: small on CPU, llama3-8b on CUDA)"
@@ -465,23 +457,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     """train / export / generate; their work (and torch) is imported only when they run."""
-    # No option prefix: every argument after "train" goes, untouched, to meshwise.train.command.
-    t = sub.add_parser(
-        "train",
-        add_help=False,
-        prefix_chars="\x01",
-        help="train a model under a layout (auto: the planner's)",
-        description="meshwise train --help lists every option",
-    )
-    t.add_argument("train_args", nargs=argparse.REMAINDER)
-    u = sub.add_parser(
-        "tune",
-        add_help=False,
-        prefix_chars="\x01",
-        help="measure the planner's closest layouts; pick the fastest, refit the profile",
-        description="meshwise tune --help lists every option",
-    )
-    u.add_argument("tune_args", nargs=argparse.REMAINDER)
+    _add_passthrough_command(sub, "train", "train a model under a layout (auto: the planner's)")
+    _add_passthrough_command(sub, "tune", "measure the planner's closest layouts; pick the fastest, refit the profile")
     e = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (safetensors, config.json)")
     e.add_argument("--checkpoint", required=True, help="a checkpoint folder (DIR/step-N), or DIR for its latest")
     e.add_argument("--out", default="model.safetensors", help="output file (default: model.safetensors)")
@@ -499,6 +476,19 @@ def _add_train_commands(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     g.add_argument("--top-k", type=int, default=20, help="sample among the k most likely (default: 20; 0 = all)")
     g.add_argument("--seed", type=int, default=0)
+
+
+def _add_passthrough_command(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    """A command that parses its own arguments: with no option prefix, every argument after ``name``
+    goes, untouched, to ``args.<name>_args`` (train.command and tune.command parse them)."""
+    p = sub.add_parser(
+        name,
+        add_help=False,
+        prefix_chars="\x01",
+        help=help_text,
+        description=f"meshwise {name} --help lists every option",
+    )
+    p.add_argument(f"{name}_args", nargs=argparse.REMAINDER)
 
 
 def _train(args: argparse.Namespace) -> int:

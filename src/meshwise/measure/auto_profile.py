@@ -41,10 +41,15 @@ import socket
 import statistics
 import sys
 import time
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 from meshwise.errors import MeshwiseError
+from meshwise.measure import calibrate as calibration  # the module: tests stand in for its calibrate
+from meshwise.measure import plan_shapes, probe
+from meshwise.measure.calibrate import with_per_rank_of, write_profile
+from meshwise.spec import load_cluster
 
 CACHE_ENV = "MESHWISE_CACHE_DIR"
 PROFILE_ENV = "MESHWISE_AUTO_PROFILE"  # the resolved file, for the workers of a launch
@@ -114,8 +119,6 @@ def cache_path(nproc: int) -> Path:
 
 def is_valid(path: Path) -> bool:
     """Whether ``path`` loads as a profile (a half-written or foreign file does not)."""
-    from meshwise.spec import load_cluster
-
     try:
         load_cluster(str(path), 1, 1)
     except (MeshwiseError, OSError, ValueError):
@@ -148,11 +151,6 @@ def at_shapes(path: Path, shapes, say, top_up=None) -> Path:
     (measure/plan_shapes.py ``top_up``, or the ``top_up`` given), rewritten in place."""
     if not shapes:
         return path
-    import tomllib
-
-    from meshwise.measure import plan_shapes
-    from meshwise.measure.calibrate import write_profile
-
     table, said = tomllib.loads(path.read_text()), []
     for one in shapes if isinstance(shapes, (list, tuple)) else [shapes]:
         table, lines = (top_up or plan_shapes.top_up)(table, one)
@@ -165,8 +163,6 @@ def at_shapes(path: Path, shapes, say, top_up=None) -> Path:
 
 def _calibrated(nproc: int, say, found: Path | None) -> Path:
     """A quick calibration for ``nproc`` processes, written to the cache (:func:`ensure`)."""
-    from meshwise.measure.calibrate import calibrate
-
     path = cache_path(nproc)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +176,7 @@ def _calibrated(nproc: int, say, found: Path | None) -> Path:
     busy_note, busy = busy_text(cores)
     start = time.perf_counter()
     table = (
-        calibrate(
+        calibration.calibrate(
             nproc, MODEL, str(path), SEQ_LEN, quick=True, note=f"auto-calibration (quick), {busy_note} at the start"
         )
         or {}
@@ -232,10 +228,6 @@ def age_text(seconds: float) -> str:
 def still_holds(path: Path, say) -> bool:
     """Whether the cached profile at ``path`` still describes this machine: its probe read again
     within ``DRIFT_BOUND`` (module docstring); says the calibration's age and the drift either way."""
-    import tomllib
-
-    from meshwise.measure import probe
-
     if os.environ.get(RECHECK_ENV, "1") == "0":
         return True
     table = tomllib.loads(path.read_text())
@@ -261,10 +253,6 @@ def still_holds(path: Path, say) -> bool:
 def share_per_rank_figures(path: Path, base: Path, cores: int) -> None:
     """Rewrite the profile at ``path`` with the per-rank figures of ``base``, this machine's
     ``cores``-process profile."""
-    import tomllib
-
-    from meshwise.measure.calibrate import with_per_rank_of, write_profile
-
     table = tomllib.loads(path.read_text())
     write_profile(path, with_per_rank_of(table, tomllib.loads(base.read_text()), f"from the {cores}-process profile"))
 

@@ -64,10 +64,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from meshwise.cost.compute import model_flops
+from meshwise.cost.host import BLOCK_FORWARD_OPS as F
+from meshwise.cost.host import (
+    cpu_gemm_seconds,
+    gemm_grid_efficiency,
+    loss_seconds,
+    score_kernel_seconds,
+    sdpa_call_seconds,
+)
+from meshwise.cost.kernels import PASSES, rank_memory_bound_bytes
 from meshwise.errors import MeshwiseError
 from meshwise.files import check_output_file, write_atomically
 from meshwise.launch import launch_logged
-from meshwise.spec import ModelSpec, load_model
+from meshwise.measure.probe import bench_thread_speedups, probe
+from meshwise.spec import AcceleratorSpec, ModelSpec, load_model
 from meshwise.spec.cluster import DEVICE_LINK_KEYS
 from meshwise.spec.host_keys import HOST_CALL_KEYS, HOST_FIXED_KEYS
 
@@ -199,7 +210,6 @@ def fit_ring(samples: list[tuple[float, float, float]]) -> tuple[float, float, f
     (sdpa_*), fitted to ``(score elements E, head width d, seconds of a forward + backward)`` samples by least
     squares on relative error; a term whose coefficient comes out negative is left out (the
     per-width one first, then the fixed one) and the rest refitted."""
-    from meshwise.cost.host import score_kernel_seconds
 
     def solve(cols: list[int]) -> list[float] | None:
         rows = [[(1.0, e, e * d)[c] / t for c in cols] for e, d, t in samples]
@@ -400,8 +410,6 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
     """The GEMM grid's profile keys (cost/host.py ``cpu_gemm_seconds``, ``gemm_shape_factor``) and
     a note on the fit's own error, from ``gemm_grid`` (``[M, N, K, seconds]``) and
     ``gemm_reference_shapes`` (the calibration model's GEMMs); {} without a grid."""
-    from meshwise.cost.host import gemm_grid_efficiency
-
     if not result.get("gemm_grid"):
         return {}
     rate, call_s, bytes_per_s, error = fit_gemm([tuple(x) for x in result["gemm_grid"]])
@@ -421,8 +429,6 @@ def gemm_fields(result: dict[str, Any]) -> dict[str, Any]:
 def _fitted(**fields: Any):
     """An accelerator holding only some fitted constants, for cost/host.py's readers of them
     (``cpu_gemm_seconds``, ``sdpa_call_seconds``) on calibrate's own fits."""
-    from meshwise.spec import AcceleratorSpec
-
     return AcceleratorSpec("fit", 1, 1.0, 1.0, 1.0, **fields)
 
 
@@ -463,8 +469,6 @@ def ring_fields(result: dict[str, Any]) -> dict[str, Any]:
 def _sdpa_call_seconds(fields: dict[str, Any], heads: float, seq: float, head_dim: float) -> float:
     """One SDPA call over ``heads`` query heads of ``seq`` tokens by ``fields`` (:func:`ring_fields`'
     keys), as the cost model reads them (cost/host.py ``sdpa_call_seconds``)."""
-    from meshwise.cost.host import sdpa_call_seconds
-
     accel = _fitted(
         sdpa_call_s=fields["sdpa_call_s"],
         sdpa_score_s=fields["sdpa_score_s"],
@@ -629,9 +633,6 @@ def calibration_memory_seconds(result: dict[str, Any]) -> float:
     ``memory_bound_seconds``): the bytes over the copy bandwidth, the loss's own bytes replaced by
     its measured calls (``loss_token_table``) where the result holds them and the loss's shape
     (``loss_logits``: tokens, vocab)."""
-    from meshwise.cost.host import loss_seconds
-    from meshwise.cost.kernels import PASSES
-
     copy = float(result["copy_bytes_per_s"])
     moved = float(result.get("memory_bound_bytes", 0.0))
     if not (result.get("loss") and result.get("loss_logits")):
@@ -645,8 +646,6 @@ def calibration_memory_seconds(result: dict[str, Any]) -> float:
 def calibration_memory_bound_bytes(model: ModelSpec, seq: int) -> float:
     """Bytes the calibration's forward + backward (one sequence of ``seq`` tokens, the whole model,
     no TP, fp32) moves through memory-bound operations (cost/kernels.py ``rank_memory_bound_bytes``)."""
-    from meshwise.cost.kernels import rank_memory_bound_bytes
-
     return rank_memory_bound_bytes(model, "meshwise", 4, seq, 1, False, "none", model.layers, True, True, model.vocab)
 
 
@@ -655,8 +654,6 @@ def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) ->
     derives it: its arithmetic time ``model_flops / (peak * efficiency)`` on ``model`` at ``seq``
     tokens, less :func:`calibration_memory_bound_bytes` over its copy bandwidth, refitted by
     :func:`arithmetic_rate` (the host time was already subtracted). For saved profiles (replay)."""
-    from meshwise.cost.compute import model_flops
-
     flops = model_flops(model, seq, seq)
     old_s = flops / (float(table["peak_fp32_flops_per_s"]) * float(table["efficiency_max"]))
     memory_s = calibration_memory_bound_bytes(model, seq) / float(table["hbm_bytes_per_s"])
@@ -688,8 +685,6 @@ def host_arithmetic_seconds(result: dict[str, Any], gemm: dict[str, Any], ring: 
     heads, sequence, head width]``): at four tokens
     they still pay their fixed costs and move their weights, about a quarter of that pass on a
     2-core x86 host, which the per-operator cost must not absorb. (0, 0) without the fits."""
-    from meshwise.cost.host import cpu_gemm_seconds
-
     if "cpu_gemm_flops_per_s" not in gemm or not result.get("host_block_gemms"):
         return 0.0, 0.0
     fitted = _gemm_model(gemm["cpu_gemm_flops_per_s"], gemm["cpu_gemm_call_s"], gemm["cpu_gemm_bytes_per_s"])
@@ -712,8 +707,6 @@ def host_constants(
     which a recompute runs again), by cost/host.py's model: none = ops * op; full adds
     blocks * (F * op + call); selective adds blocks * (F * op + call + 2 F * sel). Each is at
     least 0, and the per-operator cost at least half of ``none / ops``."""
-    from meshwise.cost.host import BLOCK_FORWARD_OPS as F
-
     whole_s, block_forward_s = arithmetic_s
     op = max(host_s["none"] - whole_s, 0.5 * host_s["none"]) / model_ops
     call = max(0.0, (host_s["full"] - host_s["none"]) / blocks - block_forward_s - F * op)
@@ -793,8 +786,6 @@ def calibrate(
         "thread_speedups": speedups,
         "phase_s": {**result.get("phase_s", {}), "threads": threads_s + time.perf_counter() - start},
     }
-    from meshwise.measure.probe import probe
-
     table = profile_table(result, nproc, physical_memory_bytes(), note=note) | probe()
     write_profile(out, table)
     return {**table, "phase_s": result.get("phase_s", {})}  # seconds per benchmark (not written)
@@ -805,7 +796,5 @@ def thread_speedups_alone(model: ModelSpec, seq: int, quick: bool) -> list[float
     timed by this process while no worker of its own runs; [] on one core. Calibration 12: inside
     the launch rank 0 timed them beside peers waiting on gloo, and read 0.05 per extra thread in
     three of one day's two-process calibrations on a 2-core VM (1.57-1.73x alone)."""
-    from meshwise.measure.probe import bench_thread_speedups
-
     cores = os.cpu_count() or 1
     return bench_thread_speedups(model, seq, 2 if quick else 3, cores) if cores > 1 else []

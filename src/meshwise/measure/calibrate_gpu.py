@@ -43,8 +43,10 @@ from meshwise.cost import kernels
 from meshwise.cost.fit import fit_gemm_points, fit_link, fit_saturating, gemm_pairs, log_errors
 from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
+from meshwise.launch import launch_logged
 from meshwise.measure import gpu_bench
-from meshwise.spec import AcceleratorSpec, ModelSpec, load_cluster
+from meshwise.measure.calibrate import check_args
+from meshwise.spec import AcceleratorSpec, ClusterSpec, LinkSpec, ModelSpec, load_cluster, load_model
 from meshwise.spec.gpu_keys import ATTENTION_FIELDS
 
 HEAD_WIDTHS = (64, 128)
@@ -313,9 +315,7 @@ def measure_links(model: ModelSpec, seq: int, device: gpu_bench.Device, sizes: S
     if nproc < 2:
         say("calibrate: collectives need >= 2 GPUs; this machine has 1: the catalog's links are kept")
         return None
-    import torch
-
-    from meshwise.launch import launch_logged
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     if device.kind == "cuda":
         torch.cuda.empty_cache()  # the ranks need the memory this process's benchmarks left cached
@@ -337,8 +337,6 @@ def reference(device: gpu_bench.Device, samples: dict[str, Any]) -> tuple[str | 
     if name is not None:
         cluster = load_cluster(name, 8)
         return name, cluster.accelerator, cluster
-    from meshwise.spec import ClusterSpec, LinkSpec
-
     rates = [2.0 * b * m * n * k / t for b, m, n, k, t in samples["gemm_bf16"]] or [1e12]
     accel = AcceleratorSpec(
         slug(device.name), device.memory_bytes, max(rates), max(rates), float(samples["copy_bytes_per_s"])
@@ -466,7 +464,7 @@ def calibrate_gpu(
     """Measure this machine's first CUDA device (``toy``: at toy sizes, on the CPU without one), fit,
     write the profile to ``out``; returns its table with ``phase_s`` (seconds per part, not written).
     ``timer`` and ``device`` stand in for the device's own in tests."""
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cpu" and not toy:
@@ -498,7 +496,7 @@ def gpu_path(device: str, toy: bool) -> bool:
         return True
     if device == "cpu":
         return False
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     return torch.cuda.is_available()
 
@@ -506,9 +504,6 @@ def gpu_path(device: str, toy: bool) -> bool:
 def run_gpu_calibration(model_ref: str, out: str, seq_len: int | None, toy: bool) -> int:
     """``meshwise calibrate`` on the GPU path: arguments checked before any work, then
     :func:`calibrate_gpu`; prints the fitted constants."""
-    from meshwise.measure.calibrate import check_args
-    from meshwise.spec import load_model
-
     model = load_model(model_ref)
     if model.states_only:
         raise MeshwiseError("--model: calibration needs a model shape, not a bare parameter count")

@@ -13,14 +13,17 @@ import os
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from meshwise.files import write_atomically
+from meshwise.launch import init_process_group
+
 KINDS = ("all_reduce", "all_gather")
 
 
 def _timed(kind: str, payload_bytes: int, device: str, reps: int) -> tuple[int, float]:
     """(payload bytes moved, the slowest rank's seconds per call)."""
-    import torch
-    import torch.distributed as dist
-
     world = dist.get_world_size()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # gloo reduces float32
     elems = max(world, payload_bytes // dtype.itemsize // world * world)
@@ -48,11 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    from meshwise.launch import init_process_group
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -63,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         for kind in KINDS
     ]
     if dist.get_rank() == 0:
-        from meshwise.files import write_atomically
-
         write_atomically(Path(args.out) / "links.json", json.dumps(rows))
     dist.destroy_process_group()
     return 0

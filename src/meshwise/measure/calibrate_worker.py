@@ -3,29 +3,57 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from meshwise.cost.compute import attention_core_flops_per_token
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from meshwise.cost.compute import attention_core_flops_per_token, model_flops
+from meshwise.cost.host import linear_gemm_shapes, ops_per_microbatch, parameter_tensors
 from meshwise.files import write_atomically
-from meshwise.measure.calibrate import COLLECTIVE_SIZES_BYTES, COPY_BYTES, DRAM_COPY_BYTES, HOST_TOKENS, LOSS_SHAPES
+from meshwise.launch import init_process_group
+from meshwise.layout import parse
+from meshwise.measure.calibrate import (
+    COLLECTIVE_SIZES_BYTES,
+    COPY_BYTES,
+    DRAM_COPY_BYTES,
+    HOST_TOKENS,
+    LOSS_SHAPES,
+    RING_HEADS,
+    RING_KV_HEADS,
+    RING_SHAPES,
+    SDPA_SHAPES,
+    calibration_memory_bound_bytes,
+    gemm_grid,
+)
+from meshwise.measure.comm_trace import CollectiveTrace
+from meshwise.measure.plan_shapes import ring_step, time_loss
 from meshwise.measure.probe import bench_matmul, block_gemm_shapes
 from meshwise.measure.probe import best_time as _best_time
 from meshwise.measure.probe import typical_time as _typical_time
+from meshwise.runtime._torch_private import split_backward, timed_waits
+from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
+from meshwise.runtime.context_parallel import RingGroup, ring_attention
+from meshwise.runtime.mesh import end_process_group
+from meshwise.runtime.model import Transformer, build_model, causal_attention, init_weights, loss_sum
+from meshwise.runtime.optim import OptimizerConfig, build_optimizer
+from meshwise.runtime.pipeline import build_schedule, build_stages, chunk_bounds
+from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 from meshwise.spec import ModelSpec, load_model
 
 
 def bench_gemm_grid(quick: bool, repeats: int) -> list[list[float]]:
     """``[M, N, K, seconds]`` of one fp32 GEMM ``X (M x K) @ W^T`` (``torch.nn.functional.linear``,
     as the model calls it) per shape of ``calibrate.gemm_grid``: the best of several timings."""
-    import torch
-
-    from meshwise.measure.calibrate import gemm_grid
-
     gen = torch.Generator().manual_seed(0)
     out = []
     for m, n, k in gemm_grid(quick):
@@ -41,9 +69,6 @@ def bench_ring(repeats: int) -> list[list[float]]:
     sequence, head width) of ``calibrate.RING_SHAPES``, ``RING_HEADS`` query heads over
     ``RING_KV_HEADS`` K/V heads: the median of several timings (probe.typical_time: a step pays the
     kernel's typical time)."""
-    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS, RING_SHAPES
-    from meshwise.measure.plan_shapes import ring_step
-
     out = []
     for seq, d in RING_SHAPES:
         step = ring_step(seq, d, RING_HEADS, RING_KV_HEADS)
@@ -55,10 +80,6 @@ def bench_ring(repeats: int) -> list[list[float]]:
 def _attention_inputs(seq: int, d: int, gen):
     """(q, k, v, output gradient) of one sequence: ``RING_HEADS`` query heads over ``RING_KV_HEADS``
     K/V heads of width ``d``, q, k, v requiring gradients."""
-    import torch
-
-    from meshwise.measure.calibrate import RING_HEADS, RING_KV_HEADS
-
     q = torch.randn(1, RING_HEADS, seq, d, generator=gen).requires_grad_()
     k, v = (torch.randn(1, RING_KV_HEADS, seq, d, generator=gen).requires_grad_() for _ in range(2))
     return q, k, v, torch.randn(1, RING_HEADS, seq, d, generator=gen)
@@ -72,12 +93,6 @@ def bench_ring_calls(repeats: int, group) -> list[list[float]]:
     call). Unlike :func:`bench_ring` it holds what a step pays around the blocks: the K/V and dK/dV
     sends and receives on this host's gloo (their CPU work shares the rank's core), the
     accumulators, the positions and the concatenations."""
-    import torch
-    import torch.distributed as dist
-
-    from meshwise.measure.calibrate import RING_HEADS, RING_SHAPES
-    from meshwise.runtime.context_parallel import RingGroup, ring_attention
-
     ranks = dist.get_process_group_ranks(group)
     me = ranks.index(dist.get_rank())
     ring = RingGroup(group, me, 2, ranks[(me + 1) % 2], ranks[(me - 1) % 2])
@@ -101,11 +116,6 @@ def bench_sdpa(repeats: int) -> list[list[float]]:
     (meshwise.runtime.model ``causal_attention``: torch's SDPA, as a block calls it; fp32) per
     (sequence, head width) of ``calibrate.SDPA_SHAPES``, ``RING_HEADS`` query heads over
     ``RING_KV_HEADS`` K/V heads, one sequence: the median of several timings (probe.typical_time)."""
-    import torch
-
-    from meshwise.measure.calibrate import RING_HEADS, SDPA_SHAPES
-    from meshwise.runtime.model import causal_attention
-
     gen = torch.Generator().manual_seed(0)
     out = []
     for seq, d in SDPA_SHAPES:
@@ -123,8 +133,6 @@ def bench_loss(shapes, repeats: int) -> list[list[float]]:
     """``[tokens, vocab, seconds]`` of the loss (runtime/model.py ``loss_sum``: cross-entropy over
     fp32 logits, forward + backward) per (tokens, vocab) of ``shapes``: the median of several
     timings (probe.typical_time)."""
-    from meshwise.measure.plan_shapes import time_loss
-
     return [[float(t), float(v), time_loss(t, v, repeats)] for t, v in shapes]
 
 
@@ -137,10 +145,6 @@ def bench_forward_backward(model: ModelSpec, seq: int, repeats: int) -> float:
     (the phase starts at a barrier). The median, not the best: a step pays a pass at its typical
     speed beside the other ranks, and the slowest rank sets it (on a 2-core VM the slower rank's
     median read 1.05-1.35x the best pass of one process alone, its best 1.0-1.2x)."""
-    import torch
-
-    from meshwise.runtime.model import build_model, loss_sum
-
     net = build_model(model, seed=0)
     tokens = torch.randint(0, model.vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -165,11 +169,6 @@ def bench_split_backward(model: ModelSpec, repeats: int) -> list[float]:
     gradients then weights' (runtime._torch_private ``split_backward``); each the median of
     ``5 * repeats`` passes, in three alternating rounds (the median round). Host time: the
     arithmetic is negligible at four tokens."""
-    import torch
-
-    from meshwise.runtime._torch_private import split_backward
-    from meshwise.runtime.model import build_model
-
     stage = build_model(model, seed=0).keep_only(0, model.layers, first=False, last=False)
     params = list(stage.parameters())
     x0 = torch.randn(1, HOST_TOKENS, model.hidden, generator=torch.Generator().manual_seed(0))
@@ -195,11 +194,6 @@ def bench_host(model: ModelSpec, repeats: int) -> dict[str, float]:
     """Seconds of one forward + backward on ``HOST_TOKENS`` tokens under each checkpointing mode
     (the runtime's own wrappers): host time, the arithmetic being negligible; the median pass, as
     the forward + backward's (probe.typical_time)."""
-    import torch
-
-    from meshwise.runtime.activation_checkpointing import apply_activation_checkpointing
-    from meshwise.runtime.model import build_model, loss_sum
-
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
     out: dict[str, float] = {}
@@ -230,14 +224,6 @@ def bench_tp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 5) 
     is timed. Every pass starts at a barrier: the ranks must issue
     the same collectives. Inactive ranks build the model (mesh creation is collective) and pass the
     same barriers."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime.model import Transformer, init_weights, loss_sum
-    from meshwise.runtime.tensor_parallel import apply_tensor_parallel
-
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "tp"))
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
@@ -280,14 +266,6 @@ def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 10)
     after it: of ``repeats * calls`` such pairs, the one whose difference is the median, every pass
     started at a barrier (``timed_waits``: a P2P receive's wait is the peer's work, not this
     rank's). ``[]`` on an inactive rank, which passes the same barriers."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshwise.layout import parse
-    from meshwise.runtime.model import build_model, loss_sum
-    from meshwise.runtime.pipeline import build_schedule, build_stages, chunk_bounds
-
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("pairs", "pp"))
     count = repeats * calls
@@ -335,10 +313,6 @@ def bench_pp_host(model: ModelSpec, repeats: int, active: bool, calls: int = 10)
 def _passes_with_waits(run, count: int) -> list[tuple[float, float]]:
     """(seconds, of them blocked on collectives) of ``count`` passes of ``run``, each started at a
     barrier (the ranks must issue the same collectives); the waits timed by ``timed_waits``."""
-    import torch.distributed as dist
-
-    from meshwise.runtime._torch_private import timed_waits
-
     blocked = [0.0]
     passes = []
     with timed_waits(lambda kind, seconds: blocked.__setitem__(0, blocked[0] + seconds)):
@@ -356,8 +330,6 @@ FSDP_WIDE_HIDDEN = 512  # the wide wrapping's least hidden size: a block's unit 
 def wide_model(model: ModelSpec) -> ModelSpec:
     """The calibration model widened (hidden and MLP width by ``max(2, ceil(FSDP_WIDE_HIDDEN / hidden))``,
     heads kept): the same parameter tensors and FSDP2 calls, several times the bytes."""
-    from dataclasses import replace
-
     f = max(2, -(-FSDP_WIDE_HIDDEN // model.hidden))
     return replace(
         model,
@@ -372,8 +344,6 @@ def wide_model(model: ModelSpec) -> ModelSpec:
 def _shard_blocks(net, mesh, per_unit: int) -> None:
     """``fully_shard`` over every ``per_unit`` consecutive blocks, then the root, parameters
     resharded after forward (ZeRO-3), as the runtime wraps a model (runtime/data_parallel.py)."""
-    from torch.distributed.fsdp import fully_shard
-
     blocks = list(net.layers.values())
     for i in range(0, len(blocks), per_unit):
         fully_shard(blocks[i : i + per_unit], mesh=mesh, reshard_after_forward=True)
@@ -392,13 +362,6 @@ def bench_fsdp_host(model: ModelSpec, repeats: int) -> dict[str, list[float]]:
     over several times the bytes. So the cost per call, per tensor per call and per byte can be told
     apart (calibrate.fsdp_constants). (The whole model as one unit would not do: its one large
     buffer pays page faults per byte that the runtime's units do not.)"""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshwise.measure.comm_trace import CollectiveTrace
-    from meshwise.runtime.model import build_model, loss_sum
-
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -435,13 +398,6 @@ def bench_optimizer_host(model: ModelSpec, repeats: int) -> list[float]:
     plain parameters, every rank at once, the median of ``10 * repeats``. Off CUDA AdamW loops over the
     tensors one by one, each of its operators a DTensor dispatch whose cost is the rank's core's,
     not the operator's arithmetic (calibrate.profile_table: ``optimizer_dtensor_s``)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshwise.runtime.model import build_model, loss_sum
-    from meshwise.runtime.optim import OptimizerConfig, build_optimizer
-
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
     tokens = torch.randint(0, model.vocab, (1, HOST_TOKENS + 1), generator=torch.Generator().manual_seed(0))
     out = []
@@ -461,8 +417,6 @@ def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = Fal
     """Seconds per call of ``fn``: the best (``typical``: the median) of ``repeats`` runs of
     ``calls`` calls, every rank of ``group`` (default: all) starting each run at a barrier (a fixed
     count: ranks must issue the same collectives)."""
-    import torch.distributed as dist
-
     runs = []
     for _ in range(repeats):
         dist.barrier(group=group)
@@ -475,8 +429,6 @@ def _lockstep_time(fn, repeats: int, calls: int, group=None, typical: bool = Fal
 
 def bench_copy(nbytes: int, repeats: int) -> float:
     """Bytes per second read + written by a tensor copy of ``nbytes``."""
-    import torch
-
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -496,9 +448,6 @@ def bench_collectives(
     more. The median, not the best: a collective's time on a shared CPU varies from run to run
     (the best read 1.3-1.9x faster than the median on this 2-core host), and a step pays the
     typical one, not its luckiest."""
-    import torch
-    import torch.distributed as dist
-
     n = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(0)
     pairs = [
@@ -546,9 +495,6 @@ def bench_sync_skew(repeats: int, calls: int, passes: int = SKEW_PASSES) -> list
     ``COLLECTIVE_RUNS`` runs of ``calls``): with more ranks than cores a rank that reaches the
     all-reduce waits for peers the scheduler has not finished running, a wait that grows with the
     compute before it (calibrate.sync_skew fits it, pass by pass)."""
-    import torch
-    import torch.distributed as dist
-
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(SKEW_GEMM_SIDE, SKEW_GEMM_SIDE, generator=gen) for _ in range(2))
     small = torch.ones(1024)
@@ -640,14 +586,6 @@ def median_of_bursts(bursts: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """One rank: every benchmark at once on every rank; rank 0 writes ``<out>/result.json`` with the
     slowest rank's figures (lowest rates, longest times)."""
-    import argparse
-
-    import torch
-    import torch.distributed as dist
-
-    from meshwise.launch import init_process_group
-    from meshwise.runtime.mesh import end_process_group
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--seq-len", type=int, required=True)
@@ -727,12 +665,6 @@ def _slowest(
     """The result file: the slowest rank's figures (lowest rates, longest times), and the counts
     profile_table needs to read them. Per-rank figures come from the ranks that measured them (one
     per core at most); ``what`` says how many ran."""
-    import torch
-
-    from meshwise.cost.compute import model_flops
-    from meshwise.cost.host import linear_gemm_shapes, ops_per_microbatch, parameter_tensors
-    from meshwise.measure.calibrate import calibration_memory_bound_bytes
-
     n = len(everyone)
     host_block = linear_gemm_shapes(model, HOST_TOKENS, 1, False)  # the host benchmark's GEMMs, one block
     ring_calls = [r["ring_calls"] for r in everyone if r.get("ring_calls")]

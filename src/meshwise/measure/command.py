@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import sys
 
+from rich.console import Console
+from rich.table import Table
+
 from meshwise.errors import MeshwiseError
+from meshwise.files import check_output_file
 from meshwise.launch import check_nproc
 from meshwise.layout import check_runnable, parse
+from meshwise.measure import auto_profile
 from meshwise.measure.compare import Row, rows_for, time_verdicts
+from meshwise.measure.plan_shapes import shapes_of
 from meshwise.measure.run import run_workers
+from meshwise.report import require_matplotlib
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 
@@ -21,9 +28,6 @@ def _figure_text(figure: str, value: float) -> str:
 
 def print_rows(rows: list[Row], title: str) -> None:
     """The rows as a table: rank, figure, predicted, measured, relative error."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
     console.print(title)
     table = Table()
@@ -44,7 +48,7 @@ def print_rows(rows: list[Row], title: str) -> None:
 
 
 def measure_main(
-    layout_text: str,
+    layout_text: str | None,
     nproc: int,
     model_name: str,
     steps: int,
@@ -61,13 +65,13 @@ def measure_main(
     if steps < 0:
         raise MeshwiseError(f"--steps: {steps} must be 0 (memory and collectives only) or more")
     model = load_model(model_name)
-    layout = parse(layout_text, nproc, explicit=True)
+    layout = parse(layout_text or "", nproc, explicit=True)
     seq = seq_len if seq_len is not None else model.max_seq  # --seq-len 0 is refused, not the default
     # the runtime trains in fp32 on CPU, bf16-mixed on CUDA, or a float8 format asked for (docs/runtime.md);
     # every flag is checked before any calibration
     import torch
 
-    from meshwise.runtime import float8
+    from meshwise.runtime import float8  # torch: as above, once every flag is checked
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     fp8 = float8.resolve(precision, device_type)
@@ -76,17 +80,11 @@ def measure_main(
     )
     check_runnable(layout, model, nproc, global_batch, seq, seq_field="--seq-len")
     if report:
-        from meshwise.files import check_output_file
-        from meshwise.report import require_matplotlib
-
         check_output_file("--report", report, parent_must_exist=True)
         require_matplotlib()
     if gpu is not None:
         load_cluster(gpu, nproc, nproc)  # a bad --gpu is refused before any worker starts
     if gpu is None:  # this machine's calibration at this process count (measured at first use, then cached)
-        from meshwise.measure import auto_profile
-        from meshwise.measure.plan_shapes import shapes_of
-
         shapes = shapes_of(model, seq, layout.mbs, layout.tp, layout.cp, ep=layout.ep, folded=layout.ep_folds_tp)
         gpu = str(auto_profile.ensure(nproc, shapes=shapes))
     cluster = load_cluster(gpu, nproc, nproc)
@@ -103,7 +101,7 @@ def measure_main(
         for line in time_verdicts(rows):
             print(line)
     if report:
-        from meshwise.report.measure_report import write_measure_report
+        from meshwise.report.measure_report import write_measure_report  # optional: matplotlib, the report extra
 
         write_measure_report(report, rows, records, model, layout, cluster, train, verdicts=time_verdicts(rows))
         if not as_json:

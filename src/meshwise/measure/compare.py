@@ -181,7 +181,7 @@ def time_verdicts(rows: list[Row]) -> list[str]:
     """Per rank with timed parts: whether they add up to the step timed on its own
     (measure/timing.py ``check_sum``), and the part with the largest residual (measured less
     predicted), named as the component the model misses (or over-counts)."""
-    from meshwise.measure.timing import check_sum
+    from meshwise.measure.timing import check_sum  # torch: measure's and verify's commands import this before torch
 
     out = []
     for rank in sorted({r.rank for r in rows}):

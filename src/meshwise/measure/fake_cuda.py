@@ -66,8 +66,9 @@ def build() -> Path:
             "verify: tracing a GPU profile on this CPU build of torch needs a C++ compiler (g++) "
             "to build its fake CUDA device; install it (Debian: apt-get install g++) or set $CXX"
         )
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # torch: the fake CUDA device is loaded before torch is imported
 
+    # torch: the fake CUDA device is loaded before torch is imported
     from meshwise.runtime._torch_private import cxx11_abi
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
@@ -112,7 +113,7 @@ def load_if_built() -> bool:
 
 def active() -> bool:
     """Whether this process has the fake CUDA device (torch's accelerator is cuda on a CPU build)."""
-    import torch
+    import torch  # torch: the fake CUDA device is loaded before torch is imported
 
     accelerator = torch.accelerator.current_accelerator()
     return accelerator is not None and accelerator.type == "cuda"
@@ -205,8 +206,9 @@ def _register_cuda_kernels() -> None:
     four more full-size temporaries, where a GPU runs one kernel (as the CPU does)."""
     if _KERNELS:
         return
-    import torch
+    import torch  # torch: the fake CUDA device is loaded before torch is imported
 
+    # torch: the fake CUDA device is loaded before torch is imported
     from meshwise.runtime._torch_private import aten_op_names, has_kernel
 
     lib = torch.library.Library("aten", "IMPL")
@@ -225,7 +227,7 @@ def _register_cuda_kernels() -> None:
 def python_cuda() -> Iterator[None]:
     """While open, ``torch.cuda``'s streams, events, device queries and RNG state are the fake device's (see above);
     the CPU build's own raise "Torch not compiled with CUDA enabled". ``is_available()`` stays False."""
-    import torch
+    import torch  # torch: the fake CUDA device is loaded before torch is imported
 
     _register_cuda_kernels()
     saved = {name: getattr(torch.cuda, name) for name in _PYTHON_CUDA}

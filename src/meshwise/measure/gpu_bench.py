@@ -11,11 +11,14 @@ tensors and answer with times of its own. A benchmark stops taking new shapes on
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from meshwise.measure.calibrate import physical_memory_bytes
 
 Key = tuple[Any, ...]
 GEMM_ALIGN = 16  # torch._scaled_mm's float8 GEMMs need every side a multiple of 16
@@ -35,9 +38,7 @@ class Device:
 
 def this_device(kind: str) -> Device:
     """The first visible device of ``kind`` ("cuda" or "cpu"), as torch reports it."""
-    import os
-
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     if kind == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -49,8 +50,6 @@ def this_device(kind: str) -> Device:
             torch.cuda.get_device_capability(0) >= (8, 9),
             torch.cuda.device_count(),
         )
-    from meshwise.measure.calibrate import physical_memory_bytes
-
     return Device("cpu", "cpu", os.cpu_count() or 1, physical_memory_bytes(), True, 1)
 
 
@@ -62,7 +61,7 @@ class Timer:
         self.kind, self.reps, self.bursts, self.warmup = kind, reps, bursts, warmup
 
     def __call__(self, fn: Callable[[], Any], key: Key) -> float:
-        import torch
+        import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
         for _ in range(self.warmup):
             fn()
@@ -86,7 +85,7 @@ class Timer:
 
     def hold(self, fn: Callable[[], Any], seconds: float) -> None:
         """Run ``fn`` back to back for ``seconds`` (the device warms to its sustained clock)."""
-        import torch
+        import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -97,7 +96,7 @@ class Timer:
 
 
 def _fp8_operands(m: int, n: int, k: int, device: str):
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm asks
@@ -110,7 +109,7 @@ def gemm_closure(dtype: str, batch: int, m: int, n: int, k: int, device: str) ->
     per-tensor scales into bf16), or ``batch`` > 1 of them as one grouped GEMM (``torch._grouped_mm``
     over ``batch`` experts of ``m`` rows each, bf16; where the device has no grouped kernel, one GEMM
     per expert, as runtime/moe.py runs them)."""
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     if batch > 1:
         x = torch.randn(batch * m, k, device=device, dtype=torch.bfloat16)
@@ -162,8 +161,8 @@ def bench_attention(
     FlashAttention-2 on a CUDA device) in bf16 on ``tokens // seq`` sequences of ``heads`` heads, for
     each ``(direction, causal, seq, head_dim)`` timed before ``deadline``; the backward alone, on a
     graph kept from one forward."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
+    import torch.nn.functional as F  # torch: calibrate --device cpu imports this module and runs without torch
 
     out = []
     for direction, causal, seq, head_dim in cases:
@@ -192,7 +191,7 @@ def bench_attention(
 def bench_copy(size_bytes: int, device: str, timer: Timer) -> float:
     """Bytes per second of a copy of ``size_bytes`` (STREAM copy: ``2 * bytes / time``, read + write),
     the memory-bound passes' bandwidth."""
-    import torch
+    import torch  # torch: calibrate --device cpu imports this module and runs without torch
 
     src = torch.empty(size_bytes // 2, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)

@@ -41,9 +41,19 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
 from meshwise.files import write_atomically
-from meshwise.launch import launch_logged
+from meshwise.launch import init_process_group, launch_logged
+from meshwise.runtime.expert_parallel import apply_expert_parallel
+from meshwise.runtime.mesh import end_process_group, exit_worker
+from meshwise.runtime.model import MLP
+from meshwise.runtime.moe import MoE, timed_parts
+from meshwise.spec import load_model
 from meshwise.spec.host_keys import MOE_PART_SECONDS, MOE_PART_SHAPE
+from meshwise.spec.model import MLP_KINDS
 
 WARMUP, RUNS = 5, 21
 
@@ -67,14 +77,6 @@ def time_parts(key: tuple[float, ...], mbs: int, runs: int = RUNS) -> list[float
 def build_block(key: tuple[float, ...]):
     """The runtime's MoE block (runtime/moe.py ``MoE``) at ``key``'s shape, weights as the model
     initialises them at small scale, its experts sharded over the default group when ``ep`` > 1."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshwise.runtime.expert_parallel import apply_expert_parallel
-    from meshwise.runtime.model import MLP
-    from meshwise.runtime.moe import MoE
-    from meshwise.spec import load_model
-    from meshwise.spec.model import MLP_KINDS
 
     s = {k: int(v) for k, v in zip(MOE_PART_SHAPE, key)}
     spec = dataclasses.replace(
@@ -101,9 +103,6 @@ def build_block(key: tuple[float, ...]):
 
 def _one_call(block, x, grad, backward: bool) -> dict[str, float]:
     """One timed call: each part's seconds, dispatch / combine less its blocking waits."""
-    import torch.distributed as dist
-
-    from meshwise.runtime.moe import timed_parts
 
     if dist.is_initialized():
         dist.barrier()
@@ -118,8 +117,6 @@ def _one_call(block, x, grad, backward: bool) -> dict[str, float]:
 
 def time_block(block, mbs: int, tokens: int, runs: int) -> dict[str, float]:
     """This rank's ``MOE_PART_SECONDS``: the median of ``runs`` timed calls of each kind."""
-    import torch
-
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     gen = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(mbs, tokens // mbs, block.router.in_features, generator=gen, requires_grad=True)
@@ -135,11 +132,6 @@ def time_block(block, mbs: int, tokens: int, runs: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """One EP rank: time the block, write ``<out>/rank<r>.json``."""
-    import torch
-    import torch.distributed as dist
-
-    from meshwise.launch import init_process_group
-    from meshwise.runtime.mesh import end_process_group
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--key", required=True, help="the row's shape (cost/host_moe.py part_key), JSON")
@@ -159,6 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from meshwise.runtime.mesh import exit_worker
-
     exit_worker(main())

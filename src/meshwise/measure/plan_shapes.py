@@ -32,7 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from meshwise.cost.host_moe import holds
+from meshwise.cost.host import loss_vocab
+from meshwise.cost.host_moe import holds, part_key
+from meshwise.cost.moe_block import routed_tokens
+from meshwise.measure.probe import typical_time
+from meshwise.spec.host_keys import MOE_PART_SECONDS, MOE_PART_SHAPE
 
 LOSS_MAX_LOGITS = 1 << 25  # 128 MiB of fp32 logits: far past any last-level cache
 SDPA_MAX_SEQ = 4096
@@ -57,8 +61,6 @@ class PlanShapes:
 
 
 def _typical_time(fn, runs: int) -> float:
-    from meshwise.measure.probe import typical_time
-
     fn()
     return typical_time(fn, runs, 0.002)
 
@@ -66,9 +68,9 @@ def _typical_time(fn, runs: int) -> float:
 def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
     """Seconds of one loss call (runtime/model.py ``loss_sum``) forward + backward over
     ``tokens x vocab`` fp32 logits: the median of ``runs`` timings."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
-    from meshwise.runtime.model import loss_sum
+    from meshwise.runtime.model import loss_sum  # torch: tune's planning imports this (via auto_profile) without torch
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, tokens, vocab, generator=gen, requires_grad=True)
@@ -84,8 +86,9 @@ def time_loss(tokens: int, vocab: int, runs: int = TIMED_RUNS) -> float:
 def sdpa_call(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[], None]:
     """One causal attention call (runtime/model.py ``causal_attention``) forward + backward, ``heads``
     query heads over ``kv_heads`` K/V heads of one sequence, ready to time."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
+    # torch: tune's planning imports this (via auto_profile) without torch
     from meshwise.runtime.model import causal_attention
 
     gen = torch.Generator().manual_seed(0)
@@ -109,8 +112,9 @@ def ring_step(seq: int, head_dim: int, heads: int, kv_heads: int) -> Callable[[]
     """One bare ring step of context parallelism's attention (meshwise.runtime.context_parallel
     ``forward_block`` then ``backward_block`` of one half-masked K/V block, fp32, no transfer) over
     ``seq`` local tokens, ``heads`` query heads over ``kv_heads`` K/V heads, ready to time."""
-    import torch
+    import torch  # torch: tune's planning imports this (via auto_profile) without torch
 
+    # torch: tune's planning imports this (via auto_profile) without torch
     from meshwise.runtime.context_parallel import backward_block, forward_block, positions
 
     gen = torch.Generator().manual_seed(0)
@@ -206,15 +210,15 @@ def top_up(
 
 def time_moe(key: tuple, mbs: int) -> list[float]:
     """measure/moe_parts.py ``time_parts``: a ``moe_part_table`` row at ``key``."""
-    from meshwise.measure.moe_parts import time_parts
+    from meshwise.measure.moe_parts import (
+        time_parts,
+    )  # torch: tune's planning imports this (via auto_profile) without torch
 
     return time_parts(key, mbs)
 
 
 def moe_said(row: list[float]) -> str:
     """One line for a timed ``moe_part_table`` row: its shape and parts in milliseconds."""
-    from meshwise.spec.host_keys import MOE_PART_SECONDS, MOE_PART_SHAPE
-
     shape = dict(zip(MOE_PART_SHAPE, row))
     parts = ", ".join(f"{k[:-2]} {v * 1e3:.2f}" for k, v in zip(MOE_PART_SECONDS, row[len(MOE_PART_SHAPE) :]))
     return (
@@ -231,10 +235,6 @@ def shapes_of(
     for a mixture of experts its block call on an EP group of ``ep`` (``folded``: EP over the TP
     ranks, each routing 1/tp of the tokens, cost/moe_block.py ``routed_tokens``; ``ep`` 0, before a
     layout is chosen: no block call, nothing timed)."""
-    from meshwise.cost.host import loss_vocab
-    from meshwise.cost.host_moe import part_key
-    from meshwise.cost.moe_block import routed_tokens
-
     tokens = mbs * math.ceil(seq / cp)
     moe = bool(ep and model.moe and not model.states_only and runtime == "meshwise")
     return PlanShapes(

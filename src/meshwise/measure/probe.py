@@ -61,7 +61,7 @@ def typical_time(fn, repeats: int, min_s: float = 0.0) -> float:
 
 def probe(repeats: int = 15) -> dict[str, float]:
     """The probe figures now (``calibrated_unix_s``: this moment)."""
-    import torch
+    import torch  # torch: tune's planning imports this (via calibrate) without torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -103,7 +103,7 @@ def block_gemm_shapes(model: ModelSpec) -> list[tuple[int, int]]:
 
 def bench_matmul(model: ModelSpec, tokens: int, repeats: int) -> float:
     """FLOP/s of one block's GEMMs at ``tokens`` tokens, fp32."""
-    import torch
+    import torch  # torch: tune's planning imports this (via calibrate) without torch
 
     gen = torch.Generator().manual_seed(0)
     pairs = [
@@ -128,7 +128,7 @@ def bench_thread_speedups(model: ModelSpec, tokens: int, repeats: int, cores: in
     pair of five (timed apart, the two rates read 0.25 to 0.70 per extra thread on this host).
     Run it in a process with no peer: a second process waiting on gloo or the store took a core
     from the all-threads timing (1.57-1.73x alone, 0.77-1.93x beside a waiting peer, 2-core VM). The caller's thread count is restored."""
-    import torch
+    import torch  # torch: tune's planning imports this (via calibrate) without torch
 
     threads = torch.get_num_threads()
     out = []

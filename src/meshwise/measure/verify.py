@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import time
 
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, parse, rank_chunks, stage_layers
+from meshwise.measure import fake_cuda
+from meshwise.measure.command import print_rows
 from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, default_seq_len, load_cluster, load_model
 
@@ -45,7 +48,7 @@ REDUCED = (3, 4)  # blocks per chunk of the two reduced-depth traces
 def check_model_runs(model: ModelSpec, seq: int) -> None:
     """What the runtime refuses to build (mixture of experts, latent attention...), refused here
     before anything is traced, in the runtime's own words (runtime.model.runtime_refusal)."""
-    from meshwise.runtime.model import runtime_refusal
+    from meshwise.runtime.model import runtime_refusal  # torch: imported once plan's or verify's flags are checked
 
     refusal = runtime_refusal(model, seq)
     if refusal:
@@ -70,7 +73,7 @@ def runtime_precision(kind: str) -> str:
 
 def float8_precision(train: TrainSpec) -> str | None:
     """The float8 format the trace runs (meshwise.runtime.float8), or None for the device's own."""
-    from meshwise.runtime.float8 import RECIPES
+    from meshwise.runtime.float8 import RECIPES  # torch: imported once plan's or verify's flags are checked
 
     return train.precision if train.precision in RECIPES else None
 
@@ -78,7 +81,7 @@ def float8_precision(train: TrainSpec) -> str | None:
 def trace_precision(precision: str, kind: str) -> str:
     """The precision a trace on ``kind`` runs for a requested one: the runtime's own for ``auto``;
     a float8 format the runtime trains (refused in one line otherwise, never traced in another)."""
-    from meshwise.runtime import float8
+    from meshwise.runtime import float8  # torch: imported once plan's or verify's flags are checked
 
     return float8.resolve(precision, kind) or runtime_precision(kind)
 
@@ -198,9 +201,7 @@ def trace_rank(
     ``_trace_preload``), so a trace does not pay for the imports. A GPU profile is traced on fake
     ``cuda`` tensors; where the fake device cannot be built (no C++ compiler), on the cpu device with
     the GPU's precision policy, and the record says why (``device_note``)."""
-    import multiprocessing
-
-    from meshwise.measure import verify_worker
+    from meshwise.measure import verify_worker  # torch: imported once plan's or verify's flags are checked
 
     device, note = fake_device(kind)
     context = multiprocessing.get_context("forkserver")
@@ -218,8 +219,6 @@ def fake_device(kind: str) -> tuple[str, str | None]:
     machine), else cpu."""
     if kind != "cuda":
         return "cpu", None
-    from meshwise.measure import fake_cuda
-
     try:
         fake_cuda.build()
     except MeshwiseError as e:
@@ -313,8 +312,6 @@ def verify_main(
             )
         )
         return 0
-    from meshwise.measure.command import print_rows
-
     print_rows(
         rows,
         f"{model.describe()}\nlayout {layout.short()}, rank(s) {ranks} of {cluster.world_size} traced on "

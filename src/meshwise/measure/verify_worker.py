@@ -43,6 +43,7 @@ from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracke
 from meshwise.measure.comm_trace import CollectiveTrace
 from meshwise.measure.worker import canonical_dim
 from meshwise.runtime import _torch_private, parallelize
+from meshwise.runtime.moe import GroupedExperts, all_to_all_autograd
 from meshwise.spec import ModelSpec
 
 
@@ -233,8 +234,6 @@ def _balanced_forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch
     """runtime.moe.GroupedExperts.forward with every expert given the same rows (the remainder to the
     first ones), the counts known from shapes: fake tensors hold no routing to read. The cost model
     prices the same balanced routing (cost/experts.py); the collectives are the runtime's own."""
-    from meshwise.runtime.moe import all_to_all_autograd
-
     experts, rows = counts.numel(), routed.shape[0]
     per = [rows // experts + (1 if e < rows % experts else 0) for e in range(experts)]
     if self.group is None:
@@ -259,8 +258,6 @@ def _balanced_routing() -> Iterator[None]:
     """A MoE model traced with balanced routing (:func:`_balanced_forward`): ``torch.bincount`` (whose
     output size depends on the data, which fake tensors refuse) gives zeros of its ``minlength``, which
     the balanced experts ignore. Each trace has its own process."""
-    from meshwise.runtime.moe import GroupedExperts
-
     bincount, forward = torch.bincount, GroupedExperts.forward
 
     def zeros(x, weights=None, minlength=0):

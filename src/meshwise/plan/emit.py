@@ -120,47 +120,38 @@ class TitanConfig:
     float8: tuple[tuple[str, str], ...] = ()  # (meshwise precision, config function) pairs
 
 
-TITAN_REGISTRY = (
-    TitanConfig(
-        "llama3", "llama3_debugmodel", 6, 256, 16, 16, 2048, float8=(("fp8-rowwise", "llama3_debugmodel_float8"),)
-    ),
-    TitanConfig("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, float8=(("mxfp8", "llama3_8b_mxfp8"),)),
-    TitanConfig("llama3", "llama3_70b", 80, 8192, 64, 8, 128256),
-    TitanConfig("llama3", None, 126, 16384, 128, 8, 128256, float8=(("fp8-rowwise", "llama3_405b"),)),
-    TitanConfig("qwen3", "qwen3_debugmodel", 8, 256, 16, 8, 2048),
-    TitanConfig("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936),
-    TitanConfig("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936),
-    TitanConfig("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936),
-    TitanConfig("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936),
-    TitanConfig("qwen3", "qwen3_moe_debug", 8, 256, 16, 8, 2048, experts=64),
-    TitanConfig("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, experts=128),
-    TitanConfig(
-        "deepseek_v3",
-        "deepseek_v3_debugmodel",
-        6,
-        256,
-        16,
-        16,
-        2048,
-        experts=8,
-        float8=(("mxfp8", "deepseek_v3_debugmodel_mxfp8"),),
-    ),
-    TitanConfig("deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, 16, 102400, experts=64),
-    TitanConfig(
-        "deepseek_v3",
-        "deepseek_v3_671b",
-        61,
-        7168,
-        128,
-        128,
-        129280,
-        experts=256,
-        float8=(("fp8-rowwise", "deepseek_v3_671b_float8"),),
-    ),
-    TitanConfig("gpt_oss", "gpt_oss_debugmodel", 4, 256, 64, 8, 2048, experts=8),
-    TitanConfig("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, experts=32),
-    TitanConfig("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, experts=128),
-)
+# torchtitan 0.3.0's registry, one config a line; base "-": none but float8 (see TitanConfig); float8:
+# meshwise precision:config function, comma-separated, "-" for none
+_TITAN_TABLE = """
+module       base                    layers  hidden  heads  kv_heads  vocab   experts  float8
+llama3       llama3_debugmodel       6       256     16     16        2048    0        fp8-rowwise:llama3_debugmodel_float8
+llama3       llama3_8b               32      4096    32     8         128256  0        mxfp8:llama3_8b_mxfp8
+llama3       llama3_70b              80      8192    64     8         128256  0        -
+llama3       -                       126     16384   128    8         128256  0        fp8-rowwise:llama3_405b
+qwen3        qwen3_debugmodel        8       256     16     8         2048    0        -
+qwen3        qwen3_0_6b              28      1024    16     8         151936  0        -
+qwen3        qwen3_1_7b              28      2048    16     8         151936  0        -
+qwen3        qwen3_14b               40      5120    40     8         151936  0        -
+qwen3        qwen3_32b               64      5120    64     8         151936  0        -
+qwen3        qwen3_moe_debug         8       256     16     8         2048    64       -
+qwen3        qwen3_30b_a3b           48      2048    32     4         151936  128      -
+deepseek_v3  deepseek_v3_debugmodel  6       256     16     16        2048    8        mxfp8:deepseek_v3_debugmodel_mxfp8
+deepseek_v3  deepseek_v3_16b         27      2048    16     16        102400  64       -
+deepseek_v3  deepseek_v3_671b        61      7168    128    128       129280  256      fp8-rowwise:deepseek_v3_671b_float8
+gpt_oss      gpt_oss_debugmodel      4       256     64     8         2048    8        -
+gpt_oss      gpt_oss_20b             24      2880    64     8         201088  32       -
+gpt_oss      gpt_oss_120b            36      2880    64     8         201088  128      -
+"""
+
+
+def _titan_entry(line: str) -> TitanConfig:
+    """One row of :data:`_TITAN_TABLE`."""
+    module, base, *shape, float8 = line.split()
+    pairs = tuple(tuple(pair.split(":")) for pair in float8.split(",") if pair != "-")
+    return TitanConfig(module, None if base == "-" else base, *map(int, shape), float8=pairs)
+
+
+TITAN_REGISTRY = tuple(_titan_entry(line) for line in _TITAN_TABLE.strip().splitlines()[1:])
 # torchtitan 0.3.0's MoE models it registers and meshwise has no family for: Qwen3.5 (gated DeltaNet
 # linear attention), Kimi K2.5 and Moonlight (multimodal configs of its kimi_k2_7 module)
 TITAN_UNMODELLED = ("qwen3_5", "kimi_k2_7")

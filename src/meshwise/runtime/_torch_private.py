@@ -66,10 +66,21 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
+from torch._C._distributed_c10d import Work
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._composable.replicate_with_fsdp import replicate as _replicate
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining import schedules
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._utils import InferenceMode
+from torch.distributed.pipelining.schedules import _ComputationType as T
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
@@ -182,8 +193,6 @@ def all_to_all_autograd(
 ) -> torch.Tensor:
     """Rows of ``x`` in ``input_splits`` to each rank of ``group``; ``output_splits`` rows from each.
     Backward sends the gradients back the same way."""
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
-
     return all_to_all_single_autograd(x, output_splits, input_splits, group)
 
 
@@ -209,8 +218,6 @@ def forward_only_schedule(schedule_cls, stages: list, n_microbatches: int, loss_
     only on forwards, so the order stays runnable. A new instance, so no per-step state is shared
     with the training schedule; ``pipeline_order_with_comms`` is ``_PipelineScheduleRuntime``'s.
     """
-    from torch.distributed.pipelining.schedules import _ComputationType as T
-
     keep = {T.FORWARD, T.SEND_F, T.RECV_F, T.UNSHARD, T.RESHARD}
     runtime = schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
     order = runtime.pipeline_order_with_comms
@@ -226,8 +233,6 @@ def split_backward(
     """One stage's backward in two passes, as torch's zero-bubble schedules run it: the gradients of
     ``inputs`` (``stage_backward_input``, which also walks the autograd graph for the weights'
     groups), then the weights' (``stage_backward_weight``)."""
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
     _, groups = stage_backward_input([output], [output_grad], inputs, iter(params))
     stage_backward_weight(iter(params), groups)
 
@@ -245,23 +250,17 @@ def resolve_process_group(name: str) -> object:
 def fake_process_group(rank: int, world_size: int) -> None:
     """Start the default process group as ``rank`` of ``world_size`` on torch's ``fake`` backend:
     every collective returns at once and moves nothing, so one process stands for any rank."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
 def fake_tensor_mode() -> object:
     """A ``FakeTensorMode``: tensors carry shape, dtype and device, and allocate nothing."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 @contextmanager
 def meshes_outside_fake() -> Iterator[None]:
     """Build every DeviceMesh (and read its rank table) outside any fake mode while inside."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     init, table = DeviceMesh.__init__, DeviceMesh.mesh
 
     def real_init(self, *args, **kwargs) -> None:
@@ -283,9 +282,6 @@ def meshes_outside_fake() -> Iterator[None]:
 def static_pipeline_warmup() -> Iterator[None]:
     """Skip the pipeline schedules' P2P warm-up vote; every stage gets the mode the vote gives for
     stages with static input and output shapes (the vote needs real data from the neighbours)."""
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining._utils import InferenceMode
-
     vote = schedules._PipelineSchedule._warmup_p2p
 
     def static(self, stages, has_backward, p2p_done) -> None:
@@ -303,8 +299,6 @@ def static_pipeline_warmup() -> Iterator[None]:
 def fsdp_param_groups(modules: list[nn.Module]) -> list[object]:
     """Every FSDP2 parameter group (``FSDPParamGroup``) of the FSDP2 and ``replicate`` units in
     ``modules`` (each once)."""
-    from torch.distributed.fsdp import FSDPModule
-
     groups: dict[int, object] = {}
     for module in modules:
         for sub in module.modules():
@@ -355,10 +349,6 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
     seconds)``: c10d ``Work.wait`` (FSDP2's and plain collectives, pipeline P2P) and the functional
     collectives' ``wait_tensor`` (DTensor); ``kind`` is ``"idle"`` inside pipelining's
     ``_wait_batch_p2p`` (a stage waiting on its neighbour), else ``"comm"``. Nested waits count once."""
-    import torch.distributed._functional_collectives as funcol
-    from torch._C._distributed_c10d import Work
-    from torch.distributed.pipelining import schedules
-
     state = {"pipeline": 0, "depth": 0}
     originals = (Work.wait, funcol.wait_tensor, schedules._wait_batch_p2p)
 
@@ -398,7 +388,7 @@ def timed_waits(record: Callable[[str, float], None]) -> Iterator[None]:
 
 def float8_linear_type() -> type:
     """torchao's ``Float8Linear`` class (imported on first use: torchao is the ``fp8`` extra)."""
-    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_linear import Float8Linear  # optional: torchao is the fp8 extra
 
     return Float8Linear
 
@@ -406,8 +396,6 @@ def float8_linear_type() -> type:
 def float8_weight_plain(value: object) -> object:
     """``value`` with a float8-cast weight (a DTensor of one, or one) replaced by the tensor it wraps;
     anything else unchanged. Nothing is imported: without torchao no such weight exists."""
-    from torch.distributed.tensor import DTensor
-
     local = value.to_local() if isinstance(value, DTensor) else value
     if type(local).__name__ != "WeightWithDynamicFloat8CastTensor":
         return value

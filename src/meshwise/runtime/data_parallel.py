@@ -39,6 +39,7 @@ from torch.distributed.tensor import Shard
 
 from meshwise.layout import Layout
 from meshwise.runtime import _torch_private
+from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
 from meshwise.runtime.model import Transformer
 
 
@@ -81,8 +82,6 @@ def _wrap_experts(
     dp = ep) they are not wrapped: a one-rank all-reduce changes nothing, and replicate's reduction
     left their gradients in its own buffer instead of ``.grad`` (measured: MemTracker filed them
     as temporaries). Returns those parameters, which the other units must ignore."""
-    from meshwise.runtime.expert_parallel import expert_dp_mesh, grouped_experts
-
     alone: set[torch.nn.Parameter] = set()
     for experts in grouped_experts(model):
         if layout.zero == 0 and expert_dp_mesh(emesh, layout, flat=True).size() == 1:

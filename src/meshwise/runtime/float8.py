@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
 from meshwise.errors import MeshwiseError
 from meshwise.runtime import _torch_private
@@ -124,7 +125,7 @@ def _quiet_import() -> Iterator[None]:
 
 def _torchao():
     with _quiet_import():
-        import torchao.float8 as float8
+        import torchao.float8 as float8  # optional: torchao is the fp8 extra
     return float8
 
 
@@ -214,9 +215,8 @@ def tp_style(precision: str | None, linear: nn.Module, kind: str, sp: bool, devi
     TP for tensorwise only). Under SP on CPU, a float8 row-parallel linear takes torch's style: its
     backward would all-gather the float8 output gradient, and gloo has no float8 collectives
     (measured: "Invalid scalar type"); the cast then follows the all-gather, with the same scale."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
     if precision == "fp8" and is_float8_linear(linear) and (kind == "colwise" or not sp or device_type == "cuda"):
+        # optional: torchao is the fp8 extra
         from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 
         return Float8ColwiseParallel if kind == "colwise" else Float8RowwiseParallel
@@ -229,11 +229,9 @@ def region_input_style(precision: str | None, column_linears: list[nn.Module], s
     input is cast once, before the sequence-parallel all-gather), torch's ``PrepareModuleInput`` else,
     and under SP on CPU (gloo cannot all-gather float8; each linear casts the gathered input, with
     the same tensorwise scale: its amax is over the whole tensor either way)."""
-    from torch.distributed.tensor.parallel import PrepareModuleInput
-
     float8_input = precision == "fp8" and column_linears and all(is_float8_linear(m) for m in column_linears)
     if float8_input and (not sp or device_type == "cuda"):
-        from torchao.float8.float8_tensor_parallel import PrepareFloat8ModuleInput
+        from torchao.float8.float8_tensor_parallel import PrepareFloat8ModuleInput  # optional: the fp8 extra
 
         return PrepareFloat8ModuleInput
     return PrepareModuleInput

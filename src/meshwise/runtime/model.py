@@ -39,6 +39,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshwise.runtime._torch_private import flash_attention
 from meshwise.runtime.context_parallel import RingGroup, ring_attention
@@ -415,8 +416,6 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
     Works on plain tensors and on DTensors (TP and/or FSDP2 sharded): the local shard is cut from
     the full tensor with ``distribute_tensor(..., src_data_rank=None)``, which communicates nothing.
     """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     for name, param in model.named_parameters():
         full = full_init(canonical_name(name), param.shape, spec, seed)
         if isinstance(param, DTensor):

@@ -49,9 +49,19 @@ from meshwise.runtime.tensor_parallel import apply_tensor_parallel
 from meshwise.spec import ModelSpec
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """This rank's pipeline stages, the schedule a training step runs over them and the one
+    :meth:`ParallelModel.eval_loss` runs (:func:`meshwise.runtime.pipeline.build_eval_schedule`)."""
+
+    schedule: object
+    eval_schedule: object
+    stages: list
+
+
 @dataclass
 class ParallelModel:
-    """What ``parallelize`` returns: this rank's chunk modules, the schedule (None without PP),
+    """What ``parallelize`` returns: this rank's chunk modules, its pipeline (None without PP),
     the optimizer, :meth:`step` and :meth:`eval_loss`."""
 
     spec: ModelSpec
@@ -61,17 +71,20 @@ class ParallelModel:
     seq_len: int
     chunk_ids: list[int]
     modules: list[nn.Module]
-    schedule: object | None
+    pipeline: Pipeline | None  # None without PP
     optimizer: torch.optim.Optimizer
     optim_config: OptimizerConfig
-    stages: list = field(default_factory=list)
-    eval_schedule: object | None = None  # what eval_loss runs under PP (see pipeline.build_eval_schedule)
     float8_conversions: list[float8.Conversion] = field(default_factory=list)  # per chunk, under fp8 precisions
     float8_scales: bool = False  # FSDP2 all-gathers float8 weights: scales set before each step (_float8_scales)
 
     @property
     def accum(self) -> int:
         return self.layout.accum(self.global_batch)
+
+    @property
+    def stages(self) -> list:
+        """This rank's pipeline stages ([] without PP)."""
+        return self.pipeline.stages if self.pipeline else []
 
     @property
     def has_first(self) -> bool:
@@ -153,7 +166,7 @@ class ParallelModel:
             cp_rank = self.mesh.get_local_rank("cp")
             inputs = None if inputs is None else shard_sequence(inputs, self.layout.cp, cp_rank)
             targets = None if targets is None else shard_sequence(targets, self.layout.cp, cp_rank)
-        if self.schedule is None:
+        if self.pipeline is None:
             model = self.modules[0]
             mbs = self.layout.mbs
             for i in range(self.accum):
@@ -170,9 +183,9 @@ class ParallelModel:
         args = (inputs.to(device),) if self.has_first else ()
         kwargs = {"target": targets.to(device), "losses": losses} if self.has_last else {}
         if backward:
-            self.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
+            self.pipeline.schedule.step(*args, return_outputs=False, **kwargs)  # keep no logits per micro-batch
         else:
-            self.eval_schedule.eval(*args, **kwargs)
+            self.pipeline.eval_schedule.eval(*args, **kwargs)
         for loss in losses:
             local += loss.detach().double()
 
@@ -285,10 +298,10 @@ def parallelize(
         set_aux_sequences(m, layout.mbs * layout.accum(global_batch), cp_group)
     params = [p for m in modules for p in m.parameters()]
     optimizer = build_optimizer(params, optim)
-    schedule, eval_schedule, stages = None, None, []
+    pipeline = None
     if layout.pp > 1:
         with tensor_mode or nullcontext():
-            schedule, eval_schedule, stages = _pipeline(
+            pipeline = _pipeline(
                 modules, chunk_ids, model_spec, layout, mesh, device, seq_len, global_batch, precision_of
             )
     return ParallelModel(
@@ -299,11 +312,9 @@ def parallelize(
         seq_len=seq_len,
         chunk_ids=chunk_ids,
         modules=modules,
-        schedule=schedule,
+        pipeline=pipeline,
         optimizer=optimizer,
         optim_config=optim,
-        stages=stages,
-        eval_schedule=eval_schedule,
         float8_conversions=[c for _, c in built if c is not None],
         float8_scales=_float8_all_gather(layout, precision) and tensor_mode is None,
     )
@@ -319,8 +330,8 @@ def _pipeline(
     seq_len: int,
     global_batch: int,
     precision_of: str,
-) -> tuple[object, object, list]:
-    """(schedule, eval schedule, stages) of this rank's chunks. Nine arguments: the chunks and their ids,
+) -> Pipeline:
+    """The pipeline of this rank's chunks. Nine arguments: the chunks and their ids,
     and :func:`parallelize`'s setting the stages are built in."""
     # bf16 activations come from FSDP2's mixed-precision policy, applied only when dp * cp > 1.
     act_dtype = torch.bfloat16 if precision_of == "cuda" and layout.dp * layout.cp > 1 else torch.float32
@@ -332,4 +343,4 @@ def _pipeline(
 
     schedule = build_schedule(stages, layout, layout.accum(global_batch), loss_fn)
     eval_schedule = build_eval_schedule(schedule, stages, layout.accum(global_batch), loss_fn)
-    return schedule, eval_schedule, stages
+    return Pipeline(schedule, eval_schedule, stages)

@@ -52,18 +52,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from meshwise.cost import failures
+from meshwise.cost.failures import daly_interval_s
 from meshwise.errors import MeshwiseError, RunStopped
 from meshwise.runtime import float8
-from meshwise.runtime.model import canonical_name
+from meshwise.runtime.model import Transformer, canonical_name
 from meshwise.spec import ModelSpec
 from meshwise.train.checkpoint_files import (  # noqa: F401
     COMMIT_FILE,
     PARTIAL_FILE,
     complete_checkpoints,
     latest,
+    model_spec,
     own_folders,
+    read_dcp_metadata,
     read_meta,
     remove_own,
     step_dir,
@@ -98,8 +103,6 @@ def model_meta(spec: ModelSpec) -> dict[str, Any]:
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """DCP keys and shapes of the model's weights (built on the meta device: no memory, instant)."""
-    from meshwise.runtime.model import Transformer
-
     with torch.device("meta"):
         model = Transformer(spec)
     return {f"model.{name}": tuple(p.shape) for name, p in model.named_parameters()}
@@ -122,8 +125,6 @@ def check_shape(meta: dict[str, Any], spec: ModelSpec, path: str | Path) -> None
 def verify_sound(path: Path) -> None:
     """A checkpoint that is sound by itself: files present and whole, and its weights shaped as
     its own meshwise.json says (checked on the meta device, before any memory is spent)."""
-    from meshwise.train.checkpoint_files import model_spec
-
     verify(path, expected_shapes(model_spec(path, read_meta(path))))
 
 
@@ -230,10 +231,6 @@ class _Reader(dcp.FileSystemReader):
     """DCP's file reader, with ``.metadata`` read by meshwise's restricted unpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        from meshwise.train.checkpoint_files import read_dcp_metadata
-
         if kwargs.get("rank") is not None:  # per-rank metadata: meshwise never writes it
             raise MeshwiseError(f"checkpoint {self.path}: per-rank metadata is not meshwise's format")
         metadata = read_dcp_metadata(self.path)
@@ -305,8 +302,6 @@ class AutoInterval:
         """The interval in steps and the line that says why, after the save of ``step`` (the figures
         agreed over the ranks: the slowest's); None when the interval stands (this save not slower than
         ``AUTO_SLOWER`` times the one it came from)."""
-        from meshwise.cost.failures import daly_interval_s
-
         delta_s = stage_s + write_s
         if self.delta_s and delta_s <= AUTO_SLOWER * self.delta_s:
             return None
@@ -332,8 +327,6 @@ def _duration(seconds: float) -> str:
 def auto_mtbf(failure_rate: float, mtbf_hours: float, devices: int, nodes: int) -> tuple[float, str]:
     """(seconds, source) of the job's mean time between failures: ``--mtbf-hours``, else
     ``--failure-rate`` per device-hour, else the catalog's per GPU, node and NIC (one NIC per device)."""
-    from meshwise.cost import failures
-
     if mtbf_hours:
         return mtbf_hours * 3600, "--mtbf-hours"
     if failure_rate:

@@ -19,7 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from meshwise.errors import MeshwiseError
+from meshwise.spec import ModelSpec
 
 COMMIT_FILE = "meshwise.json"
 PARTIAL_FILE = ".meshwise-partial"
@@ -105,8 +108,6 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch":
-            import torch
-
             value = getattr(torch, name, None)
             if isinstance(value, torch.dtype):
                 return value
@@ -152,8 +153,6 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
 
 def model_spec(folder: str | Path, meta: dict[str, Any]):
     """The ModelSpec recorded in ``meta`` (refused in one line if its fields are not a model's)."""
-    from meshwise.spec import ModelSpec
-
     try:
         return ModelSpec(**meta["model"])
     except TypeError as e:

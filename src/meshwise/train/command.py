@@ -8,13 +8,17 @@ aliases of :data:`meshwise.train.config.ALIASES`).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import os
+import signal
 import sys
 from dataclasses import fields
 
 from meshwise import launch
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.files import check_output_file
+from meshwise.launch.guard import Guard, stalled_ranks
 from meshwise.train import config as config_mod
 
 
@@ -107,7 +111,7 @@ def train_main(argv: list[str]) -> int:
         print(config_mod.to_toml(cfg), end="")
         return 0
     if launch.in_torchrun():  # a worker process (of torchrun's or of launch_local's): it ends here
-        from meshwise.runtime.mesh import exit_worker
+        from meshwise.runtime.mesh import exit_worker  # torch: only a worker process gets here
 
         exit_worker(_worker(cfg, opts.get("inject_nan_at_step"), timeout_s, watch_parent=True))
     nproc = opts.get("nproc_per_node")
@@ -116,6 +120,7 @@ def train_main(argv: list[str]) -> int:
     restarts = opts.get("max_restarts", 0)
     if restarts < 0:
         raise MeshwiseError(f"--max-restarts: {restarts} must be 0 or more")
+    # torch (about 1.6 s): imported once the flags are checked, so a bad one is refused at once
     from meshwise.train import layout_choice, loop
 
     if launch.has_gpus():
@@ -129,8 +134,9 @@ def train_main(argv: list[str]) -> int:
     if not launch.has_gpus():
         cores = os.cpu_count() or 1
         if not cfg.layout.profile:  # this machine's calibration (measured at first use, then cached)
+            # start-up (about 20 ms): read only by a CPU run without --layout.profile
             from meshwise.measure import auto_profile
-            from meshwise.measure.plan_shapes import shapes_of
+            from meshwise.measure.plan_shapes import shapes_of  # start-up: as auto_profile
 
             shapes = shapes_of(prep.model, cfg.data.seq_len, 1)  # one sequence: the tables extend flat past it
             print(
@@ -159,7 +165,7 @@ def train_main(argv: list[str]) -> int:
             cfg.layout.choice, prep.model, nproc, nproc, cfg.schedule.global_batch, cfg.data.seq_len, "cpu"
         )
         if cfg.layout.compile:
-            from meshwise.runtime.compile import check as check_compile
+            from meshwise.runtime.compile import check as check_compile  # torch: as loop above
 
             check_compile(layout)
     if nproc == 1:
@@ -181,17 +187,12 @@ def _as_written(message: str, argv: list[str]) -> str:
 def _worker(cfg: config_mod.TrainConfig, inject_nan_at_step: int | None, timeout_s: float, watch_parent: bool) -> int:
     """A worker: a stop on purpose is one line on rank 0 (or handed to the launching process) and
     its exit status (2 for bad input); a collective that timed out names the rank that stalled."""
-    import faulthandler
-    import signal
-
-    from meshwise.launch.guard import Guard, stalled_ranks
-
     guard = Guard(watch_parent).start()  # before torch starts threads: they inherit the signal mask
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a worker is
     except (OSError, ValueError):  # stderr without a file descriptor (captured, in-process)
         pass
-    from meshwise.train import loop
+    from meshwise.train import loop  # torch: once the guard is set (see above)
 
     try:
         return loop.run(cfg, loop.Debug(inject_nan_at_step=inject_nan_at_step), guard, timeout_s)
@@ -216,8 +217,7 @@ def _stop(status: int, message: str) -> int:
 
 
 def export_main(checkpoint: str, out: str) -> int:
-    from meshwise.files import check_output_file
-    from meshwise.train.export import export
+    from meshwise.train.export import export  # torch: this module is imported by train's and tune's start
 
     check_output_file("--out", out)  # its folder is made if missing
     for line in export(checkpoint, out):
@@ -226,17 +226,15 @@ def export_main(checkpoint: str, out: str) -> int:
 
 
 def generate_main(checkpoint: str, prompt: str, tokens: int, temperature: float, top_k: int, seed: int) -> int:
-    from meshwise.train.export import load_plain_model
-    from meshwise.train.generate import sample
-
     if tokens < 0 or top_k < 0:
         raise MeshwiseError("generate: --tokens and --top-k must not be negative")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise MeshwiseError(f"--temperature: {temperature} must be a finite number, 0 or more")
     config_mod.check_seed("--seed", seed)
     config_mod.check_text("--prompt", prompt)
-    from meshwise.train import checkpoint as ckpt
-    from meshwise.train.export import resolve
+    from meshwise.train import checkpoint as ckpt  # torch: once the flags are checked, as export_main's
+    from meshwise.train.export import load_plain_model, resolve  # torch: as above
+    from meshwise.train.generate import sample  # torch: as above
 
     model, spec = load_plain_model(checkpoint)
     tokenizer = (ckpt.read_meta(resolve(checkpoint)).get("data") or {}).get("tokenizer", "")

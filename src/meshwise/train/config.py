@@ -19,6 +19,7 @@ from typing import Any
 from meshwise.errors import MeshwiseError
 from meshwise.files import read_toml
 from meshwise.spec.optimizer import OptimizerConfig
+from meshwise.spec.train import PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -324,8 +325,6 @@ def _check_optimizer(o: OptimizerConfig) -> None:
 
 def check_precision(precision: str) -> None:
     """A known precision name (whether this device runs it is the runtime's check, at start)."""
-    from meshwise.spec.train import PRECISIONS
-
     if precision != "auto" and precision not in PRECISIONS:
         raise MeshwiseError(f"--layout.precision: {precision!r} is not one of auto, {', '.join(PRECISIONS)}")
 

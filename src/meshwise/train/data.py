@@ -28,6 +28,7 @@ import torch
 from meshwise.errors import MeshwiseError
 from meshwise.train import embedded_corpus
 from meshwise.train.config import DataConfig
+from meshwise.train.tokenizer import HFTokenizer, encode_files
 
 VOCAB = 256
 _CHUNK = 1 << 24  # tokens per pass of the vocabulary check (bounded memory on large .bin arrays)
@@ -71,8 +72,6 @@ def load_tokens(config: DataConfig) -> torch.Tensor:
     if not path.exists():
         raise MeshwiseError(f"--data.path: {config.path} does not exist")
     if config.tokenizer and path.suffix != ".bin":
-        from meshwise.train.tokenizer import HFTokenizer, encode_files
-
         ids = encode_files(
             _text_files(path) if path.is_dir() else [path], HFTokenizer(config.tokenizer), config.text_field
         )

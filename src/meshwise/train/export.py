@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from meshwise.runtime.model import build_model
 from meshwise.spec import ModelSpec
 from meshwise.train import checkpoint
 from meshwise.train.checkpoint_files import model_spec
 from meshwise.train.hf_weights import _hf_name, hf_config, to_hf
+from meshwise.train.tokenizer import tokenizer_file
 
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64", torch.int32: "I32"}
 _FROM_NAME = {v: k for k, v in _DTYPES.items()}
@@ -102,8 +104,6 @@ def resolve(path: str | Path) -> Path:
 
 def load_plain_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec]:
     """The single-process model of a checkpoint, with its shape from the checkpoint's own metadata."""
-    from meshwise.runtime.model import build_model
-
     path = resolve(path)
     checkpoint.verify_sound(path)  # before any memory is spent on the model
     spec = model_spec(path, checkpoint.read_meta(path))
@@ -182,8 +182,6 @@ def export(path: str | Path, out: str | Path, max_shard_bytes: int = DEFAULT_MAX
     )
     tokenizer = (meta.get("data") or {}).get("tokenizer", "")
     if tokenizer:  # the run's tokenizer files beside the weights, as a Hugging Face folder holds them
-        from meshwise.train.tokenizer import tokenizer_file
-
         source = tokenizer_file(tokenizer)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             f = source.parent / name if name != "tokenizer.json" else source

@@ -11,6 +11,7 @@ from torch import nn
 
 from meshwise.errors import MeshwiseError
 from meshwise.train.data import ByteTokenizer
+from meshwise.train.tokenizer import HFTokenizer
 
 
 @torch.no_grad()
@@ -60,8 +61,6 @@ def sample(
     as UTF-8 by default, or a Hugging Face tokenizer.json); stops after an eos id. Nine arguments:
     generate's flags and the run's tokenizer and eos ids."""
     if tokenizer:
-        from meshwise.train.tokenizer import HFTokenizer
-
         tok = HFTokenizer(tokenizer)
         ids = tok.encode(prompt)
         if not ids:

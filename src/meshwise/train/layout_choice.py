@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import Layout, check_runnable, check_seq_len, parse, runs_here
+from meshwise.measure import auto_profile
 from meshwise.plan import planner
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, load_cluster
 
@@ -44,11 +45,10 @@ def live_cluster(world: int, local_world: int, device_type: str, profile: str = 
             return LiveCluster(with_threads(cluster, threads_per_rank(local_world)), "fp32")
         return LiveCluster(cluster, "bf16-mixed")
     if device_type != "cuda":
-        from meshwise.measure import auto_profile
-
         found = auto_profile.resolved(local_world)
         cluster = profile_cluster(found, world, local_world) if found else load_cluster("cpu", world, local_world)
         return LiveCluster(with_threads(cluster, threads_per_rank(local_world)), "fp32")
+    # torch: tune's refit and driver import this module, and they plan in pure Python (no torch)
     import torch
 
     name = torch.cuda.get_device_name()

@@ -13,6 +13,7 @@ before anything of that state is written.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -28,11 +29,18 @@ from torch.distributed.tensor import DTensor
 
 from meshwise import files
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.launch import init_process_group, report
 from meshwise.layout import Layout, check_seq_len
+from meshwise.runtime import build_mesh, float8, parallelize
+from meshwise.runtime.compile import warm_up
+from meshwise.runtime.mesh import dp_rank, end_process_group, mesh_device
+from meshwise.runtime.model import runtime_refusal
 from meshwise.spec import ModelSpec, load_model
-from meshwise.train import checkpoint, faults, layout_choice
-from meshwise.train.config import OptimizerConfig, ScheduleConfig, TrainConfig, check
+from meshwise.train import checkpoint, faults, layout_choice, pretrained
+from meshwise.train.config import DEFAULT_EVERY_STEPS, OptimizerConfig, ScheduleConfig, TrainConfig, check
 from meshwise.train.data import Corpus, build_corpus, describe_source
+from meshwise.train.export import load_plain_model
+from meshwise.train.generate import sample
 from meshwise.train.metrics import MetricsLog, Throughput
 
 
@@ -85,19 +93,13 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     (``--resume auto``), whatever the first attempt was given."""
     check(cfg)
     if cfg.model.pretrained:
-        from meshwise.train import pretrained
-
         model = pretrained.check_folder(cfg.model.pretrained)
     else:
         model = load_model(cfg.model.name)
     if model.states_only:
         raise MeshwiseError("--model.name: a bare parameter count cannot be trained; give a model shape")
     check_seq_len(model, cfg.data.seq_len, "--data.seq_len")
-    from meshwise.runtime import float8
-
     float8.resolve(cfg.layout.precision, "cuda" if torch.cuda.is_available() else "cpu", "--layout.precision")
-    from meshwise.runtime.model import runtime_refusal
-
     if refusal := runtime_refusal(model, cfg.data.seq_len):
         raise MeshwiseError(f"--model.name: {refusal}")
     c = cfg.checkpoint
@@ -120,8 +122,6 @@ def preflight(cfg: TrainConfig, local_ranks: int | None = None) -> Prepared:
     if resume is not None:
         checkpoint.check_shape(checkpoint.read_meta(resume), model, resume)
     if cfg.metrics.tensorboard:
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:
             raise MeshwiseError(
                 "--metrics.tensorboard: the tensorboard package is not installed (pip install 'meshwise[tensorboard]')"
@@ -221,10 +221,6 @@ def _placement_line(layout: Layout, world: int) -> str:
 def run(cfg: TrainConfig, debug: Debug = Debug(), guard: Any = None, timeout_s: float = 300.0) -> int:
     """The worker's whole run (collective: every rank of the job calls it). ``guard``: the
     :class:`meshwise.launch.guard.Guard` whose stop requests end the run after a saved step."""
-    from meshwise.launch import init_process_group
-    from meshwise.runtime import build_mesh
-    from meshwise.runtime.mesh import end_process_group
-
     prep = preflight(cfg)
     rank, world, local_world = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -256,8 +252,6 @@ def _agree_after_step(local_peak: int, guard: Any, device_type: str) -> tuple[in
 def _exit_now(status: int, message: str) -> None:
     """End this process at once (a checkpoint write is still running in DCP's thread, so no collective
     can be trusted): the one line to the launcher, or on rank 0 to stderr, then ``os._exit``."""
-    from meshwise.launch import report
-
     if not report(status, message) and int(os.environ.get("RANK", "0")) == 0:
         print(f"meshwise: error: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -279,8 +273,6 @@ def _print_header(log: MetricsLog, cfg: TrainConfig, prep: Prepared, lines: list
 def _train(
     cfg: TrainConfig, debug: Debug, prep: Prepared, layout: Layout, lines: list[str], mesh: Any, guard: Any
 ) -> int:
-    from meshwise.runtime.mesh import dp_rank
-
     rank, world, _ = env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     corpus = prep.corpus
@@ -324,8 +316,6 @@ def _train(
 def parallelize_as_configured(cfg: TrainConfig, model: Any, layout: Layout, mesh: Any, device_type: str) -> Any:
     """``model`` parallelized over ``mesh`` with the run's batch, sequence, seed, optimizer, compile
     and precision (``--layout.precision`` resolved for ``device_type``)."""
-    from meshwise.runtime import float8, parallelize
-
     return parallelize(
         model,
         layout,
@@ -424,8 +414,6 @@ def _save_or_stop(
 def _interval_policy(c: Any, world: int, local_world: int) -> tuple[int, checkpoint.AutoInterval | None]:
     """(every, auto) for the Checkpointer: a number of steps as given; ``auto`` (and ``default`` on more
     than one node) from the measured saves and the failure rate; ``default`` on one node 50 steps."""
-    from meshwise.train.config import DEFAULT_EVERY_STEPS
-
     nodes = max(1, world // max(1, local_world))
     if isinstance(c.every, int):
         return c.every, None
@@ -472,8 +460,6 @@ def _start_state(
             f"now under {layout.short()} on {world} rank(s)"
         )
     elif cfg.model.pretrained:
-        from meshwise.train import pretrained
-
         pretrained.load(pm.modules, prep.model, cfg.model.pretrained)
         log.print(f"Weights: {cfg.model.pretrained} (fine-tuning from step 0 with a fresh optimizer)")
     if prep.resume is None and c.dir and c.overwrite:
@@ -487,9 +473,6 @@ def _start_state(
 def _compile(pm: Any, corpus: Corpus, first: int, rows: range, log: MetricsLog) -> float:
     """Compile before the first timed step (:func:`meshwise.runtime.compile.warm_up` on the rows of
     that step; weights untouched); returns the slowest rank's seconds."""
-    from meshwise.runtime.compile import warm_up
-    from meshwise.runtime.mesh import mesh_device
-
     x, y = corpus.train_rows(first, rows)
     t = torch.tensor([warm_up(pm, x, y)], dtype=torch.float64, device=mesh_device(pm.mesh))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -503,9 +486,6 @@ def _compile(pm: Any, corpus: Corpus, first: int, rows: range, log: MetricsLog) 
 
 def sample_from_checkpoint(path: str | Path, cfg: TrainConfig) -> str:
     """Build the plain model from a checkpoint's own shape and sample ``cfg.generate``."""
-    from meshwise.train.export import load_plain_model
-    from meshwise.train.generate import sample
-
     model, spec = load_plain_model(path)
     g = cfg.generate
     return sample(

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 from meshwise.cost.compute import model_flops
 from meshwise.spec import ModelSpec
 from meshwise.train.config import MetricsConfig
@@ -95,8 +97,6 @@ class MetricsLog:
 
             self._tb = SummaryWriter(self.config.tensorboard)
         if self.stream.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
             self._progress = Progress(
                 TextColumn("train"),
                 BarColumn(),

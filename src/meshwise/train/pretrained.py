@@ -19,10 +19,17 @@ import struct
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
 from torch import nn
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshwise.errors import MeshwiseError
+from meshwise.runtime.model import Transformer, canonical_name
 from meshwise.spec import ModelSpec, load_model
+from meshwise.train.export import has_hf_family
+from meshwise.train.hf_weights import _hf_name, from_hf, to_hf
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -62,9 +69,6 @@ def header(path: Path) -> dict[str, dict]:
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Hugging Face name -> shape of every tensor the family's model stores (from a meta model)."""
-    from meshwise.runtime.model import Transformer
-    from meshwise.train.hf_weights import to_hf
-
     with torch.device("meta"):
         model = Transformer(spec)
     return {k: tuple(v.shape) for k, v in to_hf(spec, dict(model.named_parameters())).items()}
@@ -72,8 +76,6 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 def check_folder(folder: str) -> ModelSpec:
     """The folder's model, after its weights' names and shapes are checked against its config."""
-    from meshwise.train.export import has_hf_family
-
     path = Path(folder)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise MeshwiseError(f"--model.from: {folder} is not a Hugging Face model folder (no config.json)")
@@ -101,26 +103,15 @@ def check_folder(folder: str) -> ModelSpec:
 @torch.no_grad()
 def load(modules: list[nn.Module], spec: ModelSpec, folder: str) -> None:
     """Fill this rank's parameters (plain tensors or DTensor shards) from the folder (collective)."""
-    from meshwise.runtime.model import canonical_name
-    from meshwise.train.hf_weights import _hf_name
-
     params = {canonical_name(n): p for m in modules for n, p in m.named_parameters()}
     if spec.family in ("phi3", "gpt2"):
         _load_by_tensor(params, spec, Path(folder))
         return
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-
     state = {_hf_name(spec, name): p.detach() for name, p in params.items()}
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
 
 
 def _load_by_tensor(params: dict[str, nn.Parameter], spec: ModelSpec, folder: Path) -> None:
-    from safetensors import safe_open
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    from meshwise.train.hf_weights import from_hf
-
     where = {}
     for f in weight_files(folder):
         where.update({k: f for k in header(f)})

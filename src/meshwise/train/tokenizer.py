@@ -7,9 +7,14 @@ tokenizer whose post-processor adds bos/eos adds them per document). Parquet nee
 
 from __future__ import annotations
 
+import array
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from rich.progress import Progress
+from tokenizers import Tokenizer
 
 from meshwise.errors import MeshwiseError
 
@@ -18,8 +23,6 @@ class HFTokenizer:
     """A ``tokenizers.Tokenizer`` with meshwise's encode/decode interface."""
 
     def __init__(self, path: str) -> None:
-        from tokenizers import Tokenizer
-
         self.path = tokenizer_file(path)
         try:
             self._tok = Tokenizer.from_file(str(self.path))
@@ -64,7 +67,7 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                 yield row[text_field]
     elif path.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # optional: only Parquet input needs pyarrow, not a dependency
         except ImportError:
             raise MeshwiseError(f"{where}: reading Parquet needs pyarrow (pip install pyarrow)") from None
         try:
@@ -100,11 +103,6 @@ def encode_files(files: list[Path], tok: HFTokenizer, text_field: str, batch: in
 def tokenize_main(data: str, tokenizer: str, out: str, text_field: str = "text") -> int:
     """``meshwise tokenize``: every document of ``data`` into ``out`` (a .bin array ``--data`` reads),
     with a progress bar over the files; the array is written beside and renamed when complete."""
-    import array
-    import sys
-
-    from rich.progress import Progress
-
     src, dest = Path(data), Path(out)
     if not src.exists():
         raise MeshwiseError(f"--data: {data} does not exist")

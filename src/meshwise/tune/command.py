@@ -14,13 +14,19 @@ import math
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from meshwise import launch
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.files import check_output_dir, check_output_file
+from meshwise.launch.guard import Guard
+from meshwise.plan.budget import check_budget
+from meshwise.report import require_matplotlib
 from meshwise.train import config as config_mod
-from meshwise.train.command import _timeout_s, build_train_parser
+from meshwise.train.command import _stop, _timeout_s, build_train_parser
 from meshwise.tune.memory_limit import memory_bytes
+from meshwise.tune.trials import read_results
 
 
 def build_tune_parser() -> argparse.ArgumentParser:
@@ -71,10 +77,9 @@ def resolve(argv: list[str]) -> tuple[dict[str, Any], config_mod.TrainConfig]:
 def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool = True) -> None:
     """The tune's own inputs, refused in one line before anything starts; ``results``: also the
     results file in --out (where this process writes it: the launcher, or rank 0 under torchrun)."""
-    from meshwise.files import check_output_dir
-    from meshwise.plan.budget import check_budget
+    # start-up (about 140 ms, the planner): tune --help and a refused flag skip them
     from meshwise.plan.emit import FRAMEWORKS
-    from meshwise.tune.driver import RESULTS
+    from meshwise.tune.driver import RESULTS  # start-up: as above
 
     if cfg.layout.choice != "auto":
         raise MeshwiseError(
@@ -92,9 +97,6 @@ def check_tune(opts: dict[str, Any], cfg: config_mod.TrainConfig, results: bool 
         raise MeshwiseError(f"--emit: {opts['emit']!r} is not one of {', '.join(FRAMEWORKS)}")
     check_budget(opts.get("tokens"), opts.get("price_per_gpu_hour"))
     if opts.get("report") is not None:
-        from meshwise.files import check_output_file
-        from meshwise.report import require_matplotlib
-
         check_output_file("--report", opts["report"], parent_must_exist=True)
         require_matplotlib()
     out = opts.get("out", "runs/tune")
@@ -113,20 +115,19 @@ def tune_main(argv: list[str]) -> int:
         print(config_mod.to_toml(cfg), end="")
         return 0
     if launch.in_torchrun():  # a worker: of meshwise's launcher (inputs checked there), or of torchrun
-        from meshwise.runtime.mesh import exit_worker
+        from meshwise.runtime.mesh import exit_worker  # torch: only a worker process gets here
 
         if os.environ.get(launch.LAUNCHER_ENV) != "1":
             try:
                 check_tune(opts, cfg, results=os.environ.get("RANK", "0") == "0")
             except MeshwiseError as e:
-                from meshwise.train.command import _stop
-
                 exit_worker(_stop(2, str(e)))
         exit_worker(_worker(cfg, opts, timeout_s, watch_parent=True))
     check_tune(opts, cfg)
     nproc = opts.get("nproc_per_node")
     if nproc is not None and nproc < 1:
         raise MeshwiseError(f"--nproc-per-node: {nproc} must be at least 1")
+    # torch (about 1.6 s): imported once the inputs are checked, so a bad one is refused at once
     from meshwise.train import layout_choice, loop
 
     if launch.has_gpus():
@@ -138,7 +139,7 @@ def tune_main(argv: list[str]) -> int:
     if not launch.has_gpus():
         cores = os.cpu_count() or 1
         if not cfg.layout.profile:
-            from meshwise.measure import auto_profile
+            from meshwise.measure import auto_profile  # start-up (about 20 ms), as in train_main
 
             print(
                 f"Profile: {auto_profile.for_workers(nproc)} (this machine's calibration; "
@@ -157,10 +158,7 @@ def tune_main(argv: list[str]) -> int:
 def _check_resume(opts: dict[str, Any], cfg: config_mod.TrainConfig, nproc: int) -> None:
     """The results file to resume was written for this model, batch, sequence and world (rank 0
     checks the rest: the starting profile, the precision)."""
-    from pathlib import Path
-
-    from meshwise.tune.driver import RESULTS
-    from meshwise.tune.trials import read_results
+    from meshwise.tune.driver import RESULTS  # start-up: as check_tune's
 
     read_results(
         Path(opts.get("out", "runs/tune")) / RESULTS,
@@ -176,12 +174,9 @@ def _check_resume(opts: dict[str, Any], cfg: config_mod.TrainConfig, nproc: int)
 
 def _worker(cfg: config_mod.TrainConfig, opts: dict[str, Any], timeout_s: float, watch_parent: bool) -> int:
     """A worker: the tune's loop (every rank); a stop on purpose is one line and its exit status."""
-    from meshwise.launch.guard import Guard
-    from meshwise.train.command import _stop
-
     guard = Guard(watch_parent).start()
     try:
-        from meshwise.tune.run import run
+        from meshwise.tune.run import run  # torch: once the guard is set, as train's worker
 
         return run(cfg, opts, guard, timeout_s)
     except MeshwiseError as e:

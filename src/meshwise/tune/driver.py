@@ -15,6 +15,7 @@ from typing import Any
 from meshwise.catalog import read_catalog
 from meshwise.files import read_toml, write_atomically
 from meshwise.layout import parse
+from meshwise.measure import auto_profile
 from meshwise.spec import TrainSpec
 from meshwise.train import config as config_mod
 from meshwise.train.layout_choice import _GPU_NAMES, threads_per_rank
@@ -32,14 +33,12 @@ def base_profile(cfg: Any, local_world: int, device_type: str) -> tuple[dict[str
         table = read_toml(Path(cfg.layout.profile), "--layout.profile")
         return dict(table.get("accelerator", table)), cfg.layout.profile
     if device_type != "cuda":
-        from meshwise.measure import auto_profile
-
         found = auto_profile.resolved(local_world)
         if found:
             table = read_toml(Path(found), "--layout.profile")
             return dict(table.get("accelerator", table)), found
         return {"name": "cpu", **read_catalog("accelerators.toml")["cpu"]}, "catalog cpu"
-    import torch
+    import torch  # torch: only on a GPU; the driver plans in pure Python (test_tune_command)
 
     name = torch.cuda.get_device_name()
     key = next((p for k, p in _GPU_NAMES if k in name), "h100")

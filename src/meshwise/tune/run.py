@@ -9,7 +9,12 @@ import torch
 import torch.distributed as dist
 
 from meshwise.errors import MeshwiseError, RunStopped
+from meshwise.launch import init_process_group
+from meshwise.runtime.mesh import end_process_group
 from meshwise.train import layout_choice, loop
+from meshwise.tune.driver import Driver
+from meshwise.tune.memory_limit import memory_bytes
+from meshwise.tune.show import Progress, report
 from meshwise.tune.trials import MIN_TIMED_S
 from meshwise.tune.worker import Limits, TrialPlan, run_runoff, run_trial
 
@@ -17,10 +22,6 @@ from meshwise.tune.worker import Limits, TrialPlan, run_runoff, run_trial
 def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     """The whole tune (collective: every rank of the job calls it); 0 when it ends, a pick or none
     (the table says which)."""
-    from meshwise.launch import init_process_group
-    from meshwise.runtime.mesh import end_process_group
-    from meshwise.tune.memory_limit import memory_bytes
-
     prep = loop.preflight(cfg)
     _, world, local_world = loop.env_world()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,8 +32,6 @@ def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     )
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     try:
-        from meshwise.tune.driver import Driver
-
         made: list[Any] = []
         _on_rank0(lambda: made.append(Driver(cfg, opts, prep.model, world, local_world, device_type)))
         _trials(cfg, prep, made[0] if made else None, limits, guard)
@@ -61,8 +60,6 @@ def _on_rank0(call: Callable[[], Any]) -> Any:
 
 def _trials(cfg: Any, prep: Any, driver: Any, limits: Limits, guard: Any) -> None:
     """Trial after trial as rank 0 chooses them, the run-off of the closest, then rank 0's report."""
-    from meshwise.tune.show import Progress, report
-
     progress = Progress(driver) if driver is not None else None
     try:
         while (message := _on_rank0(lambda: driver.next())) is not None:

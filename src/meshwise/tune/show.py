@@ -7,7 +7,15 @@ import json
 import sys
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
+from rich.table import Table
+
+from meshwise.layout import parse
 from meshwise.plan.budget import Budget, budget_cells, fmt_tokens
+from meshwise.plan.emit import Target, Unexpressible, emit
+from meshwise.report.tune_report import write_tune_report
 from meshwise.tune.trials import RUNOFF, Trial, best_trial
 from meshwise.units import gb_text
 
@@ -16,9 +24,6 @@ class Progress:
     """A rich progress bar over the trials (on a terminal, and not under --json)."""
 
     def __init__(self, driver: Any) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-        from rich.progress import Progress as Bar
-
         self.driver = driver
         shown = sys.stdout.isatty() and not driver.opts.get("json")
         self.bar = Bar(
@@ -125,9 +130,6 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
 def _emit(driver: Any, model: Any, cfg: Any, best: Trial) -> str:
     """The pick as ``--emit``'s framework configures it; a framework that cannot express the pick
     is one line on stderr (the tune's results stand)."""
-    from meshwise.layout import parse
-    from meshwise.plan.emit import Target, Unexpressible, emit
-
     precision = "fp32" if driver.device_type != "cuda" else "bf16-mixed"
     local = driver.tune.predictor.local_world
     try:
@@ -163,9 +165,6 @@ def _rows(trials: list[Trial], summary: dict[str, Any]) -> list[list[str]]:
 
 
 def _table(trials: list[Trial], summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=200)
     table = Table(title="Trials")
     for col in COLUMNS:
@@ -178,9 +177,6 @@ def _table(trials: list[Trial], summary: dict[str, Any]) -> None:
 def _report(driver: Any, summary: dict[str, Any], trials: list[Trial]) -> None:
     """The HTML page: the trials and the predicted-against-measured chart (the starting profile's
     prediction of each trial, and the refitted one's)."""
-    from meshwise.layout import parse
-    from meshwise.report.tune_report import write_tune_report
-
     tune = driver.tune
     points = [
         (

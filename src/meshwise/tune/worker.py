@@ -22,6 +22,10 @@ import torch.distributed as dist
 
 from meshwise.errors import RunStopped
 from meshwise.layout import Layout
+from meshwise.measure._torch_tools import peak_by_category, tracker_for
+from meshwise.measure.timing import StepClock
+from meshwise.runtime import build_mesh
+from meshwise.runtime.mesh import dp_rank
 from meshwise.train.loop import Prepared, lr_at, parallelize_as_configured
 from meshwise.tune.trials import (
     MEASURED,
@@ -112,9 +116,6 @@ def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: A
 def _build(cfg: Any, prep: Prepared, layout: Layout, device_type: str) -> tuple[Any, Any]:
     """(the parallelized model of ``layout`` on a new mesh, its ``one_step()``: train's step on
     train's rows, the learning rate of its step)."""
-    from meshwise.runtime import build_mesh
-    from meshwise.runtime.mesh import dp_rank
-
     B = cfg.schedule.global_batch
     mesh = build_mesh(layout, prep.model, B)
     pm = parallelize_as_configured(cfg, prep.model, layout, mesh, device_type)
@@ -137,8 +138,6 @@ def _timed_step(
 ) -> tuple[float, tuple[float, dict[str, float]]]:
     """One timed step (collective): (the slowest rank's step, (this rank's step, its parts));
     raises RunStopped when a rank has a stop request."""
-    from meshwise.measure.timing import StepClock
-
     with StepClock(pm) as clock:
         dist.barrier()
         clock.reset()
@@ -195,8 +194,6 @@ def _warm_up(pm: Any, one_step: Any, warmup: int, device_type: str) -> int:
         one_step().item()
         local = int(torch.cuda.max_memory_allocated())
     else:
-        from meshwise.measure._torch_tools import peak_by_category, tracker_for
-
         tracker = tracker_for(pm.modules, pm.optimizer)
         with tracker:
             one_step().item()
