@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 import sys
 import warnings
 
@@ -107,9 +106,8 @@ ROUTERS = {
 def _layer(torch, experts: int, top_k: int, router: str = "softmax"):
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # one process: an in-memory store, no port (two of these ran at once under pytest-xdist and met on one)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.moe import moe_utils
