@@ -112,9 +112,9 @@ class _Weigh:
     fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so the order
     of the estimates changes nothing), until the next bound is slower than the worst of the best
     ``keep``. Once they are known, a group whose compute plus expert all-to-alls (a mixture of
-    experts) is slower is skipped before its memory is worked out, and so are its members past the
-    first that fits once the group's tighter bound (worked out there) is slower; a fitting layout
-    whose own bounds are slower (plan/bounds.py) is not estimated."""
+    experts) is slower is skipped before its memory is worked out, and so is every member whose
+    tighter bound (read by the group's members alike but for ``zero >= 2``, worked out before any
+    memory) is slower; a fitting layout whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
         self,
@@ -179,24 +179,24 @@ class _Weigh:
                     worst = best[-1].time.step_s
                     if bound > worst:
                         break
+                if found is None:  # its states alone overflow a rank
+                    result.checked += 1
+                    continue
+                if full:
                     busy = tight.get(base.zero >= 2)
-                    if busy is not None and busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
+                    if busy is None:  # read by every member with this ``zero >= 2``: worked out before memory
+                        busy = tight[base.zero >= 2] = self.bounds.tight_s(_with(base, mbs, ac))
+                    if busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
-                if found is None:  # its states alone overflow a rank
-                    continue
                 if parts is None:
                     parts = self._transient(found, base, ac, mbs, m)
                 if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
-                if full:
-                    busy = tight.get(base.zero >= 2)
-                    if busy is None:  # worked out at the first member that fits
-                        busy = tight[base.zero >= 2] = self.bounds.tight_s(layout)
-                    if busy > worst or self.bounds.slower(layout, worst):
-                        continue
+                if full and self.bounds.slower(layout, worst):
+                    continue
                 mems = tuple(
                     Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(found[1], parts)
                 )
