@@ -100,13 +100,9 @@ def plain_worker(steps: int, out: str, allocator: bool) -> None:
     torch.manual_seed(0)
     model = build_model(spec, 0)
     if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from vs_torch import fully_shard_blocks  # beside this file
 
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        fully_shard_blocks(model, world)
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.lr,

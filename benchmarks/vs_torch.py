@@ -36,17 +36,23 @@ from meshwise.spec import load_model
 CORES = os.cpu_count() or 1
 
 
+def fully_shard_blocks(model: torch.nn.Module, world: int) -> None:
+    """torch's own FSDP2 on ``world`` CPU ranks: ``fully_shard`` (ZeRO-3) of every block, then the root
+    (the plain loops of this file and of train_vs_torchrun.py)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def plain_runner(spec, world: int, cfg: OptimizerConfig, seed: int):
     """The plain loop's step: fully_shard (ZeRO-3) per block and root when world > 1."""
     model = build_model(spec, seed)
     if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        fully_shard_blocks(model, world)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
     )
