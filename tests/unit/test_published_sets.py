@@ -1,8 +1,8 @@
-"""The published runs' split into a development set and three test sets (src/meshwise/catalog/published_runs.toml):
+"""The published runs' split into a development set and four test sets (src/meshwise/catalog/published_runs.toml):
 every run has a set and an origin, an origin never straddles the sets, the held-out sources stay out,
-and every run parses and fits its world size; the blind sets' (test2, test3) validation resolves their runs
-and prices none, and test3's figures converted from MFU or TFLOP/s match their sources' own FLOP count.
-Nothing here predicts a run."""
+and every run parses and fits its world size; the blind sets' (test2, test3, test4) validation resolves their
+runs and prices none, test3's figures converted from MFU or TFLOP/s match their sources' own FLOP count, and
+test4's figures are the numbers their source lines quote. Nothing here predicts a run."""
 
 import re
 import sys
@@ -83,7 +83,7 @@ def test_nemo_summaries_of_25_09_and_later_stay_out():
             assert (int(yy), int(mm)) < EXCLUDED_FROM, rec["id"]
 
 
-BLIND = ("test2", "test3")  # the sets collected without predicting any of their runs
+BLIND = ("test2", "test3", "test4")  # the sets collected without predicting any of their runs
 
 
 def _set(name: str) -> list[dict]:
@@ -96,14 +96,21 @@ def _test2() -> list[dict]:
 
 # test3 holds no Blackwell run: no public source with a full Blackwell layout and a figure was found outside
 # the excluded summaries and the sources already in the file (docs/fidelity.md, test3's left-out list)
-GENERATIONS = {"test2": {"ampere", "hopper", "blackwell"}, "test3": {"ampere", "hopper"}}
+GENERATIONS = {
+    "test2": {"ampere", "hopper", "blackwell"},
+    "test3": {"ampere", "hopper"},
+    "test4": {"ampere", "hopper", "blackwell"},
+}
+# test4 holds 5 MoE runs: the public MoE runs with a full layout and a figure, from sources not already in the file
+# and not excluded, that could be read here (docs/fidelity.md, test4's left-out list)
+MIN_MOE = {"test2": 8, "test3": 8, "test4": 5}
 
 
 @pytest.mark.parametrize("set_name", BLIND)
 def test_blind_sets_span_moe_dense_origins_and_gpu_generations(set_name):
     runs = _set(set_name)
     assert len(runs) >= 20
-    assert sum(rec["moe"] for rec in runs) >= 8
+    assert sum(rec["moe"] for rec in runs) >= MIN_MOE[set_name]
     assert len({rec["origin"] for rec in runs}) >= 4
     assert {family(catalog_accelerator(rec["gpu"])) for rec in runs} >= GENERATIONS[set_name]
 
@@ -118,9 +125,10 @@ def test_blind_sets_cite_documents_no_other_set_read(set_name):
         assert len(document) > 20 and document not in others, rec["id"]
 
 
+@pytest.mark.parametrize("set_name", ("test3", "test4"))
 @pytest.mark.parametrize("named", HELD_OUT + ("Megatron-Bridge",))
-def test_test3_cites_no_excluded_source_even_in_its_assumptions(named):
-    for rec in _set("test3"):
+def test_blind_sets_cite_no_excluded_source_even_in_their_assumptions(named, set_name):
+    for rec in _set(set_name):
         assert named not in f"{rec['source']} {rec['origin']} {rec['assumed']}", rec["id"]
 
 
@@ -262,3 +270,31 @@ def test_zero_bubble_models_count_what_their_names_say():
     for name in ("1.5b", "6.2b", "14.6b", "28.3b"):
         m = models[f"zb-gpt-{name}"]
         assert round((m.layers * 12 * m.hidden**2 + 32000 * m.hidden) / 1e9, 1) == float(name[:-1]), name
+
+
+def _printed(value: float) -> set[str]:
+    """The ways a source line prints a figure: 21,919 / 21919 / 21919.0 / 641.93 / 24k."""
+    forms = {f"{value:g}", f"{value:,.0f}", f"{value:.1f}", f"{value:.2f}"}
+    if value >= 1000 and value % 1000 == 0:
+        forms.add(f"{value / 1000:g}k")
+    return forms
+
+
+def test_test4_figures_are_the_numbers_their_sources_quote():
+    """Every test4 figure is entered as its source prints it (tokens/s per GPU, nothing converted): the
+    number stands in the run's source line, and the run's layout multiplies out to its GPU count."""
+    runs = _set("test4")
+    assert runs
+    for rec in runs:
+        assert list(rec) and "tokens_per_s_per_gpu" in rec and "step_s" not in rec, rec["id"]
+        figure = rec["tokens_per_s_per_gpu"]
+        assert any(form in rec["source"] for form in _printed(figure)), rec["id"]
+        assert fidelity.parse(rec["layout"], rec["gpus"]).world_size == rec["gpus"], rec["id"]
+
+
+def test_test4_global_batch_is_the_sources_micro_batches_times_data_parallel():
+    """The global batch each test4 run states is micro-batch x data parallel x accumulation, whole."""
+    for rec in _set("test4"):
+        layout = fidelity.parse(rec["layout"], rec["gpus"])
+        per_step = layout.mbs * layout.dp
+        assert rec["global_batch"] % per_step == 0, rec["id"]
