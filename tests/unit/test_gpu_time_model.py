@@ -14,6 +14,7 @@ from fit_components import check_catalog, fits  # noqa: E402
 from meshwise import cli  # noqa: E402
 from meshwise.cost import estimate as est  # noqa: E402
 from meshwise.cost import kernels  # noqa: E402
+from meshwise.cost.rank_work import RankWork  # noqa: E402
 from meshwise.errors import MeshwiseError  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
 from meshwise.plan.planner import plan  # noqa: E402
@@ -98,7 +99,7 @@ def test_profiles_without_gpu_fields_keep_the_flat_curve():
     expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
     expected += est.host.host_seconds(cpu.accelerator, shape.blocks, True, True, "none", m)  # launch time (CPU)
     expected += est.host.memory_bound_seconds(
-        model, cpu.accelerator, train, layout.mbs, 1, False, "none", shape.blocks, True, True, m
+        model, cpu.accelerator, train, RankWork(layout.mbs, 1, False, "none", shape.blocks, True, True), m
     )  # memory-bound bytes (CPU)
     assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
 

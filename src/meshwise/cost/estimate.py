@@ -69,6 +69,7 @@ from meshwise.cost.context_parallel import (
     weights_layout,
 )
 from meshwise.cost.memory import Memory, RankShape
+from meshwise.cost.rank_work import RankWork
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
 
@@ -673,7 +674,7 @@ def compute_seconds(
             accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp, layout.sp
         ) + host.split_backward_seconds(accel, layout.schedule, layout.pp, shape.blocks, m)
     if not model.states_only and host.is_host_bound(accel):
-        memory_s = host.memory_bound_seconds(*_rank_args(model, accel, train, layout, shape), m)
+        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), rank_work(layout, shape), m)
     share = host.core_share(accel, cluster.gpus_per_node)
     eff = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
     fp8_s = 0.0
@@ -711,16 +712,13 @@ def _op_model_blocks_s(
     """kernels.rank_seconds of the rank: one micro-batch, every block (less a mixture of experts' MLPs)
     and the model's ends, on the op model."""
     return kernels.rank_seconds(
-        *_rank_args(model, accel, train, layout, shape), layout.cp, layout.accum(train.global_batch)
+        model, accel, local_train(train, layout), rank_work(layout, shape), layout.cp, layout.accum(train.global_batch)
     )
 
 
-def _rank_args(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple:
-    """The leading arguments of host.memory_bound_seconds and kernels.rank_seconds: the model, the
-    accelerator, the rank's tokens per sequence (:func:`local_train`), mbs, tp, sp, ac, and the rank's
-    blocks and model ends."""
-    keys = (layout.mbs, layout.tp, layout.sp, layout.ac)
-    return (model, accel, local_train(train, layout), *keys, shape.blocks, shape.has_embedding, shape.has_head)
+def rank_work(layout: Layout, shape: RankShape) -> RankWork:
+    """One micro-batch's work on the rank of ``shape`` under ``layout``."""
+    return RankWork(layout.mbs, layout.tp, layout.sp, layout.ac, shape.blocks, shape.has_embedding, shape.has_head)
 
 
 def _op_model_mlps_s(
