@@ -37,9 +37,10 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from meshwise.cost import (
     comm,
@@ -72,6 +73,8 @@ from meshwise.cost.memory import Memory, RankShape
 from meshwise.cost.rank_work import RankWork
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
+
+T = TypeVar("T")
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
 
@@ -254,10 +257,9 @@ def lower_bound_with_dp_s(
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
     m = layout.accum(train.global_batch)
-    local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in memory.rank_shapes(model, layout):
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         dp_s = _dp_exposed_s(
             train,
             cluster.accelerator,
@@ -288,25 +290,9 @@ def _dp_of(
     The lists are shared: callers only read them."""
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
-    key = (
-        "dp",
-        layout.dp,
-        layout.zero,
-        layout.shard,
-        layout.cp,
-        layout.tp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.ep,
-        shape.pp_rank,
-        shape.chunk_blocks,
-        m,
-    )
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _dp_collectives(model, train, layout, shape, m, cluster)
-    return found
+    degrees = (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule)
+    key = ("dp", *degrees, layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    return _memo(cache, key, _dp_collectives, model, train, layout, shape, m, cluster)
 
 
 def _dp_collectives_of(
@@ -814,10 +800,9 @@ def lower_bound_step_s(
         times = _times_of(stage_cache, model, cluster, train, layout, shapes)
         mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
         return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
-    local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
         stages.append(st.compute_s + st.tp_s + st.cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
@@ -891,19 +876,14 @@ def _times_of(
 
 
 def _stage_of(
-    cache: dict | None,
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    local: TrainSpec,
-    layout: Layout,
-    shape: RankShape,
-    m: int,
+    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
 ) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
     as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
     whether ep is folded over tp (Layout.ep_folds_tp),
-    so a structure's sharding groups mostly share it."""
+    so a structure's sharding groups mostly share it. The rank's own setting (:func:`local_train`) and
+    micro-batches follow from ``train`` and ``layout``."""
+    local, m = local_train(train, layout), layout.accum(train.global_batch)
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (
@@ -917,10 +897,7 @@ def _stage_of(
         layout.replicate == 1,
         layout.zero == 0,
     )
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m, cache)
-    return found
+    return _memo(cache, key, _stage_seconds, model, cluster, train, local, layout, shape, m, cache)
 
 
 def _compute_of(
@@ -937,62 +914,29 @@ def _compute_of(
         return compute_seconds(model, cluster, train, layout, shape)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:  # compute_seconds' op-model path, its parts cached apart
-        key = (
-            "blocks",
-            layout.tp,
-            layout.sp,
-            layout.cp,
-            layout.mbs,
-            layout.ac,
-            shape.blocks,
-            shape.has_embedding,
-            shape.has_head,
-        )
-        total = cache.get(key)
-        if total is None:
-            total = cache[key] = _op_model_blocks_s(model, accel, train, layout, shape)
+        work = (layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac)
+        rank = (shape.blocks, shape.has_embedding, shape.has_head)
+        total = _memo(cache, ("blocks", *work, *rank), _op_model_blocks_s, model, accel, train, layout, shape)
         if model.moe:
-            key = (
-                "mlps",
-                layout.tp,
-                layout.cp,
-                layout.mbs,
-                layout.ac,
-                shape.blocks,
-                shape.expert_params,
-                layout.ep,
-                layout.ep_folds_tp,
-            )
-            mlps = cache.get(key)
-            if mlps is None:
-                mlps = cache[key] = _op_model_mlps_s(model, accel, train, layout, shape)
-            total += mlps
+            experts = (shape.blocks, shape.expert_params, layout.ep, layout.ep_folds_tp)
+            key = ("mlps", layout.tp, layout.cp, layout.mbs, layout.ac, *experts)
+            total += _memo(cache, key, _op_model_mlps_s, model, accel, train, layout, shape)
         if shape.has_head and train.mtp_layers:  # cost/mtp.py, by the fields it reads
-            key = ("mtp", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.ep, layout.ep_folds_tp)
-            found = cache.get(key)
-            if found is None:
-                found = cache[key] = mtp.mtp_seconds(model, accel, local_train(train, layout), layout)
-            total += found
+            key = ("mtp", *work, layout.ep, layout.ep_folds_tp)
+            total += _memo(cache, key, mtp.mtp_seconds, model, accel, local_train(train, layout), layout)
         return layout.accum(train.global_batch) * total
-    key = (
-        "compute",
-        layout.tp,
-        layout.sp,
-        layout.cp,
-        layout.mbs,
-        layout.ac,
-        layout.dp,
-        shape.blocks,
-        shape.has_embedding,
-        shape.has_head,
-        shape.params,
-        layout.ep > 1 and layout.ep_folds_tp,
-        layout.schedule == "zero-bubble" and layout.pp > 1,
-        layout.ep if model.moe else 1,
-    )
+    work = (layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp)
+    rank = (shape.blocks, shape.has_embedding, shape.has_head, shape.params)
+    zero_bubble = layout.schedule == "zero-bubble" and layout.pp > 1
+    key = ("compute", *work, *rank, layout.ep > 1 and layout.ep_folds_tp, zero_bubble, layout.ep if model.moe else 1)
+    return _memo(cache, key, compute_seconds, model, cluster, train, layout, shape)
+
+
+def _memo(cache: dict, key: tuple, compute: Callable[..., T], *args: object) -> T:
+    """``compute(*args)``, kept in ``cache`` under ``key`` (the fields of its arguments it reads)."""
     found = cache.get(key)
     if found is None:
-        found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
+        found = cache[key] = compute(*args)
     return found
 
 
@@ -1259,7 +1203,7 @@ def _busiest_rank(stage_cache, model, cluster, train, local, layout, shapes, m) 
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
         dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
