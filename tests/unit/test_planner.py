@@ -117,7 +117,7 @@ def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, co
     the tighter bound is compute plus bubble, too)."""
     from dataclasses import replace
 
-    from meshwise.cost.estimate import lower_bound_experts_s, lower_bound_step_s
+    from meshwise.cost.estimate import lower_bound_compute_s, lower_bound_experts_s, lower_bound_step_s
 
     model, cluster = load_model("tiny-moe"), load_cluster(gpu, 8)
     if cores:  # two ranks per core
@@ -128,7 +128,7 @@ def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, co
     assert max(lay.pp for lay in layouts) > 1
     above = 0
     for lay in layouts:
-        floor = lower_bound_step_s(model, cluster, train, lay, compute_only=True)
+        floor = lower_bound_compute_s(model, cluster, train, lay)
         mid = lower_bound_experts_s(model, cluster, train, lay)
         assert floor <= mid <= lower_bound_step_s(model, cluster, train, lay), lay
         above += mid > floor

@@ -777,29 +777,34 @@ def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: Rank
     return m * shape.blocks * flops, m * shape.blocks * casts
 
 
+def lower_bound_compute_s(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
+) -> float:
+    """The cheaper lower bound of :func:`estimate`'s step, reading no ZeRO field: the slowest rank's
+    compute plus the bubble's share of the mean rank's. :func:`lower_bound_step_s` on ranks sharing
+    cores (CPU: ``host.core_share`` > 1, where the bubble speeds compute up)."""
+    m = layout.accum(train.global_batch)
+    counts = _shape_counts(stage_cache, model, layout)
+    times = _times_of(stage_cache, model, cluster, train, layout, memory.rank_shapes(model, layout))
+    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+    return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+
+
 def lower_bound_step_s(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    layout: Layout,
-    compute_only: bool = False,
-    stage_cache: dict | None = None,
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
 ) -> float:
     """A step no shorter than :func:`estimate`'s, without its data-parallel collectives (their exposed
     seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
     bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
     is below the step in floating point too). It reads the layout's dp only through tp, cp and pp,
     its ZeRO stage only as ``zero >= 2`` and none of ``shard``; add :func:`optimizer_seconds` for
-    the whole step less the DP collectives. With ``compute_only`` (cheaper, and reading no ZeRO
-    field), and on ranks sharing cores (CPU: ``host.core_share`` > 1, where the bubble speeds
-    compute up), it is compute plus bubble of the slowest rank."""
+    the whole step less the DP collectives. On ranks sharing cores (CPU: ``host.core_share`` > 1)
+    it is :func:`lower_bound_compute_s`."""
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return lower_bound_compute_s(model, cluster, train, layout, stage_cache)
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(stage_cache, model, layout)
-    if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
-        times = _times_of(stage_cache, model, cluster, train, layout, shapes)
-        mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
-        return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
     busy_s, stages = [], []
     for shape in shapes:
         st = _stage_of(stage_cache, model, cluster, train, layout, shape)
