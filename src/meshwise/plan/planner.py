@@ -622,12 +622,7 @@ def _more_micro_batches(
 
 
 def bubble_remedy(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    e: Estimate,
-    headroom: float = DEFAULT_HEADROOM,
-    cache: PlanCache | None = None,
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate, headroom: float, cache: PlanCache | None
 ) -> str:
     """What shrinks the chosen layout's bubble AND predicts a faster step, each estimated as the table's
     rows are: another schedule (:func:`_faster_schedules`, step_s compared) or more micro-batches
