@@ -201,8 +201,8 @@ def test_anti_pattern_warnings():
     model, train = load_model("llama3-70b"), TrainSpec(64, 4096, "bf16-mixed")
     across = evaluate_layout(model, load_cluster("h100", 16, 4), train, parse("tp=8,zero=3", 16))
     assert any("spans nodes" in w for w in across.warnings)
-    few = plan(
-        model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), layout=parse("tp=8,pp=2,zero=1", 16)
+    few = evaluate_layout(
+        model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), parse("tp=8,pp=2,zero=1", 16)
     )
     assert any("micro-batches" in w for w in few.warnings)
     assert any("checkpoint interval" in w for w in few.warnings)
