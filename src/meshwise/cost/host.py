@@ -365,7 +365,7 @@ def loss_seconds(accel: AcceleratorSpec, tokens: float, vocab: float) -> float:
     ``L * c(L)``, ``c`` the cost per logit (``seconds per token / vocab``) piecewise linear in the
     rows' logits and flat past the table's ends: once the logits outgrow the last-level cache every
     pass over them streams from DRAM, and on a 2-core x86 host a logit cost about 3 ns up to 2M
-    logits and 6-10 ns from 8M on (benchmarks/results/cpu-components-cpu2core.txt). Else the bytes of
+    logits and 6-10 ns from 8M on (docs/fidelity.md, the components at width and length). Else the bytes of
     cost/kernels.py (``loss_bytes`` per logit) over the copy bandwidth, ``hbm_bytes_per_s`` while
     the fp32 logits fit in ``LOSS_CACHE_BYTES``, ``dram_bytes_per_s`` (where measured) past it."""
     logits = tokens * vocab
