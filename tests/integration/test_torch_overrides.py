@@ -51,6 +51,7 @@ def _traced_step() -> dict:
     replacement, and the FSDP2 and tracker attributes meshwise reads that are missing after it."""
     from meshwise.layout import parse
     from meshwise.measure import verify_worker
+    from meshwise.measure.rank_trace import RankTrace
     from meshwise.spec import load_model
 
     seen: dict[str, object] = {}
@@ -68,7 +69,7 @@ def _traced_step() -> dict:
     _torch_private.OVERRIDE_CALLS.clear()
     waits: list[str] = []
     with _torch_private.timed_waits(lambda kind, seconds: waits.append(kind)):
-        verify_worker.trace_rank(load_model("tiny"), parse(LAYOUT, 8), 0, 4, 64, "cpu", "cpu")
+        verify_worker.trace_rank(RankTrace(load_model("tiny"), parse(LAYOUT, 8), 0, 4, 64, "cpu"), "cpu")
         _gloo_wait()  # the fake backend's works are not waited through Work.wait; gloo's (measure's) are
     missing = []
     groups = _torch_private.fsdp_param_groups(seen["pm"].modules)

@@ -16,6 +16,7 @@ from meshwise.layout import parse
 from meshwise.measure import fake_cuda
 from meshwise.measure import verify as v
 from meshwise.measure.compare import Row
+from meshwise.measure.rank_trace import RankTrace
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 torch = pytest.importorskip("torch")
@@ -117,8 +118,8 @@ def test_reduced_depth_matches_full_depth_on_a_small_model() -> None:
         layout = parse(text, 4)
         batch = 4 if layout.pp > 1 else 2
         for rank in v.auto_ranks(layout):
-            full = v.trace_record(model, layout, rank, batch, 64, "cuda", "full")
-            reduced = v.trace_record(model, layout, rank, batch, 64, "cuda", "auto")
+            full = v.trace_record(RankTrace(model, layout, rank, batch, 64, "cuda"), "full")
+            reduced = v.trace_record(RankTrace(model, layout, rank, batch, 64, "cuda"), "auto")
             assert full["blocks"] == reduced["blocks"] > 4 * layout.vpp  # auto did extrapolate
             assert reduced["memory"] == pytest.approx(full["memory"], rel=1e-6, abs=16), (text, rank)
             assert reduced["comm"] == full["comm"], (text, rank)

@@ -14,9 +14,10 @@ from fit_components import check_catalog, fits  # noqa: E402
 from meshwise import cli  # noqa: E402
 from meshwise.cost import estimate as est  # noqa: E402
 from meshwise.cost import kernels  # noqa: E402
+from meshwise.cost.rank_work import RankWork  # noqa: E402
 from meshwise.errors import MeshwiseError  # noqa: E402
 from meshwise.layout import parse  # noqa: E402
-from meshwise.plan.planner import plan  # noqa: E402
+from meshwise.plan.planner import evaluate_layout  # noqa: E402
 from meshwise.spec import TrainSpec, load_cluster, load_model  # noqa: E402
 
 
@@ -98,7 +99,7 @@ def test_profiles_without_gpu_fields_keep_the_flat_curve():
     expected = flops / (cpu.accelerator.peak_fp32_flops_per_s * cpu.accelerator.efficiency(model.hidden))
     expected += est.host.host_seconds(cpu.accelerator, shape.blocks, True, True, "none", m)  # launch time (CPU)
     expected += est.host.memory_bound_seconds(
-        model, cpu.accelerator, train, layout.mbs, 1, False, "none", shape.blocks, True, True, m
+        model, cpu.accelerator, train, RankWork(layout.mbs, 1, False, "none", shape.blocks, True, True), m
     )  # memory-bound bytes (CPU)
     assert est.compute_seconds(model, cpu, train, layout, shape) == pytest.approx(expected)
 
@@ -129,7 +130,7 @@ def test_megatron_hides_tp_collectives_that_meshwise_exposes():
 
 def test_bubble_warning_names_the_schedule_that_removes_it():
     model, cluster = load_model("llama3-70b"), load_cluster("h100", 64)
-    result = plan(model, cluster, TrainSpec(128, 4096), layout=parse("dp=2,tp=8,pp=4,schedule=1f1b,mbs=8", 64))
+    result = evaluate_layout(model, cluster, TrainSpec(128, 4096), parse("dp=2,tp=8,pp=4,schedule=1f1b,mbs=8", 64))
     line = next(w for w in result.warnings if w.startswith("PP=4"))
     assert "schedule=interleaved-1f1b" in line and "schedule=zero-bubble" in line
 

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshwise.cost import host
 from meshwise.cost.estimate import estimate
+from meshwise.cost.rank_work import RankWork
 from meshwise.layout import parse
 from meshwise.spec import AcceleratorSpec, TrainSpec, load_cluster, load_model
 from meshwise.train import layout_choice
@@ -282,7 +283,7 @@ def test_tp_without_sp_replicates_the_norms_residuals_and_loss_over_every_token(
     model, accel = load_model("small"), load_cluster("cpu", 2).accelerator
     train, blocks, bw = TrainSpec(8, 128, "fp32"), load_model("small").layers, accel.hbm_bytes_per_s
     one, off, on = (
-        host.memory_bound_seconds(model, accel, train, mbs, tp, sp, "none", blocks, True, True, 1)
+        host.memory_bound_seconds(model, accel, train, RankWork(mbs, tp, sp, "none", blocks, True, True), 1)
         for mbs, tp, sp in ((4, 1, False), (8, 2, False), (8, 2, True))
     )
     tokens, p = 4 * 128, kernels.PASSES["meshwise"]
@@ -394,10 +395,11 @@ def test_memory_bound_time_holds_the_loss_once():
     table = ((128.0, 256.0, 256 * 1e-9), (128.0, 65536.0, 65536 * 7e-9))
     a = AcceleratorSpec("x", 1, 1.0, 1.0, 1e10, loss_token_table=table)
     train = TrainSpec(4, 128, precision="fp32")
-    got = host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, True, 3)
-    rest = kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, True, 0.0)
+    work, headless = RankWork(2, 1, False, "none", 6, True, True), RankWork(2, 1, False, "none", 6, True, False)
+    got = host.memory_bound_seconds(model, a, train, work, 3)
+    rest = kernels.rank_memory_bound_bytes(model, "meshwise", 4, 128, work, 0.0)
     per_logit = 1e-9 + 6e-9 * (256 * 256 - 32768) / (8388608 - 32768)  # 65,536 logits: between the rows
     assert got == pytest.approx(3 * (rest / 1e10 + 256 * 256 * per_logit))
-    assert host.memory_bound_seconds(model, a, train, 2, 1, False, "none", 6, True, False, 3) == pytest.approx(
-        3 * kernels.rank_memory_bound_bytes(model, "meshwise", 4, 256, 1, False, "none", 6, True, False, 0.0) / 1e10
+    assert host.memory_bound_seconds(model, a, train, headless, 3) == pytest.approx(
+        3 * kernels.rank_memory_bound_bytes(model, "meshwise", 4, 128, headless, 0.0) / 1e10
     )

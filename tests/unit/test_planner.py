@@ -5,7 +5,16 @@ import pytest
 from meshwise.cost.estimate import estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import parse, runs_here, validate
-from meshwise.plan.planner import RUNNER_UP_POOL, TIE, _rank_key, break_ties, enumerate_layouts, plan, search
+from meshwise.plan.planner import (
+    RUNNER_UP_POOL,
+    TIE,
+    _rank_key,
+    break_ties,
+    enumerate_layouts,
+    evaluate_layout,
+    plan,
+    search,
+)
 from meshwise.spec import ModelSpec, TrainSpec, load_cluster, load_model
 
 
@@ -117,7 +126,7 @@ def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, co
     the tighter bound is compute plus bubble, too)."""
     from dataclasses import replace
 
-    from meshwise.cost.estimate import lower_bound_experts_s, lower_bound_step_s
+    from meshwise.cost.estimate import lower_bound_compute_s, lower_bound_experts_s, lower_bound_step_s
 
     model, cluster = load_model("tiny-moe"), load_cluster(gpu, 8)
     if cores:  # two ranks per core
@@ -128,7 +137,7 @@ def test_expert_bound_sits_between_the_compute_bound_and_the_tighter_one(gpu, co
     assert max(lay.pp for lay in layouts) > 1
     above = 0
     for lay in layouts:
-        floor = lower_bound_step_s(model, cluster, train, lay, compute_only=True)
+        floor = lower_bound_compute_s(model, cluster, train, lay)
         mid = lower_bound_experts_s(model, cluster, train, lay)
         assert floor <= mid <= lower_bound_step_s(model, cluster, train, lay), lay
         above += mid > floor
@@ -181,17 +190,19 @@ def test_explanation_names_the_runner_up_and_the_binding_constraint():
 
 
 def test_evaluated_layout_may_not_fit():
-    p = plan(load_model("llama3-70b"), load_cluster("h100", 8), TrainSpec(8, 4096, "bf16-mixed"), layout=parse("dp=8"))
+    p = evaluate_layout(
+        load_model("llama3-70b"), load_cluster("h100", 8), TrainSpec(8, 4096, "bf16-mixed"), parse("dp=8")
+    )
     assert len(p.candidates) == 1 and not p.candidates[0].fits
     assert "does NOT fit" in p.explanation[-1]
 
 
 def test_anti_pattern_warnings():
     model, train = load_model("llama3-70b"), TrainSpec(64, 4096, "bf16-mixed")
-    across = plan(model, load_cluster("h100", 16, 4), train, layout=parse("tp=8,zero=3", 16))
+    across = evaluate_layout(model, load_cluster("h100", 16, 4), train, parse("tp=8,zero=3", 16))
     assert any("spans nodes" in w for w in across.warnings)
-    few = plan(
-        model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), layout=parse("tp=8,pp=2,zero=1", 16)
+    few = evaluate_layout(
+        model, load_cluster("h100", 16, 8), TrainSpec(4, 4096, "bf16-mixed"), parse("tp=8,pp=2,zero=1", 16)
     )
     assert any("micro-batches" in w for w in few.warnings)
     assert any("checkpoint interval" in w for w in few.warnings)

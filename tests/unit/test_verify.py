@@ -11,6 +11,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.layout import parse
 from meshwise.measure import verify as v
 from meshwise.measure.compare import Row
+from meshwise.measure.rank_trace import RankTrace
 from meshwise.spec import TrainSpec, load_cluster, load_model
 
 torch = pytest.importorskip("torch")
@@ -75,7 +76,7 @@ def test_plan_verify_keeps_what_fits_and_drops_what_the_trace_overflows(monkeypa
 def test_checkpointed_blocks_trace_under_the_gpu_policy(ac: str) -> None:
     # recompute in backward must rerun what the forward ran (the RMSNorm stand-in included)
     layout = parse(f"dp=2,zero=2,tp=2,ac={ac}", 4)
-    record = v.trace_rank(load_model("tiny"), layout, 0, 8, 64, "cuda")
+    record = v.trace_rank(RankTrace(load_model("tiny"), layout, 0, 8, 64, "cuda"))
     assert record["activation_dtypes"] == ["bfloat16"] and record["memory"]["Activation"] > 0
 
 
@@ -97,7 +98,7 @@ def test_fsdp2_logits_view_warning_is_filtered_for_meshwise_model_only(capfd) ->
     from meshwise.runtime.data_parallel import ignore_logits_view_warning
 
     model = dataclasses.replace(load_model("tiny"), layers=2)
-    v.trace_record(model, parse("dp=2,zero=3,tp=2", 4), 0, 2, 64, "cpu", "full")
+    v.trace_record(RankTrace(model, parse("dp=2,zero=3,tp=2", 4), 0, 2, 64, "cpu"), "full")
     assert "returned a view tensor" not in capfd.readouterr().err
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -37,9 +37,10 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from meshwise.cost import (
     comm,
@@ -69,8 +70,11 @@ from meshwise.cost.context_parallel import (
     weights_layout,
 )
 from meshwise.cost.memory import Memory, RankShape
+from meshwise.cost.rank_work import RankWork
 from meshwise.layout import Layout
 from meshwise.spec import AcceleratorSpec, ClusterSpec, ModelSpec, TrainSpec
+
+T = TypeVar("T")
 
 DEFAULT_HEADROOM = 0.10  # fraction of device memory kept free (allocator fragmentation, CUDA context)
 
@@ -253,10 +257,9 @@ def lower_bound_with_dp_s(
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
     m = layout.accum(train.global_batch)
-    local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in memory.rank_shapes(model, layout):
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         dp_s = _dp_exposed_s(
             train,
             cluster.accelerator,
@@ -287,25 +290,9 @@ def _dp_of(
     The lists are shared: callers only read them."""
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
-    key = (
-        "dp",
-        layout.dp,
-        layout.zero,
-        layout.shard,
-        layout.cp,
-        layout.tp,
-        layout.pp,
-        layout.vpp,
-        layout.schedule,
-        layout.ep,
-        shape.pp_rank,
-        shape.chunk_blocks,
-        m,
-    )
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _dp_collectives(model, train, layout, shape, m, cluster)
-    return found
+    degrees = (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule)
+    key = ("dp", *degrees, layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    return _memo(cache, key, _dp_collectives, model, train, layout, shape, m, cluster)
 
 
 def _dp_collectives_of(
@@ -673,7 +660,7 @@ def compute_seconds(
             accel, shape.blocks, shape.has_embedding, shape.has_head, layout.ac, m, layout.tp, layout.sp
         ) + host.split_backward_seconds(accel, layout.schedule, layout.pp, shape.blocks, m)
     if not model.states_only and host.is_host_bound(accel):
-        memory_s = host.memory_bound_seconds(*_rank_args(model, accel, train, layout, shape), m)
+        memory_s = host.memory_bound_seconds(model, accel, local_train(train, layout), rank_work(layout, shape), m)
     share = host.core_share(accel, cluster.gpus_per_node)
     eff = _efficiency(model, cluster, layout) * host.gemm_shape_factor(model, accel, tokens_mb, layout.tp)
     fp8_s = 0.0
@@ -711,16 +698,13 @@ def _op_model_blocks_s(
     """kernels.rank_seconds of the rank: one micro-batch, every block (less a mixture of experts' MLPs)
     and the model's ends, on the op model."""
     return kernels.rank_seconds(
-        *_rank_args(model, accel, train, layout, shape), layout.cp, layout.accum(train.global_batch)
+        model, accel, local_train(train, layout), rank_work(layout, shape), layout.cp, layout.accum(train.global_batch)
     )
 
 
-def _rank_args(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, layout: Layout, shape: RankShape) -> tuple:
-    """The leading arguments of host.memory_bound_seconds and kernels.rank_seconds: the model, the
-    accelerator, the rank's tokens per sequence (:func:`local_train`), mbs, tp, sp, ac, and the rank's
-    blocks and model ends."""
-    keys = (layout.mbs, layout.tp, layout.sp, layout.ac)
-    return (model, accel, local_train(train, layout), *keys, shape.blocks, shape.has_embedding, shape.has_head)
+def rank_work(layout: Layout, shape: RankShape) -> RankWork:
+    """One micro-batch's work on the rank of ``shape`` under ``layout``."""
+    return RankWork(layout.mbs, layout.tp, layout.sp, layout.ac, shape.blocks, shape.has_embedding, shape.has_head)
 
 
 def _op_model_mlps_s(
@@ -793,33 +777,37 @@ def _linear_work(model: ModelSpec, local: TrainSpec, layout: Layout, shape: Rank
     return m * shape.blocks * flops, m * shape.blocks * casts
 
 
+def lower_bound_compute_s(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
+) -> float:
+    """The cheaper lower bound of :func:`estimate`'s step, reading no ZeRO field: the slowest rank's
+    compute plus the bubble's share of the mean rank's. :func:`lower_bound_step_s` on ranks sharing
+    cores (CPU: ``host.core_share`` > 1, where the bubble speeds compute up)."""
+    m = layout.accum(train.global_batch)
+    counts = _shape_counts(stage_cache, model, layout)
+    times = _times_of(stage_cache, model, cluster, train, layout, memory.rank_shapes(model, layout))
+    mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
+    return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
+
+
 def lower_bound_step_s(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    layout: Layout,
-    compute_only: bool = False,
-    stage_cache: dict | None = None,
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, stage_cache: dict | None = None
 ) -> float:
     """A step no shorter than :func:`estimate`'s, without its data-parallel collectives (their exposed
     seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
     bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
     is below the step in floating point too). It reads the layout's dp only through tp, cp and pp,
     its ZeRO stage only as ``zero >= 2`` and none of ``shard``; add :func:`optimizer_seconds` for
-    the whole step less the DP collectives. With ``compute_only`` (cheaper, and reading no ZeRO
-    field), and on ranks sharing cores (CPU: ``host.core_share`` > 1, where the bubble speeds
-    compute up), it is compute plus bubble of the slowest rank."""
+    the whole step less the DP collectives. On ranks sharing cores (CPU: ``host.core_share`` > 1)
+    it is :func:`lower_bound_compute_s`."""
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return lower_bound_compute_s(model, cluster, train, layout, stage_cache)
     m = layout.accum(train.global_batch)
     shapes = memory.rank_shapes(model, layout)
     counts = _shape_counts(stage_cache, model, layout)
-    if compute_only or host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
-        times = _times_of(stage_cache, model, cluster, train, layout, shapes)
-        mean_s = sum(c * t for c, t in zip(counts, times)) / sum(counts)
-        return max(times) + pipeline.bubble_fraction(layout.schedule, layout.pp, layout.vpp, m) * mean_s
-    local = local_train(train, layout)
     busy_s, stages = [], []
     for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
         stages.append(st.compute_s + st.tp_s + st.cp_s)
     return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
@@ -893,19 +881,14 @@ def _times_of(
 
 
 def _stage_of(
-    cache: dict | None,
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    local: TrainSpec,
-    layout: Layout,
-    shape: RankShape,
-    m: int,
+    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
 ) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
     as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
     whether ep is folded over tp (Layout.ep_folds_tp),
-    so a structure's sharding groups mostly share it."""
+    so a structure's sharding groups mostly share it. The rank's own setting (:func:`local_train`) and
+    micro-batches follow from ``train`` and ``layout``."""
+    local, m = local_train(train, layout), layout.accum(train.global_batch)
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
     key = (
@@ -919,10 +902,7 @@ def _stage_of(
         layout.replicate == 1,
         layout.zero == 0,
     )
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _stage_seconds(model, cluster, train, local, layout, shape, m, cache)
-    return found
+    return _memo(cache, key, _stage_seconds, model, cluster, train, local, layout, shape, m, cache)
 
 
 def _compute_of(
@@ -939,62 +919,29 @@ def _compute_of(
         return compute_seconds(model, cluster, train, layout, shape)
     accel = cluster.accelerator
     if accel.has_op_model and not model.states_only:  # compute_seconds' op-model path, its parts cached apart
-        key = (
-            "blocks",
-            layout.tp,
-            layout.sp,
-            layout.cp,
-            layout.mbs,
-            layout.ac,
-            shape.blocks,
-            shape.has_embedding,
-            shape.has_head,
-        )
-        total = cache.get(key)
-        if total is None:
-            total = cache[key] = _op_model_blocks_s(model, accel, train, layout, shape)
+        work = (layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac)
+        rank = (shape.blocks, shape.has_embedding, shape.has_head)
+        total = _memo(cache, ("blocks", *work, *rank), _op_model_blocks_s, model, accel, train, layout, shape)
         if model.moe:
-            key = (
-                "mlps",
-                layout.tp,
-                layout.cp,
-                layout.mbs,
-                layout.ac,
-                shape.blocks,
-                shape.expert_params,
-                layout.ep,
-                layout.ep_folds_tp,
-            )
-            mlps = cache.get(key)
-            if mlps is None:
-                mlps = cache[key] = _op_model_mlps_s(model, accel, train, layout, shape)
-            total += mlps
+            experts = (shape.blocks, shape.expert_params, layout.ep, layout.ep_folds_tp)
+            key = ("mlps", layout.tp, layout.cp, layout.mbs, layout.ac, *experts)
+            total += _memo(cache, key, _op_model_mlps_s, model, accel, train, layout, shape)
         if shape.has_head and train.mtp_layers:  # cost/mtp.py, by the fields it reads
-            key = ("mtp", layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.ep, layout.ep_folds_tp)
-            found = cache.get(key)
-            if found is None:
-                found = cache[key] = mtp.mtp_seconds(model, accel, local_train(train, layout), layout)
-            total += found
+            key = ("mtp", *work, layout.ep, layout.ep_folds_tp)
+            total += _memo(cache, key, mtp.mtp_seconds, model, accel, local_train(train, layout), layout)
         return layout.accum(train.global_batch) * total
-    key = (
-        "compute",
-        layout.tp,
-        layout.sp,
-        layout.cp,
-        layout.mbs,
-        layout.ac,
-        layout.dp,
-        shape.blocks,
-        shape.has_embedding,
-        shape.has_head,
-        shape.params,
-        layout.ep > 1 and layout.ep_folds_tp,
-        layout.schedule == "zero-bubble" and layout.pp > 1,
-        layout.ep if model.moe else 1,
-    )
+    work = (layout.tp, layout.sp, layout.cp, layout.mbs, layout.ac, layout.dp)
+    rank = (shape.blocks, shape.has_embedding, shape.has_head, shape.params)
+    zero_bubble = layout.schedule == "zero-bubble" and layout.pp > 1
+    key = ("compute", *work, *rank, layout.ep > 1 and layout.ep_folds_tp, zero_bubble, layout.ep if model.moe else 1)
+    return _memo(cache, key, compute_seconds, model, cluster, train, layout, shape)
+
+
+def _memo(cache: dict, key: tuple, compute: Callable[..., T], *args: object) -> T:
+    """``compute(*args)``, kept in ``cache`` under ``key`` (the fields of its arguments it reads)."""
     found = cache.get(key)
     if found is None:
-        found = cache[key] = compute_seconds(model, cluster, train, layout, shape)
+        found = cache[key] = compute(*args)
     return found
 
 
@@ -1261,7 +1208,7 @@ def _busiest_rank(stage_cache, model, cluster, train, local, layout, shapes, m) 
     worst = None
     stages: list[float] = []
     for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, local, layout, shape, m)
+        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
         dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)

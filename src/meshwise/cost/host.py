@@ -71,6 +71,7 @@ from __future__ import annotations
 
 from meshwise.cost import kernels
 from meshwise.cost.comm import Collective
+from meshwise.cost.rank_work import RankWork
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # aten operators of one Llama-style block (RMSNorm, GQA attention with rotary, SwiGLU) per micro-batch.
@@ -364,7 +365,7 @@ def loss_seconds(accel: AcceleratorSpec, tokens: float, vocab: float) -> float:
     ``L * c(L)``, ``c`` the cost per logit (``seconds per token / vocab``) piecewise linear in the
     rows' logits and flat past the table's ends: once the logits outgrow the last-level cache every
     pass over them streams from DRAM, and on a 2-core x86 host a logit cost about 3 ns up to 2M
-    logits and 6-10 ns from 8M on (benchmarks/results/cpu-components-cpu2core.txt). Else the bytes of
+    logits and 6-10 ns from 8M on (docs/fidelity.md, the components at width and length). Else the bytes of
     cost/kernels.py (``loss_bytes`` per logit) over the copy bandwidth, ``hbm_bytes_per_s`` while
     the fp32 logits fit in ``LOSS_CACHE_BYTES``, ``dram_bytes_per_s`` (where measured) past it."""
     logits = tokens * vocab
@@ -382,28 +383,17 @@ def loss_seconds(accel: AcceleratorSpec, tokens: float, vocab: float) -> float:
 
 
 def memory_bound_seconds(
-    model: ModelSpec,
-    accel: AcceleratorSpec,
-    train: TrainSpec,
-    mbs: int,
-    tp: int,
-    sp: bool,
-    ac: str,
-    blocks: int,
-    has_embedding: bool,
-    has_head: bool,
-    microbatches: int,
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, work: RankWork, microbatches: int
 ) -> float:
     """Seconds of one step's memory-bound operations on one CPU rank (``train``: the rank's tokens
     per sequence): ``m * (rank_memory_bound_bytes / hbm_bytes_per_s + [head] loss_seconds)``, the
     bytes of kernels.rank_memory_bound_bytes without the loss's, which :func:`loss_seconds` prices
-    over the micro-batch's tokens and the logits per token of :func:`loss_vocab`. Eleven arguments:
-    kernels.rank_memory_bound_bytes' (loose for the calibration) and the micro-batches."""
-    tokens = mbs * train.seq_len
+    over the micro-batch's tokens and the logits per token of :func:`loss_vocab`."""
     moved = kernels.rank_memory_bound_bytes(
-        model, kernels.ops_key(train), train.activation_bytes, tokens, tp, sp, ac, blocks, has_embedding, has_head, 0.0
+        model, kernels.ops_key(train), train.activation_bytes, train.seq_len, work, 0.0
     )
-    loss_s = loss_seconds(accel, tokens, loss_vocab(model, train.runtime, tp)) if has_head else 0.0
+    tokens = work.mbs * train.seq_len
+    loss_s = loss_seconds(accel, tokens, loss_vocab(model, train.runtime, work.tp)) if work.has_head else 0.0
     return microbatches * (moved / accel.hbm_bytes_per_s + loss_s)
 
 

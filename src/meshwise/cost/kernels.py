@@ -49,6 +49,7 @@ import math
 from functools import lru_cache
 
 from meshwise.cost import fp8
+from meshwise.cost.rank_work import RankWork
 from meshwise.spec import AcceleratorSpec, ModelSpec, TrainSpec
 
 # Bytes moved per element (read + write, in units of the activation element) per forward, per model code
@@ -252,30 +253,20 @@ def embedding_bytes(model: ModelSpec, e: int, tokens: float, tp: int, sp: bool) 
 
 
 def rank_memory_bound_bytes(
-    model: ModelSpec,
-    runtime: str,
-    e: int,
-    tokens: float,
-    tp: int,
-    sp: bool,
-    ac: str,
-    blocks: int,
-    has_embedding: bool,
-    has_head: bool,
-    loss_vocab: float,
+    model: ModelSpec, runtime: str, e: int, seq_len: int, work: RankWork, loss_vocab: float
 ) -> float:
-    """Bytes one micro-batch of ``tokens`` tokens moves through memory-bound operations on one rank,
-    forward + backward: ``blocks * e * F * (3 + [ac != none])`` (backward moves twice the forward's
-    bytes; ``full`` and meshwise's ``selective`` re-run the forward's memory-bound operations), plus
-    the head's (``loss_vocab`` logits per token) and the embedding's. The CPU path's term
-    (cost/host.py ``memory_bound_seconds``). Eleven arguments: the fields of the setting, layout and
-    rank shape it reads, loose because the calibration (measure/calibrate.py) asks it of shapes it has
-    no Layout for."""
-    passes = 3.0 + (ac != "none")
-    total = blocks * passes * e * block_memory_bound_elements(model, runtime, tokens, tp, sp)
-    if has_head:
+    """Bytes one micro-batch (``work.mbs`` sequences of ``seq_len`` tokens) moves through memory-bound
+    operations on one rank, forward + backward: ``blocks * e * F * (3 + [ac != none])`` (backward moves
+    twice the forward's bytes; ``full`` and meshwise's ``selective`` re-run the forward's memory-bound
+    operations), plus the head's (``loss_vocab`` logits per token) and the embedding's. The CPU path's
+    term (cost/host.py ``memory_bound_seconds``); the calibration (measure/calibrate.py) asks it of
+    shapes it has no Layout for."""
+    tokens, tp, sp = work.mbs * seq_len, work.tp, work.sp
+    passes = 3.0 + (work.ac != "none")
+    total = work.blocks * passes * e * block_memory_bound_elements(model, runtime, tokens, tp, sp)
+    if work.has_head:
         total += head_memory_bound_bytes(model, runtime, e, tokens, tp, sp, loss_vocab)
-    if has_embedding:
+    if work.has_embedding:
         total += embedding_bytes(model, e, tokens, tp, sp)
     return total
 
@@ -431,29 +422,18 @@ def embedding_seconds(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec
 
 
 def rank_seconds(
-    model: ModelSpec,
-    accel: AcceleratorSpec,
-    train: TrainSpec,
-    mbs: int,
-    tp: int,
-    sp: bool,
-    ac: str,
-    blocks: int,
-    has_embedding: bool,
-    has_head: bool,
-    cp: int = 1,
-    microbatches: int = 1,
+    model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, work: RankWork, cp: int = 1, microbatches: int = 1
 ) -> float:
-    """Seconds of one micro-batch's forward, backward and recompute on a rank holding ``blocks`` blocks
-    (``train.seq_len``: the rank's tokens per sequence, s/cp under context parallelism; ``microbatches``
-    per step: ``block_seconds``); for a mixture of experts every block less its MLP (cost/moe_block.py
-    ``rank_mlp_seconds`` times them). Twelve arguments: the fields of the layout and rank shape it reads,
-    loose as the cached :func:`block_seconds` takes them."""
+    """Seconds of one micro-batch's forward, backward and recompute of ``work`` (``train.seq_len``: the
+    rank's tokens per sequence, s/cp under context parallelism; ``microbatches`` per step:
+    ``block_seconds``); for a mixture of experts every block less its MLP (cost/moe_block.py
+    ``rank_mlp_seconds`` times them)."""
+    mbs, tp, sp = work.mbs, work.tp, work.sp
     shared = microbatches if fp8.te_casts(train) else 1  # the only use of it: one cache entry per shape otherwise
-    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, ac, cp, shared)
-    total = blocks * (fwd + bwd + rec)
-    if has_head:
+    fwd, bwd, rec = block_seconds(model, accel, train, mbs, tp, sp, work.ac, cp, shared)
+    total = work.blocks * (fwd + bwd + rec)
+    if work.has_head:
         total += head_seconds(model, accel, train, mbs, tp, sp)
-    if has_embedding:
+    if work.has_embedding:
         total += embedding_seconds(model, accel, train, mbs, tp, sp)
     return total

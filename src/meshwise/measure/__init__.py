@@ -9,7 +9,8 @@ microbenchmark the machine into a profile the planner uses (``calibrate``).
 - ``calibrate``: ``meshwise calibrate`` and the profile it writes; ``calibrate_worker``: one rank's
   microbenchmarks; ``auto_profile``: this machine's profile, measured once and cached; ``probe``: a
   few seconds' look at whether a cached one still holds;
-- ``verify``: ``meshwise verify``; ``verify_worker``: one rank traced on fake devices;
+- ``verify``: ``meshwise verify``; ``verify_worker``: one rank traced on fake devices; ``rank_trace``:
+  what one trace is of;
   ``fake_cuda``: the fake CUDA device a GPU profile is traced on; ``_trace_preload``: what the trace
   processes import first;
 - ``_torch_tools``: the one place meshwise reaches into torch's private memory trackers.

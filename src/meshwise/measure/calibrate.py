@@ -74,6 +74,7 @@ from meshwise.cost.host import (
     sdpa_call_seconds,
 )
 from meshwise.cost.kernels import PASSES, rank_memory_bound_bytes
+from meshwise.cost.rank_work import RankWork
 from meshwise.errors import MeshwiseError
 from meshwise.files import check_output_file, write_atomically
 from meshwise.launch import launch_logged
@@ -646,7 +647,8 @@ def calibration_memory_seconds(result: dict[str, Any]) -> float:
 def calibration_memory_bound_bytes(model: ModelSpec, seq: int) -> float:
     """Bytes the calibration's forward + backward (one sequence of ``seq`` tokens, the whole model,
     no TP, fp32) moves through memory-bound operations (cost/kernels.py ``rank_memory_bound_bytes``)."""
-    return rank_memory_bound_bytes(model, "meshwise", 4, seq, 1, False, "none", model.layers, True, True, model.vocab)
+    whole = RankWork(1, 1, False, "none", model.layers, True, True)
+    return rank_memory_bound_bytes(model, "meshwise", 4, seq, whole, model.vocab)
 
 
 def with_memory_bound_term(table: dict[str, Any], model: ModelSpec, seq: int) -> dict[str, Any]:

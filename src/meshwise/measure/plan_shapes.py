@@ -16,7 +16,7 @@ own shapes where the table does not reach them:
 - SDPA at the run's sequence at each head width the table holds, when no row is that long (up to
   ``SDPA_MAX_SEQ``, a few seconds; past it the table's last segment, linear in seq**2, is extended:
   torch's kernel costs less per score element as the sequence grows, and on a 2-core x86 host the
-  extension from 1,024 tokens read 2k-8k calls 2-3x slow, benchmarks/results/cpu-components-cpu2core.txt).
+  extension from 1,024 tokens read 2k-8k calls 2-3x slow: docs/fidelity.md, the components).
 - a mixture of experts' block at the run's routed tokens and EP group, when ``moe_part_table`` has
   no row of that shape (measure/moe_parts.py: the runtime's block alone over ``ep`` processes, its
   parts; a launch of a few seconds), in every CPU profile (one with operator costs).

@@ -39,6 +39,7 @@ from meshwise.layout import Layout, check_runnable, parse, rank_chunks, stage_la
 from meshwise.measure import fake_cuda
 from meshwise.measure.command import print_rows
 from meshwise.measure.compare import MEMORY, Row, measured_memory, rows_for
+from meshwise.measure.rank_trace import RankTrace
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec, default_seq_len, load_cluster, load_model
 
 DEPTHS = ("auto", "full")
@@ -151,29 +152,18 @@ def extrapolate(a: dict, b: dict, n_a: int, n_b: int, n: int) -> dict:
     return out
 
 
-def trace_record(
-    model: ModelSpec,
-    layout: Layout,
-    rank: int,
-    global_batch: int,
-    seq: int,
-    kind: str,
-    depth: str,
-    precision: str | None = None,
-) -> dict:
-    """One rank's traced record at the model's real depth (traced, or extrapolated; see above);
-    ``precision`` fp8 / fp8-rowwise traces torchao's float8 linears (None: the device's own)."""
-    pp_rank = rank // (layout.world_size // layout.pp)
+def trace_record(target: RankTrace, depth: str) -> dict:
+    """``target``'s traced record at the model's real depth (traced, or extrapolated; see above)."""
+    model, layout = target.model, target.layout
+    pp_rank = target.rank // (layout.world_size // layout.pp)
     n = rank_blocks(model, layout, pp_rank)
     if depth == "full" or n <= REDUCED[1] * layout.vpp:
-        record = trace_rank(model, layout, rank, global_batch, seq, kind, precision)
+        record = trace_rank(target)
         record["blocks"] = n
         return record
 
     def at(k: int) -> dict:
-        return trace_rank(
-            dataclasses.replace(model, layers=k * layout.stages), layout, rank, global_batch, seq, kind, precision
-        )
+        return trace_rank(dataclasses.replace(target, model=dataclasses.replace(model, layers=k * layout.stages)))
 
     k1, k2 = REDUCED
     a, b = at(k1), at(k2)
@@ -191,9 +181,7 @@ def _peak_moved(a: dict, b: dict) -> bool:
     )
 
 
-def trace_rank(
-    model: ModelSpec, layout: Layout, rank: int, global_batch: int, seq: int, kind: str, precision: str | None = None
-) -> dict:
+def trace_rank(target: RankTrace) -> dict:
     """One trace (meshwise.measure.verify_worker.trace_rank) in a fresh process: nothing of one trace's
     process group, meshes or DTensor's sharding cache (keyed by mesh shape, so it would hand a later
     trace a mesh of an ended group) reaches the next. The process is forked from a server that has
@@ -203,11 +191,11 @@ def trace_rank(
     the GPU's precision policy, and the record says why (``device_note``)."""
     from meshwise.measure import verify_worker  # torch: imported once plan's or verify's flags are checked
 
-    device, note = fake_device(kind)
+    device, note = fake_device(target.precision_of)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["meshwise.measure._trace_preload"])  # by name: never loaded here
     with context.Pool(1) as pool:
-        record = pool.apply(verify_worker.trace_rank, (model, layout, rank, global_batch, seq, kind, device, precision))
+        record = pool.apply(verify_worker.trace_rank, (target, device))
     if note:
         record.setdefault("device_note", note)
     return record
@@ -247,9 +235,10 @@ def verify(
     records = []
     for rank in ranks:
         start = time.perf_counter()
-        record = trace_record(
-            model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), depth, float8_precision(train)
+        target = RankTrace(
+            model, layout, rank, train.global_batch, train.seq_len, device_type(cluster), float8_precision(train)
         )
+        record = trace_record(target, depth)
         record["trace_s"] = time.perf_counter() - start
         records.append(record)
         rows += verify_rows(model, cluster, train, record)

@@ -41,10 +41,10 @@ from meshwise.layout import MESH_DIMS, Layout
 from meshwise.measure import fake_cuda
 from meshwise.measure._torch_tools import peak_by_category, peak_moments, tracker_for
 from meshwise.measure.comm_trace import CollectiveTrace
+from meshwise.measure.rank_trace import RankTrace
 from meshwise.measure.worker import canonical_dim
 from meshwise.runtime import _torch_private, parallelize
 from meshwise.runtime.moe import GroupedExperts, all_to_all_autograd
-from meshwise.spec import ModelSpec
 
 
 def _warm_optimizer(pm) -> None:
@@ -61,22 +61,14 @@ def trace_device(precision_of: str) -> str:
     return "cuda" if precision_of == "cuda" and fake_cuda.active() else "cpu"
 
 
-def trace_rank(
-    spec: ModelSpec,
-    layout: Layout,
-    rank: int,
-    global_batch: int,
-    seq: int,
-    precision_of: str,
-    device: str | None = None,
-    precision: str | None = None,
-) -> dict:
-    """One rank's record (the schema of ``measure``'s workers, without times) after one traced step,
+def trace_rank(target: RankTrace, device: str | None = None) -> dict:
+    """``target``'s record (the schema of ``measure``'s workers, without times) after one traced step,
     plus ``device`` (of the returned loss), ``param_device``, ``activation_dtypes`` and
     ``activation_devices`` (what the step's matrix multiplies computed in and on) and
     ``step_returns`` (the types ``step`` returned). ``device``: the tensors' device type (default:
     :func:`trace_device`); ``cuda`` without the fake CUDA device in this process traces on cpu, and
     ``device_note`` says so."""
+    spec, layout, rank, seq, precision_of = target.model, target.layout, target.rank, target.seq, target.precision_of
     world = layout.world_size
     note = None
     if device == "cuda" and not fake_cuda.active():
@@ -99,12 +91,12 @@ def trace_rank(
                 spec,
                 layout,
                 mesh,
-                global_batch,
+                target.global_batch,
                 seq_len=seq,
                 seed=0,
                 tensor_mode=fake,
                 precision_of=precision_of,
-                precision=precision,
+                precision=target.precision,
             )
             with fake:
                 x = torch.randint(0, spec.vocab, (pm.replica_rows, seq))
@@ -120,7 +112,7 @@ def trace_rank(
             "rank": rank,
             "pp_rank": mesh.get_local_rank("pp"),
             "layout": layout.format(),
-            "global_batch": global_batch,
+            "global_batch": target.global_batch,
             "seq_len": seq,
             "world": world,
             "memory": tracker.peak_by_role,

@@ -161,7 +161,7 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
     """The search, one evaluated layout, or several side by side; then the trace and the batch hint."""
 
     if len(chosen) > 1:
-        evaluated = [planner.plan(model, cluster, train, top=top, headroom=headroom, layout=lay) for lay in chosen]
+        evaluated = [planner.evaluate_layout(model, cluster, train, lay, headroom) for lay in chosen]
         first = evaluated[0]
         ranked = tuple(rank([p.candidates[0] for p in evaluated]))
         lines = tuple(line for line in first.explanation if not line.startswith("Evaluated: ")) + tuple(
@@ -178,8 +178,10 @@ def _plan(model, cluster, train, top: int, headroom: float, chosen: list, verify
             band=first.band,
             checked=first.checked,
         )
+    elif chosen:
+        result = planner.evaluate_layout(model, cluster, train, chosen[0], headroom)
     else:
-        result = planner.plan(model, cluster, train, top=top, headroom=headroom, layout=chosen[0] if chosen else None)
+        result = planner.plan(model, cluster, train, top=top, headroom=headroom)
     if verify:
         from meshwise.measure.verify import verify_plan  # imports torch: only on --verify
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_compute_s
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache
@@ -223,13 +223,8 @@ class _Weigh:
                 continue
             for mbs, m in runs:
                 for ac in acs:
-                    bound = lower_bound_step_s(
-                        self.model,
-                        self.cluster,
-                        self.train,
-                        _with(base, mbs, ac),
-                        compute_only=True,
-                        stage_cache=self.stages,
+                    bound = lower_bound_compute_s(
+                        self.model, self.cluster, self.train, _with(base, mbs, ac), self.stages
                     )
                     out.append((bound, (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
         out.sort(key=lambda b: (b[0], b[1]))

@@ -622,12 +622,7 @@ def _more_micro_batches(
 
 
 def bubble_remedy(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    e: Estimate,
-    headroom: float = DEFAULT_HEADROOM,
-    cache: PlanCache | None = None,
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, e: Estimate, headroom: float, cache: PlanCache | None
 ) -> str:
     """What shrinks the chosen layout's bubble AND predicts a faster step, each estimated as the table's
     rows are: another schedule (:func:`_faster_schedules`, step_s compared) or more micro-batches
@@ -736,45 +731,47 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
     return out
 
 
-def plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    train: TrainSpec,
-    top: int = 5,
-    headroom: float = DEFAULT_HEADROOM,
-    layout: Layout | None = None,
+def evaluate_layout(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, headroom: float = DEFAULT_HEADROOM
 ) -> Plan:
-    """Search (or evaluate ``layout`` alone), explain and warn, with one set of caches (cost/plan_cache.py)."""
+    """Evaluate ``layout`` alone beside the search's best, explain and warn, with one set of caches
+    (cost/plan_cache.py)."""
     cache = PlanCache(model, cluster, train)
-    if layout is not None:
-        validate(layout, model, cluster.world_size, train.global_batch)
-        e = estimate(model, cluster, train, layout, headroom, cache.stages)
-        result = search(model, cluster, train, 2, headroom, cache=cache)
-        said = explain(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
-        lines = said.lines
-        verdict = "fits" if e.fits else "does NOT fit"
-        lines.append(
-            f"Evaluated: {layout.short()} {verdict} ({gb_text(e.memory.total)} on the largest rank), "
-            f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}"
-            + (
-                f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
-                if result.best and e.fits and result.best[0].layout != layout
-                else "."
-            )
+    validate(layout, model, cluster.world_size, train.global_batch)
+    e = estimate(model, cluster, train, layout, headroom, cache.stages)
+    result = search(model, cluster, train, 2, headroom, cache=cache)
+    said = explain(model, cluster, train, result.pool, headroom, shown=0, cache=cache)
+    lines = said.lines
+    verdict = "fits" if e.fits else "does NOT fit"
+    lines.append(
+        f"Evaluated: {layout.short()} {verdict} ({gb_text(e.memory.total)} on the largest rank), "
+        f"{e.time.step_s:.3g} s/step, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}"
+        + (
+            f"; the best layout is {(result.best[0].tokens_per_s / e.tokens_per_s - 1):.1%} faster."
+            if result.best and e.fits and result.best[0].layout != layout
+            else "."
         )
-        warnings = warnings_for(model, cluster, train, e, headroom, cache)
-        band = band_for(model, cluster.accelerator, train)
-        lines = [with_band(line, band, (e,)) for line in lines]
-        return Plan(
-            (e,),
-            tuple(lines),
-            tuple(warnings),
-            result.enumerated,
-            result.fitting,
-            figures=said.figures,
-            band=band,
-            checked=result.checked,
-        )
+    )
+    warnings = warnings_for(model, cluster, train, e, headroom, cache)
+    band = band_for(model, cluster.accelerator, train)
+    lines = [with_band(line, band, (e,)) for line in lines]
+    return Plan(
+        (e,),
+        tuple(lines),
+        tuple(warnings),
+        result.enumerated,
+        result.fitting,
+        figures=said.figures,
+        band=band,
+        checked=result.checked,
+    )
+
+
+def plan(
+    model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, top: int = 5, headroom: float = DEFAULT_HEADROOM
+) -> Plan:
+    """Search, explain and warn, with one set of caches (cost/plan_cache.py)."""
+    cache = PlanCache(model, cluster, train)
     result = search(model, cluster, train, top, headroom, cache=cache)
     said = explain(model, cluster, train, result.pool, headroom, shown=top, cache=cache)
     lines = said.lines

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from meshwise.cost import memory
 from meshwise.cost.context_parallel import local_train
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_step_s
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_compute_s
 from meshwise.cost.memory import RankShape
 from meshwise.cost.memory_peaks import RankEntry
 from meshwise.cost.plan_cache import PlanCache, plan_cache
@@ -346,9 +346,7 @@ class _Search:
                             continue
                         seen.add((ac, mbs))
                         layout = d.layout(mbs, ac)
-                        bound = lower_bound_step_s(
-                            self.model, self.cluster, self.train, layout, compute_only=True, stage_cache=self.stages
-                        )
+                        bound = lower_bound_compute_s(self.model, self.cluster, self.train, layout, self.stages)
                         out.append((bound, (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
                 if self.shared_where:  # every member has the same options
                     break
