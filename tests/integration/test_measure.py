@@ -168,30 +168,19 @@ def test_ep_and_cp_traffic_is_exact() -> None:
             assert rows[figure].predicted == rows[figure].measured > 0, (record["rank"], figure, rows[figure])
 
 
-# One 2-rank launch with one timed step serves the two tests that read step times: a pipeline's
-# bubble and a mixture of experts' parts.
-TIMED = ["pp=2,schedule=1f1b", "tiny-moe:dp=2,ep=2"]
-_timed: list[list[list[dict]]] = []
-
-
-def timed_records(layout: str) -> list[dict]:
-    """Each rank's record of ``layout`` (one of TIMED) from the launch that times one step of each."""
-    if not _timed:
-
-        def launch() -> list[list[dict]]:
-            with mock.patch.object(measure_run, "launch_logged", launch_forked):
-                return run_workers(2, TIMED, "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=1, timeout_s=600)
-
-        _timed.append(once_more_on_transport_error(launch))
-    return _timed[0][TIMED.index(layout)]
-
-
 def test_a_pipeline_with_a_bubble_measures_idle_time() -> None:
     """pp=2 under 1F1B, one timed step: each stage waits on the other (the bubble), and that wait is
     read as idle (pipelining's _wait_batch_p2p, runtime/_torch_private.timed_waits), not as compute.
     A hook torch no longer calls would read 0 here."""
+
+    def launch() -> list[list[dict]]:
+        with mock.patch.object(measure_run, "launch_logged", launch_forked):
+            return run_workers(
+                2, ["pp=2,schedule=1f1b"], "tiny", TRAIN.global_batch, TRAIN.seq_len, steps=1, timeout_s=600
+            )
+
     cluster = load_cluster("cpu", 2, 2)
-    for record in timed_records("pp=2,schedule=1f1b"):
+    for record in once_more_on_transport_error(launch)[0]:
         rows = {r.figure: r for r in rows_for(record, MODEL, cluster, TRAIN)}
         idle = rows["time.idle_s"]
         assert idle.predicted > 0 and idle.measured > 0, (record["rank"], idle)
@@ -250,10 +239,14 @@ def test_a_mixture_of_experts_is_timed_part_by_part(capsys) -> None:
     printed beside its prediction (cost/host_moe.py), which is present and > 0."""
     from meshwise.measure.command import print_rows
 
+    def launch() -> list[list[dict]]:
+        with mock.patch.object(measure_run, "launch_logged", launch_forked):
+            return run_workers(2, ["dp=2,ep=2"], "tiny-moe", 4, 32, steps=1, timeout_s=600)
+
     model, cluster = load_model("tiny-moe"), load_cluster("cpu", 2, 2)
     parts = ("router_s", "permute_s", "experts_s", "shared_s", "dispatch_combine_s")
-    for record in timed_records("tiny-moe:dp=2,ep=2"):
-        rows = {r.figure: r for r in rows_for(record, model, cluster, TRAIN)}
+    for record in once_more_on_transport_error(launch)[0]:
+        rows = {r.figure: r for r in rows_for(record, model, cluster, TrainSpec(4, 32, precision="fp32"))}
         for part in parts:
             row = rows[f"time.moe.{part}"]
             assert row.measured > 0 and row.predicted > 0, (record["rank"], row)
