@@ -15,7 +15,7 @@ synchronises on before the all-to-all) are stood in for by no-ops. cost/moe_bloc
 ``ROUTER_KERNELS`` and ``PERMUTE_KERNELS`` for megatron are these counts
 (tests/unit/test_moe_block.py runs this script and compares).
 
-    python benchmarks/megatron_moe_kernels.py [experts top_k [softmax|sigmoid-grouped]]   # one JSON object
+    python benchmarks/megatron_moe_kernels.py [experts top_k [softmax|sigmoid-grouped ...]]   # a JSON object each
 """
 
 from __future__ import annotations
@@ -188,6 +188,8 @@ def count(experts: int = 8, top_k: int = 2, router: str = "softmax", tokens: int
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
     two = _counts(torch, Count, _layer(torch, 2 * experts, top_k, router), 2 * experts, top_k, tokens)
+    parallel_state.destroy_model_parallel()  # as it started: another count can follow in this process
+    torch.distributed.destroy_process_group()
     per_expert = [(b - a) / experts for a, b in zip(one["experts"], two["experts"])]
     layer_per_expert = [(b - a) / experts for a, b in zip(one["layer"], two["layer"])]
     fixed = [t - experts * s for t, s in zip(one["layer"], layer_per_expert)]
@@ -209,4 +211,5 @@ def count(experts: int = 8, top_k: int = 2, router: str = "softmax", tokens: int
 
 if __name__ == "__main__":
     sizes = [int(a) for a in sys.argv[1:3]] or [8, 2]
-    print(json.dumps(count(*sizes, *sys.argv[3:4])))
+    for router in sys.argv[3:] or ["softmax"]:
+        print(json.dumps(count(*sizes, router)))

@@ -31,15 +31,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The parity suite's launches (one per world size, every layout of it in turn) and the fault tests:
-# one unit of work, about half the launches' time (on a loaded 2-core host, 2026-12-07: parity 207 s,
-# measure 252 s, float8 parity 33 s, faults 167 s; the rest about 660 s).
+# one unit of work, about half the launches' time. Worker seconds under ``pytest -n 2`` on the 2-core
+# host, each unit beside the other: parity 196, measure 241, float8 parity 52, faults 131 (620 in
+# all); the rest 634; the unit tests 317, shared by both workers.
 PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py", "test_faults.py")
 
 
 def work_unit(nodeid: str) -> str:
     """xdist's unit of work for a test (node ids are relative to the repository root): the
     integration tests are two units, the parity suite's launches and the rest, each run in order on
-    one worker, as each test already starts several processes (about 7 minutes each on 2 cores); a
+    one worker, as each test already starts several processes (about 10 minutes each on 2 cores); a
     unit test is a unit of its own, shared among the workers."""
     path, _, _ = nodeid.partition("::")
     folder, _, module = path.rpartition("/")

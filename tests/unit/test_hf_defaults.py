@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from _cli import meshwise_here
 from meshwise.errors import MeshwiseError
 from meshwise.spec import hf_defaults, load_model
 
@@ -406,27 +407,14 @@ def test_unknown_family_points_to_the_toml_route(tmp_path, cls, model_type):
     ],
 )
 def test_train_refuses_what_the_runtime_does_not_build_in_one_line(tmp_path, name, piece):
+    """The refusal comes before any work, so ``meshwise_here`` (tests/_cli.py: cli.main in this
+    process) sees what a user's shell would: exit status 2, one line on stderr, nothing on stdout."""
     _, folder = hf_folder(tmp_path, name)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshwise.cli",
-            "train",
-            "--model",
-            str(folder),
-            "--steps",
-            "1",
-            "--nproc-per-node",
-            "1",
-            "--checkpoint-dir",
-            "",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = meshwise_here(
+        "train", "--model", str(folder), "--steps", "1", "--nproc-per-node", "1", "--checkpoint-dir", "", cwd=tmp_path
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and piece in r.stderr, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
 
 
 def test_exaone4_pattern_string_reads_as_its_layer_types(tmp_path):

@@ -90,19 +90,33 @@ def test_megatron_sp_shard_bytes_by_hand(v3):
     assert parts.router_s == pytest.approx(gemm_f + gemm_b + scores, rel=1e-9)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "sigmoid-grouped"])
-def test_megatron_kernel_counts_are_megatron_cores(kind):
-    """The router's and the dispatcher's kernels and the router's bytes per score, counted on megatron-core's
-    own MoELayer (benchmarks/megatron_moe_kernels.py, the installed megatron-core as the oracle), are the
-    constants the plan prices Megatron's MoE block with."""
+ROUTER_KINDS = ("softmax", "sigmoid-grouped")
+
+
+@pytest.fixture(scope="module")
+def megatron_counts() -> dict[str, dict]:
+    """benchmarks/megatron_moe_kernels.py's counts for each router kind, from one process (it imports
+    megatron-core once): its JSON lines, by kind."""
     import json
     import subprocess
     import sys
 
     pytest.importorskip("megatron.core", reason="megatron-core is the oracle of --runtime megatron")
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_moe_kernels.py"
-    run = subprocess.run([sys.executable, str(script), "16", "4", kind], capture_output=True, text=True, timeout=300)
-    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    run = subprocess.run(
+        [sys.executable, str(script), "16", "4", *ROUTER_KINDS], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return {c["router_kind"]: c for c in lines}
+
+
+@pytest.mark.parametrize("kind", ROUTER_KINDS)
+def test_megatron_kernel_counts_are_megatron_cores(kind, megatron_counts):
+    """The router's and the dispatcher's kernels and the router's bytes per score, counted on megatron-core's
+    own MoELayer (benchmarks/megatron_moe_kernels.py, the installed megatron-core as the oracle), are the
+    constants the plan prices Megatron's MoE block with."""
+    counted = megatron_counts[kind]
     assert tuple(counted["router"]) == moe_block.ROUTER_KERNELS[kind]
     assert tuple(counted["dispatcher"]) == moe_block.PERMUTE_KERNELS["megatron"]
     per_score = tuple(round(b, 3) for b in counted["router_bytes_per_score"])

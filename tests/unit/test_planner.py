@@ -2,13 +2,14 @@
 
 import pytest
 
-from meshwise.cost.estimate import estimate
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.errors import MeshwiseError
 from meshwise.layout import parse, runs_here, validate
 from meshwise.plan.planner import (
     RUNNER_UP_POOL,
     TIE,
     _rank_key,
+    anything_fits,
     break_ties,
     enumerate_layouts,
     evaluate_layout,
@@ -269,6 +270,46 @@ def test_a_shorter_sequence_is_the_longest_power_of_two_that_fits():
     assert "--seq-len 1048576 " in line
     fits = plan(load_model("llama3-8b"), load_cluster("h100", 64), TrainSpec(64, 1 << 20, "bf16-mixed"), top=1)
     assert fits.candidates and fits.candidates[0].layout.cp > 1
+
+
+SCREENED = [  # (model, gpu, gpus, train): on both sides of where a layout starts to fit
+    ("llama3-8b", "h100", 64, TrainSpec(64, 1 << 21, "bf16-mixed")),
+    ("llama3-8b", "h100", 64, TrainSpec(64, 1 << 20, "bf16-mixed")),
+    ("llama3-8b", "h100", 8, TrainSpec(8, 1 << 17, "bf16-mixed")),
+    ("llama3-8b", "h100", 8, TrainSpec(8, 1 << 16, "bf16-mixed")),
+    ("llama3-70b", "h100", 16, TrainSpec(16, 4096, "bf16-mixed", runtime="megatron")),
+    ("llama3-70b", "h100", 32, TrainSpec(32, 4096, "bf16-mixed", runtime="megatron")),
+    ("70e9", "a100-80gb", 8, TrainSpec(512, 2048, "bf16")),
+    ("70e9", "a100-80gb", 16, TrainSpec(512, 2048, "bf16")),
+]
+
+
+@pytest.mark.parametrize("name, gpu, gpus, train", SCREENED)
+def test_the_memory_screen_answers_as_the_search(name, gpu, gpus, train):
+    """search.anything_fits (what_would_fit's screen, no time bound worked out) says a layout fits
+    exactly where the search ranks one."""
+    model = ModelSpec.from_param_count(float(name)) if name[0].isdigit() else load_model(name)
+    cluster = load_cluster(gpu, gpus)
+    assert anything_fits(model, cluster, train) == bool(search(model, cluster, train, top=1).best)
+
+
+@pytest.mark.parametrize(
+    "model, gpus, train",
+    [
+        (ModelSpec.from_param_count(70e9), 1, TrainSpec(512, 2048, "bf16")),
+        (load_model("llama3-8b"), 8, TrainSpec(8, 1 << 17, "fp32")),
+    ],
+)
+def test_what_would_fit_says_what_the_unscreened_searches_say(monkeypatch, model, gpus, train):
+    """The screened what_would_fit (a search only where anything_fits) gives the lines of one that
+    searches every precision, device count and sequence length it tries."""
+    from meshwise.plan import planner
+
+    cluster = load_cluster("h100" if gpus == 8 else "a100-80gb", gpus)
+    screened = planner.what_would_fit(model, cluster, train, DEFAULT_HEADROOM)
+    monkeypatch.setattr(planner, "anything_fits", lambda *args: True)
+    assert screened == planner.what_would_fit(model, cluster, train, DEFAULT_HEADROOM)
+    assert len(screened) == (2 if model.states_only else 3)
 
 
 def test_no_valid_layout_names_a_batch_that_has_one(tmp_path):

@@ -28,6 +28,7 @@ from meshwise.plan.search import (  # noqa: F401  (the search's names, re-export
     _divisors,
     _rank_key,
     _simplicity,
+    anything_fits,
     break_ties,
     cp_degrees,
     enumerate_layouts,
@@ -678,15 +679,25 @@ def no_valid_layout(model: ModelSpec, world: int, train: TrainSpec, tries: int =
     return f"{head}; try a multiple of {world}, or another --gpus"
 
 
+def _best_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[Estimate]:
+    """``search(model, cluster, train, 1, headroom).best``, searched only where a memory-only pass
+    (search.anything_fits) finds a layout that fits: the same answer, without the time bounds a
+    search that finds nothing works out."""
+    cache = PlanCache(model, cluster, train)
+    if not anything_fits(model, cluster, train, headroom, cache):
+        return []
+    return search(model, cluster, train, 1, headroom, cache=cache).best
+
+
 def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, headroom: float) -> list[str]:
     """When nothing fits: fewer bytes per parameter, more devices, a shorter sequence."""
     out: list[str] = []
     if train.state_bytes_per_param > 12 and train.precision != "bf16":
         lighter = replace(train, precision="bf16")
-        r = search(model, cluster, lighter, 1, headroom)
+        best = _best_fit(model, cluster, lighter, headroom)
         out.append(
             "Fewer bytes per parameter: with --precision bf16 (12 B/param) "
-            + (f"{r.best[0].layout.short()} fits." if r.best else "it still does not fit.")
+            + (f"{best[0].layout.short()} fits." if best else "it still does not fit.")
         )
     else:
         weights = model.params * train.weight_bytes / cluster.world_size
@@ -705,12 +716,12 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
         per_node = min(node, more)
         bigger = ClusterSpec(cluster.accelerator, per_node, more // per_node, cluster.intra, cluster.inter)
         gb = max(train.global_batch, more)
-        r = search(model, bigger, replace(train, global_batch=gb), 1, headroom)
-        if r.best:
+        best = _best_fit(model, bigger, replace(train, global_batch=gb), headroom)
+        if best:
             batch = f", global batch {gb}" if gb != train.global_batch else ""
             out.append(
-                f"More devices: {more} x {cluster.accelerator.name} fit with {r.best[0].layout.short()}"
-                f" ({gb_text(r.best[0].memory.total)} on the largest rank{batch})."
+                f"More devices: {more} x {cluster.accelerator.name} fit with {best[0].layout.short()}"
+                f" ({gb_text(best[0].memory.total)} on the largest rank{batch})."
             )
             break
     else:
@@ -720,11 +731,11 @@ def what_would_fit(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, hea
         # sequence needs (halving 10,000,000 gave 19,531, where 1,048,576 fits)
         seq = 1 << (train.seq_len - 1).bit_length() - 1
         while seq >= 128:
-            r = search(model, cluster, replace(train, seq_len=seq), 1, headroom)
-            if r.best:
+            best = _best_fit(model, cluster, replace(train, seq_len=seq), headroom)
+            if best:
                 out.append(
                     f"A shorter sequence: --seq-len {seq} (the longest power of two that fits) with "
-                    f"{r.best[0].layout.short()}."
+                    f"{best[0].layout.short()}."
                 )
                 break
             seq //= 2

@@ -105,6 +105,25 @@ def search(
         return result
 
 
+def anything_fits(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    headroom: float = DEFAULT_HEADROOM,
+    cache: PlanCache | None = None,
+) -> bool:
+    """Whether ``search(model, cluster, train, 1, headroom).best`` holds a layout, by memory alone:
+    the search's own structures and memory checks (:meth:`_Search.any_fits`), no time bound, ending at
+    the first layout that fits. A search that finds nothing works out every layout's memory and the
+    time bound of every group with a fitting floor; this works out only the memory. Under
+    ``--runtime megatron`` (plan/megatron_search.py), the search itself answers."""
+    cache = plan_cache(model, cluster, train, cache)
+    if train.runtime == "megatron" and not model.states_only:
+        return bool(search(model, cluster, train, 1, headroom, cache=cache).best)
+    with _collector_paused():
+        return _Search(model, cluster, train, 1, headroom, None, cache).any_fits()
+
+
 class _Search:
     """One search: its memo tables are the fields, its prunings the methods. Every memo is keyed by a
     structure's :class:`Degrees` or a plain tuple of the fields its answer reads (plan/bounds.py),
@@ -154,15 +173,32 @@ class _Search:
         self.bounded: list[tuple] = []  # :meth:`_bounded`'s list, kept for :meth:`of_kind`
 
     def run(self) -> SearchResult:
-        for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
-            for degrees, all_mbs in _structure_fields(
-                self.model, self.cluster.world_size, self.train.global_batch, self.train.seq_len, cp_bound
-            ):
-                self._enumerate(degrees, all_mbs)
-            if self.result.enumerated:
-                break
+        self._enumerate_all()
         self.bounded = self._bounded()
         return self._rank(self.bounded, self.result, self.keep, self.top, self.usable)
+
+    def any_fits(self) -> bool:
+        """Whether :meth:`run` ranks any layout: :meth:`_rank` estimates the first layout that
+        :meth:`_fitting` passes, so this asks :meth:`_fitting` of the same layouts (each group with a
+        fitting floor, each of its (ac, mbs) as :meth:`_bounded` lists them, its structures widest
+        sharding group first with the same skips), in no particular order, until one fits."""
+        self._enumerate_all()
+        for gkey, members in self.groups.items():
+            if not any(self._floor_fit(d) for _, d, _ in members):
+                continue
+            pairs = {(ac, mbs) for _, _, (mbs_options, acs) in members for ac in acs for mbs in mbs_options}
+            for ac, mbs in pairs:
+                widest_failed: set[int] = set()
+                for s_index, d, (mbs_options, acs) in self._widest_first(gkey):
+                    if not self.shared_where and (ac not in acs or mbs not in mbs_options):
+                        continue
+                    if d.zero and 1 < d.shard < d.dp and d.zero in widest_failed:
+                        continue
+                    if self._fitting(s_index, d, ac, mbs)[0] is not None:
+                        return True
+                    if d.zero and d.shard == d.dp:
+                        widest_failed.add(d.zero)
+        return False
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
         """What ``search(..., top, headroom, where=<the layouts of the other kind than a winner with
@@ -179,6 +215,15 @@ class _Search:
         if not result.enumerated:
             return None
         return self._rank(of_kind(self.bounded, split), result, max(top, RUNNER_UP_POOL), top, self.usable)
+
+    def _enumerate_all(self) -> None:
+        for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
+            for degrees, all_mbs in _structure_fields(
+                self.model, self.cluster.world_size, self.train.global_batch, self.train.seq_len, cp_bound
+            ):
+                self._enumerate(degrees, all_mbs)
+            if self.result.enumerated:
+                break
 
     def _enumerate(self, d: Degrees, all_mbs: list[int]) -> None:
         """Count the structure's layouts and file it under what its compute-only bound reads."""
