@@ -165,8 +165,8 @@ class _Weigh:
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
         """plan/search.py's ``_Search.of_kind``: the search of the layouts of the other kind than a
-        winner with ``split``, from this search's groups, bounds and caches; its first layout is the
-        full search's."""
+        winner with ``split``, from this search's groups, bounds and caches: its first layout (and
+        enumerated count) is that search's."""
         if self.capacity * (1 - headroom) != self.usable:
             return None
         result = SearchResult(enumerated=sum(n for g, n in self.counts.items() if (g[-1] == 1) == split))

@@ -168,11 +168,13 @@ class _Search:
         return self._rank(self.bounded, self.result, self.keep, self.top, self.usable)
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
-        """What ``search(..., top, headroom, where=<the layouts of the other kind than a winner with
-        ``split``>)`` answers, from this search's groups, order and caches: the same layouts, filed
-        and ordered alike (their enumeration indices are a subsequence of this search's), weighed
-        afresh. None where that search would answer otherwise: another usable memory, or no layout
-        of that kind in this search's enumeration (it would go on to cp past CP_MIN_TOKENS)."""
+        """The first layout (and the enumerated count) of what ``search(..., top, headroom, where=<the
+        layouts of the other kind than a winner with ``split``>)`` answers, from this search's groups,
+        order and caches: the same layouts, filed and ordered alike (their enumeration indices are a
+        subsequence of this search's), weighed afresh until no layout can change that first one
+        (plan/bounds.py ``past``). None where that search would answer otherwise: another usable
+        memory, or no layout of that kind in this search's enumeration (it would go on to cp past
+        CP_MIN_TOKENS)."""
         if self.capacity * (1 - headroom) != self.usable:
             return None
         result = SearchResult()
