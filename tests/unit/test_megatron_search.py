@@ -79,8 +79,8 @@ def test_stage_memo_tells_folded_ep_apart():
 @pytest.mark.parametrize("runtime", ["meshwise", "megatron"])
 def test_other_kind_from_the_plans_search_is_its_own_search(runtime):
     """The explanation's search of the other expert kind (planner._other_ep), answered from the plan's
-    own search (of_kind), equals that search run on its own: the same enumerated count, pool and
-    steps, for each kind."""
+    own search (of_kind), equals that search run on its own where the explanation reads it: the same
+    enumerated count and first layout (its step and memory), for each kind; it weighs no more."""
     from meshwise.cost.plan_cache import PlanCache
     from meshwise.layout import runs_here
     from meshwise.plan.search import search
@@ -99,7 +99,49 @@ def test_other_kind_from_the_plans_search_is_its_own_search(runtime):
         assert cache.search_state.of_kind(split, 1, 0.1) is not None  # answered from the plan's search
         other.ep_split = split
         reused = search(model, cluster, train, 1, 0.1, where=other, cache=cache)
-        assert alone.enumerated == reused.enumerated > 0
-        assert [e.layout for e in alone.pool] == [e.layout for e in reused.pool]
-        assert [e.time.step_s for e in alone.pool] == [e.time.step_s for e in reused.pool]
-        assert [e.memory.total for e in alone.pool] == [e.memory.total for e in reused.pool]
+        assert alone.enumerated == reused.enumerated > 0 and reused.checked <= alone.checked
+        first, again = alone.best[0], reused.best[0]
+        assert (first.layout, first.time.step_s, first.memory.total) == (
+            again.layout,
+            again.time.step_s,
+            again.memory.total,
+        )
+
+
+@pytest.mark.parametrize("runtime", ["meshwise", "megatron"])
+def test_lazy_order_falls_back_to_eager_when_a_mode_bounds_below_the_first(runtime, monkeypatch):
+    """The searches bound a group's other checkpointing modes only when its first mode's bound comes
+    up (plan/bounds.py in_bound_order). Where a mode's bound is below the first's, that order would be
+    wrong: the search orders every layout eagerly and answers as before. A bound halved for ac=full
+    (still a lower bound) forces it: the pool is the unchanged search's, layout and step."""
+    from meshwise.plan import bounds
+    from meshwise.plan.search import search
+
+    model, cluster = load_model("tiny-moe"), load_cluster("h100", 8)
+    train = TrainSpec(16, 4096, "bf16-mixed", runtime=runtime)
+    plain = search(model, cluster, train, 5, 0.1)
+    broken = []
+    order_s, compute_s = bounds.Bounds.order_s, bounds.Bounds.compute_s
+
+    def halved(real):
+        def bound(self, layout):
+            return real(self, layout) * (0.5 if layout.ac == "full" else 1.0)
+
+        return bound
+
+    def watch(entries, expand):
+        try:
+            yield from in_bound_order(entries, expand)
+        except bounds.OrderBroken:
+            broken.append(True)
+            raise
+
+    in_bound_order = bounds.in_bound_order
+    monkeypatch.setattr(bounds.Bounds, "order_s", halved(order_s))
+    monkeypatch.setattr(bounds.Bounds, "compute_s", halved(compute_s))
+    module = "meshwise.plan.megatron_search" if runtime == "megatron" else "meshwise.plan.search"
+    monkeypatch.setattr(f"{module}.in_bound_order", watch)
+    again = search(model, cluster, train, 5, 0.1)
+    assert broken
+    assert [e.layout for e in again.pool] == [e.layout for e in plain.pool]
+    assert [e.time.step_s for e in again.pool] == [e.time.step_s for e in plain.pool]

@@ -8,7 +8,12 @@ bound reads is said by its function in cost/estimate.py. Pure Python.
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections.abc import Callable, Iterable, Iterator
+
 from meshwise.cost.estimate import (
+    lower_bound_compute_s,
     lower_bound_experts_s,
     lower_bound_step_s,
     lower_bound_with_dp_s,
@@ -17,6 +22,7 @@ from meshwise.cost.estimate import (
 )
 from meshwise.cost.memory import RankShape, rank_shapes
 from meshwise.layout import Degrees, Layout
+from meshwise.plan.candidates import TIE
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 
@@ -63,6 +69,41 @@ def tight_key(layout: Layout) -> tuple:
     return (*experts_key(layout), layout.zero >= 2)
 
 
+def past(best: list, keep: int, band: bool) -> float:
+    """The step past which a layout changes no answer of a search holding ``best`` (the best so far,
+    in rank order): the worst of them once ``keep`` are known, else none; with ``band`` (only the
+    first layout after candidates.break_ties is asked for, the explanation's other expert kind) also
+    TIE past the fastest so far, since break_ties reorders only the layouts within TIE of the
+    fastest (a margin of 1e-6 covers the rank key's rounding of tokens/s)."""
+    worst = best[-1].time.step_s if len(best) >= keep else math.inf
+    if band and best:
+        worst = min(worst, best[0].time.step_s * (1 + TIE) * (1 + 1e-6))
+    return worst
+
+
+class OrderBroken(Exception):
+    """A child's bound below its parent's in :func:`in_bound_order`: the lazy order would not be sorted."""
+
+
+def in_bound_order(entries: list[tuple], expand: Callable[[tuple], Iterable[tuple]]) -> Iterator[tuple]:
+    """``entries`` ((bound, tie key, group, ac, ...)) and what ``expand`` makes of each of them whose ac
+    is None (a parent: it stands for a group's layouts at one mbs, its bound a lower bound of all of
+    them), fastest bound first, ties by the tie key. A parent is yielded before it is expanded, so a
+    caller that stops at a bound past the best expands no further. The order is sorted as long as no
+    child's bound is below its parent's (else :class:`OrderBroken`); a list without parents is sorted
+    whole, as an eager search would."""
+    heap = entries[:]
+    heapq.heapify(heap)
+    while heap:
+        entry = heapq.heappop(heap)
+        yield entry
+        if entry[3] is None:
+            for child in expand(entry):
+                if child[0] < entry[0]:
+                    raise OrderBroken
+                heapq.heappush(heap, child)
+
+
 class Bounds:
     """The lower bounds of one search's layouts (model, cluster and setting fixed), each cached by its
     key: the optimizer step, compute with the expert all-to-alls (a mixture of experts), every part of
@@ -74,6 +115,7 @@ class Bounds:
         self.optimizers: dict[tuple, float] = {}
         self.with_experts: dict[tuple, float] = {}
         self.tight: dict[tuple, float] = {}
+        self.compute: dict[tuple, float] = {}
 
     def slower(self, layout: Layout, worst: float, shapes: tuple[RankShape, ...] | None = None) -> bool:
         """Whether a lower bound of the layout's step is above ``worst``: the optimizer plus, for a
@@ -103,6 +145,24 @@ class Bounds:
                 self.model, self.cluster, self.train, layout, stage_cache=self.stages
             )
         return busy
+
+    def compute_s(self, layout: Layout) -> float:
+        """estimate.lower_bound_compute_s: compute and bubble, by the rank's fields
+        (dp follows tp, cp and pp)."""
+        key = rank_fields(layout)
+        found = self.compute.get(key)
+        if found is None:
+            found = self.compute[key] = lower_bound_compute_s(self.model, self.cluster, self.train, layout, self.stages)
+        return found
+
+    def order_s(self, layout: Layout) -> float:
+        """The bound the searches are ordered by: :meth:`experts_s` for a mixture of experts (above the
+        compute-only bound, and cached alike), else :meth:`compute_s`. Both grow with the checkpointing
+        mode (none, selective, full: recompute only adds work and, under full, the forward's
+        all-to-alls), so the first mode's bound at an mbs bounds the group's others at it."""
+        if self.model.moe and not self.model.states_only:
+            return self.experts_s(layout)
+        return self.compute_s(layout)
 
     def experts_s(self, layout: Layout) -> float:
         """estimate.lower_bound_experts_s: compute and the expert all-to-alls."""

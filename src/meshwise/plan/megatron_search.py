@@ -3,22 +3,24 @@ schedules (1F1B and interleaved 1F1B) plus expert
 parallelism folded over the TP ranks (Megatron-Core's MoE parallel folding), judged by Megatron-Core's
 memory (cost/megatron_memory.py) rather than meshwise's runtime's. Pure Python, no torch.
 
-Plain where the main search is clever: every layout's memory is worked out (cached by what it reads),
-the fitting ones are timed fastest lower bound first, and the first whose compute-only bound is slower
-than the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
+Plainer than the main search (no memory floor): the layouts are weighed fastest order bound first
+(plan/bounds.py ``Bounds.order_s``, worked out lazily), a weighed layout's memory is worked out
+(cached by what it reads) and the fitting ones timed, and the first whose order bound is slower than
+the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_compute_s
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache
 from meshwise.layout import AC_MODES, Degrees, Layout
-from meshwise.plan.bounds import Bounds, compute_key
+from meshwise.plan.bounds import Bounds, OrderBroken, compute_key, in_bound_order, past
 from meshwise.plan.candidates import (
     RUNNER_UP_POOL,
     SearchResult,
@@ -100,21 +102,23 @@ def search_megatron(
     if cp_bound and not result.enumerated:
         return search_megatron(cache, top, headroom, where, cp_bound=False)
     weigh = _Weigh(model, cluster, train, headroom, cache.stages, groups, counts)
-    weigh.order = weigh.bounded(result)
+    weigh.parents = weigh.parents_of()
     if where is None:
         cache.search_state = weigh
-    return weigh.rank(weigh.order, result, top)
+    return weigh.rank(weigh.parents, result, top)
 
 
 class _Weigh:
-    """The ranking of search_megatron: every group's (ac, mbs) by its compute-only bound, fastest first,
-    each layout's Megatron-Core memory (megatron_memory, its two parts cached apart) checked and the
-    fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so the order
-    of the estimates changes nothing), until the next bound is slower than the worst of the best
-    ``keep``. Once they are known, a group whose compute plus expert all-to-alls (a mixture of
-    experts) is slower is skipped before its memory is worked out, and so is every member whose
-    tighter bound (read by the group's members alike but for ``zero >= 2``, worked out before any
-    memory) is slower; a fitting layout whose own bounds are slower (plan/bounds.py) is not estimated."""
+    """The ranking of search_megatron: every group's (ac, mbs) by its order bound (plan/bounds.py
+    ``Bounds.order_s``: compute plus expert all-to-alls for a mixture of experts, else compute),
+    fastest first and worked out lazily (a group's first mode at each mbs bounds its others:
+    ``in_bound_order``), each layout's Megatron-Core memory (megatron_memory, its two parts cached
+    apart) checked and the fitting ones estimated into ``result.best`` (held by (_rank_key,
+    enumeration index), so the order of the estimates changes nothing), until the next bound is
+    slower than the worst of the best ``keep``. A member whose tighter bound (read by the group's
+    members alike but for ``zero >= 2``, worked out before any memory) is slower is skipped before
+    its memory is worked out; a fitting layout whose own bounds are slower (plan/bounds.py) is not
+    estimated."""
 
     def __init__(
         self,
@@ -128,7 +132,7 @@ class _Weigh:
     ) -> None:
         self.model, self.cluster, self.train, self.headroom, self.stages = model, cluster, train, headroom, stages
         self.groups, self.counts = groups, counts
-        self.order: list[tuple] = []  # :meth:`bounded`'s list
+        self.parents: list[tuple] = []  # :meth:`parents_of`'s list
         self.capacity = cluster.accelerator.memory_bytes
         self.usable = self.capacity * (1 - headroom)
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
@@ -136,11 +140,24 @@ class _Weigh:
         self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
         self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
+        self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its admitted modes), by group
+        self.refused: set[tuple] = set()  # the groups of one ranking refused as a whole
 
-    def rank(self, order: list[tuple], result: SearchResult, top: int) -> SearchResult:
-        """``result`` with the best ``top`` of the layouts of ``order`` (:meth:`bounded`'s list or a part
-        of it), ties broken, and the pool of the best ``max(top, RUNNER_UP_POOL)``."""
-        self._weigh(order, result, max(top, RUNNER_UP_POOL))
+    def rank(self, parents: list[tuple], result: SearchResult, top: int, band: bool = False) -> SearchResult:
+        """``result`` with the best ``top`` of the layouts of ``parents`` (:meth:`parents_of`'s list or a
+        part of it), ties broken, and the pool of the best ``max(top, RUNNER_UP_POOL)``; with ``band``
+        only its first layout is exact (plan/bounds.py ``past``). Where a bound
+        breaks the lazy order's premise (plan/bounds.py ``OrderBroken``), every group is expanded
+        first and the ranking starts again."""
+        checked, fitting = result.checked, result.fitting
+        try:
+            self.refused = set()
+            self._weigh(in_bound_order(parents, self._expand), result, max(top, RUNNER_UP_POOL), band)
+        except OrderBroken:
+            result.best, result.checked, result.fitting, self.refused = [], checked, fitting, set()
+            eager = [child for p in parents for child in self._expand(p)]
+            self._weigh(in_bound_order(eager, self._expand), result, max(top, RUNNER_UP_POOL), band)
+        result.checked += sum(self.counts[g] for g in self.refused)  # refused as a whole
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
         del result.best[top:]
@@ -148,37 +165,34 @@ class _Weigh:
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
         """plan/search.py's ``_Search.of_kind``: the search of the layouts of the other kind than a
-        winner with ``split``, from this search's groups, order and caches."""
+        winner with ``split``, from this search's groups, bounds and caches: its first layout (and
+        enumerated count) is that search's."""
         if self.capacity * (1 - headroom) != self.usable:
             return None
         result = SearchResult(enumerated=sum(n for g, n in self.counts.items() if (g[-1] == 1) == split))
         if not result.enumerated:
             return None
-        return self.rank(of_kind(self.order, split), result, top)
+        return self.rank(of_kind(self.parents, split), result, top, band=True)
 
-    def _weigh(self, order: list[tuple], result: SearchResult, keep: int) -> None:
+    def _weigh(self, order: Iterator[tuple], result: SearchResult, keep: int, band: bool) -> None:
         keys: list[tuple] = []
         best = result.best
         for bound, _, gkey, ac, mbs, m in order:
-            if len(best) >= keep and bound > best[-1].time.step_s:
+            if bound > past(best, keep, band):
                 break
+            if ac is None:  # a parent: in_bound_order expands it next
+                continue
             members = self.groups[gkey]
-            first = _with(members[0][1], mbs, ac)
-            if len(best) >= keep and self.model.moe and self.bounds.experts_s(first) > best[-1].time.step_s:
-                continue  # compute plus the expert all-to-alls, which read the group's fields too
             tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
-            founds = self.founds.get(gkey)
-            if founds is None:
-                founds = self.founds[gkey] = [self._structure(index, base) for index, base, _ in members]
+            founds = self.founds[gkey]
             for (index, base, admitted), found in zip(members, founds):
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
-                full = len(best) >= keep
-                if full:
-                    worst = best[-1].time.step_s
-                    if bound > worst:
-                        break
+                worst = past(best, keep, band)
+                full = worst < math.inf
+                if bound > worst:
+                    break
                 if found is None:  # its states alone overflow a rank
                     result.checked += 1
                     continue
@@ -203,31 +217,54 @@ class _Weigh:
                 e = estimate(self.model, self.cluster, self.train, layout, self.headroom, self.stages, mems)
                 keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), keep)
 
-    def bounded(self, result: SearchResult) -> list[tuple]:
-        """(compute-only bound, first enumeration index, group, ac, mbs, micro-batches) of every group's
-        (ac, mbs), fastest first (the members of a group share their runs: dp follows tp, cp, pp); a
-        group none of whose members' states fit is left out."""
+    def parents_of(self) -> list[tuple]:
+        """(order bound, (first enumeration index, -1, mbs), group, None, mbs, micro-batches): for every
+        group and mbs, the order bound at the first checkpointing mode admitted there, which bounds the
+        others (``Bounds.order_s``); :meth:`_expand` makes the (ac, mbs) entries of one. The members
+        of a group share their runs (dp follows tp, cp, pp)."""
         out = []
-        acs = _ac_modes(self.model)
         for gkey, members in self.groups.items():
             index, base, _ = members[0]
-            runs = [
-                (mbs, self.train.global_batch // (base.dp * mbs))
-                for mbs in (1, 2, 4, 8, 16, 32)
-                if not self.train.global_batch % (base.dp * mbs)
-                and _schedule_ok(base, self.train.global_batch // (base.dp * mbs))
-            ]
-            if not any(self._structure(i, b) for i, b, _ in members):
-                # every member's states alone overflow: none of its layouts fits (checked, as a whole)
-                result.checked += sum(len(runs) * len(acs) if a is None else len(a) for _, _, a in members)
-                continue
-            for mbs, m in runs:
-                for ac in acs:
-                    bound = lower_bound_compute_s(
-                        self.model, self.cluster, self.train, _with(base, mbs, ac), self.stages
-                    )
-                    out.append((bound, (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
-        out.sort(key=lambda b: (b[0], b[1]))
+            for mbs, acs in self._modes(gkey):
+                m = self.train.global_batch // (base.dp * mbs)
+                out.append((self.bounds.order_s(_with(base, mbs, acs[0])), (index, -1, mbs), gkey, None, mbs, m))
+        return out
+
+    def _modes(self, gkey: tuple) -> list[tuple[int, list[str]]]:
+        """The group's (mbs, the checkpointing modes any member admits there, in AC_MODES' order)."""
+        found = self.modes.get(gkey)
+        if found is None:
+            members = self.groups[gkey]
+            base = members[0][1]
+            found = []
+            for mbs in (1, 2, 4, 8, 16, 32):
+                if self.train.global_batch % (base.dp * mbs) or not _schedule_ok(
+                    base, self.train.global_batch // (base.dp * mbs)
+                ):
+                    continue
+                acs = [ac for ac in _ac_modes(self.model) if any(a is None or (ac, mbs) in a for _, _, a in members)]
+                if acs:
+                    found.append((mbs, acs))
+            self.modes[gkey] = found
+        return found
+
+    def _expand(self, parent: tuple) -> list[tuple]:
+        """The (order bound, (index, ac's order, mbs), group, ac, mbs, micro-batches) entries of a
+        parent (:meth:`parents_of`); none for a group none of whose members' states fit (its layouts
+        are counted checked, as a whole, once per ranking)."""
+        bound, (index, _, mbs), gkey, _, _, m = parent
+        members = self.groups[gkey]
+        founds = self.founds.get(gkey)
+        if founds is None:
+            founds = self.founds[gkey] = [self._structure(i, b) for i, b, _ in members]
+        if not any(founds):
+            self.refused.add(gkey)
+            return []
+        acs = next(a for b, a in self._modes(gkey) if b == mbs)
+        base = members[0][1]
+        out = [(bound, (index, _AC_ORDER[acs[0]], mbs), gkey, acs[0], mbs, m)]
+        for ac in acs[1:]:
+            out.append((self.bounds.order_s(_with(base, mbs, ac)), (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
         return out
 
     def _structure(self, index: int, base: Layout) -> tuple | None:

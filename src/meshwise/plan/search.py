@@ -13,17 +13,18 @@ activation-checkpointing modes. Ties go to less machinery (:func:`break_ties`).
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from meshwise.cost import memory
 from meshwise.cost.context_parallel import local_train
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, lower_bound_compute_s
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
 from meshwise.cost.memory import RankShape
 from meshwise.cost.memory_peaks import RankEntry
 from meshwise.cost.plan_cache import PlanCache, plan_cache
 from meshwise.layout import AC_MODES, Degrees, Layout, runs_here
-from meshwise.plan.bounds import Bounds, compute_key, v_shape
+from meshwise.plan.bounds import Bounds, OrderBroken, compute_key, in_bound_order, past, v_shape
 from meshwise.plan.candidates import (  # noqa: F401  (re-exported: the search's names, as before)
     _RUNS_HERE_FIELDS,
     CP_MIN_TOKENS,
@@ -170,17 +171,19 @@ class _Search:
         self.structures = 0
         self.ordered: dict[tuple, list] = {}  # the groups' structures, widest sharding group first (_widest_first)
         self.bases: dict[int, tuple[Layout, tuple, TrainSpec, dict]] = {}  # a fitting floor's base, by structure
-        self.bounded: list[tuple] = []  # :meth:`_bounded`'s list, kept for :meth:`of_kind`
+        self.bounded: list[tuple] = []  # :meth:`_parents`' list, kept for :meth:`of_kind`
+        self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its modes), by group
+        self.refused: set[tuple] = set()  # the groups of one ranking none of whose floors fits
 
     def run(self) -> SearchResult:
         self._enumerate_all()
-        self.bounded = self._bounded()
+        self.bounded = self._parents()
         return self._rank(self.bounded, self.result, self.keep, self.top, self.usable)
 
     def any_fits(self) -> bool:
         """Whether :meth:`run` ranks any layout: :meth:`_rank` estimates the first layout that
         :meth:`_fitting` passes, so this asks :meth:`_fitting` of the same layouts (each group with a
-        fitting floor, each of its (ac, mbs) as :meth:`_bounded` lists them, its structures widest
+        fitting floor, each of its (ac, mbs) as :meth:`_modes` lists them, its structures widest
         sharding group first with the same skips), in no particular order, until one fits."""
         self._enumerate_all()
         for gkey, members in self.groups.items():
@@ -201,11 +204,13 @@ class _Search:
         return False
 
     def of_kind(self, split: bool, top: int, headroom: float) -> SearchResult | None:
-        """What ``search(..., top, headroom, where=<the layouts of the other kind than a winner with
-        ``split``>)`` answers, from this search's groups, order and caches: the same layouts, filed
-        and ordered alike (their enumeration indices are a subsequence of this search's), weighed
-        afresh. None where that search would answer otherwise: another usable memory, or no layout
-        of that kind in this search's enumeration (it would go on to cp past CP_MIN_TOKENS)."""
+        """The first layout (and the enumerated count) of what ``search(..., top, headroom, where=<the
+        layouts of the other kind than a winner with ``split``>)`` answers, from this search's groups,
+        order and caches: the same layouts, filed and ordered alike (their enumeration indices are a
+        subsequence of this search's), weighed afresh until no layout can change that first one
+        (plan/bounds.py ``past``). None where that search would answer otherwise: another usable
+        memory, or no layout of that kind in this search's enumeration (it would go on to cp past
+        CP_MIN_TOKENS)."""
         if self.capacity * (1 - headroom) != self.usable:
             return None
         result = SearchResult()
@@ -214,7 +219,7 @@ class _Search:
                 result.enumerated += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
         if not result.enumerated:
             return None
-        return self._rank(of_kind(self.bounded, split), result, max(top, RUNNER_UP_POOL), top, self.usable)
+        return self._rank(of_kind(self.bounded, split), result, max(top, RUNNER_UP_POOL), top, self.usable, band=True)
 
     def _enumerate_all(self) -> None:
         for cp_bound in (True, False):  # cp past CP_MIN_TOKENS only when no layout within it is valid
@@ -316,19 +321,44 @@ class _Search:
         return layout, True
 
     # ------------------------------------------------------------------ ranking
-    def _rank(self, bounded: list[tuple], result: SearchResult, keep: int, top: int, usable: float) -> SearchResult:
-        """Weigh the layouts in order of their compute-only lower bound, which reads no memory: each
-        group of layouts sharing one bound is checked for memory, and its fitting ones estimated, until
-        the ``keep`` best are known and the next bound is slower than the worst of them (no layout
-        after it can make the top), so the memory of the layouts past that point is never worked out:
+    def _rank(
+        self, parents: list[tuple], result: SearchResult, keep: int, top: int, usable: float, band: bool = False
+    ) -> SearchResult:
+        """Weigh the layouts in order of their compute-only lower bound (worked out lazily:
+        plan/bounds.py ``in_bound_order``), which reads no memory: each group of layouts sharing one
+        bound is checked for memory, and its fitting ones estimated, until the ``keep`` best are known
+        and the next bound is slower than the worst of them (no layout after it can make the top), so
+        neither the memory nor the bounds of the layouts past that point are worked out:
         ``result.checked`` counts those weighed, ``result.fitting`` those of them that fit. A fitting
         layout whose tighter bound (every part of the step but the data-parallel collectives) is slower
         is not estimated. Exact ties between rank keys go to the earlier enumerated layout, as if
-        estimated in that order. ``bounded``: :meth:`_bounded`'s list, or a part of it."""
+        estimated in that order. ``parents``: :meth:`_parents`' list, or a part of it; with ``band``
+        only the first layout is exact (plan/bounds.py ``past``). Where a bound
+        breaks the lazy order's premise (``OrderBroken``) every group is expanded first and the
+        ranking starts again."""
+        checked, fitting = result.checked, result.fitting
+        try:
+            self.refused = set()
+            self._weigh(in_bound_order(parents, self._expand), result, keep, band)
+        except OrderBroken:
+            result.best, result.checked, result.fitting, self.refused = [], checked, fitting, set()
+            eager = [c for p in parents for c in self._expand(p)]
+            self._weigh(in_bound_order(eager, self._expand), result, keep, band)
+        for gkey in self.refused:  # no member's memory floor fits: none of its layouts does (checked, as a whole)
+            result.checked += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in self.groups[gkey])
+        result.best = break_ties(result.best, usable)
+        result.pool = result.best[:]
+        del result.best[top:]
+        return result
+
+    def _weigh(self, order: Iterator[tuple], result: SearchResult, keep: int, band: bool) -> None:
+        """:meth:`_rank`'s loop over ``order`` (plan/bounds.py ``in_bound_order``)."""
         keys: list[tuple] = []  # (_rank_key, enumeration index) of result.best, in order
-        for bound, _, gkey, ac, mbs in bounded:
-            if len(result.best) >= keep and bound > result.best[-1].time.step_s:
+        for bound, _, gkey, ac, mbs in order:
+            if bound > past(result.best, keep, band):
                 break
+            if ac is None:  # a parent: in_bound_order expands it next
+                continue
             widest_failed: set[int] = set()  # the ZeRO stages whose whole-dp sharding group does not fit
             for s_index, d, (mbs_options, acs) in self._widest_first(gkey):
                 if not self.shared_where and (ac not in acs or mbs not in mbs_options):
@@ -342,12 +372,11 @@ class _Search:
                         widest_failed.add(d.zero)
                     continue
                 result.fitting += 1
-                if len(result.best) >= keep:
-                    worst = result.best[-1].time.step_s
-                    if bound > worst:
-                        break
-                    if self.bounds.slower(layout, worst, shapes):
-                        continue
+                worst = past(result.best, keep, band)
+                if bound > worst:
+                    break
+                if worst < math.inf and self.bounds.slower(layout, worst, shapes):
+                    continue
                 e = estimate(
                     self.model,
                     self.cluster,
@@ -358,10 +387,6 @@ class _Search:
                     self.peaks.memories(layout, shapes, self.capacity),
                 )
                 keep_ranked(result.best, keys, e, (s_index, _AC_ORDER[ac], mbs), keep)
-        result.best = break_ties(result.best, usable)
-        result.pool = result.best[:]
-        del result.best[top:]
-        return result
 
     def _widest_first(self, gkey: tuple) -> list[tuple]:
         """The group's structures, for each ZeRO stage the whole-dp sharding group first. Whether a
@@ -373,29 +398,46 @@ class _Search:
             members = self.ordered[gkey] = sorted(self.groups[gkey], key=lambda s: (s[1].zero, s[1].shard != s[1].dp))
         return members
 
-    def _bounded(self) -> list[tuple[float, tuple, tuple, str, int]]:
-        """(compute-only bound, first enumeration index, group, ac, mbs) of every group and (ac, mbs)
-        of its structures, fastest first; a group none of whose structures has a memory floor that
-        fits is left out."""
+    def _parents(self) -> list[tuple[float, tuple, tuple, None, int]]:
+        """(compute-only bound, (first enumeration index, -1, mbs), group, None, mbs): for every group
+        and mbs of its structures, the bound at the first checkpointing mode there, which bounds the
+        others (plan/bounds.py ``Bounds.order_s``); :meth:`_expand` makes the (ac, mbs) entries."""
         out = []
         for gkey, members in self.groups.items():
-            if not any(self._floor_fit(d) for _, d, _ in members):
-                # no member's memory floor fits: none of its layouts does (checked, as a whole)
-                self.result.checked += sum(len(acs) * len(mbs_options) for _, _, (mbs_options, acs) in members)
-                continue
-            seen: set[tuple] = set()
-            for s_index, d, (mbs_options, acs) in members:
-                for ac in acs:
-                    for mbs in mbs_options:
-                        if (ac, mbs) in seen:
-                            continue
-                        seen.add((ac, mbs))
-                        layout = d.layout(mbs, ac)
-                        bound = lower_bound_compute_s(self.model, self.cluster, self.train, layout, self.stages)
-                        out.append((bound, (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
-                if self.shared_where:  # every member has the same options
-                    break
-        out.sort(key=lambda b: (b[0], b[1]))
+            s_index, d, _ = members[0]
+            for mbs, acs in self._modes(gkey):
+                bound = self.bounds.compute_s(d.layout(mbs, acs[0]))
+                out.append((bound, (s_index, -1, mbs), gkey, None, mbs))
+        return out
+
+    def _modes(self, gkey: tuple) -> list[tuple[int, list[str]]]:
+        """The group's (mbs, the checkpointing modes of its structures there, in AC_MODES' order)."""
+        found = self.modes.get(gkey)
+        if found is None:
+            members = self.groups[gkey]
+            if self.shared_where:  # every member has the same options
+                members = members[:1]
+            found = self.modes[gkey] = [
+                (mbs, acs)
+                for mbs in (1, 2, 4, 8, 16, 32)
+                if (acs := [a for a in AC_MODES if any(a in o[1] and mbs in o[0] for _, _, o in members)])
+            ]
+        return found
+
+    def _expand(self, parent: tuple) -> list[tuple]:
+        """The (compute-only bound, (first enumeration index, ac's order, mbs), group, ac, mbs) entries
+        of a parent (:meth:`_parents`); none for a group none of whose structures has a memory floor
+        that fits (:meth:`_rank` counts its layouts checked)."""
+        bound, (s_index, _, mbs), gkey, _, _ = parent
+        members = self.groups[gkey]
+        if gkey in self.refused or not any(self._floor_fit(d) for _, d, _ in members):
+            self.refused.add(gkey)
+            return []
+        acs = next(a for b, a in self._modes(gkey) if b == mbs)
+        d = members[0][1]
+        out = [(bound, (s_index, _AC_ORDER[acs[0]], mbs), gkey, acs[0], mbs)]
+        for ac in acs[1:]:
+            out.append((self.bounds.compute_s(d.layout(mbs, ac)), (s_index, _AC_ORDER[ac], mbs), gkey, ac, mbs))
         return out
 
     def _fitting(self, s_index: int, d: Degrees, ac: str, mbs: int) -> tuple[Layout | None, tuple]:
