@@ -251,6 +251,15 @@ def test_loop_reranks_when_the_first_ranking_is_wrong():
     assert len(trials) <= len(tune.field) // 3
 
 
+def test_held_out_band_counts_trials_stopped_early():
+    """Three trials, one stopped early, set the band from the held-out error; two keep the planned one."""
+    _, _, predictor, pool = _setup()
+    a, b, c = (_measure(predictor, _truth(), x.text, wobble=0.1) for x in pool[:3])
+    trials = [a, b, replace(c, status=STOPPED, steps_s=c.steps_s[:2])]
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=trials[:2]).band == CPU_RELATIVE_BAND
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=trials).band < CPU_RELATIVE_BAND
+
+
 def test_loop_respects_max_trials_and_resumed_trials():
     _, _, predictor, pool = _setup()
     truth = _truth()

@@ -2,9 +2,10 @@
 
 1. The field (tune/field.py) is tried fastest predicted first.
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
-   untried candidate of the planned pool is predicted again. From three measured trials on, the band
-   is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
-   refit.held_out_errors; at least the noise floor); before that, the planned band (field.relative_band).
+   untried candidate of the planned pool is predicted again. From three measured trials on (those
+   stopped early included), the band is the refitted profile's mean absolute error on a trial it
+   was not fitted to (leave one out, refit.held_out_errors; at least the noise floor); before
+   that, the planned band (field.relative_band).
 3. An untried field member now predicted slower than the measured best beyond the band is
    dropped: the refitted model says it cannot win.
 4. With the field done, an untried pool candidate now predicted faster than the measured best
