@@ -17,9 +17,10 @@ fastest of them. Then, per round:
     trials used  = tune's trials / N
 
 (a pick outside the exhaustive field, tried after a re-ranking, is read from the tune's own
-measurement and marked ``*``). Trials used counts the layouts tried plus the run-off's contenders
-(each measured again), ``2+2 / 12``; steps used, every warm-up and timed step of the tune over
-those of the exhaustive run of the same round. The profile's error is ``(predicted - measured) / measured`` of
+measurement and marked ``*``). Trials used counts the layouts the tune measured, as the exhaustive
+run's N counts its layouts; the run-off measures two of them again, interleaved, and is printed
+beside it (its contenders, and its warm-up and timed steps); steps used counts every warm-up and
+timed step of the tune, the run-off's included, over those of the exhaustive run of the same round. The profile's error is ``(predicted - measured) / measured`` of
 the exhaustive steps, mean absolute, under the base profile and under the tune's refitted one,
 over the layouts the tune tried and over all N. The target: tune within 3% of the
 best, at most a third of the field's trials; the refitted profile within 10% on the tried layouts.
@@ -156,20 +157,25 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
     for text in order:
         rounds = " ".join(f"{x:.4g}" for x in steps.get(text, []))
         print(f"  {text:<72} median {measured.get(text, float('nan')):.4g} s  rounds {rounds}")
-    print("round  trials used  steps used  regret(tune)  regret(auto)  error before/after (tried)  (all N)")
+    print(
+        "round  trials used (layouts)  run-off (steps)  steps used (all)  regret(tune)  regret(auto)  "
+        "error before/after (tried)  (all N)"
+    )
     for r, tune in enumerate(tunes):
         pick = tune["pick"]
         pick_s = measured.get(pick, tune["pick_step_s"])
         mark = "" if pick in measured else "*"
         auto_s = measured.get(tune["auto"], float("nan"))
         tried = list(dict.fromkeys(t["layout"] for t in tune["trials"]))
-        runoff = sum(t["status"] == "run-off" for t in tune["trials"])
-        used = f"{len(tried)}+{runoff} / {len(measured)}"
-        steps_used = f"{_steps(tune, args.warmup)} / {_steps(exhaustive[r], args.warmup)}"
+        runoff = [t for t in tune["trials"] if t["status"] == "run-off"]
+        used = f"{len(tried)} / {len(measured)}"
+        runoff_used = f"{len(runoff)} ({_steps({'trials': runoff}, args.warmup)})" if runoff else "-"
+        spent, whole = _steps(tune, args.warmup), _steps(exhaustive[r], args.warmup)
+        steps_used = f"{spent} / {whole} ({spent / whole:.0%})"
         start = _base_table(tune["base_profile"])
         refitted = read_toml(Path(tune["profile"]), "profile")
         print(
-            f"{r + 1:>5}  {used:<11}  {steps_used:<10}  {pick_s / best - 1:>+11.1%}{mark:1}  "
+            f"{r + 1:>5}  {used:<22}  {runoff_used:<15}  {steps_used:<16}  {pick_s / best - 1:>+11.1%}{mark:1}  "
             f"{auto_s / best - 1:>+11.1%}  {_errors(start, tried, measured, predictor):>11.1%} / "
             f"{_errors(refitted, tried, measured, predictor):<13.1%}  "
             f"{_errors(start, list(measured), measured, predictor):.1%} / "

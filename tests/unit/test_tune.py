@@ -18,7 +18,7 @@ from meshwise.layout import parse
 from meshwise.spec import TrainSpec, load_model
 from meshwise.tune import refit as refit_mod
 from meshwise.tune.field import CPU_RELATIVE_BAND, Candidate, field_of, plan_pool, step_key
-from meshwise.tune.refit import BANDWIDTH, COMPUTE, FIXED, LATENCY, Predictor, refit, scaled
+from meshwise.tune.refit import BANDWIDTH, COMPUTE, FIXED, LATENCY, REDUCE_SCATTER, Predictor, refit, scaled
 from meshwise.tune.trials import (
     MEASURED,
     OVER_LIMIT,
@@ -29,6 +29,7 @@ from meshwise.tune.trials import (
     noise_of,
     read_results,
     runoff_contenders,
+    runoff_decided,
     should_stop,
     timed_steps,
     write_results,
@@ -116,6 +117,14 @@ def test_runoff_contenders_are_the_measured_within_the_noise():
     assert runoff_contenders(done) == [] and best_trial(done).layout == "b"  # the run-off decides
 
 
+def test_runoff_ends_once_the_steps_stop_overlapping():
+    assert not runoff_decided([[1.0, 1.0], [2.0, 2.0]])  # two passes: too few to tell
+    assert runoff_decided([[1.0, 1.1, 1.05], [1.2, 1.15, 1.3]])  # every step of b slower than every one of a
+    assert runoff_decided([[1.2, 1.15, 1.3], [1.0, 1.1, 1.05]])
+    assert not runoff_decided([[1.0, 1.2, 1.05], [1.15, 1.1, 1.3]])  # overlap: run on
+    assert not runoff_decided([[1.0, 1.0, 1.0]])
+
+
 def test_best_trial_ignores_what_did_not_fit_or_stopped_early():
     trials = [
         Trial("a", MEASURED, 1.0, [2.0, 2.2, 2.1], {"compute_s": 1.5, "comm_s": 0.6}),
@@ -165,12 +174,31 @@ def test_refit_recovers_known_factors(model, seq):
     assert base_error > 0.2  # the test can fail: the base profile was far off
 
 
+def test_refit_tells_reduce_scatter_from_the_links():
+    """gloo's reduce-scatter costs about an all-reduce of its tensor, the catalog's cpu profile prices
+    the ring formula, half that: ZeRO over 2 of 4 ranks then looks faster than DDP over 4. A trial of
+    ZeRO alone cannot tell the reduce-scatter from the links; one of ZeRO and one of DDP can."""
+    _, _, predictor, _ = _setup("small", world=4, seq=128)
+    truth = scaled(scaled(dict(CPU, reduce_scatter_ratio=1.0), BANDWIDTH, 2.0), LATENCY, 2.0)
+    zero2, ddp = "dp=4,zero=2,shard=2,mbs=2", "dp=4,zero=0,shard=4,mbs=2"
+    step = lambda table, text: predictor.step(table, parse(text)).step_s  # noqa: E731
+    assert step(CPU, zero2) < step(CPU, ddp) and step(truth, ddp) < step(truth, zero2)  # the test can fail
+    measured = lambda texts: [(parse(t), _measure(predictor, truth, t).parts) for t in texts]  # noqa: E731
+    alone, factors = refit(CPU, measured([zero2, "dp=4,zero=1,shard=2,mbs=2"]), predictor)
+    assert factors[REDUCE_SCATTER.name] == factors["bandwidth"]  # one factor for the link keys
+    both, factors = refit(CPU, measured([zero2, ddp]), predictor)
+    assert factors[REDUCE_SCATTER.name] == pytest.approx(2.0, rel=0.05)
+    assert step(both, ddp) < step(both, zero2)
+    for text in (zero2, ddp, "dp=4,zero=2,shard=4,mbs=2", "dp=4,zero=3,shard=2,mbs=2"):  # tried and untried
+        assert step(both, text) == pytest.approx(step(truth, text), rel=0.05)
+
+
 def test_refit_leaves_what_it_cannot_see():
     _, _, predictor, pool = _setup(world=1)
     one = pool[0].text
     table, factors = refit(CPU, [(parse(one), _measure(predictor, _truth(), one).parts)], predictor)
-    assert factors["latency"] == factors["bandwidth"] == 1.0  # one process: no link was measured
-    assert table["intra_bytes_per_s"] == CPU["intra_bytes_per_s"]
+    assert factors["latency"] == factors["bandwidth"] == factors["reduce-scatter"] == 1.0  # one process: no link
+    assert table["intra_bytes_per_s"] == CPU["intra_bytes_per_s"] and "reduce_scatter_ratio" not in table
 
 
 def test_refit_factor_is_bounded():
@@ -221,6 +249,15 @@ def test_loop_reranks_when_the_first_ranking_is_wrong():
     assert best_trial(trials).layout == true_best
     assert next(t.round for t in trials if t.layout == true_best) >= 1
     assert len(trials) <= len(tune.field) // 3
+
+
+def test_held_out_band_counts_trials_stopped_early():
+    """Three trials, one stopped early, set the band from the held-out error; two keep the planned one."""
+    _, _, predictor, pool = _setup()
+    a, b, c = (_measure(predictor, _truth(), x.text, wobble=0.1) for x in pool[:3])
+    trials = [a, b, replace(c, status=STOPPED, steps_s=c.steps_s[:2])]
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=trials[:2]).band == CPU_RELATIVE_BAND
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=trials).band < CPU_RELATIVE_BAND
 
 
 def test_loop_respects_max_trials_and_resumed_trials():

@@ -1,12 +1,21 @@
 """Refit a profile's cluster factors to the measured parts of a tune's trials.
 
-Four factors, each the one owner of the profile keys it scales (:class:`Fit`):
+Five factors, each the one owner of the profile keys it scales (:class:`Fit`):
 
 - **compute** (sustained compute): every per-operator host time times ``k``, every arithmetic
   and memory rate over ``k``;
-- **latency** and **bandwidth** (the links): latencies times ``a``, bandwidths over ``b``; one
-  factor for both until ``LINK_APART`` trials hold a link share (fewer cannot tell them apart);
+- **latency** and **bandwidth** (the links): latencies times ``a``, bandwidths over ``b``;
+- **reduce-scatter**: ``reduce_scatter_ratio`` times ``r`` (cost/comm.py: a reduce-scatter costs the
+  ratio times the all-reduce of its tensor; a profile without it prices the ring formula, which is
+  ``RING_REDUCE_SCATTER_RATIO`` of the ring all-reduce, and the refit starts there). It is what tells
+  DDP's all-reduce from ZeRO's reduce-scatter and all-gather, whose bytes the ring formulas equate;
 - **fixed** (fixed per-step costs): the optimizer's and FSDP's host times and the DRAM rate.
+
+The link keys share one factor until the trials tell them apart (:func:`_column_sets`): latency
+from bandwidth from ``LINK_APART`` trials with a link share, the reduce-scatter ratio from the
+links once its fraction of the link part differs by ``APART_SPREAD`` between trials (a trial of
+DDP and one of ZeRO, :func:`_apart`); a finer set that least squares cannot solve falls back to
+the next coarser one.
 
 The samples are the parts of each trial's step that measure/timing.py times and cost/estimate.py
 predicts: compute (``compute_s``), link (``comm_s`` / ``comm_exposed_s``), idle (``idle_s`` /
@@ -78,6 +87,7 @@ COMPUTE = Fit(
 )
 LATENCY = Fit("latency", times=("intra_latency_s", "inter_latency_s"))
 BANDWIDTH = Fit("bandwidth", rates=("intra_bytes_per_s", "inter_bytes_per_s"))
+REDUCE_SCATTER = Fit("reduce-scatter", times=("reduce_scatter_ratio",))
 FIXED = Fit("fixed", times=HOST_FIXED_KEYS, rates=("dram_bytes_per_s",))
 
 
@@ -228,7 +238,10 @@ def _factors(
 Measured = tuple[Layout, dict[str, float]]  # a trial's layout and its measured parts (measure/timing.py names)
 
 
-FITS = (COMPUTE, LATENCY, BANDWIDTH, FIXED)
+FITS = (COMPUTE, LATENCY, BANDWIDTH, REDUCE_SCATTER, FIXED)
+# cost/comm.py prices a reduce-scatter at reduce_scatter_ratio times the all-reduce of its tensor; a
+# profile without the ratio prices it by the ring formula, which is this ratio of the ring all-reduce
+RING_REDUCE_SCATTER_RATIO = 0.5
 
 
 def refit(
@@ -236,6 +249,9 @@ def refit(
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """(the refitted table, each fit's overall factor) from the trials' measured parts."""
     factors = {f.name: 1.0 for f in FITS}
+    seeded = not table.get("reduce_scatter_ratio")
+    if seeded:
+        table = {**table, "reduce_scatter_ratio": RING_REDUCE_SCATTER_RATIO}
     for _ in range(PASSES):
         found = _joint_factors(table, measured, predictor, factors)
         if not found:
@@ -245,6 +261,8 @@ def refit(
             factors[fit.name] *= k
         if max(abs(k - 1) for k in found.values()) <= CONVERGED:
             break
+    if seeded and factors[REDUCE_SCATTER.name] == 1.0:  # never fitted: the profile as it came
+        table = {k: v for k, v in table.items() if k != "reduce_scatter_ratio"}
     return table, factors
 
 
@@ -265,16 +283,49 @@ def _joint_factors(
         for part, m in split.items():
             owned = {f: max(0.0, (probed[f][part] - now[part]) / (PROBE - 1)) for f in FITS}
             samples.append((owned, now[part] - sum(owned.values()), m, step_s))
+    for columns in _column_sets(table, measured, predictor, [owned for owned, *_ in samples]):
+        active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _, _ in samples)]
+        held = [f for f in FITS if not any(f in c for c in active)]  # not fitted: their shares stay
+        found = _factors(
+            [
+                ([sum(owned[f] for f in c) for c in active], other + sum(owned[f] for f in held), m, step)
+                for owned, other, m, step in samples
+            ],
+            len(active),
+            [so_far[c[0].name] for c in active],
+        )
+        if found:
+            return {f: k for c, k in zip(active, found) for f in c}
+    return {}
+
+
+def _column_sets(
+    table: dict[str, Any], measured: list[Measured], predictor: Predictor, shares: list[dict[Fit, float]]
+) -> list[list[tuple[Fit, ...]]]:
+    """The fits' columns to solve for, finest first (the next where a finer one is singular): latency
+    and bandwidth apart from ``LINK_APART`` trials with a link share, the reduce-scatter ratio apart
+    where the trials tell it from the links (:func:`_apart`); until then one factor for the link keys."""
     linked = sum(1 for lay, _ in measured if predictor.step(table, lay).comm_exposed_s > 0)
-    columns: list[tuple[Fit, ...]] = [(f,) for f in FITS if f not in (LATENCY, BANDWIDTH)]
-    columns += [(LATENCY,), (BANDWIDTH,)] if linked >= LINK_APART else [(LATENCY, BANDWIDTH)]
-    active = [c for c in columns if any(sum(owned[f] for f in c) > 0 for owned, _, _, _ in samples)]
-    found = _factors(
-        [([sum(owned[f] for f in c) for c in active], other, m, step) for owned, other, m, step in samples],
-        len(active),
-        [so_far[c[0].name] for c in active],
-    )
-    return {f: k for c, k in zip(active, found) for f in c} if found else {}
+    base: list[tuple[Fit, ...]] = [(COMPUTE,), (FIXED,)]
+    sets = []
+    if _apart(shares, REDUCE_SCATTER, (LATENCY, BANDWIDTH)):
+        if linked >= LINK_APART:
+            sets.append([*base, (LATENCY,), (BANDWIDTH,), (REDUCE_SCATTER,)])
+        sets.append([*base, (LATENCY, BANDWIDTH), (REDUCE_SCATTER,)])
+    elif linked >= LINK_APART:
+        sets.append([*base, (LATENCY,), (BANDWIDTH, REDUCE_SCATTER)])
+    return [*sets, [*base, (LATENCY, BANDWIDTH, REDUCE_SCATTER)]]
+
+
+APART_SPREAD = 0.2  # the least spread of a fit's fraction of a part over the trials that fits it apart
+
+
+def _apart(shares: list[dict[Fit, float]], fit: Fit, rest: tuple[Fit, ...]) -> bool:
+    """Whether ``fit``'s share of a part, as a fraction of it and ``rest``'s shares together, spans at
+    least ``APART_SPREAD`` over the samples that hold either: a fit whose fraction is the same in every
+    sample moves those parts as ``rest`` does, and least squares cannot tell them apart."""
+    fractions = [owned[fit] / total for owned in shares if (total := owned[fit] + sum(owned[f] for f in rest)) > 0]
+    return bool(fractions) and max(fractions) - min(fractions) >= APART_SPREAD
 
 
 def held_out_errors(

@@ -21,6 +21,8 @@ The run-off: trials measured minutes apart on a shared host are not comparable t
 once the loop is done the measured trials whose median step lies within the noise of the best's
 (:func:`runoff_contenders`, at most ``RUNOFF_MAX``) are measured again together, their steps
 interleaved (A B, B A, ...), and the fastest median of that run-off is the pick (:func:`best_trial`).
+It ends after ``RUNOFF_DECIDED_AFTER`` passes where the steps of the two do not overlap
+(:func:`runoff_decided`), else after as many steps as a trial.
 
 Pure Python: no torch.
 """
@@ -42,6 +44,7 @@ STOP_AFTER_STEPS = 2  # timed steps a trial runs before it may stop early
 MIN_TIMED_S = 1.0  # timed work a trial of short steps extends to (seconds)
 MAX_STEPS_FACTOR = 4  # ... with at most this many times --trial-steps
 RUNOFF_MAX = 2  # contenders of the final run-off
+RUNOFF_DECIDED_AFTER = 3  # interleaved passes after which a run-off whose steps do not overlap ends
 MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
 RUNOFF = "run-off"
 BINDS = {
@@ -147,6 +150,16 @@ def runoff_contenders(trials: list[Trial]) -> list[Trial]:
     ]
     close = sorted(close, key=lambda t: t.measured_step_s or 0.0)[:RUNOFF_MAX]
     return close if len(close) >= 2 else []
+
+
+def runoff_decided(steps_s: list[list[float]]) -> bool:
+    """Whether a run-off of two contenders may end now: each has ``RUNOFF_DECIDED_AFTER`` timed steps
+    and every step of one is faster than every step of the other (with no difference between them,
+    three interleaved steps each fall so, either way round, 1 time in 10: 2 / C(6, 3))."""
+    if len(steps_s) != 2 or min(map(len, steps_s)) < RUNOFF_DECIDED_AFTER:
+        return False
+    a, b = steps_s
+    return max(a) < min(b) or max(b) < min(a)
 
 
 def write_results(path: Path, inputs: dict[str, Any], trials: list[Trial]) -> None:

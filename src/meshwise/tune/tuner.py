@@ -2,9 +2,10 @@
 
 1. The field (tune/field.py) is tried fastest predicted first.
 2. After every trial the profile is refitted to all measured trials (tune/refit.py) and every
-   untried candidate of the planned pool is predicted again. From three measured trials on, the band
-   is the refitted profile's mean absolute error on a trial it was not fitted to (leave one out,
-   refit.held_out_errors; at least the noise floor); before that, the planned band (field.relative_band).
+   untried candidate of the planned pool is predicted again. From three measured trials on (those
+   stopped early included), the band is the refitted profile's mean absolute error on a trial it
+   was not fitted to (leave one out, refit.held_out_errors; at least the noise floor); before
+   that, the planned band (field.relative_band).
 3. An untried field member now predicted slower than the measured best beyond the band is
    dropped: the refitted model says it cannot win.
 4. With the field done, an untried pool candidate now predicted faster than the measured best
@@ -28,7 +29,7 @@ from typing import Any
 from meshwise.layout import parse
 from meshwise.tune.field import Candidate, field_of
 from meshwise.tune.refit import Predictor, held_out_errors, refit, step_errors
-from meshwise.tune.trials import NOISE_FLOOR, RUNOFF, Trial, best_trial, runoff_contenders
+from meshwise.tune.trials import MEASURED, NOISE_FLOOR, RUNOFF, STOPPED, Trial, best_trial, runoff_contenders
 
 # Trials before the held-out error sets the band: with two, each is predicted from a fit to one
 # trial, and two like layouts (tune_regret.py's `four`: both ZeRO over groups of 2) read 4% where
@@ -119,7 +120,7 @@ class Tune:
         if not measured:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
-        done = [t for t in self.trials if t.status == "measured" and t.parts and t.measured_step_s]
+        done = [t for t in self.trials if t.status in (MEASURED, STOPPED) and t.parts and t.measured_step_s]
         errors = held_out_errors(
             self.base_table,
             [(parse(t.layout), t.parts) for t in done],

@@ -34,6 +34,7 @@ from meshwise.tune.trials import (
     RUNOFF,
     STOPPED,
     Trial,
+    runoff_decided,
     should_stop,
     timed_steps,
 )
@@ -156,7 +157,8 @@ def _timed_step(
 def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits, guard: Any) -> list[Trial]:
     """The final run-off (collective): every contender built at once and warmed up by one step, then
     their timed steps interleaved, the order rotated each pass (A B, B A, ...), as many per contender
-    as a trial of the best's step runs. A CUDA out-of-memory error (the contenders together do not
+    as a trial of the best's step runs, fewer where the contenders' steps stop overlapping
+    (trials.runoff_decided). A CUDA out-of-memory error (the contenders together do not
     fit) ends it with no result: the tune's pick stands."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -173,6 +175,8 @@ def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits,
                 slowest, own = _timed_step(*built[i], guard, device_type, plans[i].layout)
                 mine[i].append(own)
                 steps_s[i].append(slowest)
+            if runoff_decided(steps_s):  # the same on every rank: the steps are the slowest rank's
+                break
     except torch.cuda.OutOfMemoryError:
         return []
     finally:
