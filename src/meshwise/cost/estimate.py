@@ -299,6 +299,7 @@ def _dp_of(
         layout.vpp,
         layout.schedule,
         layout.ep,
+        layout.ep_folds_tp,
         shape.pp_rank,
         shape.chunk_blocks,
         m,
