@@ -128,7 +128,8 @@ class Layout:
 
 class Degrees(NamedTuple):
     """A layout's parallel degrees and pipeline schedule: the fields of :class:`Layout` but the
-    micro-batch size and the checkpointing mode, in Layout's order and under its names. One structure
+    micro-batch size, the checkpointing mode and ``etp`` (a run's stated expert TP, never searched: its
+    layouts take the runtime's default), in Layout's order and under its names. One structure
     of the search (plan/candidates.py), which keys its memos by it and by its projections
     (plan/memo_keys.py); a NamedTuple because the search makes one per structure, tens of thousands,
     and hashes them. :meth:`layout` makes the Layout at a micro-batch size and checkpointing mode."""
