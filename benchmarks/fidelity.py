@@ -124,6 +124,7 @@ def _resolve(rec: dict, models: dict[str, ModelSpec]) -> tuple[ModelSpec, Cluste
         expert_gemm=rec.get("expert_gemm", "te"),
         moe_dispatcher=rec.get("moe_dispatcher", "all-to-all"),
         mtp_layers=rec.get("mtp_layers", 0),
+        loss_fusion=rec.get("loss_fusion", False),
     )
     return model, cluster, train
 

@@ -1,6 +1,7 @@
 """Layout: the one contract between the planner and the runtime (docs/design.md).
 
-Text form: comma-separated ``key=value`` with keys dp, zero, shard, ep, cp, tp, sp, pp, vpp, schedule, mbs, ac.
+Text form: comma-separated ``key=value`` with keys dp, zero, shard, ep, cp, tp, sp, pp, vpp, schedule, mbs, ac,
+and ``etp=1`` (expert TP 1: Megatron-Core's MoE parallel folding, given only where a run states it).
 Owns "can this layout run here?" (:func:`check_runnable`, torch-free; every entry point calls it)
 and the pipeline stage split, which the cost model and the runtime both read.
 """
@@ -17,6 +18,7 @@ from meshwise.spec import ModelSpec
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 AC_MODES = ("none", "selective", "full")
 KEYS = ("dp", "zero", "shard", "ep", "cp", "tp", "sp", "pp", "vpp", "schedule", "mbs", "ac")
+EXTRA_KEYS = ("etp",)  # written only when set: etp=1
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 EP_FROM = ("dp_shard", "cp")  # the adjacent mesh dims expert parallelism is carved from (expert_mesh_shape)
 
@@ -39,6 +41,7 @@ class Layout:
     mbs: int = 1
     ac: str = "none"
     ep: int = 1
+    etp: int = 0  # expert TP size: 0 the runtime's default (Megatron-Core's: tp), 1 experts whole (folding)
 
     @property
     def world_size(self) -> int:
@@ -59,8 +62,9 @@ class Layout:
         """Expert parallelism folded over the tensor-parallel ranks (Megatron-Core's MoE parallel
         folding with expert-TP 1, torchtitan's expert TP = 1): an ``ep`` that does not divide
         dp_shard x cp is carved from dp_shard x cp x tp, ``tp`` consecutive ranks at a time, each
-        TP rank routing its own share of the sequence (:func:`check_shape`)."""
-        return self.ep > 1 and (self.shard * self.cp) % self.ep != 0
+        TP rank routing its own share of the sequence (:func:`check_shape`); or any ``ep`` under tp > 1
+        where the layout states expert TP 1 (``etp=1``: Megatron's ``--expert-tensor-parallel-size 1``)."""
+        return self.ep > 1 and ((self.shard * self.cp) % self.ep != 0 or (self.etp == 1 and self.tp > 1))
 
     @property
     def expert_dp(self) -> int:
@@ -78,8 +82,8 @@ class Layout:
         return global_batch // (self.mbs * self.dp)
 
     def format(self) -> str:
-        """Canonical text, every key present; ``parse(format())`` gives the same layout."""
-        return ",".join(f"{k}={_field_text(getattr(self, k))}" for k in KEYS)
+        """Canonical text, every key present (``etp`` where set); ``parse(format())`` gives the same layout."""
+        return ",".join(f"{k}={_field_text(getattr(self, k))}" for k in KEYS) + (f",etp={self.etp}" if self.etp else "")
 
     def short(self) -> str:
         """Only what differs from a plain DDP layout: ``dp=8,zero=3,tp=2``."""
@@ -89,7 +93,7 @@ class Layout:
             if self.shard != self.dp:
                 parts.append(f"shard={self.shard}")
         if self.ep > 1:
-            parts.append(f"ep={self.ep}")
+            parts.append(f"ep={self.ep}" + (f",etp={self.etp}" if self.etp else ""))
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
         if self.tp > 1:
@@ -108,7 +112,7 @@ class Layout:
         d = asdict(self)
         d["sp"] = "on" if self.sp else "off"
         d["accum"] = self.accum(global_batch)
-        return {k: d[k] for k in (*KEYS[:-1], "accum", "ac")}
+        return {k: d[k] for k in (*KEYS[:-1], "accum", "ac")} | ({"etp": self.etp} if self.etp else {})
 
     def __str__(self) -> str:
         return self.short()
@@ -124,7 +128,8 @@ class Layout:
 
 class Degrees(NamedTuple):
     """A layout's parallel degrees and pipeline schedule: the fields of :class:`Layout` but the
-    micro-batch size and the checkpointing mode, in Layout's order and under its names. One structure
+    micro-batch size, the checkpointing mode and ``etp`` (a run's stated expert TP, never searched: its
+    layouts take the runtime's default), in Layout's order and under its names. One structure
     of the search (plan/candidates.py), which keys its memos by it and by its projections
     (plan/memo_keys.py); a NamedTuple because the search makes one per structure, tens of thousands,
     and hashes them. :meth:`layout` makes the Layout at a micro-batch size and checkpointing mode."""
@@ -205,14 +210,18 @@ def parse(text: str, world_size: int | None = None, explicit: bool = False) -> L
         key, value = key.strip(), value.strip()
         if not sep or not value:
             raise MeshwiseError(f"layout: {item!r} is not key=value (keys: {', '.join(KEYS)})")
-        if key not in KEYS:
-            raise MeshwiseError(f"layout: unknown key {key!r}; valid keys: {', '.join(KEYS)}")
+        if key not in KEYS + EXTRA_KEYS:
+            raise MeshwiseError(f"layout: unknown key {key!r}; valid keys: {', '.join(KEYS + EXTRA_KEYS)}")
         if key in given:
             raise MeshwiseError(f"layout: {key} given twice")
         given[key] = value
     ints = {
-        k: _int(k, v) for k, v in given.items() if k in ("dp", "zero", "shard", "ep", "cp", "tp", "pp", "vpp", "mbs")
+        k: _int(k, v)
+        for k, v in given.items()
+        if k in ("dp", "zero", "shard", "ep", "cp", "tp", "pp", "vpp", "mbs", "etp")
     }
+    if ints.get("etp", 1) != 1:
+        raise MeshwiseError(f"layout: etp={ints['etp']} must be 1 (experts whole on each rank); leave it out for tp")
     tp, pp, cp = ints.get("tp", 1), ints.get("pp", 1), ints.get("cp", 1)
     if "dp" in ints:
         dp = ints["dp"]
@@ -251,6 +260,7 @@ def parse(text: str, world_size: int | None = None, explicit: bool = False) -> L
         mbs=ints.get("mbs", 1),
         ac=ac,
         ep=ints.get("ep", 1),
+        etp=ints.get("etp", 0),
     )
     check_shape(layout)
     if explicit:
@@ -265,6 +275,10 @@ def check_applies(given: dict[str, str], layout: Layout) -> None:
         raise MeshwiseError(
             "layout: sp=on splits the sequence over the tensor-parallel ranks; it needs tp > 1 "
             "(drop sp, or add tp=2 or more)"
+        )
+    if "etp" in given and (layout.ep == 1 or layout.tp == 1 or layout.ep % layout.tp):
+        raise MeshwiseError(
+            "layout: etp=1 folds expert parallelism over the TP ranks; it needs tp > 1 and ep a multiple of tp"
         )
     if "schedule" in given and layout.pp == 1 and layout.schedule != "1f1b":
         raise MeshwiseError(
@@ -392,6 +406,8 @@ def runtime_refusal(layout: Layout, model: ModelSpec, seq_len: int, runtime: str
         return f"layout: sp=on needs the sequence {per_rank} divisible by tp={layout.tp}"
     if runtime != "meshwise":
         return None
+    if layout.ep_folds_tp and layout.etp == 1:
+        return f"layout: etp=1 (experts folded over tp={layout.tp}) is planned for --runtime megatron only"
     if layout.ep_folds_tp:
         return (
             f"layout: ep={layout.ep} folded over tp={layout.tp} (it does not divide dp_shard x cp = "

@@ -211,3 +211,26 @@ def test_a_device_without_float8_is_priced_not_crashed():
     model, cluster = load_model("tiny"), load_cluster("cpu", 2)
     e = estimate(model, cluster, TrainSpec(8, 64, precision="fp8"), parse("dp=2", 2))
     assert e.tokens_per_s > 0
+
+
+def test_etp_one_folds_an_ep_that_divides_dp():
+    """``etp=1`` states expert TP 1 (Megatron's --expert-tensor-parallel-size 1, the MoE Parallel Folding runs):
+    ep=8 over dp=32 x tp=4 folds over the TP ranks, 8 consecutive ranks inside one node, where without it
+    the ep ranks stand tp apart and the all-to-all leaves the node. It round-trips, and is refused where it
+    folds nothing, for meshwise's runtime, and with another size."""
+    folded = parse("dp=32,zero=1,tp=4,pp=8,vpp=7,ep=8,etp=1", 1024, explicit=True)
+    plain = parse("dp=32,zero=1,tp=4,pp=8,vpp=7,ep=8", 1024)
+    assert folded.ep_folds_tp and not plain.ep_folds_tp and folded.expert_dp == 16
+    assert parse(folded.format()) == folded and "etp=1" in str(folded) and folded.to_json(1024)["etp"] == 1
+    for bad in ("dp=32,tp=4,ep=8,etp=2", "dp=32,ep=8,etp=1", "dp=32,tp=4,etp=1", "dp=32,tp=8,ep=4,etp=1"):
+        with pytest.raises(MeshwiseError, match="etp"):
+            parse(bad, None, explicit=True)
+    model, cluster = load_model("qwen3-235b-a22b"), load_cluster("h100", 1024)
+    train = TrainSpec(1024, 4096, runtime="megatron")
+    ops = {
+        k: {(c.kind, c.dim): c for c in estimate(model, cluster, train, lay).comm}
+        for k, lay in (("f", folded), ("p", plain))
+    }
+    # folded: each TP rank sends its T/tp tokens inside the node; unfolded: T/tp too, but over ranks tp apart
+    assert ops["f"]["all_to_all", "ep"].seconds_per_step < ops["p"]["all_to_all", "ep"].seconds_per_step
+    assert main(["plan", "--model", "qwen3-235b-a22b", "--gpus", "1024", "--layout", str(folded)]) == 2

@@ -159,9 +159,9 @@ def test_cp_key() -> None:
 
 
 def test_degrees_are_the_layout_but_mbs_and_ac():
-    """Degrees holds Layout's fields but mbs and ac, in Layout's order and under its names, and the two
-    convert both ways without losing a field."""
-    assert Degrees._fields == tuple(f.name for f in fields(Layout) if f.name not in ("mbs", "ac"))
+    """Degrees holds Layout's fields but mbs and ac (and etp, a run's stated expert TP that the search never
+    sets), in Layout's order and under its names, and the two convert both ways without losing a field."""
+    assert Degrees._fields == tuple(f.name for f in fields(Layout) if f.name not in ("mbs", "ac", "etp"))
     lay = parse("dp=8,zero=3,shard=4,ep=2,cp=2,tp=2,sp=off,pp=2,vpp=2,schedule=interleaved-1f1b,mbs=2,ac=full", 64)
     assert lay.degrees.layout(lay.mbs, lay.ac) == lay
     assert lay.degrees.layout() == Layout(**{**lay.__dict__, "mbs": 1, "ac": "none"})

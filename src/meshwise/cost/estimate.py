@@ -37,6 +37,7 @@ Throughput: tokens/s = global_batch * seq / step_s; model (hardware) TFLOP/s per
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -291,7 +292,7 @@ def _dp_of(
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
     degrees = (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    key = ("dp", *degrees, layout.ep, shape.pp_rank, shape.chunk_blocks, m)
+    key = ("dp", *degrees, layout.ep, layout.ep_folds_tp, shape.pp_rank, shape.chunk_blocks, m)
     return _memo(cache, key, _dp_collectives, model, train, layout, shape, m, cluster)
 
 
@@ -325,8 +326,10 @@ def _dp_collectives_of(
         if train.fp8
         else None
     )
+    bucket = _megatron_bucket_params(train, layout)
+    calls = math.ceil(dense / bucket) if bucket else shape.units
     per_mb, per_step = _dp_ops(
-        train, layout, m, cluster, (dense, shape.units), _Group(layout.shard, dim, layout.tp), regathered, gather
+        train, layout, m, cluster, (dense, calls), _Group(layout.shard, dim, layout.tp), regathered, gather
     )
     if not experts:
         return per_mb, per_step
@@ -341,11 +344,25 @@ def _dp_collectives_of(
         layout,
         m,
         cluster,
-        (shape.expert_params / (layout.ep * expert_tp), moe_units),
+        (shape.expert_params / (layout.ep * expert_tp), moe_units)
+        if not bucket
+        else (shape.expert_params / (layout.ep * expert_tp), math.ceil(experts / (layout.ep * expert_tp) / bucket)),
         _Group(layout.expert_dp, "edp", layout.ep if folded else layout.tp * layout.ep),
         gather_bytes=fp8.gather_bytes_per_param(train, 1.0) if train.fp8 else None,
     )
     return per_mb + e_mb, per_step + e_step
+
+
+def _megatron_bucket_params(train: TrainSpec, layout: Layout) -> float:
+    """Parameters per gradient bucket of Megatron-Core's data parallelism (0: one call per unit instead):
+    ``max(40e6, 1e6 * dp)`` (megatron/core/distributed/distributed_data_parallel.py, its default
+    ``bucket_size``: larger DP groups get larger buckets, so each ring's chunks stay bandwidth-bound), for
+    its DDP and distributed optimizer (zero 0 and 1) without a pipeline. Each bucket is one reduce-scatter
+    (all-reduce) and, under the distributed optimizer, one all-gather. Under PP Megatron keeps one bucket on
+    every stage but the first and per model chunk after the first: left at one call per unit."""
+    if train.runtime != "megatron" or layout.zero > 1 or layout.pp > 1:
+        return 0.0
+    return max(40e6, 1e6 * layout.dp * layout.cp)
 
 
 def _regathered(model: ModelSpec, layout: Layout, shape: RankShape, m: int) -> tuple[float, int]:

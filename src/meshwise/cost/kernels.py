@@ -89,17 +89,23 @@ PASSES = {
         "swiglu": 3.0,
         "geglu": 3.0,
         "gelu": 2.0,
-        "loss_bytes": 14.0,
+        "loss_bytes": 52.0,
         "repeat_kv": 0.0,
     },
 }
 PASSES["torchtitan-fused-norm"] = {**PASSES["torchtitan"], "norm": 2.0}  # its Triton RMSNorm: one read, one write
+# Megatron's loss without --cross-entropy-loss-fusion (its default): vocab_parallel_cross_entropy on the
+# logits upcast to float32, counted on megatron-core 0.16.1 (benchmarks/megatron_loss_bytes.py): forward
+# the cast 2 + 4, max 4, in-place subtract 8, exp 8, sum 4, in-place divide 8 = 38 B per logit; backward
+# the in-place multiply 8 and the cast back to bf16 4 + 2 = 14.
+# With the fusion (``TrainSpec.loss_fusion``) one read and one write of the logits each way: 14.
+PASSES["megatron-fused-loss"] = {**PASSES["megatron"], "loss_bytes": 14.0}
 # Memory-bound kernels a block's forward launches besides its GEMMs and attention (backward: twice as
 # many): eager torch runs each RMSNorm as ~6 kernels (casts, square, mean, rsqrt, two products), each
 # rotary as ~4 per tensor (Q, K), residual adds 1 each, SwiGLU 2; Megatron's fused norm, bias-dropout-add,
 # rotary and activation kernels run once each (2 + 2 + 2 + 1). torchtitan: 8 per eager norm (1 fused),
 # 3 per rotary tensor, 2 repeat_kv copies, 2 residual adds, 2 for SwiGLU.
-KERNELS = {"meshwise": 24, "torchtitan": 28, "torchtitan-fused-norm": 14, "megatron": 7}
+KERNELS = {"meshwise": 24, "torchtitan": 28, "torchtitan-fused-norm": 14, "megatron": 7, "megatron-fused-loss": 7}
 SPLIT_K_MIN_DEPTH = 512  # a split-K slice's least depth (cuBLAS splits K only while each slice stays this deep)
 FLASH_BACKWARD = 2.5  # FlashAttention-2 backward / forward FLOPs
 SOFTMAX_FWD_BYTES = 9.0
@@ -108,8 +114,11 @@ SOFTMAX_BWD_BYTES = 8.0
 
 def ops_key(train: TrainSpec) -> str:
     """Whose memory-bound operators run (the key of ``PASSES`` and ``KERNELS``): the meshwise runtime's
-    model code (``train.model_code``), else the runtime's own (Megatron's fused kernels)."""
-    return train.model_code if train.runtime == "meshwise" else train.runtime
+    model code (``train.model_code``), else the runtime's own (Megatron's fused kernels; its loss fused or
+    not, ``train.loss_fusion``)."""
+    if train.runtime == "meshwise":
+        return train.model_code
+    return "megatron-fused-loss" if train.loss_fusion else train.runtime
 
 
 def gemm_row(accel: AcceleratorSpec, dtype: str = "bf16") -> tuple[float, float]:

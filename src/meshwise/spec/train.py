@@ -67,6 +67,8 @@ class TrainSpec:
     moe_dispatcher: str = "all-to-all"  # who carries the tokens to the experts (MOE_DISPATCHERS)
     mtp_layers: int = 0  # multi-token-prediction modules trained beside the model (Megatron's --mtp-num-layers;
     # DeepSeek-V3 trains one): each one more block, a 2h x h projection and the head again, on the last stage
+    loss_fusion: bool = False  # Megatron's --cross-entropy-loss-fusion (off by default in Megatron-LM; NeMo 2.0's
+    # GPTConfig turns it on): the loss's bytes per logit, cost/kernels.py PASSES
 
     __hash__ = cached_hash
 
@@ -104,6 +106,8 @@ class TrainSpec:
                 f"--mtp-layers: {self.mtp_layers} must be 0, or at least 1 under --runtime megatron "
                 "(meshwise's runtime trains no multi-token-prediction module)"
             )
+        if self.loss_fusion and self.runtime != "megatron":
+            raise MeshwiseError("loss_fusion: Megatron's fused cross-entropy is a --runtime megatron setting")
         if self.model_code != "meshwise" and self.runtime != "meshwise":
             raise MeshwiseError(
                 f"model_code: {self.model_code!r} runs under the meshwise runtime, not {self.runtime!r}"
