@@ -16,4 +16,5 @@ def test_the_block_alone_times_each_part_it_runs():
     assert set(seconds) == set(MOE_PART_SECONDS)
     assert all(seconds[k] > 0 for k in ("router_s", "permute_s", "experts_s", "shared_s", "forward_s"))
     assert seconds["dispatch_host_s"] == 0  # ep = 1: no all-to-all
-    assert seconds["forward_s"] < sum(seconds[k] for k in MOE_PART_SECONDS if k != "forward_s")
+    # forward_s (forward only) against the parts (forward and backward) is a wall-clock ratio: it is
+    # read in benchmarks/moe_parts_cpu.py, not asserted here (it failed once on a loaded host).
