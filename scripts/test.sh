@@ -38,7 +38,6 @@ fi
 ruff check --quiet .
 ruff format --check --quiet .
 lint-imports --no-cache >/dev/null || lint-imports --no-cache
-# Three pytest workers (pytest-xdist) on the 2-core host: the integration tests are two units of work,
-# each run in order on one worker, and the unit tests go to the third, filling the CPU the launches
-# leave idle (tests/conftest.py work_unit). Pass -n 0 to run in this process (as -s needs).
-exec python -m pytest -n 3 "$@"
+# Two pytest workers (pytest-xdist); the integration tests are two units of work, each run in order
+# on one worker (tests/conftest.py work_unit). Pass -n 0 to run in this process (as -s needs).
+exec python -m pytest -n 2 "$@"

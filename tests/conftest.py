@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The parity suite's launches (one per world size, every layout of it in turn) and the fault tests:
 # one unit of work, about half the launches' time. Worker seconds under ``pytest -n 2`` on the 2-core
 # host, each unit beside the other: parity 196, measure 241, float8 parity 52, faults 131 (620 in
-# all); the rest 634; the unit tests 317, on a third worker under scripts/test.sh's ``-n 3``.
+# all); the rest 634; the unit tests 317, shared by both workers.
 PARITY_SUITE = ("test_parity.py", "test_measure.py", "test_fp8_parity.py", "test_faults.py")
 
 
