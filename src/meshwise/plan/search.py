@@ -184,13 +184,12 @@ class _Search:
         """Whether :meth:`run` ranks any layout: :meth:`_rank` estimates the first layout that
         :meth:`_fitting` passes, so this asks :meth:`_fitting` of the same layouts (each group with a
         fitting floor, each of its (ac, mbs) as :meth:`_modes` lists them, its structures widest
-        sharding group first with the same skips), in no particular order, until one fits."""
+        sharding group first with the same skips), in the groups' order, until one fits."""
         self._enumerate_all()
         for gkey, members in self.groups.items():
             if not any(self._floor_fit(d) for _, d, _ in members):
                 continue
-            pairs = {(ac, mbs) for _, _, (mbs_options, acs) in members for ac in acs for mbs in mbs_options}
-            for ac, mbs in pairs:
+            for ac, mbs in ((ac, mbs) for mbs, acs in self._modes(gkey) for ac in acs):
                 widest_failed: set[int] = set()
                 for s_index, d, (mbs_options, acs) in self._widest_first(gkey):
                     if not self.shared_where and (ac not in acs or mbs not in mbs_options):
