@@ -16,6 +16,8 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
 - grouped GEMMs by rows per expert (components_grouped_gemm.csv: DeepGEMM's grouped table):
   ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
   tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
+  on Blackwell, torch's grouped kernels (torchao's B200 tables, bf16 and MXFP8): the ``efficiency`` of
+  the rows ``gemm.grouped-bf16`` and ``gemm.grouped-fp8`` alone, the dense rows' depth held;
 - collectives by payload and group size (components_collectives.csv: OpenXLA's H100 NVLink table):
   the intra-node ``latency_s`` and ``bytes_per_s`` of cost/comm.py ``collective_seconds``;
 - memory-bound kernels and scale-out links (components_links.csv), and the clock held under sustained
@@ -33,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshwise.catalog import read_catalog
-from meshwise.cost import kernels, moe_block
+from meshwise.cost import fp8, kernels, moe_block
 from meshwise.cost.fit import (
     fit_gemm_efficiency,
     fit_gemm_points,
@@ -43,7 +45,7 @@ from meshwise.cost.fit import (
     log_errors,
     mean_log,
 )
-from meshwise.spec import load_cluster
+from meshwise.spec import TrainSpec, load_cluster
 from meshwise.spec.gpu_keys import ATTENTION_FIELDS
 
 CATALOG = Path(__file__).resolve().parents[1] / "src/meshwise/catalog"
@@ -146,6 +148,8 @@ def _grouped_pairs(rows_half: float | None) -> list[tuple[float, float]]:
     peak = accel.peak_bf16_flops_per_s * 2
     out = []
     for r in read("components_grouped_gemm.csv"):
+        if r["gpu"] != "h100":
+            continue
         g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
         factor = 1.0 if rows_half is None else m / (m + rows_half)
         out.append(
@@ -166,6 +170,52 @@ def fit_grouped() -> dict:
         "without": log_errors(_grouped_pairs(None)),
         "points": len(_grouped_pairs(None)),
     }
+
+
+# Blackwell's grouped GEMMs (torch._grouped_mm, torch._scaled_grouped_mm): torchao's B200 tables, the rows
+# ``gemm.grouped-bf16`` and ``gemm.grouped-fp8`` (MXFP8) of b200, b200-750w and gb200
+BLACKWELL_GROUPED = (("bf16", "bf16", "peak_bf16_flops_per_s", 2), ("fp8", "mxfp8", "peak_mxfp8_flops_per_s", 1))
+MSE_LOSS_BYTES = 10.0  # the fwd+bwd table's mse_loss per output element: out and labels read each way, grad written
+
+
+def _blackwell_grouped_pairs(row: str, efficiency: float, layout: str = "fwd+bwd") -> list[tuple[float, float]]:
+    """(predicted, published) seconds of torchao's B200 grouped GEMMs of ``layout`` (components_grouped_gemm.csv)
+    with the ``grouped-<row>`` GEMM row at ``efficiency`` on the catalog's B200 at its sustained clock (triton's
+    do_bench repeats each call for 100 ms after a 25 ms warm-up: the back-to-back regime that clock is for), over
+    ``rows / (rows + GROUPED_ROWS_HALF)`` as cost/moe_block.py prices them. A fwd+bwd point is what a training
+    step calls: the forward GEMM, its two backward GEMMs, in MXFP8 their casts as cost/fp8.py prices them
+    (torchao's pattern), and the benchmark's loss over the output at HBM bandwidth; the 2d-3d and 2d-2d points
+    are MXFP8 GEMM kernels alone (a check)."""
+    dtype, peak_key, elem = next((d, k, e) for name, d, k, e in BLACKWELL_GROUPED if name == row)
+    base = load_cluster("b200", 8).accelerator
+    accel = replace(base, gemm=((f"grouped-{row}", efficiency, kernels.gemm_row(base, row)[1]),))
+    peak, name, hbm = getattr(accel, peak_key), f"grouped-{row}", kernels.hbm_bytes_per_s(accel)
+    train = TrainSpec(global_batch=1, seq_len=1, precision=dtype if dtype == "mxfp8" else "bf16-mixed")
+    out = []
+    for r in read("components_grouped_gemm.csv"):
+        if r["gpu"] != "b200" or r["dtype"] != dtype or r["layout"] != layout:
+            continue
+        g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
+        one = lambda a, b, c: kernels.gemm_seconds(a, b, c, accel, peak, elem, g, name)  # noqa: E731
+        if layout == "fwd+bwd":
+            seconds = (one(m, n, k) + one(m, k, n) + one(k, n, m)) / moe_block.grouped_factor(m)
+            seconds += (sum(fp8.linear_cast_bytes(train, g * m, n, k)) + MSE_LOSS_BYTES * g * m * n) / hbm
+            flops = 6.0 * g * m * n * k
+        else:
+            seconds = one(m, n, k) / moe_block.grouped_factor(k if layout == "2d-2d" else m)
+            flops = 2.0 * g * m * n * k
+        out.append((seconds, flops / (float(r["tflops"]) * 1e12)))
+    return out
+
+
+def fit_blackwell_grouped(row: str) -> dict:
+    """``gemm.grouped-<row>``'s efficiency on torchao's B200 fwd+bwd table (its depth the dense row's), its
+    errors, and in MXFP8 the kernels-alone points' errors at that efficiency (a check)."""
+    eff = golden(lambda v: mean_log(_blackwell_grouped_pairs(row, v)), 0.1, 1.0)
+    pairs = _blackwell_grouped_pairs(row, eff)
+    alone = _blackwell_grouped_pairs(row, eff, "2d-3d") + _blackwell_grouped_pairs(row, eff, "2d-2d")
+    signed = sum(p / m - 1 for p, m in alone) / len(alone) if alone else 0.0
+    return {"efficiency": eff, "errors": log_errors(pairs), "points": len(pairs), "alone": (len(alone), signed)}
 
 
 # -------------------------------------------------------------------------------------- attention
@@ -260,6 +310,7 @@ def fits() -> dict:
         "gemm_blackwell": {row: fit_blackwell_gemm(row) for row, _, _ in BLACKWELL_ROWS},
         "blackwell_burst": blackwell_burst_factor(),
         "attention_blackwell": blackwell_attention_scale(fa2, cudnn),
+        "grouped_blackwell": {row[0]: fit_blackwell_grouped(row[0]) for row in BLACKWELL_GROUPED},
     }
 
 
@@ -330,6 +381,12 @@ def check_catalog(f: dict) -> list[str]:
             want = [v * scale if i in (0, 2, 4) else v for i, v in enumerate(h100_rows[r[0]][2:])]
             if not all(abs(g - w) <= 0.01 * w for g, w in zip(r[2:], want)):
                 bad.append(f"{name} attention.{r[0]}: catalog {r[2:]}, the H100's x {scale:.3f}: {want}")
+    for name in (*BLACKWELL, "b200-750w"):
+        rows = {r[0]: r[1:] for r in load_cluster(name, 8).accelerator.gemm}
+        for row, fit in f["grouped_blackwell"].items():
+            got = rows.get(f"grouped-{row}")
+            if got is None or not close(got[0], fit["efficiency"]):
+                bad.append(f"{name} gemm.grouped-{row}: catalog {got}, fit {fit['efficiency']:.3f}")
     grouped = f["grouped_gemm"]["rows_half"]
     if abs(moe_block.GROUPED_ROWS_HALF - grouped) > 0.5:
         bad.append(f"moe_block.GROUPED_ROWS_HALF: code {moe_block.GROUPED_ROWS_HALF}, fit {grouped:.1f}")
@@ -379,6 +436,12 @@ def main(argv: list[str]) -> int:
         print(
             f"  check b200 bf16  the row at its table clock against {n} B200 cuBLAS timings ({source}): time error "
             f"mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
+        )
+    for row, g in f["grouped_blackwell"].items():
+        print(
+            f"  grouped_b200_{row:5s} efficiency {g['efficiency']:.3f} (torch's grouped GEMMs, at the sustained clock): "
+            f"{g['points']} fwd+bwd timings, time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}"
+            + (f"; its {g['alone'][0]} GEMM kernels alone read {g['alone'][1]:+.1%} (a check)" if g["alone"][0] else "")
         )
     sc = f["attention_blackwell"]
     print(

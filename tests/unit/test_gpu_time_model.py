@@ -69,6 +69,10 @@ def test_catalog_constants_are_the_component_fits():
     assert fitted["gemm_h100_bf16"]["errors"][0] < 0.10
     assert fitted["attention_fa2"]["errors"][0] < 0.03 and fitted["attention_cudnn"]["errors"][0] < 0.08
     assert fitted["nvlink_h100"]["errors_large"][0] < 0.20
+    grouped = fitted["grouped_blackwell"]  # torchao's B200 grouped GEMMs: below the dense rows, near their data
+    assert grouped["bf16"]["efficiency"] < 0.6 < 0.818 and grouped["fp8"]["efficiency"] < 0.724
+    assert grouped["bf16"]["errors"][0] < 0.07 and grouped["bf16"]["errors"][1] < 0.17
+    assert grouped["fp8"]["errors"][0] < 0.10 and grouped["fp8"]["errors"][1] < 0.21
 
 
 def test_cudnn_attention_outruns_flash_attention_2_on_h100():

@@ -37,7 +37,10 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   experts (``"grouped"``: DeepGEMM's, as the DeepSeek-V3 report's) takes the tile/wave GEMM of ``E / ep``
   groups divided by ``R / (R + GROUPED_ROWS_HALF)``, the efficiency the grouped kernels lose as the rows
   per expert fall (fitted on DeepGEMM's grouped table, components_grouped_gemm.csv, by
-  benchmarks/fit_components.py; taken as the same fraction of each dtype's GEMM row).
+  benchmarks/fit_components.py; taken as the same fraction of each dtype's GEMM row). Under meshwise's
+  runtime (torchtitan's ``torch._grouped_mm``) a device with rows of torch's own grouped kernels takes
+  them (``grouped_row``: Blackwell's, fitted on torchao's B200 tables: bf16 at 0.456 and MXFP8 at 0.439 of
+  peak where its dense rows read 0.818 and 0.724).
   meshwise's runtime loops over its experts in Python: three dense GEMMs per expert (gate, up,
   down; cuBLAS, no grouped factor), each with its kernel floor, plus ``LOOP_KERNELS`` elementwise
   kernels per expert (SwiGLU's activation and product, forward and backward) at ``kernel_floor_s``
@@ -165,6 +168,16 @@ def expert_kernel(train: TrainSpec) -> str:
     return train.expert_gemm
 
 
+def grouped_row(accel: AcceleratorSpec, train: TrainSpec, dtype: str) -> str:
+    """The GEMM row one grouped kernel's experts take: the device's row of torch's grouped kernels
+    (``grouped-bf16``, ``grouped-fp8``: Blackwell's, fitted on torchao's B200 tables) where meshwise's runtime
+    runs them (torchtitan's ``torch._grouped_mm``), else ``dtype``'s dense row over the grouped factor."""
+    row = f"grouped-{'bf16' if dtype == 'bf16' else 'fp8'}"
+    if train.runtime == "megatron" or all(r[0] != row for r in accel.gemm):
+        return dtype
+    return row
+
+
 def _experts_s(
     model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, rows: float, local: int, split: int
 ) -> tuple[float, float]:
@@ -184,11 +197,11 @@ def _experts_s(
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
         fwd, bwd = fwd + cf / hbm, bwd + cb / hbm
         if kernel == "grouped":
-            slow = 1.0 / grouped_factor(rows)
-            fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, dtype)
+            slow, row = 1.0 / grouped_factor(rows), grouped_row(accel, train, dtype)
+            fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, row)
             bwd += slow * (
-                gemm_seconds(rows, k, n, accel, peak, e, local, dtype)
-                + gemm_seconds(k, n, rows, accel, peak, e, local, dtype)
+                gemm_seconds(rows, k, n, accel, peak, e, local, row)
+                + gemm_seconds(k, n, rows, accel, peak, e, local, row)
             )
         elif kernel in ("te", "cublas-loop"):
             fwd += rounds * gemm_seconds(rows, n, k, accel, peak, e, width, dtype)
