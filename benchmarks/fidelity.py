@@ -55,6 +55,12 @@ class Run:
     set: str = "dev"
     origin: str = ""
     moe: bool = False
+    framework: str = ""  # the framework a run priced under runtime meshwise ran, where its layout needs it
+
+    @property
+    def refusals(self) -> str:
+        """The runtime whose refusals the run's layout answers to (:func:`refusal_runtime`)."""
+        return refusal_runtime(self.framework, self.train.runtime)
 
     @property
     def gpu(self) -> str:
@@ -157,9 +163,18 @@ def load_runs(prefix: str = "", set_name: str | None = None, original: bool = Fa
                 rec["set"],
                 rec["origin"],
                 rec["moe"],
+                rec.get("framework", ""),
             )
         )
     return runs
+
+
+def refusal_runtime(framework: str, runtime: str) -> str:
+    """The runtime whose refusals (layout.runtime_refusal) a run's layout answers to: its own, except a
+    torchtitan run (``framework = "torchtitan"``) priced under meshwise's runtime, whose expert TP 1 folds EP
+    over the TP ranks as Megatron-Core's does (torchtitan/distributed/parallel_dims.py: the sparse mesh
+    ``efsdp, ep, etp``, EP borrowing the TP degree where ETP is 1), which meshwise's own runtime cannot run."""
+    return "torchtitan" if framework == "torchtitan" else runtime
 
 
 def check_run(rec: dict, models: dict[str, ModelSpec]) -> str:
@@ -179,7 +194,8 @@ def check_run(rec: dict, models: dict[str, ModelSpec]) -> str:
         raise MeshwiseError(f"{where}: needs exactly one positive published figure of {', '.join(FIGURES)}")
     if "layout" in rec:
         layout = parse(rec["layout"], rec["gpus"], explicit=True)
-        check_runnable(layout, model, rec["gpus"], rec["global_batch"], rec["seq_len"], runtime=train.runtime)
+        runtime = refusal_runtime(rec.get("framework", ""), train.runtime)
+        check_runnable(layout, model, rec["gpus"], rec["global_batch"], rec["seq_len"], runtime=runtime)
         shown = f"`{layout}`"
     else:
         parse(rec["search"], rec["gpus"], explicit=True)

@@ -68,7 +68,7 @@ def test_moe_flag_matches_the_model_and_every_layout_fits():
     for run in load_runs():
         assert run.moe == run.model.moe, run.id
         validate(run.layout, run.model, run.cluster.world_size, run.train.global_batch)
-        assert runtime_refusal(run.layout, run.model, run.train.seq_len, run.train.runtime) is None, run.id
+        assert runtime_refusal(run.layout, run.model, run.train.seq_len, run.refusals) is None, run.id
 
 
 # NeMo's performance summaries of the 25.09 container and later stay out (Megatron-Bridge publishes them).
