@@ -100,7 +100,7 @@ GENERATIONS = {
     "test2": {"ampere", "hopper", "blackwell"},
     "test3": {"ampere", "hopper"},
     "test4": {"ampere", "hopper", "blackwell"},
-    "test5": {"hopper", "blackwell", "cdna"},  # H200, H800, H100; B200; MI300X (no A100 source found)
+    "test5": {"ampere", "hopper", "blackwell", "cdna"},  # A100; H200, H800, H100; B200; MI300X
 }
 # test4 holds 5 MoE runs: the public MoE runs with a full layout and a figure, from sources not already in the file
 # and not excluded, that could be read here (docs/fidelity.md, test4's left-out list)
@@ -307,7 +307,8 @@ def test_test5_figures_are_the_numbers_their_sources_quote():
     gives only that) and agrees with the rest of its source line: KempnerForge's tok/s x step time is the run's
     global batch of 4,096-token sequences (within 1.5%, the rounding of the printed figures); a gpu-recipes log
     entry's consumed samples are its step + 1 global batches; the H800 Megatron tables' Tokens/GPU/Second x
-    TimePerIter x GPUs is the global batch's tokens (within 0.5%). Each layout multiplies out to its GPU count."""
+    TimePerIter x GPUs is the global batch's tokens (within 0.5%); InternEvo's GPU Num x Micro Bsz x Micro Num is
+    the global batch. Each layout multiplies out to its GPU count."""
     runs = _set("test5")
     assert runs
     for rec in runs:
@@ -330,3 +331,10 @@ def test_test5_figures_are_the_numbers_their_sources_quote():
             assert tokens_per_s * rec["step_s"] * rec["gpus"] == pytest.approx(step_tokens, rel=0.005), rec["id"]
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
+        if rec["origin"].startswith("InternEvo"):
+            numbers = {
+                k: int(re.search(rf"{k} (\d+)", rec["source"]).group(1)) for k in ("GPU Num", "Micro Bsz", "Micro Num")
+            }
+            assert numbers["GPU Num"] == rec["gpus"] and rec["seq_len"] == 2048, rec["id"]
+            assert fidelity.parse(rec["layout"], rec["gpus"]).mbs == numbers["Micro Bsz"], rec["id"]
+            assert rec["global_batch"] == numbers["GPU Num"] * numbers["Micro Bsz"] * numbers["Micro Num"], rec["id"]
