@@ -16,8 +16,17 @@ widening are the pair of COVERAGES x WIDENINGS of least median half-width whose 
 TARGET_COVERAGE leave-one-source-out on the seen runs: each source's runs are banded by the table built
 without that source.
 
+Source-weighted rows (``--source-weighted``, proposed): each run weighs 1 / (its source's runs), so every
+source counts once in a row's quantiles and median. A source of 18 runs sharing one offset (one cluster, one
+software stack) otherwise sets a row's spread by itself, and a new source brings an offset of its own, not
+another of that source's runs: the spread that matters out of sample is the one between sources.
+
     python benchmarks/band.py            # the leave-one-source-out figures; writes bands.toml and
                                          # benchmarks/results/band-seen.txt
+    python benchmarks/band.py --dry-run --source-weighted --seen dev,test,test2,test3,test4
+                                         # the proposal on every seen set: printed, nothing written
+    python benchmarks/band.py --dry-run --source-weighted --holdout test4
+                                         # built from the sets before test4 only, then test4 banded by it
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ COVERAGES = (0.8, 0.9, 1.0)
 WIDENINGS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 KINDS = ("dense", "moe")  # each kind's coverage and widening are chosen on its own runs
 TARGET_COVERAGE = 0.85  # leave-one-source-out, on the seen runs: above the 80% a test set must reach
-SEEN = ("dev", "test", "test2", "test3")  # the sets whose errors have been read; test4 is held out
+SEEN = ("dev", "test", "test2", "test3")  # the sets bands.toml is built from (the default of --seen)
+ALL_SETS = ("dev", "test", "test2", "test3", "test4")  # in the order they were collected (--holdout)
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "src/meshwise/catalog/bands.toml"
 RESULT = ROOT / "benchmarks/results/band-seen.txt"
@@ -64,9 +74,31 @@ def quantile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def seen_points() -> list[Point]:
+def weighted_quantile(points: list[Point], q: float) -> float:
+    """The q-quantile of the points' errors, each weighing 1 / (its source's points), linear between points:
+    point i sits at ``(C_i - w_i / 2 - w_0 / 2) / (W - w_0 / 2 - w_n / 2)`` (``C_i`` the weight up to and with
+    it, ``W`` the whole), which with equal weights is ``i / (n - 1)``, :func:`quantile`'s rule."""
+    per_source = defaultdict(int)
+    for p in points:
+        per_source[p.origin] += 1
+    xs = sorted((p.error, 1.0 / per_source[p.origin]) for p in points)
+    if len(xs) == 1:
+        return xs[0][0]
+    first, last = xs[0][1] / 2, xs[-1][1] / 2
+    span, acc, at = sum(w for _, w in xs) - first - last, 0.0, []
+    for _, w in xs:
+        acc += w
+        at.append((acc - w / 2 - first) / span)
+    for i in range(1, len(xs)):
+        if at[i] >= q:
+            t = max(0.0, (q - at[i - 1]) / (at[i] - at[i - 1]))
+            return xs[i - 1][0] + t * (xs[i][0] - xs[i - 1][0])
+    return xs[-1][0]
+
+
+def seen_points(sets: tuple[str, ...] = SEEN) -> list[Point]:
     out = []
-    for r in (r for name in SEEN for r in load_runs(set_name=name)):
+    for r in (r for name in sets for r in load_runs(set_name=name)):
         cat = category_of(r.moe, r.gpu, r.train.precision, calibrated=False)
         out.append(Point(r.id, r.origin, r.gpu, cat, r.published_step_s / predict(r) - 1))
     return out
@@ -87,9 +119,10 @@ def calibrated(points: list[Point]) -> list[Point]:
     return out
 
 
-def build(points: list[Point], coverage: float, widen: float = 1.0) -> dict[str, dict]:
+def build(points: list[Point], coverage: float, widen: float = 1.0, weighted: bool = False) -> dict[str, dict]:
     """{key: row} for every category level with enough runs and sources, and each kind's every-run row:
-    the central ``coverage`` of its errors, widened ``widen`` times about their median."""
+    the central ``coverage`` of its errors, widened ``widen`` times about their median (``weighted``: each
+    source's runs weigh one source in all, :func:`weighted_quantile`)."""
     groups: dict[str, list[Point]] = defaultdict(list)
     for p in points:
         for key in p.category.keys():
@@ -100,12 +133,16 @@ def build(points: list[Point], coverage: float, widen: float = 1.0) -> dict[str,
         sources = len({p.origin for p in group})
         if key.count("/") == 1 or (len(group) >= MIN_RUNS and sources >= MIN_SOURCES):
             errors = [p.error for p in group]
-            mid = statistics.median(errors)
-            low = max(mid + widen * (quantile(errors, tail) - mid), -0.95)
+
+            def q(x: float, group: list[Point] = group, errors: list[float] = errors) -> float:
+                return weighted_quantile(group, x) if weighted else quantile(errors, x)
+
+            mid = q(0.5) if weighted else statistics.median(errors)
+            low = max(mid + widen * (q(tail) - mid), -0.95)
             table[key] = {
                 "category": key,
                 "low": round(low, 4),
-                "high": round(mid + widen * (quantile(errors, 1 - tail) - mid), 4),
+                "high": round(mid + widen * (q(1 - tail) - mid), 4),
                 "coverage": coverage,
                 "widen": widen,
                 "runs": len(group),
@@ -114,11 +151,13 @@ def build(points: list[Point], coverage: float, widen: float = 1.0) -> dict[str,
     return table
 
 
-def leave_one_source_out(points: list[Point], coverage: float, widen: float) -> list[tuple[Point, float, float, str]]:
+def leave_one_source_out(
+    points: list[Point], coverage: float, widen: float, weighted: bool = False
+) -> list[tuple[Point, float, float, str]]:
     """Each point with the band of the table built without its source: (point, low, high, row used)."""
     out = []
     for origin in sorted({p.origin for p in points}):
-        table = build([p for p in points if p.origin != origin], coverage, widen)
+        table = build([p for p in points if p.origin != origin], coverage, widen, weighted)
         for p in points:
             if p.origin == origin:
                 b = lookup(p.category, table)
@@ -132,10 +171,10 @@ def scores(banded: list[tuple[Point, float, float, str]]) -> tuple[float, float]
     return inside, statistics.median((hi - lo) / 2 for _, lo, hi, _ in banded)
 
 
-def choose(points: list[Point]) -> tuple[float, float]:
+def choose(points: list[Point], weighted: bool = False) -> tuple[float, float]:
     """(coverage, widening): of the pairs whose bands hold TARGET_COVERAGE of the points leave-one-source-out,
     the one of least median half-width (the widest pair when none does)."""
-    tried = [(c, w, *scores(leave_one_source_out(points, c, w))) for c in COVERAGES for w in WIDENINGS]
+    tried = [(c, w, *scores(leave_one_source_out(points, c, w, weighted))) for c in COVERAGES for w in WIDENINGS]
     good = [t for t in tried if t[2] >= TARGET_COVERAGE]
     c, w, _, _ = min(good, key=lambda t: t[3]) if good else max(tried, key=lambda t: (t[2], -t[3]))
     return c, w
@@ -155,11 +194,21 @@ def floored(rows: dict[str, dict], table: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def report(kind: str, points: list[Point], cal: list[Point], coverage: float, widen: float) -> list[str]:
+@dataclass(frozen=True)
+class Method:
+    """How a table is built and scored: the sets it reads, source-weighted rows or not."""
+
+    sets: tuple[str, ...] = SEEN
+    weighted: bool = False
+
+
+def report(kind: str, points: list[Point], cal: list[Point], pair: tuple[float, float], method: Method) -> list[str]:
+    coverage, widen = pair
     lines = [
         f"{kind}: the central {coverage:.0%} of each row's errors, widened {widen:g} times about their median "
-        f"(the narrowest pair reaching {TARGET_COVERAGE:.0%} leave-one-source-out on the seen runs, else the most covering); "
-        f"{len(points)} seen runs ({', '.join(SEEN)}), {len({p.origin for p in points})} sources",
+        f"(the narrowest pair reaching {TARGET_COVERAGE:.0%} leave-one-source-out on the seen runs, else the most covering)"
+        f"{', each source weighing one in all' if method.weighted else ''}; "
+        f"{len(points)} seen runs ({', '.join(method.sets)}), {len({p.origin for p in points})} sources",
         "",
         "Leave-one-source-out on the seen runs (each source banded by the table built without it):",
     ]
@@ -167,7 +216,7 @@ def report(kind: str, points: list[Point], cal: list[Point], coverage: float, wi
         if len({p.origin for p in pts}) < MIN_SOURCES:
             lines.append(f"  {name:16s} {len(pts):3d} runs: not measurable, fewer than {MIN_SOURCES} sources")
         elif pts:
-            inside, half = scores(leave_one_source_out(pts, coverage, widen))
+            inside, half = scores(leave_one_source_out(pts, coverage, widen, method.weighted))
             lines.append(
                 f"  {name:16s} {len(pts):3d} runs: {inside:.0%} inside their band, median half-width {half:.1%}"
             )
@@ -176,7 +225,7 @@ def report(kind: str, points: list[Point], cal: list[Point], coverage: float, wi
         "| run | source | category | e = published/predicted - 1 | band (LOSO) | row |",
         "|---|---|---|---:|---|---|",
     ]
-    for p, lo, hi, row in leave_one_source_out(points, coverage, widen):
+    for p, lo, hi, row in leave_one_source_out(points, coverage, widen, method.weighted):
         mark = "" if lo <= p.error <= hi else " (outside)"
         lines.append(
             f"| {p.id} | {p.origin} | {p.category.keys()[0]} | {p.error:+.1%} | {lo:+.1%} .. {hi:+.1%}{mark} | {row} |"
@@ -210,29 +259,60 @@ def toml_text(table: dict[str, dict]) -> str:
     return "\n".join(head + rows)
 
 
-def main(argv: list[str]) -> None:
-    points = seen_points()
+def table_of(points: list[Point], method: Method) -> tuple[dict[str, dict], list[str]]:
+    """The band table of ``points`` (catalog and calibrated rows, each kind's own pair; a thin kind borrows
+    the first kind's pair and floor) and the report's lines."""
     cal = calibrated(points)
     table, lines, pairs = {}, [], {}
     for kind in KINDS:  # dense first: a thin kind borrows its pair and its floor
         pts, cal_pts = [p for p in points if p.category.kind == kind], [p for p in cal if p.category.kind == kind]
         thin = len({p.origin for p in pts}) < MIN_SOURCES
-        pairs[kind] = pairs[KINDS[0]] if thin else choose(pts)
-        rows = build(pts, *pairs[kind]) | build(cal_pts, *pairs[kind])
+        pairs[kind] = pairs[KINDS[0]] if thin else choose(pts, method.weighted)
+        rows = build(pts, *pairs[kind], method.weighted) | build(cal_pts, *pairs[kind], method.weighted)
         table |= floored(rows, table) if thin else rows
-        lines += (
-            report(kind, pts, cal_pts, *pairs[kind])
-            + (
-                [
-                    f"  ({kind} has fewer than {MIN_SOURCES} sources: {KINDS[0]}'s coverage and widening, its rows no "
-                    f"narrower than {KINDS[0]}'s)"
-                ]
-                if thin
-                else []
+        lines += report(kind, pts, cal_pts, pairs[kind], method)
+        if thin:
+            lines.append(
+                f"  ({kind} has fewer than {MIN_SOURCES} sources: {KINDS[0]}'s coverage and widening, its rows no "
+                f"narrower than {KINDS[0]}'s)"
             )
-            + [""]
-        )
+        lines.append("")
+    return table, lines
+
+
+def held_out(table: dict[str, dict], points: list[Point], name: str) -> list[str]:
+    """A later set banded by a table built without it: per kind, the share inside and the median half-width."""
+    lines = [f"{name}, banded by the table built from the sets before it:"]
+    for kind in KINDS:
+        bands = [(p, lookup(p.category, table)) for p in points if p.category.kind == kind]
+        if bands:
+            inside = sum(b.low <= p.error <= b.high for p, b in bands) / len(bands)
+            half = statistics.median((b.high - b.low) / 2 for _, b in bands)
+            lines.append(
+                f"  {kind:16s} {len(bands):3d} runs: {inside:.0%} inside their band, median half-width {half:.1%}"
+            )
+    return lines
+
+
+def _args(argv: list[str]) -> tuple[Method, str | None, bool]:
+    """(method, held-out set or None, dry run) from ``--seen A,B``, ``--holdout SET``, ``--source-weighted``,
+    ``--dry-run``."""
+    opts = dict(zip(argv, [*argv[1:], ""], strict=True))
+    holdout = opts.get("--holdout") or None
+    sets = tuple(opts["--seen"].split(",")) if "--seen" in opts else SEEN
+    if holdout:
+        sets = ALL_SETS[: ALL_SETS.index(holdout)]
+    return Method(sets, "--source-weighted" in argv), holdout, "--dry-run" in argv or holdout is not None
+
+
+def main(argv: list[str]) -> None:
+    method, holdout, dry = _args(argv)
+    table, lines = table_of(seen_points(method.sets), method)
+    if holdout:
+        lines += held_out(table, seen_points((holdout,)), holdout)
     print("\n".join(lines))
+    if dry:
+        return
     TABLE.write_text(toml_text(table))
     RESULT.write_text("\n".join(lines) + "\n")
     print(f"\nwritten: {TABLE.relative_to(ROOT)}, {RESULT.relative_to(ROOT)}")

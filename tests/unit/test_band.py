@@ -95,6 +95,24 @@ def test_a_row_needs_enough_runs_and_sources_but_the_kind_row_is_always_there():
     assert set(table) == {"catalog/dense"}
 
 
+def test_source_weighted_rows_count_each_source_once():
+    """--source-weighted: a source of many runs sharing one offset weighs as much as a source of one, so the
+    row's median and spread are the sources', not the big source's; with one run per source it is the plain
+    quantile."""
+    cat = category_of(False, "h100", "bf16", False)
+    big = [band_bench.Point(f"b{j}", "big", "h100", cat, 0.10 + 0.001 * j) for j in range(18)]
+    small = [band_bench.Point(f"s{i}", f"src{i}", "h100", cat, e) for i, e in enumerate((-0.1, 0.0))]
+    plain = band_bench.build(big + small, 0.8)["catalog/dense"]
+    weighted = band_bench.build(big + small, 0.8, weighted=True)["catalog/dense"]
+    assert plain["low"] > 0.05  # the 18 runs of one source set the plain row's 10th percentile
+    assert weighted["low"] < -0.05 and weighted["high"] > 0.1
+    singles = [band_bench.Point(f"x{i}", f"x{i}", "h100", cat, e) for i, e in enumerate((-0.2, 0.0, 0.1, 0.3))]
+    for q in (0.1, 0.5, 0.9):
+        assert band_bench.weighted_quantile(singles, q) == pytest.approx(
+            band_bench.quantile([p.error for p in singles], q)
+        )
+
+
 def test_leave_one_source_out_bands_a_source_without_it():
     points = _points([-0.2, 0.0, 0.3], [-0.02, 0.0, 0.02, 0.01, -0.01])
     banded = band_bench.leave_one_source_out(points, 1.0, 1.0)

@@ -29,7 +29,7 @@ def test_hardware_flops_with_full_recompute_is_eq3(name):
     assert ours == pytest.approx(narayanan_eq3(512, 2048, m.layers, m.hidden, m.vocab), rel=1e-9)
 
 
-TABLE1_WORST_STATED = 0.050  # docs/fidelity.md: `python benchmarks/table1.py`, worst row +5.0% (gpt-76.1b)
+TABLE1_WORST_STATED = 0.053  # docs/fidelity.md: `python benchmarks/table1.py`, worst row +5.3% (gpt-76.1b)
 
 
 def test_table1_worst_row_matches_the_stated_figure():

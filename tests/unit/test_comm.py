@@ -53,6 +53,28 @@ def test_tp_collectives_per_layer():
     assert full[("reduce_scatter", "tp")].count_per_step == 5 * model.layers + 1
 
 
+def test_megatron_loss_stays_vocabulary_parallel():
+    # Megatron's GPTModel keeps its logits split on the vocabulary (parallel_output, gather_output off)
+    # and vocab_parallel_cross_entropy all-reduces three float32 values per token (the max, the target's
+    # logit, the sum of exps): no all-gather of the logits, which meshwise's runtime makes.
+    model = load_model("llama3-8b")
+    cluster, layout = load_cluster("h100", 8), parse("tp=8,sp=on", 8)
+    tokens = 4096
+    ops = {}
+    for runtime in ("meshwise", "megatron"):
+        train = TrainSpec(1, tokens, "bf16", runtime=runtime)
+        ops[runtime] = {(c.kind, c.dim): c for c in estimate(model, cluster, train, layout).comm}
+    logits = tokens * model.vocab * 2
+    gathered = (
+        ops["meshwise"][("all_gather", "tp")].bytes_per_step - ops["megatron"][("all_gather", "tp")].bytes_per_step
+    )
+    assert gathered == pytest.approx(logits)
+    reduced = (
+        ops["megatron"][("all_reduce", "tp")].bytes_per_step - ops["meshwise"][("all_reduce", "tp")].bytes_per_step
+    )
+    assert reduced == pytest.approx(3 * tokens * 4)
+
+
 def test_link_tiers():
     c = load_cluster("h100", 64, 8)
     assert c.link_for(8, 1) == c.intra  # TP of 8 inside a node: NVLink

@@ -186,11 +186,11 @@ def test_held_out_sources_are_not_in_the_calibration_set():
 # The figures docs/fidelity.md states for the 39 runs the model was first checked on (dev data;
 # python benchmarks/fidelity.py --set dev): (runs, mean, worst) |error|.
 STATED = {
-    "all": (39, 0.034, 0.099),
+    "all": (39, 0.037, 0.099),
     "< 10B": (6, 0.047, 0.091),
-    "10-100B": (16, 0.037, 0.099),
-    "> 100B": (17, 0.027, 0.063),
-    "all, MT-NLG left out": (36, 0.033, 0.099),
+    "10-100B": (16, 0.041, 0.099),
+    "> 100B": (17, 0.029, 0.065),
+    "all, MT-NLG left out": (36, 0.035, 0.099),
 }
 
 
@@ -254,6 +254,6 @@ def test_megatron_reduces_gradients_in_buckets_that_grow_with_dp():
         rs, ag = ops["reduce_scatter", "dp"], ops["all_gather", "dp"]
         per_rank = rs.bytes_per_step / 4  # float32 gradients
         assert rs.count_per_step == ag.count_per_step == -(-per_rank // max(40e6, 1e6 * dp))
-        meshwise = replace(r.train, runtime="meshwise")
+        meshwise = replace(r.train, runtime="meshwise", overlap_tp_comm=False)
         plain = {(c.kind, c.dim): c for c in est.estimate(r.model, r.cluster, meshwise, r.layout).comm}
         assert plain["reduce_scatter", "dp"].count_per_step == r.model.layers + 1

@@ -164,8 +164,10 @@ def _tp_collectives(
     untied embedding's output is gathered (then split on the sequence), a tied one's
     reduce-scattered. Activation checkpointing re-runs the forward's
     collectives except the last reduction (1 all-reduce, or 2 all-gathers + 1 reduce-scatter, per
-    block). The last chunk gathers the logits (``T V e``). Under SP the norm weights' gradients are
-    partial sums: one all-reduce of ``h e`` each, per micro-batch under ZeRO-2/3, else per step.
+    block). The last chunk gathers the logits (``T V e``); Megatron's loss stays vocabulary-parallel
+    (megatron-core ``vocab_parallel_cross_entropy``: three all-reduces of ``T`` float32 values). Under
+    SP the norm weights' gradients are partial sums: one all-reduce of ``h e`` each, per micro-batch
+    under ZeRO-2/3, else per step.
     A MoE block's MLP runs whole on every TP rank (runtime/tensor_parallel.py): under SP its input
     is gathered and its output's gradient too (a slice forward), and nothing is reduced (no
     reduce-scatter out, none of the input gradient), without SP no all-reduce: 2 fewer reductions
@@ -206,7 +208,9 @@ def _tp_collectives(
         out.append(comm.collective("all_reduce", "tp", t, payload, reduces * m, link))
         if colwise:
             out.append(comm.collective("all_gather", "tp", t, payload, colwise * m, link))
-    if last:
+    if last and train.runtime == "megatron":  # vocab_parallel_cross_entropy: max, target logit, sum of exps
+        out.append(comm.collective("all_reduce", "tp", t, tokens * 4, 3 * m, link))
+    elif last:
         out.append(comm.collective("all_gather", "tp", t, tokens * model.vocab * train.activation_bytes, m, link))
     return out
 
