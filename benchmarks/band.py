@@ -1,7 +1,7 @@
 """The band table the planner prints around its figures (src/meshwise/catalog/bands.toml), from the time
 model's errors on the published runs already seen: the development set and the test sets evaluated
-once before (dev, test, test2, test3: SEEN; benchmarks/fidelity.py --set NAME). The newest test set
-(test4) is never read.
+once before (dev, test, test2, test3, test4: SEEN; benchmarks/fidelity.py --set NAME). The newest test
+set (test5) is never read.
 
 Each seen run gives e = published step / predicted step - 1 and a category (plan/band.py: dense or MoE,
 GPU family, precision class). A row holds the central ``coverage`` share of its runs' e (empirical
@@ -16,16 +16,16 @@ widening are the pair of COVERAGES x WIDENINGS of least median half-width whose 
 TARGET_COVERAGE leave-one-source-out on the seen runs: each source's runs are banded by the table built
 without that source.
 
-Source-weighted rows (``--source-weighted``, proposed): each run weighs 1 / (its source's runs), so every
+Source-weighted rows (the default; ``--equal-runs`` for every run weighing one): each run weighs 1 / (its source's runs), so every
 source counts once in a row's quantiles and median. A source of 18 runs sharing one offset (one cluster, one
 software stack) otherwise sets a row's spread by itself, and a new source brings an offset of its own, not
 another of that source's runs: the spread that matters out of sample is the one between sources.
 
     python benchmarks/band.py            # the leave-one-source-out figures; writes bands.toml and
                                          # benchmarks/results/band-seen.txt
-    python benchmarks/band.py --dry-run --source-weighted --seen dev,test,test2,test3,test4
-                                         # the proposal on every seen set: printed, nothing written
-    python benchmarks/band.py --dry-run --source-weighted --holdout test4
+    python benchmarks/band.py --dry-run --equal-runs
+                                         # every run weighing one: printed, nothing written
+    python benchmarks/band.py --dry-run --holdout test4
                                          # built from the sets before test4 only, then test4 banded by it
 """
 
@@ -47,7 +47,7 @@ COVERAGES = (0.8, 0.9, 1.0)
 WIDENINGS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 KINDS = ("dense", "moe")  # each kind's coverage and widening are chosen on its own runs
 TARGET_COVERAGE = 0.85  # leave-one-source-out, on the seen runs: above the 80% a test set must reach
-SEEN = ("dev", "test", "test2", "test3")  # the sets bands.toml is built from (the default of --seen)
+SEEN = ("dev", "test", "test2", "test3", "test4")  # the sets bands.toml is built from (the default of --seen)
 ALL_SETS = ("dev", "test", "test2", "test3", "test4")  # in the order they were collected (--holdout)
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "src/meshwise/catalog/bands.toml"
@@ -199,7 +199,7 @@ class Method:
     """How a table is built and scored: the sets it reads, source-weighted rows or not."""
 
     sets: tuple[str, ...] = SEEN
-    weighted: bool = False
+    weighted: bool = True
 
 
 def report(kind: str, points: list[Point], cal: list[Point], pair: tuple[float, float], method: Method) -> list[str]:
@@ -295,14 +295,14 @@ def held_out(table: dict[str, dict], points: list[Point], name: str) -> list[str
 
 
 def _args(argv: list[str]) -> tuple[Method, str | None, bool]:
-    """(method, held-out set or None, dry run) from ``--seen A,B``, ``--holdout SET``, ``--source-weighted``,
+    """(method, held-out set or None, dry run) from ``--seen A,B``, ``--holdout SET``, ``--equal-runs``,
     ``--dry-run``."""
-    opts = dict(zip(argv, [*argv[1:], ""], strict=True))
+    opts = dict(zip(argv, [*argv[1:], ""][: len(argv)], strict=True))
     holdout = opts.get("--holdout") or None
     sets = tuple(opts["--seen"].split(",")) if "--seen" in opts else SEEN
     if holdout:
         sets = ALL_SETS[: ALL_SETS.index(holdout)]
-    return Method(sets, "--source-weighted" in argv), holdout, "--dry-run" in argv or holdout is not None
+    return Method(sets, "--equal-runs" not in argv), holdout, "--dry-run" in argv or holdout is not None
 
 
 def main(argv: list[str]) -> None:

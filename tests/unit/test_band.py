@@ -96,7 +96,7 @@ def test_a_row_needs_enough_runs_and_sources_but_the_kind_row_is_always_there():
 
 
 def test_source_weighted_rows_count_each_source_once():
-    """--source-weighted: a source of many runs sharing one offset weighs as much as a source of one, so the
+    """Source-weighted (the default): a source of many runs sharing one offset weighs as much as a source of one, so the
     row's median and spread are the sources', not the big source's; with one run per source it is the plain
     quantile."""
     cat = category_of(False, "h100", "bf16", False)
