@@ -290,7 +290,7 @@ def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]
         lines.append(f"  {name:26s} {n:2d} runs: mean |error| {mean:.1%}, worst {worst:.1%}")
     lines += [
         "",
-        "plan's band (catalog/bands.toml, built from the seen sets (dev, test, test2, test3) by benchmarks/band.py):",
+        "plan's band (catalog/bands.toml, built from the seen sets by benchmarks/band.py: see its SEEN):",
     ]
     for kind in sorted({r.kind for r in runs}):
         got = [banded[r.id] for r in runs if r.kind == kind and banded[r.id] is not None]
