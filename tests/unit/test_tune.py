@@ -97,9 +97,9 @@ def test_pool_is_distinct_in_what_changes_the_step():
 # ---------------------------------------------------------------------------- bookkeeping
 def test_early_stop_only_beyond_the_noise():
     assert not should_stop([1.04], None, 0.05)  # no best yet
-    assert not should_stop([1.5], 1.0, 0.05)  # never on the first timed step alone
-    assert not should_stop([1.2, 1.04], 1.0, 0.05)  # its fastest step is within the noise
-    assert should_stop([1.2, 1.06], 1.0, 0.05)
+    assert not should_stop([1.5, 1.4], 1.0, 0.05)  # never before its third timed step
+    assert not should_stop([1.2, 1.3, 1.04], 1.0, 0.05)  # its fastest step is within the noise
+    assert should_stop([1.2, 1.3, 1.06], 1.0, 0.05)
     assert noise_of([1.0]) == pytest.approx(0.02) and noise_of([1.0, 1.1, 1.3]) == pytest.approx(0.3 / 1.1)
 
 
@@ -367,9 +367,8 @@ def test_budget_is_a_third_of_the_field_in_trials_and_steps():
     assert tune.max_trials == 4 and tune.budget_steps == 4 * (2 + 5) == 28
     assert default_trials(8) == HELD_OUT_MIN and default_trials(30) == 10
     assert tune.max_timed_steps() == 5  # 28 steps over 4 trials: no step to spare
-    first = _measure(predictor, _truth(), tune.next()[0].text)
-    tune.record(replace(first, status=STOPPED, steps_s=first.steps_s[:2]))  # 4 steps of its 7
-    assert tune.steps_used == 4 and tune.max_timed_steps() == 24 // 3 - 2  # its 3 spare steps shared
+    tune.record(_measure(predictor, _truth(), tune.next()[0].text, OVER_LIMIT))  # its 2 warm-up steps of 7
+    assert tune.steps_used == 2 and tune.max_timed_steps() == 26 // 3 - 2  # its 5 spare steps shared
     long = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=2)
     over = _measure(predictor, _truth(), long.next()[0].text)
     long.record(replace(over, steps_s=over.steps_s * 3))  # 2 + 9 steps: 3 left, a whole trial needs 7

@@ -83,7 +83,7 @@ def one_rank():
             end_process_group()
 
 
-def _trial(limit_bytes: int, best_s: float | None = None):
+def _trial(limit_bytes: int, best_s: float | None = None, steps: int = 3):
     from meshwise.layout import parse
     from meshwise.train import loop
     from meshwise.tune.command import resolve
@@ -92,7 +92,7 @@ def _trial(limit_bytes: int, best_s: float | None = None):
     _, cfg = resolve(["--model", "tiny", "--seq-len", "32"])
     prep = loop.preflight(cfg)
     plan = TrialPlan(parse("dp=1,mbs=8", 1), 0.01, 0, best_s, 0.02)
-    return run_trial(cfg, prep, plan, Limits(1, 3, limit_bytes), None)
+    return run_trial(cfg, prep, plan, Limits(1, steps, limit_bytes), None)
 
 
 def test_trial_over_memory_limit_is_recorded_with_its_peak(one_rank):
@@ -103,11 +103,11 @@ def test_trial_over_memory_limit_is_recorded_with_its_peak(one_rank):
     assert over.peak_bytes == pytest.approx(fits.peak_bytes, rel=0.2)
 
 
-def test_trial_slower_than_the_best_beyond_the_noise_stops_after_two_steps(one_rank):
-    stopped = _trial(0, best_s=1e-6)
-    assert stopped.status == "stopped early" and len(stopped.steps_s) == 2 and stopped.parts["compute_s"] > 0
-    kept = _trial(0, best_s=1e3)  # a best far slower: no stop
-    assert kept.status == "measured" and len(kept.steps_s) == 3
+def test_trial_slower_than_the_best_beyond_the_noise_stops_after_three_steps(one_rank):
+    stopped = _trial(0, best_s=1e-6, steps=5)
+    assert stopped.status == "stopped early" and len(stopped.steps_s) == 3 and stopped.parts["compute_s"] > 0
+    kept = _trial(0, best_s=1e3, steps=5)  # a best far slower: no stop
+    assert kept.status == "measured" and len(kept.steps_s) == 5
 
 
 def test_runoff_interleaves_the_contenders(one_rank):

@@ -7,10 +7,12 @@ half-written one.
 
 Early stop: a trial stops once its fastest measured step is slower than the best trial's step by
 more than the noise, ``min(steps) > best (1 + noise)``, the noise being the best trial's own
-relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``; never on its
-first timed step alone (``STOP_AFTER_STEPS``): on this 2-core host the first timed step was the
-slowest of five in 24 of 72 trials, by up to 55% over their median (benchmarks/tune_regret.py's
-exhaustive fields), and every early stop there came after that one step, once on the best layout.
+relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``; only after
+``STOP_AFTER_STEPS`` timed steps. On this 2-core host a step can run slow for seconds: over the 384
+exhaustively measured trials kept from five runs of benchmarks/tune_regret.py, the fastest of a
+trial's first two steps was over 15% slower than that layout's median over the rounds in 19, the
+fastest of its first three in 10 (over 8%: 34 and 24), and two slow steps once stopped the best
+layout of a field (a 13% regret).
 
 Short steps are noisier (a 30 ms step on the shared 2-core host spread 11-71% over five steps), so a
 trial whose first timed step is shorter than ``MIN_TIMED_S / steps`` runs more timed steps, enough
@@ -46,7 +48,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
 
 NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
-STOP_AFTER_STEPS = 2  # timed steps a trial runs before it may stop early
+STOP_AFTER_STEPS = 3  # timed steps a trial runs before it may stop early
 MIN_TIMED_S = 1.0  # timed work a trial of short steps extends to (seconds)
 MAX_STEPS_FACTOR = 4  # ... with at most this many times --trial-steps
 WARMUP_STEPS, TIMED_STEPS = 2, 5  # a trial's warm-up and timed steps (--trial-warmup, --trial-steps)
