@@ -32,6 +32,7 @@ from meshwise.tune.trials import (
     runoff_decided,
     runoff_over,
     runoff_passes,
+    runoff_steps_min,
     should_stop,
     step_budget,
     steps_used,
@@ -373,6 +374,14 @@ def test_budget_is_a_third_of_the_field_in_trials_and_steps():
     over = _measure(predictor, _truth(), long.next()[0].text)
     long.record(replace(over, steps_s=over.steps_s * 3))  # 2 + 9 steps: 3 left, a whole trial needs 7
     assert long.next() is None and long.runoff() == []
+    # two trials whose steps overlap: the smallest run-off's 6 steps are kept from the trials
+    a, b = (_measure(predictor, _truth(), c.text) for c in pool[:2])
+    near = [replace(a, steps_s=[1.0, 1.1, 1.05, 1.0, 1.0]), replace(b, steps_s=[1.08, 1.2, 1.1, 1.1, 1.1])]
+    tied = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=near, max_trials=3)  # 21 steps, 14 spent
+    assert runoff_steps_min() == 6 and tied.steps_left == 7 and tied.steps_for_trials == 1
+    assert tied.next() is None and tied.runoff() and tied.runoff_passes() == 2
+    apart = [near[0], replace(near[1], steps_s=[1.3, 1.4, 1.35, 1.3, 1.3])]
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=apart, max_trials=3).steps_for_trials == 7
     ex = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, exhaustive=20)
     assert ex.budget_steps is None and ex.max_timed_steps() == 0  # the benchmark's ground truth: unbounded
 

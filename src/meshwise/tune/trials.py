@@ -28,7 +28,8 @@ once the loop is done the best trial and the fastest other whose steps overlap t
 (:func:`runoff_contenders`) are measured again together, their steps interleaved (A B, B A, ...),
 and the fastest median of that run-off is the pick (:func:`best_trial`). It re-measures layouts
 already tried, so it is no trial: it runs only where the budget has the steps left for
-``RUNOFF_MIN_PASSES`` passes (:func:`runoff_passes`), and ends once the refitted profile's faster
+``RUNOFF_MIN_PASSES`` passes (:func:`runoff_passes`; once one is due, the loop keeps those steps
+for it: :func:`runoff_steps_min`), and ends once the refitted profile's faster
 contender leads it after ``RUNOFF_AGREE_AFTER`` passes, or once the two contenders' steps stop
 overlapping after ``RUNOFF_DECIDED_AFTER`` (:func:`runoff_over`).
 
@@ -185,6 +186,11 @@ def runoff_passes(steps_left: int, contenders: int = 2) -> int:
     warmed up by ``RUNOFF_WARMUP``; 0 (no run-off) below ``RUNOFF_MIN_PASSES``."""
     passes = (steps_left - contenders * RUNOFF_WARMUP) // contenders
     return passes if passes >= RUNOFF_MIN_PASSES else 0
+
+
+def runoff_steps_min(contenders: int = 2) -> int:
+    """The steps of the smallest run-off: ``RUNOFF_MIN_PASSES`` passes and the warm-ups."""
+    return contenders * (RUNOFF_WARMUP + RUNOFF_MIN_PASSES)
 
 
 def runoff_decided(steps_s: list[list[float]]) -> bool:

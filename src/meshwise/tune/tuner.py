@@ -12,7 +12,8 @@
    beyond the band is tried (a new round), and 2-4 repeat until none is: model and measurement agree.
 5. The budget, known before the first trial: ``max_trials`` trials (layouts measured: ``--trials``,
    else :func:`default_trials` of the field) and the steps of that many whole trials
-   (trials.step_budget), run-off included. A trial starts only where its steps fit; the clock
+   (trials.step_budget), run-off included. A trial starts only where its steps fit, less the
+   smallest run-off's where one is due (:attr:`Tune.steps_for_trials`); the clock
    (``--budget-minutes``) ends the tune early too; a finished trial is never repeated.
 6. With the loop done, the best trial and the fastest other whose steps overlap it are run again
    together, their steps interleaved, in the steps the budget has left (:meth:`Tune.runoff`,
@@ -43,6 +44,7 @@ from meshwise.tune.trials import (
     best_trial,
     runoff_contenders,
     runoff_passes,
+    runoff_steps_min,
     step_budget,
     steps_used,
     trials_used,
@@ -105,11 +107,20 @@ class Tune:
     def steps_left(self) -> int | None:
         return None if self.budget_steps is None else self.budget_steps - self.steps_used
 
-    def max_timed_steps(self) -> int:
-        """Timed steps the next trial may run (0: no bound): its share of the steps left,
-        ``steps_left / trials left - warmup``, at least ``timed`` (a short-stepped trial runs more
-        only with steps the trials before it left unspent)."""
+    @property
+    def steps_for_trials(self) -> int | None:
+        """The steps left for trials: those left, less the smallest run-off's where one is due (two
+        trials' steps overlap): a run-off between two near-ties goes before another trial."""
         left = self.steps_left
+        if left is None:
+            return None
+        return left - (runoff_steps_min() if runoff_contenders(self.trials) else 0)
+
+    def max_timed_steps(self) -> int:
+        """Timed steps the next trial may run (0: no bound): its share of the steps left for trials,
+        ``steps_for_trials / trials left - warmup``, at least ``timed`` (a short-stepped trial runs
+        more only with steps the trials before it left unspent)."""
+        left = self.steps_for_trials
         if left is None or self.max_trials is None:
             return 0
         return max(self.timed, left // max(1, self.max_trials - self.trials_used) - self.warmup)
@@ -125,7 +136,7 @@ class Tune:
         """(the next candidate, its round), or None when the tune is done."""
         if out_of_time or (self.max_trials is not None and self.trials_used >= self.max_trials):
             return None
-        if self.steps_left is not None and self.steps_left < self.warmup + self.timed:
+        if self.steps_for_trials is not None and self.steps_for_trials < self.warmup + self.timed:
             return None
         if any(t.status == RUNOFF for t in self.trials):
             return None
