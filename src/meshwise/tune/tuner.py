@@ -179,9 +179,8 @@ class Tune:
 
     def _learn(self) -> None:
         """Refit to every measured trial, narrow the band, drop what can no longer win."""
-        # a layout measured again in the run-off refits with that later, interleaved measurement
-        latest = {t.layout: t for t in self.trials if t.fits and t.parts}
-        measured = [(parse(text), t.parts) for text, t in latest.items()]
+        # every measurement is a row of the fit: a layout the run-off measured again has two
+        measured = [(parse(t.layout), t.parts) for t in self.trials if t.fits and t.parts]
         if not measured:
             return
         self.table, self.factors = refit(self.base_table, measured, self.predictor)
