@@ -161,8 +161,9 @@ def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits,
     """The final run-off (collective): every contender built at once and warmed up by one step, then
     their timed steps interleaved, the order rotated each pass (A B, B A, ...), as many per contender
     as a trial of the best's step runs and the budget's passes allow (``max_steps``), fewer once
-    model and measurement agree or the steps stop overlapping (trials.runoff_over). A CUDA out-of-memory error (the contenders together do not
-    fit) ends it with no result: the tune's pick stands."""
+    model and measurement agree or the steps stop overlapping (trials.runoff_over). A CUDA
+    out-of-memory error (the contenders together do not fit) ends it with no result: the tune's
+    pick stands."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         built = [_build(cfg, prep, plan.layout, device_type) for plan in plans]
