@@ -21,12 +21,13 @@ measurement and marked ``*``). A trial is a layout measured (meshwise.tune.trial
 rule ``--trials`` counts by), as the exhaustive run's N counts its layouts; the run-off measures two
 of them again, interleaved, and is printed beside it with its warm-up and timed steps; steps used
 (trials.steps_used) counts every warm-up and timed step of the tune, the run-off's included, over
-those of the exhaustive run of the same round, beside the tune's own budget. The profile's error is ``(predicted - measured) / measured`` of
-the exhaustive steps, mean absolute, under the base profile and under the tune's refitted one,
-over the layouts the tune tried and over all N; beside them the refitted profile's error on the
-tune's own measured steps (its summary's ``error_after``: the steps it was fitted to, measured
-minutes after the exhaustive run's). The target: tune within 3% of the
-best, at most a third of the field's trials; the refitted profile within 10% on the tried layouts.
+those of the exhaustive run of the same round, beside the tune's own budget. The profile's error
+is ``(predicted - measured) / measured`` of the exhaustive steps, mean absolute, under the base
+profile and under the tune's refitted one, over the layouts the tune tried and over all N; beside
+them the refitted profile's error on the tune's own measured steps (its summary's
+``error_after``: the steps it was fitted to, measured minutes after the exhaustive run's). The
+target: tune within 3% of the best, at most a third of the field's trials and steps; the
+refitted profile within 10% on the tried layouts.
 
 Scenarios: ``one`` (1 process, ``medium``, this machine's calibration), ``two`` (2 processes,
 ``small``, this machine's calibration), ``four`` (4 processes, ``small``, planned from the
