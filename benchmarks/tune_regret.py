@@ -17,13 +17,17 @@ fastest of them. Then, per round:
     trials used  = tune's trials / N
 
 (a pick outside the exhaustive field, tried after a re-ranking, is read from the tune's own
-measurement and marked ``*``). Trials used counts the layouts the tune measured, as the exhaustive
-run's N counts its layouts; the run-off measures two of them again, interleaved, and is printed
-beside it (its contenders, and its warm-up and timed steps); steps used counts every warm-up and
-timed step of the tune, the run-off's included, over those of the exhaustive run of the same round. The profile's error is ``(predicted - measured) / measured`` of
-the exhaustive steps, mean absolute, under the base profile and under the tune's refitted one,
-over the layouts the tune tried and over all N. The target: tune within 3% of the
-best, at most a third of the field's trials; the refitted profile within 10% on the tried layouts.
+measurement and marked ``*``). A trial is a layout measured (meshwise.tune.trials.trials_used, the
+rule ``--trials`` counts by), as the exhaustive run's N counts its layouts; the run-off measures two
+of them again, interleaved, and is printed beside it with its warm-up and timed steps; steps used
+(trials.steps_used) counts every warm-up and timed step of the tune, the run-off's included, over
+those of the exhaustive run of the same round, beside the tune's own budget. The profile's error
+is ``(predicted - measured) / measured`` of the exhaustive steps, mean absolute, under the base
+profile and under the tune's refitted one, over the layouts the tune tried and over all N; beside
+them the refitted profile's error on the tune's own measured steps (its summary's
+``error_after``: the steps it was fitted to, measured minutes after the exhaustive run's). The
+target: tune within 3% of the best, at most a third of the field's trials and steps; the
+refitted profile within 10% on the tried layouts.
 
 Scenarios: ``one`` (1 process, ``medium``, this machine's calibration), ``two`` (2 processes,
 ``small``, this machine's calibration), ``four`` (4 processes, ``small``, planned from the
@@ -55,6 +59,7 @@ from meshwise.files import read_toml
 from meshwise.layout import parse
 from meshwise.spec import TrainSpec, load_model
 from meshwise.tune.refit import Predictor, profile_text
+from meshwise.tune.trials import steps_used, trial_from_json
 
 
 @dataclass(frozen=True)
@@ -111,9 +116,9 @@ def _tune(s: Scenario, out: Path, args: argparse.Namespace, profile: str | None,
     return summary
 
 
-def _steps(summary: dict, warmup: int) -> int:
-    """Warm-up and timed steps a tune ran (a run-off warms each contender up by one step)."""
-    return sum(len(t["steps_s"]) + (1 if t["status"] == "run-off" else warmup) for t in summary["trials"])
+def _steps(rows: list[dict], warmup: int) -> int:
+    """Warm-up and timed steps of a tune's trials or run-off (trials.steps_used)."""
+    return steps_used([trial_from_json(t) for t in rows], warmup)
 
 
 def _errors(table: dict, layouts: list[str], measured: dict[str, float], predictor: Predictor) -> float:
@@ -158,28 +163,30 @@ def run_scenario(s: Scenario, args: argparse.Namespace, folder: Path) -> None:
         rounds = " ".join(f"{x:.4g}" for x in steps.get(text, []))
         print(f"  {text:<72} median {measured.get(text, float('nan')):.4g} s  rounds {rounds}")
     print(
-        "round  trials used (layouts)  run-off (steps)  steps used (all)  regret(tune)  regret(auto)  "
-        "error before/after (tried)  (all N)"
+        "round  trials used (layouts)  run-off (steps)  steps used (all) / budget  regret(tune)  regret(auto)  "
+        "error before/after (tried)  (all N)  after, on the tune's own steps"
     )
     for r, tune in enumerate(tunes):
         pick = tune["pick"]
         pick_s = measured.get(pick, tune["pick_step_s"])
         mark = "" if pick in measured else "*"
         auto_s = measured.get(tune["auto"], float("nan"))
-        tried = list(dict.fromkeys(t["layout"] for t in tune["trials"]))
-        runoff = [t for t in tune["trials"] if t["status"] == "run-off"]
+        tried = [t["layout"] for t in tune["trials"]]
+        runoff = tune["runoff"]
         used = f"{len(tried)} / {len(measured)}"
-        runoff_used = f"{len(runoff)} ({_steps({'trials': runoff}, args.warmup)})" if runoff else "-"
-        spent, whole = _steps(tune, args.warmup), _steps(exhaustive[r], args.warmup)
-        steps_used = f"{spent} / {whole} ({spent / whole:.0%})"
+        runoff_used = f"{len(runoff)} ({_steps(runoff, args.warmup)})" if runoff else "-"
+        spent = _steps(tune["trials"] + runoff, args.warmup)
+        whole = _steps(exhaustive[r]["trials"], args.warmup)
+        spent_text = f"{spent} / {whole} ({spent / whole:.0%}) / {tune['step_budget']}"
         start = _base_table(tune["base_profile"])
         refitted = read_toml(Path(tune["profile"]), "profile")
         print(
-            f"{r + 1:>5}  {used:<22}  {runoff_used:<15}  {steps_used:<16}  {pick_s / best - 1:>+11.1%}{mark:1}  "
+            f"{r + 1:>5}  {used:<22}  {runoff_used:<15}  {spent_text:<25}  {pick_s / best - 1:>+11.1%}{mark:1}  "
             f"{auto_s / best - 1:>+11.1%}  {_errors(start, tried, measured, predictor):>11.1%} / "
             f"{_errors(refitted, tried, measured, predictor):<13.1%}  "
             f"{_errors(start, list(measured), measured, predictor):.1%} / "
-            f"{_errors(refitted, list(measured), measured, predictor):.1%}"
+            f"{_errors(refitted, list(measured), measured, predictor):.1%}  "
+            f"{sum(map(abs, tune['error_after'])) / max(1, len(tune['error_after'])):.1%}"
         )
 
 

@@ -63,14 +63,17 @@ def test_two_process_tune_over_a_field_then_resume(tmp_path) -> None:
     summary = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
     # the refit may end the tune before --trials: once no untried layout can beat the measured best
     assert len(summary["field"]) >= 3 and 1 <= len(summary["trials"]) <= 3
-    first = [t["layout"] for t in _trials(tmp_path / "t")]
+    # a trial is a layout measured; the run-off measures tried ones again, within the steps of 3 trials
+    first = [t["layout"] for t in _trials(tmp_path / "t") if t["status"] != "run-off"]
     assert first == [t["layout"] for t in summary["trials"]] and len(set(first)) == len(first)
+    assert summary["trials_used"] == len(first) and {t["layout"] for t in summary["runoff"]} <= set(first)
+    assert summary["steps_used"] <= summary["step_budget"] == 3 * (1 + 3)
     assert all(t["steps_s"] and t["parts"] and t["peak_bytes"] > 0 for t in summary["trials"])
     assert set(summary["dropped"]) <= set(summary["field"]) - set(first)
-    pick = min((t for t in summary["trials"] if t["status"] == "measured"), key=lambda t: t["measured_step_s"])
-    assert summary["pick"] == pick["layout"]
+    decided = summary["runoff"] or [t for t in summary["trials"] if t["status"] == "measured"]
+    assert summary["pick"] == min(decided, key=lambda t: t["measured_step_s"])["layout"]
     cfg = config_mod.load(str(tmp_path / "t" / "train.toml"))  # a train config, ready to run
-    assert cfg.layout.choice == pick["layout"] and cfg.layout.profile.endswith("profile.toml")
+    assert cfg.layout.choice == summary["pick"] and cfg.layout.profile.endswith("profile.toml")
     load_cluster(str(tmp_path / "t" / "profile.toml"), 2, 2)  # what plan --gpu reads
 
     r = meshwise_launch(
@@ -97,7 +100,7 @@ def test_two_process_tune_over_a_field_then_resume(tmp_path) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     rows = _trials(tmp_path / "t")
     after = [t["layout"] for t in rows if t["status"] != "run-off"]  # a run-off measures tried layouts again
-    assert after[: len(first)] == first and len(set(after)) == len(after) and len(rows) <= 5
+    assert after[: len(first)] == first and len(set(after)) == len(after) <= 5
     assert f"({len(first)} resumed)" in r.stdout and "Pick: " in r.stdout
     assert "Budget: 1B tokens in " in r.stdout and "GPU-hours on 2 device(s), cost " in r.stdout
     pick = next(line for line in r.stdout.splitlines() if line.startswith("Pick: ")).split()[1]

@@ -17,7 +17,7 @@ from meshwise.files import read_toml
 from meshwise.layout import parse
 from meshwise.spec import TrainSpec, load_model
 from meshwise.tune import refit as refit_mod
-from meshwise.tune.field import CPU_RELATIVE_BAND, Candidate, field_of, plan_pool, step_key
+from meshwise.tune.field import CPU_RELATIVE_BAND, FIELD_MAX, Candidate, field_of, plan_pool, step_key
 from meshwise.tune.refit import BANDWIDTH, COMPUTE, FIXED, LATENCY, REDUCE_SCATTER, Predictor, refit, scaled
 from meshwise.tune.trials import (
     MEASURED,
@@ -30,11 +30,17 @@ from meshwise.tune.trials import (
     read_results,
     runoff_contenders,
     runoff_decided,
+    runoff_over,
+    runoff_passes,
+    runoff_steps_min,
     should_stop,
+    step_budget,
+    steps_used,
     timed_steps,
+    trials_used,
     write_results,
 )
-from meshwise.tune.tuner import Tune
+from meshwise.tune.tuner import HELD_OUT_MIN, Tune, default_trials
 
 CPU = {"name": "cpu", **read_catalog("accelerators.toml")["cpu"]}
 
@@ -92,9 +98,9 @@ def test_pool_is_distinct_in_what_changes_the_step():
 # ---------------------------------------------------------------------------- bookkeeping
 def test_early_stop_only_beyond_the_noise():
     assert not should_stop([1.04], None, 0.05)  # no best yet
-    assert not should_stop([1.5], 1.0, 0.05)  # never on the first timed step alone
-    assert not should_stop([1.2, 1.04], 1.0, 0.05)  # its fastest step is within the noise
-    assert should_stop([1.2, 1.06], 1.0, 0.05)
+    assert not should_stop([1.5, 1.4], 1.0, 0.05)  # never before its third timed step
+    assert not should_stop([1.2, 1.3, 1.04], 1.0, 0.05)  # its fastest step is within the noise
+    assert should_stop([1.2, 1.3, 1.06], 1.0, 0.05)
     assert noise_of([1.0]) == pytest.approx(0.02) and noise_of([1.0, 1.1, 1.3]) == pytest.approx(0.3 / 1.1)
 
 
@@ -104,15 +110,16 @@ def test_short_steps_run_more_timed_steps():
     assert timed_steps(5, 0.03, 0.5) == 17 and timed_steps(3, 0.0) == 12
 
 
-def test_runoff_contenders_are_the_measured_within_the_noise():
+def test_runoff_contenders_are_the_best_and_the_fastest_that_overlaps_it():
     trials = [
-        Trial("a", MEASURED, 1.0, [1.00, 1.01, 1.02]),  # noise 2% (the floor)
-        Trial("b", MEASURED, 1.0, [1.05, 1.10, 1.15]),  # 1.10 <= 1.01 (1 + 0.1 / 1.10 = 9.1%)
-        Trial("c", MEASURED, 1.0, [1.04, 1.05, 1.06]),  # 1.05 > 1.01 (1 + 2%)
+        Trial("a", MEASURED, 1.0, [1.00, 1.01, 1.03]),
+        Trial("b", MEASURED, 1.0, [1.02, 1.10, 1.15]),  # 1.02 <= 1.03: overlaps a's steps
+        Trial("c", MEASURED, 1.0, [1.04, 1.05, 1.06]),  # faster median than b, no step as fast as a's slowest
         Trial("d", STOPPED, 1.0, [1.0, 1.0]),  # stopped early: never a contender
+        Trial("e", MEASURED, 1.0, [1.03, 1.20, 1.21]),  # overlaps too, slower than b
     ]
     assert [t.layout for t in runoff_contenders(trials)] == ["a", "b"]
-    assert runoff_contenders(trials[:1] + trials[2:]) == []  # fewer than two that close
+    assert runoff_contenders(trials[:1] + trials[2:4]) == []  # none overlaps the best's steps
     done = [*trials, Trial("b", RUNOFF, 1.0, [1.0, 1.0]), Trial("a", RUNOFF, 1.0, [1.1, 1.1])]
     assert runoff_contenders(done) == [] and best_trial(done).layout == "b"  # the run-off decides
 
@@ -123,6 +130,31 @@ def test_runoff_ends_once_the_steps_stop_overlapping():
     assert runoff_decided([[1.2, 1.15, 1.3], [1.0, 1.1, 1.05]])
     assert not runoff_decided([[1.0, 1.2, 1.05], [1.15, 1.1, 1.3]])  # overlap: run on
     assert not runoff_decided([[1.0, 1.0, 1.0]])
+
+
+def test_runoff_ends_once_model_and_measurement_agree():
+    """After two passes the run-off ends where its leader is the refitted profile's faster contender,
+    and runs on where they disagree until its steps stop overlapping."""
+    assert not runoff_over([[1.0], [1.2]], [1.0, 1.1])  # one pass: too few
+    assert runoff_over([[1.0, 1.15], [1.2, 1.1]], [1.0, 1.1])  # a leads (1.075 < 1.15), predicted faster
+    assert not runoff_over([[1.0, 1.15], [1.2, 1.1]], [1.1, 1.0])  # the profile favours b: run on
+    assert not runoff_over([[1.0, 1.15, 1.1], [1.2, 1.1, 1.12]], [1.1, 1.0])  # still overlapping
+    assert runoff_over([[1.0, 1.05, 1.08], [1.2, 1.1, 1.12]], [1.1, 1.0])  # decided against the profile
+
+
+def test_a_trial_is_a_layout_measured_and_the_runoff_counts_in_steps():
+    """One counting rule: trials are layouts measured (a run-off re-measures, no trial); steps are
+    every warm-up and timed step, the run-off's one warm-up per contender included."""
+    trials = [
+        Trial("a", MEASURED, 1.0, [1.0] * 5),  # 2 + 5
+        Trial("b", STOPPED, 1.0, [1.5] * 2),  # 2 + 2
+        Trial("c", OVER_LIMIT, 1.0, peak_bytes=9),  # its warm-up alone: 2
+        Trial("a", RUNOFF, 1.0, [1.0] * 3),  # 1 + 3
+        Trial("b", RUNOFF, 1.0, [1.1] * 3),  # 1 + 3
+    ]
+    assert trials_used(trials) == 3 and steps_used(trials, warmup=2) == 7 + 4 + 2 + 4 + 4
+    assert step_budget(4, 2, 5) == 28  # the steps of 4 whole trials: a third of 12 layouts x (2 + 5)
+    assert runoff_passes(7) == 2 and runoff_passes(5) == 0 and runoff_passes(10) == 4  # 2 warm-up, 2 per pass
 
 
 def test_best_trial_ignores_what_did_not_fit_or_stopped_early():
@@ -300,18 +332,58 @@ def test_exhaustive_tries_the_first_n_and_nothing_else():
 
 
 def test_loop_ends_with_a_runoff_that_picks():
-    """Two layouts measured within each other's noise go to the run-off; its fastest is the pick,
-    after it the tune is done, and under --trials its contenders count."""
+    """Two layouts whose steps overlap go to the run-off; its fastest is the pick, after it the tune
+    is done; it is no trial, and it runs only in the steps the budget has left."""
     _, _, predictor, pool = _setup()
     a, b = (_measure(predictor, _truth(), c.text) for c in pool[:2])
     s = a.steps_s[0]
     trials = [replace(a, steps_s=[s, 1.2 * s, 1.1 * s]), replace(b, steps_s=[1.05 * s] * 3)]
-    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=list(trials))
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=list(trials), warmup=2, timed=3)
     assert [t.layout for t in tune.runoff()] == [b.layout, a.layout] and tune.runoff(out_of_time=True) == []
-    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=3, trials=list(trials)).runoff() == []
+    # --trials 2: 2 x (2 + 3) = 10 steps, all spent by the two trials: no run-off
+    assert (
+        Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=2, trials=list(trials), timed=3).runoff() == []
+    )
+    # --trials 3: 5 steps left: two warm-ups and one pass, fewer than RUNOFF_MIN_PASSES
+    assert (
+        Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=3, trials=list(trials), timed=3).runoff() == []
+    )
+    assert (
+        Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=4, trials=list(trials), timed=3).runoff_passes()
+        == 4
+    )
     for t in (replace(a, status=RUNOFF, steps_s=[1.1 * s] * 3), replace(b, status=RUNOFF, steps_s=[s] * 3)):
         tune.record(t)
     assert best_trial(tune.trials).layout == b.layout and tune.next() is None and tune.runoff() == []
+    assert tune.trials_used == 2
+
+
+def test_budget_is_a_third_of_the_field_in_trials_and_steps():
+    """Without --trials a tune may use a third of its field (at least HELD_OUT_MIN trials) and the
+    steps of that many whole trials; it starts no trial its steps do not fit, and a short-stepped
+    trial runs more timed steps only with steps the trials before it left."""
+    _, _, predictor, pool = _setup("small", world=2, seq=128)
+    tune = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND)
+    assert len(tune.field) == FIELD_MAX and len(pool) > FIELD_MAX  # the field is capped, the pool is not
+    assert tune.max_trials == 4 and tune.budget_steps == 4 * (2 + 5) == 28
+    assert default_trials(8) == HELD_OUT_MIN and default_trials(30) == 10
+    assert tune.max_timed_steps() == 5  # 28 steps over 4 trials: no step to spare
+    tune.record(_measure(predictor, _truth(), tune.next()[0].text, OVER_LIMIT))  # its 2 warm-up steps of 7
+    assert tune.steps_used == 2 and tune.max_timed_steps() == 26 // 3 - 2  # its 5 spare steps shared
+    long = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, max_trials=2)
+    over = _measure(predictor, _truth(), long.next()[0].text)
+    long.record(replace(over, steps_s=over.steps_s * 3))  # 2 + 9 steps: 3 left, a whole trial needs 7
+    assert long.next() is None and long.runoff() == []
+    # two trials whose steps overlap: the smallest run-off's 6 steps are kept from the trials
+    a, b = (_measure(predictor, _truth(), c.text) for c in pool[:2])
+    near = [replace(a, steps_s=[1.0, 1.1, 1.05, 1.0, 1.0]), replace(b, steps_s=[1.08, 1.2, 1.1, 1.1, 1.1])]
+    tied = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=near, max_trials=3)  # 21 steps, 14 spent
+    assert runoff_steps_min() == 6 and tied.steps_left == 7 and tied.steps_for_trials == 1
+    assert tied.next() is None and tied.runoff() and tied.runoff_passes() == 2
+    apart = [near[0], replace(near[1], steps_s=[1.3, 1.4, 1.35, 1.3, 1.3])]
+    assert Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, trials=apart, max_trials=3).steps_for_trials == 7
+    ex = Tune(pool, dict(CPU), predictor, CPU_RELATIVE_BAND, exhaustive=20)
+    assert ex.budget_steps is None and ex.max_timed_steps() == 0  # the benchmark's ground truth: unbounded
 
 
 @pytest.mark.parametrize("name", ["h100", "b200", "cpu"])

@@ -21,7 +21,17 @@ from meshwise.train import config as config_mod
 from meshwise.train.layout_choice import _GPU_NAMES, threads_per_rank
 from meshwise.tune.field import plan_pool_and_pick, relative_band
 from meshwise.tune.refit import Predictor, profile_text
-from meshwise.tune.trials import Trial, best_trial, noise_of, read_results, write_results
+from meshwise.tune.trials import (
+    RUNOFF,
+    TIMED_STEPS,
+    WARMUP_STEPS,
+    Trial,
+    best_trial,
+    noise_of,
+    read_results,
+    steps_used,
+    write_results,
+)
 from meshwise.tune.tuner import Tune
 
 RESULTS, PROFILE, CONFIG = "trials.jsonl", "profile.toml", "train.toml"
@@ -83,12 +93,15 @@ class Driver:
             opts.get("trials"),
             trials,
             exhaustive=opts.get("exhaustive") or 0,
+            warmup=opts.get("trial_warmup") or WARMUP_STEPS,
+            timed=opts.get("trial_steps") or TIMED_STEPS,
         )
         budget = opts.get("budget_minutes")
         self.deadline = time.monotonic() + budget * 60 if budget else None
 
-    def next(self) -> tuple[Any, float, int, float | None, float] | None:
-        """(layout, predicted step, round, best measured step, noise) of the next trial, or None."""
+    def next(self) -> tuple[Any, float, int, float | None, float, int] | None:
+        """(layout, predicted step, round, best measured step, noise, most timed steps) of the next
+        trial, or None."""
         out_of_time = self.deadline is not None and time.monotonic() > self.deadline
         found = self.tune.next(out_of_time)
         if found is None:
@@ -101,16 +114,18 @@ class Driver:
             rnd,
             best.measured_step_s if best else None,
             noise_of(best.steps_s) if best else 0.0,
+            self.tune.max_timed_steps(),
         )
 
-    def runoff(self) -> list[tuple[Any, float, int, float | None, float]] | None:
-        """The run-off's trials, as :meth:`next` gives one, or None when there is none."""
+    def runoff(self) -> list[tuple[Any, float, int, float | None, float, int]] | None:
+        """The run-off's trials, as :meth:`next` gives one (the predicted step: the refitted
+        profile's; the most timed steps: the passes the budget leaves), or None when there is none."""
         out_of_time = self.deadline is not None and time.monotonic() > self.deadline
         contenders = self.tune.runoff(out_of_time)
         if not contenders:
             return None
-        best_s = contenders[0].measured_step_s
-        return [(parse(t.layout), t.predicted_step_s, t.round, best_s, 0.0) for t in contenders]
+        best_s, passes = contenders[0].measured_step_s, self.tune.runoff_passes(len(contenders))
+        return [(parse(t.layout), self.tune.predicted(t.layout), t.round, best_s, 0.0, passes) for t in contenders]
 
     def record(self, trial: Trial) -> None:
         write_results(self.out / RESULTS, self.inputs, [*self.tune.trials, trial])
@@ -139,6 +154,11 @@ class Driver:
             "error_before": tune.errors(tune.base_table),
             "error_after": tune.errors(tune.table),
             "refitted_step_s": {t.layout: tune.predicted(t.layout) for t in tune.trials},
+            "trials_used": tune.trials_used,
+            "trials_allowed": tune.max_trials,
+            "steps_used": tune.steps_used,
+            "step_budget": tune.budget_steps,
+            "runoff_steps": steps_used([t for t in tune.trials if t.status == RUNOFF], tune.warmup),
             "pick": best.layout if best else None,
             "auto": self.auto,
             "config": None,

@@ -1,7 +1,9 @@
 """The field of a tune: the planned layouts whose predicted step overlaps the best one's band.
 
 A layout's band is ``[s (1 - b), s (1 + b)]`` around its predicted step ``s``; a candidate ``i``
-overlaps the best's when ``s_i (1 - b) <= s_best (1 + b)``. Of candidates that differ only in
+overlaps the best's when ``s_i (1 - b) <= s_best (1 + b)``; the field is the ``FIELD_MAX`` fastest
+predicted of them (the rest stay in the pool, tried in a later round where the refitted profile
+predicts one faster than the measured best). Of candidates that differ only in
 fields that do not change this runtime's step (:func:`step_key`), the one predicted faster is kept.
 
 Pure Python: no torch.
@@ -20,6 +22,10 @@ from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 # model's stated accuracy: the CPU grid's bound, >= 90% of points within 25% (docs/fidelity.md).
 CPU_RELATIVE_BAND = 0.25
 POOL = 48  # planned candidates kept for re-ranking after a refit (the field is drawn from them)
+# The most layouts of a field: what an exhaustive measurement of it costs (benchmarks/tune_regret.py
+# measures 12), of which a tune spends a third (tuner.default_trials); the CPU band (25%) otherwise
+# draws 22 and 31 layouts for `small` at 2 and 4 ranks, and a budget of a third of them.
+FIELD_MAX = 12
 
 
 def relative_band(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> float:
@@ -80,10 +86,11 @@ def plan_pool_and_pick(
 
 
 def field_of(pool: list[Candidate], band: float) -> list[Candidate]:
-    """The candidates of ``pool`` whose band overlaps the fastest one's, fastest first."""
+    """The candidates of ``pool`` whose band overlaps the fastest one's, fastest first, at most
+    ``FIELD_MAX``."""
     if not pool:
         return []
     best_s = min(c.predicted_step_s for c in pool)
     return sorted(
         (c for c in pool if c.predicted_step_s * (1 - band) <= best_s * (1 + band)), key=lambda c: c.predicted_step_s
-    )
+    )[:FIELD_MAX]

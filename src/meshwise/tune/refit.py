@@ -266,7 +266,7 @@ def refit(
     return table, factors
 
 
-LINK_APART = 3  # trials with a link share needed before latency and bandwidth are fitted apart
+LINK_APART = 3  # layouts with a link share needed before latency and bandwidth are fitted apart
 
 
 def _joint_factors(
@@ -305,7 +305,7 @@ def _column_sets(
     """The fits' columns to solve for, finest first (the next where a finer one is singular): latency
     and bandwidth apart from ``LINK_APART`` trials with a link share, the reduce-scatter ratio apart
     where the trials tell it from the links (:func:`_apart`); until then one factor for the link keys."""
-    linked = sum(1 for lay, _ in measured if predictor.step(table, lay).comm_exposed_s > 0)
+    linked = len({lay.format() for lay, _ in measured if predictor.step(table, lay).comm_exposed_s > 0})
     base: list[tuple[Fit, ...]] = [(COMPUTE,), (FIXED,)]
     sets = []
     if _apart(shares, REDUCE_SCATTER, (LATENCY, BANDWIDTH)):

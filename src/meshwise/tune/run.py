@@ -15,7 +15,7 @@ from meshwise.train import layout_choice, loop
 from meshwise.tune.driver import Driver
 from meshwise.tune.memory_limit import memory_bytes
 from meshwise.tune.show import Progress, report
-from meshwise.tune.trials import MIN_TIMED_S
+from meshwise.tune.trials import MIN_TIMED_S, TIMED_STEPS, WARMUP_STEPS
 from meshwise.tune.worker import Limits, TrialPlan, run_runoff, run_trial
 
 
@@ -28,7 +28,10 @@ def run(cfg: Any, opts: dict[str, Any], guard: Any, timeout_s: float) -> int:
     if device_type == "cpu":
         torch.set_num_threads(layout_choice.threads_per_rank(local_world))
     limits = Limits(
-        opts.get("trial_warmup") or 2, opts.get("trial_steps") or 5, memory_bytes(opts.get("memory_limit")), MIN_TIMED_S
+        opts.get("trial_warmup") or WARMUP_STEPS,
+        opts.get("trial_steps") or TIMED_STEPS,
+        memory_bytes(opts.get("memory_limit")),
+        MIN_TIMED_S,
     )
     init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     try:

@@ -83,7 +83,8 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
             json.dumps(
                 {
                     **summary,
-                    "trials": [t.as_json() for t in trials],
+                    "trials": [t.as_json() for t in trials if t.status != RUNOFF],
+                    "runoff": [t.as_json() for t in trials if t.status == RUNOFF],
                     "pick_step_s": best.measured_step_s if best else None,
                     "budget": budget.as_json() if budget else None,
                     "emit": emitted,
@@ -96,8 +97,11 @@ def report(driver: Any, model: Any, cfg: Any) -> int:
     before, after = _mean_abs(summary["error_before"]), _mean_abs(summary["error_after"])
     print(
         f"Field: {len(summary['field'])} layout(s) within the band of the fastest predicted; "
-        f"{len(trials) - len(runoff)} tried ({summary['resumed']} resumed), {len(summary['dropped'])} dropped by "
-        f"the refitted profile" + (f"; {len(runoff)} measured again together (run-off)" if runoff else "")
+        f"{summary['trials_used']} trial(s) of {summary['trials_allowed'] or len(summary['field'])} "
+        f"({summary['resumed']} resumed), "
+        f"{len(summary['dropped'])} dropped by the refitted profile"
+        + (f"; {len(runoff)} measured again together (run-off, {summary['runoff_steps']} steps)" if runoff else "")
+        + f"; {summary['steps_used']} of {summary['step_budget'] or 'unbounded'} steps"
     )
     if best is None:
         print("No layout of the field fit; a smaller model, batch or more memory (--memory-limit)")
@@ -148,9 +152,15 @@ COLUMNS = ("#", "layout", "round", "status", "predicted s", "refitted s", "measu
 
 
 def _rows(trials: list[Trial], summary: dict[str, Any]) -> list[list[str]]:
+    """One row per trial, numbered, then the run-off's re-measurements (no number: no trial)."""
+    count = 0
+    labels = []
+    for t in trials:
+        count += t.status != RUNOFF
+        labels.append(str(count) if t.status != RUNOFF else "")
     return [
         [
-            str(i),
+            label,
             t.layout,
             str(t.round),
             t.status,
@@ -160,7 +170,7 @@ def _rows(trials: list[Trial], summary: dict[str, Any]) -> list[list[str]]:
             gb_text(t.peak_bytes),
             t.binds,
         ]
-        for i, t in enumerate(trials, 1)
+        for label, t in zip(labels, trials, strict=True)
     ]
 
 
@@ -191,6 +201,8 @@ def _report(driver: Any, summary: dict[str, Any], trials: list[Trial]) -> None:
         f"pick: {summary['pick']}",
         f"--layout auto (the planner alone): {summary['auto']}",
         f"starting profile: {summary['base_profile']}; refitted: {summary['profile']}",
-        f"field: {len(summary['field'])} layout(s); {len(trials)} tried; {len(summary['dropped'])} dropped",
+        f"field: {len(summary['field'])} layout(s); {summary['trials_used']} trial(s) of "
+        f"{summary['trials_allowed'] or len(summary['field'])}; {len(summary['dropped'])} dropped; "
+        f"{summary['steps_used']} of {summary['step_budget'] or 'unbounded'} steps, run-off included",
     ]
     write_tune_report(driver.opts["report"], "meshwise tune", COLUMNS, _rows(trials, summary), points, lines)

@@ -7,22 +7,31 @@ half-written one.
 
 Early stop: a trial stops once its fastest measured step is slower than the best trial's step by
 more than the noise, ``min(steps) > best (1 + noise)``, the noise being the best trial's own
-relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``; never on its
-first timed step alone (``STOP_AFTER_STEPS``): on this 2-core host the first timed step was the
-slowest of five in 24 of 72 trials, by up to 55% over their median (benchmarks/tune_regret.py's
-exhaustive fields), and every early stop there came after that one step, once on the best layout.
+relative spread ``(max - min) / median`` of its steps, at least ``NOISE_FLOOR``; only after
+``STOP_AFTER_STEPS`` timed steps. On this 2-core host a step can run slow for seconds: over the 384
+exhaustively measured trials kept from five runs of benchmarks/tune_regret.py, the fastest of a
+trial's first two steps was over 15% slower than that layout's median over the rounds in 19, the
+fastest of its first three in 10 (over 8%: 34 and 24), and two slow steps once stopped the best
+layout of a field (a 13% regret).
 
 Short steps are noisier (a 30 ms step on the shared 2-core host spread 11-71% over five steps), so a
 trial whose first timed step is shorter than ``MIN_TIMED_S / steps`` runs more timed steps, enough
 for ``MIN_TIMED_S`` of timed work, at most ``MAX_STEPS_FACTOR`` times ``--trial-steps``
 (:func:`timed_steps`).
 
+Counting: a trial is a layout measured (:func:`trials_used`); ``--trials K`` counts them, and the
+tune's budget is the steps of ``K`` whole trials, ``K (warm-up + timed steps)`` (:func:`step_budget`),
+against which every warm-up and timed step counts, the run-off's included (:func:`steps_used`).
+
 The run-off: trials measured minutes apart on a shared host are not comparable to a few percent, so
-once the loop is done the measured trials whose median step lies within the noise of the best's
-(:func:`runoff_contenders`, at most ``RUNOFF_MAX``) are measured again together, their steps
-interleaved (A B, B A, ...), and the fastest median of that run-off is the pick (:func:`best_trial`).
-It ends after ``RUNOFF_DECIDED_AFTER`` passes where the steps of the two do not overlap
-(:func:`runoff_decided`), else after as many steps as a trial.
+once the loop is done the best trial and the fastest other whose steps overlap the best's
+(:func:`runoff_contenders`) are measured again together, their steps interleaved (A B, B A, ...),
+and the fastest median of that run-off is the pick (:func:`best_trial`). It re-measures layouts
+already tried, so it is no trial: it runs only where the budget has the steps left for
+``RUNOFF_MIN_PASSES`` passes (:func:`runoff_passes`; once one is due, the loop keeps those steps
+for it: :func:`runoff_steps_min`), and ends once the refitted profile's faster
+contender leads it after ``RUNOFF_AGREE_AFTER`` passes, or once the two contenders' steps stop
+overlapping after ``RUNOFF_DECIDED_AFTER`` (:func:`runoff_over`).
 
 Pure Python: no torch.
 """
@@ -40,10 +49,13 @@ from meshwise.errors import MeshwiseError
 from meshwise.files import write_atomically
 
 NOISE_FLOOR = 0.02  # the least relative noise assumed of a measured step
-STOP_AFTER_STEPS = 2  # timed steps a trial runs before it may stop early
+STOP_AFTER_STEPS = 3  # timed steps a trial runs before it may stop early
 MIN_TIMED_S = 1.0  # timed work a trial of short steps extends to (seconds)
 MAX_STEPS_FACTOR = 4  # ... with at most this many times --trial-steps
-RUNOFF_MAX = 2  # contenders of the final run-off
+WARMUP_STEPS, TIMED_STEPS = 2, 5  # a trial's warm-up and timed steps (--trial-warmup, --trial-steps)
+RUNOFF_WARMUP = 1  # warm-up steps of each run-off contender
+RUNOFF_MIN_PASSES = 2  # interleaved passes a run-off needs the budget's steps for, or it is not run
+RUNOFF_AGREE_AFTER = 2  # passes after which a run-off led by the refitted profile's faster contender ends
 RUNOFF_DECIDED_AFTER = 3  # interleaved passes after which a run-off whose steps do not overlap ends
 MEASURED, STOPPED, OVER_LIMIT, OUT_OF_MEMORY = "measured", "stopped early", "over --memory-limit", "out of memory"
 RUNOFF = "run-off"
@@ -132,24 +144,53 @@ def timed_steps(steps: int, first_s: float, min_timed_s: float = MIN_TIMED_S) ->
     return min(steps * MAX_STEPS_FACTOR, max(steps, math.ceil(min_timed_s / first_s)))
 
 
+def trials_used(trials: list[Trial]) -> int:
+    """Trials: layouts measured, fitting or not (the run-off measures tried layouts again: no trial)."""
+    return sum(1 for t in trials if t.status != RUNOFF)
+
+
+def steps_used(trials: list[Trial], warmup: int) -> int:
+    """Every warm-up and timed step of ``trials``: ``warmup`` + timed steps per trial (a layout over
+    the memory limit: its warm-up alone), ``RUNOFF_WARMUP`` + timed steps per run-off contender."""
+    return sum(len(t.steps_s) + (RUNOFF_WARMUP if t.status == RUNOFF else warmup) for t in trials)
+
+
+def step_budget(trials_allowed: int, warmup: int, timed: int) -> int:
+    """The steps of ``trials_allowed`` whole trials: the most a tune spends, run-off included."""
+    return trials_allowed * (warmup + timed)
+
+
+def steps_overlap(a: list[float], b: list[float]) -> bool:
+    """Whether two trials' measured steps overlap: ``min(a) <= max(b)`` and ``min(b) <= max(a)``."""
+    return bool(a and b) and min(a) <= max(b) and min(b) <= max(a)
+
+
 def runoff_contenders(trials: list[Trial]) -> list[Trial]:
-    """The measured trials whose median step is within the noise of the best's, ``s <= best (1 + n)``
-    with ``n`` the wider of the two trials' spreads (:func:`noise_of`), fastest first, at most
-    ``RUNOFF_MAX``; none when fewer than two are that close or a run-off was already run."""
+    """[the best trial, the fastest other measured trial whose steps overlap the best's]; none when
+    no other overlaps or a run-off was already run."""
     if any(t.status == RUNOFF for t in trials):
         return []
     best = best_trial(trials)
-    if best is None or best.measured_step_s is None:
+    if best is None:
         return []
     close = [
         t
         for t in trials
-        if t.status == MEASURED
-        and t.measured_step_s is not None
-        and t.measured_step_s <= best.measured_step_s * (1 + max(noise_of(best.steps_s), noise_of(t.steps_s)))
+        if t.status == MEASURED and t is not best and t.steps_s and steps_overlap(t.steps_s, best.steps_s)
     ]
-    close = sorted(close, key=lambda t: t.measured_step_s or 0.0)[:RUNOFF_MAX]
-    return close if len(close) >= 2 else []
+    return [best, min(close, key=lambda t: t.measured_step_s or 0.0)] if close else []
+
+
+def runoff_passes(steps_left: int, contenders: int = 2) -> int:
+    """Interleaved passes a run-off of ``contenders`` can run in ``steps_left`` steps, each contender
+    warmed up by ``RUNOFF_WARMUP``; 0 (no run-off) below ``RUNOFF_MIN_PASSES``."""
+    passes = (steps_left - contenders * RUNOFF_WARMUP) // contenders
+    return passes if passes >= RUNOFF_MIN_PASSES else 0
+
+
+def runoff_steps_min(contenders: int = 2) -> int:
+    """The steps of the smallest run-off: ``RUNOFF_MIN_PASSES`` passes and the warm-ups."""
+    return contenders * (RUNOFF_WARMUP + RUNOFF_MIN_PASSES)
 
 
 def runoff_decided(steps_s: list[list[float]]) -> bool:
@@ -160,6 +201,18 @@ def runoff_decided(steps_s: list[list[float]]) -> bool:
         return False
     a, b = steps_s
     return max(a) < min(b) or max(b) < min(a)
+
+
+def runoff_over(steps_s: list[list[float]], predicted_s: list[float]) -> bool:
+    """Whether a run-off of two contenders ends now: decided (:func:`runoff_decided`), or model and
+    measurement agree: after ``RUNOFF_AGREE_AFTER`` passes, the contender with the faster median so
+    far is the one the refitted profile predicts faster (``predicted_s``)."""
+    if len(steps_s) != 2 or runoff_decided(steps_s):
+        return len(steps_s) == 2
+    if min(map(len, steps_s)) < RUNOFF_AGREE_AFTER:
+        return False
+    leader = min((0, 1), key=lambda i: statistics.median(steps_s[i]))
+    return leader == min((0, 1), key=lambda i: predicted_s[i])
 
 
 def write_results(path: Path, inputs: dict[str, Any], trials: list[Trial]) -> None:

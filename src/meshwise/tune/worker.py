@@ -34,7 +34,7 @@ from meshwise.tune.trials import (
     RUNOFF,
     STOPPED,
     Trial,
-    runoff_decided,
+    runoff_over,
     should_stop,
     timed_steps,
 )
@@ -49,6 +49,7 @@ class TrialPlan:
     round: int
     best_s: float | None  # the best measured step so far (early stop), None before the first
     noise: float
+    max_steps: int = 0  # the most timed steps (the budget's share: tuner.Tune.max_timed_steps); 0: no bound
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def _measure(cfg: Any, prep: Prepared, plan: TrialPlan, limits: Limits, guard: A
         steps_s.append(slowest)
         if len(steps_s) == 1 and limits.min_timed_s:
             count = timed_steps(limits.steps, slowest, limits.min_timed_s)
+        if plan.max_steps:
+            count = min(count, plan.max_steps)
         if should_stop(steps_s, plan.best_s, plan.noise):
             status = STOPPED
             break
@@ -157,9 +160,10 @@ def _timed_step(
 def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits, guard: Any) -> list[Trial]:
     """The final run-off (collective): every contender built at once and warmed up by one step, then
     their timed steps interleaved, the order rotated each pass (A B, B A, ...), as many per contender
-    as a trial of the best's step runs, fewer where the contenders' steps stop overlapping
-    (trials.runoff_decided). A CUDA out-of-memory error (the contenders together do not
-    fit) ends it with no result: the tune's pick stands."""
+    as a trial of the best's step runs and the budget's passes allow (``max_steps``), fewer once
+    model and measurement agree or the steps stop overlapping (trials.runoff_over). A CUDA
+    out-of-memory error (the contenders together do not fit) ends it with no result: the tune's
+    pick stands."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         built = [_build(cfg, prep, plan.layout, device_type) for plan in plans]
@@ -168,6 +172,9 @@ def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits,
         count = limits.steps
         if limits.min_timed_s and plans[0].best_s:
             count = timed_steps(limits.steps, plans[0].best_s, limits.min_timed_s)
+        if plans[0].max_steps:
+            count = min(count, plans[0].max_steps)
+        predicted = [plan.predicted_step_s for plan in plans]
         mine: list[list[tuple[float, dict[str, float]]]] = [[] for _ in plans]
         steps_s: list[list[float]] = [[] for _ in plans]
         for k in range(count):
@@ -175,7 +182,7 @@ def run_runoff(cfg: Any, prep: Prepared, plans: list[TrialPlan], limits: Limits,
                 slowest, own = _timed_step(*built[i], guard, device_type, plans[i].layout)
                 mine[i].append(own)
                 steps_s[i].append(slowest)
-            if runoff_decided(steps_s):  # the same on every rank: the steps are the slowest rank's
+            if runoff_over(steps_s, predicted):  # the same on every rank: the steps are the slowest rank's
                 break
     except torch.cuda.OutOfMemoryError:
         return []
