@@ -19,6 +19,7 @@ from meshwise.cost.estimate import (
     lower_bound_with_dp_s,
     optimizer_seconds,
     rank_fields,
+    reduces_per_micro_batch,
 )
 from meshwise.cost.memory import RankShape, rank_shapes
 from meshwise.layout import Degrees, Layout
@@ -65,8 +66,9 @@ def experts_key(layout: Layout) -> tuple:
 
 
 def tight_key(layout: Layout) -> tuple:
-    """What estimate.lower_bound_step_s reads: :func:`experts_key`'s fields and ``zero >= 2``."""
-    return (*experts_key(layout), layout.zero >= 2)
+    """What estimate.lower_bound_step_s reads: :func:`experts_key`'s fields and whether FSDP2 reduces
+    per micro-batch (estimate.reduces_per_micro_batch: ZeRO-2/3 without PP)."""
+    return (*experts_key(layout), reduces_per_micro_batch(layout))
 
 
 def past(best: list, keep: int, band: bool) -> float:

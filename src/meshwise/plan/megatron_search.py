@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, reduces_per_micro_batch
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache
@@ -116,7 +116,7 @@ class _Weigh:
     apart) checked and the fitting ones estimated into ``result.best`` (held by (_rank_key,
     enumeration index), so the order of the estimates changes nothing), until the next bound is
     slower than the worst of the best ``keep``. A member whose tighter bound (read by the group's
-    members alike but for ``zero >= 2``, worked out before any memory) is slower is skipped before
+    members alike but for estimate.reduces_per_micro_batch, worked out before any memory) is slower is skipped before
     its memory is worked out; a fitting layout whose own bounds are slower (plan/bounds.py) is not
     estimated."""
 
@@ -183,7 +183,7 @@ class _Weigh:
             if ac is None:  # a parent: in_bound_order expands it next
                 continue
             members = self.groups[gkey]
-            tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
+            tight: dict[bool, float] = {}  # the group's tighter bound by the one ZeRO field it reads
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
             founds = self.founds[gkey]
             for (index, base, admitted), found in zip(members, founds):
@@ -197,9 +197,10 @@ class _Weigh:
                     result.checked += 1
                     continue
                 if full:
-                    busy = tight.get(base.zero >= 2)
-                    if busy is None:  # read by every member with this ``zero >= 2``: worked out before memory
-                        busy = tight[base.zero >= 2] = self.bounds.tight_s(_with(base, mbs, ac))
+                    per_mb = reduces_per_micro_batch(base)
+                    busy = tight.get(per_mb)
+                    if busy is None:  # read by every member alike on this field: worked out before memory
+                        busy = tight[per_mb] = self.bounds.tight_s(_with(base, mbs, ac))
                     if busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
                         continue
                 result.checked += 1
