@@ -258,9 +258,9 @@ def lower_bound_with_dp_s(
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
     m = layout.accum(train.global_batch)
-    busy_s, stages = [], []
-    for shape in memory.rank_shapes(model, layout):
-        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
+    shapes, parts, bubble_s = _stages_of(stage_cache, model, cluster, train, layout)
+    busy_s = []
+    for shape, st in zip(shapes, parts):
         dp_s = _dp_exposed_s(
             train,
             cluster.accelerator,
@@ -271,10 +271,27 @@ def lower_bound_with_dp_s(
             _dp_of(stage_cache, model, train, layout, shape, m, cluster),
         )
         busy_s.append(st.compute_s + st.tp_s + st.pp_s + dp_s + st.cp_s)
-        stages.append(st.compute_s + st.tp_s + st.cp_s)
-    return max(busy_s) + _bubble_seconds(
-        model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout)
-    )
+    return max(busy_s) + bubble_s
+
+
+def _stages_of(
+    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout
+) -> tuple[tuple[RankShape, ...], list[StageParts], float]:
+    """The layout's rank shapes, their :func:`_stage_of` and the bubble over them (:func:`_bubble_seconds`),
+    kept in ``cache`` (when given) by the fields they read: :func:`rank_fields`, dp and
+    :func:`reduces_per_micro_batch`, so the bounds of a structure's sharding groups share them."""
+    key = ("stages", *rank_fields(layout), reduces_per_micro_batch(layout), layout.dp)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        shapes = memory.rank_shapes(model, layout)
+        parts = [_stage_of(cache, model, cluster, train, layout, shape) for shape in shapes]
+        stages = [st.compute_s + st.tp_s + st.cp_s for st in parts]
+        m = layout.accum(train.global_batch)
+        counts = _shape_counts(cache, model, layout)
+        found = (shapes, parts, _bubble_seconds(model, cluster, train, layout, m, stages, counts))
+        if cache is not None:
+            cache[key] = found
+    return found
 
 
 def _dp_of(
@@ -819,15 +836,8 @@ def lower_bound_step_s(
     it is :func:`lower_bound_compute_s`."""
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_compute_s(model, cluster, train, layout, stage_cache)
-    m = layout.accum(train.global_batch)
-    shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(stage_cache, model, layout)
-    busy_s, stages = [], []
-    for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
-        busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
-        stages.append(st.compute_s + st.tp_s + st.cp_s)
-    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
+    _, parts, bubble_s = _stages_of(stage_cache, model, cluster, train, layout)
+    return max(st.compute_s + st.tp_s + st.pp_s + st.cp_s for st in parts) + bubble_s
 
 
 def lower_bound_experts_s(
