@@ -3,10 +3,11 @@ schedules (1F1B and interleaved 1F1B) plus expert
 parallelism folded over the TP ranks (Megatron-Core's MoE parallel folding), judged by Megatron-Core's
 memory (cost/megatron_memory.py) rather than meshwise's runtime's. Pure Python, no torch.
 
-Plainer than the main search (no memory floor): the layouts are weighed fastest order bound first
-(plan/bounds.py ``Bounds.order_s``, worked out lazily), a weighed layout's memory is worked out
-(cached by what it reads) and the fitting ones timed, and the first whose order bound is slower than
-the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
+Plainer than the main search (no memory floor): the layouts are weighed fastest bound first (the
+order bound, plan/bounds.py ``Bounds.order_s``, raised to the group's tighter floor when its entry
+comes up; both worked out lazily), a weighed layout's memory is worked out (cached by what it reads)
+and the fitting ones timed, and the first whose bound is slower than the worst of the best
+``max(top, RUNNER_UP_POOL)`` ends it.
 """
 
 from __future__ import annotations
@@ -113,13 +114,13 @@ class _Weigh:
     """The ranking of search_megatron: every group's (ac, mbs) by its order bound (plan/bounds.py
     ``Bounds.order_s``: compute plus expert all-to-alls for a mixture of experts, else compute),
     fastest first and worked out lazily (a group's first mode at each mbs bounds its others:
-    ``in_bound_order``), each layout's Megatron-Core memory (megatron_memory, its two parts cached
-    apart) checked and the fitting ones estimated into ``result.best`` (held by (_rank_key,
-    enumeration index), so the order of the estimates changes nothing), until the next bound is
-    slower than the worst of the best ``keep``. A member whose tighter bound (read by the group's
-    members alike but for estimate.reduces_per_micro_batch, worked out before any memory) is slower is skipped before
-    its memory is worked out; a fitting layout whose own bounds are slower (plan/bounds.py) is not
-    estimated."""
+    ``in_bound_order``), each (group, ac, mbs) raised to its floors when it comes up (:meth:`_bounded`:
+    the tighter bound plus the least optimizer step of its members, per ZeRO kind) and put back in
+    order, each layout's Megatron-Core memory (megatron_memory, its two parts cached apart) checked
+    and the fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so
+    the order of the estimates changes nothing), until the next bound is slower than the worst of
+    the best ``keep``. A member whose kind's floor is slower is skipped before its memory is worked
+    out; a fitting layout whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
         self,
