@@ -129,9 +129,9 @@ def test_lazy_order_falls_back_to_eager_when_a_mode_bounds_below_the_first(runti
 
         return bound
 
-    def watch(entries, expand):
+    def watch(entries, expand, *at):
         try:
-            yield from in_bound_order(entries, expand)
+            yield from in_bound_order(entries, expand, *at)
         except bounds.OrderBroken:
             broken.append(True)
             raise

@@ -84,10 +84,10 @@ class StageParts(NamedTuple):
     """One pipeline rank's step, less its data-parallel collectives (:func:`_stage_seconds`)."""
 
     compute_s: float
-    tp_s: float  # exposed TP seconds
+    tp_s: float  # exposed TP seconds, with the world group's (:func:`_world_collectives`)
     pp_s: float  # pipeline and expert-parallel sends
     cp_s: float  # exposed cp ring seconds
-    tp_ops: list[Collective]
+    tp_ops: list[Collective]  # the TP group's; the world group's are named by the layout (:func:`world_dim`)
     pp_ops: list[Collective]
     ep_ops: list[Collective]
     kv_ops: list[Collective]  # cp K/V
@@ -262,9 +262,9 @@ def lower_bound_with_dp_s(
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_step_s(model, cluster, train, layout, stage_cache=stage_cache)
     m = layout.accum(train.global_batch)
-    busy_s, stages = [], []
-    for shape in memory.rank_shapes(model, layout):
-        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
+    shapes, parts, bubble_s = _stages_of(stage_cache, model, cluster, train, layout)
+    busy_s = []
+    for shape, st in zip(shapes, parts):
         dp_s = _dp_exposed_s(
             train,
             cluster.accelerator,
@@ -275,10 +275,27 @@ def lower_bound_with_dp_s(
             _dp_of(stage_cache, model, train, layout, shape, m, cluster),
         )
         busy_s.append(st.compute_s + st.tp_s + st.pp_s + dp_s + st.cp_s)
-        stages.append(st.compute_s + st.tp_s + st.cp_s)
-    return max(busy_s) + _bubble_seconds(
-        model, cluster, train, layout, m, stages, _shape_counts(stage_cache, model, layout)
-    )
+    return max(busy_s) + bubble_s
+
+
+def _stages_of(
+    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout
+) -> tuple[tuple[RankShape, ...], list[StageParts], float]:
+    """The layout's rank shapes, their :func:`_stage_of` and the bubble over them (:func:`_bubble_seconds`),
+    kept in ``cache`` (when given) by the fields they read: :func:`rank_fields`, dp and
+    :func:`reduces_per_micro_batch`, so the bounds of a structure's sharding groups share them."""
+    key = ("stages", *rank_fields(layout), reduces_per_micro_batch(layout), layout.dp)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        shapes = memory.rank_shapes(model, layout)
+        parts = [_stage_of(cache, model, cluster, train, layout, shape) for shape in shapes]
+        stages = [st.compute_s + st.tp_s + st.cp_s for st in parts]
+        m = layout.accum(train.global_batch)
+        counts = _shape_counts(cache, model, layout)
+        found = (shapes, parts, _bubble_seconds(model, cluster, train, layout, m, stages, counts))
+        if cache is not None:
+            cache[key] = found
+    return found
 
 
 def _dp_of(
@@ -818,20 +835,13 @@ def lower_bound_step_s(
     seconds are never negative): the slowest rank's compute + TP + pipeline/expert + cp seconds, the
     bubble over the mean stage with its P2P latencies, as :func:`estimate` adds them (so the bound
     is below the step in floating point too). It reads the layout's dp only through tp, cp and pp,
-    its ZeRO stage only as ``zero >= 2`` and none of ``shard``; add :func:`optimizer_seconds` for
+    its ZeRO stage only through :func:`reduces_per_micro_batch` and none of ``shard``; add :func:`optimizer_seconds` for
     the whole step less the DP collectives. On ranks sharing cores (CPU: ``host.core_share`` > 1)
     it is :func:`lower_bound_compute_s`."""
     if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
         return lower_bound_compute_s(model, cluster, train, layout, stage_cache)
-    m = layout.accum(train.global_batch)
-    shapes = memory.rank_shapes(model, layout)
-    counts = _shape_counts(stage_cache, model, layout)
-    busy_s, stages = [], []
-    for shape in shapes:
-        st = _stage_of(stage_cache, model, cluster, train, layout, shape)
-        busy_s.append(st.compute_s + st.tp_s + st.pp_s + st.cp_s)
-        stages.append(st.compute_s + st.tp_s + st.cp_s)
-    return max(busy_s) + _bubble_seconds(model, cluster, train, layout, m, stages, counts)
+    _, parts, bubble_s = _stages_of(stage_cache, model, cluster, train, layout)
+    return max(st.compute_s + st.tp_s + st.pp_s + st.cp_s for st in parts) + bubble_s
 
 
 def lower_bound_experts_s(
@@ -904,26 +914,23 @@ def _times_of(
 def _stage_of(
     cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
 ) -> StageParts:
-    """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: the ZeRO stage only
-    as ``zero >= 2``, the sharding group only through the name of the world group (:func:`world_dim`) and
-    whether ep is folded over tp (Layout.ep_folds_tp),
-    so a structure's sharding groups mostly share it. The rank's own setting (:func:`local_train`) and
-    micro-batches follow from ``train`` and ``layout``."""
+    """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: no sharding group,
+    the ZeRO stage only where it moves the TP group's norm reductions (:func:`reduces_per_micro_batch`),
+    so a structure's sharding groups and ZeRO stages mostly share it. The world group's collective costs
+    the same on every layout of a plan (every rank, 2 x 8 bytes) and only its name reads the layout
+    (:func:`world_dim`): its seconds are in ``tp_s``, its name is not in ``tp_ops``. The rank's own
+    setting (:func:`local_train`) and micro-batches follow from ``train`` and ``layout``."""
     local, m = local_train(train, layout), layout.accum(train.global_batch)
     if cache is None:
         return _stage_seconds(model, cluster, train, local, layout, shape, m)
-    key = (
-        *rank_fields(layout),
-        layout.zero >= 2,
-        layout.dp,
-        shape.pp_rank,
-        shape.chunk_blocks,
-        # what world_dim reads beyond these: HSDP or not, a single replica, ZeRO-0
-        layout.replicate > 1 and layout.shard > 1,
-        layout.replicate == 1,
-        layout.zero == 0,
-    )
+    key = (*rank_fields(layout), reduces_per_micro_batch(layout), layout.dp, shape.pp_rank, shape.chunk_blocks)
     return _memo(cache, key, _stage_seconds, model, cluster, train, local, layout, shape, m, cache)
+
+
+def reduces_per_micro_batch(layout: Layout) -> bool:
+    """Whether FSDP2 reduces each micro-batch's gradients as computed (ZeRO-2/3 without PP): the one
+    ZeRO field a rank's stage seconds read (the TP group's norm-weight reductions, :func:`_tp_collectives`)."""
+    return layout.zero >= 2 and layout.pp == 1
 
 
 def _compute_of(
@@ -984,15 +991,14 @@ def _stage_seconds(
         compute_s += host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m) * host.core_share(
             accel, cluster.gpus_per_node
         )
-    tp_ops = _comm_of(cache, "tp", model, local, layout, shape, m, cluster) + _comm_of(
-        cache, "world", model, local, layout, shape, m, cluster
-    )
+    tp_ops = _comm_of(cache, "tp", model, local, layout, shape, m, cluster)
+    world_ops = _comm_of(cache, "world", model, local, layout, shape, m, cluster)
     pp_ops = _comm_of(cache, "pp", model, local, layout, shape, m, cluster)
     ep_ops = _comm_of(cache, "ep", model, local, layout, shape, m, cluster)  # exposed (critical path)
     kv_ops, cp_grad_ops = cp_collectives(model, local, layout, shape, m, cluster)
     # a profile whose ring steps were timed with their sends holds them in compute (cost/context_parallel.py)
     cp_s = 0.0 if accel.cp_step_includes_sends else cp_exposed(model, train, kv_ops, cp_grad_ops, compute_s)
-    tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops), compute_s, train, layout)
+    tp_s = _tp_exposed(sum(op.seconds_per_step for op in tp_ops + world_ops), compute_s, train, layout)
     pp_s = sum(op.seconds_per_step for op in pp_ops if op.kind == "send") + experts.exposed_s(ep_ops, compute_s, train)
     return StageParts(compute_s, tp_s, pp_s, cp_s, tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops)
 
@@ -1232,6 +1238,7 @@ def _busiest_rank(stage_cache, model, cluster, train, local, layout, shapes, m) 
         st = _stage_of(stage_cache, model, cluster, train, layout, shape)
         compute_s, tp_s, pp_s, cp_s = st.compute_s, st.tp_s, st.pp_s, st.cp_s
         tp_ops, pp_ops, ep_ops, kv_ops, cp_grad_ops = st.tp_ops, st.pp_ops, st.ep_ops, st.kv_ops, st.cp_grad_ops
+        tp_ops = tp_ops + _comm_of(stage_cache, "world", model, local, layout, shape, m, cluster)
         dp_mb_ops, dp_step_ops = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
         dp_s = _dp_exposed_s(train, accel, layout, shape, m, compute_s, (dp_mb_ops, dp_step_ops))
         # FSDP2's own work and the gradient sums: compute on the rank's core, beside the kernels

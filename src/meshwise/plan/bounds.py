@@ -19,6 +19,7 @@ from meshwise.cost.estimate import (
     lower_bound_with_dp_s,
     optimizer_seconds,
     rank_fields,
+    reduces_per_micro_batch,
 )
 from meshwise.cost.memory import RankShape, rank_shapes
 from meshwise.layout import Degrees, Layout
@@ -65,8 +66,9 @@ def experts_key(layout: Layout) -> tuple:
 
 
 def tight_key(layout: Layout) -> tuple:
-    """What estimate.lower_bound_step_s reads: :func:`experts_key`'s fields and ``zero >= 2``."""
-    return (*experts_key(layout), layout.zero >= 2)
+    """What estimate.lower_bound_step_s reads: :func:`experts_key`'s fields and whether FSDP2 reduces
+    per micro-batch (estimate.reduces_per_micro_batch: ZeRO-2/3 without PP)."""
+    return (*experts_key(layout), reduces_per_micro_batch(layout))
 
 
 def past(best: list, keep: int, band: bool) -> float:
@@ -85,19 +87,19 @@ class OrderBroken(Exception):
     """A child's bound below its parent's in :func:`in_bound_order`: the lazy order would not be sorted."""
 
 
-def in_bound_order(entries: list[tuple], expand: Callable[[tuple], Iterable[tuple]]) -> Iterator[tuple]:
-    """``entries`` ((bound, tie key, group, ac, ...)) and what ``expand`` makes of each of them whose ac
-    is None (a parent: it stands for a group's layouts at one mbs, its bound a lower bound of all of
-    them), fastest bound first, ties by the tie key. A parent is yielded before it is expanded, so a
-    caller that stops at a bound past the best expands no further. The order is sorted as long as no
-    child's bound is below its parent's (else :class:`OrderBroken`); a list without parents is sorted
-    whole, as an eager search would."""
+def in_bound_order(entries: list[tuple], expand: Callable[[tuple], Iterable[tuple]], at: int = 3) -> Iterator[tuple]:
+    """``entries`` ((bound, tie key, group, ac, ...)) and what ``expand`` makes of each of them whose
+    item ``at`` is None (a parent: by default one with no ac, which stands for a group's layouts at
+    one mbs, its bound a lower bound of all of them), fastest bound first, ties by the tie key. A
+    parent is yielded before it is expanded, so a caller that stops at a bound past the best expands
+    no further. The order is sorted as long as no child's bound is below its parent's (else
+    :class:`OrderBroken`); a list without parents is sorted whole, as an eager search would."""
     heap = entries[:]
     heapq.heapify(heap)
     while heap:
         entry = heapq.heappop(heap)
         yield entry
-        if entry[3] is None:
+        if entry[at] is None:
             for child in expand(entry):
                 if child[0] < entry[0]:
                     raise OrderBroken
@@ -123,11 +125,7 @@ class Bounds:
         mixture of experts are for those), then the tighter bound, then (``with_dp``) the tighter bound
         with the data-parallel collectives. ``shapes``: the layout's rank shapes where the caller has them."""
         model = self.model
-        okey = optimizer_key(layout)
-        opt_s = self.optimizers.get(okey)
-        if opt_s is None:
-            shapes = rank_shapes(model, layout) if shapes is None else shapes
-            opt_s = self.optimizers[okey] = optimizer_seconds(model, self.cluster, self.train, layout, shapes)
+        opt_s = self.optimizer_s(layout, shapes)
         if model.moe and not model.states_only and self.experts_s(layout) + opt_s > worst:
             return True
         if self.tight_s(layout) + opt_s > worst:
@@ -135,6 +133,16 @@ class Bounds:
         if not self.with_dp:
             return False
         return lower_bound_with_dp_s(model, self.cluster, self.train, layout, self.stages) + opt_s > worst
+
+    def optimizer_s(self, layout: Layout, shapes: tuple[RankShape, ...] | None = None) -> float:
+        """estimate.optimizer_seconds (no mbs nor ac); ``shapes``: the layout's rank shapes where the
+        caller has them."""
+        okey = optimizer_key(layout)
+        opt_s = self.optimizers.get(okey)
+        if opt_s is None:
+            shapes = rank_shapes(self.model, layout) if shapes is None else shapes
+            opt_s = self.optimizers[okey] = optimizer_seconds(self.model, self.cluster, self.train, layout, shapes)
+        return opt_s
 
     def tight_s(self, layout: Layout) -> float:
         """estimate.lower_bound_step_s: every part of the step but the data-parallel collectives."""

@@ -3,10 +3,11 @@ schedules (1F1B and interleaved 1F1B) plus expert
 parallelism folded over the TP ranks (Megatron-Core's MoE parallel folding), judged by Megatron-Core's
 memory (cost/megatron_memory.py) rather than meshwise's runtime's. Pure Python, no torch.
 
-Plainer than the main search (no memory floor): the layouts are weighed fastest order bound first
-(plan/bounds.py ``Bounds.order_s``, worked out lazily), a weighed layout's memory is worked out
-(cached by what it reads) and the fitting ones timed, and the first whose order bound is slower than
-the worst of the best ``max(top, RUNNER_UP_POOL)`` ends it.
+Plainer than the main search (no memory floor): the layouts are weighed fastest bound first (the
+order bound, plan/bounds.py ``Bounds.order_s``, raised to the group's tighter floor when its entry
+comes up; both worked out lazily), a weighed layout's memory is worked out (cached by what it reads)
+and the fitting ones timed, and the first whose bound is slower than the worst of the best
+``max(top, RUNNER_UP_POOL)`` ends it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate
+from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, reduces_per_micro_batch
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache
@@ -36,6 +37,7 @@ from meshwise.plan.candidates import (
 from meshwise.spec import ClusterSpec, ModelSpec, TrainSpec
 
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # Megatron-Core's pipeline schedules
+_FLOORS = 6  # the item of a ranking entry (_Weigh) that holds its floors: None until it is bounded
 _AC_ORDER = {ac: i for i, ac in enumerate(AC_MODES)}  # the enumeration's order of checkpointing modes
 
 
@@ -112,13 +114,13 @@ class _Weigh:
     """The ranking of search_megatron: every group's (ac, mbs) by its order bound (plan/bounds.py
     ``Bounds.order_s``: compute plus expert all-to-alls for a mixture of experts, else compute),
     fastest first and worked out lazily (a group's first mode at each mbs bounds its others:
-    ``in_bound_order``), each layout's Megatron-Core memory (megatron_memory, its two parts cached
-    apart) checked and the fitting ones estimated into ``result.best`` (held by (_rank_key,
-    enumeration index), so the order of the estimates changes nothing), until the next bound is
-    slower than the worst of the best ``keep``. A member whose tighter bound (read by the group's
-    members alike but for ``zero >= 2``, worked out before any memory) is slower is skipped before
-    its memory is worked out; a fitting layout whose own bounds are slower (plan/bounds.py) is not
-    estimated."""
+    ``in_bound_order``), each (group, ac, mbs) raised to its floors when it comes up (:meth:`_bounded`:
+    the tighter bound plus the least optimizer step of its members, per ZeRO kind) and put back in
+    order, each layout's Megatron-Core memory (megatron_memory, its two parts cached apart) checked
+    and the fitting ones estimated into ``result.best`` (held by (_rank_key, enumeration index), so
+    the order of the estimates changes nothing), until the next bound is slower than the worst of
+    the best ``keep``. A member whose kind's floor is slower is skipped before its memory is worked
+    out; a fitting layout whose own bounds are slower (plan/bounds.py) is not estimated."""
 
     def __init__(
         self,
@@ -141,6 +143,7 @@ class _Weigh:
         self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
         self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its admitted modes), by group
+        self.floors: dict[tuple, dict] = {}  # :meth:`_optimizer_floors`, by group
         self.refused: set[tuple] = set()  # the groups of one ranking refused as a whole
 
     def rank(self, parents: list[tuple], result: SearchResult, top: int, band: bool = False) -> SearchResult:
@@ -152,11 +155,11 @@ class _Weigh:
         checked, fitting = result.checked, result.fitting
         try:
             self.refused = set()
-            self._weigh(in_bound_order(parents, self._expand), result, max(top, RUNNER_UP_POOL), band)
+            self._weigh(in_bound_order(parents, self._expand, _FLOORS), result, max(top, RUNNER_UP_POOL), band)
         except OrderBroken:
             result.best, result.checked, result.fitting, self.refused = [], checked, fitting, set()
             eager = [child for p in parents for child in self._expand(p)]
-            self._weigh(in_bound_order(eager, self._expand), result, max(top, RUNNER_UP_POOL), band)
+            self._weigh(in_bound_order(eager, self._expand, _FLOORS), result, max(top, RUNNER_UP_POOL), band)
         result.checked += sum(self.counts[g] for g in self.refused)  # refused as a whole
         result.best = break_ties(result.best, self.usable)
         result.pool = result.best[:]
@@ -177,13 +180,12 @@ class _Weigh:
     def _weigh(self, order: Iterator[tuple], result: SearchResult, keep: int, band: bool) -> None:
         keys: list[tuple] = []
         best = result.best
-        for bound, _, gkey, ac, mbs, m in order:
+        for bound, _, gkey, ac, mbs, m, floors in order:
             if bound > past(best, keep, band):
                 break
-            if ac is None:  # a parent: in_bound_order expands it next
+            if floors is None:  # a parent, or a child not yet bounded: in_bound_order expands it next
                 continue
             members = self.groups[gkey]
-            tight: dict[bool, float] = {}  # the group's tighter bound by zero >= 2, the one ZeRO field it reads
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
             founds = self.founds[gkey]
             for (index, base, admitted), found in zip(members, founds):
@@ -196,12 +198,8 @@ class _Weigh:
                 if found is None:  # its states alone overflow a rank
                     result.checked += 1
                     continue
-                if full:
-                    busy = tight.get(base.zero >= 2)
-                    if busy is None:  # read by every member with this ``zero >= 2``: worked out before memory
-                        busy = tight[base.zero >= 2] = self.bounds.tight_s(_with(base, mbs, ac))
-                    if busy > worst:  # the optimizer step is >= 0: Bounds.slower would say so too
-                        continue
+                if floors[reduces_per_micro_batch(base)] > worst:  # Bounds.slower would say so too
+                    continue
                 result.checked += 1
                 if parts is None:
                     parts = self._transient(found, base, ac, mbs, m)
@@ -218,7 +216,7 @@ class _Weigh:
                 keep_ranked(best, keys, e, (index, _AC_ORDER[ac], mbs), keep)
 
     def parents_of(self) -> list[tuple]:
-        """(order bound, (first enumeration index, -1, mbs), group, None, mbs, micro-batches): for every
+        """(order bound, (first enumeration index, -1, mbs), group, None, mbs, micro-batches, None): for every
         group and mbs, the order bound at the first checkpointing mode admitted there, which bounds the
         others (``Bounds.order_s``); :meth:`_expand` makes the (ac, mbs) entries of one. The members
         of a group share their runs (dp follows tp, cp, pp)."""
@@ -227,7 +225,7 @@ class _Weigh:
             index, base, _ = members[0]
             for mbs, acs in self._modes(gkey):
                 m = self.train.global_batch // (base.dp * mbs)
-                out.append((self.bounds.order_s(_with(base, mbs, acs[0])), (index, -1, mbs), gkey, None, mbs, m))
+                out.append((self.bounds.order_s(_with(base, mbs, acs[0])), (index, -1, mbs), gkey, None, mbs, m, None))
         return out
 
     def _modes(self, gkey: tuple) -> list[tuple[int, list[str]]]:
@@ -249,10 +247,13 @@ class _Weigh:
         return found
 
     def _expand(self, parent: tuple) -> list[tuple]:
-        """The (order bound, (index, ac's order, mbs), group, ac, mbs, micro-batches) entries of a
+        """The (order bound, (index, ac's order, mbs), group, ac, mbs, micro-batches, None) entries of a
         parent (:meth:`parents_of`); none for a group none of whose members' states fit (its layouts
-        are counted checked, as a whole, once per ranking)."""
-        bound, (index, _, mbs), gkey, _, _, m = parent
+        are counted checked, as a whole, once per ranking). Such an entry (ac given, no floors) is
+        bounded when it comes first (:meth:`_bounded`)."""
+        bound, (index, _, mbs), gkey, ac, _, m, _ = parent
+        if ac is not None:
+            return [self._bounded(parent)]
         members = self.groups[gkey]
         founds = self.founds.get(gkey)
         if founds is None:
@@ -262,10 +263,34 @@ class _Weigh:
             return []
         acs = next(a for b, a in self._modes(gkey) if b == mbs)
         base = members[0][1]
-        out = [(bound, (index, _AC_ORDER[acs[0]], mbs), gkey, acs[0], mbs, m)]
+        out = [(bound, (index, _AC_ORDER[acs[0]], mbs), gkey, acs[0], mbs, m, None)]
         for ac in acs[1:]:
-            out.append((self.bounds.order_s(_with(base, mbs, ac)), (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m))
+            out.append((self.bounds.order_s(_with(base, mbs, ac)), (index, _AC_ORDER[ac], mbs), gkey, ac, mbs, m, None))
         return out
+
+    def _bounded(self, entry: tuple) -> tuple:
+        """The entry of one (group, ac, mbs) with its ``floors``: by the one ZeRO field the tighter bound
+        reads (estimate.reduces_per_micro_batch), that bound plus the least optimizer step of the
+        members whose states fit (:meth:`_optimizer_floors`), below which no member of that kind
+        steps; its bound the larger of its order bound and the least floor."""
+        bound, tie, gkey, ac, mbs, m, _ = entry
+        least = self._optimizer_floors(gkey)
+        floors = {k: self.bounds.tight_s(_with(one, mbs, ac)) + opt_s for k, (one, opt_s) in least.items()}
+        return (max(bound, min(floors.values())), tie, gkey, ac, mbs, m, floors)
+
+    def _optimizer_floors(self, gkey: tuple) -> dict[bool, tuple[Layout, float]]:
+        """By estimate.reduces_per_micro_batch, a member of the group of that kind and the least
+        optimizer step (Bounds.optimizer_s) of those members whose states fit."""
+        found = self.floors.get(gkey)
+        if found is None:
+            found = self.floors[gkey] = {}
+            for (_, base, _), held in zip(self.groups[gkey], self.founds[gkey]):
+                if held is None:
+                    continue
+                kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, held[0])
+                if kind not in found or opt_s < found[kind][1]:
+                    found[kind] = (base, opt_s)
+        return found
 
     def _structure(self, index: int, base: Layout) -> tuple | None:
         """The structure's (rank shapes, their states, their sums, local setting, TP overlap), or None
