@@ -34,7 +34,7 @@ def test_rows_per_expert_are_t_k_ep_over_e_times_the_load_factor(v3):
 def test_load_factor_is_the_padded_capacity_else_the_measured_imbalance():
     """Wang et al. 2024 Table 2 (catalog/moe_imbalance.toml): MaxVio_global 0.52 with an auxiliary loss,
     0.04 with per-expert bias; a capacity factor with padding runs every expert at exactly its capacity."""
-    assert moe_block.IMBALANCE == {"aux-loss": 1.52, "aux-loss-free": 1.04, "forced": 1.0}
+    assert moe_block.IMBALANCE == {"aux-loss": 1.52, "aux-loss-free": 1.04, "forced": 1.0, "random": 1.0}
     dropless, free = TrainSpec(8, 4096), TrainSpec(8, 4096, moe_balancing="aux-loss-free")
     assert moe_block.load_factor(dropless, 8) == 1.52 and moe_block.load_factor(free, 8) == 1.04
     assert moe_block.load_factor(dropless, 1) == 1.0  # one rank holds every expert: its load is the mean

@@ -13,7 +13,7 @@ from meshwise.errors import MeshwiseError
 from meshwise.spec.gpu_keys import MODEL_CODES, RUNTIMES, SELECTIVE_POLICIES
 from meshwise.spec.model import ModelSpec, cached_hash
 
-MOE_BALANCING = ("aux-loss", "aux-loss-free", "forced")  # the keys of catalog/moe_imbalance.toml
+MOE_BALANCING = ("aux-loss", "aux-loss-free", "forced", "random")  # the keys of catalog/moe_imbalance.toml
 # how a rank's experts' GEMMs run: the runtime's own ("te": Megatron's Transformer Engine GroupedLinear, one
 # cuBLAS GEMM per local expert on 4 streams, its --moe-grouped-gemm default; meshwise's runtime/moe.py loop),
 # one grouped kernel for all (DeepGEMM's, torch._grouped_mm), or one cuBLAS GEMM per local expert in sequence
