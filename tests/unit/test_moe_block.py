@@ -42,6 +42,19 @@ def test_load_factor_is_the_padded_capacity_else_the_measured_imbalance():
     assert moe_block.load_factor(TrainSpec(8, 4096, moe_capacity_factor=1.25), 1) == 1.25
 
 
+def test_experts_padded_to_the_busiest_run_at_its_load_on_one_rank():
+    """KempnerForge's grouped kernel pads every expert to the busiest expert's tokens (a zero (E, max, h)
+    buffer into torch._grouped_mm): on one rank (ep = 1) its experts multiply the busiest load's rows,
+    where an unpadded grouped kernel multiplies the mean (qwen3-235b-a22b: 256 rows against 389)."""
+    padded = TrainSpec(8, 4096, expert_gemm="grouped-padded")
+    assert moe_block.load_factor(padded, 1) == 1.52
+    assert moe_block.load_factor(TrainSpec(8, 4096, expert_gemm="grouped"), 1) == 1.0
+    model, accel = load_model("qwen3-235b-a22b"), load_cluster("h100", 8).accelerator
+    one = moe_block.moe_parts(model, accel, TrainSpec(8, 4096, expert_gemm="grouped"), 1, 1, 1, False)
+    many = moe_block.moe_parts(model, accel, padded, 1, 1, 1, False)
+    assert 1.4 < many.experts_s / one.experts_s < 1.8 and many.router_s == one.router_s  # tiles quantize the rows
+
+
 def test_bad_moe_settings_name_the_field():
     from meshwise.errors import MeshwiseError
 
