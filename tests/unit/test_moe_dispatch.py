@@ -63,7 +63,7 @@ def test_learned_routing_spans_the_mean_over_every_choice_of_k():
 def test_megatron_forced_balance_is_random_routing_not_the_fake_gate():
     """Megatron-Core's --moe-router-force-load-balancing draws normal random logits (moe_utils.RandomSTE), so a
     token's top-8 of 128 experts is a uniform draw: sampled here (seeded), its experts span about 3.6 of 4
-    nodes, where the consecutive fake gate's span 1.25."""
+    nodes, where the consecutive fake gate's span one."""
     rng = random.Random(0)
     model = _model("qwen3-235b-a22b")
     sampled = sum(len({e // 32 for e in rng.sample(range(128), 8)}) for _ in range(20000)) / 20000
