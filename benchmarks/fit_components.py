@@ -17,7 +17,8 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
   tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
   on Blackwell, torch's grouped kernels (torchao's B200 tables, bf16 and MXFP8): the ``efficiency`` of
-  the rows ``gemm.grouped-bf16`` and ``gemm.grouped-fp8`` alone, the dense rows' depth held;
+  the rows ``gemm.grouped-bf16`` and ``gemm.grouped-fp8`` alone, the dense rows' depth held; on Hopper in
+  bf16 (grouped_gemm's cuBLAS loop and CUTLASS grouped kernel at 512 rows per expert) a check, no fit;
 - collectives by payload and group size (components_collectives.csv: OpenXLA's H100 NVLink table):
   the intra-node ``latency_s`` and ``bytes_per_s`` of cost/comm.py ``collective_seconds``;
 - memory-bound kernels and scale-out links (components_links.csv), and the clock held under sustained
@@ -148,7 +149,7 @@ def _grouped_pairs(rows_half: float | None) -> list[tuple[float, float]]:
     peak = accel.peak_bf16_flops_per_s * 2
     out = []
     for r in read("components_grouped_gemm.csv"):
-        if r["gpu"] != "h100":
+        if r["gpu"] != "h100" or r["dtype"] != "fp8":
             continue
         g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
         factor = 1.0 if rows_half is None else m / (m + rows_half)
@@ -170,6 +171,24 @@ def fit_grouped() -> dict:
         "without": log_errors(_grouped_pairs(None)),
         "points": len(_grouped_pairs(None)),
     }
+
+
+def hopper_expert_gemm_check() -> list[tuple[str, float, float]]:
+    """(layout, predicted, published) TFLOP/s of the H100 bf16 per-expert GEMMs of components_grouped_gemm.csv at
+    the table's clock, as cost/moe_block.py prices each kernel: ``cublas-loop`` one tile/wave GEMM per expert in
+    turn, ``grouped`` the tile/wave GEMM of every group over ``grouped_factor`` (a check, not a fit)."""
+    accel = replace(load_cluster("h100", 8).accelerator, sustained_clock=1.0)
+    peak, out = accel.peak_bf16_flops_per_s, []
+    for r in read("components_grouped_gemm.csv"):
+        if r["gpu"] != "h100" or r["dtype"] != "bf16":
+            continue
+        g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])
+        if r["layout"] == "cublas-loop":
+            seconds = g * kernels.gemm_seconds(m, n, k, accel, peak, 2, 1, "bf16")
+        else:
+            seconds = kernels.gemm_seconds(m, n, k, accel, peak, 2, g, "bf16") / moe_block.grouped_factor(m)
+        out.append((r["layout"], 2.0 * g * m * n * k / seconds / 1e12, float(r["tflops"])))
+    return out
 
 
 # Blackwell's grouped GEMMs (torch._grouped_mm, torch._scaled_grouped_mm): torchao's B200 tables, the rows
@@ -436,6 +455,11 @@ def main(argv: list[str]) -> int:
         print(
             f"  check b200 bf16  the row at its table clock against {n} B200 cuBLAS timings ({source}): time error "
             f"mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
+        )
+    for layout, predicted, published in hopper_expert_gemm_check():
+        print(
+            f"  check h100 bf16  {layout} experts at 512 rows (groupedgemm37): {published:.1f} TFLOP/s published, "
+            f"{predicted:.1f} priced ({predicted / published - 1:+.0%}; a check, not a fit)"
         )
     for row, g in f["grouped_blackwell"].items():
         print(

@@ -193,7 +193,8 @@ def _add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         choices=MOE_BALANCING,
         default="aux-loss",
         help="how dropless routing is balanced (catalog/moe_imbalance.toml): aux-loss (default), "
-        "aux-loss-free (per-expert bias, DeepSeek-V3) or forced (even by construction: a benchmark's fake gate)",
+        "aux-loss-free (per-expert bias, DeepSeek-V3), forced (even by construction: a benchmark's fake gate) or "
+        "random (uniform top-k: Megatron's --moe-router-force-load-balancing)",
     )
     p.add_argument(
         "--mtp-layers",

@@ -34,12 +34,25 @@ def test_rows_per_expert_are_t_k_ep_over_e_times_the_load_factor(v3):
 def test_load_factor_is_the_padded_capacity_else_the_measured_imbalance():
     """Wang et al. 2024 Table 2 (catalog/moe_imbalance.toml): MaxVio_global 0.52 with an auxiliary loss,
     0.04 with per-expert bias; a capacity factor with padding runs every expert at exactly its capacity."""
-    assert moe_block.IMBALANCE == {"aux-loss": 1.52, "aux-loss-free": 1.04, "forced": 1.0}
+    assert moe_block.IMBALANCE == {"aux-loss": 1.52, "aux-loss-free": 1.04, "forced": 1.0, "random": 1.0}
     dropless, free = TrainSpec(8, 4096), TrainSpec(8, 4096, moe_balancing="aux-loss-free")
     assert moe_block.load_factor(dropless, 8) == 1.52 and moe_block.load_factor(free, 8) == 1.04
     assert moe_block.load_factor(dropless, 1) == 1.0  # one rank holds every expert: its load is the mean
     assert moe_block.load_factor(TrainSpec(8, 4096, moe_capacity_factor=1.0), 8) == 1.0
     assert moe_block.load_factor(TrainSpec(8, 4096, moe_capacity_factor=1.25), 1) == 1.25
+
+
+def test_experts_padded_to_the_busiest_run_at_its_load_on_one_rank():
+    """KempnerForge's grouped kernel pads every expert to the busiest expert's tokens (a zero (E, max, h)
+    buffer into torch._grouped_mm): on one rank (ep = 1) its experts multiply the busiest load's rows,
+    where an unpadded grouped kernel multiplies the mean (qwen3-235b-a22b: 256 rows against 389)."""
+    padded = TrainSpec(8, 4096, expert_gemm="grouped-padded")
+    assert moe_block.load_factor(padded, 1) == 1.52
+    assert moe_block.load_factor(TrainSpec(8, 4096, expert_gemm="grouped"), 1) == 1.0
+    model, accel = load_model("qwen3-235b-a22b"), load_cluster("h100", 8).accelerator
+    one = moe_block.moe_parts(model, accel, TrainSpec(8, 4096, expert_gemm="grouped"), 1, 1, 1, False)
+    many = moe_block.moe_parts(model, accel, padded, 1, 1, 1, False)
+    assert 1.4 < many.experts_s / one.experts_s < 1.8 and many.router_s == one.router_s  # tiles quantize the rows
 
 
 def test_bad_moe_settings_name_the_field():
@@ -138,7 +151,11 @@ def test_grouped_gemm_within_its_published_table():
     accel = replace(H100, sustained_clock=1.0)
     path = Path(moe_block.__file__).parents[1] / "catalog/components_grouped_gemm.csv"
     with open(path, encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["gpu"] == "h100"]
+        rows = [
+            r
+            for r in csv.DictReader(line for line in f if not line.startswith("#"))
+            if r["gpu"] == "h100" and r["dtype"] == "fp8"
+        ]
     with_factor, without = [], []
     for r in rows:
         g, m, n, k = int(r["groups"]), int(r["m"]), int(r["n"]), int(r["k"])

@@ -3,6 +3,7 @@ the all-to-all across nodes at each GPU's own NIC (cost/experts.py), and the exp
 cuBLAS loop runs them (cost/moe_block.py)."""
 
 import itertools
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,18 @@ def test_learned_routing_spans_the_mean_over_every_choice_of_k():
     # 8 nodes of 32 experts, one group each: the token's 8 experts among 4 kept groups
     assert moe_dispatch.destinations(v3, train, 8) == pytest.approx(moe_dispatch._span(128, 8, 4, False))
     assert 3.5 < moe_dispatch.destinations(v3, train, 8) < 4
+
+
+def test_megatron_forced_balance_is_random_routing_not_the_fake_gate():
+    """Megatron-Core's --moe-router-force-load-balancing draws normal random logits (moe_utils.RandomSTE), so a
+    token's top-8 of 128 experts is a uniform draw: sampled here (seeded), its experts span about 3.6 of 4
+    nodes, where the consecutive fake gate's span one."""
+    rng = random.Random(0)
+    model = _model("qwen3-235b-a22b")
+    sampled = sum(len({e // 32 for e in rng.sample(range(128), 8)}) for _ in range(20000)) / 20000
+    spans = moe_dispatch.destinations(model, TrainSpec(8, 4096, moe_balancing="random"), 4)
+    assert spans == pytest.approx(sampled, rel=0.01)
+    assert moe_dispatch.destinations(model, TrainSpec(8, 4096, moe_balancing="forced"), 4) < 0.4 * spans
 
 
 def test_deepep_sends_each_token_once_per_rank_and_all_to_all_every_copy():

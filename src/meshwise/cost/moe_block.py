@@ -28,7 +28,10 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   ``c`` is the run's capacity factor where the experts' inputs are padded to it
   (``TrainSpec.moe_capacity_factor``: every expert runs exactly its capacity), else, dropless, the
   busiest EP rank's load over the mean under ep > 1: the measured max/mean of the run's balancing
-  (``TrainSpec.moe_balancing``, catalog/moe_imbalance.toml), and 1 under ep = 1. Gated: the gate and
+  (``TrainSpec.moe_balancing``, catalog/moe_imbalance.toml), and 1 under ep = 1. A grouped kernel over
+  every expert's tokens padded to the busiest expert's count (``grouped-padded``, KempnerForge's
+  ``grouped_expert_forward_packed``: a zero ``(E, max_tokens, h)`` buffer into ``torch._grouped_mm``) runs
+  every expert at that busiest load, ``c`` the same measured max/mean, under any ep. Gated: the gate and
   up projections ``(R, 2f, h)`` and the down projection ``(R, h, f)``; backward each GEMM's
   ``(R, K, N)`` and ``(K, N, R)``. Megatron-Core's ``--moe-grouped-gemm`` runs them through Transformer
   Engine's GroupedLinear (``TrainSpec.expert_gemm = "te"``), one cuBLAS GEMM per local expert issued round
@@ -137,10 +140,11 @@ def routed_tokens(tokens: float, tp: int, folded: bool, runtime: str = "meshwise
 
 def load_factor(train: TrainSpec, ep: int) -> float:
     """``c`` of the module docstring: the padded capacity factor, else the measured busiest-rank load
-    over the mean under ep > 1 (``IMBALANCE``), else 1."""
+    over the mean under ep > 1 or where every expert is padded to the busiest one's tokens
+    (``grouped-padded``) (``IMBALANCE``), else 1."""
     if train.moe_capacity_factor > 0:
         return train.moe_capacity_factor
-    return IMBALANCE[train.moe_balancing] if ep > 1 else 1.0
+    return IMBALANCE[train.moe_balancing] if ep > 1 or train.expert_gemm == "grouped-padded" else 1.0
 
 
 def rows_per_expert(model: ModelSpec, tokens: float, ep: int, load: float) -> float:
@@ -196,7 +200,7 @@ def _experts_s(
     for n, k in _expert_gemms(model, split):
         cf, cb = fp8.linear_cast_bytes(train, rows * local, n, k)
         fwd, bwd = fwd + cf / hbm, bwd + cb / hbm
-        if kernel == "grouped":
+        if kernel in ("grouped", "grouped-padded"):
             slow, row = 1.0 / grouped_factor(rows), grouped_row(accel, train, dtype)
             fwd += slow * gemm_seconds(rows, n, k, accel, peak, e, local, row)
             bwd += slow * (

@@ -9,7 +9,9 @@ scale-out network once to each node, which forwards it over NVLink (DeepEP V1's 
 ``T d h``, ``d`` the distinct units (ranks, or nodes where the group crosses the network) a token's
 experts span:
 
-- learned routing: the ``k`` experts drawn without replacement from the ``E`` (from the
+- learned routing, and ``random`` routing (Megatron-Core's ``--moe-router-force-load-balancing``: normal
+  random logits, moe_utils.py ``RandomSTE``, so a uniform draw): the ``k`` experts drawn without
+  replacement from the ``E`` (from the
   ``router_group_topk`` of ``router_groups`` groups it keeps under group-limited routing, DeepSeek-V3's),
   ``d = U (1 - C(E' - E'/U, k) / C(E', k))`` over the ``U`` units those ``E'`` experts fill;
 - ``forced`` routing (``TrainSpec.moe_balancing``: NeMo AutoModel's FakeBalancedGate, token ``i`` to
