@@ -129,6 +129,21 @@ def b200_gemm_check() -> dict[str, tuple[int, float, float]]:
     return {src: (len(e), sum(e) / len(e), max(map(abs, e))) for src, e in out.items()}
 
 
+# CDNA3's GEMM rows: (catalog row, components_gemm.csv dtype, its peak key). One published shape each.
+CDNA_ROWS = (("bf16", "bf16", "peak_bf16_flops_per_s"), ("fp8-tensor", "fp8", "peak_fp8_flops_per_s"))
+
+
+def fit_cdna_gemm(row: str) -> dict:
+    """The MI300X ``row``'s efficiency on its published shapes (components_gemm.csv, ``mi300x``): its 304 CUs,
+    the H100's tile, floor and depth (``k_half`` of the H100's row of the same kind) held, the table's clock."""
+    dtype, peak_key = next((d, k) for name, d, k in CDNA_ROWS if name == row)
+    base = replace(load_cluster("mi300x", 8).accelerator, gemm=(), sustained_clock=1.0)
+    k_half = kernels.gemm_row(load_cluster("h100", 8).accelerator, "bf16" if dtype == "bf16" else "fp8")[1]
+    groups = [(((m, n, k),), 2.0 * b * m * n * k / flops) for b, m, n, k, flops in gemm_points("mi300x", dtype)]
+    elem = 2 if dtype == "bf16" else 1
+    return fit_gemm_efficiency(base, groups, row, getattr(base, peak_key), elem, k_half)
+
+
 def blackwell_attention_scale(fa2: dict, cudnn: dict) -> dict[str, float]:
     """{runtime: factor on the H100 curves}: FlashAttention-4's B200 figures for cuDNN (megatron) and Triton's
     (meshwise: torch's FlashAttention-2, which FlashAttention-3's paper has at Triton's level on H100), each
@@ -311,6 +326,7 @@ def fits() -> dict:
         "blackwell_burst": blackwell_burst_factor(),
         "attention_blackwell": blackwell_attention_scale(fa2, cudnn),
         "grouped_blackwell": {row[0]: fit_blackwell_grouped(row[0]) for row in BLACKWELL_GROUPED},
+        "gemm_cdna": {row: fit_cdna_gemm(row) for row, _, _ in CDNA_ROWS},
     }
 
 
@@ -387,6 +403,11 @@ def check_catalog(f: dict) -> list[str]:
             got = rows.get(f"grouped-{row}")
             if got is None or not close(got[0], fit["efficiency"]):
                 bad.append(f"{name} gemm.grouped-{row}: catalog {got}, fit {fit['efficiency']:.3f}")
+    rows = {r[0]: r[1:] for r in load_cluster("mi300x", 8).accelerator.gemm}
+    for row, fit in f["gemm_cdna"].items():
+        got = rows.get(row)
+        if got is None or not close(got[0], fit["efficiency"]) or abs(got[1] - fit["k_half"]) > 2:
+            bad.append(f"mi300x gemm.{row}: catalog {got}, fit {fit['efficiency']:.3f}, {fit['k_half']:.0f}")
     grouped = f["grouped_gemm"]["rows_half"]
     if abs(moe_block.GROUPED_ROWS_HALF - grouped) > 0.5:
         bad.append(f"moe_block.GROUPED_ROWS_HALF: code {moe_block.GROUPED_ROWS_HALF}, fit {grouped:.1f}")
@@ -436,6 +457,11 @@ def main(argv: list[str]) -> int:
         print(
             f"  check b200 bf16  the row at its table clock against {n} B200 cuBLAS timings ({source}): time error "
             f"mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
+        )
+    for row, g in f["gemm_cdna"].items():
+        print(
+            f"  gemm_mi300x_{row:10s} efficiency {g['efficiency']:.3f} (k_half {g['k_half']:.0f}, the H100's floor and "
+            f"tile held): {g['points']} shape, exact by construction"
         )
     for row, g in f["grouped_blackwell"].items():
         print(
