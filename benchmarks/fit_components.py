@@ -461,7 +461,7 @@ def main(argv: list[str]) -> int:
     for row, g in f["gemm_cdna"].items():
         print(
             f"  gemm_mi300x_{row:10s} efficiency {g['efficiency']:.3f} (k_half {g['k_half']:.0f}, the H100's floor and "
-            f"tile held): {g['points']} shape, exact by construction"
+            f"tile held): {g['points']} shape(s), time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}"
         )
     for row, g in f["grouped_blackwell"].items():
         print(
