@@ -13,6 +13,8 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
   Blackwell's: the H100 curves scaled to FlashAttention-4's B200 figures (cuDNN; Triton's level for
   FlashAttention-2), as the A100's are to its one point;
+- the MI300X's GEMM rows (components_gemm.csv, ``mi300x``: torch.matmul and the MAMF table for bf16,
+  hipblaslt-bench for per-tensor FP8): ``efficiency`` alone, the H100's depth, floor and tile held;
 - grouped GEMMs by rows per expert (components_grouped_gemm.csv: DeepGEMM's grouped table):
   ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
   tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
