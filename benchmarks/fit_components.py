@@ -13,6 +13,8 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
   Blackwell's: the H100 curves scaled to FlashAttention-4's B200 figures (cuDNN; Triton's level for
   FlashAttention-2), as the A100's are to its one point;
+- the MI300X's GEMM rows (components_gemm.csv, ``mi300x``: torch.matmul and the MAMF table for bf16,
+  hipblaslt-bench for per-tensor FP8): ``efficiency`` alone, the H100's depth, floor and tile held;
 - grouped GEMMs by rows per expert (components_grouped_gemm.csv: DeepGEMM's grouped table):
   ``GROUPED_ROWS_HALF`` of cost/moe_block.py, the rows at which a grouped GEMM keeps half of the
   tile/wave GEMM's throughput beyond what that model already loses, fitted as the GEMM rows are;
@@ -128,6 +130,21 @@ def b200_gemm_check() -> dict[str, tuple[int, float, float]]:
             t = kernels.gemm_seconds(m, n, k, accel, accel.peak_bf16_flops_per_s, 2, b)
             out.setdefault(r["source"], []).append(t * float(r["tflops"]) * 1e12 / (2 * b * m * n * k) - 1)
     return {src: (len(e), sum(e) / len(e), max(map(abs, e))) for src, e in out.items()}
+
+
+# CDNA3's GEMM rows: (catalog row, components_gemm.csv dtype, its peak key). One published shape each.
+CDNA_ROWS = (("bf16", "bf16", "peak_bf16_flops_per_s"), ("fp8-tensor", "fp8", "peak_fp8_flops_per_s"))
+
+
+def fit_cdna_gemm(row: str) -> dict:
+    """The MI300X ``row``'s efficiency on its published shapes (components_gemm.csv, ``mi300x``): its 304 CUs,
+    the H100's tile, floor and depth (``k_half`` of the H100's row of the same kind) held, the table's clock."""
+    dtype, peak_key = next((d, k) for name, d, k in CDNA_ROWS if name == row)
+    base = replace(load_cluster("mi300x", 8).accelerator, gemm=(), sustained_clock=1.0)
+    k_half = kernels.gemm_row(load_cluster("h100", 8).accelerator, "bf16" if dtype == "bf16" else "fp8")[1]
+    groups = [(((m, n, k),), 2.0 * b * m * n * k / flops) for b, m, n, k, flops in gemm_points("mi300x", dtype)]
+    elem = 2 if dtype == "bf16" else 1
+    return fit_gemm_efficiency(base, groups, row, getattr(base, peak_key), elem, k_half)
 
 
 def blackwell_attention_scale(fa2: dict, cudnn: dict) -> dict[str, float]:
@@ -330,6 +347,7 @@ def fits() -> dict:
         "blackwell_burst": blackwell_burst_factor(),
         "attention_blackwell": blackwell_attention_scale(fa2, cudnn),
         "grouped_blackwell": {row[0]: fit_blackwell_grouped(row[0]) for row in BLACKWELL_GROUPED},
+        "gemm_cdna": {row: fit_cdna_gemm(row) for row, _, _ in CDNA_ROWS},
     }
 
 
@@ -406,6 +424,11 @@ def check_catalog(f: dict) -> list[str]:
             got = rows.get(f"grouped-{row}")
             if got is None or not close(got[0], fit["efficiency"]):
                 bad.append(f"{name} gemm.grouped-{row}: catalog {got}, fit {fit['efficiency']:.3f}")
+    rows = {r[0]: r[1:] for r in load_cluster("mi300x", 8).accelerator.gemm}
+    for row, fit in f["gemm_cdna"].items():
+        got = rows.get(row)
+        if got is None or not close(got[0], fit["efficiency"]) or abs(got[1] - fit["k_half"]) > 2:
+            bad.append(f"mi300x gemm.{row}: catalog {got}, fit {fit['efficiency']:.3f}, {fit['k_half']:.0f}")
     grouped = f["grouped_gemm"]["rows_half"]
     if abs(moe_block.GROUPED_ROWS_HALF - grouped) > 0.5:
         bad.append(f"moe_block.GROUPED_ROWS_HALF: code {moe_block.GROUPED_ROWS_HALF}, fit {grouped:.1f}")
@@ -460,6 +483,11 @@ def main(argv: list[str]) -> int:
         print(
             f"  check h100 bf16  {layout} experts at 512 rows (groupedgemm37): {published:.1f} TFLOP/s published, "
             f"{predicted:.1f} priced ({predicted / published - 1:+.0%}; a check, not a fit)"
+        )
+    for row, g in f["gemm_cdna"].items():
+        print(
+            f"  gemm_mi300x_{row:10s} efficiency {g['efficiency']:.3f} (k_half {g['k_half']:.0f}, the H100's floor and "
+            f"tile held): {g['points']} shape(s), time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}"
         )
     for row, g in f["grouped_blackwell"].items():
         print(
