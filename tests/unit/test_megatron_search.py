@@ -145,3 +145,51 @@ def test_lazy_order_falls_back_to_eager_when_a_mode_bounds_below_the_first(runti
     assert broken
     assert [e.layout for e in again.pool] == [e.layout for e in plain.pool]
     assert [e.time.step_s for e in again.pool] == [e.time.step_s for e in plain.pool]
+
+
+@pytest.mark.parametrize("name, batch, seq, bites", [("tiny-moe", 64, 4096, False), ("llama3-8b", 64, 1024, True)])
+def test_dp_floor_is_below_every_members_bound_and_bites(name, batch, seq, bites):
+    """estimate.lower_bound_dp_floor_s, over the layouts sharing a group, mbs, ac and ZeRO kind, is no
+    more than any one's bound with the DP collectives plus its optimizer step, and where the DP
+    collectives outlast compute (Llama 3 8B, 64k tokens on 64 H100) above the tighter floor (tighter
+    bound plus least optimizer step) somewhere: the DP seconds it adds are real."""
+    from meshwise.cost.estimate import (
+        dp_unhidden_seconds,
+        lower_bound_dp_floor_s,
+        lower_bound_step_s,
+        lower_bound_with_dp_s,
+        optimizer_seconds,
+        reduces_per_micro_batch,
+    )
+    from meshwise.cost.memory import rank_shapes
+    from meshwise.plan.bounds import compute_key
+    from meshwise.plan.candidates import _ac_modes, _schedule_ok
+    from meshwise.plan.megatron_search import _fields
+
+    model, cluster = load_model(name), load_cluster("h100", 64)
+    train = TrainSpec(batch, seq, "bf16-mixed", runtime="megatron")
+    groups: dict[tuple, list] = {}
+    for degrees, mbs_options in _fields(model, 64, batch, seq):
+        for mbs in mbs_options:
+            for ac in _ac_modes(model):
+                lay = degrees.layout(mbs, ac)
+                if _schedule_ok(lay, lay.accum(batch)):
+                    key = (compute_key(lay, model.moe), mbs, ac, reduces_per_micro_batch(lay))
+                    groups.setdefault(key, []).append(lay)
+    stages: dict = {}
+    raised = 0
+    for members in groups.values():
+        shapes = rank_shapes(model, members[0])
+        bounds, opts, unhidden = [], [], []
+        for lay in members:
+            opt_s = optimizer_seconds(model, cluster, train, lay, shapes)
+            bounds.append(lower_bound_with_dp_s(model, cluster, train, lay, stages) + opt_s)
+            opts.append(opt_s)
+            unhidden.append(
+                [u + opt_s for u in dp_unhidden_seconds(model, cluster, train, lay, shapes, lay.accum(batch))]
+            )
+        least = (min(opts), [min(col) for col in zip(*unhidden)])
+        floor_s = lower_bound_dp_floor_s(model, cluster, train, members[0], least, stages)
+        assert floor_s <= min(bounds)
+        raised += floor_s > lower_bound_step_s(model, cluster, train, members[0], stages) + least[0]
+    assert len(groups) > 20 and (raised > 0) == bites

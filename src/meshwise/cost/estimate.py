@@ -278,6 +278,55 @@ def lower_bound_with_dp_s(
     return max(busy_s) + bubble_s
 
 
+def dp_unhidden_seconds(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    shapes: tuple[RankShape, ...],
+    m: int,
+    stage_cache: dict | None = None,
+) -> list[float]:
+    """Per rank shape (``shapes``: the layout's) at ``m`` micro-batches, data-parallel seconds that no compute hides more
+    than once: the sum of its collectives where they all run per micro-batch or all per step (as
+    _dp_collectives_of makes them), else the larger sum. :func:`_dp_exposed_s` hides each repetition
+    behind at most its window, and one kind's windows sum to at most the rank's compute (m x
+    compute / m per micro-batch; (rf - 1) / rf + 1 / rf of compute / m per step), so the rank's
+    exposed DP seconds are at least this less its compute. Reads no ac (``stage_cache``: the plan's
+    per-rank memo)."""
+    out = []
+    for shape in shapes:
+        per_mb, per_step = _dp_of(stage_cache, model, train, layout, shape, m, cluster)
+        mb_s = sum(op.seconds_per_step for op in per_mb)
+        step_s = sum(op.seconds_per_step for op in per_step)
+        out.append(mb_s + step_s if not (mb_s and step_s) else max(mb_s, step_s))
+    return out
+
+
+def lower_bound_dp_floor_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    least: tuple[float, list[float]],
+    stage_cache: dict | None = None,
+) -> float:
+    """A floor of :func:`lower_bound_with_dp_s` + :func:`optimizer_seconds` over every layout with the
+    stage seconds of ``layout`` (:func:`rank_fields`, dp, :func:`reduces_per_micro_batch`), given
+    ``least``: their least optimizer seconds and, per rank shape, their least
+    :func:`dp_unhidden_seconds` + optimizer seconds. A rank's stage plus exposed DP seconds is at
+    least max(compute, unhidden) + tp + pp + cp, so the floor is the largest over ranks of
+    max(compute + least optimizer, least unhidden + optimizer) + tp + pp + cp, plus the bubble; less
+    1e-9 of it (the bound adds in another order). On ranks sharing cores it is
+    :func:`lower_bound_step_s` + the least optimizer seconds."""
+    opt_s, unhidden_s = least
+    if host.core_share(cluster.accelerator, cluster.gpus_per_node) > 1:
+        return lower_bound_step_s(model, cluster, train, layout, stage_cache) + opt_s
+    _, parts, bubble_s = _stages_of(stage_cache, model, cluster, train, layout)
+    busy_s = max(max(st.compute_s + opt_s, u) + st.tp_s + st.pp_s + st.cp_s for st, u in zip(parts, unhidden_s))
+    return (busy_s + bubble_s) * (1 - 1e-9)
+
+
 def _stages_of(
     cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout
 ) -> tuple[tuple[RankShape, ...], list[StageParts], float]:

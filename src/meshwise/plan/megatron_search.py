@@ -16,7 +16,13 @@ import math
 from collections.abc import Callable, Iterator
 
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
-from meshwise.cost.estimate import DEFAULT_HEADROOM, estimate, reduces_per_micro_batch
+from meshwise.cost.estimate import (
+    DEFAULT_HEADROOM,
+    dp_unhidden_seconds,
+    estimate,
+    lower_bound_dp_floor_s,
+    reduces_per_micro_batch,
+)
 from meshwise.cost.megatron_memory import states_of, transient
 from meshwise.cost.memory import Memory, rank_shapes
 from meshwise.cost.plan_cache import PlanCache
@@ -144,7 +150,10 @@ class _Weigh:
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
         self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its admitted modes), by group
         self.floors: dict[tuple, dict] = {}  # :meth:`_optimizer_floors`, by group
+        self.cheap: dict[tuple, dict] = {}  # :meth:`_cheap_floors`, by (group, ac, mbs)
+        self.unhidden: dict[tuple, list[float]] = {}  # :meth:`_unhidden`, by (enumeration index, m)
         self.refused: set[tuple] = set()  # the groups of one ranking refused as a whole
+        self.band = False  # whether the ranking asks only for its first layout (:meth:`rank`)
 
     def rank(self, parents: list[tuple], result: SearchResult, top: int, band: bool = False) -> SearchResult:
         """``result`` with the best ``top`` of the layouts of ``parents`` (:meth:`parents_of`'s list or a
@@ -153,12 +162,13 @@ class _Weigh:
         breaks the lazy order's premise (plan/bounds.py ``OrderBroken``), every group is expanded
         first and the ranking starts again."""
         checked, fitting = result.checked, result.fitting
+        self.band = band
         try:
             self.refused = set()
             self._weigh(in_bound_order(parents, self._expand, _FLOORS), result, max(top, RUNNER_UP_POOL), band)
         except OrderBroken:
             result.best, result.checked, result.fitting, self.refused = [], checked, fitting, set()
-            eager = [child for p in parents for child in self._expand(p)]
+            eager = [child for p in parents for c in self._expand(p) for child in self._expand_parent(c)]
             self._weigh(in_bound_order(eager, self._expand, _FLOORS), result, max(top, RUNNER_UP_POOL), band)
         result.checked += sum(self.counts[g] for g in self.refused)  # refused as a whole
         result.best = break_ties(result.best, self.usable)
@@ -219,13 +229,20 @@ class _Weigh:
         """(order bound, (first enumeration index, -1, mbs), group, None, mbs, micro-batches, None): for every
         group and mbs, the order bound at the first checkpointing mode admitted there, which bounds the
         others (``Bounds.order_s``); :meth:`_expand` makes the (ac, mbs) entries of one. The members
-        of a group share their runs (dp follows tp, cp, pp)."""
+        of a group share their runs (dp follows tp, cp, pp). For a mixture of experts each starts at
+        its compute-only bound (Bounds.compute_s, below the order bound; -2 in its tie key), its
+        expert all-to-alls added when it first comes up."""
         out = []
+        lazy = self.model.moe and not self.model.states_only
         for gkey, members in self.groups.items():
             index, base, _ = members[0]
             for mbs, acs in self._modes(gkey):
                 m = self.train.global_batch // (base.dp * mbs)
-                out.append((self.bounds.order_s(_with(base, mbs, acs[0])), (index, -1, mbs), gkey, None, mbs, m, None))
+                layout = _with(base, mbs, acs[0])
+                if lazy:
+                    out.append((self.bounds.compute_s(layout), (index, -2, mbs), gkey, None, mbs, m, None))
+                else:
+                    out.append((self.bounds.order_s(layout), (index, -1, mbs), gkey, None, mbs, m, None))
         return out
 
     def _modes(self, gkey: tuple) -> list[tuple[int, list[str]]]:
@@ -246,22 +263,33 @@ class _Weigh:
             self.modes[gkey] = found
         return found
 
+    def _expand_parent(self, entry: tuple) -> list[tuple]:
+        """``entry`` expanded where it is still a parent at its order bound (:meth:`parents_of`), else itself."""
+        return self._expand(entry) if entry[3] is None else [entry]
+
+    def _modes_at(self, gkey: tuple, mbs: int) -> list[str]:
+        """The checkpointing modes any member of the group admits at ``mbs`` (:meth:`_modes`)."""
+        return next(a for b, a in self._modes(gkey) if b == mbs)
+
     def _expand(self, parent: tuple) -> list[tuple]:
         """The (order bound, (index, ac's order, mbs), group, ac, mbs, micro-batches, None) entries of a
         parent (:meth:`parents_of`); none for a group none of whose members' states fit (its layouts
         are counted checked, as a whole, once per ranking). Such an entry (ac given, no floors) is
         bounded when it comes first (:meth:`_bounded`)."""
-        bound, (index, _, mbs), gkey, ac, _, m, _ = parent
+        bound, (index, stage, mbs), gkey, ac, _, m, _ = parent
         if ac is not None:
             return [self._bounded(parent)]
         members = self.groups[gkey]
+        if stage == -2:  # at its compute-only bound: the order bound next (parents_of)
+            first = _with(members[0][1], mbs, self._modes_at(gkey, mbs)[0])
+            return [(self.bounds.order_s(first), (index, -1, mbs), gkey, None, mbs, m, None)]
         founds = self.founds.get(gkey)
         if founds is None:
             founds = self.founds[gkey] = [self._structure(i, b) for i, b, _ in members]
         if not any(founds):
             self.refused.add(gkey)
             return []
-        acs = next(a for b, a in self._modes(gkey) if b == mbs)
+        acs = self._modes_at(gkey, mbs)
         base = members[0][1]
         out = [(bound, (index, _AC_ORDER[acs[0]], mbs), gkey, acs[0], mbs, m, None)]
         for ac in acs[1:]:
@@ -269,14 +297,67 @@ class _Weigh:
         return out
 
     def _bounded(self, entry: tuple) -> tuple:
-        """The entry of one (group, ac, mbs) with its ``floors``: by the one ZeRO field the tighter bound
-        reads (estimate.reduces_per_micro_batch), that bound plus the least optimizer step of the
-        members whose states fit (:meth:`_optimizer_floors`), below which no member of that kind
-        steps; its bound the larger of its order bound and the least floor."""
+        """The entry of one (group, ac, mbs) raised to its floors, in two steps as it comes up (each put
+        back in order): first the cheap ones (:meth:`_cheap_floors`, its floors still None), then
+        ``floors`` (:meth:`_dp_floors`), below which no member of that ZeRO kind steps; its bound the
+        larger of its order bound and the least floor."""
         bound, tie, gkey, ac, mbs, m, _ = entry
-        least = self._optimizer_floors(gkey)
-        floors = {k: self.bounds.tight_s(_with(one, mbs, ac)) + opt_s for k, (one, opt_s) in least.items()}
+        cheap = self.cheap.get((gkey, ac, mbs))
+        if cheap is None:
+            cheap = self.cheap[gkey, ac, mbs] = self._cheap_floors(gkey, ac, mbs)
+            if self.band:
+                return (max(bound, min(cheap.values())), tie, gkey, ac, mbs, m, None)
+        if not self.band:
+            return (max(bound, min(cheap.values())), tie, gkey, ac, mbs, m, cheap)
+        floors = self._dp_floors(gkey, ac, mbs, m, cheap)
         return (max(bound, min(floors.values())), tie, gkey, ac, mbs, m, floors)
+
+    def _cheap_floors(self, gkey: tuple, ac: str, mbs: int) -> dict[bool, float]:
+        """By the one ZeRO field the tighter bound reads (estimate.reduces_per_micro_batch), that bound
+        plus the least optimizer step of the members of that kind whose states fit."""
+        least = self._optimizer_floors(gkey)
+        return {k: self.bounds.tight_s(_with(one, mbs, ac)) + opt_s for k, (one, opt_s) in least.items()}
+
+    def _dp_floors(self, gkey: tuple, ac: str, mbs: int, m: int, cheap: dict[bool, float]) -> dict[bool, float]:
+        """``cheap`` raised, per ZeRO kind, by estimate.lower_bound_dp_floor_s over the members of that
+        kind that fit at (ac, mbs): the DP collectives no compute hides; infinite for a kind none of
+        whose members fits there."""
+        parts = None
+        least: dict[bool, tuple[Layout, float, list[float]]] = {}
+        for (index, base, _), found in zip(self.groups[gkey], self.founds[gkey]):
+            if found is None:
+                continue
+            if parts is None:
+                parts = self._transient(found, base, ac, mbs, m)
+            if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
+                continue
+            kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, found[0])
+            with_opt = [u + opt_s for u in self._unhidden(index, base, found[0], m)]
+            held = least.get(kind)
+            if held is not None:
+                opt_s, with_opt = min(held[1], opt_s), [min(a, b) for a, b in zip(held[2], with_opt)]
+            least[kind] = (base if held is None else held[0], opt_s, with_opt)
+        floors = {}
+        for k, floor_s in cheap.items():
+            if k not in least:
+                floors[k] = math.inf
+                continue
+            one, opt_s, with_opt = least[k]
+            layout = _with(one, mbs, ac)
+            with_dp = lower_bound_dp_floor_s(
+                self.model, self.cluster, self.train, layout, (opt_s, with_opt), self.stages
+            )
+            floors[k] = max(floor_s, with_dp)
+        return floors
+
+    def _unhidden(self, index: int, base: Layout, shapes: tuple, m: int) -> list[float]:
+        """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac)."""
+        found = self.unhidden.get((index, m))
+        if found is None:
+            found = self.unhidden[index, m] = dp_unhidden_seconds(
+                self.model, self.cluster, self.train, base, shapes, m, self.stages
+            )
+        return found
 
     def _optimizer_floors(self, gkey: tuple) -> dict[bool, tuple[Layout, float]]:
         """By estimate.reduces_per_micro_batch, a member of the group of that kind and the least
