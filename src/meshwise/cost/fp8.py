@@ -137,7 +137,7 @@ def gemm_peak_flops_per_s(accel: AcceleratorSpec, train: TrainSpec) -> float:
     if f is None:
         return accel.peak_flops_per_s(train.precision)
     peak = accel.peak_mxfp8_flops_per_s if f.mx else accel.peak_fp8_flops_per_s
-    own_row = gemm_dtype(train) == TENSOR_ROW and any(row[0] == TENSOR_ROW for row in accel.gemm)
+    own_row = gemm_dtype(train) == TENSOR_ROW and accel.has_gemm_row(TENSOR_ROW)
     return peak * (1.0 if own_row else f.gemm_ratio) if peak else accel.peak_flops_per_s(train.precision)
 
 

@@ -177,7 +177,7 @@ def grouped_row(accel: AcceleratorSpec, train: TrainSpec, dtype: str) -> str:
     (``grouped-bf16``, ``grouped-fp8``: Blackwell's, fitted on torchao's B200 tables) where meshwise's runtime
     runs them (torchtitan's ``torch._grouped_mm``), else ``dtype``'s dense row over the grouped factor."""
     row = f"grouped-{'bf16' if dtype == 'bf16' else 'fp8'}"
-    if train.runtime == "megatron" or all(r[0] != row for r in accel.gemm):
+    if train.runtime == "megatron" or not accel.has_gemm_row(row):
         return dtype
     return row
 

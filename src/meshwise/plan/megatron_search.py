@@ -213,7 +213,7 @@ class _Weigh:
                 result.checked += 1
                 if parts is None:
                     parts = self._transient(found, base, ac, mbs, m)
-                if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
+                if not self._fits(found, parts):
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
@@ -305,11 +305,9 @@ class _Weigh:
         cheap = self.cheap.get((gkey, ac, mbs))
         if cheap is None:
             cheap = self.cheap[gkey, ac, mbs] = self._cheap_floors(gkey, ac, mbs)
-            if self.band:
+            if self.band:  # the DP floors when it comes up again at the cheap ones
                 return (max(bound, min(cheap.values())), tie, gkey, ac, mbs, m, None)
-        if not self.band:
-            return (max(bound, min(cheap.values())), tie, gkey, ac, mbs, m, cheap)
-        floors = self._dp_floors(gkey, ac, mbs, m, cheap)
+        floors = self._dp_floors(gkey, ac, mbs, m, cheap) if self.band else cheap
         return (max(bound, min(floors.values())), tie, gkey, ac, mbs, m, floors)
 
     def _cheap_floors(self, gkey: tuple, ac: str, mbs: int) -> dict[bool, float]:
@@ -329,7 +327,7 @@ class _Weigh:
                 continue
             if parts is None:
                 parts = self._transient(found, base, ac, mbs, m)
-            if max(t + a + o for t, (a, o) in zip(found[2], parts)) > self.usable:
+            if not self._fits(found, parts):
                 continue
             kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, found[0])
             with_opt = [u + opt_s for u in self._unhidden(index, base, found[0], m)]
@@ -349,6 +347,11 @@ class _Weigh:
             )
             floors[k] = max(floor_s, with_dp)
         return floors
+
+    def _fits(self, found: tuple, parts: list[tuple[float, float]]) -> bool:
+        """Whether every rank's states (a member's :meth:`_structure` sums) and transient memory (``parts``:
+        :meth:`_transient`) fit its usable bytes."""
+        return max(t + a + o for t, (a, o) in zip(found[2], parts)) <= self.usable
 
     def _unhidden(self, index: int, base: Layout, shapes: tuple, m: int) -> list[float]:
         """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac)."""

@@ -115,6 +115,10 @@ class AcceleratorSpec:
         """True when the profile declares the GPU fields: compute is costed per operation."""
         return self.sm_count > 0 and (self.gemm_efficiency > 0 or bool(self.gemm))
 
+    def has_gemm_row(self, name: str) -> bool:
+        """Whether the catalog gives this device a GEMM row ``gemm.<name>`` of its own."""
+        return any(row[0] == name for row in self.gemm)
+
     def peak_flops_per_s(self, precision: str) -> float:
         """The peak MFU and the non-GEMM work are reckoned against: fp32's, else bf16's (the float8
         formats' too, as torchtitan and NeMo report MFU against the bf16 peak); cost/fp8.py prices

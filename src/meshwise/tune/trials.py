@@ -207,8 +207,10 @@ def runoff_over(steps_s: list[list[float]], predicted_s: list[float]) -> bool:
     """Whether a run-off of two contenders ends now: decided (:func:`runoff_decided`), or model and
     measurement agree: after ``RUNOFF_AGREE_AFTER`` passes, the contender with the faster median so
     far is the one the refitted profile predicts faster (``predicted_s``)."""
-    if len(steps_s) != 2 or runoff_decided(steps_s):
-        return len(steps_s) == 2
+    if len(steps_s) != 2:
+        return False
+    if runoff_decided(steps_s):
+        return True
     if min(map(len, steps_s)) < RUNOFF_AGREE_AFTER:
         return False
     leader = min((0, 1), key=lambda i: statistics.median(steps_s[i]))
