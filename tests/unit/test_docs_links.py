@@ -4,7 +4,7 @@ the README or a page of ``docs/``, and every ``benchmarks/results/NAME`` those d
 Both sides are read from the tree, so a results file renamed together with its citation keeps the
 test green; one renamed alone fails it. A citation with a placeholder
 (``benchmarks/results/gpu-check-<device>.txt``, written per device) names no single file and is
-not checked.
+not checked. README's table cells stay at most README_CELL_MAX characters.
 """
 
 from __future__ import annotations
@@ -52,3 +52,22 @@ def test_every_results_file_is_cited():
 def test_every_cited_results_file_exists():
     missing = {name: docs for name, docs in _cited().items() if not (RESULTS / name).is_file()}
     assert not missing, f"results files cited but absent from benchmarks/results/: {missing}"
+
+
+README_CELL_MAX = 200  # characters: one figure per cell, the method and the rest in the page it links
+
+
+def _long_cells(text: str) -> list[str]:
+    """The table cells of ``text`` over README_CELL_MAX characters (cells split on unescaped ``|``)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [c.strip() for line in lines for c in re.split(r"(?<!\\)\|", line) if len(c.strip()) > README_CELL_MAX]
+
+
+def test_readme_table_cells_stay_short():
+    long = _long_cells((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not long, f"README cells over {README_CELL_MAX} characters: {[c[:60] for c in long]}"
+
+
+def test_the_check_sees_a_long_cell():
+    assert _long_cells("| a | " + "x \\| y " * 40 + " |")
+    assert not _long_cells("| a | short \\| cell |")
