@@ -1,12 +1,12 @@
 """The published runs, predicted against their published step time: every run of one set
-(dev, test, test2, test3, test4 or test5) of src/meshwise/catalog/published_runs.toml, dense and mixture-of-experts reported apart.
+(dev, test, test2 to test6) of src/meshwise/catalog/published_runs.toml, dense and mixture-of-experts reported apart.
 
 Nothing in the GPU time model is fitted to these runs: every constant comes from its component's
 own published data (benchmarks/fit_components.py), and the runs are only predicted. The error is
 reported for dense and MoE runs, by size band (< 10B, 10-100B, > 100B parameters), and without the
 three MT-NLG runs, whose micro-batch size is inferred (their source does not state it).
 
-The test sets are evaluated once each, by the lead (test after the MoE time model landed; test2 to test5,
+The test sets are evaluated once each, by the lead (test after the MoE time model landed; test2 to test6,
 collected blind, after the GPU time model changes that followed each); the dev set freely. ``--validate`` resolves every run
 of a set and prices none: it is how a test set is checked before its one evaluation.
 
@@ -16,6 +16,7 @@ of a set and prices none: it is how a test set is checked before its one evaluat
     python benchmarks/fidelity.py --set test3 --save        # the lead's one evaluation: benchmarks/results/fidelity-test3.txt
     python benchmarks/fidelity.py --set test4 --save        # the same for test4: benchmarks/results/fidelity-test4.txt
     python benchmarks/fidelity.py --set test5 --save        # the same for test5: benchmarks/results/fidelity-test5.txt
+    python benchmarks/fidelity.py --set test6 --save        # the same for test6: benchmarks/results/fidelity-test6.txt
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from meshwise.spec.cluster import catalog_accelerator
 
 BANDS = (("< 10B", 0, 10e9), ("10-100B", 10e9, 100e9), ("> 100B", 100e9, float("inf")))
 INFERRED = ("mtnlg530b",)  # runs whose micro-batch size is inferred, not published
-SETS = ("dev", "test", "test2", "test3", "test4", "test5")
+SETS = ("dev", "test", "test2", "test3", "test4", "test5", "test6")
 FIGURES = ("step_s", "tokens_per_s_per_gpu", "hardware_tflops_per_gpu")  # a run gives exactly one
 RESULTS = Path(__file__).resolve().parent / "results"
 
