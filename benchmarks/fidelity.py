@@ -39,7 +39,7 @@ from meshwise.spec.cluster import catalog_accelerator
 
 BANDS = (("< 10B", 0, 10e9), ("10-100B", 10e9, 100e9), ("> 100B", 100e9, float("inf")))
 INFERRED = ("mtnlg530b",)  # runs whose micro-batch size is inferred, not published
-SETS = ("dev", "test", "test2", "test3", "test4", "test5")
+SETS = ("dev", "test", "test2", "test3", "test4", "test5", "test6")
 FIGURES = ("step_s", "tokens_per_s_per_gpu", "hardware_tflops_per_gpu")  # a run gives exactly one
 RESULTS = Path(__file__).resolve().parent / "results"
 
