@@ -10,6 +10,8 @@ parallelism that shapes the step (``parallelism``: pipeline, tensor, context, el
 runs, precisions, error range and mean shares. Then every set's mean / worst |error| of the chosen kind, the
 figures a change's commit quotes before and after. Nothing is fitted or written.
 
+The default sets are the seen ones (band.py's SEEN): a test set not yet evaluated is priced only if named.
+
     python benchmarks/step_misses.py                      # dense runs beyond 15%, every seen set
     python benchmarks/step_misses.py --kind moe --beyond 0.3 --sets test4,test5
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from band import SEEN  # noqa: E402
 from fidelity import SETS, Run, load_runs  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 
@@ -148,7 +151,7 @@ def report(set_names: tuple[str, ...], kind: str, beyond: float) -> list[str]:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    parser.add_argument("--sets", default=",".join(SEEN), help=f"comma-separated, of {', '.join(SETS)}")
     parser.add_argument("--kind", choices=KINDS, default="dense")
     parser.add_argument("--beyond", type=float, default=0.15, help="the |error| bound (0.15 = 15%%)")
     args = parser.parse_args(argv)
