@@ -27,12 +27,13 @@ def ep_span(run: Run) -> str:
     if layout.ep <= 1:
         return "-"
     stride = 1 if layout.ep_folds_tp else layout.tp
-    domains = layout.ep * stride // run.cluster.domain_gpus
+    domains = -(-layout.ep * stride // run.cluster.domain_gpus)  # ceiling: a part-filled domain counts
     return "nvl" if domains <= 1 else f"x{domains}"
 
 
 def runtime_of(run: Run) -> str:
-    """The code the run ran: Megatron-Core, or torchtitan priced under meshwise's runtime, or meshwise's."""
+    """The code the run ran where its entry names it (``framework``: torchtitan priced under meshwise's
+    runtime), else the runtime it is priced under (megatron, meshwise)."""
     return run.framework or run.train.runtime
 
 
