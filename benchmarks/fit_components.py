@@ -9,6 +9,7 @@ test set. The data, one source per row, lie in src/meshwise/catalog/components_*
   Blackwell's (b200, gb200) ``efficiency`` per row alone, on Transformer Engine's B300 layer tables
   (components_te_linears.csv: bf16, MXFP8 for the block-scaled ``fp8`` row, per-tensor FP8 for
   ``fp8-tensor``), the H100's depth, floor and tile held (benchmarks/fp8_components.py reads the table);
+  timings by shape on B200, GB200 and GH200 (components_gemm.csv) check the bf16 rows at the table clock;
 - fused attention by sequence, head width and causality (components_attention.csv: FlashAttention-3
   paper's H100 figures for FlashAttention-2 and cuDNN): ``top * s / (s + s_half)`` per direction;
   Blackwell's: the H100 curves scaled to FlashAttention-4's B200 figures (cuDNN; Triton's level for
@@ -118,18 +119,23 @@ def blackwell_burst_factor() -> float:
     return alone / fit_blackwell_gemm("bf16")["efficiency"]
 
 
-def b200_gemm_check() -> dict[str, tuple[int, float, float]]:
-    """The catalog's B200 bf16 row at its table clock against the B200's own cuBLAS timings by shape
-    (components_gemm.csv, ``b200``), per source: {source: (points, mean signed time error, worst |error|)};
-    negative: the model is faster."""
-    accel = replace(load_cluster("b200", 8).accelerator, sustained_clock=1.0)
-    out: dict[str, list[float]] = {}
+# The catalog entry whose bf16 row a GPU's published GEMM timings check (components_gemm.csv): GH200's GPU is a
+# Hopper of 132 SMs at 989 TFLOP/s bf16, the h200 entry's row.
+CHECKED_ROWS = {"b200": "b200", "gb200": "gb200", "gh200": "h200"}
+
+
+def table_clock_gemm_check() -> dict[tuple[str, str], tuple[int, float, float]]:
+    """The catalog's bf16 rows at their table clock against published timings by shape on B200, GB200 and
+    GH200 (components_gemm.csv, ``CHECKED_ROWS``), per GPU and source: {(gpu, source): (points, mean signed
+    time error, worst |error|)}; negative: the model is faster."""
+    out: dict[tuple[str, str], list[float]] = {}
     for r in read("components_gemm.csv"):
-        if r["gpu"] == "b200" and r["dtype"] == "bf16":
+        if r["gpu"] in CHECKED_ROWS and r["dtype"] == "bf16":
+            accel = replace(load_cluster(CHECKED_ROWS[r["gpu"]], 8).accelerator, sustained_clock=1.0)
             b, m, n, k = (int(r[x]) for x in "bmnk")
             t = kernels.gemm_seconds(m, n, k, accel, accel.peak_bf16_flops_per_s, 2, b)
-            out.setdefault(r["source"], []).append(t * float(r["tflops"]) * 1e12 / (2 * b * m * n * k) - 1)
-    return {src: (len(e), sum(e) / len(e), max(map(abs, e))) for src, e in out.items()}
+            out.setdefault((r["gpu"], r["source"]), []).append(t * float(r["tflops"]) * 1e12 / (2 * b * m * n * k) - 1)
+    return {key: (len(e), sum(e) / len(e), max(map(abs, e))) for key, e in out.items()}
 
 
 # CDNA3's GEMM rows: (catalog row, components_gemm.csv dtype, its peak key). One published shape each.
@@ -474,10 +480,10 @@ def main(argv: list[str]) -> int:
             f"tile held): {g['points']} timings, time error mean {g['errors'][0]:.1%}, worst {g['errors'][1]:.1%}; "
             f"unthrottled x {f['blackwell_burst']:.3f} = {g['efficiency'] * f['blackwell_burst']:.3f}"
         )
-    for source, (n, signed, worst) in b200_gemm_check().items():
+    for (gpu, source), (n, signed, worst) in table_clock_gemm_check().items():
         print(
-            f"  check b200 bf16  the row at its table clock against {n} B200 cuBLAS timings ({source}): time error "
-            f"mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
+            f"  check {gpu:5s} bf16 the {CHECKED_ROWS[gpu]} row at its table clock against {n} timing(s) ({source}): "
+            f"time error mean {signed:+.1%}, worst {worst:.1%} (components_gemm.csv; a check, not a fit)"
         )
     for layout, predicted, published in hopper_expert_gemm_check():
         print(
