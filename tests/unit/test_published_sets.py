@@ -407,8 +407,8 @@ def megatron_recipe_flops(shape: dict, global_batch: int, seq: int) -> float:
 def test_test6_figures_are_their_sources_numbers_and_flop_counts():
     """Every test6 figure stands in its run's source line as printed: a MoE recipe's median TFLOP/s, entered as the step
     Megatron-LM's own FLOP count gives at that rate (within 0.01%, the rounding of the entered step), its GPU count,
-    batch and parallel degrees those of the README's row; the AMD row's tokens/s per GPU as quoted. Each layout
-    multiplies out to its GPU count."""
+    batch and parallel degrees those of the README's row; the AMD row's tokens/s per GPU as quoted; a Megatron-SWIFT
+    row's s/it as its benchmark doc and script print it. Each layout multiplies out to its GPU count."""
     runs = _set("test6")
     assert runs
     for rec in runs:
@@ -422,6 +422,27 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
             batch = f"MBS/GBS/SL {layout.mbs}/{rec['global_batch']}/{rec['seq_len']}"
             assert f"GPUs {rec['gpus']} |" in rec["source"] and degrees in rec["source"], rec["id"]
             assert batch in rec["source"] and rec["moe"], rec["id"]
+        elif rec["origin"].startswith("ms-swift"):
+            _check_megatron_swift_row(rec, layout)
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
             assert any(form in rec["source"] for form in _printed(rec["tokens_per_s_per_gpu"])), rec["id"]
+
+
+def _check_megatron_swift_row(rec: dict, layout) -> None:
+    """A Megatron-SWIFT benchmark row: its s/it stands in the doc's table and in its script's comment, and the script's
+    GPU count, parallel degrees, batch and packed length are the run's (packing: one max_length sequence per sample)."""
+    source = rec["source"]
+    assert source.count(f"{rec['step_s']:g}s/it") >= 2, rec["id"]
+    assert f"NPROC_PER_NODE={rec['gpus']}," in source and f"eight {rec['gpu'].upper()} GPUs" in source, rec["id"]
+    flags = {
+        "pipeline_model_parallel_size": layout.pp,
+        "expert_model_parallel_size": layout.ep,
+        "micro_batch_size": layout.mbs,
+        "global_batch_size": rec["global_batch"],
+        "max_length": rec["seq_len"],
+    }
+    for flag, value in flags.items():
+        assert f"{flag} {value}," in source or source.endswith(f"{flag} {value}"), (rec["id"], flag)
+    assert "tensor_model_parallel_size" not in source and layout.tp == 1 and "packing true" in source, rec["id"]
+    assert rec["global_batch"] % (layout.dp * layout.mbs) == 0 and rec["moe"], rec["id"]
