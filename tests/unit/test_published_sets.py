@@ -424,6 +424,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
             assert batch in rec["source"] and rec["moe"], rec["id"]
         elif rec["origin"].startswith("ms-swift"):
             _check_megatron_swift_row(rec, layout)
+        elif rec["origin"].startswith("torchtitan graph_trainer"):
+            _check_titan_dsv3_scaling_row(rec, layout)
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
             assert any(form in rec["source"] for form in _printed(rec["tokens_per_s_per_gpu"])), rec["id"]
@@ -446,3 +448,24 @@ def _check_megatron_swift_row(rec: dict, layout) -> None:
         assert f"{flag} {value}," in source or source.endswith(f"{flag} {value}"), (rec["id"], flag)
     assert "tensor_model_parallel_size" not in source and layout.tp == 1 and "packing true" in source, rec["id"]
     assert rec["global_batch"] % (layout.dp * layout.mbs) == 0 and rec["moe"], rec["id"]
+
+
+def _check_titan_dsv3_scaling_row(rec: dict, layout) -> None:
+    """A torchtitan dsv3_scaling eager row: its tokens/s per GPU is the mean of the logged values the source line lists
+    (within 1 token/s, the printed rounding), its launcher's degrees and batch are the run's, the step those tokens give
+    is the profiler-free step the same log states (within 1%), and the model counts the parameters its log prints."""
+    source = rec["source"]
+    logged = [float(v.replace(",", "")) for v in re.findall(r"(?:20|30|40|50) \| ([0-9,]+)", source)]
+    assert len(logged) == 4 and abs(sum(logged) / 4 - rec["tokens_per_s_per_gpu"]) <= 1.0, rec["id"]
+    assert f"eager tps {rec['tokens_per_s_per_gpu']:,.0f}" in source, rec["id"]
+    degrees = {"data_parallel_shard_degree": layout.dp, "tensor_parallel_degree": layout.tp}
+    degrees |= {"expert_parallel_degree": layout.ep, "NGPU": rec["gpus"]}
+    for flag, value in degrees.items():
+        assert f"{flag}={value}," in source, (rec["id"], flag)
+    assert f"local_batch_size {layout.mbs}" in source and rec["global_batch"] == layout.mbs * layout.dp, rec["id"]
+    assert f"seq_len {rec['seq_len']}" in source and "activation_checkpoint.mode full" in source, rec["id"]
+    step_s = rec["global_batch"] * rec["seq_len"] / (rec["gpus"] * rec["tokens_per_s_per_gpu"])
+    stated = float(re.search(r"-> ([0-9.]+) s", source).group(1))
+    assert step_s == pytest.approx(stated, rel=0.01), rec["id"]
+    params = int(re.search(r"([0-9,]+) total params", source).group(1).replace(",", ""))
+    assert fidelity._models(fidelity._catalog())[rec["model"]].params == params, rec["id"]
