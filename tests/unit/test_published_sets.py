@@ -408,7 +408,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
     """Every test6 figure stands in its run's source line as printed: a MoE recipe's median TFLOP/s, entered as the step
     Megatron-LM's own FLOP count gives at that rate (within 0.01%, the rounding of the entered step), its GPU count,
     batch and parallel degrees those of the README's row; the AMD row's tokens/s per GPU as quoted; a Megatron-SWIFT
-    row's s/it as its benchmark doc and script print it. Each layout multiplies out to its GPU count."""
+    row's s/it as its benchmark doc and script print it; the torchtitan rows' tokens/s per GPU as their tables and logs
+    print them. Each layout multiplies out to its GPU count."""
     runs = _set("test6")
     assert runs
     for rec in runs:
@@ -426,6 +427,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
             _check_megatron_swift_row(rec, layout)
         elif rec["origin"].startswith("torchtitan graph_trainer"):
             _check_titan_dsv3_scaling_row(rec, layout)
+        elif rec["origin"].startswith("torchtitan DeepEP README"):
+            _check_titan_deepep_readme_row(rec, layout)
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
             assert any(form in rec["source"] for form in _printed(rec["tokens_per_s_per_gpu"])), rec["id"]
@@ -469,3 +472,24 @@ def _check_titan_dsv3_scaling_row(rec: dict, layout) -> None:
     assert step_s == pytest.approx(stated, rel=0.01), rec["id"]
     params = int(re.search(r"([0-9,]+) total params", source).group(1).replace(",", ""))
     assert fidelity._models(fidelity._catalog())[rec["model"]].params == params, rec["id"]
+
+
+def _check_titan_deepep_readme_row(rec: dict, layout) -> None:
+    """A torchtitan DeepEP README row: its tokens/s per GPU stands in the table row (or the opening sentence) its source
+    line quotes, with that row's nodes of 8 and GPU count, its local batch (the config's 8, or the weak-scaling row's LBS)
+    times the GPUs as the global batch, FSDP over every GPU with the config's EP; every table row's TFLOPS over tokens/s is
+    one model's FLOPs per token (within 0.5% of the others: the same model and sequence)."""
+    source, figure = rec["source"], f"{rec['tokens_per_s_per_gpu']:,.0f}"
+    assert "expert_parallel_degree = 8" in source and "seq_len = 4096" in source and layout.ep == 8, rec["id"]
+    assert layout.dp == rec["gpus"] and rec["seq_len"] == 4096, rec["id"]
+    row = re.search(r"\| (\d+)(?: nodes?)? \| (\d+) \| (\d+) \| ([0-9,]+) \| (\d+) \|", source)
+    if row is None:  # the default-EP figure of the opening sentence, on one node
+        assert f"14,796 vs {figure} tok/s/GPU at EP=8" in source and rec["gpus"] == 8, rec["id"]
+        assert layout.mbs == 8 and rec["global_batch"] == 8 * rec["gpus"], rec["id"]
+        assert rec.get("moe_dispatcher") == "all-to-all", rec["id"]
+        return
+    first, second, gpus, tps, tflops = row.groups()
+    lbs, nodes = (int(first), int(second)) if "Weak Scaling" in source else (8, int(first))
+    assert nodes == int(second) and nodes * 8 == int(gpus) == rec["gpus"] and tps == figure, rec["id"]
+    assert layout.mbs == lbs and rec["global_batch"] == lbs * rec["gpus"], rec["id"]
+    assert float(tflops) * 1e12 / float(tps.replace(",", "")) == pytest.approx(23.04e9, rel=0.005), rec["id"]
