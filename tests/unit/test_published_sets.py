@@ -111,9 +111,9 @@ GENERATIONS = {
 # test4 holds 5 MoE runs: the public MoE runs with a full layout and a figure, from sources not already in the file
 # and not excluded, that could be read here (docs/fidelity.md, test4's left-out list)
 # test5 holds 12: 3 from its first two projects, 9 from the sources added after them
-# test6 holds 9 MoE runs from three origins other than Megatron-LM's MoE recipes (ms-swift's Megatron-SWIFT benchmark,
-# torchtitan's dsv3_scaling eager row, torchtitan's DeepEP README), beside the recipes' 11 (docs/fidelity.md, test6)
-MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 9}
+# test6 holds 11 MoE runs from four origins other than Megatron-LM's MoE recipes (ms-swift's Megatron-SWIFT benchmark,
+# torchtitan's dsv3_scaling eager row, torchtitan's DeepEP README, Megatron-FSDP v2's benchmark), beside the recipes' 11
+MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 11}
 # runs and origins of each blind set; test6's count its MoE, Blackwell and AMD half (its dense half is entered apart)
 MIN_RUNS = {"test2": 20, "test3": 20, "test4": 20, "test5": 20, "test6": 12}
 MIN_ORIGINS = {"test2": 4, "test3": 4, "test4": 4, "test5": 4, "test6": 2}
@@ -410,7 +410,7 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
     Megatron-LM's own FLOP count gives at that rate (within 0.01%, the rounding of the entered step), its GPU count,
     batch and parallel degrees those of the README's row; the AMD row's tokens/s per GPU as quoted; a Megatron-SWIFT
     row's s/it as its benchmark doc and script print it; the torchtitan rows' tokens/s per GPU as their tables and logs
-    print them. Each layout multiplies out to its GPU count."""
+    print them; a Megatron-FSDP row's step as its table's samples/s gives it. Each layout multiplies out to its GPU count."""
     runs = _set("test6")
     assert runs
     for rec in runs:
@@ -430,6 +430,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
             _check_titan_dsv3_scaling_row(rec, layout)
         elif rec["origin"].startswith("torchtitan DeepEP README"):
             _check_titan_deepep_readme_row(rec, layout)
+        elif rec["origin"].startswith("Megatron-FSDP v2"):
+            _check_megatron_fsdp_row(rec, layout)
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
             assert any(form in rec["source"] for form in _printed(rec["tokens_per_s_per_gpu"])), rec["id"]
@@ -494,3 +496,23 @@ def _check_titan_deepep_readme_row(rec: dict, layout) -> None:
     assert nodes == int(second) and nodes * 8 == int(gpus) == rec["gpus"] and tps == figure, rec["id"]
     assert layout.mbs == lbs and rec["global_batch"] == lbs * rec["gpus"], rec["id"]
     assert float(tflops) * 1e12 / float(tps.replace(",", "")) == pytest.approx(23.04e9, rel=0.005), rec["id"]
+
+
+def _check_megatron_fsdp_row(rec: dict, layout) -> None:
+    """A Megatron-FSDP v2 benchmark row: the step is the global batch over the table's Samples/s (within 0.01%), the
+    script's GPUs, degrees and batch are the run's, and the table's median TFLOP/s/GPU over that step is Megatron-LM's own
+    FLOP count of the batch (within 2%: the median and the samples rate are two statistics of one run)."""
+    source = rec["source"]
+    backend, tflops, samples_per_s = re.search(
+        r"\| (Megatron-FSDP v2[^|]*) \| ([0-9.]+) \| ([0-9.]+) \|", source
+    ).groups()
+    assert rec["step_s"] == pytest.approx(rec["global_batch"] / float(samples_per_s), rel=1e-4), rec["id"]
+    assert ("MXFP8" in backend) == (rec["precision"] == "mxfp8"), rec["id"]
+    nodes, per_node = (int(re.search(rf"--{k}=(\d+)", source).group(1)) for k in ("nodes", "ntasks-per-node"))
+    assert nodes * per_node == rec["gpus"] == layout.dp and layout.tp == layout.pp == 1, rec["id"]
+    flags = {"micro-batch-size": layout.mbs, "expert-model-parallel-size": layout.ep}
+    flags |= {"global-batch-size": rec["global_batch"], "seq-length": rec["seq_len"]}
+    for flag, value in flags.items():
+        assert f"--{flag} {value}," in source, (rec["id"], flag)
+    flops = megatron_recipe_flops(RECIPE_SHAPES[rec["model"]], rec["global_batch"], rec["seq_len"])
+    assert float(tflops) * 1e12 * rec["gpus"] * rec["step_s"] == pytest.approx(flops, rel=0.02), rec["id"]
