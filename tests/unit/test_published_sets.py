@@ -111,9 +111,10 @@ GENERATIONS = {
 # test4 holds 5 MoE runs: the public MoE runs with a full layout and a figure, from sources not already in the file
 # and not excluded, that could be read here (docs/fidelity.md, test4's left-out list)
 # test5 holds 12: 3 from its first two projects, 9 from the sources added after them
-# test6 holds 11 MoE runs from four origins other than Megatron-LM's MoE recipes (ms-swift's Megatron-SWIFT benchmark,
-# torchtitan's dsv3_scaling eager row, torchtitan's DeepEP README, Megatron-FSDP v2's benchmark), beside the recipes' 11
-MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 11}
+# test6 holds 13 MoE runs from five origins other than Megatron-LM's MoE recipes (ms-swift's Megatron-SWIFT benchmark,
+# torchtitan's dsv3_scaling eager row and DeepEP README, Megatron-FSDP v2's benchmark, Megatron-LM's DeepSeek-V3 GB200
+# guide), beside the recipes' 11
+MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 13}
 # runs and origins of each blind set; test6's count its MoE, Blackwell and AMD half (its dense half is entered apart)
 MIN_RUNS = {"test2": 20, "test3": 20, "test4": 20, "test5": 20, "test6": 12}
 MIN_ORIGINS = {"test2": 4, "test3": 4, "test4": 4, "test5": 4, "test6": 2}
@@ -410,7 +411,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
     Megatron-LM's own FLOP count gives at that rate (within 0.01%, the rounding of the entered step), its GPU count,
     batch and parallel degrees those of the README's row; the AMD row's tokens/s per GPU as quoted; a Megatron-SWIFT
     row's s/it as its benchmark doc and script print it; the torchtitan rows' tokens/s per GPU as their tables and logs
-    print them; a Megatron-FSDP row's step as its table's samples/s gives it. Each layout multiplies out to its GPU count."""
+    print them; a Megatron-FSDP row's step as its table's samples/s gives it; a DeepSeek-V3 GB200 guide row's TFLOPS/GPU
+    entered as the step Megatron-LM's FLOP count gives. Each layout multiplies out to its GPU count."""
     runs = _set("test6")
     assert runs
     for rec in runs:
@@ -432,6 +434,8 @@ def test_test6_figures_are_their_sources_numbers_and_flop_counts():
             _check_titan_deepep_readme_row(rec, layout)
         elif rec["origin"].startswith("Megatron-FSDP v2"):
             _check_megatron_fsdp_row(rec, layout)
+        elif rec["origin"].startswith("Megatron-LM DeepSeek-V3 GB200"):
+            _check_dsv3_gb200_guide_row(rec, layout)
         else:
             assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
             assert any(form in rec["source"] for form in _printed(rec["tokens_per_s_per_gpu"])), rec["id"]
@@ -516,3 +520,17 @@ def _check_megatron_fsdp_row(rec: dict, layout) -> None:
         assert f"--{flag} {value}," in source, (rec["id"], flag)
     flops = megatron_recipe_flops(RECIPE_SHAPES[rec["model"]], rec["global_batch"], rec["seq_len"])
     assert float(tflops) * 1e12 * rec["gpus"] * rec["step_s"] == pytest.approx(flops, rel=0.02), rec["id"]
+
+
+def _check_dsv3_gb200_guide_row(rec: dict, layout) -> None:
+    """A DeepSeek-V3 GB200 guide row: its TFLOPS/GPU, as the roadmap table prints it, gives the entered step under
+    Megatron-LM's FLOP count without an MTP layer (the reproduce script sets none; within 0.01%), the dispatcher is the
+    table's, and GPUs, degrees and batch are those of the guide's stated configuration."""
+    source = rec["source"]
+    dispatcher, tflops = re.search(r"\| MXFP8 \| (\w+) \| [^|]+ \| ([0-9.]+) \|", source).groups()
+    assert "no --mtp-num-layers" in source and "--moe-router-force-load-balancing" in source, rec["id"]
+    flops = megatron_recipe_flops(dict(RECIPE_SHAPES[rec["model"]], mtp=0), rec["global_batch"], rec["seq_len"])
+    assert rec["step_s"] == pytest.approx(flops / (rec["gpus"] * float(tflops) * 1e12), rel=1e-4), rec["id"]
+    assert rec["moe_dispatcher"] == ("all-to-all" if dispatcher == "AlltoAll" else "deepep"), rec["id"]
+    stated = f"TP{layout.tp}/PP{layout.pp}/VPP{layout.vpp}/EP{layout.ep}/MBS{layout.mbs}/GBS{rec['global_batch']}"
+    assert f"{stated} on {rec['gpus']} GB200s" in source and f"--seq-length {rec['seq_len']}," in source, rec["id"]
