@@ -51,14 +51,10 @@ def test_the_first_39_dense_runs_are_dev():
     assert all(rec["set"] == "dev" and not rec["moe"] for rec in original)
 
 
-# test6's MoE half is collected on another branch (test6); this branch holds its dense half only
-MOE_COLLECTED_ELSEWHERE = ("test6",)
-
-
 def test_the_test_set_holds_dense_and_moe_runs_of_several_gpus_and_precisions():
     for set_name in SETS:
         new = [rec for rec in records() if rec["set"] == set_name and "precision" in rec]
-        assert any(rec["moe"] for rec in new) or set_name in MOE_COLLECTED_ELSEWHERE, set_name
+        assert any(rec["moe"] for rec in new), set_name
         assert any(not rec["moe"] for rec in new), set_name
         assert len({rec["gpu"] for rec in new}) >= 2, set_name
         assert len({rec["precision"] for rec in new}) >= 2, set_name
@@ -111,8 +107,10 @@ GENERATIONS = {
 # test4 holds 5 MoE runs: the public MoE runs with a full layout and a figure, from sources not already in the file
 # and not excluded, that could be read here (docs/fidelity.md, test4's left-out list)
 # test5 holds 12: 3 from its first two projects, 9 from the sources added after them
-# test6: its MoE runs are entered by a third engineer (the first half's MoE origin was dropped: see docs/fidelity.md)
-MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 0}
+# test6 holds 13 MoE runs from five origins (ms-swift's Megatron-SWIFT benchmark, torchtitan's dsv3_scaling eager row
+# and DeepEP README, Megatron-FSDP v2's benchmark, Megatron-LM's DeepSeek-V3 GB200 guide); Megatron-LM's MoE recipes
+# were dropped before any evaluation (docs/fidelity.md, test6's left-out list)
+MIN_MOE = {"test2": 8, "test3": 8, "test4": 5, "test5": 12, "test6": 13}
 # runs and origins of each blind set
 MIN_RUNS = {"test2": 20, "test3": 20, "test4": 20, "test5": 20, "test6": 20}
 MIN_ORIGINS = {"test2": 4, "test3": 4, "test4": 4, "test5": 4, "test6": 4}
@@ -397,6 +395,153 @@ def _check_torchtitan_pr(rec: dict) -> None:
     assert layout.mbs == local and rec["global_batch"] == local * layout.dp, rec["id"]
 
 
+# Megatron-LM's FLOP count for test6's Megatron MoE rows (Megatron-FSDP v2's table, the DeepSeek-V3 GB200 guide); each
+# model's shape as Megatron-LM's MoE recipes' ARGS give it, the vocabulary padded as Megatron pads the recipe's tokenizer (to a multiple of
+# make_vocab_size_divisible_by x TP: 1187 for Qwen3, 3232 for DeepSeek-V3; the same padded size at TP 1 and 2)
+RECIPE_SHAPES = {
+    "qwen3-30b-a3b": dict(
+        layers=48, hidden=2048, heads=32, groups=4, kv_channels=128, moe_ffn=768, topk=8, vocab=151936
+    ),
+    "qwen3-235b-a22b": dict(
+        layers=94, hidden=4096, heads=64, groups=4, kv_channels=128, moe_ffn=1536, topk=8, vocab=151936
+    ),
+    "deepseek-v3": dict(
+        layers=61,
+        hidden=7168,
+        heads=128,
+        moe_ffn=2048,
+        topk=8,
+        vocab=129280,
+        dense=3,
+        ffn=18432,
+        shared=2048,
+        mtp=1,
+        q_lora=1536,
+        kv_lora=512,
+        qk=128,
+        rope=64,
+        v=128,
+    ),
+}
+
+
+def megatron_recipe_flops(shape: dict, global_batch: int, seq: int) -> float:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py, transformer_flops, at the MoE
+    recipes README's commit 9c5258f): 6 x tokens x [h (3 f dense + 3 f_e k moe + 3 f_s moe) + attention's projections
+    per layer (MLA or GQA) + MTP norms and projection + h V (mtp + 1)] + 6 x B s^2 x attention's core per layer
+    (causal: halved), the MTP layers counted as MoE layers with their own attention."""
+    get = lambda key: shape.get(key, 0)  # noqa: E731
+    h, heads, mtp = shape["hidden"], shape["heads"], get("mtp")
+    dense, layers = get("dense"), shape["layers"] + mtp
+    moe = layers - dense
+    if "q_lora" in shape:
+        q_term = get("q_lora") * (h + heads * (get("qk") + get("rope")) + 1)
+        kv_term = get("kv_lora") * (h + heads * (get("qk") + get("v")) + 1) + h * get("rope")
+        projections = q_term + kv_term + heads * get("v") * h
+        core = heads * (get("qk") + get("rope")) / 2 + heads * get("v") / 2
+    else:
+        query, key = get("kv_channels") * heads, get("kv_channels") * get("groups")
+        projections, core = h * (query + 2 * key) + query * h, query
+    mlp = h * 3 * (get("ffn") * dense + (shape["moe_ffn"] * shape["topk"] + get("shared")) * moe)
+    per_token = mlp + projections * layers + mtp * (3 * h + 2 * h * h) + h * shape["vocab"] * (mtp + 1)
+    return 6 * global_batch * seq * (per_token + seq * core * layers)
+
+
+def _check_megatron_swift_row(rec: dict, layout) -> None:
+    """A Megatron-SWIFT benchmark row: its s/it stands in the doc's table and in its script's comment, and the script's
+    GPU count, parallel degrees, batch and packed length are the run's (packing: one max_length sequence per sample)."""
+    source = rec["source"]
+    assert source.count(f"{rec['step_s']:g}s/it") >= 2, rec["id"]
+    assert f"NPROC_PER_NODE={rec['gpus']}," in source and f"eight {rec['gpu'].upper()} GPUs" in source, rec["id"]
+    flags = {
+        "pipeline_model_parallel_size": layout.pp,
+        "expert_model_parallel_size": layout.ep,
+        "micro_batch_size": layout.mbs,
+        "global_batch_size": rec["global_batch"],
+        "max_length": rec["seq_len"],
+    }
+    for flag, value in flags.items():
+        assert f"{flag} {value}," in source or source.endswith(f"{flag} {value}"), (rec["id"], flag)
+    assert "tensor_model_parallel_size" not in source and layout.tp == 1 and "packing true" in source, rec["id"]
+    assert rec["global_batch"] % (layout.dp * layout.mbs) == 0 and rec["moe"], rec["id"]
+
+
+def _check_titan_dsv3_scaling_row(rec: dict, layout) -> None:
+    """A torchtitan dsv3_scaling eager row: its tokens/s per GPU is the mean of the logged values the source line lists
+    (within 1 token/s, the printed rounding), its launcher's degrees and batch are the run's, the step those tokens give
+    is the profiler-free step the same log states (within 1%), and the model counts the parameters its log prints."""
+    source = rec["source"]
+    logged = [float(v.replace(",", "")) for v in re.findall(r"(?:20|30|40|50) \| ([0-9,]+)", source)]
+    assert len(logged) == 4 and abs(sum(logged) / 4 - rec["tokens_per_s_per_gpu"]) <= 1.0, rec["id"]
+    assert f"eager tps {rec['tokens_per_s_per_gpu']:,.0f}" in source, rec["id"]
+    degrees = {"data_parallel_shard_degree": layout.dp, "tensor_parallel_degree": layout.tp}
+    degrees |= {"expert_parallel_degree": layout.ep, "NGPU": rec["gpus"]}
+    for flag, value in degrees.items():
+        assert f"{flag}={value}," in source, (rec["id"], flag)
+    assert f"local_batch_size {layout.mbs}" in source and rec["global_batch"] == layout.mbs * layout.dp, rec["id"]
+    assert f"seq_len {rec['seq_len']}" in source and "activation_checkpoint.mode full" in source, rec["id"]
+    step_s = rec["global_batch"] * rec["seq_len"] / (rec["gpus"] * rec["tokens_per_s_per_gpu"])
+    stated = float(re.search(r"-> ([0-9.]+) s", source).group(1))
+    assert step_s == pytest.approx(stated, rel=0.01), rec["id"]
+    params = int(re.search(r"([0-9,]+) total params", source).group(1).replace(",", ""))
+    assert fidelity._models(fidelity._catalog())[rec["model"]].params == params, rec["id"]
+
+
+def _check_titan_deepep_readme_row(rec: dict, layout) -> None:
+    """A torchtitan DeepEP README row: its tokens/s per GPU stands in the table row (or the opening sentence) its source
+    line quotes, with that row's nodes of 8 and GPU count, its local batch (the config's 8, or the weak-scaling row's LBS)
+    times the GPUs as the global batch, FSDP over every GPU with the config's EP; every table row's TFLOPS over tokens/s is
+    one model's FLOPs per token (within 0.5% of the others: the same model and sequence)."""
+    source, figure = rec["source"], f"{rec['tokens_per_s_per_gpu']:,.0f}"
+    assert "expert_parallel_degree = 8" in source and "seq_len = 4096" in source and layout.ep == 8, rec["id"]
+    assert layout.dp == rec["gpus"] and rec["seq_len"] == 4096, rec["id"]
+    row = re.search(r"\| (\d+)(?: nodes?)? \| (\d+) \| (\d+) \| ([0-9,]+) \| (\d+) \|", source)
+    if row is None:  # the default-EP figure of the opening sentence, on one node
+        assert f"14,796 vs {figure} tok/s/GPU at EP=8" in source and rec["gpus"] == 8, rec["id"]
+        assert layout.mbs == 8 and rec["global_batch"] == 8 * rec["gpus"], rec["id"]
+        assert rec.get("moe_dispatcher") == "all-to-all", rec["id"]
+        return
+    first, second, gpus, tps, tflops = row.groups()
+    lbs, nodes = (int(first), int(second)) if "Weak Scaling" in source else (8, int(first))
+    assert nodes == int(second) and nodes * 8 == int(gpus) == rec["gpus"] and tps == figure, rec["id"]
+    assert layout.mbs == lbs and rec["global_batch"] == lbs * rec["gpus"], rec["id"]
+    assert float(tflops) * 1e12 / float(tps.replace(",", "")) == pytest.approx(23.04e9, rel=0.005), rec["id"]
+
+
+def _check_megatron_fsdp_row(rec: dict, layout) -> None:
+    """A Megatron-FSDP v2 benchmark row: the step is the global batch over the table's Samples/s (within 0.01%), the
+    script's GPUs, degrees and batch are the run's, and the table's median TFLOP/s/GPU over that step is Megatron-LM's own
+    FLOP count of the batch (within 2%: the median and the samples rate are two statistics of one run)."""
+    source = rec["source"]
+    backend, tflops, samples_per_s = re.search(
+        r"\| (Megatron-FSDP v2[^|]*) \| ([0-9.]+) \| ([0-9.]+) \|", source
+    ).groups()
+    assert rec["step_s"] == pytest.approx(rec["global_batch"] / float(samples_per_s), rel=1e-4), rec["id"]
+    assert ("MXFP8" in backend) == (rec["precision"] == "mxfp8"), rec["id"]
+    nodes, per_node = (int(re.search(rf"--{k}=(\d+)", source).group(1)) for k in ("nodes", "ntasks-per-node"))
+    assert nodes * per_node == rec["gpus"] == layout.dp and layout.tp == layout.pp == 1, rec["id"]
+    flags = {"micro-batch-size": layout.mbs, "expert-model-parallel-size": layout.ep}
+    flags |= {"global-batch-size": rec["global_batch"], "seq-length": rec["seq_len"]}
+    for flag, value in flags.items():
+        assert f"--{flag} {value}," in source, (rec["id"], flag)
+    flops = megatron_recipe_flops(RECIPE_SHAPES[rec["model"]], rec["global_batch"], rec["seq_len"])
+    assert float(tflops) * 1e12 * rec["gpus"] * rec["step_s"] == pytest.approx(flops, rel=0.02), rec["id"]
+
+
+def _check_dsv3_gb200_guide_row(rec: dict, layout) -> None:
+    """A DeepSeek-V3 GB200 guide row: its TFLOPS/GPU, as the roadmap table prints it, gives the entered step under
+    Megatron-LM's FLOP count without an MTP layer (the reproduce script sets none; within 0.01%), the dispatcher is the
+    table's, and GPUs, degrees and batch are those of the guide's stated configuration."""
+    source = rec["source"]
+    dispatcher, tflops = re.search(r"\| MXFP8 \| (\w+) \| [^|]+ \| ([0-9.]+) \|", source).groups()
+    assert "no --mtp-num-layers" in source and "--moe-router-force-load-balancing" in source, rec["id"]
+    flops = megatron_recipe_flops(dict(RECIPE_SHAPES[rec["model"]], mtp=0), rec["global_batch"], rec["seq_len"])
+    assert rec["step_s"] == pytest.approx(flops / (rec["gpus"] * float(tflops) * 1e12), rel=1e-4), rec["id"]
+    assert rec["moe_dispatcher"] == ("all-to-all" if dispatcher == "AlltoAll" else "deepep"), rec["id"]
+    stated = f"TP{layout.tp}/PP{layout.pp}/VPP{layout.vpp}/EP{layout.ep}/MBS{layout.mbs}/GBS{rec['global_batch']}"
+    assert f"{stated} on {rec['gpus']} GB200s" in source and f"--seq-length {rec['seq_len']}," in source, rec["id"]
+
+
 def _check_amd(rec: dict) -> None:
     """The tokens/s per GPU as the blog quotes it."""
     assert "step_s" not in rec and "tokens_per_s_per_gpu" in rec, rec["id"]
@@ -405,6 +550,17 @@ def _check_amd(rec: dict) -> None:
 
 TEST6_CHECKS = {
     "AMD ROCm performance results": _check_amd,
+    "ms-swift": lambda rec: _check_megatron_swift_row(rec, fidelity.parse(rec["layout"], rec["gpus"])),
+    "torchtitan graph_trainer": lambda rec: _check_titan_dsv3_scaling_row(
+        rec, fidelity.parse(rec["layout"], rec["gpus"])
+    ),
+    "torchtitan DeepEP README": lambda rec: _check_titan_deepep_readme_row(
+        rec, fidelity.parse(rec["layout"], rec["gpus"])
+    ),
+    "Megatron-FSDP v2": lambda rec: _check_megatron_fsdp_row(rec, fidelity.parse(rec["layout"], rec["gpus"])),
+    "Megatron-LM DeepSeek-V3 GB200": lambda rec: _check_dsv3_gb200_guide_row(
+        rec, fidelity.parse(rec["layout"], rec["gpus"])
+    ),
     "MLPerf Training v": _check_mlperf,
     "ColossalAI llama2 example README": _check_colossalai,
     "torchtitan PR #481": _check_torchtitan_pr,
