@@ -293,8 +293,8 @@ def table(runs: list[Run], errors: dict[str, float], set_name: str) -> list[str]
         "",
         "plan's band (catalog/bands.toml, built from the seen sets by benchmarks/band.py: see its SEEN):",
     ]
-    for kind in sorted({r.kind for r in runs}):
-        got = [banded[r.id] for r in runs if r.kind == kind and banded[r.id] is not None]
+    for kind in [*sorted({r.kind for r in runs}), "all"]:
+        got = [banded[r.id] for r in runs if kind in (r.kind, "all") and banded[r.id] is not None]
         if got:
             lines.append(
                 f"  {kind:22s} {len(got):2d} runs: {sum(i for i, _ in got) / len(got):.0%} inside, "
