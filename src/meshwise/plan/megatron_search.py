@@ -146,7 +146,7 @@ class _Weigh:
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
         self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
-        self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
+        self.any_fits: dict[tuple, bool] = {}  # whether any member's states fit (:meth:`_any_fits`), by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
         self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its admitted modes), by group
         self.floors: dict[tuple, dict] = {}  # :meth:`_optimizer_floors`, by group
@@ -197,20 +197,19 @@ class _Weigh:
                 continue
             members = self.groups[gkey]
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
-            founds = self.founds[gkey]
-            for (index, base, admitted), found in zip(members, founds):
+            for index, base, admitted in members:
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
                 worst = past(best, keep, band)
                 full = worst < math.inf
                 if bound > worst:
                     break
-                if found is None:  # its states alone overflow a rank
-                    result.checked += 1
-                    continue
                 if floors[reduces_per_micro_batch(base)] > worst:  # Bounds.slower would say so too
                     continue
                 result.checked += 1
+                found = self._structure(index, base)
+                if found is None:  # its states alone overflow a rank
+                    continue
                 if parts is None:
                     parts = self._transient(found, base, ac, mbs, m)
                 if not self._fits(found, parts):
@@ -283,10 +282,7 @@ class _Weigh:
         if stage == -2:  # at its compute-only bound: the order bound next (parents_of)
             first = _with(members[0][1], mbs, self._modes_at(gkey, mbs)[0])
             return [(self.bounds.order_s(first), (index, -1, mbs), gkey, None, mbs, m, None)]
-        founds = self.founds.get(gkey)
-        if founds is None:
-            founds = self.founds[gkey] = [self._structure(i, b) for i, b, _ in members]
-        if not any(founds):
+        if not self._any_fits(gkey):
             self.refused.add(gkey)
             return []
         acs = self._modes_at(gkey, mbs)
@@ -312,7 +308,7 @@ class _Weigh:
 
     def _cheap_floors(self, gkey: tuple, ac: str, mbs: int) -> dict[bool, float]:
         """By the one ZeRO field the tighter bound reads (estimate.reduces_per_micro_batch), that bound
-        plus the least optimizer step of the members of that kind whose states fit."""
+        plus the least optimizer step of the members of that kind (:meth:`_optimizer_floors`)."""
         least = self._optimizer_floors(gkey)
         return {k: self.bounds.tight_s(_with(one, mbs, ac)) + opt_s for k, (one, opt_s) in least.items()}
 
@@ -322,7 +318,8 @@ class _Weigh:
         whose members fits there."""
         parts = None
         least: dict[bool, tuple[Layout, float, list[float]]] = {}
-        for (index, base, _), found in zip(self.groups[gkey], self.founds[gkey]):
+        for index, base, _ in self.groups[gkey]:
+            found = self._structure(index, base)
             if found is None:
                 continue
             if parts is None:
@@ -364,16 +361,28 @@ class _Weigh:
 
     def _optimizer_floors(self, gkey: tuple) -> dict[bool, tuple[Layout, float]]:
         """By estimate.reduces_per_micro_batch, a member of the group of that kind and the least
-        optimizer step (Bounds.optimizer_s) of those members whose states fit."""
+        optimizer step (Bounds.optimizer_s) of those members, whether their states fit or not (so no
+        member's memory is worked out for it: the least is mostly the widest sharding group's, whose
+        states are the smallest)."""
         found = self.floors.get(gkey)
         if found is None:
             found = self.floors[gkey] = {}
-            for (_, base, _), held in zip(self.groups[gkey], self.founds[gkey]):
-                if held is None:
-                    continue
-                kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, held[0])
+            members = self.groups[gkey]
+            shapes = rank_shapes(self.model, members[0][1])  # the group's: tp, pp, vpp and the schedule
+            for _, base, _ in members:
+                kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, shapes)
                 if kind not in found or opt_s < found[kind][1]:
                     found[kind] = (base, opt_s)
+        return found
+
+    def _any_fits(self, gkey: tuple) -> bool:
+        """Whether any member's states alone fit every rank (:meth:`_structure`), its members asked
+        from the highest ZeRO stage and widest sharding group (the smallest states) down, so a group
+        that has one mostly works out one member's states."""
+        found = self.any_fits.get(gkey)
+        if found is None:
+            members = sorted(self.groups[gkey], key=lambda mem: (-mem[1].zero, -mem[1].shard))
+            found = self.any_fits[gkey] = any(self._structure(i, b) is not None for i, b, _ in members)
         return found
 
     def _structure(self, index: int, base: Layout) -> tuple | None:
