@@ -358,15 +358,20 @@ def _dp_of(
     cluster: ClusterSpec,
 ) -> tuple[list[Collective], list[Collective]]:
     """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
-    reads: every layout field but mbs (only through ``m``), ac and sp, and the rank's pipeline position;
-    ``m`` only where a count reads it (ZeRO-2/3, and torch's interleaved runtime's regathered chunks:
-    :func:`_dp_ops`, :func:`_regathered`). The lists are shared: callers only read them."""
+    reads: every layout field but mbs (only through ``m``, where :func:`dp_reads_m`), ac and sp, and the
+    rank's pipeline position. The lists are shared: callers only read them."""
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
     degrees = (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    reads_m = layout.zero >= 2 or (train.runtime != "megatron" and memory.evicts_chunks(layout))
-    key = ("dp", *degrees, layout.ep, layout.ep_folds_tp, shape.pp_rank, shape.chunk_blocks, m if reads_m else 0)
+    rank = (shape.pp_rank, shape.chunk_blocks, m if dp_reads_m(train, layout) else 0)
+    key = ("dp", *degrees, layout.ep, layout.ep_folds_tp, *rank)
     return _memo(cache, key, _dp_collectives, model, train, layout, shape, m, cluster)
+
+
+def dp_reads_m(train: TrainSpec, layout: Layout) -> bool:
+    """Whether the data-parallel collectives read the micro-batch count: a count per micro-batch
+    (ZeRO-2/3, :func:`_dp_ops`) or torch's interleaved runtime's regathered chunks (:func:`_regathered`)."""
+    return layout.zero >= 2 or (train.runtime != "megatron" and memory.evicts_chunks(layout))
 
 
 def _dp_collectives_of(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
 from meshwise.cost.estimate import (
     DEFAULT_HEADROOM,
+    dp_reads_m,
     dp_unhidden_seconds,
     estimate,
     lower_bound_dp_floor_s,
@@ -216,7 +217,9 @@ class _Weigh:
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
-                if full and self.bounds.slower(layout, worst):
+                if full and (
+                    self._member_floor(index, base, found[0], layout) > worst or self.bounds.slower(layout, worst)
+                ):
                     continue
                 mems = tuple(
                     Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(found[1], parts)
@@ -351,13 +354,25 @@ class _Weigh:
         return max(t + a + o for t, (a, o) in zip(found[2], parts)) <= self.usable
 
     def _unhidden(self, index: int, base: Layout, shapes: tuple, m: int) -> list[float]:
-        """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac)."""
-        found = self.unhidden.get((index, m))
+        """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac, and ``m``
+        only where estimate.dp_reads_m)."""
+        key = (index, m if dp_reads_m(self.train, base) else 0)
+        found = self.unhidden.get(key)
         if found is None:
-            found = self.unhidden[index, m] = dp_unhidden_seconds(
+            found = self.unhidden[key] = dp_unhidden_seconds(
                 self.model, self.cluster, self.train, base, shapes, m, self.stages
             )
         return found
+
+    def _member_floor(self, index: int, base: Layout, shapes: tuple, layout: Layout) -> float:
+        """A floor of the member's step at ``layout`` (its ac and mbs), cheaper than Bounds.slower's bound
+        with the DP collectives: estimate.lower_bound_dp_floor_s over the member alone, from its
+        unhidden DP seconds (:meth:`_unhidden`, kept across its checkpointing modes and, where the DP
+        collectives read no micro-batch count, across its micro-batch sizes)."""
+        opt_s = self.bounds.optimizer_s(base, shapes)
+        unhidden = self._unhidden(index, base, shapes, layout.accum(self.train.global_batch))
+        least = (opt_s, [u + opt_s for u in unhidden])
+        return lower_bound_dp_floor_s(self.model, self.cluster, self.train, layout, least, self.stages)
 
     def _optimizer_floors(self, gkey: tuple) -> dict[bool, tuple[Layout, float]]:
         """By estimate.reduces_per_micro_batch, a member of the group of that kind and the least
