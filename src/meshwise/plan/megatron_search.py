@@ -218,7 +218,8 @@ class _Weigh:
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
                 if full and (
-                    self._member_floor(index, base, found[0], layout) > worst or self.bounds.slower(layout, worst)
+                    self._member_floor(index, base, found[0], layout, worst) > worst
+                    or self.bounds.slower(layout, worst)
                 ):
                     continue
                 mems = tuple(
@@ -364,12 +365,16 @@ class _Weigh:
             )
         return found
 
-    def _member_floor(self, index: int, base: Layout, shapes: tuple, layout: Layout) -> float:
+    def _member_floor(self, index: int, base: Layout, shapes: tuple, layout: Layout, worst: float) -> float:
         """A floor of the member's step at ``layout`` (its ac and mbs), cheaper than Bounds.slower's bound
-        with the DP collectives: estimate.lower_bound_dp_floor_s over the member alone, from its
+        with the DP collectives: the tighter bound plus its optimizer step where that is past ``worst``
+        (no DP seconds worked out), else estimate.lower_bound_dp_floor_s over the member alone, from its
         unhidden DP seconds (:meth:`_unhidden`, kept across its checkpointing modes and, where the DP
         collectives read no micro-batch count, across its micro-batch sizes)."""
         opt_s = self.bounds.optimizer_s(base, shapes)
+        floor_s = self.bounds.tight_s(layout) + opt_s
+        if floor_s > worst:
+            return floor_s
         unhidden = self._unhidden(index, base, shapes, layout.accum(self.train.global_batch))
         least = (opt_s, [u + opt_s for u in unhidden])
         return lower_bound_dp_floor_s(self.model, self.cluster, self.train, layout, least, self.stages)
