@@ -149,11 +149,15 @@ def test_lazy_order_falls_back_to_eager_when_a_mode_bounds_below_the_first(runti
 
 @pytest.mark.parametrize("name, batch, seq, bites", [("tiny-moe", 64, 4096, False), ("llama3-8b", 64, 1024, True)])
 def test_dp_floor_is_below_every_members_bound_and_bites(name, batch, seq, bites):
-    """estimate.lower_bound_dp_floor_s, over the layouts sharing a group, mbs, ac and ZeRO kind, is no
-    more than any one's bound with the DP collectives plus its optimizer step, and where the DP
+    """estimate.lower_bound_dp_floor_s, over the layouts sharing a group, mbs, ac and ZeRO kind, and
+    over each layout alone (the search's member floor, its unhidden DP seconds the same at any
+    micro-batch count where estimate.dp_reads_m says none is read), is no more than any one's bound
+    with the DP collectives plus its optimizer step, and where the DP
     collectives outlast compute (Llama 3 8B, 64k tokens on 64 H100) above the tighter floor (tighter
-    bound plus least optimizer step) somewhere: the DP seconds it adds are real."""
+    bound plus least optimizer step) somewhere: the DP seconds it adds are real. A layout's own floor
+    is above its tighter bound plus its optimizer step somewhere in both."""
     from meshwise.cost.estimate import (
+        dp_reads_m,
         dp_unhidden_seconds,
         lower_bound_dp_floor_s,
         lower_bound_step_s,
@@ -177,7 +181,7 @@ def test_dp_floor_is_below_every_members_bound_and_bites(name, batch, seq, bites
                     key = (compute_key(lay, model.moe), mbs, ac, reduces_per_micro_batch(lay))
                     groups.setdefault(key, []).append(lay)
     stages: dict = {}
-    raised = 0
+    raised = members_raised = 0
     for members in groups.values():
         shapes = rank_shapes(model, members[0])
         bounds, opts, unhidden = [], [], []
@@ -185,11 +189,16 @@ def test_dp_floor_is_below_every_members_bound_and_bites(name, batch, seq, bites
             opt_s = optimizer_seconds(model, cluster, train, lay, shapes)
             bounds.append(lower_bound_with_dp_s(model, cluster, train, lay, stages) + opt_s)
             opts.append(opt_s)
-            unhidden.append(
-                [u + opt_s for u in dp_unhidden_seconds(model, cluster, train, lay, shapes, lay.accum(batch))]
-            )
+            alone = dp_unhidden_seconds(model, cluster, train, lay, shapes, lay.accum(batch))
+            unhidden.append([u + opt_s for u in alone])
+            # the search's floor of one member (megatron_search _member_floor): below its own bound
+            own_s = lower_bound_dp_floor_s(model, cluster, train, lay, (opt_s, unhidden[-1]), stages)
+            assert own_s <= bounds[-1], lay
+            members_raised += own_s > lower_bound_step_s(model, cluster, train, lay, stages) + opt_s
+            if not dp_reads_m(train, lay):  # kept across micro-batch counts: the same at another
+                assert dp_unhidden_seconds(model, cluster, train, lay, shapes, 1) == alone, lay
         least = (min(opts), [min(col) for col in zip(*unhidden)])
         floor_s = lower_bound_dp_floor_s(model, cluster, train, members[0], least, stages)
         assert floor_s <= min(bounds)
         raised += floor_s > lower_bound_step_s(model, cluster, train, members[0], stages) + least[0]
-    assert len(groups) > 20 and (raised > 0) == bites
+    assert len(groups) > 20 and (raised > 0) == bites and members_raised > 0

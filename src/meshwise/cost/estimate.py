@@ -337,7 +337,8 @@ def _stages_of(
     found = cache.get(key) if cache is not None else None
     if found is None:
         shapes = memory.rank_shapes(model, layout)
-        parts = [_stage_of(cache, model, cluster, train, layout, shape) for shape in shapes]
+        times = _times_of(cache, model, cluster, train, layout, shapes)  # the compute-only bound's, mostly kept
+        parts = [_stage_of(cache, model, cluster, train, layout, shape, t) for shape, t in zip(shapes, times)]
         stages = [st.compute_s + st.tp_s + st.cp_s for st in parts]
         m = layout.accum(train.global_batch)
         counts = _shape_counts(cache, model, layout)
@@ -357,13 +358,20 @@ def _dp_of(
     cluster: ClusterSpec,
 ) -> tuple[list[Collective], list[Collective]]:
     """:func:`_dp_collectives`, kept in ``cache`` (when given: the plan's per-rank memo) by the fields it
-    reads: every layout field but mbs (only through ``m``), ac and sp, and the rank's pipeline position.
-    The lists are shared: callers only read them."""
+    reads: every layout field but mbs (only through ``m``, where :func:`dp_reads_m`), ac and sp, and the
+    rank's pipeline position. The lists are shared: callers only read them."""
     if cache is None:
         return _dp_collectives(model, train, layout, shape, m, cluster)
     degrees = (layout.dp, layout.zero, layout.shard, layout.cp, layout.tp, layout.pp, layout.vpp, layout.schedule)
-    key = ("dp", *degrees, layout.ep, layout.ep_folds_tp, shape.pp_rank, shape.chunk_blocks, m)
+    rank = (shape.pp_rank, shape.chunk_blocks, m if dp_reads_m(train, layout) else 0)
+    key = ("dp", *degrees, layout.ep, layout.ep_folds_tp, *rank)
     return _memo(cache, key, _dp_collectives, model, train, layout, shape, m, cluster)
+
+
+def dp_reads_m(train: TrainSpec, layout: Layout) -> bool:
+    """Whether the data-parallel collectives read the micro-batch count: a count per micro-batch
+    (ZeRO-2/3, :func:`_dp_ops`) or torch's interleaved runtime's regathered chunks (:func:`_regathered`)."""
+    return layout.zero >= 2 or (train.runtime != "megatron" and memory.evicts_chunks(layout))
 
 
 def _dp_collectives_of(
@@ -961,19 +969,27 @@ def _times_of(
 
 
 def _stage_of(
-    cache: dict | None, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, layout: Layout, shape: RankShape
+    cache: dict | None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    layout: Layout,
+    shape: RankShape,
+    compute_s: float | None = None,
 ) -> StageParts:
     """:func:`_stage_seconds`, kept in ``cache`` (when given) by the fields it reads: no sharding group,
     the ZeRO stage only where it moves the TP group's norm reductions (:func:`reduces_per_micro_batch`),
     so a structure's sharding groups and ZeRO stages mostly share it. The world group's collective costs
     the same on every layout of a plan (every rank, 2 x 8 bytes) and only its name reads the layout
-    (:func:`world_dim`): its seconds are in ``tp_s``, its name is not in ``tp_ops``. The rank's own
-    setting (:func:`local_train`) and micro-batches follow from ``train`` and ``layout``."""
-    local, m = local_train(train, layout), layout.accum(train.global_batch)
+    (:func:`world_dim`): its seconds are in ``tp_s``, its name is not in ``tp_ops``. ``compute_s``: the
+    rank's :func:`_compute_of` where the caller holds it."""
     if cache is None:
-        return _stage_seconds(model, cluster, train, local, layout, shape, m)
+        return _stage_seconds(model, cluster, train, layout, shape, compute_s)
     key = (*rank_fields(layout), reduces_per_micro_batch(layout), layout.dp, shape.pp_rank, shape.chunk_blocks)
-    return _memo(cache, key, _stage_seconds, model, cluster, train, local, layout, shape, m, cache)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _stage_seconds(model, cluster, train, layout, shape, compute_s, cache)
+    return found
 
 
 def reduces_per_micro_batch(layout: Layout) -> bool:
@@ -1026,16 +1042,19 @@ def _stage_seconds(
     model: ModelSpec,
     cluster: ClusterSpec,
     train: TrainSpec,
-    local: TrainSpec,
     layout: Layout,
     shape: RankShape,
-    m: int,
+    compute_s: float | None = None,
     cache: dict | None = None,
 ) -> StageParts:
-    """One rank's :class:`StageParts` (``cache``: :func:`_compute_of`'s); its compute holds the
-    pipeline schedule's own host work per stage call (cost/host.py ``pipeline_call_seconds``)."""
+    """One rank's :class:`StageParts` (``compute_s``: its :func:`_compute_of` where the caller holds it;
+    ``cache``: the plan's per-rank memo); its compute holds the pipeline schedule's own host work per
+    stage call (cost/host.py ``pipeline_call_seconds``). The rank's own setting (:func:`local_train`)
+    and micro-batches follow from ``train`` and ``layout``."""
     accel = cluster.accelerator
-    compute_s = _compute_of(cache, model, cluster, train, layout, shape)
+    local, m = local_train(train, layout), layout.accum(train.global_batch)
+    if compute_s is None:
+        compute_s = _compute_of(cache, model, cluster, train, layout, shape)
     if accel.pp_call_s and not model.states_only:  # 0 without pp (host.pipeline_call_seconds)
         compute_s += host.pipeline_call_seconds(accel, layout.pp, len(shape.chunk_blocks), m) * host.core_share(
             accel, cluster.gpus_per_node

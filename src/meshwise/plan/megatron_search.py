@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from meshwise.cost.context_parallel import local_train, tp_overlap_on
 from meshwise.cost.estimate import (
     DEFAULT_HEADROOM,
+    dp_reads_m,
     dp_unhidden_seconds,
     estimate,
     lower_bound_dp_floor_s,
@@ -146,7 +147,7 @@ class _Weigh:
         self.bounds = Bounds(model, cluster, train, stages, with_dp=True)
         self.structures: dict[int, tuple | None] = {}  # (rank shapes, their states, local setting, overlap)
         self.states: dict[tuple, tuple] = {}  # (rank shapes, their states, whether one overflows) by what they read
-        self.founds: dict[tuple, list] = {}  # every member's :meth:`_structure`, by group
+        self.any_fits: dict[tuple, bool] = {}  # whether any member's states fit (:meth:`_any_fits`), by group
         self.transients: dict[tuple, list[tuple[float, float]]] = {}  # megatron_memory.transient of every rank
         self.modes: dict[tuple, list[tuple[int, list[str]]]] = {}  # (mbs, its admitted modes), by group
         self.floors: dict[tuple, dict] = {}  # :meth:`_optimizer_floors`, by group
@@ -197,27 +198,29 @@ class _Weigh:
                 continue
             members = self.groups[gkey]
             parts = None  # every rank's transient memory: the members share it (tp, sp, cp, the runs, ep)
-            founds = self.founds[gkey]
-            for (index, base, admitted), found in zip(members, founds):
+            for index, base, admitted in members:
                 if admitted is not None and (ac, mbs) not in admitted:
                     continue
                 worst = past(best, keep, band)
                 full = worst < math.inf
                 if bound > worst:
                     break
-                if found is None:  # its states alone overflow a rank
-                    result.checked += 1
-                    continue
                 if floors[reduces_per_micro_batch(base)] > worst:  # Bounds.slower would say so too
                     continue
                 result.checked += 1
+                found = self._structure(index, base)
+                if found is None:  # its states alone overflow a rank
+                    continue
                 if parts is None:
                     parts = self._transient(found, base, ac, mbs, m)
                 if not self._fits(found, parts):
                     continue
                 result.fitting += 1
                 layout = _with(base, mbs, ac)
-                if full and self.bounds.slower(layout, worst):
+                if full and (
+                    self._member_floor(index, base, found[0], layout, worst) > worst
+                    or self.bounds.slower(layout, worst)
+                ):
                     continue
                 mems = tuple(
                     Memory(*st, activations=a, other=o, capacity=self.capacity) for st, (a, o) in zip(found[1], parts)
@@ -283,10 +286,7 @@ class _Weigh:
         if stage == -2:  # at its compute-only bound: the order bound next (parents_of)
             first = _with(members[0][1], mbs, self._modes_at(gkey, mbs)[0])
             return [(self.bounds.order_s(first), (index, -1, mbs), gkey, None, mbs, m, None)]
-        founds = self.founds.get(gkey)
-        if founds is None:
-            founds = self.founds[gkey] = [self._structure(i, b) for i, b, _ in members]
-        if not any(founds):
+        if not self._any_fits(gkey):
             self.refused.add(gkey)
             return []
         acs = self._modes_at(gkey, mbs)
@@ -312,7 +312,7 @@ class _Weigh:
 
     def _cheap_floors(self, gkey: tuple, ac: str, mbs: int) -> dict[bool, float]:
         """By the one ZeRO field the tighter bound reads (estimate.reduces_per_micro_batch), that bound
-        plus the least optimizer step of the members of that kind whose states fit."""
+        plus the least optimizer step of the members of that kind (:meth:`_optimizer_floors`)."""
         least = self._optimizer_floors(gkey)
         return {k: self.bounds.tight_s(_with(one, mbs, ac)) + opt_s for k, (one, opt_s) in least.items()}
 
@@ -322,7 +322,8 @@ class _Weigh:
         whose members fits there."""
         parts = None
         least: dict[bool, tuple[Layout, float, list[float]]] = {}
-        for (index, base, _), found in zip(self.groups[gkey], self.founds[gkey]):
+        for index, base, _ in self.groups[gkey]:
+            found = self._structure(index, base)
             if found is None:
                 continue
             if parts is None:
@@ -354,26 +355,54 @@ class _Weigh:
         return max(t + a + o for t, (a, o) in zip(found[2], parts)) <= self.usable
 
     def _unhidden(self, index: int, base: Layout, shapes: tuple, m: int) -> list[float]:
-        """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac)."""
-        found = self.unhidden.get((index, m))
+        """estimate.dp_unhidden_seconds of a member at ``m`` micro-batches (it reads no ac, and ``m``
+        only where estimate.dp_reads_m)."""
+        key = (index, m if dp_reads_m(self.train, base) else 0)
+        found = self.unhidden.get(key)
         if found is None:
-            found = self.unhidden[index, m] = dp_unhidden_seconds(
+            found = self.unhidden[key] = dp_unhidden_seconds(
                 self.model, self.cluster, self.train, base, shapes, m, self.stages
             )
         return found
 
+    def _member_floor(self, index: int, base: Layout, shapes: tuple, layout: Layout, worst: float) -> float:
+        """A floor of the member's step at ``layout`` (its ac and mbs), cheaper than Bounds.slower's bound
+        with the DP collectives: the tighter bound plus its optimizer step where that is past ``worst``
+        (no DP seconds worked out), else estimate.lower_bound_dp_floor_s over the member alone, from its
+        unhidden DP seconds (:meth:`_unhidden`, kept across its checkpointing modes and, where the DP
+        collectives read no micro-batch count, across its micro-batch sizes)."""
+        opt_s = self.bounds.optimizer_s(base, shapes)
+        floor_s = self.bounds.tight_s(layout) + opt_s
+        if floor_s > worst:
+            return floor_s
+        unhidden = self._unhidden(index, base, shapes, layout.accum(self.train.global_batch))
+        least = (opt_s, [u + opt_s for u in unhidden])
+        return lower_bound_dp_floor_s(self.model, self.cluster, self.train, layout, least, self.stages)
+
     def _optimizer_floors(self, gkey: tuple) -> dict[bool, tuple[Layout, float]]:
         """By estimate.reduces_per_micro_batch, a member of the group of that kind and the least
-        optimizer step (Bounds.optimizer_s) of those members whose states fit."""
+        optimizer step (Bounds.optimizer_s) of those members, whether their states fit or not (so no
+        member's memory is worked out for it: the least is mostly the widest sharding group's, whose
+        states are the smallest)."""
         found = self.floors.get(gkey)
         if found is None:
             found = self.floors[gkey] = {}
-            for (_, base, _), held in zip(self.groups[gkey], self.founds[gkey]):
-                if held is None:
-                    continue
-                kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, held[0])
+            members = self.groups[gkey]
+            shapes = rank_shapes(self.model, members[0][1])  # the group's: tp, pp, vpp and the schedule
+            for _, base, _ in members:
+                kind, opt_s = reduces_per_micro_batch(base), self.bounds.optimizer_s(base, shapes)
                 if kind not in found or opt_s < found[kind][1]:
                     found[kind] = (base, opt_s)
+        return found
+
+    def _any_fits(self, gkey: tuple) -> bool:
+        """Whether any member's states alone fit every rank (:meth:`_structure`), its members asked
+        from the highest ZeRO stage and widest sharding group (the smallest states) down, so a group
+        that has one mostly works out one member's states."""
+        found = self.any_fits.get(gkey)
+        if found is None:
+            members = sorted(self.groups[gkey], key=lambda mem: (-mem[1].zero, -mem[1].shard))
+            found = self.any_fits[gkey] = any(self._structure(i, b) is not None for i, b, _ in members)
         return found
 
     def _structure(self, index: int, base: Layout) -> tuple | None:
