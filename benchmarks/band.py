@@ -47,7 +47,15 @@ COVERAGES = (0.8, 0.9, 1.0)
 WIDENINGS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 KINDS = ("dense", "moe")  # each kind's coverage and widening are chosen on its own runs
 TARGET_COVERAGE = 0.85  # leave-one-source-out, on the seen runs: above the 80% a test set must reach
-SEEN = ("dev", "test", "test2", "test3", "test4", "test5", "test6")  # the sets bands.toml is built from (the default of --seen)
+SEEN = (
+    "dev",
+    "test",
+    "test2",
+    "test3",
+    "test4",
+    "test5",
+    "test6",
+)  # the sets bands.toml is built from (the default of --seen)
 ALL_SETS = ("dev", "test", "test2", "test3", "test4", "test5", "test6")  # in the order they were collected (--holdout)
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "src/meshwise/catalog/bands.toml"
