@@ -1,6 +1,7 @@
 """Fine-grained MoE under Megatron on GB200: what the Megatron-LM DeepSeek-V3 GB200 guide's optimization steps
-recovered, per MoE layer call, and what a host-issue term counted from Megatron's kernels would move (a what-if:
-nothing here is priced by meshwise; docs/fidelity.md, "Fine-grained MoE on GB200, the host").
+recovered, per MoE layer call, and what host-issue terms counted from Megatron's kernels would move on top of the
+model (what-ifs; the MoE block's own host floor is priced, cost/moe_block.py ``host_s``: docs/fidelity.md,
+"Fine-grained MoE under Megatron on GB200").
 
 - **The guide's steps** (NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization at eb0783b, Sec. 3's
   table, TFLOP/s per GPU at one model and layout): each step's saving in ms per MoE layer call and micro-batch,
@@ -11,7 +12,8 @@ nothing here is priced by meshwise; docs/fidelity.md, "Fine-grained MoE on GB200
   ``PERMUTE_KERNELS`` or cost/moe_dispatch.py ``DEEPEP_KERNELS``, 3 GEMMs per local expert and projection), at
   the host side of one torch Linear forward on the device's host CPU (TransformerEngine issue #2053: 37.08 us on
   GB200's Grace, 33.17 us on GH200's, 13.48 us on a DGX H100's Xeon 8480C, taken for every other host), either
-  as a floor under the GPU's work per call (``max``) or serialised with it (``sum``).
+  as a floor under the GPU's work per call (``max``) or serialised with it (``sum``); and the whole layer's
+  kernels counted on megatron-core's local spec (``LAYER_KERNELS``) as a floor (``layer``).
 
     python benchmarks/moe_host_whatif.py            # both, every set
 """
@@ -40,6 +42,12 @@ GUIDE = (
 )
 HOST_CALL_S = {"gb200": 37.08e-6, "gh200": 33.17e-6}  # TransformerEngine #2053, torch Linear forward, host side
 XEON_CALL_S = 13.48e-6  # the same on a DGX H100 (Xeon Platinum 8480C)
+# Kernels (aten ops that launch one) of a whole megatron-core 0.16.1 TransformerLayer call, forward + backward, by
+# router kind, less the local experts', and per local expert: its local spec counted on this CPU (standard
+# attention, RMSNorm, SequentialMLP; 8 and 16 experts top-2 softmax: 285 and 421; 16 experts top-8 with the grouped
+# sigmoid router: 458; docs/fidelity.md)
+LAYER_KERNELS = {"softmax": 149, "sigmoid-grouped": 186}
+LAYER_KERNELS_PER_EXPERT = 17
 
 
 def layer_calls(run) -> float:
@@ -71,20 +79,31 @@ def host_calls(run) -> float:
     return n + (model.experts // layout.ep) * 2 * 3
 
 
+def layer_kernels(run) -> float:
+    """Kernels of one whole layer call, forward + backward, on megatron-core's local spec (``LAYER_KERNELS``)."""
+    kind = moe_block.router_kind(run.model)
+    return LAYER_KERNELS[kind] + LAYER_KERNELS_PER_EXPERT * (run.model.experts // run.layout.ep)
+
+
 def what_if() -> None:
     """Every set's MoE mean / worst |error| as priced and under each what-if form."""
     for name in SETS:
-        errors = {"priced": [], "max": [], "sum": []}
+        errors = {"priced": [], "max": [], "sum": [], "layer": []}
         for run in load_runs(set_name=name):
             if not run.moe:
                 continue
             time = estimate(run.model, run.cluster, run.train, run.layout).time
-            extra = {"max": 0.0, "sum": 0.0}
+            extra = {"max": 0.0, "sum": 0.0, "layer": 0.0}
             if run.train.runtime == "megatron":
                 calls = layer_calls(run)
                 gpu_s = (time.compute_s + dict(time.moe_block_s).get("dispatch_combine_s", 0.0)) / calls
-                host_s = host_calls(run) * HOST_CALL_S.get(run.gpu, XEON_CALL_S)
-                extra = {"max": calls * max(0.0, host_s - gpu_s), "sum": calls * host_s}
+                call_s = HOST_CALL_S.get(run.gpu, XEON_CALL_S)
+                host_s, layer_s = host_calls(run) * call_s, layer_kernels(run) * call_s
+                extra = {
+                    "max": calls * max(0.0, host_s - gpu_s),
+                    "sum": calls * host_s,
+                    "layer": calls * max(0.0, layer_s - gpu_s),
+                }
             errors["priced"].append(abs(time.step_s / run.published_step_s - 1))
             for form, add in extra.items():
                 errors[form].append(abs((time.step_s + add) / run.published_step_s - 1))
