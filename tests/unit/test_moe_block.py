@@ -244,7 +244,7 @@ def test_json_carries_the_moe_split(v3):
     train = TrainSpec(512, 4096, "bf16-mixed")
     e = estimate(v3, cluster, train, lay)
     split = e.time.as_json()["moe_block_s"]
-    assert set(split) == {"router_s", "permute_s", "experts_s", "shared_s", "loop_s", "dispatch_combine_s"}
+    assert set(split) == {"router_s", "permute_s", "experts_s", "shared_s", "loop_s", "host_s", "dispatch_combine_s"}
     a2a = sum(c.seconds_per_step for c in e.comm if c.kind == "all_to_all" and c.dim == "ep")
     assert split["dispatch_combine_s"] == a2a > 0
     per_call = moe_block.moe_parts(v3, cluster.accelerator, train, 1, 1, 64, False).experts_s
@@ -350,3 +350,26 @@ def test_transformer_engine_runs_one_gemm_per_expert_on_four_streams(v3):
     assert parts.experts_s == pytest.approx(by_hand, rel=1e-9)
     grouped = moe_block.moe_parts(v3, H100, replace(train, expert_gemm="grouped"), 1, 1, 8, False)
     assert grouped.experts_s != parts.experts_s and grouped.router_s == parts.router_s
+
+
+def test_megatron_block_takes_at_least_its_hosts_issue_time(v3):
+    """Megatron syncs the host inside each MoE block: the block costs at least its kernels' host issue time
+    (TransformerEngine #2053: 37.08 us a kernel on GB200's Grace, 13.48 on a DGX H100's Xeon)."""
+    qwen = load_model("qwen3-235b-a22b")  # 128 experts, top-8, softmax router, no shared expert
+    train = TrainSpec(128, 4096, runtime="megatron", moe_balancing="random")
+    counted = 33 + 3 + 16 + 6 + 17 * 32  # softmax router and its gate GEMM, alltoall permute under ep, 32 experts
+    assert moe_block.host_kernels(qwen, train, 4) == counted
+    assert moe_block.host_kernels(v3, train, 32) == 70 + 3 + 22 + 17 * 9  # 8 local experts and the shared one
+    deepep = replace(train, moe_dispatcher="deepep")
+    assert moe_block.host_kernels(v3, deepep, 32) == 70 + 3 + 14 + 17 * 9
+    gb200, h100 = load_cluster("gb200", 8).accelerator, load_cluster("h100", 8).accelerator
+    assert moe_block.host_issue_s(qwen, gb200, train, 4) == pytest.approx(counted * 37.08e-6)
+    assert moe_block.host_issue_s(qwen, h100, train, 4) == pytest.approx(counted * 13.48e-6)
+    parts = moe_block.moe_parts(qwen, gb200, train, 1, 1, 4, False)
+    gpu_s = parts.router_s + parts.permute_s + parts.experts_s + parts.shared_s + parts.loop_s
+    assert parts.host_s == pytest.approx(counted * 37.08e-6 - gpu_s) and parts.host_s > 0
+    assert parts.total_s == pytest.approx(counted * 37.08e-6)  # the host's time, not the GPU's
+    own = moe_block.moe_parts(qwen, gb200, replace(train, runtime="meshwise"), 1, 1, 4, False)
+    assert own.host_s == 0.0  # meshwise's runtime: no sync inside the block priced here
+    coarse = replace(qwen, experts=8, experts_per_token=2, expert_ffn_hidden=32768)  # Grok-1's experts
+    assert moe_block.moe_parts(coarse, gb200, train, 1, 4, 8, False).host_s == 0.0  # the GPU's work hides the host's

@@ -51,6 +51,14 @@ With ``E`` experts, ``k`` per token, hidden ``h``, expert width ``f``, ``ep`` ra
   takes it under either runtime: ``grouped``, or ``cublas-loop`` (one cuBLAS GEMM per local expert in
   turn, the grouped_gemm package's default build: Transformer Engine's path on one stream);
 - **shared experts**: a dense MLP of ``shared_ffn_hidden`` over the ``T_r`` tokens.
+- **host wait** (Megatron-Core only): both its dispatchers block the host inside every MoE block forward (the
+  alltoall dispatcher waits on the token counts' device-to-host copy, ``_DeepepManager`` on
+  ``tokens_per_expert.sum().item()``: token_dispatcher.py), so the block's kernels cannot be queued ahead of
+  it, and the block takes at least the host's time to issue them: ``HOST_KERNELS`` (the router's, the
+  dispatcher's and ``EXPERT_HOST_KERNELS`` per local expert, the shared expert counted as one more, forward +
+  backward) times the device's host time per kernel (``host_launch_s``: 37.08 us on GB200's Grace, else
+  ``X86_HOST_LAUNCH_S``, a DGX H100's Xeon: the host side of one torch Linear forward, which launches one
+  kernel, TransformerEngine issue #2053). What that exceeds the block's priced GPU parts by is ``host_s``.
 
 Under a float8 precision the experts' and shared experts' GEMMs run in the format's row and peak with
 their casts (cost/fp8.py), the router in bf16. The dispatch and combine all-to-alls are
@@ -102,6 +110,15 @@ PERMUTE_KERNELS = {"meshwise": (5, 10), "megatron": (12, 4)}
 # Megatron's router: bytes its kernels read and write per score (fp32, T x E; its tensors' sizes at each op,
 # counted with the kernels), forward and backward; meshwise's: the logits read and ROUTER_BYTES, backward twice
 ROUTER_SCORE_BYTES = {"softmax": (95.1, 44.1), "sigmoid-grouped": (156.2, 116.1)}
+# Host time to issue one kernel where the profile states none: the host side of one torch Linear forward (one
+# GEMM launched) on a DGX H100's Xeon Platinum 8480C, 13.48 us (TransformerEngine issue #2053, beside GB200's
+# Grace at 37.08, accelerators.toml ``host_launch_s``)
+X86_HOST_LAUNCH_S = 13.48e-6
+# Kernels megatron-core 0.16.1 launches per local expert of a MoE layer call, forward + backward: 4 + 7 besides
+# the GEMMs (benchmarks/megatron_moe_kernels.py, ``per_local_expert_in_layer``) and its 6 GEMMs (two projections,
+# one forward, two backward); the router's gate GEMM: 3
+EXPERT_HOST_KERNELS = 17
+ROUTER_GEMM_KERNELS = 3
 # The busiest expert's load over the mean under dropless routing, by balancing method (measured in training;
 # the figures and their source: catalog/moe_imbalance.toml).
 IMBALANCE = {name: row["max_over_mean"] for name, row in read_catalog("moe_imbalance.toml").items()}
@@ -129,6 +146,7 @@ class MoeParts(PartSeconds):
     experts_s: float
     shared_s: float
     loop_s: float  # the per-expert kernels of meshwise's loop (0 under Megatron's grouped GEMMs)
+    host_s: float  # Megatron: what the host's issue of the block's kernels exceeds its GPU parts by
     forward_s: float
 
 
@@ -239,7 +257,27 @@ def moe_parts(
     if model.shared_ffn_hidden:
         shared = _shared_s(model, accel, train, expert_tokens, split)
     forward = router[0] + permute[0] + experts_f + shared[0] + loop_s / 3
-    return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, forward)
+    gpu_s = sum(router) + sum(permute) + experts_f + experts_b + sum(shared) + loop_s
+    host_s = max(0.0, host_issue_s(model, accel, train, ep) - gpu_s) if runtime == "megatron" else 0.0
+    return MoeParts(sum(router), sum(permute), experts_f + experts_b, sum(shared), loop_s, host_s, forward)
+
+
+def host_kernels(model: ModelSpec, train: TrainSpec, ep: int) -> int:
+    """Kernels Megatron-Core launches in one MoE block call, forward + backward (module docstring): the router's
+    (``ROUTER_KERNELS`` and its gate GEMM), the dispatcher's (``PERMUTE_KERNELS``, 6 more under ep > 1, or
+    DeepEP's ``DEEPEP_KERNELS``) and ``EXPERT_HOST_KERNELS`` per local expert and shared expert."""
+    kernels = sum(ROUTER_KERNELS[router_kind(model)]) + ROUTER_GEMM_KERNELS
+    if train.moe_dispatcher == "deepep":
+        kernels += sum(moe_dispatch.DEEPEP_KERNELS)
+    else:
+        kernels += sum(PERMUTE_KERNELS["megatron"]) + (6 if ep > 1 else 0)
+    return kernels + EXPERT_HOST_KERNELS * (model.experts // ep + (1 if model.shared_ffn_hidden else 0))
+
+
+def host_issue_s(model: ModelSpec, accel: AcceleratorSpec, train: TrainSpec, ep: int) -> float:
+    """Seconds the host takes to issue one MoE block call's kernels: :func:`host_kernels` x the device's host
+    time per kernel (``host_launch_s``, else ``X86_HOST_LAUNCH_S``)."""
+    return host_kernels(model, train, ep) * (accel.host_launch_s or X86_HOST_LAUNCH_S)
 
 
 def _permute_s(

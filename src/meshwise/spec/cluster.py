@@ -69,6 +69,7 @@ class AcceleratorSpec:
     gemm: tuple = ()  # (dtype, efficiency, k_half) rows: GEMM throughput by shape
     attention: tuple = ()  # (kernel, fields...) rows: fused attention by sequence and head width
     kernel_floor_s: float = 0.0  # a kernel's fixed time (launch, fill and drain), however small its work
+    host_launch_s: float = 0.0  # host time to issue one kernel from PyTorch (0: an x86 host's, cost/moe_block.py)
     sustained_clock: float = 1.0  # clock held under sustained dense math at the power limit / the peak's clock
     runtime: str = ""  # the runtime this profile was measured under ("" = not stated)
     # Host time per launched operator (cost/host.py); 0 in GPU profiles, measured by `meshwise calibrate`.

@@ -26,6 +26,7 @@ GPU_KEYS = {
     "gemm",
     "attention",
     "kernel_floor_s",
+    "host_launch_s",
     "sustained_clock",
     "sustained_mhz",
     "table_clock_mhz",
@@ -60,11 +61,12 @@ def gpu_fields(table: dict[str, Any], gpu: str) -> dict[str, Any]:
     out.update(_component_rows(table, gpu))
     if "sustained_mhz" in table:
         out["sustained_clock"] = _sustained_clock(table, gpu)
-    if "kernel_floor_s" in table:
-        value = table["kernel_floor_s"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise MeshwiseError(f"--gpu {gpu}: kernel_floor_s must be seconds in [0, 1), got {value!r}")
-        out["kernel_floor_s"] = float(value)
+    for key in ("kernel_floor_s", "host_launch_s"):
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise MeshwiseError(f"--gpu {gpu}: {key} must be seconds in [0, 1), got {value!r}")
+            out[key] = float(value)
     if "runtime" in table:
         if table["runtime"] not in RUNTIMES:
             raise MeshwiseError(f"--gpu {gpu}: runtime must be one of {', '.join(RUNTIMES)}, got {table['runtime']!r}")
