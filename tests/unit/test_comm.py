@@ -5,6 +5,7 @@ import pytest
 from meshwise.cost.comm import collective_seconds
 from meshwise.cost.estimate import estimate, rank_collectives
 from meshwise.cost.memory import all_rank_shapes
+from meshwise.errors import MeshwiseError
 from meshwise.layout import parse
 from meshwise.spec import LinkSpec, ModelSpec, TrainSpec, load_cluster, load_model
 
@@ -140,3 +141,21 @@ def test_pipeline_messages():
     assert per_rank == [m, 2 * m, 2 * m, m]  # the end ranks send one way, the middle ranks both
     sends = {(c.kind, c.dim): c for c in estimate(model, load_cluster("h100", 8), train, layout).comm}[("send", "pp")]
     assert sends.count_per_step in per_rank  # the estimate reports its slowest rank's collectives
+
+
+def test_a_run_stating_bf16_gradient_reductions_halves_them():
+    """NeMo 1.x's distributed_fused_adam reduce-scatters in its ``grad_sync_dtype`` (MLPerf v4.0's GPT-3: bf16):
+    ``grad_reduce_bytes = 2`` halves the DP reduce-scatter's payload and nothing else; other values refuse."""
+    model, cluster, lay = load_model("llama3-70b"), load_cluster("h100", 64), parse("dp=8,zero=1,tp=8", 64)
+    fp32, bf16 = (
+        estimate(model, cluster, TrainSpec(64, 4096, "bf16-mixed", runtime="megatron", grad_reduce_bytes=b), lay)
+        for b in (0, 2)
+    )
+
+    def payload(e, kind):
+        return sum(c.bytes_per_step for c in e.comm if c.kind == kind and c.dim == "dp")
+
+    assert payload(bf16, "reduce_scatter") == pytest.approx(payload(fp32, "reduce_scatter") / 2)
+    assert payload(bf16, "all_gather") == payload(fp32, "all_gather")
+    with pytest.raises(MeshwiseError, match="grad_reduce_bytes"):
+        TrainSpec(64, 4096, grad_reduce_bytes=3)
