@@ -170,7 +170,8 @@ class ClusterSpec:
         Inside a node (an NVLink domain: ``domain_gpus``): the intra-node link. Across nodes: every rank
         has its own NIC and a collective splits its data over channels, one per rank of the group in a
         node (NCCL's rings), so the group's bandwidth is the per-GPU scale-out bandwidth times its
-        ranks per node, at most the intra-node link's, which its rings cross too (the slowest tier);
+        ranks per node, at most a faster intra-node link's (NVLink), which its rings cross too (the
+        slowest tier; a profile whose two links are one, gloo's, keeps the product);
         its ring steps inside a node keep the intra-node latency (cost/comm.py).
         """
         domain = self.domain_gpus
@@ -179,8 +180,11 @@ class ClusterSpec:
         per_node = max(1, min(group_size, domain // stride))
         link = self._scale_out_links.get(per_node)
         if link is None:
+            bytes_per_s = self.inter.bytes_per_s * per_node
+            if self.intra.bytes_per_s > self.inter.bytes_per_s:  # a node fabric of its own (NVLink): a tier to cross
+                bytes_per_s = min(bytes_per_s, self.intra.bytes_per_s)
             link = self._scale_out_links[per_node] = LinkSpec(
-                min(self.inter.bytes_per_s * per_node, self.intra.bytes_per_s),
+                bytes_per_s,
                 self.inter.latency_s,
                 self.inter.reduce_scatter_ratio,
                 self.inter.all_to_all_ratio,
