@@ -83,6 +83,8 @@ def test_link_tiers():
     assert c.link_for(16, 4).bytes_per_s == 2 * c.inter.bytes_per_s  # two ranks of the group per node: two NICs
     # eight NICs (376 GB/s) but every ring also crosses NVLink inside each node (300 GB/s): the slower tier
     assert c.link_for(16, 1).bytes_per_s == c.intra.bytes_per_s < 8 * c.inter.bytes_per_s
+    cpu = load_cluster("cpu", 4)  # gloo: one link, not two tiers; two "nodes" of 2 keep the product
+    assert cpu.link_for(4, 1).bytes_per_s == 2 * cpu.inter.bytes_per_s
 
 
 def test_collective_costs():
