@@ -133,6 +133,7 @@ def _resolve(rec: dict, models: dict[str, ModelSpec]) -> tuple[ModelSpec, Cluste
         moe_dispatcher=rec.get("moe_dispatcher", "all-to-all"),
         mtp_layers=rec.get("mtp_layers", 0),
         loss_fusion=rec.get("loss_fusion", False),
+        grad_reduce_bytes=rec.get("grad_reduce_bytes", 0),
     )
     return model, cluster, train
 

@@ -221,12 +221,14 @@ def test_imbalance_and_ep_move_the_experts(v3):
 
 # step seconds of dense layouts at b46bb6e, before this module: a dense model never reads it (the megatron
 # row since Megatron's unfused loss was priced by its own bytes, 52 per logit: cost/kernels.py PASSES, and
-# since its vocabulary-parallel loss gathers no logits: cost/estimate.py _tp_collectives)
+# since its vocabulary-parallel loss gathers no logits: cost/estimate.py _tp_collectives, and since a ring's
+# or tree's steps inside a node keep the node's latency across nodes and a group across nodes is no faster
+# than the node's link: cost/comm.py, ClusterSpec.link_for)
 DENSE = [
-    ("llama3-70b", "h100", 64, "dp=8,zero=1,tp=8", "bf16-mixed", "meshwise", 39.65074085342961),
+    ("llama3-70b", "h100", 64, "dp=8,zero=1,tp=8", "bf16-mixed", "meshwise", 39.650801613451165),
     ("llama3-8b", "h100", 8, "dp=8,zero=3,mbs=2", "fp8-rowwise", "meshwise", 21.337422598866436),
-    ("llama3-70b", "h100", 64, "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=selective", "bf16-mixed", "megatron", 41.38897709428587),
-    ("mistral-7b", "a100-80gb", 16, "dp=16,zero=2,ac=full", "bf16-mixed", "meshwise", 44.1740101162865),
+    ("llama3-70b", "h100", 64, "dp=2,zero=1,tp=8,pp=4,vpp=5,ac=selective", "bf16-mixed", "megatron", 41.38903799671373),
+    ("mistral-7b", "a100-80gb", 16, "dp=16,zero=2,ac=full", "bf16-mixed", "meshwise", 44.163515716286504),
 ]
 
 

@@ -297,8 +297,9 @@ def states(params: float, train: TrainSpec, layout: Layout, expert_params: float
 
 
 def reduce_bytes(train: TrainSpec) -> int:
-    """Bytes per gradient element in data-parallel reductions: float32 except under pure bf16."""
-    return 2 if train.precision == "bf16" else 4
+    """Bytes per gradient element in data-parallel reductions: the run's stated ``grad_reduce_bytes``, else
+    float32 except under pure bf16."""
+    return train.grad_reduce_bytes or (2 if train.precision == "bf16" else 4)
 
 
 # ------------------------------------------------------------------------------ the step's peak

@@ -25,12 +25,17 @@ class LinkSpec:
     """One link tier: per-GPU bandwidth (one direction) and per-message latency. ``reduce_scatter_ratio``
     (0: none stated): a reduce-scatter costs this times an all-reduce of the same tensor instead of the
     ring formula (gloo, measured by ``meshwise calibrate``; cost/comm.py). ``all_to_all_ratio`` (0: none
-    stated): an all-to-all costs this times the pairwise-exchange formula (gloo, likewise)."""
+    stated): an all-to-all costs this times the pairwise-exchange formula (gloo, likewise). A link across
+    nodes (ClusterSpec.link_for) states the group's ``ranks_per_node`` and the node's own per-step
+    ``intra_latency_s``: a ring's steps between two ranks of one node cost that, not ``latency_s``
+    (cost/comm.py)."""
 
     bytes_per_s: float
     latency_s: float
     reduce_scatter_ratio: float = 0.0
     all_to_all_ratio: float = 0.0
+    ranks_per_node: int = 1
+    intra_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,9 @@ class ClusterSpec:
         Inside a node (an NVLink domain: ``domain_gpus``): the intra-node link. Across nodes: every rank
         has its own NIC and a collective splits its data over channels, one per rank of the group in a
         node (NCCL's rings), so the group's bandwidth is the per-GPU scale-out bandwidth times its
-        ranks per node.
+        ranks per node, at most a faster intra-node link's (NVLink), which its rings cross too (the
+        slowest tier; a profile whose two links are one, gloo's, keeps the product);
+        its ring steps inside a node keep the intra-node latency (cost/comm.py).
         """
         domain = self.domain_gpus
         if group_size == 1 or group_size * stride <= domain:
@@ -174,11 +181,16 @@ class ClusterSpec:
         per_node = max(1, min(group_size, domain // stride))
         link = self._scale_out_links.get(per_node)
         if link is None:
+            bytes_per_s = self.inter.bytes_per_s * per_node
+            if self.intra.bytes_per_s > self.inter.bytes_per_s:  # a node fabric of its own (NVLink): a tier to cross
+                bytes_per_s = min(bytes_per_s, self.intra.bytes_per_s)
             link = self._scale_out_links[per_node] = LinkSpec(
-                self.inter.bytes_per_s * per_node,
+                bytes_per_s,
                 self.inter.latency_s,
                 self.inter.reduce_scatter_ratio,
                 self.inter.all_to_all_ratio,
+                per_node,
+                self.intra.latency_s,
             )
         return link
 

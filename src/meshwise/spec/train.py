@@ -70,6 +70,9 @@ class TrainSpec:
     # DeepSeek-V3 trains one): each one more block, a 2h x h projection and the head again, on the last stage
     loss_fusion: bool = False  # Megatron's --cross-entropy-loss-fusion (off by default in Megatron-LM; NeMo 2.0's
     # GPTConfig turns it on): the loss's bytes per logit, cost/kernels.py PASSES
+    grad_reduce_bytes: int = 0  # bytes per gradient element the DP reductions carry: 0 the runtime's (float32 but
+    # under pure bf16: Megatron-LM and NeMo 2.0 reduce in float32); 2 where a run states bf16 (NeMo 1.x's
+    # distributed_fused_adam ``grad_sync_dtype: bf16``)
 
     __hash__ = cached_hash
 
@@ -90,6 +93,10 @@ class TrainSpec:
         ):
             if value not in valid:
                 raise MeshwiseError(f"{flag}: {value!r} is not one of {', '.join(valid)}")
+        if self.grad_reduce_bytes not in (0, 2, 4):
+            raise MeshwiseError(
+                f"grad_reduce_bytes: {self.grad_reduce_bytes!r} is not one of 0 (the runtime's), 2 (bf16), 4 (float32)"
+            )
         if self.overlap_tp_comm and self.runtime != "megatron":
             raise MeshwiseError(
                 "--tp-comm-overlap: Transformer Engine's TP communication overlap is a Megatron-LM "
