@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from band import SEEN  # noqa: E402
 from fidelity import SETS, Run, load_runs  # noqa: E402
+from fidelity import summary as fidelity_summary  # noqa: E402
 from meshwise.cost.estimate import estimate  # noqa: E402
 
 PARTS = ("compute", "comm", "bubble", "optimizer", "fixed")  # StepTime's parts, in its order
@@ -99,9 +100,8 @@ def groups(found: list[Miss]) -> dict[tuple[str, str, str, str], list[Miss]]:
 
 
 def summary(priced: list[Miss]) -> tuple[int, float, float]:
-    """(runs, mean |error|, worst |error|)."""
-    errors = [abs(m.error) for m in priced]
-    return len(errors), sum(errors) / len(errors), max(errors)
+    """(runs, mean |error|, worst |error|): fidelity.summary's figures."""
+    return len(priced), *fidelity_summary([m.error for m in priced])
 
 
 def _shares_text(shares: tuple[float, ...]) -> str:

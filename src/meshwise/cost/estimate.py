@@ -986,10 +986,7 @@ def _stage_of(
     if cache is None:
         return _stage_seconds(model, cluster, train, layout, shape, compute_s)
     key = (*rank_fields(layout), reduces_per_micro_batch(layout), layout.dp, shape.pp_rank, shape.chunk_blocks)
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _stage_seconds(model, cluster, train, layout, shape, compute_s, cache)
-    return found
+    return _memo(cache, key, _stage_seconds, model, cluster, train, layout, shape, compute_s, cache)
 
 
 def reduces_per_micro_batch(layout: Layout) -> bool:
